@@ -1,0 +1,282 @@
+//! One function per subcommand, each a client of the waste-host API.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use waste_host::quant::{ExpertFormat, TrunkFormat};
+use waste_host::{ConvertOptions, Engine, GenerateParams, Model, OpenOptions, Session};
+
+use crate::output::{self, RunTotals};
+use crate::{ConvertArgs, DetokenizeArgs, EvalArgs, InfoArgs, ModelArgs, RunArgs, TokenizeArgs, VersionArgs};
+
+/// A mistake in how the command was called: exit code 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+pub fn is_usage_error(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<UsageError>().is_some()
+        || matches!(e.downcast_ref::<waste_host::Error>(), Some(waste_host::Error::Arg(_)))
+}
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+pub fn convert(a: ConvertArgs) -> Result<()> {
+    let experts = ExpertFormat::parse(&a.experts)
+        .ok_or_else(|| usage(format!("--experts {:?}: expected f32, q8, q4, rvq3 or rvq2", a.experts)))?;
+    let trunk = TrunkFormat::parse(&a.trunk)
+        .ok_or_else(|| usage(format!("--trunk {:?}: expected f32, q8 or q4", a.trunk)))?;
+    let opts = ConvertOptions { experts, trunk, ..ConvertOptions::default() };
+    let started = Instant::now();
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    let report = waste_host::convert(&a.src, &a.out, &opts, &mut |p| {
+        let bar = bar.get_or_insert_with(|| output::progress_bar(p.total));
+        bar.set_position(p.done);
+        bar.set_message(p.what.clone());
+    })
+    .with_context(|| format!("converting {}", a.src.display()))?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    eprintln!(
+        "wrote {} in {:.1} s: trunk {:.2} MB ({}), experts {:.2} MB ({}, {} layers, {} bytes per record)",
+        a.out.display(),
+        started.elapsed().as_secs_f64(),
+        report.trunk_bytes as f64 / 1e6,
+        trunk.name(),
+        report.expert_bytes as f64 / 1e6,
+        experts.name(),
+        report.moe_layers,
+        report.expert_record_bytes
+    );
+    if !report.ignored_tensors.is_empty() {
+        eprintln!("ignored {} unused tensor(s): {}", report.ignored_tensors.len(), report.ignored_tensors.join(", "));
+    }
+    Ok(())
+}
+
+fn open(args: &ModelArgs) -> Result<(Engine, Session)> {
+    let model = Model::open(&args.model, &OpenOptions { context: args.ctx })
+        .with_context(|| format!("opening {}", args.model.display()))?;
+    let engine = Engine::new()?;
+    let session = engine.session(model)?;
+    Ok((engine, session))
+}
+
+/// The prompt from the argument, `--file`, or stdin (`-`, or no argument
+/// with stdin not a terminal).
+fn read_prompt(arg: Option<&str>, file: Option<&Path>) -> Result<String> {
+    if let Some(path) = file {
+        return std::fs::read_to_string(path).with_context(|| format!("reading the prompt from {}", path.display()));
+    }
+    match arg {
+        Some("-") => read_stdin(),
+        Some(text) => Ok(text.to_string()),
+        None if !std::io::stdin().is_terminal() => read_stdin(),
+        None => Err(usage("no prompt: give it as an argument, with --file, or on stdin")),
+    }
+}
+
+fn read_stdin() -> Result<String> {
+    let mut text = String::new();
+    std::io::stdin().read_to_string(&mut text).context("reading the prompt from stdin")?;
+    if text.is_empty() {
+        return Err(usage("no prompt: stdin was empty (give the prompt as an argument, with --file, or on stdin)"));
+    }
+    Ok(text)
+}
+
+fn encode(session: &mut Session, text: &str, markup: bool) -> Result<Vec<u32>> {
+    let tokens = if markup { session.tokenize_markup(text)? } else { session.tokenize(text)? };
+    Ok(tokens)
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
+        bail!(usage(format!("--temp {}: the temperature must be a number >= 0", a.temperature)));
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        bail!(usage(format!("--top-p {}: must be in (0, 1]", a.top_p)));
+    }
+    let prompt = read_prompt(a.prompt.as_deref(), a.file.as_deref())?;
+    let (_engine, mut session) = open(&a.model)?;
+    let mut tokens = Vec::new();
+    if let Some(bos) = session.model().info().bos_token {
+        tokens.push(bos);
+    }
+    tokens.extend(encode(&mut session, &prompt, a.markup)?);
+    if tokens.is_empty() {
+        bail!(usage("the prompt encodes to no tokens"));
+    }
+    let params = GenerateParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+        max_tokens: a.max_tokens,
+        stop_at_eos: !a.ignore_eos,
+    };
+    let totals = Arc::new(Mutex::new(RunTotals::default()));
+    let sink = totals.clone();
+    let started = Instant::now();
+    let completion = session.generate(&tokens, &params, move |event| {
+        let mut out = std::io::stdout().lock();
+        // A closed stdout (a pipe to `head`) ends the generation quietly.
+        let written = out.write_all(event.text.as_bytes()).and_then(|_| out.flush()).is_ok();
+        if let Ok(mut t) = sink.lock() {
+            t.tokens += 1;
+            t.experts_hit += event.experts_hit as u64;
+            t.experts_missed += event.experts_missed as u64;
+            t.bytes_read += event.bytes_read;
+        }
+        written
+    })?;
+    let seconds = started.elapsed().as_secs_f64();
+    println!();
+    let totals = *totals.lock().map_err(|_| anyhow::anyhow!("statistics lock poisoned"))?;
+    eprintln!("{} (stop: {})", output::stats_line(&totals, seconds), completion.stop_reason.as_str());
+    Ok(())
+}
+
+pub fn eval(a: EvalArgs) -> Result<()> {
+    let (_engine, mut session) = open(&a.model)?;
+    let tokens = match (&a.tokens, &a.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) => {
+            let text = if text == "-" { read_stdin()? } else { text.clone() };
+            encode(&mut session, &text, a.markup)?
+        }
+        (None, None) => bail!(usage("give a prompt or --tokens ID,ID,...")),
+    };
+    if tokens.is_empty() {
+        bail!(usage("nothing to evaluate: no tokens"));
+    }
+    let vocab = session.model().info().vocab_size;
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        bail!(usage(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+    }
+    let all = a.all_positions;
+    let (logits, _stats) = session.eval(&tokens, all)?;
+    let last = &logits[logits.len() - vocab..];
+    if let Some(path) = &a.logits {
+        let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(path, bytes).with_context(|| format!("writing logits to {}", path.display()))?;
+    }
+    let mut order: Vec<usize> = (0..vocab).collect();
+    order.sort_by(|&x, &y| last[y].total_cmp(&last[x]).then(x.cmp(&y)));
+    let max = last.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let log_sum = last.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
+    let has_tokenizer = session.model().info().has_tokenizer;
+    let mut top = Vec::new();
+    for &id in order.iter().take(a.top) {
+        let text = if has_tokenizer { Some(session.detokenize(&[id as u32])?) } else { None };
+        top.push((id, last[id], last[id] as f64 - log_sum, text));
+    }
+    if a.json {
+        let top: Vec<_> = top
+            .iter()
+            .map(|(id, logit, lp, text)| json!({"id": id, "logit": logit, "logprob": lp, "text": text}))
+            .collect();
+        println!("{}", json!({"tokens": tokens, "positions": tokens.len(), "vocab_size": vocab, "top": top}));
+    } else {
+        println!("{} tokens evaluated; most likely next tokens:", tokens.len());
+        for (id, logit, lp, text) in &top {
+            let shown = text.as_deref().map(|t| format!("{t:?}")).unwrap_or_default();
+            println!("{id:>8}  logprob {lp:>9.4}  logit {logit:>9.4}  {shown}");
+        }
+    }
+    Ok(())
+}
+
+pub fn tokenize(a: TokenizeArgs) -> Result<()> {
+    let text = read_prompt(a.text.as_deref(), None)?;
+    let (_engine, mut session) = open(&a.model)?;
+    let ids = encode(&mut session, &text, a.markup)?;
+    let mode = if a.markup { "markup" } else { "content" };
+    if a.json {
+        println!("{}", json!({"mode": mode, "tokens": ids}));
+    } else {
+        eprintln!("mode: {mode} ({} tokens)", ids.len());
+        println!("{}", ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+    }
+    Ok(())
+}
+
+pub fn detokenize(a: DetokenizeArgs) -> Result<()> {
+    let mut ids = Vec::new();
+    for part in a.ids.iter().flat_map(|s| s.split([',', ' '])).filter(|s| !s.is_empty()) {
+        let id: u32 = part.trim().parse().map_err(|_| usage(format!("{part:?} is not a token id")))?;
+        ids.push(id);
+    }
+    let (_engine, mut session) = open(&a.model)?;
+    let text = session.detokenize(&ids)?;
+    if a.json {
+        println!("{}", json!({"tokens": ids, "text": text}));
+    } else {
+        println!("{text}");
+    }
+    Ok(())
+}
+
+pub fn info(a: InfoArgs) -> Result<()> {
+    let model = Model::open(&a.model, &OpenOptions::default()).with_context(|| format!("opening {}", a.model.display()))?;
+    let i = model.info();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "family": i.family, "vocab_size": i.vocab_size, "hidden_size": i.hidden_size,
+                "layers": i.num_layers, "moe_layers": i.moe_layers, "experts": i.num_experts, "top_k": i.top_k,
+                "max_position_embeddings": i.max_position_embeddings, "bos_token": i.bos_token,
+                "eos_tokens": i.eos_tokens, "trunk_format": i.trunk_format, "expert_format": i.expert_format,
+                "expert_record_bytes": i.expert_record_bytes, "trunk_bytes": i.trunk_bytes,
+                "has_tokenizer": i.has_tokenizer, "has_chat_template": i.has_chat_template,
+            })
+        );
+    } else {
+        println!("family        {}", i.family);
+        println!("layers        {} ({} MoE)", i.num_layers, i.moe_layers);
+        println!("hidden        {}", i.hidden_size);
+        println!("experts       {} per MoE layer, top-{}", i.num_experts, i.top_k);
+        println!("vocabulary    {}", i.vocab_size);
+        println!("context       {} max", i.max_position_embeddings);
+        println!("trunk         {} ({:.2} MB resident)", i.trunk_format, i.trunk_bytes as f64 / 1e6);
+        println!("experts       {} ({} bytes per record)", i.expert_format, i.expert_record_bytes);
+        println!("tokenizer     {}", if i.has_tokenizer { "yes" } else { "none" });
+        println!("chat template {}", if i.has_chat_template { "yes" } else { "none" });
+    }
+    Ok(())
+}
+
+pub fn version(a: VersionArgs) -> Result<()> {
+    let format = waste_host::container::manifest::FORMAT_VERSION;
+    if a.json {
+        // Compiling the bundled component is what every command pays at
+        // start-up; report it so it can be watched.
+        let engine = Engine::new()?;
+        println!(
+            "{}",
+            json!({
+                "version": waste_host::VERSION, "container_format": format, "wit": "waste:engine@0.1.0",
+                "component_bytes": waste_host::component_bytes().len(),
+                "component_compile_ms": engine.compile_time().as_secs_f64() * 1000.0,
+            })
+        );
+    } else {
+        println!("waste {} (container format {format}, wit waste:engine@0.1.0)", waste_host::VERSION);
+    }
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! `waste`: run mixture-of-experts models larger than RAM.
+//!
+//! A thin client of the waste-host API: everything it does, an embedder can
+//! do. Exit codes: 0 success, 1 runtime error, 2 usage error.
+
+mod commands;
+mod output;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "waste", version, about = "Weight-Aware Streaming Tensor Engine: MoE models larger than RAM")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Convert a Hugging Face checkpoint directory into a waste container.
+    Convert(ConvertArgs),
+    /// Generate text from a prompt, streaming it to stdout.
+    Run(RunArgs),
+    /// Evaluate tokens and print the next-token distribution (or raw logits).
+    Eval(EvalArgs),
+    /// Text -> token ids.
+    Tokenize(TokenizeArgs),
+    /// Token ids -> text.
+    Detokenize(DetokenizeArgs),
+    /// Describe a container.
+    Info(InfoArgs),
+    /// Print the version of waste and of its container format.
+    Version(VersionArgs),
+}
+
+#[derive(Args)]
+pub struct ConvertArgs {
+    /// Hugging Face checkpoint directory (config.json + *.safetensors).
+    pub src: PathBuf,
+    /// Output container directory, e.g. model.waste.
+    pub out: PathBuf,
+    /// Routed-expert format: f32, q8, q4, rvq3 or rvq2.
+    #[arg(long, default_value = "rvq3")]
+    pub experts: String,
+    /// Trunk format: f32, q8 or q4 (embeddings and LM head stay q8; norms and routers f32).
+    #[arg(long, default_value = "q4")]
+    pub trunk: String,
+}
+
+#[derive(Args)]
+pub struct ModelArgs {
+    /// Container directory (made by `waste convert`).
+    pub model: PathBuf,
+    /// Tokens of context to allocate (default: the model's maximum, at most 4096).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt; `-` or nothing reads it from stdin.
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(long, conflicts_with = "prompt")]
+    pub file: Option<PathBuf>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "tokens", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens: u32,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
+    pub temperature: f32,
+    /// Keep the K most likely tokens; 0 = off.
+    #[arg(long, default_value_t = 40)]
+    pub top_k: u32,
+    /// Keep the smallest set of tokens whose probability reaches P; 1 = off.
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Seed of the sampler: the same seed gives the same tokens.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Keep generating past the model's end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Encode the prompt as template markup (special-token strings become control tokens).
+    #[arg(long)]
+    pub markup: bool,
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The text to evaluate (or use --tokens).
+    pub prompt: Option<String>,
+    /// Token ids to evaluate instead of text: 1,2,3.
+    #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
+    pub tokens: Option<Vec<u32>>,
+    /// How many of the most likely next tokens to show.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Write raw little-endian f32 logits of the last position to FILE.
+    #[arg(long)]
+    pub logits: Option<PathBuf>,
+    /// With --logits: write every position's logits, T x V.
+    #[arg(long, requires = "logits")]
+    pub all_positions: bool,
+    /// Encode the prompt as template markup.
+    #[arg(long)]
+    pub markup: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct TokenizeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Text to tokenize; `-` or nothing reads stdin.
+    pub text: Option<String>,
+    /// Treat the text as template markup: special-token strings become control tokens.
+    /// Without it the text is content and can never produce a control token.
+    #[arg(long)]
+    pub markup: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct DetokenizeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Token ids, separated by commas or spaces.
+    #[arg(required = true, num_args = 1..)]
+    pub ids: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct InfoArgs {
+    /// Container directory.
+    pub model: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct VersionArgs {
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Convert(a) => commands::convert(a),
+        Command::Run(a) => commands::run(a),
+        Command::Eval(a) => commands::eval(a),
+        Command::Tokenize(a) => commands::tokenize(a),
+        Command::Detokenize(a) => commands::detokenize(a),
+        Command::Info(a) => commands::info(a),
+        Command::Version(a) => commands::version(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            output::error_line(&e);
+            ExitCode::from(if commands::is_usage_error(&e) { 2 } else { 1 })
+        }
+    }
+}

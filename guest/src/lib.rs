@@ -1,0 +1,13 @@
+//! WASTE control component.
+//!
+//! Plain Rust logic (tokenizer, sampling, the token loop) compiled natively
+//! for its unit tests and for `wasm32-wasip2` as the component the host
+//! embeds. The WIT glue (`component`) is only compiled for wasm.
+
+pub mod generate;
+pub mod sampling;
+pub mod stream;
+pub mod tokenizer;
+
+#[cfg(target_arch = "wasm32")]
+mod component;

@@ -1,0 +1,906 @@
+//! The model description read from a Hugging Face `config.json`.
+//!
+//! Configs are untrusted input: every key is type-checked, every dimension is
+//! bounded, and each error names the file and the key. Keys that
+//! `transformers` gives a default are optional here with the same default
+//! (per family, from `configuration_<family>.py`); the dimensions that
+//! define the network are required.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// The model families this engine runs with the GQA + RoPE attention path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Qwen3Moe,
+    Olmoe,
+    Mixtral,
+}
+
+impl Family {
+    /// The `model_type` string of config.json.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::Olmoe => "olmoe",
+            Family::Mixtral => "mixtral",
+        }
+    }
+}
+
+/// Where q/k RMSNorms sit, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Qwen3: one RMSNorm of width head_dim applied to every head.
+    PerHead,
+    /// OLMoE: one RMSNorm over the whole q (resp. k) projection.
+    Full,
+}
+
+/// How the converter stores a trunk tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorRole {
+    Embedding,
+    LmHead,
+    /// 1-D: norm weights, biases. Kept f32.
+    Vector,
+    /// The MoE router (`gate.weight`). Kept f32: routing decisions are
+    /// discontinuous, a quantised router changes which experts run.
+    Router,
+    Matrix,
+}
+
+/// How the routed experts are laid out in the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// Released checkpoints: `experts.N.{gate,up,down}_proj.weight`
+    /// (Mixtral: `experts.N.{w1,w3,w2}.weight`).
+    PerExpert,
+    /// transformers 5.x in memory (and what `save_pretrained` may write):
+    /// `experts.gate_up_proj` [E, 2I, H] (gate rows first) and
+    /// `experts.down_proj` [E, H, I]; a transposed variant is accepted by
+    /// the checkpoint reader.
+    Fused,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub family: Family,
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f64,
+    pub rms_norm_eps: f32,
+    pub qk_norm: QkNorm,
+    pub attention_bias: bool,
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Width of one routed expert.
+    pub moe_intermediate_size: usize,
+    /// Width of the dense MLP of non-MoE layers (Qwen3 `mlp_only_layers`).
+    pub intermediate_size: usize,
+    pub norm_topk_prob: bool,
+    pub moe_layers: Vec<bool>,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: usize,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    /// Attention sees keys at positions `> q - window` (masking_utils
+    /// `sliding_window_overlay`). Qwen3 only when `use_sliding_window`.
+    pub sliding_window: Option<usize>,
+    /// OLMoE clamps q, k, v to [-clip, clip] after the q/k norms.
+    pub clip_qkv: Option<f32>,
+    /// The module holding router and experts: `mlp`, or Mixtral's released
+    /// `block_sparse_moe` (transformers 5.x renames it to `mlp` on load).
+    pub moe_block: String,
+    pub expert_layout: ExpertLayout,
+}
+
+// Bounds for untrusted configs: generous for any real model, small enough
+// that products of them cannot overflow and allocations stay sane.
+const MAX_VOCAB: usize = 1 << 24;
+const MAX_HIDDEN: usize = 1 << 16;
+const MAX_LAYERS: usize = 1024;
+const MAX_HEADS: usize = 1024;
+const MAX_HEAD_DIM: usize = 1024;
+const MAX_EXPERTS: usize = 1 << 16;
+const MAX_INTER: usize = 1 << 20;
+const MAX_POSITIONS: usize = 1 << 26;
+
+struct Reader<'a> {
+    obj: &'a Map<String, Value>,
+    path: &'a Path,
+}
+
+impl Reader<'_> {
+    fn err(&self, key: &str, msg: impl std::fmt::Display) -> Error {
+        Error::format(self.path, format!("key `{key}`: {msg}"))
+    }
+
+    /// A JSON null counts as absent: transformers writes `"head_dim": null`.
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    self.err(key, format!("expected a non-negative integer, found {v}"))
+                }),
+        }
+    }
+
+    fn usize_req(&self, key: &str) -> Result<usize> {
+        self.usize_opt(key)?.ok_or_else(|| self.err(key, "missing"))
+    }
+
+    fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("expected a number, found {v}"))),
+        }
+    }
+
+    fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("expected true or false, found {v}"))),
+        }
+    }
+
+    fn str_opt(&self, key: &str) -> Result<Option<&str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("expected a string, found {v}"))),
+        }
+    }
+
+    fn token_id(&self, key: &str, v: &Value) -> Result<u32> {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| self.err(key, format!("expected a token id, found {v}")))
+    }
+
+    /// `eos_token_id` is an int, a list of ints, or null.
+    fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items.iter().map(|v| self.token_id(key, v)).collect(),
+            Some(v) => Ok(vec![self.token_id(key, v)?]),
+        }
+    }
+
+    fn usize_list(&self, key: &str) -> Result<Vec<usize>> {
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| {
+                            self.err(key, format!("expected a list of integers, found {v}"))
+                        })
+                })
+                .collect(),
+            Some(v) => Err(self.err(key, format!("expected a list of integers, found {v}"))),
+        }
+    }
+
+    fn bounded(&self, key: &str, v: usize, max: usize) -> Result<usize> {
+        if v == 0 || v > max {
+            return Err(self.err(key, format!("{v} is outside 1..={max}")));
+        }
+        Ok(v)
+    }
+}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> Result<ModelConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_json_str(&text, path)
+    }
+
+    /// `path` is only used to name the file in errors.
+    pub fn from_json_str(json: &str, path: &Path) -> Result<ModelConfig> {
+        let value: Value = serde_json::from_str(json)
+            .map_err(|e| Error::format(path, format!("malformed JSON: {e}")))?;
+        let Some(obj) = value.as_object() else {
+            return Err(Error::format(
+                path,
+                "expected a JSON object at the top level",
+            ));
+        };
+        let r = Reader { obj, path };
+
+        let model_type = r
+            .str_opt("model_type")?
+            .ok_or_else(|| r.err("model_type", "missing"))?;
+        let family = match model_type {
+            "qwen3_moe" => Family::Qwen3Moe,
+            "olmoe" => Family::Olmoe,
+            "mixtral" => Family::Mixtral,
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "{}: model_type `{other}` (supported: qwen3_moe, olmoe, mixtral)",
+                    path.display()
+                )))
+            }
+        };
+        if let Some(act) = r.str_opt("hidden_act")? {
+            if act != "silu" {
+                return Err(Error::Unsupported(format!(
+                    "{}: hidden_act `{act}` (only silu)",
+                    path.display()
+                )));
+            }
+        }
+
+        let vocab_size = r.bounded("vocab_size", r.usize_req("vocab_size")?, MAX_VOCAB)?;
+        let hidden_size = r.bounded("hidden_size", r.usize_req("hidden_size")?, MAX_HIDDEN)?;
+        let num_layers = r.bounded(
+            "num_hidden_layers",
+            r.usize_req("num_hidden_layers")?,
+            MAX_LAYERS,
+        )?;
+        let num_heads = r.bounded(
+            "num_attention_heads",
+            r.usize_req("num_attention_heads")?,
+            MAX_HEADS,
+        )?;
+        let num_kv_heads = r.usize_opt("num_key_value_heads")?.unwrap_or(num_heads);
+        let num_kv_heads = r.bounded("num_key_value_heads", num_kv_heads, MAX_HEADS)?;
+        if num_heads % num_kv_heads != 0 {
+            return Err(r.err(
+                "num_key_value_heads",
+                format!("{num_kv_heads} does not divide num_attention_heads {num_heads}"),
+            ));
+        }
+        // OLMoE sizes q_norm by hidden_size, so a head_dim other than
+        // hidden / heads fails the q_norm shape check at load.
+        let head_dim = match r.usize_opt("head_dim")? {
+            None => {
+                if hidden_size % num_heads != 0 {
+                    return Err(r.err(
+                        "num_attention_heads",
+                        format!("{num_heads} does not divide hidden_size {hidden_size} and there is no head_dim"),
+                    ));
+                }
+                hidden_size / num_heads
+            }
+            Some(d) => d,
+        };
+        let head_dim = r.bounded("head_dim", head_dim, MAX_HEAD_DIM)?;
+        if head_dim % 2 != 0 {
+            return Err(r.err(
+                "head_dim",
+                format!("{head_dim} is odd; rotate_half RoPE needs an even head_dim"),
+            ));
+        }
+
+        let rope_theta = read_rope_theta(&r, family)?;
+        let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(match family {
+            Family::Qwen3Moe => 1e-6,
+            Family::Olmoe | Family::Mixtral => 1e-5,
+        });
+        if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
+            return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
+        }
+
+        // configuration_*.py `attribute_map` aliases num_experts and
+        // num_local_experts; which one is written depends on the family and
+        // the transformers version (the Qwen3 fixture has num_local_experts).
+        let experts_key = if r.get("num_experts").is_some() {
+            "num_experts"
+        } else {
+            "num_local_experts"
+        };
+        let num_experts = r.bounded(experts_key, r.usize_req(experts_key)?, MAX_EXPERTS)?;
+        let top_k = r.usize_req("num_experts_per_tok")?;
+        if top_k == 0 || top_k > num_experts {
+            return Err(r.err(
+                "num_experts_per_tok",
+                format!("{top_k} is outside 1..={num_experts}"),
+            ));
+        }
+
+        let (moe_intermediate_size, intermediate_size, moe_layers) = match family {
+            Family::Qwen3Moe => {
+                let moe = r.bounded(
+                    "moe_intermediate_size",
+                    r.usize_req("moe_intermediate_size")?,
+                    MAX_INTER,
+                )?;
+                let step = r.usize_opt("decoder_sparse_step")?.unwrap_or(1);
+                let step = r.bounded("decoder_sparse_step", step, MAX_LAYERS)?;
+                let mlp_only = r.usize_list("mlp_only_layers")?;
+                // modeling_qwen3_moe.py: `(layer_idx not in config.mlp_only_layers) and
+                // (config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0)`
+                let layers: Vec<bool> = (0..num_layers)
+                    .map(|l| !mlp_only.contains(&l) && (l + 1) % step == 0)
+                    .collect();
+                let dense = if layers.iter().all(|&m| m) {
+                    r.usize_opt("intermediate_size")?.unwrap_or(0)
+                } else {
+                    r.bounded(
+                        "intermediate_size",
+                        r.usize_req("intermediate_size")?,
+                        MAX_INTER,
+                    )?
+                };
+                if dense > MAX_INTER {
+                    return Err(r.err("intermediate_size", format!("{dense} exceeds {MAX_INTER}")));
+                }
+                (moe, dense, layers)
+            }
+            Family::Olmoe | Family::Mixtral => {
+                let i = r.bounded(
+                    "intermediate_size",
+                    r.usize_req("intermediate_size")?,
+                    MAX_INTER,
+                )?;
+                (i, 0, vec![true; num_layers])
+            }
+        };
+
+        let norm_topk_prob = match family {
+            // MixtralTopKRouter always divides by the sum of the picked probabilities.
+            Family::Mixtral => true,
+            Family::Qwen3Moe | Family::Olmoe => r.bool_opt("norm_topk_prob")?.unwrap_or(false),
+        };
+        let attention_bias = match family {
+            Family::Mixtral => false,
+            Family::Qwen3Moe | Family::Olmoe => r.bool_opt("attention_bias")?.unwrap_or(false),
+        };
+        let qk_norm = match family {
+            Family::Qwen3Moe => QkNorm::PerHead,
+            Family::Olmoe => QkNorm::Full,
+            Family::Mixtral => QkNorm::None,
+        };
+        let sliding_window = match family {
+            Family::Mixtral => r.usize_opt("sliding_window")?,
+            Family::Qwen3Moe if r.bool_opt("use_sliding_window")?.unwrap_or(false) => {
+                Some(r.usize_opt("sliding_window")?.unwrap_or(4096))
+            }
+            _ => None,
+        };
+        if sliding_window == Some(0) {
+            return Err(r.err("sliding_window", "0 would mask every key"));
+        }
+        let clip_qkv = match family {
+            Family::Olmoe => match r.f64_opt("clip_qkv")? {
+                Some(c) if c <= 0.0 => {
+                    return Err(r.err("clip_qkv", format!("{c} is not positive")))
+                }
+                c => c.map(|c| c as f32),
+            },
+            _ => None,
+        };
+
+        let max_position_embeddings =
+            r.usize_opt("max_position_embeddings")?
+                .unwrap_or(match family {
+                    Family::Qwen3Moe => 32768,
+                    Family::Olmoe => 4096,
+                    Family::Mixtral => 4096 * 32,
+                });
+        let max_position_embeddings = r.bounded(
+            "max_position_embeddings",
+            max_position_embeddings,
+            MAX_POSITIONS,
+        )?;
+
+        let bos_token_id = match r.get("bos_token_id") {
+            None => None,
+            Some(v) => Some(r.token_id("bos_token_id", v)?),
+        };
+        let eos_token_ids = r.token_ids("eos_token_id")?;
+
+        Ok(ModelConfig {
+            family,
+            model_type: model_type.to_string(),
+            vocab_size,
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rope_theta,
+            rms_norm_eps: rms_norm_eps as f32,
+            qk_norm,
+            attention_bias,
+            num_experts,
+            top_k,
+            moe_intermediate_size,
+            intermediate_size,
+            norm_topk_prob,
+            moe_layers,
+            tie_word_embeddings: r.bool_opt("tie_word_embeddings")?.unwrap_or(false),
+            max_position_embeddings,
+            bos_token_id,
+            eos_token_ids,
+            sliding_window,
+            clip_qkv,
+            moe_block: match family {
+                Family::Mixtral => "block_sparse_moe".to_string(),
+                _ => "mlp".to_string(),
+            },
+            expert_layout: ExpertLayout::PerExpert,
+        })
+    }
+
+    /// Adapts the tensor naming (MoE block name, expert layout) to what a
+    /// checkpoint actually holds; `HfCheckpoint::open` calls this.
+    pub fn adapt_to_tensor_names<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
+        let Some(layer) = self.moe_layers.iter().position(|&m| m) else {
+            return;
+        };
+        let mut block = None;
+        let mut fused = false;
+        for name in names {
+            for candidate in ["mlp", "block_sparse_moe"] {
+                let prefix = format!("model.layers.{layer}.{candidate}.");
+                if let Some(rest) = name.strip_prefix(&prefix) {
+                    if rest == "gate.weight" || rest.starts_with("experts.") {
+                        block = Some(candidate);
+                        fused |= rest.starts_with("experts.gate_up_proj");
+                    }
+                }
+            }
+        }
+        if let Some(b) = block {
+            self.moe_block = b.to_string();
+        }
+        self.expert_layout = if fused {
+            ExpertLayout::Fused
+        } else {
+            ExpertLayout::PerExpert
+        };
+    }
+
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        self.moe_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn router_name(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.{}.gate.weight", self.moe_block)
+    }
+
+    /// Names of one routed expert's gate, up, down tensors in the per-expert layout.
+    pub fn expert_tensor_names(&self, layer: usize, expert: usize) -> [String; 3] {
+        let p = format!("model.layers.{layer}.{}.experts.{expert}", self.moe_block);
+        match self.family {
+            Family::Mixtral => [
+                format!("{p}.w1.weight"),
+                format!("{p}.w3.weight"),
+                format!("{p}.w2.weight"),
+            ],
+            _ => [
+                format!("{p}.gate_proj.weight"),
+                format!("{p}.up_proj.weight"),
+                format!("{p}.down_proj.weight"),
+            ],
+        }
+    }
+
+    /// Names of the fused `[gate_up, down]` expert tensors of one layer.
+    pub fn fused_expert_names(&self, layer: usize) -> [String; 2] {
+        let p = format!("model.layers.{layer}.{}.experts", self.moe_block);
+        [format!("{p}.gate_up_proj"), format!("{p}.down_proj")]
+    }
+
+    pub fn tensor_role(&self, name: &str) -> TensorRole {
+        if name == "model.embed_tokens.weight" {
+            TensorRole::Embedding
+        } else if name == "lm_head.weight" {
+            TensorRole::LmHead
+        } else if name.ends_with(".bias") || name.ends_with("norm.weight") {
+            TensorRole::Vector
+        } else if name.ends_with(".mlp.gate.weight")
+            || name.ends_with(".block_sparse_moe.gate.weight")
+        {
+            TensorRole::Router
+        } else {
+            TensorRole::Matrix
+        }
+    }
+
+    /// Routed-expert weights in either layout and either block name.
+    pub fn is_expert_tensor(&self, name: &str) -> bool {
+        let Some(rest) = name.strip_prefix("model.layers.") else {
+            return false;
+        };
+        let Some((layer, rest)) = rest.split_once('.') else {
+            return false;
+        };
+        if layer.parse::<usize>().is_err() {
+            return false;
+        }
+        rest.strip_prefix("mlp.")
+            .or_else(|| rest.strip_prefix("block_sparse_moe."))
+            .is_some_and(|r| r.starts_with("experts."))
+    }
+
+    /// Every non-expert tensor the forward pass reads, in a stable order.
+    pub fn trunk_tensor_names(&self) -> Vec<String> {
+        let mut names = vec!["model.embed_tokens.weight".to_string()];
+        for l in 0..self.num_layers {
+            let p = format!("model.layers.{l}");
+            names.push(format!("{p}.input_layernorm.weight"));
+            for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+                names.push(format!("{p}.self_attn.{proj}.weight"));
+                if self.attention_bias {
+                    names.push(format!("{p}.self_attn.{proj}.bias"));
+                }
+            }
+            if self.qk_norm != QkNorm::None {
+                names.push(format!("{p}.self_attn.q_norm.weight"));
+                names.push(format!("{p}.self_attn.k_norm.weight"));
+            }
+            names.push(format!("{p}.post_attention_layernorm.weight"));
+            if self.is_moe_layer(l) {
+                names.push(self.router_name(l));
+            } else {
+                for proj in ["gate_proj", "up_proj", "down_proj"] {
+                    names.push(format!("{p}.mlp.{proj}.weight"));
+                }
+            }
+        }
+        names.push("model.norm.weight".to_string());
+        if !self.tie_word_embeddings {
+            names.push("lm_head.weight".to_string());
+        }
+        names
+    }
+
+    /// Expected shape of a trunk tensor, for load-time checks.
+    pub fn trunk_tensor_shape(&self, name: &str) -> Option<Vec<usize>> {
+        let (h, v) = (self.hidden_size, self.vocab_size);
+        if name == "model.embed_tokens.weight" || name == "lm_head.weight" {
+            return Some(vec![v, h]);
+        }
+        if name == "model.norm.weight" {
+            return Some(vec![h]);
+        }
+        let rest = name.strip_prefix("model.layers.")?;
+        let (layer, rest) = rest.split_once('.')?;
+        let layer: usize = layer.parse().ok()?;
+        let (q, kv) = (self.q_dim(), self.kv_dim());
+        let shape = match rest {
+            "input_layernorm.weight" | "post_attention_layernorm.weight" => vec![h],
+            "self_attn.q_proj.weight" => vec![q, h],
+            "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kv, h],
+            "self_attn.o_proj.weight" => vec![h, q],
+            "self_attn.q_proj.bias" => vec![q],
+            "self_attn.k_proj.bias" | "self_attn.v_proj.bias" => vec![kv],
+            "self_attn.o_proj.bias" => vec![h],
+            "self_attn.q_norm.weight" => match self.qk_norm {
+                QkNorm::Full => vec![q],
+                _ => vec![self.head_dim],
+            },
+            "self_attn.k_norm.weight" => match self.qk_norm {
+                QkNorm::Full => vec![kv],
+                _ => vec![self.head_dim],
+            },
+            "mlp.gate_proj.weight" | "mlp.up_proj.weight" => vec![self.intermediate_size, h],
+            "mlp.down_proj.weight" => vec![h, self.intermediate_size],
+            _ if name == self.router_name(layer) => vec![self.num_experts, h],
+            _ => return None,
+        };
+        Some(shape)
+    }
+
+    fn attention_params(&self) -> u64 {
+        let (h, q, kv) = (
+            self.hidden_size as u64,
+            self.q_dim() as u64,
+            self.kv_dim() as u64,
+        );
+        let mut n = 2 * h * q + 2 * h * kv;
+        if self.attention_bias {
+            n += q + 2 * kv + h;
+        }
+        n += match self.qk_norm {
+            QkNorm::None => 0,
+            QkNorm::PerHead => 2 * self.head_dim as u64,
+            QkNorm::Full => q + kv,
+        };
+        n + 2 * h
+    }
+
+    fn params(&self, experts_per_layer: u64) -> u64 {
+        let (h, v) = (self.hidden_size as u64, self.vocab_size as u64);
+        let mut n = v * h + h;
+        if !self.tie_word_embeddings {
+            n += v * h;
+        }
+        for l in 0..self.num_layers {
+            n += self.attention_params();
+            n += if self.is_moe_layer(l) {
+                self.num_experts as u64 * h
+                    + experts_per_layer * 3 * h * self.moe_intermediate_size as u64
+            } else {
+                3 * h * self.intermediate_size as u64
+            };
+        }
+        n
+    }
+
+    /// Parameters of the whole model.
+    pub fn total_params(&self) -> u64 {
+        self.params(self.num_experts as u64)
+    }
+
+    /// Parameters one token touches (top_k routed experts per MoE layer).
+    pub fn active_params(&self) -> u64 {
+        self.params(self.top_k as u64)
+    }
+}
+
+fn read_rope_theta(r: &Reader<'_>, family: Family) -> Result<f64> {
+    // transformers 5.x writes `rope_parameters: {rope_type, rope_theta}`;
+    // 4.x and released checkpoints write `rope_theta` (and `rope_scaling`).
+    let default = match family {
+        Family::Mixtral => 1e6,
+        Family::Qwen3Moe | Family::Olmoe => 1e4,
+    };
+    let mut theta = r.f64_opt("rope_theta")?;
+    for key in ["rope_parameters", "rope_scaling"] {
+        let Some(v) = r.get(key) else { continue };
+        let Some(obj) = v.as_object() else {
+            return Err(r.err(key, format!("expected an object, found {v}")));
+        };
+        let sub = Reader { obj, path: r.path };
+        let kind = match sub.str_opt("rope_type")? {
+            Some(t) => Some(t),
+            None => sub.str_opt("type")?,
+        };
+        if let Some(kind) = kind {
+            if kind != "default" {
+                return Err(Error::Unsupported(format!(
+                    "{}: key `{key}`: rope_type `{kind}` (only default RoPE)",
+                    r.path.display()
+                )));
+            }
+        }
+        if let Some(f) = sub.f64_opt("partial_rotary_factor")? {
+            if f != 1.0 {
+                return Err(Error::Unsupported(format!(
+                    "{}: key `{key}`: partial_rotary_factor {f}",
+                    r.path.display()
+                )));
+            }
+        }
+        if let Some(t) = sub.f64_opt("rope_theta")? {
+            theta = Some(t);
+        }
+    }
+    let theta = theta.unwrap_or(default);
+    if theta <= 1.0 {
+        return Err(r.err("rope_theta", format!("{theta} must be > 1")));
+    }
+    Ok(theta)
+}
+
+/// The path of `config.json` inside a checkpoint directory.
+pub fn config_path(dir: &Path) -> PathBuf {
+    dir.join("config.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture_config(family: &str) -> PathBuf {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures")
+            .join(format!("tiny-{family}"))
+            .join("config.json");
+        assert!(p.is_file(), "fixture file missing: {}", p.display());
+        p
+    }
+
+    fn qwen_json() -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(fixture_config("qwen3_moe")).unwrap())
+            .unwrap()
+    }
+
+    fn parse(v: &serde_json::Value) -> Result<ModelConfig> {
+        ModelConfig::from_json_str(&v.to_string(), Path::new("/x/config.json"))
+    }
+
+    #[test]
+    fn fixtures_parse() {
+        let q = ModelConfig::from_file(&fixture_config("qwen3_moe")).unwrap();
+        assert_eq!(q.family, Family::Qwen3Moe);
+        assert_eq!(
+            (q.hidden_size, q.num_heads, q.num_kv_heads, q.head_dim),
+            (64, 4, 2, 16)
+        );
+        assert_eq!(
+            (
+                q.num_experts,
+                q.top_k,
+                q.moe_intermediate_size,
+                q.intermediate_size
+            ),
+            (8, 2, 32, 96)
+        );
+        assert_eq!(q.moe_layers, vec![false, true, true, true]);
+        assert_eq!(q.rope_theta, 50000.0);
+        assert!(q.attention_bias && q.norm_topk_prob && !q.tie_word_embeddings);
+        assert_eq!(q.qk_norm, QkNorm::PerHead);
+        assert_eq!((q.bos_token_id, q.eos_token_ids.clone()), (None, vec![2]));
+        assert_eq!(q.sliding_window, None);
+        assert_eq!(q.router_name(1), "model.layers.1.mlp.gate.weight");
+        assert!(q
+            .trunk_tensor_names()
+            .contains(&"model.layers.0.mlp.gate_proj.weight".to_string()));
+        assert!(q
+            .trunk_tensor_names()
+            .contains(&"lm_head.weight".to_string()));
+        assert!(q.total_params() > q.active_params());
+
+        let o = ModelConfig::from_file(&fixture_config("olmoe")).unwrap();
+        assert_eq!(o.family, Family::Olmoe);
+        assert_eq!(
+            (o.num_experts, o.moe_intermediate_size, o.num_layers),
+            (8, 48, 3)
+        );
+        assert_eq!(o.qk_norm, QkNorm::Full);
+        assert!(o.tie_word_embeddings && !o.norm_topk_prob);
+        assert!(!o
+            .trunk_tensor_names()
+            .contains(&"lm_head.weight".to_string()));
+        assert_eq!(
+            o.trunk_tensor_shape("model.layers.0.self_attn.k_norm.weight"),
+            Some(vec![32])
+        );
+
+        let m = ModelConfig::from_file(&fixture_config("mixtral")).unwrap();
+        assert_eq!(m.family, Family::Mixtral);
+        assert!(m.norm_topk_prob && m.moe_layers.iter().all(|&x| x));
+        assert_eq!(m.rope_theta, 250000.0);
+        assert_eq!(
+            m.router_name(0),
+            "model.layers.0.block_sparse_moe.gate.weight"
+        );
+        assert_eq!(
+            m.tensor_role("model.layers.0.block_sparse_moe.gate.weight"),
+            TensorRole::Router
+        );
+        assert!(m.is_expert_tensor("model.layers.3.block_sparse_moe.experts.7.w2.weight"));
+        assert!(m.is_expert_tensor("model.layers.3.mlp.experts.gate_up_proj"));
+        assert!(!m.is_expert_tensor("model.layers.3.block_sparse_moe.gate.weight"));
+        assert_eq!(
+            m.tensor_role("model.embed_tokens.weight"),
+            TensorRole::Embedding
+        );
+        assert_eq!(m.tensor_role("lm_head.weight"), TensorRole::LmHead);
+        assert_eq!(
+            m.tensor_role("model.layers.0.input_layernorm.weight"),
+            TensorRole::Vector
+        );
+        assert_eq!(
+            m.tensor_role("model.layers.0.self_attn.q_proj.weight"),
+            TensorRole::Matrix
+        );
+        let names = m.trunk_tensor_names();
+        assert!(
+            names
+                .iter()
+                .all(|n| !m.is_expert_tensor(n) && m.trunk_tensor_shape(n).is_some()),
+            "{names:?}"
+        );
+    }
+
+    fn expect_format(v: &serde_json::Value, key: &str) {
+        match parse(v) {
+            Err(e @ Error::Format { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("/x/config.json") && msg.contains(key), "{msg}");
+            }
+            other => panic!("expected a format error on `{key}`, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_name_file_and_key() {
+        let mut v = qwen_json();
+        v.as_object_mut().unwrap().remove("hidden_size");
+        expect_format(&v, "hidden_size");
+
+        let mut v = qwen_json();
+        v["num_hidden_layers"] = "four".into();
+        expect_format(&v, "num_hidden_layers");
+
+        let mut v = qwen_json();
+        v["num_key_value_heads"] = 3.into();
+        expect_format(&v, "num_key_value_heads");
+
+        let mut v = qwen_json();
+        v["num_experts_per_tok"] = 9.into();
+        expect_format(&v, "num_experts_per_tok");
+
+        let mut v = qwen_json();
+        v["vocab_size"] = 0.into();
+        expect_format(&v, "vocab_size");
+
+        let mut v = qwen_json();
+        v["hidden_size"] = (1u64 << 40).into();
+        expect_format(&v, "hidden_size");
+
+        let mut v = qwen_json();
+        v["head_dim"] = 15.into();
+        expect_format(&v, "head_dim");
+
+        let mut v = qwen_json();
+        v["model_type"] = "llama4".into();
+        let e = parse(&v).unwrap_err();
+        assert!(
+            matches!(e, Error::Unsupported(_)) && e.to_string().contains("llama4"),
+            "{e}"
+        );
+
+        let mut v = qwen_json();
+        v["rope_parameters"]["rope_type"] = "yarn".into();
+        assert!(matches!(parse(&v), Err(Error::Unsupported(_))));
+
+        let e = ModelConfig::from_json_str("{ not json", Path::new("/x/config.json")).unwrap_err();
+        assert!(e.to_string().contains("/x/config.json"), "{e}");
+        let e = ModelConfig::from_file(Path::new("/nonexistent/config.json")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/config.json"), "{e}");
+    }
+
+    #[test]
+    fn released_layout_keys() {
+        // Released checkpoints write `rope_theta` at the top level and may
+        // carry `rope_scaling: null`.
+        let mut v = qwen_json();
+        let o = v.as_object_mut().unwrap();
+        o.remove("rope_parameters");
+        o.insert("rope_theta".into(), 1e6.into());
+        o.insert("rope_scaling".into(), serde_json::Value::Null);
+        o.insert("eos_token_id".into(), serde_json::json!([2, 5]));
+        o.insert("use_sliding_window".into(), true.into());
+        o.insert("sliding_window".into(), 16.into());
+        o.insert("decoder_sparse_step".into(), 2.into());
+        o.insert("mlp_only_layers".into(), serde_json::json!([]));
+        let c = parse(&v).unwrap();
+        assert_eq!(c.rope_theta, 1e6);
+        assert_eq!(c.eos_token_ids, vec![2, 5]);
+        assert_eq!(c.sliding_window, Some(16));
+        assert_eq!(c.moe_layers, vec![false, true, false, true]);
+    }
+}

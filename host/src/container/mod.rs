@@ -1,0 +1,283 @@
+//! A converted model: the directory `NAME.waste/` written by `convert`.
+//!
+//! ```text
+//! manifest.json        index (format version, source config, tensors, banks)
+//! trunk.bin            dense tensors, each 64-byte aligned
+//! experts-LLL.bin      one bank per MoE layer: fixed-size 4 KiB-aligned records
+//! codebooks.bin        per-layer RVQ codebooks
+//! tokenizer.json ...   tokenizer and template files copied from the source
+//! ```
+
+mod experts;
+pub mod manifest;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+pub use experts::ExpertBanks;
+use manifest::{Manifest, TensorEntry, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
+
+use crate::api::ModelInfo;
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::model::source::TensorSource;
+use crate::quant::{ExpertFormat, QMatrix, TrunkFormat};
+
+/// A manifest larger than this is not one of ours.
+const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+
+pub struct Container {
+    dir: PathBuf,
+    manifest: Manifest,
+    config: ModelConfig,
+    trunk_path: PathBuf,
+    trunk: memmap2::Mmap,
+    tensors: HashMap<String, TensorEntry>,
+    eos_tokens: Vec<u32>,
+    tokenizer_json: Option<String>,
+    chat_template: Option<String>,
+}
+
+pub(crate) fn read_file(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if meta.len() > limit {
+        return Err(Error::format(path, format!("file is {} bytes, more than the {limit} allowed", meta.len())));
+    }
+    std::fs::read(path).map_err(|e| Error::io(path, e))
+}
+
+/// Rejects names that could reach outside the container directory.
+fn plain_file_name(dir: &Path, name: &str, manifest: &Path) -> Result<PathBuf> {
+    let ok = !name.is_empty() && !name.contains(['/', '\\']) && name != "." && name != "..";
+    if !ok {
+        return Err(Error::format(manifest, format!("file name {name:?} is not a plain file name")));
+    }
+    Ok(dir.join(name))
+}
+
+impl Container {
+    pub fn open(dir: &Path) -> Result<Container> {
+        if !dir.is_dir() {
+            let what = if dir.exists() { "is not a directory (a container is a NAME.waste/ directory)" } else { "does not exist" };
+            return Err(Error::format(dir, what));
+        }
+        let manifest_path = dir.join(MANIFEST_FILE);
+        if !manifest_path.is_file() {
+            return Err(Error::format(dir, "no manifest.json: not a waste container (make one with `waste convert`)"));
+        }
+        let bytes = read_file(&manifest_path, MAX_MANIFEST_BYTES)?;
+        let manifest: Manifest = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::format(&manifest_path, format!("malformed manifest: {e}")))?;
+        if manifest.format != FORMAT_NAME {
+            return Err(Error::format(&manifest_path, format!("format is {:?}, not {FORMAT_NAME:?}", manifest.format)));
+        }
+        if manifest.format_version != FORMAT_VERSION {
+            return Err(Error::format(
+                &manifest_path,
+                format!(
+                    "container format version {} is not supported by this waste (it reads version {FORMAT_VERSION}); convert the model again",
+                    manifest.format_version
+                ),
+            ));
+        }
+        let config_json = serde_json::to_string(&manifest.config).map_err(|e| Error::format(&manifest_path, e.to_string()))?;
+        let mut config = ModelConfig::from_json_str(&config_json, &manifest_path)?;
+        // The router's stored name tells which MoE block naming the source used.
+        config.adapt_to_tensor_names(manifest.trunk.tensors.iter().map(|t| t.name.as_str()));
+
+        let trunk_path = plain_file_name(dir, &manifest.trunk.file, &manifest_path)?;
+        let trunk_file = File::open(&trunk_path).map_err(|e| Error::io(&trunk_path, e))?;
+        // SAFETY: the container is ours to read; a file truncated while mapped
+        // could fault, which is the same contract every mmap reader accepts.
+        // All offsets are checked against the length before any access.
+        let trunk = unsafe { memmap2::Mmap::map(&trunk_file) }.map_err(|e| Error::io(&trunk_path, e))?;
+        let mut tensors = HashMap::new();
+        for t in &manifest.trunk.tensors {
+            validate_tensor(t, trunk.len() as u64, &trunk_path)?;
+            tensors.insert(t.name.clone(), t.clone());
+        }
+
+        let mut eos_tokens = config.eos_token_ids.clone();
+        if let Some(gen) = &manifest.generation_config {
+            for id in json_ids(gen.get("eos_token_id")) {
+                if !eos_tokens.contains(&id) {
+                    eos_tokens.push(id);
+                }
+            }
+        }
+
+        let mut tokenizer_json = None;
+        let mut chat_template = None;
+        for name in &manifest.tokenizer_files {
+            let path = plain_file_name(dir, name, &manifest_path)?;
+            match name.as_str() {
+                "tokenizer.json" => {
+                    let bytes = read_file(&path, 1 << 30)?;
+                    tokenizer_json = Some(String::from_utf8(bytes).map_err(|_| Error::format(&path, "not UTF-8"))?);
+                }
+                "chat_template.jinja" => {
+                    let bytes = read_file(&path, 16 << 20)?;
+                    chat_template = Some(String::from_utf8(bytes).map_err(|_| Error::format(&path, "not UTF-8"))?);
+                }
+                "tokenizer_config.json" if chat_template.is_none() => {
+                    let bytes = read_file(&path, 64 << 20)?;
+                    let v: serde_json::Value = serde_json::from_slice(&bytes)
+                        .map_err(|e| Error::format(&path, format!("malformed JSON: {e}")))?;
+                    chat_template = template_from_tokenizer_config(&v);
+                }
+                _ => {}
+            }
+        }
+
+        Ok(Container {
+            dir: dir.to_path_buf(),
+            manifest,
+            config,
+            trunk_path,
+            trunk,
+            tensors,
+            eos_tokens,
+            tokenizer_json,
+            chat_template,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn tokenizer_json(&self) -> Option<&str> {
+        self.tokenizer_json.as_deref()
+    }
+
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    pub fn expert_banks(&self) -> Result<ExpertBanks> {
+        ExpertBanks::open(&self.dir, &self.manifest, &self.config)
+    }
+
+    pub fn info(&self) -> ModelInfo {
+        let c = &self.config;
+        let e = &self.manifest.experts;
+        ModelInfo {
+            family: c.model_type.clone(),
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            num_layers: c.num_layers,
+            moe_layers: (0..c.num_layers).filter(|&l| c.is_moe_layer(l)).count(),
+            num_experts: c.num_experts,
+            top_k: c.top_k,
+            max_position_embeddings: c.max_position_embeddings,
+            bos_token: c.bos_token_id,
+            eos_tokens: self.eos_tokens.clone(),
+            trunk_format: self.manifest.trunk.format.clone(),
+            expert_format: e.format.clone(),
+            expert_record_bytes: e.record_bytes,
+            trunk_bytes: self.manifest.trunk.tensors.iter().map(|t| t.bytes).sum(),
+            has_tokenizer: self.tokenizer_json.is_some(),
+            has_chat_template: self.chat_template.is_some(),
+        }
+    }
+
+    fn entry(&self, name: &str) -> Result<&TensorEntry> {
+        self.tensors.get(name).ok_or_else(|| {
+            Error::format(self.dir.join(MANIFEST_FILE), format!("tensor {name} is missing from the trunk"))
+        })
+    }
+
+    fn bytes(&self, t: &TensorEntry) -> &[u8] {
+        // Bounds were validated at open.
+        &self.trunk[t.offset as usize..(t.offset + t.bytes) as usize]
+    }
+}
+
+fn validate_tensor(t: &TensorEntry, file_len: u64, path: &Path) -> Result<()> {
+    let bad = |msg: String| Error::format(path, format!("tensor {}: {msg}", t.name));
+    let fmt = TrunkFormat::parse(&t.format).ok_or_else(|| bad(format!("unknown format {:?}", t.format)))?;
+    let (rows, cols) = match t.shape.as_slice() {
+        [n] => (1, *n),
+        [r, c] => (*r, *c),
+        _ => return Err(bad(format!("shape {:?} is neither 1-D nor 2-D", t.shape))),
+    };
+    const MAX_DIM: u64 = 1 << 24;
+    if rows == 0 || cols == 0 || rows > MAX_DIM || cols > MAX_DIM {
+        return Err(bad(format!("shape {:?} out of bounds", t.shape)));
+    }
+    let expected = fmt.byte_len(rows as usize, cols as usize) as u64;
+    if t.bytes != expected {
+        return Err(bad(format!("{} bytes recorded, {expected} expected for {:?} {}", t.bytes, t.shape, t.format)));
+    }
+    match t.offset.checked_add(t.bytes) {
+        Some(end) if end <= file_len => Ok(()),
+        _ => Err(bad(format!(
+            "bytes {}..{} lie beyond the end of the file ({file_len} bytes): truncated container?",
+            t.offset,
+            t.offset.saturating_add(t.bytes)
+        ))),
+    }
+}
+
+impl TensorSource for Container {
+    fn matrix(&self, name: &str) -> Result<QMatrix> {
+        let t = self.entry(name)?;
+        let [rows, cols] = t.shape[..] else {
+            return Err(Error::format(&self.trunk_path, format!("tensor {name} is not a matrix (shape {:?})", t.shape)));
+        };
+        let fmt = TrunkFormat::parse(&t.format).expect("validated at open");
+        QMatrix::from_bytes(fmt, rows as usize, cols as usize, self.bytes(t))
+            .map_err(|e| Error::format(&self.trunk_path, format!("tensor {name}: {e}")))
+    }
+
+    fn vector(&self, name: &str) -> Result<Vec<f32>> {
+        let t = self.entry(name)?;
+        if t.shape.len() != 1 || t.format != "f32" {
+            return Err(Error::format(&self.trunk_path, format!("tensor {name} is not an f32 vector")));
+        }
+        Ok(self.bytes(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+}
+
+/// `eos_token_id` may be an integer or a list of integers.
+pub(crate) fn json_ids(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).into_iter().collect(),
+        Some(serde_json::Value::Array(a)) => {
+            a.iter().filter_map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// `chat_template` in tokenizer_config.json is a string, or a list of named
+/// templates of which "default" is the one a plain chat uses.
+fn template_from_tokenizer_config(v: &serde_json::Value) -> Option<String> {
+    match v.get("chat_template")? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
+        _ => None,
+    }
+}
+
+/// Parses a format name recorded in the manifest.
+pub(crate) fn expert_format(name: &str, manifest: &Path) -> Result<ExpertFormat> {
+    ExpertFormat::parse(name).ok_or_else(|| Error::format(manifest, format!("unknown expert format {name:?}")))
+}

@@ -1,0 +1,48 @@
+//! WASTE native engine.
+//!
+//! Containers, expert streaming, quantised kernels and the forward pass live
+//! here, together with the one wasmtime embedding of the control component
+//! (tokenizer, sampling, the token loop) that every front end goes through.
+//!
+//! ```no_run
+//! use waste_host::{Engine, GenerateParams, Model, OpenOptions};
+//! # fn main() -> waste_host::Result<()> {
+//! let engine = Engine::new()?;
+//! let model = Model::open("model.waste".as_ref(), &OpenOptions::default())?;
+//! let mut session = engine.session(model)?;
+//! let prompt = session.tokenize("And God said")?;
+//! let out = session.generate(&prompt, &GenerateParams::default(), |event| {
+//!     print!("{}", event.text);
+//!     true // keep going
+//! })?;
+//! println!("\n{} tokens, stopped by {}", out.tokens.len(), out.stop_reason.as_str());
+//! # Ok(()) }
+//! ```
+
+mod api;
+pub mod checkpoint;
+pub mod config;
+pub mod container;
+pub mod convert;
+pub mod error;
+pub mod model;
+pub mod quant;
+mod runtime;
+pub mod stats;
+
+pub use api::{
+    Completion, Engine, GenerateParams, Model, ModelInfo, OpenOptions, Session, StopReason, TokenEvent,
+    DEFAULT_CONTEXT,
+};
+pub use convert::{convert, ConvertOptions, ConvertProgress, ConvertReport};
+pub use error::{Error, Result};
+pub use stats::StepStats;
+
+/// The bundled control component (a wasm32-wasip2 component), for hosts
+/// that load it with their own wasmtime binding.
+pub fn component_bytes() -> &'static [u8] {
+    runtime::GUEST_WASM
+}
+
+/// The engine's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,32 @@
+//! Where a model's weights come from. The forward pass is written against
+//! these two traits, so the same code runs on an unquantised Hugging Face
+//! checkpoint (the oracle tests) and on a converted container.
+
+use crate::error::Result;
+use crate::quant::QMatrix;
+use crate::stats::StepStats;
+
+/// The dense trunk, looked up by the checkpoint's own tensor names.
+pub trait TensorSource {
+    /// A 2-D weight `[rows = out_features, cols = in_features]` (the layout of
+    /// `nn.Linear.weight`), in whatever trunk format the source stores.
+    fn matrix(&self, name: &str) -> Result<QMatrix>;
+    /// A 1-D f32 tensor (norm weights, biases, router bias).
+    fn vector(&self, name: &str) -> Result<Vec<f32>>;
+    fn has(&self, name: &str) -> bool;
+}
+
+/// The routed experts of every MoE layer.
+pub trait ExpertProvider: Send + Sync {
+    /// `out = sum_j weight_j * expert_{id_j}(x)` for the MoE block of decoder
+    /// layer `layer`, where `expert(x) = down(silu(gate x) * up x)`.
+    /// `out` is overwritten. Picks are in router order.
+    fn forward_experts(
+        &self,
+        layer: usize,
+        x: &[f32],
+        picks: &[(usize, f32)],
+        out: &mut [f32],
+        stats: &mut StepStats,
+    ) -> Result<()>;
+}

@@ -1,0 +1,419 @@
+//! Hot loops: one portable scalar version of each, plus AVX2+FMA versions
+//! picked at run time. The scalar versions are always compiled (they are the
+//! fallback on other CPUs and the reference in the tests).
+
+use super::{CODEBOOK_ENTRIES, GROUP, VDIM};
+use half::f16;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// 0 = not probed yet, 1 = scalar, 2 = AVX2+FMA.
+static LEVEL: AtomicU8 = AtomicU8::new(0);
+
+/// Whether the AVX2+FMA kernels may run on this CPU (probed once).
+#[inline]
+pub(crate) fn has_avx2() -> bool {
+    match LEVEL.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let yes = detect();
+            LEVEL.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+            yes
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect() -> bool {
+    false
+}
+
+#[inline]
+pub(crate) fn f16_at(bytes: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+}
+
+// ---------------------------------------------------------------- dispatch
+
+/// `w . x`.
+#[inline]
+pub(crate) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    assert_eq!(w.len(), x.len(), "dot_f32: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected on this CPU; lengths are equal.
+        return unsafe { avx2::dot_f32(w, x) };
+    }
+    dot_f32_scalar(w, x)
+}
+
+/// One q8 row: `scales` holds the row's `ceil(len/128)` f16 group scales,
+/// `q` its `x.len()` i8 values.
+#[inline]
+pub(crate) fn dot_q8(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
+    check_row(scales, q.len(), x.len(), x.len());
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected; lengths checked above.
+        return unsafe { avx2::dot_q8(scales, q, x) };
+    }
+    dot_q8_scalar(scales, q, x)
+}
+
+/// One q4 row: `q` holds `ceil(x.len()/2)` bytes, low nibble first.
+#[inline]
+pub(crate) fn dot_q4(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
+    check_row(scales, q.len(), x.len(), x.len().div_ceil(2));
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected; lengths checked above.
+        return unsafe { avx2::dot_q4(scales, q, x) };
+    }
+    dot_q4_scalar(scales, q, x)
+}
+
+fn check_row(scales: &[u8], qlen: usize, cols: usize, want_q: usize) {
+    assert!(
+        scales.len() == 2 * cols.div_ceil(GROUP) && qlen == want_q,
+        "quantised row: inconsistent lengths"
+    );
+}
+
+/// RVQ gather-sum: `sum_j table[j*256 + codes[j]]`.
+#[inline]
+pub(crate) fn rvq_gather(table: &[f32], codes: &[u8]) -> f32 {
+    assert!(
+        table.len() >= codes.len() * CODEBOOK_ENTRIES && table.len() <= i32::MAX as usize,
+        "rvq_gather: table too small or too large"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected; every index j*256+code is
+        // < codes.len()*256 <= table.len() <= i32::MAX (checked above).
+        return unsafe { avx2::rvq_gather(table, codes) };
+    }
+    rvq_gather_scalar(table, codes)
+}
+
+/// Lookup tables `out[(v*stages+s)*256 + c] = x[8v..8v+8] . cb_s[c]` from
+/// the transposed codebooks `cbt[(s*8+d)*256 + c]`; `x` is zero-padded to
+/// whole vectors.
+pub(crate) fn build_tables(x: &[f32], cbt: &[f32], stages: usize, out: &mut [f32]) {
+    let nvec = x.len().div_ceil(VDIM);
+    assert!(
+        cbt.len() == stages * VDIM * CODEBOOK_ENTRIES
+            && out.len() == nvec * stages * CODEBOOK_ENTRIES,
+        "build_tables: inconsistent lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected on this CPU.
+        return unsafe { avx2::build_tables(x, cbt, stages, out) };
+    }
+    build_tables_generic(x, cbt, stages, out)
+}
+
+// ---------------------------------------------------------------- scalar
+
+pub(crate) fn dot_f32_scalar(w: &[f32], x: &[f32]) -> f32 {
+    // Four chains so the scalar fallback is not latency bound.
+    let mut acc = [0f32; 4];
+    let wc = w.chunks_exact(4);
+    let xc = x.chunks_exact(4);
+    let (wr, xr) = (wc.remainder(), xc.remainder());
+    for (a, b) in wc.zip(xc) {
+        for k in 0..4 {
+            acc[k] += a[k] * b[k];
+        }
+    }
+    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (a, b) in wr.iter().zip(xr) {
+        s += a * b;
+    }
+    s
+}
+
+pub(crate) fn dot_q8_scalar(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
+    let mut total = 0f32;
+    for (g, (qg, xg)) in q.chunks(GROUP).zip(x.chunks(GROUP)).enumerate() {
+        let mut acc = [0f32; 4];
+        let qc = qg.chunks_exact(4);
+        let xc = xg.chunks_exact(4);
+        let (qr, xr) = (qc.remainder(), xc.remainder());
+        for (a, b) in qc.zip(xc) {
+            for k in 0..4 {
+                acc[k] += (a[k] as i8) as f32 * b[k];
+            }
+        }
+        let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        for (a, b) in qr.iter().zip(xr) {
+            s += (*a as i8) as f32 * b;
+        }
+        total += f16_at(scales, g) * s;
+    }
+    total
+}
+
+pub(crate) fn dot_q4_scalar(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
+    let mut total = 0f32;
+    // A group of 128 values is 64 whole bytes, so groups start on a byte.
+    for (g, xg) in x.chunks(GROUP).enumerate() {
+        let qg = &q[g * GROUP / 2..];
+        let mut acc = [0f32; 2];
+        let pairs = xg.chunks_exact(2);
+        let tail = pairs.remainder();
+        for (b, xp) in qg.iter().zip(pairs) {
+            acc[0] += ((b & 0x0F) as i32 - 8) as f32 * xp[0];
+            acc[1] += ((b >> 4) as i32 - 8) as f32 * xp[1];
+        }
+        let mut s = acc[0] + acc[1];
+        if let Some(xl) = tail.first() {
+            s += ((qg[xg.len() / 2] & 0x0F) as i32 - 8) as f32 * xl;
+        }
+        total += f16_at(scales, g) * s;
+    }
+    total
+}
+
+pub(crate) fn rvq_gather_scalar(table: &[f32], codes: &[u8]) -> f32 {
+    // Independent chains: the gathers are latency bound (LESSONS.md).
+    let mut acc = [0f32; 4];
+    let cc = codes.chunks_exact(4);
+    let rest = cc.remainder();
+    let mut base = 0usize;
+    for c in cc {
+        for k in 0..4 {
+            acc[k] += table[base + k * CODEBOOK_ENTRIES + c[k] as usize];
+        }
+        base += 4 * CODEBOOK_ENTRIES;
+    }
+    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (k, &c) in rest.iter().enumerate() {
+        s += table[base + k * CODEBOOK_ENTRIES + c as usize];
+    }
+    s
+}
+
+/// Written so that the per-entry loop vectorises; each output is the same
+/// sequence of IEEE mul/add in every build (no FMA contraction in Rust), so
+/// the AVX2 clone is bit-identical to the scalar one.
+#[inline(always)]
+pub(crate) fn build_tables_generic(x: &[f32], cbt: &[f32], stages: usize, out: &mut [f32]) {
+    const C: usize = CODEBOOK_ENTRIES;
+    for (v, tv) in out.chunks_exact_mut(stages * C).enumerate() {
+        let mut xv = [0f32; VDIM];
+        for (d, xd) in xv.iter_mut().enumerate() {
+            *xd = x.get(v * VDIM + d).copied().unwrap_or(0.0);
+        }
+        for (s, t) in tv.chunks_exact_mut(C).enumerate() {
+            let cb = &cbt[s * VDIM * C..(s + 1) * VDIM * C];
+            // Blocks of 16 entries stay in registers across all 8 dims:
+            // one store per entry instead of a load+store per dim.
+            for (b, tb) in t.chunks_exact_mut(16).enumerate() {
+                let mut acc = [0f32; 16];
+                for (d, &xd) in xv.iter().enumerate() {
+                    let cd: &[f32; 16] =
+                        cb[d * C + 16 * b..d * C + 16 * b + 16].try_into().expect("16 entries");
+                    for k in 0..16 {
+                        acc[k] += xd * cd[k];
+                    }
+                }
+                tb.copy_from_slice(&acc);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- AVX2
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use super::{f16_at, CODEBOOK_ENTRIES, GROUP};
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    /// # Safety
+    /// The CPU supports AVX2 and FMA; `w.len() == x.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+        let n = w.len();
+        let (wp, xp) = (w.as_ptr(), x.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY (all loads): i + 32 <= n, resp. i + 8 <= n, bounds every
+        // unaligned 8-lane load inside both slices.
+        while i + 32 <= n {
+            for (k, a) in acc.iter_mut().enumerate() {
+                let o = i + 8 * k;
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(o)), _mm256_loadu_ps(xp.add(o)), *a);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(xp.add(i)), acc[0]);
+            i += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut s = hsum(v);
+        while i < n {
+            s += w[i] * x[i];
+            i += 1;
+        }
+        s
+    }
+
+    /// # Safety
+    /// The CPU supports AVX2 and FMA; `q.len() == x.len()` and `scales`
+    /// holds `2 * ceil(x.len() / 128)` bytes.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn dot_q8(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
+        let n = x.len();
+        let mut racc = _mm256_setzero_ps();
+        let mut tail = 0f32;
+        let mut g0 = 0;
+        while g0 < n {
+            let glen = GROUP.min(n - g0);
+            let scale = f16_at(scales, g0 / GROUP);
+            let mut a0 = _mm256_setzero_ps();
+            let mut a1 = _mm256_setzero_ps();
+            let mut i = 0;
+            // SAFETY (all loads): g0 + i + 16 <= n (resp. + 8) keeps the
+            // 8-byte and 8-float loads inside `q` and `x`.
+            while i + 16 <= glen {
+                let p = g0 + i;
+                let qa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i));
+                let qb = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p + 8) as *const __m128i));
+                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qa), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
+                a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qb), _mm256_loadu_ps(x.as_ptr().add(p + 8)), a1);
+                i += 16;
+            }
+            if i + 8 <= glen {
+                let p = g0 + i;
+                let qa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i));
+                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qa), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
+                i += 8;
+            }
+            let mut ts = 0f32;
+            while i < glen {
+                ts += (q[g0 + i] as i8) as f32 * x[g0 + i];
+                i += 1;
+            }
+            tail += scale * ts;
+            racc = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(scale), racc);
+            g0 += glen;
+        }
+        hsum(racc) + tail
+    }
+
+    /// # Safety
+    /// The CPU supports AVX2 and FMA; `q.len() == ceil(x.len() / 2)` and
+    /// `scales` holds `2 * ceil(x.len() / 128)` bytes.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn dot_q4(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
+        let n = x.len();
+        let mask = _mm_set1_epi8(0x0F);
+        let eight = _mm256_set1_epi32(8);
+        let mut racc = _mm256_setzero_ps();
+        let mut tail = 0f32;
+        let mut g0 = 0;
+        while g0 < n {
+            let glen = GROUP.min(n - g0);
+            let scale = f16_at(scales, g0 / GROUP);
+            let mut a0 = _mm256_setzero_ps();
+            let mut a1 = _mm256_setzero_ps();
+            let mut i = 0;
+            while i + 16 <= glen {
+                let p = g0 + i;
+                // SAFETY: p is even and p + 16 <= n, so bytes p/2..p/2+8 lie
+                // inside `q` and floats p..p+16 inside `x`.
+                let b = _mm_loadl_epi64(q.as_ptr().add(p / 2) as *const __m128i);
+                let lo = _mm_and_si128(b, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+                // Interleaving restores column order: low nibble = even column.
+                let v = _mm_unpacklo_epi8(lo, hi);
+                let va = _mm256_sub_epi32(_mm256_cvtepu8_epi32(v), eight);
+                let vb = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)), eight);
+                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(va), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
+                a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vb), _mm256_loadu_ps(x.as_ptr().add(p + 8)), a1);
+                i += 16;
+            }
+            let mut ts = 0f32;
+            while i < glen {
+                let p = g0 + i;
+                let b = q[p / 2];
+                let nib = if p % 2 == 0 { b & 0x0F } else { b >> 4 };
+                ts += (nib as i32 - 8) as f32 * x[p];
+                i += 1;
+            }
+            tail += scale * ts;
+            racc = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(scale), racc);
+            g0 += glen;
+        }
+        hsum(racc) + tail
+    }
+
+    /// # Safety
+    /// The CPU supports AVX2 and FMA;
+    /// `codes.len() * 256 <= table.len() <= i32::MAX`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn rvq_gather(table: &[f32], codes: &[u8]) -> f32 {
+        const C: i32 = CODEBOOK_ENTRIES as i32;
+        let n = codes.len();
+        let tp = table.as_ptr();
+        let cp = codes.as_ptr();
+        let lane = _mm256_setr_epi32(0, C, 2 * C, 3 * C, 4 * C, 5 * C, 6 * C, 7 * C);
+        let step8 = _mm256_set1_epi32(8 * C);
+        let mut base = lane;
+        // Four independent gather chains keep several loads in flight.
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut j = 0;
+        while j + 32 <= n {
+            for a in acc.iter_mut() {
+                // SAFETY: j + 8 <= n bounds the 8-byte code load; each index
+                // (j+k)*256 + code < n*256 <= table.len().
+                let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(cp.add(j) as *const __m128i));
+                let idx = _mm256_add_epi32(base, c);
+                *a = _mm256_add_ps(*a, _mm256_i32gather_ps::<4>(tp, idx));
+                base = _mm256_add_epi32(base, step8);
+                j += 8;
+            }
+        }
+        while j + 8 <= n {
+            // SAFETY: as above.
+            let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(cp.add(j) as *const __m128i));
+            let idx = _mm256_add_epi32(base, c);
+            acc[0] = _mm256_add_ps(acc[0], _mm256_i32gather_ps::<4>(tp, idx));
+            base = _mm256_add_epi32(base, step8);
+            j += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let mut s = hsum(v);
+        while j < n {
+            s += table[j * CODEBOOK_ENTRIES + codes[j] as usize];
+            j += 1;
+        }
+        s
+    }
+
+    /// # Safety
+    /// The CPU supports AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn build_tables(x: &[f32], cbt: &[f32], stages: usize, out: &mut [f32]) {
+        super::build_tables_generic(x, cbt, stages, out)
+    }
+}

@@ -1,0 +1,354 @@
+//! Group quantisation (q8/q4, shared by trunk and experts), the borrowed
+//! matrix view the kernels run on, and the owned trunk matrix `QMatrix`.
+
+use super::simd::{self, f16_at};
+use super::{QuantError, TrunkFormat, GROUP};
+use half::f16;
+use rayon::prelude::*;
+use std::borrow::Cow;
+
+/// Matrices at least this large (rows * cols) are split across rayon
+/// threads; below it the fork/join costs more than it saves.
+pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
+/// Rows per rayon task. Every row is computed whole by one thread, so the
+/// block size only affects speed, never the result.
+const ROW_BLOCK: usize = 16;
+
+/// Quantise a row-major `[rows, cols]` f32 matrix into `fmt`'s byte layout
+/// (module docs). Panics if `w.len() != rows * cols`.
+pub fn quantize_trunk(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
+    assert_eq!(w.len(), rows * cols, "quantize_trunk: w.len() != rows * cols");
+    let mut out = vec![0u8; fmt.byte_len(rows, cols)];
+    quantize_into(fmt, w, rows, cols, &mut out);
+    out
+}
+
+/// Quantise into a preallocated buffer of exactly `fmt.byte_len(rows, cols)`.
+pub(crate) fn quantize_into(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usize, out: &mut [u8]) {
+    debug_assert_eq!(out.len(), fmt.byte_len(rows, cols));
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let par = rows * cols >= PAR_MIN_WORK;
+    match fmt {
+        TrunkFormat::F32 => {
+            for (o, v) in out.chunks_exact_mut(4).zip(w) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        TrunkFormat::Q8 | TrunkFormat::Q4 => {
+            let g = cols.div_ceil(GROUP);
+            let row_bytes = if fmt == TrunkFormat::Q8 { cols } else { cols.div_ceil(2) };
+            let (sc, data) = out.split_at_mut(rows * g * 2);
+            let job = |(sr, (dr, wr)): (&mut [u8], (&mut [u8], &[f32]))| {
+                quantize_row(fmt, wr, sr, dr)
+            };
+            if par {
+                sc.par_chunks_mut(g * 2)
+                    .zip(data.par_chunks_mut(row_bytes).zip(w.par_chunks(cols)))
+                    .for_each(job);
+            } else {
+                sc.chunks_mut(g * 2)
+                    .zip(data.chunks_mut(row_bytes).zip(w.chunks(cols)))
+                    .for_each(job);
+            }
+        }
+    }
+}
+
+fn quantize_row(fmt: TrunkFormat, w: &[f32], scales: &mut [u8], q: &mut [u8]) {
+    for (g, wg) in w.chunks(GROUP).enumerate() {
+        let scale = match fmt {
+            TrunkFormat::Q8 => f16_round(absmax(wg) / 127.0),
+            _ => best_q4_scale(wg),
+        };
+        scales[2 * g..2 * g + 2].copy_from_slice(&f16::from_f32(scale).to_bits().to_le_bytes());
+        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        let c0 = g * GROUP;
+        for (i, &v) in wg.iter().enumerate() {
+            let c = c0 + i;
+            match fmt {
+                TrunkFormat::Q8 => q[c] = quant(v, inv, -127, 127) as u8,
+                _ => {
+                    let nib = (quant(v, inv, -8, 7) + 8) as u8;
+                    if c & 1 == 0 {
+                        q[c / 2] = nib;
+                    } else {
+                        q[c / 2] |= nib << 4;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[inline]
+fn quant(v: f32, inv: f32, lo: i32, hi: i32) -> i8 {
+    // `as i32` maps NaN to 0 and saturates infinities, so bad weights cannot
+    // produce an out-of-range code.
+    // Adding ±0.5 and truncating rounds half away from zero like `round`,
+    // without the libm call baseline x86_64 makes for `round` (the q4 scale
+    // search quantises every value 14 times).
+    let y = v * inv;
+    ((y + 0.5f32.copysign(y)) as i32).clamp(lo, hi) as i8
+}
+
+fn absmax(w: &[f32]) -> f32 {
+    w.iter().fold(0f32, |m, v| m.max(v.abs()))
+}
+
+/// Round to the nearest f16 (what is stored), keeping it finite.
+fn f16_round(s: f32) -> f32 {
+    if !s.is_finite() {
+        return 0.0;
+    }
+    f16::from_f32(s.min(f16::MAX.to_f32())).to_f32()
+}
+
+/// q4 scale with the least squared error among `±max|w| / d`, d in
+/// 7..=8.5: a negative scale lets the extreme value use code -8, and a
+/// slightly smaller step often beats the plain `max/7` on the bulk.
+fn best_q4_scale(w: &[f32]) -> f32 {
+    let m = absmax(w);
+    if m == 0.0 || !m.is_finite() {
+        return 0.0;
+    }
+    let mut best = (f32::INFINITY, 0f32);
+    for k in 0..7 {
+        let d = 7.0 + 0.25 * k as f32;
+        for sign in [1.0f32, -1.0] {
+            let s = f16_round(sign * m / d);
+            if s == 0.0 {
+                continue;
+            }
+            let inv = 1.0 / s;
+            let err: f32 = w
+                .iter()
+                .map(|&v| {
+                    let e = v - s * quant(v, inv, -8, 7) as f32;
+                    e * e
+                })
+                .sum();
+            if err < best.0 {
+                best = (err, s);
+            }
+        }
+    }
+    best.1
+}
+
+/// Reinterpret little-endian f32 bytes without copying when the buffer is
+/// suitably aligned (record buffers are), copying otherwise.
+pub(crate) fn f32_from_le(bytes: &[u8]) -> Cow<'_, [f32]> {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: every bit pattern is a valid f32, and align_to only puts
+        // properly aligned, in-bounds elements in the middle slice.
+        let (head, mid, tail) = unsafe { bytes.align_to::<f32>() };
+        if head.is_empty() && tail.is_empty() {
+            return Cow::Borrowed(mid);
+        }
+    }
+    Cow::Owned(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    )
+}
+
+/// A borrowed matrix in any group format (lengths already validated).
+#[derive(Clone, Copy)]
+pub(crate) struct MatRef<'a> {
+    pub rows: usize,
+    pub cols: usize,
+    kind: Kind<'a>,
+}
+
+#[derive(Clone, Copy)]
+enum Kind<'a> {
+    F32(&'a [f32]),
+    Q8 { scales: &'a [u8], q: &'a [u8] },
+    Q4 { scales: &'a [u8], q: &'a [u8] },
+}
+
+impl<'a> MatRef<'a> {
+    pub fn f32(w: &'a [f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(w.len(), rows * cols, "matrix: w.len() != rows * cols");
+        MatRef { rows, cols, kind: Kind::F32(w) }
+    }
+
+    /// A q8/q4 matrix over `fmt.byte_len(rows, cols)` bytes.
+    pub fn quant(fmt: TrunkFormat, bytes: &'a [u8], rows: usize, cols: usize) -> Self {
+        assert_eq!(bytes.len(), fmt.byte_len(rows, cols), "matrix: byte length");
+        let (scales, q) = bytes.split_at(super::scale_bytes(rows, cols));
+        let kind = match fmt {
+            TrunkFormat::Q8 => Kind::Q8 { scales, q },
+            TrunkFormat::Q4 => Kind::Q4 { scales, q },
+            TrunkFormat::F32 => unreachable!("f32 matrices go through MatRef::f32"),
+        };
+        MatRef { rows, cols, kind }
+    }
+
+    #[inline]
+    fn row_scales(&self, scales: &'a [u8], r: usize) -> &'a [u8] {
+        let g2 = 2 * self.cols.div_ceil(GROUP);
+        &scales[r * g2..(r + 1) * g2]
+    }
+
+    /// Row `r` dotted with `x` (`x.len() == cols`).
+    #[inline]
+    pub fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
+        let c = self.cols;
+        match self.kind {
+            Kind::F32(w) => simd::dot_f32(&w[r * c..(r + 1) * c], x),
+            Kind::Q8 { scales, q } => simd::dot_q8(self.row_scales(scales, r), &q[r * c..(r + 1) * c], x),
+            Kind::Q4 { scales, q } => {
+                let rb = c.div_ceil(2);
+                simd::dot_q4(self.row_scales(scales, r), &q[r * rb..(r + 1) * rb], x)
+            }
+        }
+    }
+
+    /// Dequantised row `r` into `out` (`out.len() == cols`).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        let c = self.cols;
+        assert_eq!(out.len(), c, "row: out.len() != cols");
+        match self.kind {
+            Kind::F32(w) => out.copy_from_slice(&w[r * c..(r + 1) * c]),
+            Kind::Q8 { scales, q } => {
+                let sc = self.row_scales(scales, r);
+                for (i, (o, &b)) in out.iter_mut().zip(&q[r * c..(r + 1) * c]).enumerate() {
+                    *o = f16_at(sc, i / GROUP) * (b as i8) as f32;
+                }
+            }
+            Kind::Q4 { scales, q } => {
+                let sc = self.row_scales(scales, r);
+                let rb = c.div_ceil(2);
+                let qr = &q[r * rb..(r + 1) * rb];
+                for (i, o) in out.iter_mut().enumerate() {
+                    let b = qr[i / 2];
+                    let nib = if i % 2 == 0 { b & 0x0F } else { b >> 4 };
+                    *o = f16_at(sc, i / GROUP) * (nib as i32 - 8) as f32;
+                }
+            }
+        }
+    }
+
+    /// `y = W x`, rows split across rayon for large matrices.
+    pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        assert!(x.len() == self.cols && y.len() == self.rows, "matvec: x/y length");
+        par_rows(y, self.rows * self.cols, |r| self.row_dot(r, x));
+    }
+
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        if self.cols > 0 {
+            for (r, o) in out.chunks_exact_mut(self.cols).enumerate() {
+                self.row_into(r, o);
+            }
+        }
+        out
+    }
+}
+
+/// `y[r] = f(r)` for every row; in parallel blocks when `work` is large.
+/// Each row is computed by exactly one call, so the result does not depend
+/// on the thread count.
+pub(crate) fn par_rows(y: &mut [f32], work: usize, f: impl Fn(usize) -> f32 + Sync) {
+    if work >= PAR_MIN_WORK && y.len() > ROW_BLOCK {
+        y.par_chunks_mut(ROW_BLOCK).enumerate().for_each(|(b, ys)| {
+            for (i, v) in ys.iter_mut().enumerate() {
+                *v = f(b * ROW_BLOCK + i);
+            }
+        });
+    } else {
+        for (r, v) in y.iter_mut().enumerate() {
+            *v = f(r);
+        }
+    }
+}
+
+/// A resident matrix that owns its weights.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    fmt: TrunkFormat,
+    rows: usize,
+    cols: usize,
+    data: Data,
+}
+
+/// f32 weights are kept as `Vec<f32>` so they are aligned; q8/q4 bytes are
+/// only ever read bytewise or with unaligned loads, so `Vec<u8>` suffices.
+#[derive(Debug, Clone)]
+enum Data {
+    F32(Vec<f32>),
+    Bytes(Vec<u8>),
+}
+
+impl QMatrix {
+    /// An f32 matrix. Panics if `w.len() != rows * cols`.
+    pub fn from_f32(w: Vec<f32>, rows: usize, cols: usize) -> QMatrix {
+        assert_eq!(w.len(), rows * cols, "QMatrix::from_f32: w.len() != rows * cols");
+        QMatrix { fmt: TrunkFormat::F32, rows, cols, data: Data::F32(w) }
+    }
+
+    /// A matrix from its stored bytes (copied); the length must be exactly
+    /// `fmt.byte_len(rows, cols)`.
+    pub fn from_bytes(
+        fmt: TrunkFormat,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<QMatrix, QuantError> {
+        if rows.checked_mul(cols).and_then(|n| n.checked_mul(4)).is_none() {
+            return Err(QuantError::Shape { what: "trunk matrix", rows, cols });
+        }
+        let expected = fmt.byte_len(rows, cols);
+        if bytes.len() != expected {
+            return Err(QuantError::Length { what: "trunk matrix", expected, got: bytes.len() });
+        }
+        let data = match fmt {
+            TrunkFormat::F32 => Data::F32(f32_from_le(bytes).into_owned()),
+            _ => Data::Bytes(bytes.to_vec()),
+        };
+        Ok(QMatrix { fmt, rows, cols, data })
+    }
+
+    pub fn format(&self) -> TrunkFormat {
+        self.fmt
+    }
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Bytes held, equal to `format().byte_len(rows, cols)`.
+    pub fn byte_len(&self) -> usize {
+        self.fmt.byte_len(self.rows, self.cols)
+    }
+
+    fn view(&self) -> MatRef<'_> {
+        match &self.data {
+            Data::F32(w) => MatRef::f32(w, self.rows, self.cols),
+            Data::Bytes(b) => MatRef::quant(self.fmt, b, self.rows, self.cols),
+        }
+    }
+
+    /// `y = W x`. Panics unless `x.len() == cols` and `y.len() == rows`.
+    pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        self.view().matvec(x, y)
+    }
+
+    /// Dequantised row `r` (embedding lookup). Panics unless `r < rows` and
+    /// `out.len() == cols`; callers check token ids first.
+    pub fn row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows, "QMatrix::row: row {r} out of {}", self.rows);
+        self.view().row_into(r, out)
+    }
+
+    pub fn dequantize(&self) -> Vec<f32> {
+        self.view().dequantize()
+    }
+}

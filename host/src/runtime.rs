@@ -1,0 +1,151 @@
+//! The one wasmtime embedding: the bindgen! site, the store data, and the
+//! host side of the `waste:engine/model` imports.
+//!
+//! The guest runs with an empty WASI context (no preopened directory, no
+//! environment, no network); only its stderr is captured, into memory, so a
+//! guest panic reaches the caller as an error with the guest's own message.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use crate::api::{Model, TokenEvent};
+use crate::model::State;
+
+mod bindings {
+    wasmtime::component::bindgen!({ world: "engine", path: "../wit" });
+}
+
+pub(crate) use bindings::exports::waste::engine::control::{
+    SamplingParams as WitSamplingParams, StopReason as WitStopReason,
+};
+pub(crate) use bindings::Engine as EngineBindings;
+use bindings::waste::engine::model as wit;
+
+/// The guest's embedded bytes, built from guest/ by build.rs.
+pub(crate) const GUEST_WASM: &[u8] = include_bytes!(env!("WASTE_GUEST_WASM"));
+
+/// Guest stderr kept for error messages; a panic message is far shorter.
+const GUEST_STDERR_CAPACITY: usize = 64 * 1024;
+
+pub(crate) type TokenCallback = Box<dyn FnMut(&TokenEvent) -> bool + Send>;
+
+/// A model as one session sees it: the shared weights and this session's state.
+pub(crate) struct ModelSlot {
+    pub model: Arc<Model>,
+    pub state: State,
+}
+
+/// Store data of one session.
+pub(crate) struct HostState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    stderr: MemoryOutputPipe,
+    pub slots: Vec<ModelSlot>,
+    pub on_token: Option<TokenCallback>,
+}
+
+impl HostState {
+    pub fn new(slots: Vec<ModelSlot>) -> Self {
+        let stderr = MemoryOutputPipe::new(GUEST_STDERR_CAPACITY);
+        let wasi = WasiCtxBuilder::new().stderr(stderr.clone()).build();
+        HostState { wasi, table: ResourceTable::new(), stderr, slots, on_token: None }
+    }
+
+    /// What the guest wrote to stderr (a panic message), trimmed.
+    pub fn guest_stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.contents()).trim().to_string()
+    }
+
+    fn slot(&mut self, handle: u32) -> Result<&mut ModelSlot, String> {
+        self.slots.get_mut(handle as usize).ok_or_else(|| format!("no model with handle {handle}"))
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl wit::Host for HostState {
+    fn info(&mut self, handle: u32) -> Result<wit::ModelInfo, String> {
+        let slot = self.slot(handle)?;
+        let info = slot.model.info();
+        Ok(wit::ModelInfo {
+            family: info.family.clone(),
+            vocab_size: info.vocab_size as u32,
+            context_length: slot.state.context() as u32,
+            bos_token: info.bos_token,
+            eos_tokens: info.eos_tokens.clone(),
+        })
+    }
+
+    fn tokenizer_json(&mut self, handle: u32) -> Option<String> {
+        let slot = self.slot(handle).ok()?;
+        slot.model.tokenizer_json().map(str::to_owned)
+    }
+
+    fn chat_template(&mut self, handle: u32) -> Option<String> {
+        let slot = self.slot(handle).ok()?;
+        slot.model.chat_template().map(str::to_owned)
+    }
+
+    fn evaluate(&mut self, handle: u32, tokens: Vec<u32>) -> Result<wit::Evaluation, String> {
+        let slot = self.slot(handle)?;
+        let started = Instant::now();
+        let (logits, stats) = slot.model.forward(&mut slot.state, &tokens, false).map_err(|e| e.to_string())?;
+        Ok(wit::Evaluation {
+            logits,
+            position: slot.state.position() as u32,
+            stats: wit::StepStats {
+                experts_hit: stats.experts_hit,
+                experts_missed: stats.experts_missed,
+                bytes_read: stats.bytes_read,
+                ms_total: started.elapsed().as_secs_f32() * 1000.0,
+                ms_io: stats.io_time.as_secs_f32() * 1000.0,
+            },
+        })
+    }
+
+    fn reset(&mut self, handle: u32) {
+        if let Ok(slot) = self.slot(handle) {
+            slot.state.reset();
+        }
+    }
+
+    fn emit_token(&mut self, event: wit::TokenEvent) -> bool {
+        let Some(callback) = self.on_token.as_mut() else { return true };
+        callback(&TokenEvent {
+            token: event.token,
+            text: event.text,
+            logprob: event.logprob,
+            experts_hit: event.stats.experts_hit,
+            experts_missed: event.stats.experts_missed,
+            bytes_read: event.stats.bytes_read,
+            ms_total: event.stats.ms_total,
+            ms_io: event.stats.ms_io,
+        })
+    }
+}
+
+/// Compiled once per process and shared by every session.
+pub(crate) struct CompiledGuest {
+    pub engine: wasmtime::Engine,
+    pub component: Component,
+    pub linker: Linker<HostState>,
+}
+
+impl CompiledGuest {
+    pub fn new() -> wasmtime::Result<Self> {
+        let engine = wasmtime::Engine::default();
+        let component = Component::new(&engine, GUEST_WASM)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        EngineBindings::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)?;
+        Ok(CompiledGuest { engine, component, linker })
+    }
+}

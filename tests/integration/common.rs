@@ -1,0 +1,116 @@
+//! Shared helpers: fixture paths, temporary directories, running `waste`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub const FAMILIES: &[&str] = &["qwen3_moe", "olmoe", "mixtral"];
+
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+/// A fixture directory, which must exist: a missing fixture fails the test.
+pub fn fixture(family: &str) -> PathBuf {
+    let dir = fixtures().join(format!("tiny-{family}"));
+    assert!(
+        dir.join("reference.json").is_file(),
+        "fixture {} is missing: regenerate it with `python3 tests/gen_fixtures.py`",
+        dir.display()
+    );
+    dir
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("waste-test-{}-{tag}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn waste(args: &[&str]) -> Output {
+    waste_with_stdin(args, None)
+}
+
+pub fn waste_with_stdin(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_waste"));
+    cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    let mut child = cmd.spawn().expect("spawn waste");
+    if let Some(text) = stdin {
+        use std::io::Write;
+        child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write stdin");
+    }
+    child.wait_with_output().expect("wait for waste")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Converts a fixture with the given formats into `dir/NAME.waste`.
+pub fn convert(family: &str, experts: &str, trunk: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(format!("{family}-{experts}-{trunk}.waste"));
+    let src = fixture(family);
+    let o = waste(&[
+        "convert",
+        src.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--experts",
+        experts,
+        "--trunk",
+        trunk,
+    ]);
+    assert!(o.status.success(), "convert {family} failed: {}", stderr(&o));
+    out
+}
+
+pub struct Reference {
+    pub prompt_text: String,
+    pub prompt_ids: Vec<u32>,
+    pub greedy_ids: Vec<u32>,
+    pub vocab: usize,
+    /// [T * V]
+    pub logits: Vec<f32>,
+}
+
+pub fn reference(family: &str) -> Reference {
+    let dir = fixture(family);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+    let ids = |key: &str| -> Vec<u32> {
+        json[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+    };
+    let shape = ids("logits_shape");
+    let bytes = std::fs::read(dir.join("reference_logits.f32")).unwrap();
+    let logits: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    assert_eq!(logits.len(), (shape[0] * shape[1]) as usize);
+    Reference {
+        prompt_text: json["prompt_text"].as_str().unwrap().to_string(),
+        prompt_ids: ids("prompt_ids"),
+        greedy_ids: ids("greedy_ids"),
+        vocab: shape[1] as usize,
+        logits,
+    }
+}

@@ -28,6 +28,16 @@ use bindings::waste::engine::model as wit;
 /// The guest's embedded bytes, built from guest/ by build.rs.
 pub(crate) const GUEST_WASM: &[u8] = include_bytes!(env!("WASTE_GUEST_WASM"));
 
+/// `GUEST_WASM` precompiled by build.rs for the build machine's CPU with
+/// `engine_config::engine_config()`; empty when the build did not precompile
+/// (cross-compilation, or WASTE_NO_PRECOMPILE set).
+const GUEST_CWASM: &[u8] = include_bytes!(env!("WASTE_GUEST_CWASM"));
+
+// The wasmtime `Config`, shared with build.rs so the precompiled code matches
+// the engine that loads it.
+#[path = "engine_config.rs"]
+mod engine_config;
+
 /// Guest stderr kept for error messages; a panic message is far shorter.
 const GUEST_STDERR_CAPACITY: usize = 64 * 1024;
 
@@ -141,11 +151,40 @@ pub(crate) struct CompiledGuest {
 
 impl CompiledGuest {
     pub fn new() -> wasmtime::Result<Self> {
-        let engine = wasmtime::Engine::default();
-        let component = Component::new(&engine, GUEST_WASM)?;
+        let engine = wasmtime::Engine::new(&engine_config::engine_config())?;
+        let component = match Self::load_precompiled(&engine) {
+            Some(component) => component,
+            None => Component::new(&engine, GUEST_WASM)?,
+        };
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
         EngineBindings::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)?;
         Ok(CompiledGuest { engine, component, linker })
+    }
+
+    /// The build's precompiled component, if there is one and this engine
+    /// accepts it. wasmtime refuses (with an error, before touching the
+    /// code) precompiled code whose wasmtime version, target, Cranelift
+    /// flags, tunables or wasm features differ from the engine's, or that
+    /// uses a CPU feature this machine lacks (a binary built on a newer CPU);
+    /// the caller then compiles the wasm bytes instead.
+    fn load_precompiled(engine: &wasmtime::Engine) -> Option<Component> {
+        if GUEST_CWASM.is_empty() {
+            return None;
+        }
+        // SAFETY: `Component::deserialize` is unsafe because it trusts its
+        // input to be wasmtime's own output, not arbitrary bytes (it maps it
+        // as executable code after checking only the header and the settings
+        // it records). `GUEST_CWASM` is exactly that: produced by
+        // `Engine::precompile_component` in this crate's build.rs, in the
+        // same build, by the same locked wasmtime version, with the same
+        // `engine_config()`, and embedded in the binary by `include_bytes!`;
+        // it is never read from the file system or any other outside source
+        // at run time. Compatibility with this engine and CPU is checked by
+        // wasmtime itself and a mismatch is an `Err`, handled below.
+        match unsafe { Component::deserialize(engine, GUEST_CWASM) } {
+            Ok(component) => Some(component),
+            Err(_) => None,
+        }
     }
 }

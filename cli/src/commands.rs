@@ -273,6 +273,7 @@ pub fn version(a: VersionArgs) -> Result<()> {
                 "version": waste_host::VERSION, "container_format": format, "wit": "waste:engine@0.1.0",
                 "component_bytes": waste_host::component_bytes().len(),
                 "component_compile_ms": engine.compile_time().as_secs_f64() * 1000.0,
+                "component_instantiate_ms": engine.measure_instantiate()?.as_secs_f64() * 1000.0,
             })
         );
     } else {

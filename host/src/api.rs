@@ -195,6 +195,13 @@ impl Engine {
         self.compile_time
     }
 
+    /// Instantiates the component once with no model attached and returns
+    /// how long that took: the other half of the start-up cost.
+    pub fn measure_instantiate(&self) -> Result<Duration> {
+        let (_, _, took) = instantiate(&self.guest, HostState::new(Vec::new()))?;
+        Ok(took)
+    }
+
     /// A session on `model`: its own component instance and its own state.
     pub fn session(&self, model: Arc<Model>) -> Result<Session> {
         let state = model.new_state();

@@ -81,6 +81,11 @@ impl ExpertBanks {
                 (None, false) => None,
                 _ => return Err(bad(format!("layer {layer}: codebooks present/absent contrary to format {}", e.format))),
             };
+            // The kernels trust their inputs; everything they will be given
+            // (payload length, codebook presence and stage count) is checked here.
+            let blank = vec![0u8; payload_bytes as usize];
+            quant::check_expert_payload(format, shape, &blank, codebooks.as_ref())
+                .map_err(|err| bad(format!("layer {layer}: {err}")))?;
             banks[layer] = Some(Bank { path, file, experts: entry.experts as usize, codebooks });
         }
         for layer in 0..config.num_layers {

@@ -30,13 +30,13 @@ pub fn is_usage_error(e: &anyhow::Error) -> bool {
         || matches!(e.downcast_ref::<waste_host::Error>(), Some(waste_host::Error::Arg(_)))
 }
 
-fn usage(msg: impl Into<String>) -> anyhow::Error {
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
     UsageError(msg.into()).into()
 }
 
 pub fn convert(a: ConvertArgs) -> Result<()> {
     let experts = ExpertFormat::parse(&a.experts)
-        .ok_or_else(|| usage(format!("--experts {:?}: expected f32, q8, q4, rvq3 or rvq2", a.experts)))?;
+        .ok_or_else(|| usage(format!("--experts {:?}: expected f32, q8, q4, rvq3, rvq2 or rvq4p", a.experts)))?;
     let trunk = TrunkFormat::parse(&a.trunk)
         .ok_or_else(|| usage(format!("--trunk {:?}: expected f32, q8 or q4", a.trunk)))?;
     let opts = ConvertOptions { experts, trunk, ..ConvertOptions::default() };
@@ -69,11 +69,22 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
 }
 
 fn open(args: &ModelArgs) -> Result<(Engine, Session)> {
-    let model = Model::open(&args.model, &OpenOptions { context: args.ctx })
+    let budget = crate::cmd_stream::budget_arg(&args.budget)?;
+    let (threads, cpus) = thread_args(args)?;
+    let model = Model::open(&args.model, &OpenOptions { context: args.ctx, budget, threads, cpus, ..OpenOptions::default() })
         .with_context(|| format!("opening {}", args.model.display()))?;
     let engine = Engine::new()?;
     let session = engine.session(model)?;
     Ok((engine, session))
+}
+
+/// `--threads` / `--cpus`; a malformed cpu list is a usage error.
+pub fn thread_args(args: &ModelArgs) -> Result<(Option<usize>, Option<waste_host::pool::CpuSet>)> {
+    let cpus = match &args.cpus {
+        None => None,
+        Some(list) => Some(waste_host::pool::CpuSet::parse(list).map_err(|e| usage(format!("--cpus: {e}")))?),
+    };
+    Ok((args.threads.map(|n| n as usize), cpus))
 }
 
 /// The prompt from the argument, `--file`, or stdin (`-`, or no argument
@@ -113,26 +124,54 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     let prompt = read_prompt(a.prompt.as_deref(), a.file.as_deref())?;
     let (_engine, mut session) = open(&a.model)?;
+    if let Some(path) = &a.sampler {
+        let mut options = Vec::new();
+        for item in &a.sampler_opt {
+            let parsed = item.split_once('=').and_then(|(k, v)| Some((k.trim().to_string(), v.trim().parse::<f32>().ok()?)));
+            options.push(parsed.ok_or_else(|| usage(format!("--sampler-opt {item:?}: expected NAME=NUMBER, e.g. tau=5")))?);
+        }
+        let plugin = waste_host::plugin::SamplerPlugin::load(path, options, Default::default())
+            .with_context(|| format!("loading the sampler plugin {}", path.display()))?;
+        session.set_sampler(Some(plugin));
+    }
+    if let Some(path) = &a.load_state {
+        session.load_state(path).with_context(|| format!("loading the session from {}", path.display()))?;
+    }
     let mut tokens = Vec::new();
-    if let Some(bos) = session.model().info().bos_token {
+    if let (Some(bos), 0) = (session.model().info().bos_token, session.tokens().len()) {
         tokens.push(bos);
     }
     tokens.extend(encode(&mut session, &prompt, a.markup)?);
     if tokens.is_empty() {
         bail!(usage("the prompt encodes to no tokens"));
     }
+    let logit_bias = parse_logit_bias(&a.logit_bias)?;
     let params = GenerateParams {
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repeat_penalty,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        penalty_last_n: a.repeat_last_n,
+        logit_bias,
+        top_logprobs: a.logprobs.unwrap_or(0),
         seed: a.seed,
         max_tokens: a.max_tokens,
         stop_at_eos: !a.ignore_eos,
+        stop_strings: a.stop.clone(),
+        stop_tokens: a.stop_token.clone(),
     };
+    let show_logprobs = a.logprobs.is_some();
     let totals = Arc::new(Mutex::new(RunTotals::default()));
     let sink = totals.clone();
     let started = Instant::now();
     let completion = session.generate(&tokens, &params, move |event| {
+        if show_logprobs {
+            let top: Vec<_> = event.top_logprobs.iter().map(|(id, lp)| json!({"id": id, "logprob": lp})).collect();
+            eprintln!("{}", json!({"token": event.token, "text": event.text, "logprob": event.logprob, "top": top}));
+        }
         let mut out = std::io::stdout().lock();
         // A closed stdout (a pipe to `head`) ends the generation quietly.
         let written = out.write_all(event.text.as_bytes()).and_then(|_| out.flush()).is_ok();
@@ -146,9 +185,25 @@ pub fn run(a: RunArgs) -> Result<()> {
     })?;
     let seconds = started.elapsed().as_secs_f64();
     println!();
+    if let Some(path) = &a.save_state {
+        session.save_state(path).with_context(|| format!("saving the session to {}", path.display()))?;
+    }
     let totals = *totals.lock().map_err(|_| anyhow::anyhow!("statistics lock poisoned"))?;
     eprintln!("{} (stop: {})", output::stats_line(&totals, seconds), completion.stop_reason.as_str());
     Ok(())
+}
+
+/// `ID=BIAS` pairs of `--logit-bias`.
+fn parse_logit_bias(items: &[String]) -> Result<Vec<(u32, f32)>> {
+    items
+        .iter()
+        .map(|item| {
+            let parsed = item
+                .split_once('=')
+                .and_then(|(id, bias)| Some((id.trim().parse::<u32>().ok()?, bias.trim().parse::<f32>().ok()?)));
+            parsed.ok_or_else(|| usage(format!("--logit-bias {item:?}: expected ID=BIAS, e.g. 42=-5")))
+        })
+        .collect()
 }
 
 pub fn eval(a: EvalArgs) -> Result<()> {
@@ -244,13 +299,40 @@ pub fn info(a: InfoArgs) -> Result<()> {
                 "eos_tokens": i.eos_tokens, "trunk_format": i.trunk_format, "expert_format": i.expert_format,
                 "expert_record_bytes": i.expert_record_bytes, "trunk_bytes": i.trunk_bytes,
                 "has_tokenizer": i.has_tokenizer, "has_chat_template": i.has_chat_template,
+                "router": i.router, "shared_expert_width": i.shared_expert_width,
+                "total_params": i.total_params, "active_params": i.active_params,
+                "layer_pattern": i.layers.iter().map(|l| json!({
+                    "attention": l.attention, "ffn": if l.moe { "moe" } else { "dense" },
+                    "state_bytes_fixed": l.state_bytes_fixed, "state_bytes_per_token": l.state_bytes_per_token,
+                })).collect::<Vec<_>>(),
+                "state_bytes_fixed": i.layers.iter().map(|l| l.state_bytes_fixed).sum::<u64>(),
+                "state_bytes_per_token": i.layers.iter().map(|l| l.state_bytes_per_token).sum::<u64>(),
             })
         );
     } else {
         println!("family        {}", i.family);
         println!("layers        {} ({} MoE)", i.num_layers, i.moe_layers);
         println!("hidden        {}", i.hidden_size);
-        println!("experts       {} per MoE layer, top-{}", i.num_experts, i.top_k);
+        println!("experts       {} per MoE layer, top-{}, router {}", i.num_experts, i.top_k, i.router);
+        if i.shared_expert_width > 0 {
+            println!("shared expert width {} per MoE layer", i.shared_expert_width);
+        }
+        println!("parameters    {} total, {} active per token", i.total_params, i.active_params);
+        let pattern: Vec<String> =
+            i.layers.iter().map(|l| format!("{}/{}", l.attention, if l.moe { "MoE" } else { "dense" })).collect();
+        println!("layer pattern {}", pattern.join(" "));
+        let fixed: u64 = i.layers.iter().map(|l| l.state_bytes_fixed).sum();
+        let per_token: u64 = i.layers.iter().map(|l| l.state_bytes_per_token).sum();
+        println!("state         {fixed} bytes fixed + {per_token} bytes per token of context");
+        for (n, l) in i.layers.iter().enumerate() {
+            println!(
+                "  layer {n:<3} {} {:<5} state {} bytes fixed, {} bytes/token",
+                l.attention,
+                if l.moe { "MoE" } else { "dense" },
+                l.state_bytes_fixed,
+                l.state_bytes_per_token
+            );
+        }
         println!("vocabulary    {}", i.vocab_size);
         println!("context       {} max", i.max_position_embeddings);
         println!("trunk         {} ({:.2} MB resident)", i.trunk_format, i.trunk_bytes as f64 / 1e6);

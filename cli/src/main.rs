@@ -3,6 +3,8 @@
 //! A thin client of the waste-host API: everything it does, an embedder can
 //! do. Exit codes: 0 success, 1 runtime error, 2 usage error.
 
+mod cmd_perplexity;
+mod cmd_stream;
 mod commands;
 mod output;
 
@@ -34,6 +36,14 @@ enum Command {
     Info(InfoArgs),
     /// Print the version of waste and of its container format.
     Version(VersionArgs),
+    /// Memory plan of a model: floor, working set, recommended budget, cache.
+    Plan(cmd_stream::PlanArgs),
+    /// Perplexity of a text file, scored in windows of the context.
+    Perplexity(cmd_perplexity::PerplexityArgs),
+    /// Decode benchmark: tok/s, cache hit rate, GB read, achieved GB/s.
+    Bench(cmd_stream::BenchArgs),
+    /// Write a synthetic container with a real model's shapes and random codes.
+    Synth(cmd_stream::SynthArgs),
 }
 
 #[derive(Args)]
@@ -42,7 +52,7 @@ pub struct ConvertArgs {
     pub src: PathBuf,
     /// Output container directory, e.g. model.waste.
     pub out: PathBuf,
-    /// Routed-expert format: f32, q8, q4, rvq3 or rvq2.
+    /// Routed-expert format: f32, q8, q4, rvq3, rvq2 or rvq4p.
     #[arg(long, default_value = "rvq3")]
     pub experts: String,
     /// Trunk format: f32, q8 or q4 (embeddings and LM head stay q8; norms and routers f32).
@@ -57,6 +67,15 @@ pub struct ModelArgs {
     /// Tokens of context to allocate (default: the model's maximum, at most 4096).
     #[arg(long)]
     pub ctx: Option<usize>,
+    /// RAM budget for everything the model allocates (e.g. 2G, 800M); default: planned from usable RAM.
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// Compute threads (default: one per CPU, or per CPU of --cpus); results do not depend on it.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads: Option<u32>,
+    /// Bind the compute threads to these CPUs, Linux cpu-list syntax: 0-2,6-8.
+    #[arg(long)]
+    pub cpus: Option<String>,
 }
 
 #[derive(Args)]
@@ -80,12 +99,53 @@ pub struct RunArgs {
     /// Keep the smallest set of tokens whose probability reaches P; 1 = off.
     #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     pub top_p: f32,
+    /// Drop tokens less likely than P times the most likely one; 0 = off.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub min_p: f32,
+    /// Repetition penalty (llama.cpp / HF definition); 1 = off.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub repeat_penalty: f32,
+    /// Presence penalty in [-2, 2]; 0 = off.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Frequency penalty in [-2, 2]; 0 = off.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Recent tokens (prompt included) the penalties look at; 0 = off.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: u32,
+    /// Add BIAS to the logit of token ID: ID=BIAS (repeatable; BIAS in [-100, 100]).
+    #[arg(long = "logit-bias", value_name = "ID=BIAS", allow_negative_numbers = true)]
+    pub logit_bias: Vec<String>,
+    /// Stop when this text appears (repeatable); it is not printed.
+    #[arg(long = "stop", value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// Stop at this token id (repeatable).
+    #[arg(long = "stop-token", value_name = "ID")]
+    pub stop_token: Vec<u32>,
+    /// Print each token's log-probability and its N most likely alternatives
+    /// to stderr as JSON lines (N in 0..=20).
+    #[arg(long, value_name = "N")]
+    pub logprobs: Option<u32>,
     /// Seed of the sampler: the same seed gives the same tokens.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Keep generating past the model's end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Route every draw to a sampler plugin (a wasm32-wasip2 component of the
+    /// `sampler-plugin` world, e.g. examples/sampler-mirostat).
+    #[arg(long, value_name = "PLUGIN.wasm")]
+    pub sampler: Option<PathBuf>,
+    /// An option for the sampler plugin: NAME=VALUE (repeatable), e.g. tau=5.
+    #[arg(long = "sampler-opt", value_name = "NAME=VALUE", requires = "sampler", allow_negative_numbers = true)]
+    pub sampler_opt: Vec<String>,
+    /// Restore the conversation saved in FILE before the prompt.
+    #[arg(long, value_name = "FILE")]
+    pub load_state: Option<PathBuf>,
+    /// Save the conversation (state, position, tokens) to FILE at the end.
+    #[arg(long, value_name = "FILE")]
+    pub save_state: Option<PathBuf>,
     /// Encode the prompt as template markup (special-token strings become control tokens).
     #[arg(long)]
     pub markup: bool,
@@ -165,6 +225,10 @@ fn main() -> ExitCode {
         Command::Detokenize(a) => commands::detokenize(a),
         Command::Info(a) => commands::info(a),
         Command::Version(a) => commands::version(a),
+        Command::Plan(a) => cmd_stream::plan(a),
+        Command::Perplexity(a) => cmd_perplexity::perplexity(a),
+        Command::Bench(a) => cmd_stream::bench(a),
+        Command::Synth(a) => cmd_stream::synth(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,8 +1,14 @@
 //! The token loop: evaluate the prompt, then sample, stream and evaluate one
 //! token at a time until a stop condition. Written against `ModelHost` so the
 //! same code runs natively in tests and inside the component.
+//!
+//! The last sampled token of a generation is not evaluated here: the host
+//! keeps it and evaluates it in front of whatever comes next (the next
+//! turn's prompt), so a conversation never pays for a forward pass whose
+//! logits nobody reads, and the state stays one continuous sequence.
 
-use crate::sampling::{logprob, sample, Rng, SamplingParams};
+use crate::sampling::{adjust, log_sum_exp, sample, top_logprobs, Rng, SamplingParams};
+use crate::session::StopGate;
 use crate::stream::Utf8Stream;
 use crate::tokenizer::Tokenizer;
 
@@ -27,6 +33,8 @@ pub struct TokenEvent {
     pub token: u32,
     pub text: String,
     pub logprob: f32,
+    /// The most likely alternatives, most likely first (`top_logprobs` of them).
+    pub top_logprobs: Vec<(u32, f32)>,
     pub stats: StepStats,
 }
 
@@ -36,6 +44,10 @@ pub enum StopReason {
     Eos,
     Cancelled,
     ContextFull,
+    /// One of the caller's stop strings appeared in the text.
+    StopString,
+    /// One of the caller's stop tokens was sampled.
+    StopToken,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -43,6 +55,9 @@ pub struct Completion {
     pub tokens: Vec<u32>,
     pub text: String,
     pub stop_reason: StopReason,
+    /// Per token: its log-probability and its most likely alternatives.
+    pub logprobs: Vec<f32>,
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -50,162 +65,162 @@ pub struct GenerateParams {
     pub sampling: SamplingParams,
     pub max_tokens: u32,
     pub stop_at_eos: bool,
+    /// Text that ends the generation; it is not part of the output.
+    pub stop_strings: Vec<String>,
+    /// Token ids that end the generation (besides the model's EOS tokens).
+    pub stop_tokens: Vec<u32>,
+    /// The host has a sampler plugin attached: the draw is delegated to it.
+    pub use_plugin: bool,
 }
 
 /// What the loop needs from the engine (the WIT imports, or a test double).
 pub trait ModelHost {
+    /// Appends `tokens` (after any token the host still holds from the
+    /// previous generation) and returns the logits of the last one.
     fn evaluate(&mut self, tokens: &[u32]) -> Result<Evaluation, String>;
     /// Returns false to cancel.
     fn emit(&mut self, event: TokenEvent) -> bool;
+    /// The last `n` tokens of the sequence the host holds, oldest first.
+    fn recent_tokens(&mut self, n: u32) -> Vec<u32>;
+    /// Draws a token with the attached sampler plugin.
+    fn plugin_sample(&mut self, logits: &[f32], recent: &[u32]) -> Result<u32, String>;
+}
+
+/// Checks every parameter of a generation against its range.
+pub fn validate(params: &GenerateParams, vocab_size: u32) -> Result<(), String> {
+    params.sampling.validate(vocab_size)?;
+    if params.max_tokens == 0 {
+        return Err("max-tokens must be at least 1".into());
+    }
+    if let Some(&bad) = params.stop_tokens.iter().find(|&&t| t >= vocab_size) {
+        return Err(format!(
+            "stop token {bad} is outside the vocabulary of {vocab_size}"
+        ));
+    }
+    StopGate::new(&params.stop_strings).map(|_| ())
 }
 
 /// Runs one generation. `tokenizer` turns tokens into streamed text; without
 /// one, events carry empty text. Special tokens (such as the end-of-turn
-/// marker) are not rendered into the text.
+/// marker) are not rendered into the text. An empty `prompt` continues from
+/// the token the host holds from the previous generation.
 pub fn generate(
     host: &mut dyn ModelHost,
     tokenizer: Option<&Tokenizer>,
     eos_tokens: &[u32],
+    vocab_size: u32,
     context_length: u32,
     prompt: &[u32],
     params: &GenerateParams,
 ) -> Result<Completion, String> {
-    params.sampling.validate()?;
-    if params.max_tokens == 0 {
-        return Err("max-tokens must be at least 1".into());
-    }
-    if prompt.is_empty() {
-        return Err("the prompt is empty: nothing to continue from".into());
-    }
-    let mut rng = Rng::new(params.sampling.seed);
+    validate(params, vocab_size)?;
+    let sp = &params.sampling;
+    let mut gate = StopGate::new(&params.stop_strings)?;
+    let window = sp.penalty_last_n as usize;
+    let mut recent = if window > 0 {
+        host.recent_tokens(sp.penalty_last_n)
+    } else {
+        Vec::new()
+    };
+    recent.extend_from_slice(prompt);
+    let mut rng = Rng::new(sp.seed);
     let mut stream = Utf8Stream::default();
-    let mut completion = Completion { tokens: Vec::new(), text: String::new(), stop_reason: StopReason::Length };
+    let mut completion = Completion {
+        tokens: Vec::new(),
+        text: String::new(),
+        stop_reason: StopReason::Length,
+        logprobs: Vec::new(),
+        top_logprobs: Vec::new(),
+    };
     let mut evaluation = host.evaluate(prompt)?;
     loop {
-        let logits = &evaluation.logits;
-        if logits.is_empty() {
-            return Err("the host returned no logits".into());
+        let raw = &evaluation.logits;
+        if raw.len() != vocab_size as usize {
+            return Err(format!(
+                "the host returned {} logits for a vocabulary of {vocab_size}",
+                raw.len()
+            ));
         }
-        let token = sample(logits, &params.sampling, &mut rng);
-        let event_logprob = logprob(logits, token);
-        let token = token as u32;
+        if recent.len() > window {
+            recent.drain(..recent.len() - window);
+        }
+        let adjusted = adjust(raw, sp, &recent);
+        let token = if params.use_plugin {
+            let t = host.plugin_sample(&adjusted, &recent)?;
+            if t >= vocab_size {
+                return Err(format!(
+                    "the sampler plugin chose token {t}, outside the vocabulary of {vocab_size}"
+                ));
+            }
+            t
+        } else {
+            sample(&adjusted, sp, &mut rng) as u32
+        };
+        drop(adjusted);
+        let lse = log_sum_exp(raw);
+        let token_logprob = (raw[token as usize] as f64 - lse) as f32;
+        let top = top_logprobs(raw, lse, sp.top_logprobs as usize);
+        recent.push(token);
+
         let is_eos = params.stop_at_eos && eos_tokens.contains(&token);
+        let is_stop_token = params.stop_tokens.contains(&token);
         let mut text = String::new();
+        let mut hit_stop = false;
         if let Some(tok) = tokenizer {
             if !tok.is_special(token) {
                 let bytes = tok.decode_bytes(&[token]).map_err(|e| e.to_string())?;
-                text = stream.push(&bytes);
+                let g = gate.push(&stream.push(&bytes));
+                text = g.text;
+                hit_stop = g.stopped;
             }
         }
         completion.tokens.push(token);
+        let out_of_tokens = completion.tokens.len() >= params.max_tokens as usize;
+        let context_full = evaluation.position >= context_length;
+        let last = hit_stop || is_eos || is_stop_token || out_of_tokens || context_full;
+        if last && !hit_stop {
+            // Nothing comes after this token: release what was held back
+            // (an incomplete character, a possible start of a stop string).
+            let g = gate.push(&stream.finish());
+            text.push_str(&g.text);
+            hit_stop = g.stopped;
+            if !hit_stop {
+                text.push_str(&gate.finish());
+            }
+        }
         completion.text.push_str(&text);
-        let event = TokenEvent { token, text, logprob: event_logprob, stats: evaluation.stats };
+        completion.logprobs.push(token_logprob);
+        completion.top_logprobs.push(top.clone());
+        let event = TokenEvent {
+            token,
+            text,
+            logprob: token_logprob,
+            top_logprobs: top,
+            stats: evaluation.stats,
+        };
         if !host.emit(event) {
             completion.stop_reason = StopReason::Cancelled;
             break;
         }
-        if is_eos {
-            completion.stop_reason = StopReason::Eos;
-            break;
-        }
-        if completion.tokens.len() >= params.max_tokens as usize {
-            completion.stop_reason = StopReason::Length;
-            break;
-        }
-        if evaluation.position >= context_length {
-            completion.stop_reason = StopReason::ContextFull;
+        if last {
+            completion.stop_reason = if hit_stop {
+                StopReason::StopString
+            } else if is_eos {
+                StopReason::Eos
+            } else if is_stop_token {
+                StopReason::StopToken
+            } else if out_of_tokens {
+                StopReason::Length
+            } else {
+                StopReason::ContextFull
+            };
             break;
         }
         evaluation = host.evaluate(&[token])?;
     }
-    let tail = stream.finish();
-    completion.text.push_str(&tail);
     Ok(completion)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A model whose next token is always (last token + 1) mod vocab.
-    struct Counting {
-        vocab: usize,
-        position: u32,
-        evaluated: Vec<u32>,
-        cancel_after: Option<usize>,
-        emitted: Vec<TokenEvent>,
-    }
-
-    impl Counting {
-        fn new(vocab: usize) -> Self {
-            Counting { vocab, position: 0, evaluated: vec![], cancel_after: None, emitted: vec![] }
-        }
-    }
-
-    impl ModelHost for Counting {
-        fn evaluate(&mut self, tokens: &[u32]) -> Result<Evaluation, String> {
-            self.evaluated.extend_from_slice(tokens);
-            self.position += tokens.len() as u32;
-            let mut logits = vec![0.0; self.vocab];
-            logits[(*tokens.last().unwrap() as usize + 1) % self.vocab] = 10.0;
-            Ok(Evaluation { logits, position: self.position, stats: StepStats::default() })
-        }
-        fn emit(&mut self, event: TokenEvent) -> bool {
-            self.emitted.push(event);
-            self.cancel_after.map_or(true, |n| self.emitted.len() < n)
-        }
-    }
-
-    fn greedy(max_tokens: u32) -> GenerateParams {
-        GenerateParams {
-            sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 },
-            max_tokens,
-            stop_at_eos: true,
-        }
-    }
-
-    #[test]
-    fn stops_at_max_tokens_without_evaluating_the_last_token() {
-        let mut host = Counting::new(100);
-        let out = generate(&mut host, None, &[], 1000, &[5, 6], &greedy(3)).unwrap();
-        assert_eq!(out.tokens, vec![7, 8, 9]);
-        assert_eq!(out.stop_reason, StopReason::Length);
-        assert_eq!(host.evaluated, vec![5, 6, 7, 8]);
-        assert_eq!(host.emitted.len(), 3);
-    }
-
-    #[test]
-    fn stops_at_eos_and_reports_it() {
-        let mut host = Counting::new(100);
-        let out = generate(&mut host, None, &[9], 1000, &[5], &greedy(50)).unwrap();
-        assert_eq!(out.tokens, vec![6, 7, 8, 9]);
-        assert_eq!(out.stop_reason, StopReason::Eos);
-    }
-
-    #[test]
-    fn cancellation_from_the_event_stops_the_loop() {
-        let mut host = Counting::new(100);
-        host.cancel_after = Some(2);
-        let out = generate(&mut host, None, &[], 1000, &[1], &greedy(50)).unwrap();
-        assert_eq!(out.tokens, vec![2, 3]);
-        assert_eq!(out.stop_reason, StopReason::Cancelled);
-    }
-
-    #[test]
-    fn context_full_ends_the_generation() {
-        let mut host = Counting::new(100);
-        let out = generate(&mut host, None, &[], 4, &[1, 2], &greedy(50)).unwrap();
-        assert_eq!(out.stop_reason, StopReason::ContextFull);
-        assert_eq!(host.position, 4);
-    }
-
-    #[test]
-    fn bad_requests_are_errors() {
-        let mut host = Counting::new(10);
-        assert!(generate(&mut host, None, &[], 100, &[], &greedy(5)).is_err());
-        assert!(generate(&mut host, None, &[], 100, &[1], &greedy(0)).is_err());
-        let mut hot = greedy(5);
-        hot.sampling.temperature = -1.0;
-        assert!(generate(&mut host, None, &[], 100, &[1], &hot).is_err());
-    }
-}
+#[path = "generate_tests.rs"]
+mod tests;

@@ -4,8 +4,10 @@
 //! for its unit tests and for `wasm32-wasip2` as the component the host
 //! embeds. The WIT glue (`component`) is only compiled for wasm.
 
+pub mod chat;
 pub mod generate;
 pub mod sampling;
+pub mod session;
 pub mod stream;
 pub mod tokenizer;
 

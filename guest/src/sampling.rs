@@ -1,9 +1,36 @@
-//! Token sampling: greedy, temperature, top-k, top-p, with a seeded PRNG
-//! whose stream is the same on every platform (integer arithmetic only; the
-//! uniform draw is an exact f64 from 53 random bits).
+//! Token sampling with a seeded PRNG whose stream is the same on every
+//! platform (integer arithmetic only; the uniform draw is an exact f64 from
+//! 53 random bits; every sum is f64 in a fixed order).
+//!
+//! One step, in this order (the order of llama.cpp's default sampler chain,
+//! `common/sampling.cpp`, with HF's warper order for the truncations):
+//! 1. logit bias (OpenAI `logit_bias`: added to the raw logit),
+//! 2. penalties over the last `penalty_last_n` tokens of the sequence,
+//!    prompt included, exactly as llama.cpp's `llama_sampler_penalties_apply`
+//!    (src/llama-sampling.cpp): for a token seen `c > 0` times,
+//!    `l = l <= 0 ? l * repeat : l / repeat` (HF's
+//!    `RepetitionPenaltyLogitsProcessor`, which uses the whole sequence), then
+//!    `l -= c * frequency + presence` (OpenAI's presence/frequency penalties),
+//! 3. greedy when temperature is 0, otherwise top-k, temperature, top-p,
+//!    min-p (HF `TopK`, `Temperature`, `TopP`, `MinP` warpers; top-k and the
+//!    temperature commute), then one draw.
+//!
+//! Log-probabilities reported to the caller are those of the model's raw
+//! distribution (before bias, penalties, temperature and truncation), as
+//! OpenAI-style `logprobs` are.
 
-/// Sampling parameters after validation.
-#[derive(Debug, Clone, Copy, PartialEq)]
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+/// Most alternatives a token may report (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+/// The accepted range of presence and frequency penalties (OpenAI's).
+pub const PENALTY_RANGE: f32 = 2.0;
+/// The accepted range of a logit bias (OpenAI's).
+pub const BIAS_RANGE: f32 = 100.0;
+
+/// Sampling parameters; `validate` before use.
+#[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// 0 means greedy.
     pub temperature: f32,
@@ -11,19 +38,98 @@ pub struct SamplingParams {
     pub top_k: u32,
     /// 1.0 disables top-p.
     pub top_p: f32,
+    /// 0 disables min-p.
+    pub min_p: f32,
+    /// 1.0 disables the repetition penalty.
+    pub repetition_penalty: f32,
+    /// 0 disables.
+    pub presence_penalty: f32,
+    /// 0 disables.
+    pub frequency_penalty: f32,
+    /// How many of the most recent tokens (prompt included) the penalties
+    /// look at; 0 disables all three penalties.
+    pub penalty_last_n: u32,
+    /// Added to the logit of the token, before anything else.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Alternatives reported per generated token (0..=20).
+    pub top_logprobs: u32,
     pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            logit_bias: Vec::new(),
+            top_logprobs: 0,
+            seed: 0,
+        }
+    }
 }
 
 impl SamplingParams {
     /// Rejects values that have no meaning instead of producing odd output.
-    pub fn validate(&self) -> Result<(), String> {
+    /// `vocab_size` bounds the token ids of the logit bias.
+    pub fn validate(&self, vocab_size: u32) -> Result<(), String> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!("temperature must be a finite number >= 0, got {}", self.temperature));
+            return Err(format!(
+                "temperature must be a finite number >= 0, got {}",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top-p must be in (0, 1], got {}", self.top_p));
         }
+        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
+            return Err(format!("min-p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(format!(
+                "repetition penalty must be a finite number > 0, got {}",
+                self.repetition_penalty
+            ));
+        }
+        for (name, v) in [
+            ("presence", self.presence_penalty),
+            ("frequency", self.frequency_penalty),
+        ] {
+            if !(v >= -PENALTY_RANGE && v <= PENALTY_RANGE) {
+                return Err(format!(
+                    "{name} penalty must be in [-{PENALTY_RANGE}, {PENALTY_RANGE}], got {v}"
+                ));
+            }
+        }
+        for &(token, bias) in &self.logit_bias {
+            if token >= vocab_size {
+                return Err(format!(
+                    "logit bias: token {token} is outside the vocabulary of {vocab_size}"
+                ));
+            }
+            if !(bias >= -BIAS_RANGE && bias <= BIAS_RANGE) {
+                return Err(format!("logit bias of token {token} must be in [-{BIAS_RANGE}, {BIAS_RANGE}], got {bias}"));
+            }
+        }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(format!(
+                "top-logprobs must be at most {MAX_TOP_LOGPROBS}, got {}",
+                self.top_logprobs
+            ));
+        }
         Ok(())
+    }
+
+    fn penalties_active(&self) -> bool {
+        self.penalty_last_n > 0
+            && (self.repetition_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
     }
 }
 
@@ -63,39 +169,172 @@ pub fn argmax(logits: &[f32]) -> usize {
     best
 }
 
-/// Natural log-probability of `token` under softmax(logits), computed in f64.
-pub fn logprob(logits: &[f32], token: usize) -> f32 {
+/// `ln(sum(exp(logits)))`, in f64, summed in id order.
+pub fn log_sum_exp(logits: &[f32]) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = logits.iter().map(|&l| ((l as f64) - max).exp()).sum();
-    ((logits[token] as f64 - max) - sum.ln()) as f32
+    max + sum.ln()
 }
 
-/// Draws one token. `params` must have been validated.
+/// Natural log-probability of `token` under softmax(logits), computed in f64.
+pub fn logprob(logits: &[f32], token: usize) -> f32 {
+    (logits[token] as f64 - log_sum_exp(logits)) as f32
+}
+
+/// The `n` most likely tokens under softmax(logits) with their
+/// log-probabilities, most likely first, ties by lower id. `lse` is
+/// `log_sum_exp(logits)`.
+pub fn top_logprobs(logits: &[f32], lse: f64, n: usize) -> Vec<(u32, f32)> {
+    let ids = top_ids(logits, n);
+    ids.into_iter()
+        .map(|i| (i, (logits[i as usize] as f64 - lse) as f32))
+        .collect()
+}
+
+/// Descending logit, then ascending id: a total order, so the result never
+/// depends on the sort algorithm.
+fn by_logit_desc(logits: &[f32]) -> impl Fn(&u32, &u32) -> std::cmp::Ordering + '_ {
+    move |&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then(a.cmp(&b))
+    }
+}
+
+/// Ids of the `n` largest non-NaN logits, in `by_logit_desc` order.
+fn top_ids(logits: &[f32], n: usize) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..logits.len() as u32)
+        .filter(|&i| !logits[i as usize].is_nan())
+        .collect();
+    let cmp = by_logit_desc(logits);
+    if n < ids.len() {
+        if n == 0 {
+            return Vec::new();
+        }
+        ids.select_nth_unstable_by(n - 1, &cmp);
+        ids.truncate(n);
+    }
+    ids.sort_unstable_by(&cmp);
+    ids
+}
+
+/// The logits after logit bias and penalties; borrowed when neither applies.
+/// `recent` is the sequence so far, oldest first (the caller may pass more
+/// than the window; only the last `penalty_last_n` count).
+pub fn adjust<'a>(logits: &'a [f32], params: &SamplingParams, recent: &[u32]) -> Cow<'a, [f32]> {
+    let penalise = params.penalties_active() && !recent.is_empty();
+    if params.logit_bias.is_empty() && !penalise {
+        return Cow::Borrowed(logits);
+    }
+    let mut out = logits.to_vec();
+    for &(token, bias) in &params.logit_bias {
+        if let Some(l) = out.get_mut(token as usize) {
+            *l += bias;
+        }
+    }
+    if penalise {
+        let window = &recent[recent.len().saturating_sub(params.penalty_last_n as usize)..];
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &t in window {
+            *counts.entry(t).or_insert(0) += 1;
+        }
+        // Each token is changed independently of the others, so the map's
+        // iteration order cannot change the result.
+        for (&token, &count) in &counts {
+            let Some(l) = out.get_mut(token as usize) else {
+                continue;
+            };
+            if *l <= 0.0 {
+                *l *= params.repetition_penalty;
+            } else {
+                *l /= params.repetition_penalty;
+            }
+            *l -= count as f32 * params.frequency_penalty + params.presence_penalty;
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Draws one token from logits already passed through `adjust`. `params`
+/// must have been validated.
 pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
     if params.temperature == 0.0 || logits.len() <= 1 {
         return argmax(logits);
     }
-    // Candidates sorted by logit, highest first; equal logits keep id order
-    // so the result does not depend on the sort implementation.
-    let mut order: Vec<u32> = (0..logits.len() as u32).filter(|&i| !logits[i as usize].is_nan()).collect();
-    if order.is_empty() {
-        return 0;
-    }
-    order.sort_unstable_by(|&a, &b| {
-        logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b))
-    });
-    if params.top_k > 0 && (params.top_k as usize) < order.len() {
-        order.truncate(params.top_k as usize);
-    }
     let inv_t = 1.0 / params.temperature as f64;
-    let max = logits[order[0] as usize] as f64;
-    let mut probs: Vec<f64> = order.iter().map(|&i| ((logits[i as usize] as f64 - max) * inv_t).exp()).collect();
-    let total: f64 = probs.iter().sum();
+    let cmp = by_logit_desc(logits);
+    // Candidates in `by_logit_desc` order with their unnormalised
+    // probabilities exp((l - max) / T), and the total mass of the candidate
+    // set (after top-k), summed in a fixed order.
+    let (order, probs, total) = if params.top_k > 0 && (params.top_k as usize) < logits.len() {
+        let order = top_ids(logits, params.top_k as usize);
+        if order.is_empty() {
+            return 0;
+        }
+        let max = logits[order[0] as usize] as f64;
+        let probs: Vec<f64> = order
+            .iter()
+            .map(|&i| ((logits[i as usize] as f64 - max) * inv_t).exp())
+            .collect();
+        let total = probs.iter().sum();
+        (order, probs, total)
+    } else {
+        let max_id = argmax(logits);
+        let max = logits[max_id] as f64;
+        if max == f64::NEG_INFINITY || logits[max_id].is_nan() {
+            return max_id;
+        }
+        let rel = |l: f32| ((l as f64 - max) * inv_t).exp();
+        // Mass of every candidate, in id order.
+        let total: f64 = logits.iter().filter(|l| !l.is_nan()).map(|&l| rel(l)).sum();
+        // Sorting the whole vocabulary every step costs milliseconds at 160k
+        // entries, so only the tokens that can survive top-p and min-p are
+        // sorted: those with a relative probability of at least `floor`. A
+        // floor whose set already holds `top_p` of the mass contains the
+        // nucleus (that set is itself a prefix of the sorted order).
+        let mut floor = if params.min_p > 0.0 {
+            params.min_p as f64
+        } else {
+            0.0
+        };
+        if params.top_p >= 1.0 {
+            if params.min_p == 0.0 {
+                floor = 0.0;
+            }
+        } else {
+            let target = params.top_p as f64 * total;
+            let mut try_floor = 1.0f64 / 16.0;
+            loop {
+                if try_floor <= floor || try_floor < 1e-300 {
+                    break;
+                }
+                let mass: f64 = logits
+                    .iter()
+                    .map(|&l| rel(l))
+                    .filter(|&p| p >= try_floor)
+                    .sum();
+                if mass >= target {
+                    floor = floor.max(try_floor);
+                    break;
+                }
+                try_floor /= 16.0;
+            }
+        }
+        let mut order: Vec<u32> = (0..logits.len() as u32)
+            .filter(|&i| {
+                let l = logits[i as usize];
+                !l.is_nan() && (floor == 0.0 || rel(l) >= floor)
+            })
+            .collect();
+        order.sort_unstable_by(&cmp);
+        let probs: Vec<f64> = order.iter().map(|&i| rel(logits[i as usize])).collect();
+        (order, probs, total)
+    };
+    let mut keep = probs.len();
     if params.top_p < 1.0 {
         // Smallest prefix whose probability mass reaches top_p.
         let target = params.top_p as f64 * total;
         let mut cumulative = 0.0;
-        let mut keep = probs.len();
         for (n, p) in probs.iter().enumerate() {
             cumulative += p;
             if cumulative >= target {
@@ -103,99 +342,30 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
                 break;
             }
         }
-        probs.truncate(keep);
-        order.truncate(keep);
     }
-    let total: f64 = probs.iter().sum();
-    let mut draw = rng.next_f64() * total;
-    for (n, p) in probs.iter().enumerate() {
+    if params.min_p > 0.0 {
+        // HF MinPLogitsWarper: drop p < min_p * p_max; probs[0] is p_max
+        // (relative 1 after the top-k path's own max).
+        let threshold = params.min_p as f64 * probs[0];
+        let above = probs[..keep]
+            .iter()
+            .take_while(|&&p| p >= threshold)
+            .count();
+        keep = above.max(1);
+    }
+    let kept = &probs[..keep];
+    let kept_total: f64 = kept.iter().sum();
+    let mut draw = rng.next_f64() * kept_total;
+    for (n, p) in kept.iter().enumerate() {
         if draw < *p {
             return order[n] as usize;
         }
         draw -= p;
     }
     // Rounding can leave a sliver past the last candidate.
-    order[order.len() - 1] as usize
+    order[keep - 1] as usize
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn params(temperature: f32, top_k: u32, top_p: f32) -> SamplingParams {
-        SamplingParams { temperature, top_k, top_p, seed: 7 }
-    }
-
-    #[test]
-    fn greedy_picks_lowest_index_on_ties() {
-        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
-        assert_eq!(sample(&[0.0, 2.0, 1.0], &params(0.0, 0, 1.0), &mut Rng::new(1)), 1);
-    }
-
-    #[test]
-    fn top_k_one_is_greedy() {
-        let logits = [0.3, 0.1, 2.0, 1.9];
-        let mut rng = Rng::new(3);
-        for _ in 0..100 {
-            assert_eq!(sample(&logits, &params(1.5, 1, 1.0), &mut rng), 2);
-        }
-    }
-
-    #[test]
-    fn tiny_top_p_is_greedy() {
-        let logits = [0.3, 0.1, 2.0, 1.9];
-        let mut rng = Rng::new(3);
-        for _ in 0..100 {
-            assert_eq!(sample(&logits, &params(1.0, 0, 1e-6), &mut rng), 2);
-        }
-    }
-
-    #[test]
-    fn top_k_never_leaves_the_k_best() {
-        let logits = [5.0, 4.0, 3.0, 2.0, 1.0, 0.0];
-        let mut rng = Rng::new(11);
-        for _ in 0..1000 {
-            assert!(sample(&logits, &params(5.0, 3, 1.0), &mut rng) < 3);
-        }
-    }
-
-    #[test]
-    fn frequencies_follow_the_distribution() {
-        // softmax([ln 1, ln 3]) = [0.25, 0.75]
-        let logits = [0.0f32, 3.0f32.ln()];
-        let mut rng = Rng::new(5);
-        let n = 20_000;
-        let ones = (0..n).filter(|_| sample(&logits, &params(1.0, 0, 1.0), &mut rng) == 1).count();
-        let freq = ones as f64 / n as f64;
-        assert!((freq - 0.75).abs() < 0.015, "frequency {freq}");
-    }
-
-    #[test]
-    fn same_seed_same_stream() {
-        let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
-        let draw = |seed| {
-            let mut rng = Rng::new(seed);
-            (0..40).map(|_| sample(&logits, &params(0.9, 20, 0.95), &mut rng)).collect::<Vec<_>>()
-        };
-        assert_eq!(draw(42), draw(42));
-        assert_ne!(draw(42), draw(43));
-        // Pinned: the generator is part of the reproducibility contract.
-        assert_eq!(Rng::new(0).next_u64(), 0xE220_A839_7B1D_CDAF);
-    }
-
-    #[test]
-    fn nonsense_parameters_are_errors() {
-        assert!(params(-0.1, 0, 1.0).validate().is_err());
-        assert!(params(f32::NAN, 0, 1.0).validate().is_err());
-        assert!(params(1.0, 0, 0.0).validate().is_err());
-        assert!(params(1.0, 0, 1.5).validate().is_err());
-        assert!(params(0.7, 40, 0.9).validate().is_ok());
-    }
-
-    #[test]
-    fn logprob_is_normalised() {
-        let logits = [1.0f32, 2.0, 3.0];
-        let total: f64 = (0..3).map(|i| (logprob(&logits, i) as f64).exp()).sum();
-        assert!((total - 1.0).abs() < 1e-6);
-    }
-}
+#[path = "sampling_tests.rs"]
+mod tests;

@@ -116,7 +116,7 @@ impl HfCheckpoint {
         let shard_files: Vec<PathBuf> = if index.is_file() {
             shard_list(&index, dir)?
         } else if single.is_file() {
-            vec![single]
+            vec![single.clone()]
         } else {
             return Err(Error::format(
                 dir,
@@ -147,6 +147,9 @@ impl HfCheckpoint {
             shards.push(Shard { path, map });
         }
         config.adapt_to_tensor_names(tensors.keys().map(String::as_str));
+        let names: std::collections::HashSet<&str> = tensors.keys().map(String::as_str).collect();
+        let weights_file = if index.is_file() { &index } else { &single };
+        config.check_layer_tensors(&names, weights_file)?;
         Ok(HfCheckpoint {
             dir: dir.to_path_buf(),
             config,
@@ -170,6 +173,7 @@ impl HfCheckpoint {
         names
     }
 
+    /// The stored shape, before `ModelConfig::canonical_shape`.
     pub fn tensor_shape(&self, name: &str) -> Option<&[usize]> {
         self.tensors.get(name).map(|e| e.shape.as_slice())
     }
@@ -192,12 +196,14 @@ impl HfCheckpoint {
         Ok((entry, path))
     }
 
+    /// A tensor decoded to f32, with its canonical shape (conv kernels and
+    /// `A_log` flattened to the 1-D shape the config expects).
     pub fn tensor_f32(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>)> {
         let (entry, _) = self.entry(name)?;
         let bytes = &self.shards[entry.shard].map[entry.start..entry.end];
         let mut out = Vec::with_capacity(bytes.len() / 2);
         decode_into(entry.dtype, bytes, &mut out);
-        Ok((out, entry.shape.clone()))
+        Ok((out, self.config.canonical_shape(name, &entry.shape)))
     }
 
     /// Elements `[first, first + count)` of a tensor in row-major order.
@@ -683,5 +689,75 @@ mod tests {
             .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
         assert!(diff <= 1e-4 * max, "fused mixtral: {diff} vs max {max}");
         let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+#[cfg(test)]
+mod kimi_tests {
+    use super::*;
+
+    /// A config whose layer lists disagree with the tensors present fails
+    /// at open, naming the config keys, the layer and the tensor.
+    #[test]
+    fn layer_lists_disagreeing_with_tensors_are_named() {
+        let src =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-kimi_linear");
+        let d =
+            std::env::temp_dir().join(format!("waste-ckpt-test-{}-kimi-lists", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::copy(src.join("model.safetensors"), d.join("model.safetensors")).unwrap();
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
+                .unwrap();
+        // Layers 1 and 2 swapped: layer 1 holds KDA tensors.
+        cfg["layer_types"][1] = "full_attention".into();
+        cfg["layer_types"][2] = "linear_attention".into();
+        std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+        let msg = HfCheckpoint::open(&d).err().expect("must fail").to_string();
+        for needle in [
+            "model.safetensors",
+            "layer_types",
+            "layer 1",
+            "MLA",
+            "model.layers.1.self_attn.A_log",
+        ] {
+            assert!(msg.contains(needle), "{msg} lacks {needle}");
+        }
+
+        // Released layout with 0-based lists by mistake (all in range).
+        let o = cfg.as_object_mut().unwrap();
+        o.remove("layer_types");
+        o.insert(
+            "linear_attn_config".into(),
+            serde_json::json!({"kda_layers": [0, 1, 3], "full_attn_layers": [2, 4], "head_dim": 16, "num_heads": 2}),
+        );
+        std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+        let msg = HfCheckpoint::open(&d).err().expect("must fail").to_string();
+        assert!(
+            msg.contains("linear_attn_config") && msg.contains("1-based"),
+            "{msg}"
+        );
+
+        // Dense layer 0 declared MoE.
+        let o = cfg.as_object_mut().unwrap();
+        o.insert(
+            "linear_attn_config".into(),
+            serde_json::json!({"kda_layers": [1, 2, 4], "full_attn_layers": [3, 5], "head_dim": 16, "num_heads": 2}),
+        );
+        o.insert(
+            "mlp_layer_types".into(),
+            serde_json::json!(["sparse", "sparse", "sparse", "sparse", "sparse"]),
+        );
+        std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+        let msg = HfCheckpoint::open(&d).err().expect("must fail").to_string();
+        for needle in [
+            "mlp_layer_types",
+            "layer 0",
+            "model.layers.0.mlp.gate_proj.weight",
+        ] {
+            assert!(msg.contains(needle), "{msg} lacks {needle}");
+        }
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

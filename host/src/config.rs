@@ -12,12 +12,16 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 
-/// The model families this engine runs with the GQA + RoPE attention path.
+mod kimi;
+
+/// The model families this engine runs: three with the GQA + RoPE attention
+/// path, and Kimi-Linear (KDA and MLA layers, sigmoid router).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     Qwen3Moe,
     Olmoe,
     Mixtral,
+    KimiLinear,
 }
 
 impl Family {
@@ -27,8 +31,82 @@ impl Family {
             Family::Qwen3Moe => "qwen3_moe",
             Family::Olmoe => "olmoe",
             Family::Mixtral => "mixtral",
+            Family::KimiLinear => "kimi_linear",
         }
     }
+}
+
+/// The token mixer of one decoder layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKind {
+    /// Grouped-query attention with RoPE and a K/V cache.
+    Gqa,
+    /// Multi-head latent attention (no positional encoding on Kimi-Linear),
+    /// cached as `[latent | k_rope]` per token.
+    Mla,
+    /// Kimi Delta Attention: a recurrent state per head plus short-conv rows.
+    Kda,
+}
+
+impl AttnKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnKind::Gqa => "GQA",
+            AttnKind::Mla => "MLA",
+            AttnKind::Kda => "KDA",
+        }
+    }
+}
+
+/// Shape of the MLA layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaDims {
+    pub num_heads: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+impl MlaDims {
+    /// Floats cached per token: the latent and the shared rope key.
+    pub fn cache_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+}
+
+/// Shape of the KDA layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KdaDims {
+    pub num_heads: usize,
+    pub head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl KdaDims {
+    /// Width of each of q, k, v.
+    pub fn qkv_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    /// Floats of one layer's state: the delta-rule matrices and the previous
+    /// `conv_kernel - 1` inputs of q, k and v.
+    pub fn state_floats(&self) -> usize {
+        self.num_heads * self.head_dim * self.head_dim + 3 * (self.conv_kernel - 1) * self.qkv_dim()
+    }
+}
+
+/// How the MoE router picks and weighs experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RouterKind {
+    /// top-k of softmax(W h); `norm_topk_prob` renormalises.
+    Softmax,
+    /// DeepSeek-V3 / Kimi: top-k of `sigmoid(W h) + e_score_correction_bias`
+    /// (the bias only selects), weights are the sigmoid scores, renormalised
+    /// when `norm_topk_prob`, times `routed_scaling_factor`.
+    SigmoidBias { routed_scaling_factor: f32 },
 }
 
 /// Where q/k RMSNorms sit, if any.
@@ -102,6 +180,14 @@ pub struct ModelConfig {
     /// `block_sparse_moe` (transformers 5.x renames it to `mlp` on load).
     pub moe_block: String,
     pub expert_layout: ExpertLayout,
+    /// The mixer of every layer (all `Gqa` for the GQA families).
+    pub attn_kinds: Vec<AttnKind>,
+    pub mla: Option<MlaDims>,
+    pub kda: Option<KdaDims>,
+    pub router: RouterKind,
+    /// Width of the shared expert MLP of MoE layers (`moe_intermediate_size *
+    /// n_shared_experts`); 0 when there is none.
+    pub shared_intermediate_size: usize,
 }
 
 // Bounds for untrusted configs: generous for any real model, small enough
@@ -243,9 +329,10 @@ impl ModelConfig {
             "qwen3_moe" => Family::Qwen3Moe,
             "olmoe" => Family::Olmoe,
             "mixtral" => Family::Mixtral,
+            "kimi_linear" => Family::KimiLinear,
             other => {
                 return Err(Error::Unsupported(format!(
-                    "{}: model_type `{other}` (supported: qwen3_moe, olmoe, mixtral)",
+                    "{}: model_type `{other}` (supported: qwen3_moe, olmoe, mixtral, kimi_linear)",
                     path.display()
                 )))
             }
@@ -266,6 +353,9 @@ impl ModelConfig {
             r.usize_req("num_hidden_layers")?,
             MAX_LAYERS,
         )?;
+        if family == Family::KimiLinear {
+            return kimi::parse(&r, vocab_size, hidden_size, num_layers);
+        }
         let num_heads = r.bounded(
             "num_attention_heads",
             r.usize_req("num_attention_heads")?,
@@ -304,7 +394,7 @@ impl ModelConfig {
         let rope_theta = read_rope_theta(&r, family)?;
         let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(match family {
             Family::Qwen3Moe => 1e-6,
-            Family::Olmoe | Family::Mixtral => 1e-5,
+            Family::Olmoe | Family::Mixtral | Family::KimiLinear => 1e-5,
         });
         if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
             return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
@@ -356,7 +446,7 @@ impl ModelConfig {
                 }
                 (moe, dense, layers)
             }
-            Family::Olmoe | Family::Mixtral => {
+            Family::Olmoe | Family::Mixtral | Family::KimiLinear => {
                 let i = r.bounded(
                     "intermediate_size",
                     r.usize_req("intermediate_size")?,
@@ -368,17 +458,19 @@ impl ModelConfig {
 
         let norm_topk_prob = match family {
             // MixtralTopKRouter always divides by the sum of the picked probabilities.
-            Family::Mixtral => true,
+            Family::Mixtral | Family::KimiLinear => true,
             Family::Qwen3Moe | Family::Olmoe => r.bool_opt("norm_topk_prob")?.unwrap_or(false),
         };
         let attention_bias = match family {
             Family::Mixtral => false,
-            Family::Qwen3Moe | Family::Olmoe => r.bool_opt("attention_bias")?.unwrap_or(false),
+            Family::Qwen3Moe | Family::Olmoe | Family::KimiLinear => {
+                r.bool_opt("attention_bias")?.unwrap_or(false)
+            }
         };
         let qk_norm = match family {
             Family::Qwen3Moe => QkNorm::PerHead,
             Family::Olmoe => QkNorm::Full,
-            Family::Mixtral => QkNorm::None,
+            Family::Mixtral | Family::KimiLinear => QkNorm::None,
         };
         let sliding_window = match family {
             Family::Mixtral => r.usize_opt("sliding_window")?,
@@ -405,7 +497,7 @@ impl ModelConfig {
                 .unwrap_or(match family {
                     Family::Qwen3Moe => 32768,
                     Family::Olmoe => 4096,
-                    Family::Mixtral => 4096 * 32,
+                    Family::Mixtral | Family::KimiLinear => 4096 * 32,
                 });
         let max_position_embeddings = r.bounded(
             "max_position_embeddings",
@@ -449,6 +541,11 @@ impl ModelConfig {
                 _ => "mlp".to_string(),
             },
             expert_layout: ExpertLayout::PerExpert,
+            attn_kinds: vec![AttnKind::Gqa; num_layers],
+            mla: None,
+            kda: None,
+            router: RouterKind::Softmax,
+            shared_intermediate_size: 0,
         })
     }
 
@@ -497,11 +594,85 @@ impl ModelConfig {
         format!("model.layers.{layer}.{}.gate.weight", self.moe_block)
     }
 
+    /// The selection-only bias of a sigmoid router.
+    pub fn router_bias_name(&self, layer: usize) -> String {
+        format!(
+            "model.layers.{layer}.{}.gate.e_score_correction_bias",
+            self.moe_block
+        )
+    }
+
+    /// `model.layers.L.<block>.shared_experts`.
+    pub fn shared_expert_prefix(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.{}.shared_experts", self.moe_block)
+    }
+
+    pub fn attn_kind(&self, layer: usize) -> AttnKind {
+        self.attn_kinds.get(layer).copied().unwrap_or(AttnKind::Gqa)
+    }
+
+    /// State floats of one layer that do not grow with the context (KDA).
+    pub fn state_floats_fixed(&self, layer: usize) -> usize {
+        match (self.attn_kind(layer), &self.kda) {
+            (AttnKind::Kda, Some(k)) => k.state_floats(),
+            _ => 0,
+        }
+    }
+
+    /// State floats of one layer per token of context: K and V rows (GQA)
+    /// or the absorbed latent row (MLA).
+    pub fn state_floats_per_token(&self, layer: usize) -> usize {
+        match (self.attn_kind(layer), &self.mla) {
+            (AttnKind::Gqa, _) => 2 * self.kv_dim(),
+            (AttnKind::Mla, Some(m)) => m.cache_width(),
+            _ => 0,
+        }
+    }
+
+    /// Bytes of one sequence's state for `context` tokens, every layer kind
+    /// counted (f32): what a memory plan should reserve.
+    pub fn state_bytes(&self, context: usize) -> u64 {
+        (0..self.num_layers)
+            .map(|l| {
+                4 * (self.state_floats_fixed(l) as u64
+                    + context as u64 * self.state_floats_per_token(l) as u64)
+            })
+            .sum()
+    }
+
+    /// The shape a tensor is stored under: a checkpoint tensor whose expected
+    /// shape is 1-D (a conv kernel `[C, 1, K]`, `A_log` `[1, 1, H, 1]`) is
+    /// flattened to it when the element counts agree; anything else is kept.
+    pub fn canonical_shape(&self, name: &str, stored: &[usize]) -> Vec<usize> {
+        match self.trunk_tensor_shape(name) {
+            Some(want)
+                if want.len() == 1
+                    && stored.len() > 1
+                    && stored.iter().product::<usize>() == want[0] =>
+            {
+                want
+            }
+            _ => stored.to_vec(),
+        }
+    }
+
+    /// Checks that the layer kinds the config declares match the tensors a
+    /// checkpoint holds (`names`, read from `file`), so a wrong
+    /// `layer_types` / `linear_attn_config` / dense-layer count fails with the
+    /// layer and the tensor rather than as a missing weight later.
+    pub fn check_layer_tensors(
+        &self,
+        names: &std::collections::HashSet<&str>,
+        file: &Path,
+    ) -> Result<()> {
+        kimi::check_layer_tensors(self, names, file)
+    }
+
     /// Names of one routed expert's gate, up, down tensors in the per-expert layout.
     pub fn expert_tensor_names(&self, layer: usize, expert: usize) -> [String; 3] {
         let p = format!("model.layers.{layer}.{}.experts.{expert}", self.moe_block);
         match self.family {
-            Family::Mixtral => [
+            Family::Mixtral | Family::KimiLinear => [
                 format!("{p}.w1.weight"),
                 format!("{p}.w3.weight"),
                 format!("{p}.w2.weight"),
@@ -558,19 +729,32 @@ impl ModelConfig {
         for l in 0..self.num_layers {
             let p = format!("model.layers.{l}");
             names.push(format!("{p}.input_layernorm.weight"));
-            for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
-                names.push(format!("{p}.self_attn.{proj}.weight"));
-                if self.attention_bias {
-                    names.push(format!("{p}.self_attn.{proj}.bias"));
+            match self.attn_kind(l) {
+                AttnKind::Gqa => {
+                    for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+                        names.push(format!("{p}.self_attn.{proj}.weight"));
+                        if self.attention_bias {
+                            names.push(format!("{p}.self_attn.{proj}.bias"));
+                        }
+                    }
+                    if self.qk_norm != QkNorm::None {
+                        names.push(format!("{p}.self_attn.q_norm.weight"));
+                        names.push(format!("{p}.self_attn.k_norm.weight"));
+                    }
                 }
-            }
-            if self.qk_norm != QkNorm::None {
-                names.push(format!("{p}.self_attn.q_norm.weight"));
-                names.push(format!("{p}.self_attn.k_norm.weight"));
+                kind => names.extend(kimi::attention_names(self, kind, &p)),
             }
             names.push(format!("{p}.post_attention_layernorm.weight"));
             if self.is_moe_layer(l) {
                 names.push(self.router_name(l));
+                if let RouterKind::SigmoidBias { .. } = self.router {
+                    names.push(self.router_bias_name(l));
+                }
+                if self.shared_intermediate_size > 0 {
+                    for proj in ["gate_proj", "up_proj", "down_proj"] {
+                        names.push(format!("{}.{proj}.weight", self.shared_expert_prefix(l)));
+                    }
+                }
             } else {
                 for proj in ["gate_proj", "up_proj", "down_proj"] {
                     names.push(format!("{p}.mlp.{proj}.weight"));
@@ -596,6 +780,27 @@ impl ModelConfig {
         let rest = name.strip_prefix("model.layers.")?;
         let (layer, rest) = rest.split_once('.')?;
         let layer: usize = layer.parse().ok()?;
+        let kind = self.attn_kind(layer);
+        if kind != AttnKind::Gqa {
+            if let Some(attn) = rest.strip_prefix("self_attn.") {
+                return kimi::attention_shape(self, kind, attn);
+            }
+        }
+        if let Some(moe) = rest
+            .strip_prefix(self.moe_block.as_str())
+            .and_then(|r| r.strip_prefix('.'))
+            .filter(|_| self.is_moe_layer(layer))
+        {
+            let s = self.shared_intermediate_size;
+            match moe {
+                "gate.e_score_correction_bias" => return Some(vec![self.num_experts]),
+                "shared_experts.gate_proj.weight" | "shared_experts.up_proj.weight" if s > 0 => {
+                    return Some(vec![s, h])
+                }
+                "shared_experts.down_proj.weight" if s > 0 => return Some(vec![h, s]),
+                _ => {}
+            }
+        }
         let (q, kv) = (self.q_dim(), self.kv_dim());
         let shape = match rest {
             "input_layernorm.weight" | "post_attention_layernorm.weight" => vec![h],
@@ -621,7 +826,11 @@ impl ModelConfig {
         Some(shape)
     }
 
-    fn attention_params(&self) -> u64 {
+    fn attention_params(&self, layer: usize) -> u64 {
+        if self.attn_kind(layer) != AttnKind::Gqa {
+            return kimi::attention_params(self, self.attn_kind(layer))
+                + 2 * self.hidden_size as u64;
+        }
         let (h, q, kv) = (
             self.hidden_size as u64,
             self.q_dim() as u64,
@@ -646,9 +855,15 @@ impl ModelConfig {
             n += v * h;
         }
         for l in 0..self.num_layers {
-            n += self.attention_params();
+            n += self.attention_params(l);
             n += if self.is_moe_layer(l) {
+                let bias = match self.router {
+                    RouterKind::SigmoidBias { .. } => self.num_experts as u64,
+                    RouterKind::Softmax => 0,
+                };
                 self.num_experts as u64 * h
+                    + bias
+                    + 3 * h * self.shared_intermediate_size as u64
                     + experts_per_layer * 3 * h * self.moe_intermediate_size as u64
             } else {
                 3 * h * self.intermediate_size as u64
@@ -673,7 +888,7 @@ fn read_rope_theta(r: &Reader<'_>, family: Family) -> Result<f64> {
     // 4.x and released checkpoints write `rope_theta` (and `rope_scaling`).
     let default = match family {
         Family::Mixtral => 1e6,
-        Family::Qwen3Moe | Family::Olmoe => 1e4,
+        Family::Qwen3Moe | Family::Olmoe | Family::KimiLinear => 1e4,
     };
     let mut theta = r.f64_opt("rope_theta")?;
     for key in ["rope_parameters", "rope_scaling"] {

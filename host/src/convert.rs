@@ -296,6 +296,7 @@ fn trunk_format_for(role: TensorRole, trunk: TrunkFormat) -> TrunkFormat {
 fn stages_of(fmt: ExpertFormat) -> u64 {
     match fmt {
         ExpertFormat::Rvq2 => 2,
+        ExpertFormat::Rvq4p => 4,
         _ => 3,
     }
 }

@@ -26,12 +26,18 @@ pub mod container;
 pub mod convert;
 pub mod error;
 pub mod model;
+pub mod plan;
+pub mod pool;
 pub mod quant;
+pub mod plugin;
 mod runtime;
 pub mod stats;
+pub mod store;
+pub mod synth;
 
 pub use api::{
-    Completion, Engine, GenerateParams, Model, ModelInfo, OpenOptions, Session, StopReason, TokenEvent,
+    ChatMessage, Completion, Engine, GenerateParams, MemoryUse, Model, ModelInfo, OpenOptions, Perplexity, Session, StopReason,
+    TokenEvent, PERPLEXITY_CHUNK,
     DEFAULT_CONTEXT,
 };
 pub use convert::{convert, ConvertOptions, ConvertProgress, ConvertReport};

@@ -13,6 +13,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::api::{Model, TokenEvent};
+use crate::model::state_io::Transcript;
 use crate::model::State;
 
 mod bindings {
@@ -20,8 +21,9 @@ mod bindings {
 }
 
 pub(crate) use bindings::exports::waste::engine::control::{
-    SamplingParams as WitSamplingParams, StopReason as WitStopReason,
+    GenerateError as WitGenerateError, SamplingParams as WitSamplingParams, StopReason as WitStopReason,
 };
+pub(crate) use bindings::exports::waste::engine::control::ChatMessage as WitChatMessage;
 pub(crate) use bindings::Engine as EngineBindings;
 use bindings::waste::engine::model as wit;
 
@@ -43,10 +45,35 @@ const GUEST_STDERR_CAPACITY: usize = 64 * 1024;
 
 pub(crate) type TokenCallback = Box<dyn FnMut(&TokenEvent) -> bool + Send>;
 
-/// A model as one session sees it: the shared weights and this session's state.
+/// Draws a token from (logits, recent tokens): the attached sampler plugin.
+pub(crate) type SamplerHook = Box<dyn FnMut(&[f32], &[u32]) -> Result<u32, String> + Send>;
+
+/// A model as one session sees it: the shared weights and this session's
+/// state, with the tokens behind that state.
 pub(crate) struct ModelSlot {
     pub model: Arc<Model>,
     pub state: State,
+    pub transcript: Transcript,
+}
+
+impl ModelSlot {
+    /// Evaluates the held token (if any) and `tokens`; returns the logits of
+    /// the last position, or of each of `tokens` with `all_positions`.
+    pub fn forward(&mut self, tokens: &[u32], all_positions: bool) -> crate::Result<(Vec<f32>, crate::StepStats)> {
+        let fed = self.transcript.feed(tokens);
+        let (mut logits, stats) = self.model.forward(&mut self.state, &fed, all_positions)?;
+        self.transcript.committed(&fed);
+        if all_positions && fed.len() > tokens.len() {
+            // The held token's row is not one the caller asked for.
+            logits.drain(..logits.len() / fed.len());
+        }
+        Ok((logits, stats))
+    }
+
+    pub fn reset(&mut self) {
+        self.state.reset();
+        self.transcript.clear();
+    }
 }
 
 /// Store data of one session.
@@ -56,13 +83,14 @@ pub(crate) struct HostState {
     stderr: MemoryOutputPipe,
     pub slots: Vec<ModelSlot>,
     pub on_token: Option<TokenCallback>,
+    pub sampler: Option<SamplerHook>,
 }
 
 impl HostState {
     pub fn new(slots: Vec<ModelSlot>) -> Self {
         let stderr = MemoryOutputPipe::new(GUEST_STDERR_CAPACITY);
         let wasi = WasiCtxBuilder::new().stderr(stderr.clone()).build();
-        HostState { wasi, table: ResourceTable::new(), stderr, slots, on_token: None }
+        HostState { wasi, table: ResourceTable::new(), stderr, slots, on_token: None, sampler: None }
     }
 
     /// What the guest wrote to stderr (a panic message), trimmed.
@@ -94,9 +122,11 @@ impl wit::Host for HostState {
         })
     }
 
-    fn tokenizer_json(&mut self, handle: u32) -> Option<String> {
-        let slot = self.slot(handle).ok()?;
-        slot.model.tokenizer_json().map(str::to_owned)
+    fn tokenizer_files(&mut self, handle: u32) -> Vec<(String, Vec<u8>)> {
+        match self.slot(handle) {
+            Ok(slot) => slot.model.tokenizer_files().to_vec(),
+            Err(_) => Vec::new(),
+        }
     }
 
     fn chat_template(&mut self, handle: u32) -> Option<String> {
@@ -107,7 +137,7 @@ impl wit::Host for HostState {
     fn evaluate(&mut self, handle: u32, tokens: Vec<u32>) -> Result<wit::Evaluation, String> {
         let slot = self.slot(handle)?;
         let started = Instant::now();
-        let (logits, stats) = slot.model.forward(&mut slot.state, &tokens, false).map_err(|e| e.to_string())?;
+        let (logits, stats) = slot.forward(&tokens, false).map_err(|e| e.to_string())?;
         Ok(wit::Evaluation {
             logits,
             position: slot.state.position() as u32,
@@ -123,7 +153,18 @@ impl wit::Host for HostState {
 
     fn reset(&mut self, handle: u32) {
         if let Ok(slot) = self.slot(handle) {
-            slot.state.reset();
+            slot.reset();
+        }
+    }
+
+    fn recent_tokens(&mut self, handle: u32, n: u32) -> Vec<u32> {
+        self.slot(handle).map(|slot| slot.transcript.recent(n as usize)).unwrap_or_default()
+    }
+
+    fn sample_with_plugin(&mut self, logits: Vec<f32>, recent: Vec<u32>) -> Result<u32, String> {
+        match self.sampler.as_mut() {
+            Some(sample) => sample(&logits, &recent),
+            None => Err("no sampler plugin is attached to this session".into()),
         }
     }
 
@@ -133,6 +174,7 @@ impl wit::Host for HostState {
             token: event.token,
             text: event.text,
             logprob: event.logprob,
+            top_logprobs: event.top_logprobs.iter().map(|t| (t.token, t.logprob)).collect(),
             experts_hit: event.stats.experts_hit,
             experts_missed: event.stats.experts_missed,
             bytes_read: event.stats.bytes_read,
@@ -181,10 +223,7 @@ impl CompiledGuest {
         // `engine_config()`, and embedded in the binary by `include_bytes!`;
         // it is never read from the file system or any other outside source
         // at run time. Compatibility with this engine and CPU is checked by
-        // wasmtime itself and a mismatch is an `Err`, handled below.
-        match unsafe { Component::deserialize(engine, GUEST_CWASM) } {
-            Ok(component) => Some(component),
-            Err(_) => None,
-        }
+        // wasmtime itself; a mismatch is an `Err`, turned into `None` here.
+        unsafe { Component::deserialize(engine, GUEST_CWASM) }.ok()
     }
 }

@@ -45,7 +45,7 @@ fn argmax(x: &[f32]) -> usize {
 }
 
 fn greedy() -> GenerateParams {
-    GenerateParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens: 16, stop_at_eos: false }
+    GenerateParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens: 16, stop_at_eos: false, ..GenerateParams::default() }
 }
 
 fn check_f32(family: &str) {

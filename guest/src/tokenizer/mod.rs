@@ -1,32 +1,24 @@
-//! Hugging Face `tokenizer.json` tokenizer (BPE models: byte-level as in
-//! GPT-2/Qwen/DeepSeek/OLMoE, and SentencePiece-style with byte fallback as
-//! in Llama/Mixtral), reproducing the `tokenizers` library's ids exactly.
+//! The model's tokenizer: a Hugging Face `tokenizer.json` (hf.rs) or a
+//! tiktoken rank file with Kimi's special-token layout (tiktoken.rs).
 //!
-//! Pipeline, as in HF: added tokens are cut out of the raw text, each
-//! remaining piece is normalized, added tokens marked `normalized` are cut
-//! out of the normalized text, the pre-tokenizer splits the rest into words
-//! and the BPE model turns each word into ids. No post-processor runs: the
-//! caller adds BOS and friends. Components this module does not implement
-//! make `from_json` fail with the component's name and JSON path.
+//! Both offer the same two encodings: `encode` treats everything as content
+//! (special-token strings stay ordinary text, so a user cannot forge control
+//! tokens) and `encode_markup` resolves special tokens (template markup).
 
 mod added;
 mod bpe;
 mod decoder;
+mod hf;
 mod json;
 mod normalizer;
 mod pattern;
 mod pretok;
+pub mod tiktoken;
 
-use std::collections::{HashMap, HashSet};
+pub use hf::HfTokenizer;
+pub use tiktoken::TiktokenTokenizer;
 
-use added::{AddedToken, Trie};
-use bpe::Bpe;
-use decoder::{Decoder, Mode};
-use json::Node;
-use normalizer::Normalizer;
-use pretok::{Piece, PreTokenizer};
-
-/// What went wrong, with the JSON path for a malformed tokenizer.json.
+/// What went wrong, with the file and path for a malformed tokenizer file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenizerError(pub String);
 
@@ -38,243 +30,120 @@ impl std::fmt::Display for TokenizerError {
 
 impl std::error::Error for TokenizerError {}
 
-pub struct Tokenizer {
-    model: Bpe,
-    normalizer: Option<Normalizer>,
-    pre_tokenizer: Option<PreTokenizer>,
-    decoder: Option<Decoder>,
-    /// Added-token content -> id.
-    added: HashMap<String, u32>,
-    /// Id -> the added token that owns it.
-    added_r: HashMap<u32, AddedToken>,
-    special: HashSet<String>,
-    /// Added tokens matched on the raw text (`normalized: false`).
-    raw_trie: Trie,
-    /// Added tokens matched on normalized text, keyed by normalized content.
-    norm_trie: Trie,
-    vocab_size: usize,
+/// A piece of a prompt: template markup (special tokens resolved) or
+/// content (special-token strings are plain text).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Segment {
+    pub text: String,
+    pub markup: bool,
 }
 
-impl std::fmt::Debug for Tokenizer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer")
-            .field("vocab_size", &self.vocab_size)
-            .field("added_tokens", &self.added.len())
-            .finish_non_exhaustive()
-    }
+#[derive(Debug)]
+pub enum Tokenizer {
+    // Both boxed: each is hundreds of bytes and they differ a lot in size.
+    Hf(Box<HfTokenizer>),
+    Tiktoken(Box<TiktokenTokenizer>),
+}
+
+/// Dispatches a method to whichever tokenizer this is.
+macro_rules! both {
+    ($self:ident, $t:ident => $e:expr) => {
+        match $self {
+            Tokenizer::Hf($t) => $e,
+            Tokenizer::Tiktoken($t) => $e,
+        }
+    };
 }
 
 impl Tokenizer {
     /// Parses a `tokenizer.json`. Errors name what is wrong and where.
     pub fn from_json(json: &str) -> Result<Tokenizer, TokenizerError> {
-        let value: serde_json::Value = serde_json::from_str(json)
-            .map_err(|e| TokenizerError(format!("tokenizer.json: invalid JSON: {e}")))?;
-        let root = Node::root(&value);
-        root.object()?;
+        HfTokenizer::from_json(json).map(|t| Tokenizer::Hf(Box::new(t)))
+    }
 
-        let model = Bpe::parse(&root.req("model")?)?;
-        let normalizer = root.opt("normalizer").map(|n| Normalizer::parse(&n)).transpose()?;
-        let pre_tokenizer =
-            root.opt("pre_tokenizer").map(|n| PreTokenizer::parse(&n)).transpose()?;
-        let decoder = root.opt("decoder").map(|n| Decoder::parse(&n)).transpose()?;
-
-        let tokens = match root.opt("added_tokens") {
-            Some(n) => n.items()?.iter().map(AddedToken::parse).collect::<Result<Vec<_>, _>>()?,
-            None => Vec::new(),
+    /// Builds the tokenizer from a model's tokenizer files (name, bytes):
+    /// `tokenizer.json` when present, else `tiktoken.model` with the special
+    /// tokens of `tokenizer_config.json` and Kimi's pre-tokenizer pattern.
+    /// `Ok(None)` when neither file is there.
+    pub fn from_files(files: &[(String, Vec<u8>)]) -> Result<Option<Tokenizer>, TokenizerError> {
+        let get = |name: &str| {
+            files
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, b)| b.as_slice())
         };
-        let mut tk = Tokenizer {
-            model,
-            normalizer,
-            pre_tokenizer,
-            decoder,
-            added: HashMap::new(),
-            added_r: HashMap::new(),
-            special: HashSet::new(),
-            raw_trie: Trie::default(),
-            norm_trie: Trie::default(),
-            vocab_size: 0,
+        if let Some(bytes) = get("tokenizer.json") {
+            let json = std::str::from_utf8(bytes)
+                .map_err(|e| TokenizerError(format!("tokenizer.json: not UTF-8: {e}")))?;
+            return Tokenizer::from_json(json).map(Some);
+        }
+        let Some(ranks) = get("tiktoken.model") else {
+            return Ok(None);
         };
-        tk.add_tokens(tokens);
-        Ok(tk)
-    }
-
-    /// HF's `AddedVocabulary::add_tokens`: the ids in the JSON are ignored;
-    /// a token takes its model-vocab id if it has one, else the next free id
-    /// after the model vocabulary, in list order.
-    fn add_tokens(&mut self, tokens: Vec<AddedToken>) {
-        let model_len = self.model.vocab.len() as u32;
-        let mut specials: Vec<AddedToken> = Vec::new();
-        for t in &tokens {
-            if t.special && !t.content.is_empty() && self.special.insert(t.content.clone()) {
-                specials.push(t.clone());
-            }
-        }
-        let mut plain: Vec<AddedToken> = Vec::new();
-        for t in tokens {
-            if t.content.is_empty() || self.added_r.values().any(|v| *v == t) {
-                continue;
-            }
-            let id = match self.added.get(&t.content).or_else(|| self.model.vocab.get(&t.content)) {
-                Some(&id) => id,
-                None => match self.added.values().max() {
-                    None => model_len,
-                    Some(&max) if max >= model_len || model_len == 0 => max.saturating_add(1),
-                    Some(_) => model_len,
-                },
-            };
-            self.added.insert(t.content.clone(), id);
-            if !self.special.contains(&t.content) {
-                plain.push(t.clone());
-            }
-            self.added_r.insert(id, t);
-        }
-        for t in specials.iter().chain(plain.iter()) {
-            let Some(&id) = self.added.get(&t.content) else { continue };
-            if t.normalized {
-                let pattern = match &self.normalizer {
-                    Some(n) => n.apply(t.content.clone()),
-                    None => t.content.clone(),
-                };
-                self.norm_trie.insert(&pattern, id);
-            } else {
-                self.raw_trie.insert(&t.content, id);
-            }
-        }
-        let max_added = self.added.values().map(|&i| i as usize + 1).max().unwrap_or(0);
-        self.vocab_size = self.model.vocab_r.len().max(max_added);
-    }
-
-    /// Text as plain content: special-token strings are ordinary text, so a
-    /// user cannot forge control tokens. Non-special added tokens are still
-    /// matched (as HF does with `encode_special_tokens = true`).
-    pub fn encode(&self, text: &str) -> Vec<u32> {
-        self.encode_with(text, false)
-    }
-
-    /// Text as template markup: every added token is matched first, as HF's
-    /// default encode.
-    pub fn encode_markup(&self, text: &str) -> Vec<u32> {
-        self.encode_with(text, true)
-    }
-
-    fn encode_with(&self, text: &str, markup: bool) -> Vec<u32> {
-        let mut ids = Vec::with_capacity(text.len() / 3 + 1);
-        for (tok, s, e) in self.split_added(&self.raw_trie, text, markup) {
-            if let Some(id) = tok {
-                ids.push(id);
-                continue;
-            }
-            if s == e {
-                continue;
-            }
-            let piece = text[s..e].to_string();
-            let normalized = match &self.normalizer {
-                Some(n) => n.apply(piece),
-                None => piece,
-            };
-            for (tok2, s2, e2) in self.split_added(&self.norm_trie, &normalized, markup) {
-                if let Some(id) = tok2 {
-                    ids.push(id);
-                    continue;
-                }
-                if s2 == e2 {
-                    continue;
-                }
-                let piece = Piece { text: normalized[s2..e2].to_string(), at_start: s == 0 && s2 == 0 };
-                match &self.pre_tokenizer {
-                    Some(pt) => {
-                        for word in pt.apply(vec![piece]) {
-                            self.model.tokenize(&word.text, &mut ids);
-                        }
-                    }
-                    None => self.model.tokenize(&piece.text, &mut ids),
-                }
-            }
-        }
-        ids
-    }
-
-    /// HF's `AddedVocabulary::find_matches`: leftmost-longest matches,
-    /// special tokens skipped (left as text) unless `markup`.
-    fn split_added(&self, trie: &Trie, text: &str, markup: bool) -> Vec<(Option<u32>, usize, usize)> {
-        let mut out = Vec::new();
-        let mut start_offset = 0;
-        for (id, ms, me) in trie.find_iter(text) {
-            let Some(tok) = self.added_r.get(&id) else { continue };
-            if !markup && self.special.contains(&tok.content) {
-                continue;
-            }
-            let (mut start, mut stop) = (ms, me);
-            if tok.single_word {
-                let start_space = start == 0 || !added::ends_with_word(&text[..start]);
-                let stop_space = stop == text.len() || !added::starts_with_word(&text[stop..]);
-                if !start_space || !stop_space {
-                    continue;
-                }
-            }
-            if tok.lstrip {
-                let new_start = text[..start].trim_end().len();
-                start = new_start.max(start_offset);
-            }
-            if tok.rstrip {
-                stop += text[stop..].len() - text[stop..].trim_start().len();
-            }
-            if start > start_offset {
-                out.push((None, start_offset, start));
-            }
-            out.push((Some(id), start, stop));
-            start_offset = stop;
-        }
-        if start_offset != text.len() {
-            out.push((None, start_offset, text.len()));
-        }
-        out
-    }
-
-    fn token_bytes(&self, ids: &[u32]) -> Result<Vec<Vec<u8>>, TokenizerError> {
-        ids.iter()
-            .map(|&id| {
-                self.added_r
-                    .get(&id)
-                    .map(|t| t.content.as_str())
-                    .or_else(|| self.model.id_to_token(id))
-                    .map(|s| s.as_bytes().to_vec())
-                    .ok_or_else(|| TokenizerError(format!("unknown token id {id}")))
+        let config = get("tokenizer_config.json")
+            .map(|b| {
+                std::str::from_utf8(b)
+                    .map_err(|e| TokenizerError(format!("tokenizer_config.json: not UTF-8: {e}")))
             })
-            .collect()
+            .transpose()?;
+        TiktokenTokenizer::from_kimi_files(ranks, config, tiktoken::KIMI_PATTERN)
+            .map(|t| Some(Tokenizer::Tiktoken(Box::new(t))))
     }
 
-    fn decode_mode(&self, ids: &[u32], mode: Mode) -> Result<Vec<u8>, TokenizerError> {
-        let tokens = self.token_bytes(ids)?;
-        Ok(match &self.decoder {
-            Some(d) => d.decode_chain(tokens, mode).concat(),
-            None => tokens.join(&b' '),
-        })
+    /// Text as plain content: special-token strings are ordinary text.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        both!(self, t => t.encode(text))
     }
 
-    /// Raw bytes of the concatenated tokens (after the decoder), with no
-    /// UTF-8 repair, so a streaming caller can hold back partial characters.
+    /// Text as template markup: special-token strings become their ids.
+    pub fn encode_markup(&self, text: &str) -> Vec<u32> {
+        both!(self, t => t.encode_markup(text))
+    }
+
+    /// Encodes consecutive segments as one text, resolving special tokens
+    /// only where they lie wholly inside a markup segment. With no special-
+    /// token strings in the content this gives exactly the ids of
+    /// `encode_markup` on the joined text (what HF does with a rendered chat
+    /// prompt), yet content can never produce a control token.
+    pub fn encode_segments(&self, segments: &[Segment]) -> Vec<u32> {
+        let mut text = String::new();
+        let mut markup: Vec<(usize, usize)> = Vec::new();
+        for seg in segments {
+            let start = text.len();
+            text.push_str(&seg.text);
+            if seg.markup && !seg.text.is_empty() {
+                markup.push((start, text.len()));
+            }
+        }
+        let allow = |s: usize, e: usize| {
+            let i = markup.partition_point(|&(_, me)| me <= s);
+            markup.get(i).is_some_and(|&(ms, me)| ms <= s && e <= me)
+        };
+        both!(self, t => t.encode_allowing(&text, &allow))
+    }
+
+    /// Raw bytes of the concatenated tokens, with no UTF-8 repair, so a
+    /// streaming caller can hold back partial characters.
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, TokenizerError> {
-        self.decode_mode(ids, Mode::Raw)
+        both!(self, t => t.decode_bytes(ids))
     }
 
-    /// Text of the tokens, invalid UTF-8 replaced the way HF does it.
+    /// Text of the tokens, invalid UTF-8 replaced as the reference does.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
-        let bytes = self.decode_mode(ids, Mode::Hf)?;
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        both!(self, t => t.decode(ids))
     }
 
-    /// Max id + 1 over the vocabulary and the added tokens.
+    /// Max id + 1 over the vocabulary and the special/added tokens.
     pub fn vocab_size(&self) -> usize {
-        self.vocab_size
+        both!(self, t => t.vocab_size())
     }
 
     pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.added.get(token).or_else(|| self.model.vocab.get(token)).copied()
+        both!(self, t => t.token_id(token))
     }
 
-    /// Whether `id` is an added token marked `"special": true`.
+    /// Whether `id` is a special (control) token.
     pub fn is_special(&self, id: u32) -> bool {
-        self.added_r.get(&id).is_some_and(|t| self.special.contains(&t.content))
+        both!(self, t => t.is_special(id))
     }
 }

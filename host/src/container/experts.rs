@@ -1,28 +1,21 @@
-//! Routed experts read from their banks on demand: one positional read of
-//! one fixed-size record per selected expert, computed from its stored
-//! format without expanding it.
-//!
-//! This is the plain path: every use is a read. The bounded cache, direct
-//! I/O and read-ahead threads come on top of it and must stay bit-identical.
+//! The expert banks of a container, validated: record layout, one bank
+//! file per MoE layer, per-layer codebooks. Reading records (direct I/O,
+//! cache, reader threads) is the job of `crate::store`.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use super::manifest::{record, Manifest, MANIFEST_FILE, RECORD_ALIGN};
 use super::{expert_format, plain_file_name, read_file};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::model::source::ExpertProvider;
-use crate::quant::{self, Codebooks, ExpertFormat, ExpertScratch, ExpertShape, LayerCodebooks};
-use crate::stats::StepStats;
+use crate::quant::{self, Codebooks, ExpertFormat, ExpertShape, LayerCodebooks};
 
-struct Bank {
-    path: PathBuf,
-    file: File,
-    experts: usize,
-    codebooks: Option<LayerCodebooks>,
+/// One MoE layer's bank: `experts` records of `record_bytes` each.
+pub struct Bank {
+    pub path: PathBuf,
+    pub experts: usize,
+    pub codebooks: Option<LayerCodebooks>,
 }
 
 pub struct ExpertBanks {
@@ -47,7 +40,10 @@ impl ExpertBanks {
                 e.hidden, e.inter, config.hidden_size, config.moe_intermediate_size
             )));
         }
-        let shape = ExpertShape { hidden: e.hidden as usize, inter: e.inter as usize };
+        let shape = ExpertShape {
+            hidden: e.hidden as usize,
+            inter: e.inter as usize,
+        };
         let payload_bytes = quant::expert_payload_len(format, shape) as u64;
         if e.payload_bytes != payload_bytes
             || e.payload_offset < record::HEADER_BYTES
@@ -67,26 +63,43 @@ impl ExpertBanks {
                 return Err(bad(format!("expert bank for layer {layer}, which is not an MoE layer")));
             }
             if entry.experts != config.num_experts as u64 {
-                return Err(bad(format!("layer {layer} bank holds {} experts, the config says {}", entry.experts, config.num_experts)));
+                return Err(bad(format!(
+                    "layer {layer} bank holds {} experts, the config says {}",
+                    entry.experts, config.num_experts
+                )));
             }
             let path = plain_file_name(dir, &entry.file, &mpath)?;
-            let file = File::open(&path).map_err(|err| Error::io(&path, err))?;
-            let len = file.metadata().map_err(|err| Error::io(&path, err))?.len();
+            let len = File::open(&path)
+                .and_then(|f| f.metadata())
+                .map_err(|err| Error::io(&path, err))?
+                .len();
             let expected = entry.experts * e.record_bytes;
             if len != expected {
-                return Err(Error::format(&path, format!("bank is {len} bytes, {expected} expected: truncated or foreign file")));
+                return Err(Error::format(
+                    &path,
+                    format!("bank is {len} bytes, {expected} expected: truncated or foreign file"),
+                ));
             }
             let codebooks = match (&entry.codebooks, format.uses_codebooks()) {
                 (Some(cb), true) => Some(load_codebooks(dir, cb, &mpath)?),
                 (None, false) => None,
-                _ => return Err(bad(format!("layer {layer}: codebooks present/absent contrary to format {}", e.format))),
+                _ => {
+                    return Err(bad(format!(
+                        "layer {layer}: codebooks present/absent contrary to format {}",
+                        e.format
+                    )))
+                }
             };
             // The kernels trust their inputs; everything they will be given
             // (payload length, codebook presence and stage count) is checked here.
             let blank = vec![0u8; payload_bytes as usize];
             quant::check_expert_payload(format, shape, &blank, codebooks.as_ref())
                 .map_err(|err| bad(format!("layer {layer}: {err}")))?;
-            banks[layer] = Some(Bank { path, file, experts: entry.experts as usize, codebooks });
+            banks[layer] = Some(Bank {
+                path,
+                experts: entry.experts as usize,
+                codebooks,
+            });
         }
         for layer in 0..config.num_layers {
             if config.is_moe_layer(layer) && banks[layer].is_none() {
@@ -111,16 +124,30 @@ impl ExpertBanks {
         self.record_bytes
     }
 
-    /// Reads and validates one record into `buf` (record_bytes long).
-    fn read_record(&self, layer: usize, expert: usize, buf: &mut [u8]) -> Result<()> {
-        let bank = self.banks[layer].as_ref().ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
-        if expert >= bank.experts {
-            return Err(Error::Runtime(format!("layer {layer}: expert {expert} out of range")));
-        }
-        let offset = (expert * self.record_bytes) as u64;
-        bank.file.read_exact_at(buf, offset).map_err(|e| Error::io(&bank.path, e))?;
+    pub fn shape(&self) -> ExpertShape {
+        self.shape
+    }
+
+    /// Where the quantised payload lies inside a record.
+    pub fn payload_range(&self) -> std::ops::Range<usize> {
+        self.payload_offset..self.payload_offset + self.payload_bytes
+    }
+
+    /// The bank of decoder layer `layer`; `None` for a dense layer.
+    pub fn bank(&self, layer: usize) -> Option<&Bank> {
+        self.banks.get(layer).and_then(|b| b.as_ref())
+    }
+
+    /// Decoder layers that have a bank, ascending.
+    pub fn moe_layers(&self) -> Vec<usize> {
+        (0..self.banks.len()).filter(|&l| self.banks[l].is_some()).collect()
+    }
+
+    /// Checks the header of a record just read for (`layer`, `expert`).
+    pub fn check_header(&self, layer: usize, expert: usize, buf: &[u8]) -> Result<()> {
+        let path = self.bank(layer).map(|b| b.path.as_path()).unwrap_or(Path::new(""));
         let header = record::Header::parse(buf)
-            .ok_or_else(|| Error::format(&bank.path, format!("record of expert {expert} has a bad magic number")))?;
+            .ok_or_else(|| Error::format(path, format!("record of expert {expert} has a bad magic number")))?;
         let expected = record::Header {
             layer: layer as u32,
             expert: expert as u32,
@@ -131,7 +158,10 @@ impl ExpertBanks {
             payload_bytes: self.payload_bytes as u64,
         };
         if header != expected {
-            return Err(Error::format(&bank.path, format!("record of expert {expert} has header {header:?}, expected {expected:?}")));
+            return Err(Error::format(
+                path,
+                format!("record of expert {expert} has header {header:?}, expected {expected:?}"),
+            ));
         }
         Ok(())
     }
@@ -153,70 +183,4 @@ fn load_codebooks(dir: &Path, cb: &super::manifest::CodebookEntry, mpath: &Path)
     let down = Codebooks::from_bytes(stages, slice(cb.down_offset, cb.down_bytes)?)
         .map_err(|e| Error::format(&path, e.to_string()))?;
     Ok(LayerCodebooks { gate_up, down })
-}
-
-/// A heap buffer whose start is 4 KiB aligned, as direct I/O requires.
-pub(crate) struct AlignedBuf {
-    words: Vec<Page>,
-    len: usize,
-}
-
-#[repr(C, align(4096))]
-#[derive(Clone, Copy)]
-struct Page([u8; 4096]);
-
-impl AlignedBuf {
-    pub fn new(len: usize) -> Self {
-        AlignedBuf { words: vec![Page([0; 4096]); len.div_ceil(4096)], len }
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: `words` holds len.div_ceil(4096) pages of plain bytes, at
-        // least `len` bytes, contiguous and initialised; Page has no padding.
-        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), self.len) }
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: as in as_mut_slice.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
-    }
-}
-
-impl ExpertProvider for ExpertBanks {
-    fn forward_experts(
-        &self,
-        layer: usize,
-        x: &[f32],
-        picks: &[(usize, f32)],
-        out: &mut [f32],
-        stats: &mut StepStats,
-    ) -> Result<()> {
-        let bank = self.banks.get(layer).and_then(|b| b.as_ref())
-            .ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
-        let cb = bank.codebooks.as_ref();
-        // Gate/up tables depend only on x and the layer's codebooks: built
-        // once here and shared by every routed expert of this token.
-        let tables = quant::build_gate_up_tables(self.format, cb, x);
-        let mut scratch = ExpertScratch::new(self.format, self.shape);
-        let mut records: Vec<AlignedBuf> = picks.iter().map(|_| AlignedBuf::new(self.record_bytes)).collect();
-        // Every record of the layer is requested before the first is used.
-        let io_started = Instant::now();
-        for (&(expert, _), buf) in picks.iter().zip(records.iter_mut()) {
-            self.read_record(layer, expert, buf.as_mut_slice())?;
-        }
-        stats.io_time += io_started.elapsed();
-        stats.experts_missed += picks.len() as u32;
-        stats.bytes_read += (picks.len() * self.record_bytes) as u64;
-
-        out.fill(0.0);
-        let mut y = vec![0.0f32; self.shape.hidden];
-        for (&(_, weight), buf) in picks.iter().zip(&records) {
-            let payload = &buf.as_slice()[self.payload_offset..self.payload_offset + self.payload_bytes];
-            quant::expert_forward(self.format, self.shape, payload, cb, &tables, x, &mut y, &mut scratch);
-            for (o, v) in out.iter_mut().zip(&y) {
-                *o += weight * v;
-            }
-        }
-        Ok(())
-    }
 }

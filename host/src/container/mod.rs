@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 pub use experts::ExpertBanks;
 use manifest::{Manifest, TensorEntry, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
 
-use crate::api::ModelInfo;
-use crate::config::ModelConfig;
+use crate::api::{LayerInfo, ModelInfo};
+use crate::config::{ModelConfig, RouterKind};
 use crate::error::{Error, Result};
 use crate::model::source::TensorSource;
 use crate::quant::{ExpertFormat, QMatrix, TrunkFormat};
@@ -35,8 +35,9 @@ pub struct Container {
     trunk: memmap2::Mmap,
     tensors: HashMap<String, TensorEntry>,
     eos_tokens: Vec<u32>,
-    tokenizer_json: Option<String>,
     chat_template: Option<String>,
+    /// Every tokenizer / template file as (name, bytes), handed to the guest.
+    tokenizer_files: Vec<(String, Vec<u8>)>,
 }
 
 pub(crate) fn read_file(path: &Path, limit: u64) -> Result<Vec<u8>> {
@@ -107,27 +108,27 @@ impl Container {
             }
         }
 
-        let mut tokenizer_json = None;
         let mut chat_template = None;
+        let mut tokenizer_files = Vec::new();
         for name in &manifest.tokenizer_files {
             let path = plain_file_name(dir, name, &manifest_path)?;
+            let bytes = read_file(&path, 1 << 30)?;
             match name.as_str() {
                 "tokenizer.json" => {
-                    let bytes = read_file(&path, 1 << 30)?;
-                    tokenizer_json = Some(String::from_utf8(bytes).map_err(|_| Error::format(&path, "not UTF-8"))?);
+                    std::str::from_utf8(&bytes).map_err(|_| Error::format(&path, "not UTF-8"))?;
                 }
                 "chat_template.jinja" => {
-                    let bytes = read_file(&path, 16 << 20)?;
-                    chat_template = Some(String::from_utf8(bytes).map_err(|_| Error::format(&path, "not UTF-8"))?);
+                    let text = std::str::from_utf8(&bytes).map_err(|_| Error::format(&path, "not UTF-8"))?;
+                    chat_template = Some(text.to_string());
                 }
                 "tokenizer_config.json" if chat_template.is_none() => {
-                    let bytes = read_file(&path, 64 << 20)?;
                     let v: serde_json::Value = serde_json::from_slice(&bytes)
                         .map_err(|e| Error::format(&path, format!("malformed JSON: {e}")))?;
                     chat_template = template_from_tokenizer_config(&v);
                 }
                 _ => {}
             }
+            tokenizer_files.push((name.clone(), bytes));
         }
 
         Ok(Container {
@@ -138,8 +139,8 @@ impl Container {
             trunk,
             tensors,
             eos_tokens,
-            tokenizer_json,
             chat_template,
+            tokenizer_files,
         })
     }
 
@@ -156,11 +157,18 @@ impl Container {
     }
 
     pub fn tokenizer_json(&self) -> Option<&str> {
-        self.tokenizer_json.as_deref()
+        // Checked to be UTF-8 when the container was opened.
+        let (_, bytes) = self.tokenizer_files.iter().find(|(n, _)| n == "tokenizer.json")?;
+        std::str::from_utf8(bytes).ok()
     }
 
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+
+    /// The tokenizer and template files as (file name, bytes).
+    pub fn tokenizer_files(&self) -> &[(String, Vec<u8>)] {
+        &self.tokenizer_files
     }
 
     pub fn expert_banks(&self) -> Result<ExpertBanks> {
@@ -185,8 +193,23 @@ impl Container {
             expert_format: e.format.clone(),
             expert_record_bytes: e.record_bytes,
             trunk_bytes: self.manifest.trunk.tensors.iter().map(|t| t.bytes).sum(),
-            has_tokenizer: self.tokenizer_json.is_some(),
+            has_tokenizer: self.tokenizer_files.iter().any(|(n, _)| n == "tokenizer.json" || n == "tiktoken.model"),
             has_chat_template: self.chat_template.is_some(),
+            layers: (0..c.num_layers)
+                .map(|l| LayerInfo {
+                    attention: c.attn_kind(l).name().to_string(),
+                    moe: c.is_moe_layer(l),
+                    state_bytes_fixed: 4 * c.state_floats_fixed(l) as u64,
+                    state_bytes_per_token: 4 * c.state_floats_per_token(l) as u64,
+                })
+                .collect(),
+            router: match c.router {
+                RouterKind::Softmax => "softmax".to_string(),
+                RouterKind::SigmoidBias { routed_scaling_factor } => format!("sigmoid+bias (scale {routed_scaling_factor})"),
+            },
+            shared_expert_width: c.shared_intermediate_size,
+            total_params: c.total_params(),
+            active_params: c.active_params(),
         }
     }
 

@@ -1,22 +1,27 @@
-//! The forward pass of the GQA + RoPE MoE families (Qwen3-MoE, OLMoE,
-//! Mixtral), written against `TensorSource` (the trunk) and
+//! The forward pass of the MoE families (Qwen3-MoE, OLMoE and Mixtral with
+//! GQA and RoPE; Kimi-Linear with KDA and MLA layers), written against `TensorSource` (the trunk) and
 //! `ExpertProvider` (the routed experts) so one code path serves the
 //! unquantised oracle and converted containers.
 
 pub mod attention;
+pub mod kda;
+pub mod mla;
 pub mod moe;
 pub mod ops;
 pub mod source;
+pub mod state_io;
 
 #[cfg(test)]
 mod tests;
 
-use crate::config::ModelConfig;
+use crate::config::{AttnKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
 use crate::stats::StepStats;
 
 use attention::{Attention, AttnScratch, Rope};
+use kda::{Kda, KdaScratch, KdaState};
+use mla::{Mla, MlaScratch};
 use moe::{Mlp, Router};
 use ops::{add_in_place, rms_norm};
 use source::{ExpertProvider, TensorSource};
@@ -73,12 +78,23 @@ enum FeedForward {
     Moe(Router),
 }
 
+/// The token mixer of a layer (`self_attn`). One per layer, built once and
+/// never moved on the hot path, so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Mixer {
+    Gqa(Attention),
+    Mla(Mla),
+    Kda(Kda),
+}
+
 /// `model.layers.L`.
 struct DecoderLayer {
     input_layernorm: Vec<f32>, // [H]
-    self_attn: Attention,
+    self_attn: Mixer,
     post_attention_layernorm: Vec<f32>, // [H]
     mlp: FeedForward,
+    /// The MoE block's shared experts (Kimi), added to the routed output.
+    shared_experts: Option<Mlp>,
 }
 
 pub struct Model {
@@ -91,27 +107,61 @@ pub struct Model {
     rope: Rope,
 }
 
-/// The KV cache and position of one sequence.
+/// The state one layer keeps for a sequence.
+pub enum LayerState {
+    /// GQA: keys and values, `[context, kv_heads * head_dim]` each.
+    Kv { k: Vec<f32>, v: Vec<f32> },
+    /// MLA: the absorbed cache, `[context, kv_lora + rope]`.
+    Latent(Vec<f32>),
+    /// KDA: O(1) in the context.
+    Kda(KdaState),
+}
+
+/// The per-layer state (KV cache, latent cache, KDA state) and position of
+/// one sequence.
 pub struct State {
-    /// Per layer `[context, kv_heads * head_dim]`.
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    layers: Vec<LayerState>,
+    /// `kv_heads * head_dim` of the GQA layers.
     kv_dim: usize,
+    /// Per layer: (kind, floats per token, fixed floats), to refuse a state
+    /// made for another model.
+    shape: Vec<(AttnKind, usize, usize)>,
     position: usize,
     context: usize,
+    /// A forward pass failed after a KDA layer had advanced its recurrent
+    /// state: that state cannot be rolled back, so it must be reset.
+    poisoned: bool,
+}
+
+fn state_shape(cfg: &ModelConfig) -> Vec<(AttnKind, usize, usize)> {
+    (0..cfg.num_layers)
+        .map(|l| (cfg.attn_kind(l), cfg.state_floats_per_token(l), cfg.state_floats_fixed(l)))
+        .collect()
 }
 
 impl State {
     pub fn new(cfg: &ModelConfig, context: usize) -> State {
         let kv_dim = cfg.kv_dim();
-        let per_layer = context.saturating_mul(kv_dim);
-        State {
-            k: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
-            v: (0..cfg.num_layers).map(|_| vec![0.0; per_layer]).collect(),
-            kv_dim,
-            position: 0,
-            context,
-        }
+        let layers = (0..cfg.num_layers)
+            .map(|l| {
+                let rows = context.saturating_mul(cfg.state_floats_per_token(l));
+                match (cfg.attn_kind(l), &cfg.kda) {
+                    (AttnKind::Gqa, _) => LayerState::Kv { k: vec![0.0; rows / 2], v: vec![0.0; rows / 2] },
+                    (AttnKind::Kda, Some(d)) => LayerState::Kda(KdaState::new(d)),
+                    _ => LayerState::Latent(vec![0.0; rows]),
+                }
+            })
+            .collect();
+        State { layers, kv_dim, shape: state_shape(cfg), position: 0, context, poisoned: false }
+    }
+
+    /// The per-layer states, in layer order.
+    pub fn layers(&self) -> &[LayerState] {
+        &self.layers
+    }
+
+    pub fn layers_mut(&mut self) -> &mut [LayerState] {
+        &mut self.layers
     }
 
     pub fn position(&self) -> usize {
@@ -122,13 +172,29 @@ impl State {
         self.context
     }
 
-    /// Starts a new sequence; stale cache rows past the position are never read.
+    /// Starts a new sequence; stale cache rows past the position are never
+    /// read, recurrent (KDA) state is cleared.
     pub fn reset(&mut self) {
         self.position = 0;
+        self.poisoned = false;
+        for l in &mut self.layers {
+            if let LayerState::Kda(k) = l {
+                k.clear();
+            }
+        }
     }
 
     pub fn bytes(&self) -> usize {
-        2 * self.k.len() * self.context * self.kv_dim * std::mem::size_of::<f32>()
+        let floats: usize = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv { k, v } => k.len() + v.len(),
+                LayerState::Latent(c) => c.len(),
+                LayerState::Kda(k) => k.s.len() + k.conv.len(),
+            })
+            .sum();
+        floats * std::mem::size_of::<f32>()
     }
 }
 
@@ -142,6 +208,11 @@ struct Scratch {
     up: Vec<f32>,
     probs: Vec<f32>,
     picks: Vec<(usize, f32)>,
+    mla: MlaScratch,
+    kda: KdaScratch,
+    shared_gate: Vec<f32>,
+    shared_up: Vec<f32>,
+    shared_y: Vec<f32>,
 }
 
 impl Model {
@@ -152,7 +223,11 @@ impl Model {
             let p = format!("model.layers.{l}");
             layers.push(DecoderLayer {
                 input_layernorm: load_vector(cfg, src, &format!("{p}.input_layernorm.weight"))?,
-                self_attn: Attention::load(cfg, src, l)?,
+                self_attn: match cfg.attn_kind(l) {
+                    AttnKind::Gqa => Mixer::Gqa(Attention::load(cfg, src, l)?),
+                    AttnKind::Mla => Mixer::Mla(Mla::load(cfg, src, l)?),
+                    AttnKind::Kda => Mixer::Kda(Kda::load(cfg, src, l)?),
+                },
                 post_attention_layernorm: load_vector(
                     cfg,
                     src,
@@ -162,6 +237,11 @@ impl Model {
                     FeedForward::Moe(Router::load(cfg, src, l)?)
                 } else {
                     FeedForward::Dense(Mlp::load(cfg, src, l)?)
+                },
+                shared_experts: if cfg.is_moe_layer(l) && cfg.shared_intermediate_size > 0 {
+                    Some(Mlp::load_at(cfg, src, &cfg.shared_expert_prefix(l))?)
+                } else {
+                    None
                 },
             });
         }
@@ -200,9 +280,14 @@ impl Model {
         if tokens.is_empty() {
             return Err(Error::Arg("forward needs at least one token".into()));
         }
-        if state.k.len() != cfg.num_layers || state.kv_dim != cfg.kv_dim() {
+        if state.shape != state_shape(cfg) || state.kv_dim != cfg.kv_dim() {
             return Err(Error::Arg(
                 "the state was created for a different model".into(),
+            ));
+        }
+        if state.poisoned {
+            return Err(Error::Runtime(
+                "an earlier forward pass failed midway through a recurrent (KDA) layer; reset the state".into(),
             ));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
@@ -222,8 +307,33 @@ impl Model {
         let result = self.forward_tokens(state, tokens, experts, all_positions, stats);
         if result.is_err() {
             state.position = start;
+            state.poisoned = self.cfg.kda.is_some();
         }
         result
+    }
+
+    /// Runs the router of the MoE layer after `layer` on this layer's MoE
+    /// input and asks for its top `n` to be read speculatively.
+    #[allow(clippy::too_many_arguments)]
+    fn lookahead(
+        &self,
+        layer: usize,
+        x: &[f32],
+        n: usize,
+        probs: &mut [f32],
+        spec: &mut Vec<(usize, f32)>,
+        experts: &dyn ExpertProvider,
+        stats: &mut StepStats,
+    ) {
+        let next = self.layers.iter().enumerate().skip(layer + 1).find_map(|(l, d)| match &d.mlp {
+            FeedForward::Moe(r) => Some((l, r)),
+            _ => None,
+        });
+        if let Some((l, router)) = next {
+            router.predict(x, probs, n, spec);
+            let ids: Vec<usize> = spec.iter().map(|p| p.0).collect();
+            experts.prefetch(l, &ids, stats);
+        }
     }
 
     fn forward_tokens(
@@ -246,7 +356,16 @@ impl Model {
             up: vec![0.0; cfg.intermediate_size],
             probs: vec![0.0; cfg.num_experts],
             picks: Vec::with_capacity(cfg.top_k + 1),
+            mla: MlaScratch::new(cfg, state.context),
+            kda: KdaScratch::new(cfg),
+            shared_gate: vec![0.0; cfg.shared_intermediate_size],
+            shared_up: vec![0.0; cfg.shared_intermediate_size],
+            shared_y: vec![0.0; if cfg.shared_intermediate_size > 0 { h } else { 0 }],
         };
+        // Router lookahead runs in decode only: in prefill it moved bytes
+        // that the next token's own routing reads anyway.
+        let lookahead = if tokens.len() == 1 { experts.lookahead() } else { 0 };
+        let mut spec = Vec::new();
         let n_out = if all_positions { tokens.len() } else { 1 };
         let mut logits = vec![0.0f32; n_out * v];
 
@@ -255,16 +374,22 @@ impl Model {
             self.embed_tokens.row(tok as usize, &mut s.x);
             for (l, layer) in self.layers.iter().enumerate() {
                 rms_norm(&s.x, &layer.input_layernorm, cfg.rms_norm_eps, &mut s.xn);
-                layer.self_attn.forward(
-                    cfg,
-                    &self.rope,
-                    &s.xn,
-                    pos,
-                    &mut state.k[l],
-                    &mut state.v[l],
-                    &mut s.attn,
-                    &mut s.y,
-                )?;
+                match (&layer.self_attn, &mut state.layers[l]) {
+                    (Mixer::Gqa(a), LayerState::Kv { k, v }) => {
+                        a.forward(cfg, &self.rope, &s.xn, pos, k, v, &mut s.attn, &mut s.y)?
+                    }
+                    (Mixer::Mla(a), LayerState::Latent(c)) => {
+                        a.forward(&s.xn, pos, c, &mut s.mla, &mut s.y)?
+                    }
+                    (Mixer::Kda(a), LayerState::Kda(st)) => {
+                        a.forward(&s.xn, pos, st, &mut s.kda, &mut s.y)
+                    }
+                    _ => {
+                        return Err(Error::Arg(format!(
+                            "layer {l}: the state was created for a different model"
+                        )))
+                    }
+                }
                 add_in_place(&mut s.x, &s.y);
 
                 rms_norm(
@@ -277,8 +402,15 @@ impl Model {
                     FeedForward::Dense(mlp) => mlp.forward(&s.xn, &mut s.gate, &mut s.up, &mut s.y),
                     FeedForward::Moe(router) => {
                         router.route(&s.xn, &mut s.probs, &mut s.picks);
+                        if lookahead > 0 {
+                            self.lookahead(l, &s.xn, lookahead, &mut s.probs, &mut spec, experts, stats);
+                        }
                         experts.forward_experts(l, &s.xn, &s.picks, &mut s.y, stats)?;
                     }
+                }
+                if let Some(shared) = &layer.shared_experts {
+                    shared.forward(&s.xn, &mut s.shared_gate, &mut s.shared_up, &mut s.shared_y);
+                    add_in_place(&mut s.y, &s.shared_y);
                 }
                 add_in_place(&mut s.x, &s.y);
             }

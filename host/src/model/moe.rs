@@ -2,12 +2,12 @@
 //! of the sparse MoE block (the routed experts themselves are behind
 //! `ExpertProvider`).
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, RouterKind};
 use crate::error::Result;
 use crate::model::source::TensorSource;
 use crate::quant::QMatrix;
 
-use super::load_matrix;
+use super::{load_matrix, load_vector};
 use super::ops::{silu, softmax};
 
 /// `model.layers.L.mlp` of a dense layer: `down(silu(gate x) * up x)`.
@@ -19,7 +19,11 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Mlp> {
-        let p = format!("model.layers.{layer}.mlp");
+        Self::load_at(cfg, src, &format!("model.layers.{layer}.mlp"))
+    }
+
+    /// The SwiGLU MLP under `p` (also a MoE block's shared experts).
+    pub fn load_at(cfg: &ModelConfig, src: &dyn TensorSource, p: &str) -> Result<Mlp> {
         Ok(Mlp {
             gate_proj: load_matrix(cfg, src, &format!("{p}.gate_proj.weight"))?,
             up_proj: load_matrix(cfg, src, &format!("{p}.up_proj.weight"))?,
@@ -43,20 +47,51 @@ pub struct Router {
     weight: QMatrix, // [E, H]
     top_k: usize,
     norm_topk_prob: bool,
+    kind: RouterKind,
+    /// `e_score_correction_bias` of a sigmoid router: selection only.
+    bias: Option<Vec<f32>>,
 }
 
 impl Router {
     pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Router> {
+        let bias = match cfg.router {
+            RouterKind::SigmoidBias { .. } => Some(load_vector(cfg, src, &cfg.router_bias_name(layer))?),
+            RouterKind::Softmax => None,
+        };
         Ok(Router {
             weight: load_matrix(cfg, src, &cfg.router_name(layer))?,
             top_k: cfg.top_k,
             norm_topk_prob: cfg.norm_topk_prob,
+            kind: cfg.router,
+            bias,
         })
     }
 
     /// Fills `picks` with (expert, weight) in descending probability.
     /// `probs`: scratch of length E.
     pub fn route(&self, x: &[f32], probs: &mut [f32], picks: &mut Vec<(usize, f32)>) {
+        if let (RouterKind::SigmoidBias { routed_scaling_factor }, Some(bias)) = (self.kind, &self.bias) {
+            // KimiLinearTopkRouter: scores = sigmoid(logits); pick top_k of
+            // scores + bias; weights are the unbiased scores.
+            self.weight.matvec(x, probs);
+            for p in probs.iter_mut() {
+                *p = 1.0 / (1.0 + (-*p).exp());
+            }
+            top_k_by(probs.len(), |i| probs[i] + bias[i], self.top_k, picks);
+            for p in picks.iter_mut() {
+                p.1 = probs[p.0];
+            }
+            if self.norm_topk_prob {
+                let denominator = picks.iter().map(|p| p.1).sum::<f32>() + 1e-20;
+                for p in picks.iter_mut() {
+                    p.1 /= denominator;
+                }
+            }
+            for p in picks.iter_mut() {
+                p.1 *= routed_scaling_factor;
+            }
+            return;
+        }
         // `softmax(router_logits, dtype=torch.float)`, then `torch.topk`.
         self.weight.matvec(x, probs);
         softmax(probs);
@@ -69,13 +104,25 @@ impl Router {
             }
         }
     }
+
+    /// The `n` experts this router would rank first for `x` (lookahead:
+    /// a guess at a later layer's choice, used only to start reads).
+    pub fn predict(&self, x: &[f32], probs: &mut [f32], n: usize, picks: &mut Vec<(usize, f32)>) {
+        self.weight.matvec(x, probs);
+        top_k(probs, n, picks);
+    }
 }
 
 /// The k largest values, descending; among equal values the lower index
 /// first. NaNs (a broken router) sort last rather than panicking.
 pub fn top_k(values: &[f32], k: usize, picks: &mut Vec<(usize, f32)>) {
+    top_k_by(values.len(), |i| values[i], k, picks)
+}
+
+/// `top_k` over `value(i)` for i < n; picks hold (index, value).
+pub fn top_k_by(n: usize, value: impl Fn(usize) -> f32, k: usize, picks: &mut Vec<(usize, f32)>) {
     picks.clear();
-    for (i, &v) in values.iter().enumerate() {
+    for (i, v) in (0..n).map(|i| (i, value(i))) {
         let better = |p: &(usize, f32)| v > p.1 || (p.1.is_nan() && !v.is_nan());
         if picks.len() < k {
             let at = picks.iter().position(better).unwrap_or(picks.len());

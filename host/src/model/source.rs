@@ -29,4 +29,14 @@ pub trait ExpertProvider: Send + Sync {
         out: &mut [f32],
         stats: &mut StepStats,
     ) -> Result<()>;
+
+    /// Experts of the next MoE layer to read speculatively in decode
+    /// (router lookahead); 0 = none.
+    fn lookahead(&self) -> usize {
+        0
+    }
+
+    /// A hint that `experts` of `layer` will probably be used soon: start
+    /// reading them. Only when bytes move may change, never a result.
+    fn prefetch(&self, _layer: usize, _experts: &[usize], _stats: &mut StepStats) {}
 }

@@ -223,3 +223,37 @@ fn load_names_missing_tensor() {
         .expect("load must fail");
     assert!(err.to_string().contains(name), "{err}");
 }
+
+/// Kimi-Linear (KDA + MLA layers, sigmoid router with bias, shared expert,
+/// dense layer 0) against transformers, prompt longer than one 64-token chunk.
+#[test]
+fn oracle_kimi_linear() {
+    let e = oracle("kimi_linear");
+    assert!(e <= 1e-4, "relative error {e}");
+}
+
+/// A failed forward after a KDA layer moved its recurrent state leaves the
+/// state unusable until reset, and reset restores a clean start: prefill in
+/// one call, token at a time, and after a reset all agree.
+#[test]
+fn kda_state_reset_and_token_at_a_time() {
+    let dir = fixture_dir("kimi_linear");
+    require(&dir.join("config.json"));
+    let ckpt = HfCheckpoint::open(&dir).unwrap();
+    let cfg = ckpt.config().clone();
+    let model = Model::load(&cfg, &ckpt).unwrap();
+    let experts = DenseExperts(&ckpt);
+    let mut stats = StepStats::default();
+    let prompt = [5u32, 17, 300, 42, 7, 99];
+    let mut a = State::new(&cfg, 8);
+    let all = model.forward(&mut a, &prompt, &experts, false, &mut stats).unwrap();
+    let mut b = State::new(&cfg, 8);
+    let mut last = Vec::new();
+    for &t in &prompt {
+        last = model.forward(&mut b, &[t], &experts, false, &mut stats).unwrap();
+    }
+    assert_eq!(all, last);
+    a.reset();
+    let again = model.forward(&mut a, &prompt, &experts, false, &mut stats).unwrap();
+    assert_eq!(again, all, "reset must clear the KDA state and conv rings");
+}

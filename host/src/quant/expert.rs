@@ -2,8 +2,9 @@
 //! that runs on the stored format (tables + gathers for RVQ).
 
 use super::rvq::{self, Codebooks, LayerCodebooks};
+use super::rvq4p::{self, QTables};
 use super::simd::{self, f16_at};
-use super::trunk::{f32_from_le, par_rows, quantize_into, MatRef};
+use super::trunk::{f32_from_le, quantize_into, MatRef};
 use super::{
     ExpertF32, ExpertFormat, ExpertShape, QuantError, TrunkFormat, CODEBOOK_ENTRIES, VDIM,
 };
@@ -11,9 +12,17 @@ use rayon::prelude::*;
 
 /// Vectors per rayon task when building tables.
 const TABLE_VBLOCK: usize = 32;
+/// Codes per table chunk of the RVQ matvec: 192 x 256 f32 = 192 KB, which
+/// stays in L2 while a task's rows walk it.
+const RVQ_CHUNK: usize = 192;
+/// Rows per rayon task of the RVQ matvec.
+const RVQ_TASK_ROWS: usize = 128;
 
 /// Bytes of one `[rows, cols]` matrix of an expert in `fmt`.
 fn mat_len(fmt: ExpertFormat, rows: usize, cols: usize) -> usize {
+    if fmt == ExpertFormat::Rvq4p {
+        return rvq4p::mat_len(rows, cols);
+    }
     match (fmt.group_format(), fmt.stages()) {
         (Some(t), _) => t.byte_len(rows, cols),
         (None, Some(st)) => rows
@@ -61,6 +70,15 @@ fn check_codebooks(fmt: ExpertFormat, cb: Option<&LayerCodebooks>) -> Result<(),
             cb.down.stages()
         )));
     }
+    let e = fmt.entries();
+    if cb.gate_up.entries() != e || cb.down.entries() != e {
+        return Err(QuantError::Codebooks(format!(
+            "{} needs {e} entries per stage, codebooks have {}/{}",
+            fmt.name(),
+            cb.gate_up.entries(),
+            cb.down.entries()
+        )));
+    }
     Ok(())
 }
 
@@ -99,10 +117,34 @@ impl<'a> RvqRef<'a> {
         &self.codes[r * n..(r + 1) * n]
     }
     /// `y = W x` where `table` was built from `x` with this layer's codebooks.
+    ///
+    /// The table (884 KB of f32 for a 2304-wide input with 3 stages) does
+    /// not fit L2 beside the streamed codes, so a task walks it in chunks
+    /// of `RVQ_CHUNK` codes and runs all its rows over each chunk while the
+    /// chunk is hot. A row's sum is its chunk sums added in chunk order,
+    /// whatever the task split, so threads never change the result.
     fn matvec_tables(&self, table: &[f32], y: &mut [f32]) {
-        par_rows(y, self.rows * self.cols, |r| {
-            f16_at(self.scales, r) * simd::rvq_gather(table, self.row_codes(r))
-        });
+        let n = self.cols.div_ceil(VDIM) * self.stages;
+        let job = |r0: usize, ys: &mut [f32]| {
+            ys.fill(0.0);
+            for c0 in (0..n).step_by(RVQ_CHUNK) {
+                let c1 = (c0 + RVQ_CHUNK).min(n);
+                let t = &table[c0 * CODEBOOK_ENTRIES..c1 * CODEBOOK_ENTRIES];
+                for (i, yv) in ys.iter_mut().enumerate() {
+                    *yv += simd::rvq_gather(t, &self.row_codes(r0 + i)[c0..c1]);
+                }
+            }
+            for (i, yv) in ys.iter_mut().enumerate() {
+                *yv *= f16_at(self.scales, r0 + i);
+            }
+        };
+        if self.rows * self.cols >= super::trunk::PAR_MIN_WORK && self.rows > RVQ_TASK_ROWS {
+            y.par_chunks_mut(RVQ_TASK_ROWS).enumerate().for_each(|(b, ys)| job(b * RVQ_TASK_ROWS, ys));
+        } else if n > 0 {
+            job(0, y);
+        } else {
+            y.fill(0.0);
+        }
     }
 }
 
@@ -131,6 +173,7 @@ pub fn encode_expert(
     ] {
         match (fmt.group_format(), book) {
             (Some(t), _) => quantize_into(t, w, rows, cols, buf),
+            (None, Some(book)) if fmt == ExpertFormat::Rvq4p => encode_rvq4p(w, rows, cols, book, buf),
             (None, Some(book)) => encode_rvq(w, rows, cols, book, buf),
             (None, None) => quantize_into(TrunkFormat::F32, w, rows, cols, buf),
         }
@@ -153,6 +196,21 @@ fn encode_rvq(w: &[f32], rows: usize, cols: usize, cb: &Codebooks, buf: &mut [u8
         });
 }
 
+/// Codes row by row as `encode_rvq` does, then packed into row blocks.
+fn encode_rvq4p(w: &[f32], rows: usize, cols: usize, cb: &Codebooks, buf: &mut [u8]) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let nvec = cols.div_ceil(VDIM);
+    // Scales and row-major codes as rvq3 stores them, then repacked.
+    let mut plain = vec![0u8; 2 * rows + rows * nvec * rvq4p::STAGES];
+    encode_rvq(w, rows, cols, cb, &mut plain);
+    let (sp, cp) = plain.split_at(2 * rows);
+    let (scales, planes) = buf.split_at_mut(2 * rows);
+    scales.copy_from_slice(sp);
+    rvq4p::pack_codes(cp, rows, nvec, planes);
+}
+
 /// Dequantise an expert to f32 `(gate, up, down)` (tests, `convert
 /// --verify`). Panics on a wrong payload length or missing codebooks;
 /// check untrusted payloads with `check_expert_payload` first.
@@ -171,7 +229,16 @@ pub fn decode_expert(
             (None, Some(book)) => {
                 let m = RvqRef::new(bytes, rows, cols, book.stages());
                 let mut out = vec![0f32; rows * cols];
-                if cols > 0 {
+                if cols > 0 && fmt == ExpertFormat::Rvq4p {
+                    let nvec = cols.div_ceil(VDIM);
+                    let mut codes = vec![0u8; nvec * rvq4p::STAGES];
+                    for (r, o) in out.chunks_exact_mut(cols).enumerate() {
+                        for (v, c) in codes.chunks_exact_mut(rvq4p::STAGES).enumerate() {
+                            c.copy_from_slice(&rvq4p::row_codes(m.codes, nvec, r, v));
+                        }
+                        rvq::decode_row(f16_at(m.scales, r), &codes, book, o);
+                    }
+                } else if cols > 0 {
                     for (r, o) in out.chunks_exact_mut(cols).enumerate() {
                         rvq::decode_row(f16_at(m.scales, r), m.row_codes(r), book, o);
                     }
@@ -189,12 +256,14 @@ pub fn decode_expert(
 }
 
 /// Per token per layer input of the routed experts: for RVQ the gate/up
-/// lookup tables `T[v][s][c]`, otherwise a copy of the input.
+/// lookup tables `T[v][s][c]` (for `rvq4p` quantised to int8), otherwise a
+/// copy of the input.
 #[derive(Debug, Clone)]
 pub struct GateUpTables {
     fmt: ExpertFormat,
     hidden: usize,
     data: Vec<f32>,
+    q: QTables,
 }
 
 /// Build once per token per layer; shared by every routed expert of the
@@ -204,32 +273,40 @@ pub fn build_gate_up_tables(
     cb: Option<&LayerCodebooks>,
     x: &[f32],
 ) -> GateUpTables {
+    let mut q = QTables::default();
     let data = match codebooks_for(fmt, cb) {
         Some(cb) => {
             let mut t = vec![0f32; table_len(x.len(), &cb.gate_up)];
             fill_tables(x, &cb.gate_up, &mut t);
+            if fmt == ExpertFormat::Rvq4p {
+                q = QTables::with_len(x.len().div_ceil(VDIM));
+                q.quantize_from(&t);
+                // Only the int8 tables are read from here on.
+                t = Vec::new();
+            }
             t
         }
         None => x.to_vec(),
     };
-    GateUpTables { fmt, hidden: x.len(), data }
+    GateUpTables { fmt, hidden: x.len(), data, q }
 }
 
 fn table_len(n: usize, cb: &Codebooks) -> usize {
-    n.div_ceil(VDIM) * cb.stages() * CODEBOOK_ENTRIES
+    n.div_ceil(VDIM) * cb.stages() * cb.entries()
 }
 
 fn fill_tables(x: &[f32], cb: &Codebooks, out: &mut [f32]) {
     let st = cb.stages();
-    let per_v = st * CODEBOOK_ENTRIES;
+    let e = cb.entries();
+    let per_v = st * e;
     if out.len() >= super::trunk::PAR_MIN_WORK * 4 {
         out.par_chunks_mut(per_v * TABLE_VBLOCK).enumerate().for_each(|(b, o)| {
             let v0 = b * TABLE_VBLOCK * VDIM;
             let x1 = (v0 + TABLE_VBLOCK * VDIM).min(x.len());
-            simd::build_tables(&x[v0..x1], cb.cbt(), st, o);
+            simd::build_tables(&x[v0..x1], cb.cbt(), st, e, o);
         });
     } else {
-        simd::build_tables(x, cb.cbt(), st, out);
+        simd::build_tables(x, cb.cbt(), st, e, out);
     }
 }
 
@@ -241,13 +318,19 @@ pub struct ExpertScratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     down_tables: Vec<f32>,
+    down_q: QTables,
 }
 
 impl ExpertScratch {
     pub fn new(fmt: ExpertFormat, shape: ExpertShape) -> Self {
         let dt = match fmt.stages() {
-            Some(st) => shape.inter.div_ceil(VDIM) * st * CODEBOOK_ENTRIES,
+            Some(st) => shape.inter.div_ceil(VDIM) * st * fmt.entries(),
             None => 0,
+        };
+        let down_q = if fmt == ExpertFormat::Rvq4p {
+            QTables::with_len(shape.inter.div_ceil(VDIM))
+        } else {
+            QTables::default()
         };
         ExpertScratch {
             fmt,
@@ -255,6 +338,7 @@ impl ExpertScratch {
             gate: vec![0.0; shape.inter],
             up: vec![0.0; shape.inter],
             down_tables: vec![0.0; dt],
+            down_q,
         }
     }
 }
@@ -265,6 +349,24 @@ impl ExpertScratch {
 /// `check_expert_payload`); a scratch built for another shape is rebuilt.
 #[allow(clippy::too_many_arguments)]
 pub fn expert_forward(
+    fmt: ExpertFormat,
+    shape: ExpertShape,
+    payload: &[u8],
+    cb: Option<&LayerCodebooks>,
+    tables: &GateUpTables,
+    x: &[f32],
+    out: &mut [f32],
+    scratch: &mut ExpertScratch,
+) {
+    expert_forward_on(simd::isa(), fmt, shape, payload, cb, tables, x, out, scratch)
+}
+
+/// `expert_forward` with the `rvq4p` kernel level chosen by the caller
+/// (tests run every level side by side; the other formats use the
+/// process-wide level).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn expert_forward_on(
+    isa: simd::Isa,
     fmt: ExpertFormat,
     shape: ExpertShape,
     payload: &[u8],
@@ -285,11 +387,15 @@ pub fn expert_forward(
     }
     let cb = codebooks_for(fmt, cb);
     let [gb, ub, db] = split(fmt, shape, payload);
-    let ExpertScratch { gate, up, down_tables, .. } = scratch;
+    let ExpertScratch { gate, up, down_tables, down_q, .. } = scratch;
     match (fmt.group_format(), cb) {
         (Some(t), _) => {
             MatRef::quant(t, gb, i, h).matvec(x, gate);
             MatRef::quant(t, ub, i, h).matvec(x, up);
+        }
+        (None, Some(_)) if fmt == ExpertFormat::Rvq4p => {
+            rvq4p::matvec(isa, gb, i, h, &tables.q, gate);
+            rvq4p::matvec(isa, ub, i, h, &tables.q, up);
         }
         (None, Some(cb)) => {
             let st = cb.gate_up.stages();
@@ -307,6 +413,11 @@ pub fn expert_forward(
     let act: &[f32] = gate;
     match (fmt.group_format(), cb) {
         (Some(t), _) => MatRef::quant(t, db, h, i).matvec(act, out),
+        (None, Some(cb)) if fmt == ExpertFormat::Rvq4p => {
+            fill_tables(act, &cb.down, down_tables);
+            down_q.quantize_from(down_tables);
+            rvq4p::matvec(isa, db, h, i, down_q, out);
+        }
         (None, Some(cb)) => {
             fill_tables(act, &cb.down, down_tables);
             RvqRef::new(db, h, i, cb.down.stages()).matvec_tables(down_tables, out);

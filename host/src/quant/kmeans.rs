@@ -1,8 +1,12 @@
-//! One 256-entry codebook of 8-dim vectors: nearest-entry search and a
-//! deterministic k-means fit (splitmix64 seeding, k-means++ init on a
+//! One codebook of 8-dim vectors (256 entries, or 64 for `rvq4p`):
+//! nearest-entry search and a deterministic k-means fit (splitmix64 seeding, k-means++ init on a
 //! subsample, Lloyd iterations with order-fixed parallel reductions).
 
 use super::{CODEBOOK_ENTRIES as K, VDIM};
+
+/// Entries of an `rvq4p` codebook: a 64-byte table fits one byte-shuffle
+/// register set (LESSONS.md, "Kernels").
+pub(crate) const K64: usize = 64;
 use rayon::prelude::*;
 
 pub(crate) type Vec8 = [f32; VDIM];
@@ -38,7 +42,7 @@ impl Rng {
     }
 }
 
-/// A 256-entry codebook with the derived data the search needs.
+/// A 256- or 64-entry codebook with the derived data the search needs.
 #[derive(Debug, Clone)]
 pub(crate) struct Book {
     /// `[c][d]`, the stored form.
@@ -50,19 +54,25 @@ pub(crate) struct Book {
 }
 
 impl Book {
-    /// `entries.len() == 256 * 8`.
+    /// `entries.len()` is `256 * 8` or `64 * 8`.
     pub fn new(entries: Vec<f32>) -> Book {
-        assert_eq!(entries.len(), K * VDIM, "codebook size");
-        let mut cbt = vec![0f32; K * VDIM];
-        let mut norms = vec![0f32; K];
-        for c in 0..K {
+        let k = entries.len() / VDIM;
+        assert!(entries.len() % VDIM == 0 && (k == K || k == K64), "codebook size");
+        let mut cbt = vec![0f32; k * VDIM];
+        let mut norms = vec![0f32; k];
+        for c in 0..k {
             for d in 0..VDIM {
                 let v = entries[c * VDIM + d];
-                cbt[d * K + c] = v;
+                cbt[d * k + c] = v;
                 norms[c] += v * v;
             }
         }
         Book { entries, cbt, norms }
+    }
+
+    /// Number of entries (256 or 64).
+    pub fn len(&self) -> usize {
+        self.norms.len()
     }
 
     pub fn entry(&self, c: usize) -> &[f32] {
@@ -72,32 +82,40 @@ impl Book {
     /// Index of the entry nearest to `r` (first one on ties).
     #[inline]
     pub fn nearest(&self, r: &Vec8) -> usize {
+        if self.len() == K64 {
+            #[cfg(target_arch = "x86_64")]
+            if super::simd::has_avx2() {
+                // SAFETY: AVX2 and FMA were detected on this CPU.
+                return unsafe { nearest_avx2::<K64>(&self.cbt, &self.norms, r) };
+            }
+            return nearest_generic::<K64>(&self.cbt, &self.norms, r);
+        }
         #[cfg(target_arch = "x86_64")]
         if super::simd::has_avx2() {
             // SAFETY: AVX2 and FMA were detected on this CPU.
-            return unsafe { nearest_avx2(&self.cbt, &self.norms, r) };
+            return unsafe { nearest_avx2::<K>(&self.cbt, &self.norms, r) };
         }
-        nearest_generic(&self.cbt, &self.norms, r)
+        nearest_generic::<K>(&self.cbt, &self.norms, r)
     }
 }
 
 /// `|r - c|^2 - |r|^2 = |c|^2 - 2 r.c`, vectorised over c. No FMA
 /// contraction happens in Rust, so every build picks the same entry.
 #[inline(always)]
-fn nearest_generic(cbt: &[f32], norms: &[f32], r: &Vec8) -> usize {
-    let mut dot = [0f32; K];
-    let c0: &[f32; K] = cbt[..K].try_into().expect("256 entries");
-    for c in 0..K {
+fn nearest_generic<const N: usize>(cbt: &[f32], norms: &[f32], r: &Vec8) -> usize {
+    let mut dot = [0f32; N];
+    let c0: &[f32; N] = cbt[..N].try_into().expect("N entries");
+    for c in 0..N {
         dot[c] = r[0] * c0[c];
     }
     for d in 1..VDIM {
-        let cd: &[f32; K] = cbt[d * K..(d + 1) * K].try_into().expect("256 entries");
-        for c in 0..K {
+        let cd: &[f32; N] = cbt[d * N..(d + 1) * N].try_into().expect("N entries");
+        for c in 0..N {
             dot[c] += r[d] * cd[c];
         }
     }
     let mut best = (f32::INFINITY, 0usize);
-    for c in 0..K {
+    for c in 0..N {
         let s = norms[c] - 2.0 * dot[c];
         if s < best.0 {
             best = (s, c);
@@ -110,20 +128,21 @@ fn nearest_generic(cbt: &[f32], norms: &[f32], r: &Vec8) -> usize {
 /// The CPU supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn nearest_avx2(cbt: &[f32], norms: &[f32], r: &Vec8) -> usize {
-    nearest_generic(cbt, norms, r)
+unsafe fn nearest_avx2<const N: usize>(cbt: &[f32], norms: &[f32], r: &Vec8) -> usize {
+    nearest_generic::<N>(cbt, norms, r)
 }
 
 fn dist2(a: &Vec8, b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum()
 }
 
-/// Fit 256 entries to `points` (any count, including fewer than 256).
-pub(crate) fn kmeans(points: &[Vec8], iters: usize, seed: u64) -> Book {
+/// Fit `k` (256 or 64) entries to `points` (any count, including fewer
+/// than `k`).
+pub(crate) fn kmeans(points: &[Vec8], k: usize, iters: usize, seed: u64) -> Book {
     let n = points.len();
     let mut rng = Rng::new(seed);
-    let mut entries = vec![0f32; K * VDIM];
-    if n <= K {
+    let mut entries = vec![0f32; k * VDIM];
+    if n <= k {
         // Every point gets its own entry; the rest stay zero (never nearer
         // than an exact match, and harmless as spare entries).
         for (i, p) in points.iter().enumerate() {
@@ -133,14 +152,14 @@ pub(crate) fn kmeans(points: &[Vec8], iters: usize, seed: u64) -> Book {
     }
     init_plus_plus(points, &mut rng, &mut entries);
     let mut book = Book::new(entries);
-    let mut assign = vec![u8::MAX as usize + 1; n];
+    let mut assign = vec![k; n];
     for _ in 0..iters {
         let parts: Vec<(Vec<f64>, Vec<u32>, usize)> = points
             .par_chunks(CHUNK)
             .zip(assign.par_chunks_mut(CHUNK))
             .map(|(pc, ac)| {
-                let mut sums = vec![0f64; K * VDIM];
-                let mut counts = vec![0u32; K];
+                let mut sums = vec![0f64; k * VDIM];
+                let mut counts = vec![0u32; k];
                 let mut changed = 0usize;
                 for (p, a) in pc.iter().zip(ac.iter_mut()) {
                     let c = book.nearest(p);
@@ -154,8 +173,8 @@ pub(crate) fn kmeans(points: &[Vec8], iters: usize, seed: u64) -> Book {
                 (sums, counts, changed)
             })
             .collect();
-        let mut sums = vec![0f64; K * VDIM];
-        let mut counts = vec![0u64; K];
+        let mut sums = vec![0f64; k * VDIM];
+        let mut counts = vec![0u64; k];
         let mut changed = 0;
         for (s, c, ch) in parts {
             for (a, b) in sums.iter_mut().zip(&s) {
@@ -170,7 +189,7 @@ pub(crate) fn kmeans(points: &[Vec8], iters: usize, seed: u64) -> Book {
             break;
         }
         let mut entries = book.entries.clone();
-        for c in 0..K {
+        for c in 0..k {
             if counts[c] > 0 {
                 for d in 0..VDIM {
                     entries[c * VDIM + d] = (sums[c * VDIM + d] / counts[c] as f64) as f32;
@@ -197,7 +216,7 @@ fn init_plus_plus(points: &[Vec8], rng: &mut Rng, entries: &mut [f32]) {
     let first = sub[rng.below(m)];
     entries[..VDIM].copy_from_slice(first);
     let mut dmin: Vec<f32> = sub.iter().map(|p| dist2(p, first)).collect();
-    for c in 1..K {
+    for c in 1..entries.len() / VDIM {
         let total: f64 = dmin.iter().map(|&d| d as f64).sum();
         let pick = if total > 0.0 {
             let mut t = rng.unit() * total;

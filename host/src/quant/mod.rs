@@ -3,8 +3,9 @@
 //! Trunk matrices (`TrunkFormat`): f32, or 8/4-bit symmetric groups of 128
 //! along the input dimension with an f16 scale per group.
 //! Routed experts (`ExpertFormat`): f32, q8, q4, or residual VQ over 8-dim
-//! vectors (`rvq3` = 3 stages x 256 entries, `rvq2` = 2 stages) with per-row
-//! f16 scales and per-layer codebooks. RVQ experts are never dequantised on
+//! vectors (`rvq3` = 3 stages x 256 entries, `rvq2` = 2 stages, `rvq4p` =
+//! 4 stages x 64 entries with int8 lookup tables) with per-row f16 scales
+//! and per-layer codebooks. RVQ experts are never dequantised on
 //! the hot path: lookup tables built from the activation are gathered by the
 //! stored codes (LESSONS.md, "Kernels").
 //!
@@ -32,20 +33,31 @@
 //!   codes are contiguous and walk the table linearly). The last vector of a
 //!   row is zero-padded when `cols % 8 != 0`. Row `r` decodes as
 //!   `w[r][8v+d] = scale[r] * sum_s codebook_s[code[r][v][s]][d]`.
+//! * `rvq4p` (experts only): per-row f16 scale block `[rows]`, then the
+//!   codes of 4 stages x 6 bits (3 bits per weight) in blocks of 32 rows:
+//!   `[ceil(rows/32)][ceil(cols/8)][3][32]` bytes; byte `k` of plane `j`
+//!   belongs to row `32*block + k` (rows past the end are zero). With
+//!   planes `b0, b1, b2`: `c0 = b0 & 63`, `c1 = b1 & 63`, `c2 = b2 & 63`,
+//!   `c3 = b0 >> 6 | (b1 >> 6) << 2 | (b2 >> 6) << 4`. Row-blocked so one
+//!   byte shuffle looks up 32 rows at once (see `rvq4p.rs` for the kernel
+//!   and its exact arithmetic).
 //!
 //! `TrunkFormat::byte_len` / `expert_payload_len` are pure functions of the
 //! shape. An expert payload is gate `[inter, hidden]`, up `[inter, hidden]`,
 //! down `[hidden, inter]`, each a complete matrix in the layout above,
 //! concatenated in that order.
 //!
-//! Codebooks (`Codebooks::to_bytes`): `stages x 256 x 8` f32, stage-major.
+//! Codebooks (`Codebooks::to_bytes`): `stages x entries x 8` f32,
+//! stage-major (`entries` = 256, or 64 for `rvq4p`).
 //!
 //! # Determinism
 //!
 //! Every output row of every kernel is computed by one thread with one fixed
 //! summation order, so results never depend on the rayon thread count. The
 //! AVX2+FMA kernels sum in a different order from the scalar ones (float
-//! noise apart, they agree; the tests check both).
+//! noise apart, they agree; the tests check both). The `rvq4p` kernels sum
+//! integers and convert at fixed points, so every ISA path is bit-identical
+//! to the portable one.
 //!
 //! # Errors and preconditions
 //!
@@ -58,17 +70,21 @@
 mod expert;
 mod kmeans;
 mod rvq;
+mod rvq4p;
 mod simd;
 mod trunk;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_kernels;
 
 pub use expert::{
     build_gate_up_tables, check_expert_payload, decode_expert, encode_expert, expert_forward,
     expert_payload_len, ExpertScratch, GateUpTables,
 };
 pub use rvq::{fit_layer_codebooks, Codebooks, LayerCodebooks};
+pub use simd::{force_isa, isa, Isa};
 pub use trunk::{quantize_trunk, QMatrix};
 
 /// Values per quantisation group along a row (q8/q4).
@@ -87,6 +103,8 @@ pub enum QuantError {
     Shape { what: &'static str, rows: usize, cols: usize },
     #[error("codebooks: {0}")]
     Codebooks(String),
+    #[error("this CPU cannot run the {0} kernels")]
+    Isa(&'static str),
 }
 
 /// Storage format of a resident (trunk) matrix.
@@ -142,15 +160,17 @@ pub enum ExpertFormat {
     Q4,
     Rvq3,
     Rvq2,
+    Rvq4p,
 }
 
 impl ExpertFormat {
-    pub const ALL: [ExpertFormat; 5] = [
+    pub const ALL: [ExpertFormat; 6] = [
         ExpertFormat::F32,
         ExpertFormat::Q8,
         ExpertFormat::Q4,
         ExpertFormat::Rvq3,
         ExpertFormat::Rvq2,
+        ExpertFormat::Rvq4p,
     ];
 
     pub fn name(self) -> &'static str {
@@ -160,6 +180,7 @@ impl ExpertFormat {
             ExpertFormat::Q4 => "q4",
             ExpertFormat::Rvq3 => "rvq3",
             ExpertFormat::Rvq2 => "rvq2",
+            ExpertFormat::Rvq4p => "rvq4p",
         }
     }
 
@@ -175,6 +196,7 @@ impl ExpertFormat {
             ExpertFormat::Q4 => 2,
             ExpertFormat::Rvq3 => 3,
             ExpertFormat::Rvq2 => 4,
+            ExpertFormat::Rvq4p => 5,
         }
     }
 
@@ -191,7 +213,16 @@ impl ExpertFormat {
         match self {
             ExpertFormat::Rvq3 => Some(3),
             ExpertFormat::Rvq2 => Some(2),
+            ExpertFormat::Rvq4p => Some(4),
             _ => None,
+        }
+    }
+
+    /// Entries per codebook stage (meaningful for the RVQ formats).
+    pub fn entries(self) -> usize {
+        match self {
+            ExpertFormat::Rvq4p => kmeans::K64,
+            _ => CODEBOOK_ENTRIES,
         }
     }
 

@@ -1,6 +1,6 @@
 //! Residual VQ: per-layer codebooks, their fit, and row encode/decode.
 
-use super::kmeans::{kmeans, Book, Rng, Vec8};
+use super::kmeans::{kmeans, Book, Rng, Vec8, K64};
 use super::{ExpertF32, ExpertFormat, ExpertShape, QuantError, CODEBOOK_ENTRIES, VDIM};
 use half::f16;
 use rayon::prelude::*;
@@ -12,7 +12,8 @@ const FIT_ITERS: usize = 15;
 /// Codebooks with more stages than this are rejected as malformed.
 const MAX_STAGES: usize = 8;
 
-/// `stages` successive 256-entry codebooks of 8-dim vectors.
+/// `stages` successive codebooks of 8-dim vectors, all with 256 entries
+/// (`rvq3`/`rvq2`) or all with 64 (`rvq4p`).
 #[derive(Debug, Clone)]
 pub struct Codebooks {
     books: Vec<Book>,
@@ -30,7 +31,12 @@ impl Codebooks {
         self.books.len()
     }
 
-    /// `stages x 256 x 8` f32 little endian.
+    /// Entries per stage (256 or 64).
+    pub fn entries(&self) -> usize {
+        self.books.first().map_or(CODEBOOK_ENTRIES, |b| b.len())
+    }
+
+    /// `stages x entries x 8` f32 little endian.
     pub fn to_bytes(&self) -> Vec<u8> {
         self.books
             .iter()
@@ -38,11 +44,18 @@ impl Codebooks {
             .collect()
     }
 
+    /// The entry count (256 or 64) follows from the length; which one a
+    /// format needs is checked against the payload's format later
+    /// (`check_expert_payload`).
     pub fn from_bytes(stages: usize, bytes: &[u8]) -> Result<Codebooks, QuantError> {
         if stages == 0 || stages > MAX_STAGES {
             return Err(QuantError::Codebooks(format!("{stages} stages (1..={MAX_STAGES})")));
         }
-        let per = CODEBOOK_ENTRIES * VDIM * 4;
+        let per = if bytes.len() == stages * K64 * VDIM * 4 {
+            K64 * VDIM * 4
+        } else {
+            CODEBOOK_ENTRIES * VDIM * 4
+        };
         if bytes.len() != stages * per {
             return Err(QuantError::Length {
                 what: "codebooks",
@@ -88,6 +101,7 @@ pub fn fit_layer_codebooks(
     seed: u64,
 ) -> Option<LayerCodebooks> {
     let stages = fmt.stages()?;
+    let entries = fmt.entries();
     let (h, i) = (shape.hidden, shape.inter);
     for e in experts {
         assert!(
@@ -101,14 +115,21 @@ pub fn fit_layer_codebooks(
     let s1 = rng.next_u64();
     let s2 = rng.next_u64();
     Some(LayerCodebooks {
-        gate_up: fit(&gu, i, h, stages, s1),
-        down: fit(&dn, h, i, stages, s2),
+        gate_up: fit(&gu, i, h, stages, entries, s1),
+        down: fit(&dn, h, i, stages, entries, s2),
     })
 }
 
-/// Fit `stages` codebooks on sampled, row-normalised vectors of `mats`
-/// (each `[rows, cols]`).
-fn fit(mats: &[&[f32]], rows: usize, cols: usize, stages: usize, seed: u64) -> Codebooks {
+/// Fit `stages` codebooks of `entries` entries on sampled, row-normalised
+/// vectors of `mats` (each `[rows, cols]`).
+fn fit(
+    mats: &[&[f32]],
+    rows: usize,
+    cols: usize,
+    stages: usize,
+    entries: usize,
+    seed: u64,
+) -> Codebooks {
     let nvec = cols.div_ceil(VDIM);
     let total = mats.len() * rows * nvec;
     let mut rng = Rng::new(seed);
@@ -144,7 +165,7 @@ fn fit(mats: &[&[f32]], rows: usize, cols: usize, stages: usize, seed: u64) -> C
         .collect();
     let mut books = Vec::with_capacity(stages);
     for _ in 0..stages {
-        let book = kmeans(&points, FIT_ITERS, rng.next_u64());
+        let book = kmeans(&points, entries, FIT_ITERS, rng.next_u64());
         points.par_iter_mut().for_each(|p| {
             let e = book.entry(book.nearest(p));
             for d in 0..VDIM {

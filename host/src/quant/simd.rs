@@ -1,36 +1,133 @@
 //! Hot loops: one portable scalar version of each, plus AVX2+FMA versions
-//! picked at run time. The scalar versions are always compiled (they are the
-//! fallback on other CPUs and the reference in the tests).
+//! (and an AVX-512 rvq gather) picked at run time by `isa()`. The scalar
+//! versions are always compiled (they are the fallback on other CPUs and the
+//! reference in the tests). The `rvq4p` kernels live in `rvq4p.rs`.
 
-use super::{CODEBOOK_ENTRIES, GROUP, VDIM};
+use super::{QuantError, CODEBOOK_ENTRIES, GROUP, VDIM};
 use half::f16;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// 0 = not probed yet, 1 = scalar, 2 = AVX2+FMA.
+/// An instruction-set level the kernels dispatch on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable Rust, always compiled; the reference of every test.
+    Scalar,
+    /// aarch64 Advanced SIMD (the `rvq4p` kernel; the others run scalar).
+    Neon,
+    /// x86-64 AVX2 + FMA (+ F16C-free: scales are converted in software).
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VBMI on top of AVX2+FMA: the `rvq4p` kernel uses
+    /// a 64-entry byte permute; the other kernels run their AVX2 versions.
+    Avx512,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Neon => "neon",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            Isa::Scalar => 1,
+            Isa::Neon => 2,
+            Isa::Avx2 => 3,
+            Isa::Avx512 => 4,
+        }
+    }
+
+    /// Every level this CPU can run, best last (always starts with Scalar).
+    pub fn supported() -> Vec<Isa> {
+        [Isa::Scalar, Isa::Neon, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| isa_available(i)).collect()
+    }
+}
+
+/// 0 = not probed yet, else `Isa::code`.
 static LEVEL: AtomicU8 = AtomicU8::new(0);
 
-/// Whether the AVX2+FMA kernels may run on this CPU (probed once).
+/// The level the kernels use: the best this CPU supports, unless
+/// `force_isa` chose another.
 #[inline]
-pub(crate) fn has_avx2() -> bool {
+pub fn isa() -> Isa {
     match LEVEL.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
+        1 => Isa::Scalar,
+        2 => Isa::Neon,
+        3 => Isa::Avx2,
+        4 => Isa::Avx512,
         _ => {
-            let yes = detect();
-            LEVEL.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
-            yes
+            let best = detect();
+            LEVEL.store(best.code(), Ordering::Relaxed);
+            best
         }
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn detect() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+/// Make every kernel of the process use `level` (benchmarks, and the
+/// force-scalar switch). An error if this CPU cannot run it. Process-wide:
+/// tests that compare levels call the per-level kernels directly instead.
+pub fn force_isa(level: Isa) -> Result<(), QuantError> {
+    if !Isa::supported().contains(&level) {
+        return Err(QuantError::Isa(level.name()));
+    }
+    LEVEL.store(level.code(), Ordering::Relaxed);
+    Ok(())
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-fn detect() -> bool {
-    false
+/// Whether this CPU can run `level` (independent of `force_isa`).
+#[inline]
+pub(crate) fn isa_available(level: Isa) -> bool {
+    static BEST: AtomicU8 = AtomicU8::new(0);
+    let best = match BEST.load(Ordering::Relaxed) {
+        0 => {
+            let d = detect();
+            BEST.store(d.code(), Ordering::Relaxed);
+            d
+        }
+        c => [Isa::Scalar, Isa::Neon, Isa::Avx2, Isa::Avx512][c as usize - 1],
+    };
+    match level {
+        Isa::Scalar => true,
+        Isa::Neon => best == Isa::Neon,
+        _ => best >= level,
+    }
+}
+
+/// Whether the AVX2+FMA kernels may run (probed once).
+#[inline]
+pub(crate) fn has_avx2() -> bool {
+    isa() >= Isa::Avx2
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> Isa {
+    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        return Isa::Scalar;
+    }
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vbmi")
+    {
+        return Isa::Avx512;
+    }
+    Isa::Avx2
+}
+
+#[cfg(target_arch = "aarch64")]
+fn detect() -> Isa {
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        Isa::Neon
+    } else {
+        Isa::Scalar
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn detect() -> Isa {
+    Isa::Scalar
 }
 
 #[inline]
@@ -92,6 +189,12 @@ pub(crate) fn rvq_gather(table: &[f32], codes: &[u8]) -> f32 {
         "rvq_gather: table too small or too large"
     );
     #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512 {
+        // SAFETY: AVX-512F was detected (Isa::Avx512 implies it); indices
+        // bounded as below.
+        return unsafe { avx512::rvq_gather(table, codes) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA were detected; every index j*256+code is
         // < codes.len()*256 <= table.len() <= i32::MAX (checked above).
@@ -100,22 +203,73 @@ pub(crate) fn rvq_gather(table: &[f32], codes: &[u8]) -> f32 {
     rvq_gather_scalar(table, codes)
 }
 
-/// Lookup tables `out[(v*stages+s)*256 + c] = x[8v..8v+8] . cb_s[c]` from
-/// the transposed codebooks `cbt[(s*8+d)*256 + c]`; `x` is zero-padded to
-/// whole vectors.
-pub(crate) fn build_tables(x: &[f32], cbt: &[f32], stages: usize, out: &mut [f32]) {
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use super::CODEBOOK_ENTRIES;
+    use std::arch::x86_64::*;
+
+    /// 16-lane gathers, two independent chains.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512F and AVX2;
+    /// `codes.len() * 256 <= table.len() <= i32::MAX`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(crate) unsafe fn rvq_gather(table: &[f32], codes: &[u8]) -> f32 {
+        const C: i32 = CODEBOOK_ENTRIES as i32;
+        let n = codes.len();
+        let tp = table.as_ptr();
+        let cp = codes.as_ptr();
+        let lane = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(C),
+        );
+        let step = _mm512_set1_epi32(16 * C);
+        let mut base = lane;
+        let mut acc = [_mm512_setzero_ps(); 2];
+        let mut j = 0;
+        while j + 32 <= n {
+            for a in acc.iter_mut() {
+                // SAFETY: j + 16 <= n bounds the 16-byte code load; each
+                // index (j+k)*256 + code < n*256 <= table.len().
+                let c = _mm512_cvtepu8_epi32(_mm_loadu_si128(cp.add(j) as *const __m128i));
+                *a = _mm512_add_ps(*a, _mm512_i32gather_ps::<4>(_mm512_add_epi32(base, c), tp));
+                base = _mm512_add_epi32(base, step);
+                j += 16;
+            }
+        }
+        while j + 16 <= n {
+            // SAFETY: as above.
+            let c = _mm512_cvtepu8_epi32(_mm_loadu_si128(cp.add(j) as *const __m128i));
+            acc[0] = _mm512_add_ps(acc[0], _mm512_i32gather_ps::<4>(_mm512_add_epi32(base, c), tp));
+            base = _mm512_add_epi32(base, step);
+            j += 16;
+        }
+        let mut s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+        while j < n {
+            s += table[j * CODEBOOK_ENTRIES + codes[j] as usize];
+            j += 1;
+        }
+        s
+    }
+}
+
+/// Lookup tables `out[(v*stages+s)*E + c] = x[8v..8v+8] . cb_s[c]` from
+/// the transposed codebooks `cbt[(s*8+d)*E + c]` (`E` = `entries`, a
+/// multiple of 16); `x` is zero-padded to whole vectors.
+pub(crate) fn build_tables(x: &[f32], cbt: &[f32], stages: usize, entries: usize, out: &mut [f32]) {
     let nvec = x.len().div_ceil(VDIM);
     assert!(
-        cbt.len() == stages * VDIM * CODEBOOK_ENTRIES
-            && out.len() == nvec * stages * CODEBOOK_ENTRIES,
+        entries % 16 == 0
+            && cbt.len() == stages * VDIM * entries
+            && out.len() == nvec * stages * entries,
         "build_tables: inconsistent lengths"
     );
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA were detected on this CPU.
-        return unsafe { avx2::build_tables(x, cbt, stages, out) };
+        return unsafe { avx2::build_tables(x, cbt, stages, entries, out) };
     }
-    build_tables_generic(x, cbt, stages, out)
+    build_tables_generic(x, cbt, stages, entries, out)
 }
 
 // ---------------------------------------------------------------- scalar
@@ -203,22 +357,28 @@ pub(crate) fn rvq_gather_scalar(table: &[f32], codes: &[u8]) -> f32 {
 /// sequence of IEEE mul/add in every build (no FMA contraction in Rust), so
 /// the AVX2 clone is bit-identical to the scalar one.
 #[inline(always)]
-pub(crate) fn build_tables_generic(x: &[f32], cbt: &[f32], stages: usize, out: &mut [f32]) {
-    const C: usize = CODEBOOK_ENTRIES;
-    for (v, tv) in out.chunks_exact_mut(stages * C).enumerate() {
+pub(crate) fn build_tables_generic(
+    x: &[f32],
+    cbt: &[f32],
+    stages: usize,
+    entries: usize,
+    out: &mut [f32],
+) {
+    let e = entries;
+    for (v, tv) in out.chunks_exact_mut(stages * e).enumerate() {
         let mut xv = [0f32; VDIM];
         for (d, xd) in xv.iter_mut().enumerate() {
             *xd = x.get(v * VDIM + d).copied().unwrap_or(0.0);
         }
-        for (s, t) in tv.chunks_exact_mut(C).enumerate() {
-            let cb = &cbt[s * VDIM * C..(s + 1) * VDIM * C];
+        for (s, t) in tv.chunks_exact_mut(e).enumerate() {
+            let cb = &cbt[s * VDIM * e..(s + 1) * VDIM * e];
             // Blocks of 16 entries stay in registers across all 8 dims:
             // one store per entry instead of a load+store per dim.
             for (b, tb) in t.chunks_exact_mut(16).enumerate() {
                 let mut acc = [0f32; 16];
                 for (d, &xd) in xv.iter().enumerate() {
                     let cd: &[f32; 16] =
-                        cb[d * C + 16 * b..d * C + 16 * b + 16].try_into().expect("16 entries");
+                        cb[d * e + 16 * b..d * e + 16 * b + 16].try_into().expect("16 entries");
                     for k in 0..16 {
                         acc[k] += xd * cd[k];
                     }
@@ -413,7 +573,13 @@ pub(crate) mod avx2 {
     /// # Safety
     /// The CPU supports AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn build_tables(x: &[f32], cbt: &[f32], stages: usize, out: &mut [f32]) {
-        super::build_tables_generic(x, cbt, stages, out)
+    pub(crate) unsafe fn build_tables(
+        x: &[f32],
+        cbt: &[f32],
+        stages: usize,
+        entries: usize,
+        out: &mut [f32],
+    ) {
+        super::build_tables_generic(x, cbt, stages, entries, out)
     }
 }

@@ -1,0 +1,73 @@
+//! `waste perplexity`: how well a model predicts a text file.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::json;
+use waste_host::{Engine, Model, OpenOptions};
+
+use crate::commands::usage;
+use crate::ModelArgs;
+
+#[derive(Args)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// UTF-8 text file to score (tokenized as content).
+    pub file: PathBuf,
+    /// Tokens per window (default: the context). Windows overlap by one token,
+    /// so every token after the first is predicted once.
+    #[arg(long)]
+    pub window: Option<usize>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn perplexity(a: PerplexityArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    if text.is_empty() {
+        return Err(usage(format!("{} is empty: nothing to score", a.file.display())));
+    }
+    let budget = crate::cmd_stream::budget_arg(&a.model.budget)?;
+    let (threads, cpus) = crate::commands::thread_args(&a.model)?;
+    let model = Model::open(
+        &a.model.model,
+        &OpenOptions { context: a.model.ctx, budget, threads, cpus, ..OpenOptions::default() },
+    )
+    .with_context(|| format!("opening {}", a.model.model.display()))?;
+    let engine = Engine::new()?;
+    let mut session = engine.session(model)?;
+    let started = Instant::now();
+    let p = session.perplexity(&text, a.window)?;
+    let seconds = started.elapsed().as_secs_f64();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "file": a.file.display().to_string(),
+                "tokens": p.tokens,
+                "scored": p.scored,
+                "windows": p.windows,
+                "window": p.window,
+                "nll_sum": p.nll_sum,
+                "mean_nll": p.mean_nll(),
+                "perplexity": p.perplexity(),
+                "seconds": seconds,
+            })
+        );
+    } else {
+        println!(
+            "perplexity {:.4} (mean nll {:.5} nats) over {} scored tokens of {}, {} windows of {} tokens, {:.1} s",
+            p.perplexity(),
+            p.mean_nll(),
+            p.scored,
+            p.tokens,
+            p.windows,
+            p.window,
+            seconds
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,309 @@
+//! `waste plan`, `waste bench`, `waste synth`: the streaming engine's
+//! memory planner, benchmark and synthetic-container generator.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use waste_host::plan::{fmt_bytes, parse_size, BudgetSource, MemoryPlan};
+use waste_host::store::trace::read_route_trace;
+use waste_host::store::CachePolicy;
+use waste_host::synth::{preset, PRESETS};
+use waste_host::{Model, OpenOptions};
+
+use crate::commands::usage;
+
+/// `--budget SIZE` parsed: `1.5G`, `800M`, `2GiB`, bytes.
+pub fn budget_arg(s: &Option<String>) -> Result<Option<u64>> {
+    match s {
+        None => Ok(None),
+        Some(t) => parse_size(t)
+            .map(Some)
+            .ok_or_else(|| usage(format!("--budget {t:?}: expected a size such as 1.5G, 800M or 2GiB"))),
+    }
+}
+
+/// Says on stderr how an automatic budget was chosen.
+pub fn say_budget(plan: &MemoryPlan) {
+    if let BudgetSource::Auto { working_sets } = plan.budget_source {
+        let how = if working_sets == 0 {
+            "the floor (not even one working set fits)".to_string()
+        } else {
+            format!("floor + {working_sets} working sets")
+        };
+        eprintln!(
+            "budget {} ({how}, under 7/8 of usable RAM {}); set one with --budget",
+            fmt_bytes(plan.budget),
+            fmt_bytes(plan.usable_ram)
+        );
+    }
+}
+
+#[derive(Args)]
+pub struct PlanArgs {
+    /// Container directory.
+    pub model: PathBuf,
+    /// RAM budget (e.g. 2G, 800M); without it the planner picks one.
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// Tokens of context to plan state for.
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn plan(a: PlanArgs) -> Result<()> {
+    let budget = budget_arg(&a.budget)?;
+    let p = waste_host::plan::plan_path(&a.model, a.ctx, budget)
+        .with_context(|| format!("planning {}", a.model.display()))?;
+    if a.json {
+        let source = match p.budget_source {
+            BudgetSource::Given => json!("given"),
+            BudgetSource::Auto { working_sets } => json!({"auto_working_sets": working_sets}),
+        };
+        println!(
+            "{}",
+            json!({
+                "context": p.context, "trunk": p.trunk, "state": p.state, "scratch": p.scratch,
+                "record_bytes": p.record_bytes, "top_k": p.top_k, "moe_layers": p.moe_layers,
+                "min_cache": p.min_cache, "floor": p.floor, "working_set": p.working_set,
+                "recommended": p.recommended, "all_experts": p.all_experts, "usable_ram": p.usable_ram,
+                "budget": p.budget, "budget_source": source, "cache_slots": p.cache_slots,
+                "cache_bytes": p.cache_bytes, "total": p.total(),
+            })
+        );
+    } else {
+        say_budget(&p);
+        println!("context        {} tokens", p.context);
+        println!("trunk          {}", fmt_bytes(p.trunk));
+        println!("state          {}", fmt_bytes(p.state));
+        println!("scratch        {}", fmt_bytes(p.scratch));
+        println!(
+            "min cache      {} (top-{} x {} record x 2)",
+            fmt_bytes(p.min_cache),
+            p.top_k,
+            fmt_bytes(p.record_bytes)
+        );
+        println!("floor          {}", fmt_bytes(p.floor));
+        println!(
+            "working set    {} (one token, {} MoE layers)",
+            fmt_bytes(p.working_set),
+            p.moe_layers
+        );
+        println!("recommended    {} (floor + 3 working sets)", fmt_bytes(p.recommended));
+        println!("all experts    {}", fmt_bytes(p.all_experts));
+        println!("usable RAM     {}", fmt_bytes(p.usable_ram));
+        println!(
+            "budget         {} -> cache {} ({} records)",
+            fmt_bytes(p.budget),
+            fmt_bytes(p.cache_bytes),
+            p.cache_slots
+        );
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct SynthArgs {
+    /// Output container directory (must not exist).
+    pub out: PathBuf,
+    /// Shape: kimi-linear-48b, olmoe-trace, kimi-trace or small.
+    #[arg(long, default_value = "kimi-linear-48b")]
+    pub shape: String,
+    /// Expert format: rvq3, rvq2, q8 or q4.
+    #[arg(long, default_value = "rvq3")]
+    pub experts: String,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+pub fn synth(a: SynthArgs) -> Result<()> {
+    let mut spec = preset(&a.shape)
+        .ok_or_else(|| usage(format!("--shape {:?}: expected one of {}", a.shape, PRESETS.join(", "))))?;
+    spec.format = waste_host::quant::ExpertFormat::parse(&a.experts)
+        .ok_or_else(|| usage(format!("--experts {:?}: expected rvq3, rvq2, q8 or q4", a.experts)))?;
+    spec.seed = a.seed;
+    let started = Instant::now();
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let r = waste_host::synth::synth(&a.out, &spec, &mut |done, total| {
+        if tty {
+            eprint!("\r{done}/{total}");
+        }
+    })?;
+    eprintln!(
+        "\rwrote {} in {:.1} s: trunk {}, experts {} ({} MoE layers x {} experts, {} bytes per record)",
+        a.out.display(),
+        started.elapsed().as_secs_f64(),
+        fmt_bytes(r.trunk_bytes),
+        fmt_bytes(r.expert_bytes),
+        r.moe_layers,
+        spec.experts,
+        r.record_bytes
+    );
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Container directory.
+    pub model: PathBuf,
+    /// RAM budget (e.g. 2G); default: chosen by the planner.
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// Several budgets, one run each in this process: 1.5G,2G,4G.
+    #[arg(long, value_delimiter = ',', conflicts_with = "budget")]
+    pub sweep: Option<Vec<String>>,
+    /// Decode steps to run.
+    #[arg(long, default_value_t = 32)]
+    pub tokens: usize,
+    /// Replay recorded routing (JSONL) instead of running the model.
+    #[arg(long)]
+    pub route_trace: Option<PathBuf>,
+    #[arg(long, default_value_t = 512)]
+    pub ctx: usize,
+    #[arg(long, default_value_t = 2)]
+    pub readers: usize,
+    /// Eviction policy: lru (default) or frequency.
+    #[arg(long, default_value = "lru")]
+    pub policy: String,
+    /// Router lookahead: experts of the next layer read speculatively.
+    #[arg(long, default_value_t = 0)]
+    pub lookahead: usize,
+    /// Read every use (no cache).
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Read each record only when it is needed (no read-ahead).
+    #[arg(long)]
+    pub no_read_ahead: bool,
+    /// Read through the page cache.
+    #[arg(long)]
+    pub buffered: bool,
+    /// Also measure raw random-read bandwidth of records: this many reads.
+    #[arg(long, default_value_t = 0)]
+    pub raw_reads: usize,
+    /// Save expert-use counts to the container's usage file afterwards.
+    #[arg(long)]
+    pub learn: bool,
+    /// Ignore the container's usage file.
+    #[arg(long)]
+    pub no_preload: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn bench(a: BenchArgs) -> Result<()> {
+    let policy = CachePolicy::parse(&a.policy)
+        .ok_or_else(|| usage(format!("--policy {:?}: expected frequency or lru", a.policy)))?;
+    let budgets: Vec<Option<u64>> = match &a.sweep {
+        Some(list) => list
+            .iter()
+            .map(|s| budget_arg(&Some(s.clone())))
+            .collect::<Result<_>>()?,
+        None => vec![budget_arg(&a.budget)?],
+    };
+    let trace = match &a.route_trace {
+        Some(p) => Some(read_route_trace(p)?),
+        None => None,
+    };
+    if a.tokens == 0 {
+        bail!(usage("--tokens must be at least 1"));
+    }
+    let mut rows = Vec::new();
+    for budget in budgets {
+        let options = OpenOptions {
+            context: Some(a.ctx),
+            budget,
+            cache: !a.no_cache,
+            cache_policy: policy,
+            readers: a.readers,
+            read_ahead: !a.no_read_ahead,
+            direct_io: !a.buffered,
+            lookahead: a.lookahead,
+            preload: !a.no_preload,
+            threads: None,
+            cpus: None,
+        };
+        let model = Model::open(&a.model, &options).with_context(|| format!("opening {}", a.model.display()))?;
+        say_budget(model.memory_plan());
+        let raw = if a.raw_reads > 0 {
+            let (bytes, secs) = model
+                .expert_store()
+                .measure_random_reads(a.raw_reads, a.readers.max(1), 42)?;
+            Some(bytes as f64 / secs / 1e9)
+        } else {
+            None
+        };
+        let preloaded = model.store_stats().preloaded;
+        model.reset_store_stats();
+        let started = Instant::now();
+        let steps = match &trace {
+            Some(t) => {
+                for i in 0..a.tokens {
+                    model.replay_routing(&t.steps[i % t.steps.len()])?;
+                }
+                a.tokens
+            }
+            None => {
+                let mut state = model.new_state();
+                let vocab = model.info().vocab_size as u64;
+                let mut rng = 0x2545_F491_4F6C_DD1Du64;
+                let n = a.tokens.min(a.ctx);
+                for _ in 0..n {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    model.forward(&mut state, &[(rng % vocab) as u32], false)?;
+                }
+                n
+            }
+        };
+        let secs = started.elapsed().as_secs_f64();
+        let s = model.store_stats();
+        if a.learn {
+            model.save_usage()?;
+        }
+        let plan = model.memory_plan();
+        let used = model.memory_used();
+        rows.push(json!({
+            "budget": plan.budget, "cache_slots": plan.cache_slots, "cache_bytes": plan.cache_bytes,
+            "planned_total": plan.total(), "used_total": used.total(), "floor": plan.floor,
+            "working_set": plan.working_set, "tokens": steps, "seconds": secs,
+            "tok_per_s": steps as f64 / secs, "hits": s.hits, "misses": s.misses, "hit_rate": s.hit_rate(),
+            "gb_read": s.bytes_read as f64 / 1e9, "gb_per_token": s.bytes_read as f64 / 1e9 / steps as f64,
+            "achieved_gb_per_s": s.bytes_read as f64 / 1e9 / secs, "io_wait_s": s.io_wait.as_secs_f64(),
+            "read_time_s": s.read_time.as_secs_f64(), "direct_io": s.direct_io, "policy": policy.name(),
+            "readers": a.readers, "lookahead": a.lookahead, "prefetch_issued": s.prefetch_issued,
+            "prefetch_used": s.prefetch_used, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
+            "record_bytes": s.record_bytes, "replay": trace.is_some(),
+            "peak_rss": waste_host::plan::peak_rss(),
+        }));
+    }
+    if a.json {
+        let out = if rows.len() == 1 { rows.remove(0) } else { json!(rows) };
+        println!("{out}");
+    } else {
+        for r in &rows {
+            let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+            let raw = r["raw_random_read_gb_per_s"]
+                .as_f64()
+                .map(|v| format!(", raw random read {v:.2} GB/s"))
+                .unwrap_or_default();
+            println!(
+                "budget {}: {:.2} tok/s, hit {:.1}% ({} hit / {} miss), {:.3} GB read, {:.3} GB/token, {:.2} GB/s achieved{raw}, direct_io {}",
+                fmt_bytes(f("budget") as u64),
+                f("tok_per_s"),
+                100.0 * f("hit_rate"),
+                r["hits"],
+                r["misses"],
+                f("gb_read"),
+                f("gb_per_token"),
+                f("achieved_gb_per_s"),
+                r["direct_io"]
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,734 @@
+//! Chat templates: the checkpoint's own Jinja `chat_template`, rendered with
+//! minijinja the way transformers' `apply_chat_template` renders it, and
+//! split into segments so message content can never forge a control token.
+//!
+//! Environment, as in transformers: `trim_blocks` and `lstrip_blocks`, loop
+//! controls, Python string/dict/list methods (minijinja-contrib pycompat),
+//! `raise_exception(msg)`, `strftime_now(fmt)`, and `tojson` with Python's
+//! `json.dumps` output (`indent`, `separators`, `sort_keys`, `ensure_ascii`).
+//! Variables: `messages`, `tools`, `add_generation_prompt` and the special
+//! tokens of tokenizer_config.json (`bos_token`, `eos_token`, ...).
+//!
+//! Segmentation: the template is rendered twice, once with the real
+//! messages (text A, the reference rendering) and once with every message's
+//! `content` and `reasoning_content` replaced by a unique marker (text B).
+//! When B with the markers replaced by the contents equals A, the text
+//! between markers is template markup and the markers are content: exact.
+//! Templates that transform content (Qwen3 strips `<think>` blocks from old
+//! assistant turns, others `trim`) make B differ from A; then A is aligned
+//! against B's markup pieces in order, each gap being the longest substring
+//! of its message's content that lets the next markup piece follow. If that
+//! fails the call errors rather than guess. Limits: strings other than
+//! content and reasoning_content (tool call arguments, tool definitions,
+//! names) are rendered as markup, so they are trusted like the template; a
+//! template that branches on the content's exact text renders B through the
+//! other branch and falls back to the alignment.
+
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind};
+
+use crate::tokenizer::Segment;
+
+/// Message fields treated as content (never markup).
+const CONTENT_FIELDS: &[&str] = &["content", "reasoning_content"];
+/// Marker delimiters: supplementary private-use characters, which neither
+/// templates nor tokenizer files use.
+const MARK_OPEN: char = '\u{F0000}';
+const MARK_CLOSE: char = '\u{F0001}';
+/// Special-token variables transformers passes to the template.
+const SPECIAL_KEYS: &[&str] = &[
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatMessage {
+    pub role: String,
+    /// None: the message has no `content` field (an assistant turn with
+    /// only tool calls), as transformers passes a null content.
+    pub content: Option<String>,
+    /// Further fields as a JSON object (`tool_calls`, `name`,
+    /// `tool_call_id`, `reasoning_content`, ...), key order kept.
+    pub extra: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChatTemplate {
+    source: String,
+    /// (variable, value) from tokenizer_config.json.
+    specials: Vec<(String, Value)>,
+}
+
+fn json_err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+/// A special token in tokenizer_config.json: a string or an AddedToken
+/// object `{"content": ..}`.
+fn token_text(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => {
+            o.get("content").and_then(|c| c.as_str()).map(str::to_owned)
+        }
+        _ => None,
+    }
+}
+
+impl ChatTemplate {
+    pub fn new(
+        source: impl Into<String>,
+        tokenizer_config: Option<&str>,
+    ) -> Result<ChatTemplate, String> {
+        let mut specials = Vec::new();
+        if let Some(cfg) = tokenizer_config {
+            let v: serde_json::Value = serde_json::from_str(cfg)
+                .map_err(|e| json_err("tokenizer_config.json: invalid JSON", e))?;
+            for key in SPECIAL_KEYS {
+                if let Some(t) = v.get(*key).and_then(token_text) {
+                    specials.push((key.to_string(), Value::from(t)));
+                }
+            }
+            if let Some(list) = v
+                .get("additional_special_tokens")
+                .and_then(|l| l.as_array())
+            {
+                let list: Vec<Value> = list
+                    .iter()
+                    .filter_map(token_text)
+                    .map(Value::from)
+                    .collect();
+                specials.push(("additional_special_tokens".into(), Value::from(list)));
+            }
+        }
+        let t = ChatTemplate {
+            source: source.into(),
+            specials,
+        };
+        // Compile once now so a broken template is reported when loaded.
+        t.env()
+            .template_from_str(&t.source)
+            .map_err(|e| format!("chat template: {}", describe(&e)))?;
+        Ok(t)
+    }
+
+    /// The model's template from its tokenizer files: `chat_template.jinja`,
+    /// else `chat_template` in tokenizer_config.json (a string, or a list of
+    /// named templates of which "default" is used). `Ok(None)`: no template.
+    pub fn from_files(files: &[(String, Vec<u8>)]) -> Result<Option<ChatTemplate>, String> {
+        let get = |name: &str| {
+            files
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, b)| {
+                    std::str::from_utf8(b).map_err(|e| json_err(&format!("{name}: not UTF-8"), e))
+                })
+                .transpose()
+        };
+        let config = get("tokenizer_config.json")?;
+        if let Some(src) = get("chat_template.jinja")? {
+            return ChatTemplate::new(src, config).map(Some);
+        }
+        let Some(cfg) = config else { return Ok(None) };
+        let v: serde_json::Value = serde_json::from_str(cfg)
+            .map_err(|e| json_err("tokenizer_config.json: invalid JSON", e))?;
+        let src = match v.get("chat_template") {
+            None | Some(serde_json::Value::Null) => return Ok(None),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .and_then(|t| t.get("template")?.as_str())
+                .ok_or(
+                    "tokenizer_config.json: $.chat_template: a list without a \"default\" template",
+                )?
+                .to_string(),
+            Some(_) => {
+                return Err(
+                    "tokenizer_config.json: $.chat_template: expected a string or a list".into(),
+                )
+            }
+        };
+        ChatTemplate::new(src, Some(cfg)).map(Some)
+    }
+
+    fn env(&self) -> Environment<'static> {
+        let mut env = Environment::new();
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build();
+        if let Ok(syntax) = syntax {
+            env.set_syntax(syntax);
+        }
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("the template raised: {msg}"),
+            ))
+        });
+        env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
+        env.add_filter("tojson", tojson);
+        env
+    }
+
+    fn render_values(
+        &self,
+        messages: Value,
+        tools: &Value,
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        let mut ctx: Vec<(String, Value)> = self.specials.clone();
+        ctx.push(("messages".into(), messages));
+        ctx.push(("tools".into(), tools.clone()));
+        ctx.push((
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        ));
+        self.env()
+            .render_str(&self.source, Value::from_pairs(ctx))
+            .map_err(|e| format!("chat template: {}", describe(&e)))
+    }
+
+    /// The prompt as text, as transformers' `apply_chat_template(...,
+    /// tokenize=False)` renders it. `tools`: a JSON array, or None.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&str>,
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        let tools = parse_tools(tools)?;
+        let msgs = messages_value(messages, None)?;
+        self.render_values(msgs, &tools, add_generation_prompt)
+    }
+
+    /// The prompt as markup / content segments (see the module docs).
+    pub fn render_segments(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&str>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<Segment>, String> {
+        let tools = parse_tools(tools)?;
+        let mut contents: Vec<String> = Vec::new();
+        let real = self.render_values(
+            messages_value(messages, None)?,
+            &tools,
+            add_generation_prompt,
+        )?;
+        let marked = self.render_values(
+            messages_value(messages, Some(&mut contents))?,
+            &tools,
+            add_generation_prompt,
+        )?;
+        if real.contains([MARK_OPEN, MARK_CLOSE]) {
+            return Err(
+                "chat template: the conversation contains the reserved characters U+F0000/U+F0001"
+                    .into(),
+            );
+        }
+        // B as alternating markup / marker pieces.
+        let mut pieces: Vec<(String, Option<usize>)> = Vec::new();
+        let mut rest = marked.as_str();
+        while let Some(open) = rest.find(MARK_OPEN) {
+            let after = &rest[open + MARK_OPEN.len_utf8()..];
+            let close = after
+                .find(MARK_CLOSE)
+                .ok_or("chat template: a content marker was cut (template sliced the content)")?;
+            let idx: usize = after[..close].parse().map_err(|_| {
+                "chat template: a content marker was altered (template transformed the content)"
+                    .to_string()
+            })?;
+            if idx >= contents.len() {
+                return Err("chat template: unknown content marker".into());
+            }
+            pieces.push((rest[..open].to_string(), None));
+            pieces.push((String::new(), Some(idx)));
+            rest = &after[close + MARK_CLOSE.len_utf8()..];
+        }
+        pieces.push((rest.to_string(), None));
+        let substituted: String = pieces
+            .iter()
+            .map(|(t, i)| i.map_or(t.as_str(), |i| contents[i].as_str()))
+            .collect();
+        let segments: Vec<Segment> = if substituted == real {
+            pieces
+                .into_iter()
+                .map(|(t, i)| match i {
+                    Some(i) => Segment {
+                        text: contents[i].clone(),
+                        markup: false,
+                    },
+                    None => Segment {
+                        text: t,
+                        markup: true,
+                    },
+                })
+                .collect()
+        } else {
+            align(&real, &pieces, &contents)?
+        };
+        Ok(segments
+            .into_iter()
+            .filter(|s| !s.text.is_empty())
+            .collect())
+    }
+}
+
+/// Fallback segmentation for templates that transform content: walks the
+/// real rendering, matching B's markup pieces literally and taking for each
+/// marker the longest substring of its content after which the next markup
+/// piece follows. Greedy, no backtracking: an ambiguity it cannot settle is
+/// an error.
+fn align(
+    real: &str,
+    pieces: &[(String, Option<usize>)],
+    contents: &[String],
+) -> Result<Vec<Segment>, String> {
+    let fail = || {
+        "chat template: the template rewrites message content in a way that cannot be split safely into markup and content".to_string()
+    };
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    let mut i = 0;
+    while i < pieces.len() {
+        match &pieces[i] {
+            (text, None) => {
+                if !real[pos..].starts_with(text.as_str()) {
+                    return Err(fail());
+                }
+                out.push(Segment {
+                    text: text.clone(),
+                    markup: true,
+                });
+                pos += text.len();
+            }
+            (_, Some(idx)) => {
+                let next = pieces.get(i + 1).map(|(t, _)| t.as_str()).unwrap_or("");
+                let is_last = i + 2 >= pieces.len();
+                let content = &contents[*idx];
+                let mut chosen = None;
+                // A substring of the content is no longer than the content; the
+                // cheap `follows` test runs before the substring search.
+                let mut end = real.len().min(pos + content.len());
+                loop {
+                    if real.is_char_boundary(end) {
+                        let gap = &real[pos..end];
+                        let follows = if is_last {
+                            &real[end..] == next
+                        } else {
+                            real[end..].starts_with(next)
+                        };
+                        if follows && content.contains(gap) {
+                            chosen = Some(end);
+                            break;
+                        }
+                    }
+                    if end == pos {
+                        break;
+                    }
+                    end -= 1;
+                }
+                let end = chosen.ok_or_else(fail)?;
+                out.push(Segment {
+                    text: real[pos..end].to_string(),
+                    markup: false,
+                });
+                pos = end;
+            }
+        }
+        i += 1;
+    }
+    if pos != real.len() {
+        return Err(fail());
+    }
+    Ok(out)
+}
+
+fn parse_tools(tools: Option<&str>) -> Result<Value, String> {
+    match tools {
+        None => Ok(Value::from(())),
+        Some(t) => {
+            let v: Value =
+                serde_json::from_str(t).map_err(|e| json_err("tools: invalid JSON", e))?;
+            if v.kind() != ValueKind::Seq {
+                return Err("tools: expected a JSON array of tool definitions".into());
+            }
+            Ok(v)
+        }
+    }
+}
+
+/// The messages as template values; with `markers`, content fields become
+/// markers and their texts are collected there.
+fn messages_value(
+    messages: &[ChatMessage],
+    mut markers: Option<&mut Vec<String>>,
+) -> Result<Value, String> {
+    let mut list = Vec::with_capacity(messages.len());
+    for (n, m) in messages.iter().enumerate() {
+        let mut fields: Vec<(String, Value)> = vec![("role".into(), Value::from(m.role.clone()))];
+        // transformers' apply_chat_template drops a null content entirely.
+        if let Some(c) = &m.content {
+            fields.push(("content".into(), Value::from(c.clone())));
+        }
+        if let Some(extra) = &m.extra {
+            let v: Value = serde_json::from_str(extra)
+                .map_err(|e| json_err(&format!("message {n}: extra: invalid JSON"), e))?;
+            if v.kind() != ValueKind::Map {
+                return Err(format!("message {n}: extra: expected a JSON object"));
+            }
+            for key in v.try_iter().map_err(|e| e.to_string())? {
+                let name = key.as_str().unwrap_or_default().to_string();
+                if name == "role" || name == "content" {
+                    return Err(format!(
+                        "message {n}: extra: {name:?} belongs in the message itself"
+                    ));
+                }
+                let val = v.get_item(&key).map_err(|e| e.to_string())?;
+                fields.push((name, val));
+            }
+        }
+        if let Some(texts) = markers.as_deref_mut() {
+            for (name, val) in fields.iter_mut() {
+                if CONTENT_FIELDS.contains(&name.as_str()) {
+                    if let Some(s) = val.as_str() {
+                        texts.push(s.to_string());
+                        *val = Value::from(format!("{MARK_OPEN}{}{MARK_CLOSE}", texts.len() - 1));
+                    }
+                }
+            }
+        }
+        list.push(Value::from_pairs(fields));
+    }
+    Ok(Value::from(list))
+}
+
+/// The error with minijinja's location ("line N") and the template's own
+/// message for `raise_exception`.
+fn describe(e: &Error) -> String {
+    // Name the template instead of minijinja's "<string>".
+    let mut s = e
+        .to_string()
+        .replace("(in <string>:", "(chat_template line ");
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(&format!(": {inner}"));
+        src = inner.source();
+    }
+    s
+}
+
+/// transformers' `tojson`: `json.dumps(x, ensure_ascii=False, indent=indent,
+/// separators=separators, sort_keys=sort_keys)`.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let separators: Option<Value> = kwargs.get("separators")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => match v.as_str() {
+            Some(s) => Some(s.to_string()),
+            None => Some(" ".repeat(i64::try_from(v)?.max(0) as usize)),
+        },
+    };
+    let (item_sep, key_sep) = match separators {
+        Some(v) if !v.is_none() => {
+            let a = v.get_item(&Value::from(0))?;
+            let b = v.get_item(&Value::from(1))?;
+            match (a.as_str(), b.as_str()) {
+                (Some(a), Some(b)) => (a.to_string(), b.to_string()),
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be two strings",
+                    ))
+                }
+            }
+        }
+        // Python's defaults: ", " and ": ", but "," when indenting.
+        _ => (
+            if indent.is_some() { "," } else { ", " }.to_string(),
+            ": ".to_string(),
+        ),
+    };
+    let opts = JsonOpts {
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys: sort_keys.unwrap_or(false),
+        ascii: ensure_ascii.unwrap_or(false),
+    };
+    let mut out = String::new();
+    write_json(&mut out, value, &opts, 0)?;
+    Ok(Value::from_safe_string(out))
+}
+
+struct JsonOpts {
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    sort_keys: bool,
+    ascii: bool,
+}
+
+fn json_string(out: &mut String, s: &str, ascii: bool) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 || (ascii && (c as u32) > 0x7e) => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Python's `repr(float)`: shortest round trip, always with a dot or an
+/// exponent.
+fn python_float(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
+    }
+    let a = f.abs();
+    if a != 0.0 && !(1e-4..1e16).contains(&a) {
+        let s = format!("{f:e}");
+        let (mant, exp) = s.split_once('e').unwrap_or((&s, "0"));
+        let exp: i32 = exp.parse().unwrap_or(0);
+        return format!("{mant}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs());
+    }
+    let s = format!("{f}");
+    if s.contains('.') {
+        s
+    } else {
+        format!("{s}.0")
+    }
+}
+
+fn write_json(out: &mut String, v: &Value, o: &JsonOpts, depth: usize) -> Result<(), Error> {
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(ind) = &o.indent {
+            out.push('\n');
+            for _ in 0..depth {
+                out.push_str(ind);
+            }
+        }
+    };
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => {
+            if let Ok(i) = i64::try_from(v.clone()) {
+                if v.is_integer() {
+                    out.push_str(&i.to_string());
+                    return Ok(());
+                }
+            }
+            out.push_str(&python_float(f64::try_from(v.clone())?));
+        }
+        ValueKind::String => json_string(out, v.as_str().unwrap_or_default(), o.ascii),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&o.item_sep);
+                }
+                newline(out, depth + 1);
+                write_json(out, item, o, depth + 1)?;
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let mut keys: Vec<Value> = v.try_iter()?.collect();
+            if keys.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            if o.sort_keys {
+                keys.sort_by_key(|k| k.to_string());
+            }
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&o.item_sep);
+                }
+                newline(out, depth + 1);
+                match k.as_str() {
+                    Some(s) => json_string(out, s, o.ascii),
+                    None => json_string(out, &k.to_string(), o.ascii),
+                }
+                out.push_str(&o.key_sep);
+                write_json(out, &v.get_item(k)?, o, depth + 1)?;
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        _ => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: cannot serialize {}", v.kind()),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// transformers' `strftime_now`: the current local time (UTC here: the
+/// guest has no time zone) formatted with the common strftime codes.
+fn strftime_now(fmt: &str) -> Result<String, Error> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    strftime(fmt, secs)
+}
+
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const DAYS: [&str; 7] = [
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
+
+/// Formats Unix time `secs` (UTC).
+pub fn strftime(fmt: &str, secs: i64) -> Result<String, Error> {
+    let days = secs.div_euclid(86_400);
+    let tod = secs.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday.
+    let (hh, mm, ss) = (tod / 3600, tod / 60 % 60, tod % 60);
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('-') => match chars.next() {
+                Some('d') => out.push_str(&d.to_string()),
+                Some('m') => out.push_str(&m.to_string()),
+                other => return Err(bad_code(other)),
+            },
+            Some('B') => out.push_str(MONTHS[(m - 1) as usize]),
+            Some('b') => out.push_str(&MONTHS[(m - 1) as usize][..3]),
+            Some('A') => out.push_str(DAYS[weekday]),
+            Some('a') => out.push_str(&DAYS[weekday][..3]),
+            Some('H') => out.push_str(&format!("{hh:02}")),
+            Some('M') => out.push_str(&format!("{mm:02}")),
+            Some('S') => out.push_str(&format!("{ss:02}")),
+            Some('j') => out.push_str(&format!("{:03}", doy_of(y, m, d))),
+            Some('%') => out.push('%'),
+            other => return Err(bad_code(other)),
+        }
+    }
+    Ok(out)
+}
+
+fn doy_of(y: i64, m: i64, d: i64) -> i64 {
+    const CUM: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    CUM[(m - 1) as usize] + d + i64::from(leap && m > 2)
+}
+
+fn bad_code(c: Option<char>) -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!(
+            "strftime_now: unsupported format code %{}",
+            c.map(String::from).unwrap_or_default()
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strftime_known_dates() {
+        assert_eq!(
+            strftime("%Y-%m-%d %H:%M:%S", 0).unwrap(),
+            "1970-01-01 00:00:00"
+        );
+        // 2026-11-29 13:30:00 UTC, a Sunday.
+        assert_eq!(
+            strftime("%d %B %Y %A %b %a %j", 1_795_959_000).unwrap(),
+            "29 November 2026 Sunday Nov Sun 333"
+        );
+        assert_eq!(strftime("%-d %-m", 951_782_400).unwrap(), "29 2"); // 2000-02-29
+        assert!(strftime("%Q", 0).is_err());
+    }
+
+    #[test]
+    fn python_floats() {
+        assert_eq!(python_float(1.0), "1.0");
+        assert_eq!(python_float(0.5), "0.5");
+        assert_eq!(python_float(1e20), "1e+20");
+        assert_eq!(python_float(1.5e-7), "1.5e-07");
+    }
+}

@@ -1,0 +1,253 @@
+//! Chat templates against transformers' `apply_chat_template` (fixtures from
+//! tests/gen_chat_template_fixtures.py, see tests/fixtures/chat_templates/README.md).
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use waste_guest::chat::{ChatMessage, ChatTemplate};
+use waste_guest::tokenizer::{Segment, Tokenizer};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+fn read(rel: &str) -> String {
+    let p = fixtures().join(rel);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+fn expected() -> Value {
+    serde_json::from_str(&read("chat_templates/expected.json")).expect("expected.json parses")
+}
+
+fn messages(e: &Value, conversation: &str) -> Vec<ChatMessage> {
+    e["wire"][conversation]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage {
+            role: m["role"].as_str().unwrap().to_string(),
+            content: m["content"].as_str().map(str::to_owned),
+            extra: m["extra"].as_str().map(str::to_owned),
+        })
+        .collect()
+}
+
+fn template(e: &Value, model: &str) -> ChatTemplate {
+    let cfg = read(e["models"][model]["config"].as_str().unwrap());
+    let files = vec![("tokenizer_config.json".to_string(), cfg.into_bytes())];
+    ChatTemplate::from_files(&files)
+        .expect("template loads")
+        .expect("template present")
+}
+
+#[test]
+fn chat_templates_render_like_transformers() {
+    let e = expected();
+    let tools = e["tools_json"].as_str().unwrap();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (model, m) in e["models"].as_object().unwrap() {
+        let t = template(&e, model);
+        for case in m["cases"].as_array().unwrap() {
+            let conv = case["conversation"].as_str().unwrap();
+            let msgs = messages(&e, conv);
+            let tools = case["tools"].as_bool().unwrap().then_some(tools);
+            let agp = case["add_generation_prompt"].as_bool().unwrap();
+            let what = format!("{model} {conv} tools={} agp={agp}", tools.is_some());
+            let got = t.render(&msgs, tools, agp);
+            let segs = t.render_segments(&msgs, tools, agp);
+            checked += 1;
+            match (case.get("text").and_then(|v| v.as_str()), &got) {
+                (Some(want), Ok(got)) if got == want => {}
+                (Some(want), _) => {
+                    failures.push(format!("{what}:\n   got {got:?}\n  want {want:?}"))
+                }
+                (None, Err(_)) => {}
+                (None, Ok(got)) => failures.push(format!(
+                    "{what}: transformers raised {}, we rendered {got:?}",
+                    case["error"]
+                )),
+            }
+            if let (Some(want), Ok(segs)) = (case.get("text").and_then(|v| v.as_str()), &segs) {
+                let joined: String = segs.iter().map(|s| s.text.as_str()).collect();
+                if joined != want {
+                    failures.push(format!("{what}: segments join to {joined:?}"));
+                }
+                let content: String = segs
+                    .iter()
+                    .filter(|s| !s.markup)
+                    .map(|s| s.text.as_str())
+                    .collect();
+                for m in &msgs {
+                    if let Some(c) = &m.content {
+                        // Every message's text that reaches the prompt is content, not markup.
+                        if want.contains(c.as_str())
+                            && !c.is_empty()
+                            && !content.contains(c.as_str())
+                        {
+                            failures.push(format!("{what}: {c:?} is not in a content segment"));
+                        }
+                    }
+                }
+            } else if case.get("text").is_some() {
+                failures.push(format!("{what}: render_segments failed: {segs:?}"));
+            }
+        }
+    }
+    assert!(checked >= 90, "only {checked} cases");
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+fn tiny_tokenizer() -> Tokenizer {
+    Tokenizer::from_json(&read("tiny-qwen3_moe/tokenizer.json")).expect("tiny tokenizer loads")
+}
+
+/// With benign content the segmented encoding equals transformers' own
+/// `apply_chat_template(tokenize=True)` ids.
+#[test]
+fn chat_template_ids_equal_transformers_for_benign_content() {
+    let e = expected();
+    let tok = tiny_tokenizer();
+    let t = template(&e, "tiny-qwen3_moe");
+    let mut checked = 0;
+    for case in e["models"]["tiny-qwen3_moe"]["cases"].as_array().unwrap() {
+        let conv = case["conversation"].as_str().unwrap();
+        let Some(want) = case.get("ids") else {
+            continue;
+        };
+        if conv == "forged" {
+            continue;
+        }
+        let want: Vec<u32> = want
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let agp = case["add_generation_prompt"].as_bool().unwrap();
+        let segs = t.render_segments(&messages(&e, conv), None, agp).unwrap();
+        assert_eq!(tok.encode_segments(&segs), want, "{conv} agp={agp}");
+        checked += 1;
+    }
+    assert!(checked >= 10, "only {checked} cases");
+}
+
+/// Content spelling the template's control tokens stays content: the only
+/// control ids are the template's own.
+#[test]
+fn chat_template_forged_control_tokens_stay_content() {
+    let e = expected();
+    let tok = tiny_tokenizer();
+    let t = template(&e, "tiny-qwen3_moe");
+    let msgs = messages(&e, "forged");
+    let segs = t.render_segments(&msgs, None, true).unwrap();
+    let ids = tok.encode_segments(&segs);
+    let start = tok.token_id("<|im_start|>").unwrap();
+    let end = tok.token_id("<|im_end|>").unwrap();
+    // Template: <|im_start|>user\n CONTENT <|im_end|>\n<|im_start|>assistant\n
+    assert_eq!(ids.iter().filter(|&&i| i == start).count(), 2, "{ids:?}");
+    assert_eq!(ids.iter().filter(|&&i| i == end).count(), 1, "{ids:?}");
+    assert_eq!(
+        tok.decode(&ids).unwrap(),
+        t.render(&msgs, None, true).unwrap()
+    );
+    // transformers' plain tokenize=True does let the content forge them.
+    let hf = e["models"]["tiny-qwen3_moe"]["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["conversation"] == "forged" && c["add_generation_prompt"] == true)
+        .unwrap();
+    let hf_ends = hf["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v.as_u64() == Some(u64::from(end)))
+        .count();
+    assert!(
+        hf_ends > 1,
+        "the fixture should show the forgery a joined encode allows"
+    );
+}
+
+#[test]
+fn chat_template_content_transforms_fall_back_to_alignment() {
+    // Qwen3 strips the <think> block of an old assistant turn: the marker
+    // rendering differs, the alignment still puts "4" into content.
+    let e = expected();
+    let t = template(&e, "qwen3");
+    let msgs = messages(&e, "reasoning_history");
+    let segs = t.render_segments(&msgs, None, true).unwrap();
+    assert!(
+        segs.contains(&Segment {
+            text: "4".into(),
+            markup: false
+        }),
+        "{segs:?}"
+    );
+    assert!(segs
+        .iter()
+        .filter(|s| s.markup)
+        .all(|s| !s.text.contains("add them")));
+}
+
+#[test]
+fn chat_template_errors_are_clear() {
+    let e = expected();
+    // Mixtral's own raise_exception message comes through.
+    let t = template(&e, "mixtral");
+    let err = t.render(&messages(&e, "system"), None, true).unwrap_err();
+    assert!(err.contains("Conversation roles must alternate"), "{err}");
+    // A template that does not compile names the problem and the line.
+    let err = ChatTemplate::new("{% for m in messages %}\n{{ m.content }", None).unwrap_err();
+    assert!(
+        err.starts_with("chat template:") && err.contains("chat_template line 2"),
+        "{err}"
+    );
+    // No template at all.
+    let files = vec![(
+        "tokenizer_config.json".to_string(),
+        br#"{"eos_token": "</s>"}"#.to_vec(),
+    )];
+    assert!(ChatTemplate::from_files(&files).unwrap().is_none());
+    // Bad tools JSON.
+    let t = template(&e, "qwen3");
+    let err = t
+        .render(&messages(&e, "single"), Some("{not json"), true)
+        .unwrap_err();
+    assert!(err.contains("tools"), "{err}");
+}
+
+#[test]
+fn chat_template_prefers_chat_template_jinja() {
+    let files = vec![
+        (
+            "tokenizer_config.json".to_string(),
+            br#"{"chat_template": "from config", "eos_token": "E"}"#.to_vec(),
+        ),
+        (
+            "chat_template.jinja".to_string(),
+            b"from jinja {{ eos_token }}".to_vec(),
+        ),
+    ];
+    let t = ChatTemplate::from_files(&files).unwrap().unwrap();
+    assert_eq!(t.render(&[], None, false).unwrap(), "from jinja E");
+    let files = vec![(
+        "tokenizer_config.json".to_string(),
+        br#"{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}"#.to_vec(),
+    )];
+    assert_eq!(
+        ChatTemplate::from_files(&files)
+            .unwrap()
+            .unwrap()
+            .render(&[], None, false)
+            .unwrap(),
+        "D"
+    );
+}

@@ -1,0 +1,227 @@
+//! Multi-head latent attention with the absorbed latent cache, no positional
+//! encoding (Kimi-Linear's MLA layers, `KimiLinearAttention`).
+//!
+//! The reference expands the cached latent per head: `k = [W_kb_nope c | k_rope]`,
+//! `v = W_kb_v c`. Here only `[c | k_rope]` is cached (kv_lora + rope floats
+//! per token) and `W_kb` is folded into the query and the output:
+//! `score_s = (W_kb_nope^T q_nope) . c_s + q_rope . k_rope_s`, times
+//! `(nope + rope)^-1/2`; `o_h = W_kb_v (sum_s a_s c_s)`; then `W_o`.
+
+use crate::config::{MlaDims, ModelConfig};
+use crate::error::{Error, Result};
+use crate::model::source::TensorSource;
+use crate::quant::QMatrix;
+
+use super::ops::{add_in_place, dot, rms_norm, softmax};
+use super::{load_matrix, load_vector};
+
+/// `model.layers.L.self_attn` of an MLA layer.
+pub struct Mla {
+    dims: MlaDims,
+    q_proj: QMatrix,             // [heads * (nope + rope), H]
+    kv_a_proj: QMatrix,          // [lora + rope, H]
+    kv_a_bias: Option<Vec<f32>>, // [lora + rope]
+    kv_a_layernorm: Vec<f32>,    // [lora]
+    /// `kv_b_proj` `[heads * (nope + v), lora]` dequantised: its rows are read
+    /// one at a time on both sides of the absorbed product.
+    kv_b: Vec<f32>,
+    o_proj: QMatrix, // [H, heads * v]
+    o_bias: Option<Vec<f32>>,
+}
+
+/// `KimiLinearRMSNorm(config.kv_lora_rank)` is built without an eps
+/// argument, so the latent norm uses the class default 1e-6, not
+/// `rms_norm_eps` (the absorbed-vs-expanded test caught the difference).
+const KV_A_LAYERNORM_EPS: f32 = 1e-6;
+
+/// Per-call buffers of an MLA layer.
+pub struct MlaScratch {
+    q: Vec<f32>,
+    ckv: Vec<f32>,
+    q_lat: Vec<f32>,
+    lat: Vec<f32>,
+    scores: Vec<f32>,
+    o: Vec<f32>,
+}
+
+impl MlaScratch {
+    pub fn new(cfg: &ModelConfig, context: usize) -> MlaScratch {
+        let (q, w, r, o) = cfg.mla.map_or((0, 0, 0, 0), |m| {
+            (
+                m.num_heads * m.qk_head_dim(),
+                m.cache_width(),
+                m.kv_lora_rank,
+                m.num_heads * m.v_head_dim,
+            )
+        });
+        MlaScratch {
+            q: vec![0.0; q],
+            ckv: vec![0.0; w],
+            q_lat: vec![0.0; r],
+            lat: vec![0.0; r],
+            scores: vec![0.0; context],
+            o: vec![0.0; o],
+        }
+    }
+}
+
+impl Mla {
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Mla> {
+        let dims = cfg.mla.ok_or_else(|| {
+            Error::Runtime(format!(
+                "layer {layer} is MLA but the config has no MLA shape"
+            ))
+        })?;
+        let p = format!("model.layers.{layer}.self_attn");
+        let bias = |n: &str| -> Result<Option<Vec<f32>>> {
+            if cfg.attention_bias {
+                Ok(Some(load_vector(cfg, src, &format!("{p}.{n}.bias"))?))
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(Mla {
+            dims,
+            q_proj: load_matrix(cfg, src, &format!("{p}.q_proj.weight"))?,
+            kv_a_proj: load_matrix(cfg, src, &format!("{p}.kv_a_proj_with_mqa.weight"))?,
+            kv_a_bias: bias("kv_a_proj_with_mqa")?,
+            kv_a_layernorm: load_vector(cfg, src, &format!("{p}.kv_a_layernorm.weight"))?,
+            kv_b: load_matrix(cfg, src, &format!("{p}.kv_b_proj.weight"))?.dequantize(),
+            o_proj: load_matrix(cfg, src, &format!("{p}.o_proj.weight"))?,
+            o_bias: bias("o_proj")?,
+        })
+    }
+
+    /// One token at `pos`: writes its `[c | k_rope]` row into `cache`
+    /// (`[context, lora + rope]`) and `out = o_proj(attn)`.
+    pub fn forward(
+        &self,
+        x: &[f32],
+        pos: usize,
+        cache: &mut [f32],
+        s: &mut MlaScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let m = &self.dims;
+        let (r, dn, dr, dv) = (
+            m.kv_lora_rank,
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.v_head_dim,
+        );
+        let w = m.cache_width();
+        self.q_proj.matvec(x, &mut s.q);
+        self.kv_a_proj.matvec(x, &mut s.ckv);
+        if let Some(b) = &self.kv_a_bias {
+            add_in_place(&mut s.ckv, b);
+        }
+        let Some(row) = cache.get_mut(pos * w..(pos + 1) * w) else {
+            return Err(Error::Runtime(format!(
+                "position {pos} is past the latent cache"
+            )));
+        };
+        rms_norm(
+            &s.ckv[..r],
+            &self.kv_a_layernorm,
+            KV_A_LAYERNORM_EPS,
+            &mut row[..r],
+        );
+        row[r..].copy_from_slice(&s.ckv[r..]);
+
+        let scale = 1.0 / ((dn + dr) as f32).sqrt();
+        let scores = &mut s.scores[..pos + 1];
+        for h in 0..m.num_heads {
+            let q = &s.q[h * (dn + dr)..(h + 1) * (dn + dr)];
+            let (q_nope, q_rope) = q.split_at(dn);
+            let kb = &self.kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
+            // q_lat = W_kb_nope^T q_nope: a q-weighted sum of the nope rows.
+            s.q_lat.fill(0.0);
+            for (i, &qi) in q_nope.iter().enumerate() {
+                for (l, &wv) in s.q_lat.iter_mut().zip(&kb[i * r..(i + 1) * r]) {
+                    *l += qi * wv;
+                }
+            }
+            for (t, sc) in scores.iter_mut().enumerate() {
+                let c = &cache[t * w..(t + 1) * w];
+                *sc = (dot(&s.q_lat, &c[..r]) + dot(q_rope, &c[r..])) * scale;
+            }
+            softmax(scores);
+            s.lat.fill(0.0);
+            for (t, &a) in scores.iter().enumerate() {
+                for (l, &cv) in s.lat.iter_mut().zip(&cache[t * w..t * w + r]) {
+                    *l += a * cv;
+                }
+            }
+            let o = &mut s.o[h * dv..(h + 1) * dv];
+            for (j, oj) in o.iter_mut().enumerate() {
+                *oj = dot(&kb[(dn + j) * r..(dn + j + 1) * r], &s.lat);
+            }
+        }
+        self.o_proj.matvec(&s.o, out);
+        if let Some(b) = &self.o_bias {
+            add_in_place(out, b);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Mla, MlaScratch};
+    use crate::checkpoint::HfCheckpoint;
+    use safetensors::SafeTensors;
+
+    /// The absorbed latent path equals the reference module's expanded
+    /// K/V computation (tests/gen_kimi_fixtures.py, `mla_reference`).
+    #[test]
+    fn absorbed_mla_equals_expanded_reference() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/tiny-kimi_linear");
+        let path = dir.join("mla_reference.safetensors");
+        let bytes = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("fixture file missing: {}: {e}", path.display()));
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+        let layer: usize = meta.metadata().as_ref().unwrap()["layer"].parse().unwrap();
+        let get = |n: &str| -> Vec<f32> {
+            st.tensor(n)
+                .unwrap()
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()
+        };
+        let (x, want) = (get("x"), get("expanded"));
+        let ckpt = HfCheckpoint::open(&dir).unwrap();
+        let cfg = ckpt.config().clone();
+        let mla = Mla::load(&cfg, &ckpt, layer).unwrap();
+        let h = cfg.hidden_size;
+        let t_len = x.len() / h;
+        let m = cfg.mla.unwrap();
+        let mut cache = vec![0.0f32; t_len * m.cache_width()];
+        let mut s = MlaScratch::new(&cfg, t_len);
+        let mut out = vec![0.0f32; h];
+        let mut worst = 0.0f32;
+        for t in 0..t_len {
+            mla.forward(&x[t * h..(t + 1) * h], t, &mut cache, &mut s, &mut out)
+                .unwrap();
+            let w = &want[t * h..(t + 1) * h];
+            let scale = w.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let diff = out
+                .iter()
+                .zip(w)
+                .fold(0.0f32, |a, (p, q)| a.max((p - q).abs()));
+            worst = worst.max(diff / scale);
+        }
+        println!("absorbed vs expanded: max relative diff {worst:e}");
+        assert!(
+            worst <= 1e-5,
+            "absorbed MLA differs from the expanded reference: {worst}"
+        );
+        // Only the latent row is cached: kv_lora + rope floats per token.
+        assert_eq!(
+            cfg.state_floats_per_token(layer),
+            m.kv_lora_rank + m.qk_rope_head_dim
+        );
+    }
+}

@@ -1,0 +1,425 @@
+//! The memory planner: what a model needs in RAM before it is opened, and
+//! how a budget is split between the fixed parts and the expert cache.
+//!
+//! Everything the engine allocates is counted: the resident trunk, the
+//! state of one session's context, the scratch of one forward pass, and the
+//! expert cache (whose slots are also the I/O buffers: records are read
+//! straight into them). Sizes are in bytes.
+
+use std::path::Path;
+
+use crate::config::ModelConfig;
+use crate::container::Container;
+use crate::error::{Error, Result};
+
+/// How the budget of a plan was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetSource {
+    /// Given by the caller.
+    Given,
+    /// Chosen automatically: the floor plus this many working sets (0 = the
+    /// floor alone, when not even one working set fits under 7/8 of usable RAM).
+    Auto { working_sets: u32 },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryPlan {
+    pub context: usize,
+    pub trunk: u64,
+    /// KV cache (and any other per-sequence state) of one session.
+    pub state: u64,
+    /// Buffers of one forward pass (an upper estimate).
+    pub scratch: u64,
+    pub record_bytes: u64,
+    pub top_k: usize,
+    pub moe_layers: usize,
+    pub experts_per_layer: usize,
+    /// top_k x record x 2: the least cache the store can run with.
+    pub min_cache: u64,
+    /// trunk + state + scratch + min_cache.
+    pub floor: u64,
+    /// top_k x record x MoE layers: what one token reads when nothing is cached.
+    pub working_set: u64,
+    /// floor + 3 working sets.
+    pub recommended: u64,
+    /// Every expert record of the model.
+    pub all_experts: u64,
+    pub usable_ram: u64,
+    pub budget: u64,
+    pub budget_source: BudgetSource,
+    /// The cache the budget buys.
+    pub cache_slots: usize,
+    pub cache_bytes: u64,
+}
+
+impl MemoryPlan {
+    /// Everything planned: trunk + state + scratch + cache.
+    pub fn total(&self) -> u64 {
+        self.trunk + self.state + self.scratch + self.cache_bytes
+    }
+}
+
+/// Bytes of one session's state for `context` tokens (the KV cache of every
+/// attention layer, f32 keys and values).
+pub fn state_bytes(cfg: &ModelConfig, context: usize) -> u64 {
+    2 * cfg.num_layers as u64 * context as u64 * cfg.kv_dim() as u64 * 4
+}
+
+/// An upper estimate of one forward pass's buffers: activations, attention
+/// scores over the context, the dense MLP, router probabilities, logits,
+/// and the expert kernels' lookup tables and scratch.
+pub fn scratch_bytes(cfg: &ModelConfig, context: usize) -> u64 {
+    let h = cfg.hidden_size as u64;
+    let inter = cfg.moe_intermediate_size as u64;
+    let floats = 4 * h
+        + 2 * cfg.intermediate_size as u64
+        + cfg.num_experts as u64 * 2
+        + context as u64 * cfg.num_heads as u64
+        + cfg.q_dim() as u64
+        + 2 * cfg.kv_dim() as u64
+        + cfg.vocab_size as u64
+        // RVQ tables: gate/up over h/8 vectors and down over inter/8, 3 stages x 256.
+        + (h / 8 + inter / 8) * 3 * 256
+        + 3 * inter
+        + h;
+    (floats * 4).div_ceil(1 << 20) * (1 << 20) + (1 << 20)
+}
+
+/// The plan for the container at `path`, read from its manifest (the trunk
+/// is not loaded). `context`: tokens of state (`None`: min(model maximum, 4096)).
+pub fn plan_path(path: &Path, context: Option<usize>, budget: Option<u64>) -> Result<MemoryPlan> {
+    let container = Container::open(path)?;
+    plan(&container, context, budget)
+}
+
+pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Result<usize> {
+    match context {
+        Some(0) => Err(Error::Arg("the context must be at least 1 token".into())),
+        Some(n) if n > cfg.max_position_embeddings => Err(Error::Arg(format!(
+            "a context of {n} tokens exceeds the model's maximum of {}",
+            cfg.max_position_embeddings
+        ))),
+        Some(n) => Ok(n),
+        None => Ok(cfg.max_position_embeddings.min(crate::api::DEFAULT_CONTEXT)),
+    }
+}
+
+pub fn plan(container: &Container, context: Option<usize>, budget: Option<u64>) -> Result<MemoryPlan> {
+    let cfg = container.config();
+    let context = resolve_context(cfg, context)?;
+    let m = container.manifest();
+    let trunk: u64 = m.trunk.tensors.iter().map(|t| t.bytes).sum();
+    let record = m.experts.record_bytes;
+    let moe_layers = m.experts.layers.len();
+    let experts = cfg.num_experts;
+    let usable = usable_ram();
+    plan_from(PlanInput {
+        context,
+        trunk,
+        state: state_bytes(cfg, context),
+        scratch: scratch_bytes(cfg, context),
+        record_bytes: record,
+        top_k: cfg.top_k,
+        moe_layers,
+        experts,
+        usable_ram: usable,
+        budget,
+    })
+}
+
+/// The sizes a plan is made of.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanInput {
+    pub context: usize,
+    pub trunk: u64,
+    pub state: u64,
+    pub scratch: u64,
+    pub record_bytes: u64,
+    pub top_k: usize,
+    pub moe_layers: usize,
+    pub experts: usize,
+    pub usable_ram: u64,
+    pub budget: Option<u64>,
+}
+
+pub fn plan_from(i: PlanInput) -> Result<MemoryPlan> {
+    let record = i.record_bytes.max(1);
+    let fixed = i.trunk + i.state + i.scratch;
+    let min_cache = 2 * i.top_k as u64 * record;
+    let floor = fixed + min_cache;
+    let working_set = i.top_k as u64 * record * i.moe_layers as u64;
+    let all_experts = i.moe_layers as u64 * i.experts as u64 * record;
+    let (budget, source) = match i.budget {
+        Some(b) => {
+            if b < floor {
+                return Err(Error::Arg(format!(
+                    "a budget of {} is under this model's floor of {} (trunk {}, state {}, scratch {}, minimum expert cache {}); run `waste plan MODEL` for the sizes",
+                    fmt_bytes(b),
+                    fmt_bytes(floor),
+                    fmt_bytes(i.trunk),
+                    fmt_bytes(i.state),
+                    fmt_bytes(i.scratch),
+                    fmt_bytes(min_cache)
+                )));
+            }
+            (b, BudgetSource::Given)
+        }
+        None => {
+            let cap = i.usable_ram / 8 * 7;
+            let pick = [3u32, 2, 1]
+                .into_iter()
+                .find(|&n| floor + n as u64 * working_set <= cap);
+            match pick {
+                Some(n) => (floor + n as u64 * working_set, BudgetSource::Auto { working_sets: n }),
+                None => (floor, BudgetSource::Auto { working_sets: 0 }),
+            }
+        }
+    };
+    // More slots than records would never be filled.
+    let max_slots = (i.moe_layers * i.experts).max(2 * i.top_k);
+    let cache_slots = (((budget - fixed) / record) as usize).min(max_slots);
+    Ok(MemoryPlan {
+        context: i.context,
+        trunk: i.trunk,
+        state: i.state,
+        scratch: i.scratch,
+        record_bytes: i.record_bytes,
+        top_k: i.top_k,
+        moe_layers: i.moe_layers,
+        experts_per_layer: i.experts,
+        min_cache,
+        floor,
+        working_set,
+        recommended: floor + 3 * working_set,
+        all_experts,
+        usable_ram: i.usable_ram,
+        budget,
+        budget_source: source,
+        cache_slots,
+        cache_bytes: cache_slots as u64 * record,
+    })
+}
+
+/// `1.50 GB` style, decimal units.
+pub fn fmt_bytes(n: u64) -> String {
+    let n = n as f64;
+    if n >= 1e9 {
+        format!("{:.2} GB", n / 1e9)
+    } else if n >= 1e6 {
+        format!("{:.1} MB", n / 1e6)
+    } else if n >= 1e3 {
+        format!("{:.1} kB", n / 1e3)
+    } else {
+        format!("{n} B")
+    }
+}
+
+/// Parses `1.5G`, `512M`, `800MB`, `2GiB`, `123456` (bytes). G/M/K are
+/// decimal; GiB/MiB/KiB binary.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().ok()?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    let bytes = v * mult;
+    (bytes.is_finite() && bytes >= 0.0 && bytes < 1.8e19).then_some(bytes as u64)
+}
+
+/// RAM this process may use: physical RAM capped by the smallest finite
+/// memory limit on its cgroup path.
+pub fn usable_ram() -> u64 {
+    let physical = physical_ram().unwrap_or(u64::MAX);
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| cgroup_limit(Path::new("/sys/fs/cgroup"), &text));
+    physical.min(cgroup.unwrap_or(u64::MAX))
+}
+
+fn physical_ram() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The smallest finite memory limit on the cgroup path of a process whose
+/// `/proc/PID/cgroup` reads `proc_cgroup`, with the cgroup file systems
+/// mounted under `root`: cgroup v2 `memory.max` and `memory.high` (and v1
+/// `memory.limit_in_bytes` under `root/memory`), walked from the process's
+/// group up to the root. A path that does not exist under `root` (a cgroup
+/// namespace shows the process at `/`) is walked as far as it exists.
+pub fn cgroup_limit(root: &Path, proc_cgroup: &str) -> Option<u64> {
+    let mut best: Option<u64> = None;
+    let mut take = |v: Option<u64>| {
+        if let Some(v) = v {
+            best = Some(best.map_or(v, |b| b.min(v)));
+        }
+    };
+    for line in proc_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/');
+        if id == "0" && controllers.is_empty() {
+            for dir in ancestors(&root.join(rel), root) {
+                take(read_limit(&dir.join("memory.max")));
+                take(read_limit(&dir.join("memory.high")));
+            }
+        } else if controllers.split(',').any(|c| c == "memory") {
+            let base = root.join("memory");
+            for dir in ancestors(&base.join(rel), &base) {
+                take(read_limit(&dir.join("memory.limit_in_bytes")));
+            }
+        }
+    }
+    best
+}
+
+/// `dir` and its parents down to `stop` inclusive.
+fn ancestors(dir: &Path, stop: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut d = Some(dir);
+    while let Some(p) = d {
+        if !p.starts_with(stop) {
+            break;
+        }
+        out.push(p.to_path_buf());
+        if p == stop {
+            break;
+        }
+        d = p.parent();
+    }
+    out
+}
+
+/// A limit file's value; `max` and v1's "unlimited" (a huge page-rounded
+/// number) read as no limit.
+fn read_limit(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: u64 = text.trim().parse().ok()?;
+    (v < 1 << 60).then_some(v)
+}
+
+/// Peak resident set size of this process (`VmHWM`), when the OS reports it.
+pub fn peak_rss() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    fn fixture(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("waste-cg-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn cgroup_v2_takes_the_smallest_of_max_and_high_up_the_path() {
+        let root = fixture("v2");
+        write(&root, "memory.max", "max\n");
+        write(&root, "user.slice/memory.max", "8000000000\n");
+        write(&root, "user.slice/memory.high", "max\n");
+        write(&root, "user.slice/app.scope/memory.max", "max\n");
+        write(&root, "user.slice/app.scope/memory.high", "6000000000\n");
+        assert_eq!(cgroup_limit(&root, "0::/user.slice/app.scope\n"), Some(6_000_000_000));
+        write(&root, "user.slice/memory.max", "5000000000\n");
+        assert_eq!(cgroup_limit(&root, "0::/user.slice/app.scope\n"), Some(5_000_000_000));
+        assert_eq!(cgroup_limit(&root, "0::/\n"), None, "root says max");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn cgroup_v1_reads_limit_in_bytes_of_the_memory_controller() {
+        let root = fixture("v1");
+        // This machine's layout: cgroup v1 with a memory controller path.
+        write(&root, "memory/memory.limit_in_bytes", "9223372036854771712\n");
+        write(
+            &root,
+            "memory/process_api/memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        write(&root, "memory/process_api/job1/memory.limit_in_bytes", "4294967296\n");
+        let proc = "9:name=systemd:/\n4:memory:/process_api/job1\n1:cpu:/\n0::/\n";
+        assert_eq!(cgroup_limit(&root, proc), Some(4_294_967_296));
+        assert_eq!(
+            cgroup_limit(&root, "4:memory:/process_api\n"),
+            None,
+            "unlimited is no limit"
+        );
+        // A namespaced view (the path is missing) still finds the root limit.
+        write(&root, "memory/memory.limit_in_bytes", "3000000000\n");
+        assert_eq!(cgroup_limit(&root, "4:cpu,memory:/not/here\n"), Some(3_000_000_000));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    fn input(budget: Option<u64>, usable: u64) -> PlanInput {
+        PlanInput {
+            context: 64,
+            trunk: 100,
+            state: 20,
+            scratch: 30,
+            record_bytes: 10,
+            top_k: 2,
+            moe_layers: 4,
+            experts: 8,
+            usable_ram: usable,
+            budget,
+        }
+    }
+
+    #[test]
+    fn plan_floor_working_sets_and_auto_budget() {
+        let p = plan_from(input(Some(400), 0)).unwrap();
+        assert_eq!((p.min_cache, p.floor, p.working_set, p.recommended), (40, 190, 80, 430));
+        assert_eq!((p.cache_slots, p.cache_bytes), (25, 250));
+        assert_eq!(p.total(), 400);
+        // 7/8 of 400 = 350: floor + 2 working sets (350) fits, + 3 (430) does not.
+        let p = plan_from(input(None, 400)).unwrap();
+        assert_eq!(
+            (p.budget, p.budget_source),
+            (350, BudgetSource::Auto { working_sets: 2 })
+        );
+        let p = plan_from(input(None, 100)).unwrap();
+        assert_eq!(
+            (p.budget, p.budget_source),
+            (190, BudgetSource::Auto { working_sets: 0 })
+        );
+        let e = plan_from(input(Some(189), 0)).unwrap_err().to_string();
+        assert!(e.contains("floor of 190 B") && e.contains("waste plan"), "{e}");
+        // A budget above the whole model caps the cache at every record.
+        assert_eq!(plan_from(input(Some(10_000), 0)).unwrap().cache_slots, 32);
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("1.5G"), Some(1_500_000_000));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("800 MB"), Some(800_000_000));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("-1G"), None);
+    }
+}

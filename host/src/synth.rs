@@ -1,0 +1,418 @@
+//! Synthetic containers: the exact shapes, record sizes and layout of a real
+//! model, filled with random codes, so the I/O path runs at true scale
+//! without real weights. The architecture is Qwen3-MoE (the trunk the
+//! forward pass runs); the expert banks match the named model's.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use crate::config::{ModelConfig, TensorRole};
+use crate::container::manifest::{
+    align_up, record, CodebookEntry, ExpertBankEntry, ExpertIndex, Manifest, TensorEntry, TrunkIndex, CODEBOOK_FILE,
+    FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN, TRUNK_FILE,
+};
+use crate::error::{Error, Result};
+use crate::quant::{self, ExpertFormat, ExpertShape, TrunkFormat};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthSpec {
+    pub hidden: usize,
+    pub inter: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    /// Decoder layers; the first `dense_layers` have a dense MLP.
+    pub layers: usize,
+    pub dense_layers: usize,
+    pub dense_inter: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub max_context: usize,
+    pub format: ExpertFormat,
+    pub trunk: TrunkFormat,
+    pub seed: u64,
+}
+
+/// Named shapes: `kimi-linear-48b` (26 MoE layers x 256 experts, hidden
+/// 2304, expert width 1024, top-8; its trunk is stood in by GQA attention
+/// of the same width), `olmoe-trace` and `kimi-trace` (the expert counts of
+/// the shared routing traces with tiny records), `small` (tests).
+pub fn preset(name: &str) -> Option<SynthSpec> {
+    let base = SynthSpec {
+        hidden: 64,
+        inter: 64,
+        experts: 64,
+        top_k: 8,
+        layers: 16,
+        dense_layers: 0,
+        dense_inter: 128,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        vocab: 256,
+        max_context: 4096,
+        format: ExpertFormat::Rvq3,
+        trunk: TrunkFormat::Q8,
+        seed: 1,
+    };
+    Some(match name {
+        "kimi-linear-48b" => SynthSpec {
+            hidden: 2304,
+            inter: 1024,
+            experts: 256,
+            layers: 27,
+            dense_layers: 1,
+            dense_inter: 9216,
+            heads: 32,
+            kv_heads: 2,
+            head_dim: 128,
+            vocab: 163_840,
+            trunk: TrunkFormat::Q4,
+            ..base
+        },
+        "olmoe-trace" => base,
+        "kimi-trace" => SynthSpec {
+            experts: 256,
+            layers: 27,
+            dense_layers: 1,
+            ..base
+        },
+        "small" => SynthSpec {
+            hidden: 512,
+            inter: 1024,
+            experts: 64,
+            layers: 8,
+            vocab: 1024,
+            head_dim: 64,
+            ..base
+        },
+        _ => return None,
+    })
+}
+
+pub const PRESETS: &[&str] = &["kimi-linear-48b", "olmoe-trace", "kimi-trace", "small"];
+
+impl SynthSpec {
+    pub fn config_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "hidden_size": self.hidden,
+            "intermediate_size": self.dense_inter,
+            "moe_intermediate_size": self.inter,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "num_hidden_layers": self.layers,
+            "num_experts": self.experts,
+            "num_experts_per_tok": self.top_k,
+            "norm_topk_prob": true,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": (0..self.dense_layers).collect::<Vec<_>>(),
+            "vocab_size": self.vocab,
+            "max_position_embeddings": self.max_context,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": false,
+            "attention_bias": false,
+            "bos_token_id": null,
+            "eos_token_id": 1,
+        })
+    }
+}
+
+/// What `synth` wrote.
+#[derive(Debug, Clone, Default)]
+pub struct SynthReport {
+    pub trunk_bytes: u64,
+    pub expert_bytes: u64,
+    pub record_bytes: u64,
+    pub moe_layers: usize,
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+
+    /// Uniform in (-a, a).
+    fn uniform(&mut self, a: f32) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
+    }
+}
+
+fn seeded(seed: u64, a: u64, b: u64) -> Rng {
+    Rng((seed ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xD1B5_4A32_D192_ED03)) | 1)
+}
+
+/// Writes a synthetic container to `out` (which must not exist).
+/// `progress(done, total)` counts tensors and expert banks.
+pub fn synth(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(u64, u64)) -> Result<SynthReport> {
+    if out.exists() {
+        return Err(Error::Arg(format!("{} already exists", out.display())));
+    }
+    if !matches!(
+        spec.format,
+        ExpertFormat::Rvq3 | ExpertFormat::Rvq2 | ExpertFormat::Q8 | ExpertFormat::Q4
+    ) {
+        return Err(Error::Arg(format!(
+            "synthetic experts must be rvq3, rvq2, q8 or q4, not {}",
+            spec.format.name()
+        )));
+    }
+    let config = spec.config_json();
+    let cfg = ModelConfig::from_json_str(&config.to_string(), &out.join("config.json"))?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let names = cfg.trunk_tensor_names();
+    let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)).collect();
+    let total = (names.len() + moe_layers.len()) as u64;
+    let mut done = 0;
+    let mut report = SynthReport {
+        moe_layers: moe_layers.len(),
+        ..SynthReport::default()
+    };
+
+    let trunk_path = out.join(TRUNK_FILE);
+    let trunk = File::create(&trunk_path).map_err(|e| Error::io(&trunk_path, e))?;
+    let mut offset = 0u64;
+    let mut tensors = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let shape = cfg
+            .trunk_tensor_shape(name)
+            .ok_or_else(|| Error::Runtime(format!("no shape for {name}")))?;
+        let (fmt, rows, cols) = match (shape.as_slice(), cfg.tensor_role(name)) {
+            ([n], _) => (TrunkFormat::F32, 1, *n),
+            ([r, c], role) => (trunk_format_for(role, spec.trunk), *r, *c),
+            _ => return Err(Error::Runtime(format!("tensor {name} has shape {shape:?}"))),
+        };
+        offset = align_up(offset, TENSOR_ALIGN);
+        let bytes = write_matrix(
+            &trunk,
+            &trunk_path,
+            offset,
+            fmt,
+            rows,
+            cols,
+            shape.len() == 1,
+            spec.seed ^ i as u64,
+        )?;
+        tensors.push(TensorEntry {
+            name: name.clone(),
+            shape: shape.iter().map(|&d| d as u64).collect(),
+            format: fmt.name().into(),
+            offset,
+            bytes,
+        });
+        offset += bytes;
+        report.trunk_bytes += bytes;
+        done += 1;
+        progress(done, total);
+    }
+    trunk.sync_all().map_err(|e| Error::io(&trunk_path, e))?;
+
+    let shape = ExpertShape {
+        hidden: spec.hidden,
+        inter: spec.inter,
+    };
+    let payload_bytes = quant::expert_payload_len(spec.format, shape) as u64;
+    let payload_offset = record::HEADER_BYTES;
+    let record_bytes = align_up(payload_offset + payload_bytes, RECORD_ALIGN);
+    let scale_blocks = scale_blocks(spec.format, shape);
+    let mut cb_file = if spec.format.uses_codebooks() {
+        let p = out.join(CODEBOOK_FILE);
+        Some((File::create(&p).map_err(|e| Error::io(&p, e))?, p, 0u64))
+    } else {
+        None
+    };
+    let mut banks = Vec::new();
+    for &layer in &moe_layers {
+        let codebooks = match cb_file.as_mut() {
+            Some((f, p, pos)) => {
+                let stages = spec.format.stages().unwrap_or(3);
+                let mut rng = seeded(spec.seed, 77, layer as u64);
+                let mut book = |pos: &mut u64| -> Result<(u64, u64)> {
+                    let vals: Vec<u8> = (0..stages * 256 * 8)
+                        .flat_map(|_| rng.uniform(0.3).to_le_bytes())
+                        .collect();
+                    let at = align_up(*pos, TENSOR_ALIGN);
+                    f.write_all_at(&vals, at).map_err(|e| Error::io(&*p, e))?;
+                    *pos = at + vals.len() as u64;
+                    Ok((at, vals.len() as u64))
+                };
+                let (gu_off, gu_len) = book(pos)?;
+                let (d_off, d_len) = book(pos)?;
+                Some(CodebookEntry {
+                    file: CODEBOOK_FILE.into(),
+                    stages: stages as u64,
+                    gate_up_offset: gu_off,
+                    gate_up_bytes: gu_len,
+                    down_offset: d_off,
+                    down_bytes: d_len,
+                })
+            }
+            None => None,
+        };
+        let file = format!("experts-{layer:03}.bin");
+        let path = out.join(&file);
+        let mut bank =
+            std::io::BufWriter::with_capacity(8 << 20, File::create(&path).map_err(|e| Error::io(&path, e))?);
+        const CHUNK: usize = 16;
+        for first in (0..spec.experts).step_by(CHUNK) {
+            let n = CHUNK.min(spec.experts - first);
+            let mut buf = vec![0u8; n * record_bytes as usize];
+            buf.par_chunks_mut(record_bytes as usize)
+                .enumerate()
+                .for_each(|(j, rec)| {
+                    let expert = first + j;
+                    let header = record::Header {
+                        layer: layer as u32,
+                        expert: expert as u32,
+                        format: spec.format.code(),
+                        hidden: shape.hidden as u32,
+                        inter: shape.inter as u32,
+                        payload_offset,
+                        payload_bytes,
+                    };
+                    rec[..record::HEADER_BYTES as usize].copy_from_slice(&header.to_bytes());
+                    let payload = &mut rec[payload_offset as usize..(payload_offset + payload_bytes) as usize];
+                    seeded(spec.seed, layer as u64 + 1, expert as u64).fill(payload);
+                    // Scales: a fixed small f16 so outputs stay finite.
+                    for range in &scale_blocks {
+                        for s in payload[range.clone()].chunks_exact_mut(2) {
+                            s.copy_from_slice(&half::f16::from_f32(0.02).to_le_bytes());
+                        }
+                    }
+                });
+            bank.write_all(&buf).map_err(|e| Error::io(&path, e))?;
+        }
+        let f = bank.into_inner().map_err(|e| Error::io(&path, e.into_error()))?;
+        f.sync_all().map_err(|e| Error::io(&path, e))?;
+        report.expert_bytes += spec.experts as u64 * record_bytes;
+        banks.push(ExpertBankEntry {
+            layer: layer as u64,
+            file,
+            experts: spec.experts as u64,
+            codebooks,
+        });
+        done += 1;
+        progress(done, total);
+    }
+    report.record_bytes = record_bytes;
+    let manifest = Manifest {
+        format: FORMAT_NAME.into(),
+        format_version: FORMAT_VERSION,
+        writer: format!("waste {} synth", env!("CARGO_PKG_VERSION")),
+        config,
+        generation_config: None,
+        trunk: TrunkIndex {
+            file: TRUNK_FILE.into(),
+            format: spec.trunk.name().into(),
+            tensors,
+        },
+        experts: ExpertIndex {
+            format: spec.format.name().into(),
+            hidden: spec.hidden as u64,
+            inter: spec.inter as u64,
+            record_bytes,
+            payload_offset,
+            payload_bytes,
+            layers: banks,
+        },
+        tokenizer_files: Vec::new(),
+    };
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Runtime(e.to_string()))?;
+    let mpath = out.join(MANIFEST_FILE);
+    std::fs::write(&mpath, json).map_err(|e| Error::io(&mpath, e))?;
+    Ok(report)
+}
+
+/// As the converter: embeddings and LM head 8-bit, vectors and routers f32.
+fn trunk_format_for(role: TensorRole, trunk: TrunkFormat) -> TrunkFormat {
+    match (role, trunk) {
+        (_, TrunkFormat::F32) => TrunkFormat::F32,
+        (TensorRole::Embedding | TensorRole::LmHead, _) => TrunkFormat::Q8,
+        (TensorRole::Vector | TensorRole::Router, _) => TrunkFormat::F32,
+        (TensorRole::Matrix, fmt) => fmt,
+    }
+}
+
+/// Byte ranges of the f16 scale blocks inside an expert payload (gate, up,
+/// down; see the layouts in `quant`).
+fn scale_blocks(fmt: ExpertFormat, shape: ExpertShape) -> Vec<std::ops::Range<usize>> {
+    let (h, i) = (shape.hidden, shape.inter);
+    let mut out = Vec::new();
+    let mut at = 0;
+    for (rows, cols) in [(i, h), (i, h), (h, i)] {
+        let (scales, data) = match fmt {
+            ExpertFormat::Q8 => (rows * cols.div_ceil(128) * 2, rows * cols),
+            ExpertFormat::Q4 => (rows * cols.div_ceil(128) * 2, rows * cols.div_ceil(2)),
+            _ => (rows * 2, rows * (cols / 8) * fmt.stages().unwrap_or(3)),
+        };
+        out.push(at..at + scales);
+        at += scales + data;
+    }
+    out
+}
+
+/// Writes a random matrix (or a vector of ones) at `offset` in chunks of
+/// rows, so a 377 MB embedding never exists as f32 in memory.
+#[allow(clippy::too_many_arguments)]
+fn write_matrix(
+    file: &File,
+    path: &Path,
+    offset: u64,
+    fmt: TrunkFormat,
+    rows: usize,
+    cols: usize,
+    vector: bool,
+    seed: u64,
+) -> Result<u64> {
+    let total = fmt.byte_len(rows, cols);
+    if vector {
+        let ones: Vec<u8> = (0..cols).flat_map(|_| 1.0f32.to_le_bytes()).collect();
+        file.write_all_at(&ones, offset).map_err(|e| Error::io(path, e))?;
+        return Ok(ones.len() as u64);
+    }
+    let per_row = fmt.byte_len(1, cols);
+    let scales_per_row = match fmt {
+        TrunkFormat::F32 => 0,
+        _ => cols.div_ceil(128) * 2,
+    };
+    let data_per_row = per_row - scales_per_row;
+    let a = 1.0 / (cols as f32).sqrt();
+    const CHUNK: usize = 256;
+    let chunks: Vec<usize> = (0..rows).step_by(CHUNK).collect();
+    let results: Vec<Result<()>> = chunks
+        .par_iter()
+        .map(|&r0| {
+            let n = CHUNK.min(rows - r0);
+            let mut rng = seeded(seed, r0 as u64, 3);
+            let w: Vec<f32> = (0..n * cols).map(|_| rng.uniform(a)).collect();
+            let bytes = quant::quantize_trunk(fmt, &w, n, cols);
+            let (scales, data) = bytes.split_at(n * scales_per_row);
+            file.write_all_at(scales, offset + (r0 * scales_per_row) as u64)
+                .map_err(|e| Error::io(path, e))?;
+            file.write_all_at(data, offset + (rows * scales_per_row + r0 * data_per_row) as u64)
+                .map_err(|e| Error::io(path, e))
+        })
+        .collect();
+    results.into_iter().collect::<Result<()>>()?;
+    Ok(total as u64)
+}

@@ -1,0 +1,205 @@
+//! The shipped model (models/bible-moe, a small Qwen3-MoE trained on the King
+//! James Bible by tests/train_bible_moe.py) against transformers' outputs in
+//! models/bible-moe/reference.json (tests/ref_bible_moe.py): the committed
+//! container, greedy generation, held-out perplexity by container format.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use waste_host::{Engine, GenerateParams, Model, OpenOptions, Session};
+
+use crate::common::*;
+
+/// Perplexity bounds (relative to transformers' f32 value on the same tokens)
+/// for the quantised containers. Measured: see docs/MODEL_CARD.md.
+const F32_BOUND: f64 = 0.01;
+const RVQ3_Q4_BOUND: f64 = 0.03;
+const RVQ4P_Q4_BOUND: f64 = 0.03;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn checkpoint() -> PathBuf {
+    let dir = repo().join("models/bible-moe");
+    assert!(
+        dir.join("reference.json").is_file() && dir.join("model.safetensors").is_file(),
+        "{} is incomplete: retrain with tests/train_bible_moe.py and run tests/ref_bible_moe.py",
+        dir.display()
+    );
+    dir
+}
+
+fn shipped() -> PathBuf {
+    repo().join("examples/bible-moe.waste")
+}
+
+fn reference() -> &'static serde_json::Value {
+    static R: OnceLock<serde_json::Value> = OnceLock::new();
+    R.get_or_init(|| serde_json::from_slice(&std::fs::read(checkpoint().join("reference.json")).unwrap()).unwrap())
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// models/bible-moe converted with the given formats, once per test run.
+fn container(experts: &str, trunk: &str) -> PathBuf {
+    static DIR: OnceLock<TempDir> = OnceLock::new();
+    static LOCK: Mutex<()> = Mutex::new(());
+    let dir = DIR.get_or_init(|| TempDir::new("bible"));
+    let _one_at_a_time = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let out = dir.path().join(format!("bible-{experts}-{trunk}.waste"));
+    if !out.exists() {
+        let src = checkpoint();
+        let o =
+            waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", experts, "--trunk", trunk]);
+        assert!(o.status.success(), "convert bible-moe ({experts}/{trunk}) failed: {}", stderr(&o));
+    }
+    out
+}
+
+fn engine() -> &'static Engine {
+    static E: OnceLock<Engine> = OnceLock::new();
+    E.get_or_init(|| Engine::new().unwrap())
+}
+
+fn session(path: &Path) -> Session {
+    engine().session(Model::open(path, &OpenOptions::default()).unwrap()).unwrap()
+}
+
+/// Held-out sample perplexity of `path` and its relative distance from transformers'.
+fn sample_perplexity(path: &Path) -> (f64, f64) {
+    let r = &reference()["heldout_sample"];
+    let text = std::fs::read_to_string(checkpoint().join(r["file"].as_str().unwrap())).unwrap();
+    let mut s = session(path);
+    assert_eq!(s.tokenize(&text).unwrap(), ids(&r["ids"]), "the tokenizer disagrees with HF tokenizers");
+    let p = s.perplexity(&text, None).unwrap();
+    assert_eq!(p.window, r["window"].as_u64().unwrap() as usize);
+    assert_eq!(p.scored, r["scored"].as_u64().unwrap() as usize);
+    assert_eq!(p.windows, r["windows"].as_u64().unwrap() as usize);
+    let want = r["perplexity"].as_f64().unwrap();
+    (p.perplexity(), (p.perplexity() / want - 1.0).abs())
+}
+
+#[test]
+fn shipped_bible_container_matches_a_fresh_conversion() {
+    let fresh = container("rvq3", "q4");
+    let shipped = shipped();
+    let listing = |d: &Path| {
+        let mut names: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(listing(&fresh), listing(&shipped));
+    for name in listing(&fresh) {
+        assert!(
+            std::fs::read(fresh.join(&name)).unwrap() == std::fs::read(shipped.join(&name)).unwrap(),
+            "{name:?} differs: regenerate with `waste convert models/bible-moe examples/bible-moe.waste`"
+        );
+    }
+}
+
+#[test]
+fn bible_greedy_continuation_matches_transformers_in_f32() {
+    let r = reference();
+    let mut s = session(&container("f32", "f32"));
+    let prompt = s.tokenize(r["prompt_text"].as_str().unwrap()).unwrap();
+    assert_eq!(prompt, ids(&r["prompt_ids"]));
+    let want = ids(&r["greedy_ids"]);
+    let params = GenerateParams {
+        temperature: 0.0,
+        max_tokens: want.len() as u32,
+        stop_at_eos: false,
+        ..GenerateParams::default()
+    };
+    let got = s.generate(&prompt, &params, |_| true).unwrap();
+    assert_eq!(got.tokens, want, "engine {:?} vs transformers {:?}", got.text, r["greedy_text"]);
+}
+
+#[test]
+fn bible_heldout_perplexity_within_1_percent_of_transformers_in_f32() {
+    let (ppl, rel) = sample_perplexity(&container("f32", "f32"));
+    assert!(rel < F32_BOUND, "f32 perplexity {ppl} is {:.4}% from transformers'", rel * 100.0);
+}
+
+#[test]
+fn bible_heldout_perplexity_rvq3_q4_within_bound() {
+    // The committed container: what the README runs.
+    let (ppl, rel) = sample_perplexity(&shipped());
+    assert!(rel < RVQ3_Q4_BOUND, "rvq3/q4 perplexity {ppl} is {:.2}% from transformers'", rel * 100.0);
+}
+
+#[test]
+fn bible_heldout_perplexity_rvq4p_q4_within_bound() {
+    let (ppl, rel) = sample_perplexity(&container("rvq4p", "q4"));
+    assert!(rel < RVQ4P_Q4_BOUND, "rvq4p/q4 perplexity {ppl} is {:.2}% from transformers'", rel * 100.0);
+}
+
+/// Prefilling a window in chunks only changes how many tokens each forward
+/// call takes: the scores must be the same bits as one call per window.
+#[test]
+fn perplexity_chunked_prefill_is_bit_identical_to_whole_windows() {
+    let r = &reference()["heldout_sample"];
+    let tokens = ids(&r["ids"]);
+    for path in [container("f32", "f32"), shipped()] {
+        let model = Model::open(&path, &OpenOptions::default()).unwrap();
+        let window = model.context();
+        let whole = model.perplexity(&tokens, window, window).unwrap();
+        for chunk in [1, 7, 64] {
+            let chunked = model.perplexity(&tokens, window, chunk).unwrap();
+            assert_eq!(chunked.nll_sum.to_bits(), whole.nll_sum.to_bits(), "{} chunk {chunk}", path.display());
+            assert_eq!(chunked, whole);
+        }
+    }
+}
+
+#[test]
+fn perplexity_rejects_bad_windows_and_short_texts() {
+    let model = Model::open(&shipped(), &OpenOptions::default()).unwrap();
+    let ctx = model.context();
+    for (tokens, window, chunk) in
+        [(vec![1u32, 2, 3], 1, 8), (vec![1, 2, 3], ctx + 1, 8), (vec![5], ctx, 8), (vec![1, 2], ctx, 0)]
+    {
+        assert!(
+            matches!(model.perplexity(&tokens, window, chunk), Err(waste_host::Error::Arg(_))),
+            "{tokens:?} window {window} chunk {chunk}"
+        );
+    }
+    let vocab = model.info().vocab_size as u32;
+    assert!(matches!(model.perplexity(&[1, vocab], ctx, 8), Err(waste_host::Error::Arg(_))));
+}
+
+#[test]
+fn perplexity_cli_reports_the_api_value() {
+    let sample = checkpoint().join("heldout-sample.txt");
+    let o = waste(&["perplexity", shipped().to_str().unwrap(), sample.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let text = std::fs::read_to_string(&sample).unwrap();
+    let api = session(&shipped()).perplexity(&text, None).unwrap();
+    assert_eq!(v["nll_sum"].as_f64().unwrap(), api.nll_sum);
+    assert_eq!(v["scored"].as_u64().unwrap() as usize, api.scored);
+    let o = waste(&["perplexity", shipped().to_str().unwrap(), sample.to_str().unwrap(), "--window", "1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).starts_with("error: ") && stderr(&o).lines().count() == 1, "{}", stderr(&o));
+    let o = waste(&["perplexity", shipped().to_str().unwrap(), "/nonexistent/text.txt"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+}
+
+/// The README's main command: its words must be the corpus's words.
+#[test]
+fn readme_command_prints_kjv_words() {
+    let o = waste(&["run", shipped().to_str().unwrap(), "And God said"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let held = std::fs::read_to_string(checkpoint().join("heldout.txt")).unwrap();
+    let words = |t: &str| -> Vec<String> {
+        t.split(|c: char| !c.is_alphabetic()).filter(|w| !w.is_empty()).map(str::to_lowercase).collect()
+    };
+    let known: std::collections::HashSet<String> = words(&held).into_iter().collect();
+    let said = words(&out);
+    assert!(said.len() >= 40, "too little text: {out:?}");
+    let hits = said.iter().filter(|w| known.contains(*w)).count();
+    assert!(hits * 10 >= said.len() * 9, "only {hits} of {} words occur in the held-out text: {out:?}", said.len());
+}

@@ -52,3 +52,17 @@ pub fn component_bytes() -> &'static [u8] {
 
 /// The engine's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Reports a test that could not run. cargo captures a passing test's
+/// output, so the line is also appended to the file named by `WASTE_SKIP_LOG`
+/// (set by .ci/run), where CI checks it against .ci/allowed-skips.
+#[cfg(test)]
+pub(crate) fn report_skip(message: &str) {
+    eprintln!("{message}");
+    if let Some(path) = std::env::var_os("WASTE_SKIP_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{message}");
+        }
+    }
+}

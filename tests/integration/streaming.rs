@@ -11,7 +11,7 @@ use waste_host::store::{simulate, CachePolicy, StoreOptions};
 use waste_host::synth::{preset, synth};
 use waste_host::{Model, OpenOptions};
 
-use crate::common::{stderr, stdout, waste, TempDir};
+use crate::common::{report_skip, stderr, stdout, waste, TempDir};
 
 fn synthetic(dir: &TempDir, shape: &str) -> PathBuf {
     let out = dir.path().join(format!("{shape}.waste"));
@@ -143,10 +143,10 @@ fn direct_io_is_on_for_a_container_on_this_machine() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     if fs == "tmpfs" {
-        println!(
+        report_skip(&format!(
             "SKIP direct_io_is_on: {} is tmpfs, which refuses O_DIRECT",
             dir.path().display()
-        );
+        ));
         return;
     }
     let path = synthetic(&dir, "olmoe-trace");
@@ -270,7 +270,7 @@ fn shared_trace(name: &str) -> Option<PathBuf> {
     if p.is_file() {
         Some(p)
     } else {
-        println!("SKIP: routing trace {} is missing", p.display());
+        report_skip(&format!("SKIP: routing trace {} is missing", p.display()));
         None
     }
 }

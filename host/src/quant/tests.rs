@@ -141,7 +141,7 @@ fn malformed_lengths_are_errors() {
 #[test]
 fn simd_matches_scalar() {
     if !simd::has_avx2() {
-        eprintln!("SKIP simd_matches_scalar: no AVX2+FMA on this CPU");
+        crate::report_skip("SKIP simd_matches_scalar: no AVX2+FMA on this CPU");
         return;
     }
     #[cfg(target_arch = "x86_64")]

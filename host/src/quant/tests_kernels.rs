@@ -65,7 +65,7 @@ fn rvq4p_every_isa_is_bit_identical_to_scalar() {
     let levels = Isa::supported();
     eprintln!("rvq4p levels exercised: {:?}", levels);
     if levels.len() == 1 {
-        eprintln!("SKIP rvq4p SIMD comparison: this CPU runs only the scalar kernel");
+        crate::report_skip("SKIP rvq4p SIMD comparison: this CPU runs only the scalar kernel");
     }
     let mut rng = Rng::new(21);
     for nvec in [1, 2, 31, 32, 33, 64, 65, 288] {

@@ -197,10 +197,10 @@ mod tests {
             .unwrap_or_default();
         std::fs::remove_dir_all(&dir).unwrap();
         if fs_type == "tmpfs" {
-            println!(
+            crate::report_skip(&format!(
                 "SKIP direct I/O check: {} is tmpfs, which refuses O_DIRECT",
                 dir.display()
-            );
+            ));
             assert!(!bank.direct());
             return;
         }

@@ -1,6 +1,6 @@
 //! One function per subcommand, each a client of the waste-host API.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{IsTerminal, Read};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -10,7 +10,7 @@ use serde_json::json;
 use waste_host::quant::{ExpertFormat, TrunkFormat};
 use waste_host::{ConvertOptions, Engine, GenerateParams, Model, OpenOptions, Session};
 
-use crate::output::{self, RunTotals};
+use crate::output;
 use crate::{ConvertArgs, DetokenizeArgs, EvalArgs, InfoArgs, ModelArgs, RunArgs, TokenizeArgs, VersionArgs};
 
 /// A mistake in how the command was called: exit code 2.
@@ -68,7 +68,7 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     Ok(())
 }
 
-fn open(args: &ModelArgs) -> Result<(Engine, Session)> {
+pub fn open(args: &ModelArgs) -> Result<(Engine, Session)> {
     let budget = crate::cmd_stream::budget_arg(&args.budget)?;
     let (threads, cpus) = thread_args(args)?;
     let model = Model::open(&args.model, &OpenOptions { context: args.ctx, budget, threads, cpus, ..OpenOptions::default() })
@@ -164,31 +164,27 @@ pub fn run(a: RunArgs) -> Result<()> {
         stop_tokens: a.stop_token.clone(),
     };
     let show_logprobs = a.logprobs.is_some();
-    let totals = Arc::new(Mutex::new(RunTotals::default()));
-    let sink = totals.clone();
+    let renderer = Arc::new(Mutex::new(crate::render::Renderer::new()));
+    let sink = renderer.clone();
     let started = Instant::now();
     let completion = session.generate(&tokens, &params, move |event| {
         if show_logprobs {
             let top: Vec<_> = event.top_logprobs.iter().map(|(id, lp)| json!({"id": id, "logprob": lp})).collect();
             eprintln!("{}", json!({"token": event.token, "text": event.text, "logprob": event.logprob, "top": top}));
         }
-        let mut out = std::io::stdout().lock();
         // A closed stdout (a pipe to `head`) ends the generation quietly.
-        let written = out.write_all(event.text.as_bytes()).and_then(|_| out.flush()).is_ok();
-        if let Ok(mut t) = sink.lock() {
-            t.tokens += 1;
-            t.experts_hit += event.experts_hit as u64;
-            t.experts_missed += event.experts_missed as u64;
-            t.bytes_read += event.bytes_read;
-        }
-        written
+        sink.lock().map(|mut r| r.token(event)).unwrap_or(false)
     })?;
     let seconds = started.elapsed().as_secs_f64();
     println!();
     if let Some(path) = &a.save_state {
         session.save_state(path).with_context(|| format!("saving the session to {}", path.display()))?;
     }
-    let totals = *totals.lock().map_err(|_| anyhow::anyhow!("statistics lock poisoned"))?;
+    let totals = {
+        let mut r = renderer.lock().map_err(|_| anyhow::anyhow!("statistics lock poisoned"))?;
+        r.clear();
+        r.totals
+    };
     eprintln!("{} (stop: {})", output::stats_line(&totals, seconds), completion.stop_reason.as_str());
     Ok(())
 }
@@ -210,11 +206,10 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let (_engine, mut session) = open(&a.model)?;
     let tokens = match (&a.tokens, &a.prompt) {
         (Some(ids), _) => ids.clone(),
-        (None, Some(text)) => {
-            let text = if text == "-" { read_stdin()? } else { text.clone() };
+        (None, prompt) => {
+            let text = read_prompt(prompt.as_deref(), a.file.as_deref())?;
             encode(&mut session, &text, a.markup)?
         }
-        (None, None) => bail!(usage("give a prompt or --tokens ID,ID,...")),
     };
     if tokens.is_empty() {
         bail!(usage("nothing to evaluate: no tokens"));
@@ -257,7 +252,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
 }
 
 pub fn tokenize(a: TokenizeArgs) -> Result<()> {
-    let text = read_prompt(a.text.as_deref(), None)?;
+    let text = read_prompt(a.text.as_deref(), a.file.as_deref())?;
     let (_engine, mut session) = open(&a.model)?;
     let ids = encode(&mut session, &text, a.markup)?;
     let mode = if a.markup { "markup" } else { "content" };
@@ -361,5 +356,14 @@ pub fn version(a: VersionArgs) -> Result<()> {
     } else {
         println!("waste {} (container format {format}, wit waste:engine@0.1.0)", waste_host::VERSION);
     }
+    Ok(())
+}
+
+/// Writes the bundled control component, for hosts with their own wasmtime
+/// binding (docs/EMBEDDING.md).
+pub fn component(a: crate::ComponentArgs) -> Result<()> {
+    let bytes = waste_host::component_bytes();
+    std::fs::write(&a.out, bytes).with_context(|| format!("writing {}", a.out.display()))?;
+    println!("{}: {} bytes (WIT world waste:engine/engine, wit/engine.wit)", a.out.display(), bytes.len());
     Ok(())
 }

@@ -3,10 +3,13 @@
 //! A thin client of the waste-host API: everything it does, an embedder can
 //! do. Exit codes: 0 success, 1 runtime error, 2 usage error.
 
+mod chat;
 mod cmd_perplexity;
+mod cmd_serve;
 mod cmd_stream;
 mod commands;
 mod output;
+mod render;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,6 +29,8 @@ enum Command {
     Convert(ConvertArgs),
     /// Generate text from a prompt, streaming it to stdout.
     Run(RunArgs),
+    /// Chat with a model through its chat template (a REPL; /help inside).
+    Chat(chat::ChatArgs),
     /// Evaluate tokens and print the next-token distribution (or raw logits).
     Eval(EvalArgs),
     /// Text -> token ids.
@@ -44,6 +49,10 @@ enum Command {
     Bench(cmd_stream::BenchArgs),
     /// Write a synthetic container with a real model's shapes and random codes.
     Synth(cmd_stream::SynthArgs),
+    /// Write the bundled control component (wasm32-wasip2) for other wasmtime hosts.
+    Component(ComponentArgs),
+    /// OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models.
+    Serve(cmd_serve::ServeArgs),
 }
 
 #[derive(Args)]
@@ -155,8 +164,11 @@ pub struct RunArgs {
 pub struct EvalArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The text to evaluate (or use --tokens).
+    /// The text to evaluate (or use --tokens); `-` or nothing reads stdin.
     pub prompt: Option<String>,
+    /// Read the text to evaluate from a file.
+    #[arg(long, conflicts_with_all = ["prompt", "tokens"])]
+    pub file: Option<PathBuf>,
     /// Token ids to evaluate instead of text: 1,2,3.
     #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
     pub tokens: Option<Vec<u32>>,
@@ -182,6 +194,9 @@ pub struct TokenizeArgs {
     pub model: ModelArgs,
     /// Text to tokenize; `-` or nothing reads stdin.
     pub text: Option<String>,
+    /// Read the text from a file.
+    #[arg(long, conflicts_with = "text")]
+    pub file: Option<PathBuf>,
     /// Treat the text as template markup: special-token strings become control tokens.
     /// Without it the text is content and can never produce a control token.
     #[arg(long)]
@@ -210,6 +225,13 @@ pub struct InfoArgs {
 }
 
 #[derive(Args)]
+pub struct ComponentArgs {
+    /// Where to write the component.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Args)]
 pub struct VersionArgs {
     #[arg(long)]
     pub json: bool,
@@ -220,6 +242,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Convert(a) => commands::convert(a),
         Command::Run(a) => commands::run(a),
+        Command::Chat(a) => chat::chat(a),
         Command::Eval(a) => commands::eval(a),
         Command::Tokenize(a) => commands::tokenize(a),
         Command::Detokenize(a) => commands::detokenize(a),
@@ -229,6 +252,8 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => cmd_perplexity::perplexity(a),
         Command::Bench(a) => cmd_stream::bench(a),
         Command::Synth(a) => cmd_stream::synth(a),
+        Command::Component(a) => commands::component(a),
+        Command::Serve(a) => cmd_serve::serve(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

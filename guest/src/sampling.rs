@@ -262,74 +262,22 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
         return argmax(logits);
     }
     let inv_t = 1.0 / params.temperature as f64;
-    let cmp = by_logit_desc(logits);
-    // Candidates in `by_logit_desc` order with their unnormalised
-    // probabilities exp((l - max) / T), and the total mass of the candidate
-    // set (after top-k), summed in a fixed order.
-    let (order, probs, total) = if params.top_k > 0 && (params.top_k as usize) < logits.len() {
-        let order = top_ids(logits, params.top_k as usize);
-        if order.is_empty() {
-            return 0;
-        }
-        let max = logits[order[0] as usize] as f64;
-        let probs: Vec<f64> = order
-            .iter()
-            .map(|&i| ((logits[i as usize] as f64 - max) * inv_t).exp())
-            .collect();
-        let total = probs.iter().sum();
-        (order, probs, total)
-    } else {
-        let max_id = argmax(logits);
-        let max = logits[max_id] as f64;
-        if max == f64::NEG_INFINITY || logits[max_id].is_nan() {
-            return max_id;
-        }
-        let rel = |l: f32| ((l as f64 - max) * inv_t).exp();
-        // Mass of every candidate, in id order.
-        let total: f64 = logits.iter().filter(|l| !l.is_nan()).map(|&l| rel(l)).sum();
-        // Sorting the whole vocabulary every step costs milliseconds at 160k
-        // entries, so only the tokens that can survive top-p and min-p are
-        // sorted: those with a relative probability of at least `floor`. A
-        // floor whose set already holds `top_p` of the mass contains the
-        // nucleus (that set is itself a prefix of the sorted order).
-        let mut floor = if params.min_p > 0.0 {
-            params.min_p as f64
-        } else {
-            0.0
-        };
-        if params.top_p >= 1.0 {
-            if params.min_p == 0.0 {
-                floor = 0.0;
-            }
-        } else {
-            let target = params.top_p as f64 * total;
-            let mut try_floor = 1.0f64 / 16.0;
-            loop {
-                if try_floor <= floor || try_floor < 1e-300 {
-                    break;
-                }
-                let mass: f64 = logits
-                    .iter()
-                    .map(|&l| rel(l))
-                    .filter(|&p| p >= try_floor)
-                    .sum();
-                if mass >= target {
-                    floor = floor.max(try_floor);
-                    break;
-                }
-                try_floor /= 16.0;
-            }
-        }
-        let mut order: Vec<u32> = (0..logits.len() as u32)
-            .filter(|&i| {
-                let l = logits[i as usize];
-                !l.is_nan() && (floor == 0.0 || rel(l) >= floor)
-            })
-            .collect();
-        order.sort_unstable_by(&cmp);
-        let probs: Vec<f64> = order.iter().map(|&i| rel(logits[i as usize])).collect();
-        (order, probs, total)
-    };
+    if params.top_k == 0 || params.top_k as usize >= logits.len() {
+        return sample_without_top_k(logits, params, inv_t, rng);
+    }
+    // The top-k candidates in `by_logit_desc` order with their unnormalised
+    // probabilities exp((l - max) / T) and their total mass, summed in that
+    // fixed order.
+    let order = top_ids(logits, params.top_k as usize);
+    if order.is_empty() {
+        return 0;
+    }
+    let max = logits[order[0] as usize] as f64;
+    let probs: Vec<f64> = order
+        .iter()
+        .map(|&i| ((logits[i as usize] as f64 - max) * inv_t).exp())
+        .collect();
+    let total: f64 = probs.iter().sum();
     let mut keep = probs.len();
     if params.top_p < 1.0 {
         // Smallest prefix whose probability mass reaches top_p.
@@ -364,6 +312,100 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
     }
     // Rounding can leave a sliver past the last candidate.
     order[keep - 1] as usize
+}
+
+/// Sampling with no top-k: top-p and min-p over the whole vocabulary.
+///
+/// Sorting 160k candidates per token costs tens of milliseconds inside the
+/// component, so nothing is sorted: the min-p set is a threshold test, the
+/// top-p nucleus is found by a mass-guided quickselect (expected O(V)), and
+/// the draw walks the surviving ids in id order. The kept set is the same as
+/// the sorted-prefix definition (up to the rounding of a sum taken in
+/// another order); only which of them a given random number lands on differs,
+/// and that is fixed by the seed on every platform.
+fn sample_without_top_k(logits: &[f32], params: &SamplingParams, inv_t: f64, rng: &mut Rng) -> usize {
+    let max_id = argmax(logits);
+    let max = logits[max_id] as f64;
+    if max == f64::NEG_INFINITY || logits[max_id].is_nan() {
+        return max_id;
+    }
+    // Probabilities relative to the most likely token (which has 1.0).
+    let rel: Vec<f64> = logits
+        .iter()
+        .map(|&l| if l.is_nan() { 0.0 } else { ((l as f64 - max) * inv_t).exp() })
+        .collect();
+    let total: f64 = rel.iter().sum();
+    // HF MinPLogitsWarper keeps p >= min_p * p_max, i.e. rel >= min_p.
+    let floor = params.min_p as f64;
+    let mut kept: Vec<u32> = (0..logits.len() as u32)
+        .filter(|&i| !logits[i as usize].is_nan() && rel[i as usize] > 0.0 && rel[i as usize] >= floor)
+        .collect();
+    if kept.is_empty() {
+        return max_id;
+    }
+    if params.top_p < 1.0 {
+        // Both sets are prefixes of the sorted order, so the answer is the
+        // shorter one: the nucleus within the min-p set when that set holds
+        // enough mass, else the min-p set itself.
+        let target = params.top_p as f64 * total;
+        let kept_mass: f64 = kept.iter().map(|&i| rel[i as usize]).sum();
+        if kept_mass >= target {
+            truncate_to_nucleus(&mut kept, &rel, logits, target);
+        }
+    }
+    let mut member = vec![false; logits.len()];
+    for &i in &kept {
+        member[i as usize] = true;
+    }
+    let kept_total: f64 = (0..logits.len()).filter(|&i| member[i]).map(|i| rel[i]).sum();
+    let mut draw = rng.next_f64() * kept_total;
+    let mut last = max_id;
+    for (i, (&m, &p)) in member.iter().zip(&rel).enumerate() {
+        if !m {
+            continue;
+        }
+        if draw < p {
+            return i;
+        }
+        draw -= p;
+        last = i;
+    }
+    // Rounding can leave a sliver past the last candidate.
+    last
+}
+
+/// Shrinks `ids` (any order) to the smallest set of most likely tokens whose
+/// mass reaches `target`, in expected linear time.
+fn truncate_to_nucleus(ids: &mut Vec<u32>, rel: &[f64], logits: &[f32], target: f64) {
+    let cmp = by_logit_desc(logits);
+    let (mut lo, mut hi) = (0usize, ids.len());
+    // Mass of ids[..lo], all of which are in the nucleus.
+    let mut acc = 0.0f64;
+    while hi - lo > 64 {
+        let mid = lo + (hi - lo) / 2;
+        // ids[lo..mid] become the (mid - lo) most likely of ids[lo..hi].
+        ids[lo..hi].select_nth_unstable_by(mid - lo, &cmp);
+        let above: f64 = ids[lo..mid].iter().map(|&i| rel[i as usize]).sum();
+        if acc + above >= target {
+            hi = mid;
+        } else {
+            acc += above + rel[ids[mid] as usize];
+            if acc >= target {
+                ids.truncate(mid + 1);
+                return;
+            }
+            lo = mid + 1;
+        }
+    }
+    ids[lo..hi].sort_unstable_by(&cmp);
+    for k in lo..hi {
+        acc += rel[ids[k] as usize];
+        if acc >= target {
+            ids.truncate(k + 1);
+            return;
+        }
+    }
+    ids.truncate(hi);
 }
 
 #[cfg(test)]

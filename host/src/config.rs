@@ -12,7 +12,10 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 
+mod deepseek;
 mod kimi;
+
+pub use deepseek::{MlaRope, Yarn};
 
 /// The model families this engine runs: three with the GQA + RoPE attention
 /// path, and Kimi-Linear (KDA and MLA layers, sigmoid router).
@@ -22,6 +25,8 @@ pub enum Family {
     Olmoe,
     Mixtral,
     KimiLinear,
+    /// DeepSeek-V3 / Kimi-K2: MLA with q-LoRA and RoPE, grouped sigmoid router.
+    DeepseekV3,
 }
 
 impl Family {
@@ -32,6 +37,7 @@ impl Family {
             Family::Olmoe => "olmoe",
             Family::Mixtral => "mixtral",
             Family::KimiLinear => "kimi_linear",
+            Family::DeepseekV3 => "deepseek_v3",
         }
     }
 }
@@ -66,6 +72,8 @@ pub struct MlaDims {
     pub qk_nope_head_dim: usize,
     pub qk_rope_head_dim: usize,
     pub v_head_dim: usize,
+    /// DeepSeek's low-rank query (`q_a_proj -> q_a_layernorm -> q_b_proj`).
+    pub q_lora_rank: Option<usize>,
 }
 
 impl MlaDims {
@@ -188,6 +196,10 @@ pub struct ModelConfig {
     /// Width of the shared expert MLP of MoE layers (`moe_intermediate_size *
     /// n_shared_experts`); 0 when there is none.
     pub shared_intermediate_size: usize,
+    /// RoPE of the MLA rope parts (DeepSeek-V3); None: no positional encoding.
+    pub mla_rope: Option<MlaRope>,
+    /// Group-limited routing `(n_group, topk_group)` (DeepSeek-V3).
+    pub expert_groups: Option<(usize, usize)>,
 }
 
 // Bounds for untrusted configs: generous for any real model, small enough
@@ -330,9 +342,10 @@ impl ModelConfig {
             "olmoe" => Family::Olmoe,
             "mixtral" => Family::Mixtral,
             "kimi_linear" => Family::KimiLinear,
+            "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
             other => {
                 return Err(Error::Unsupported(format!(
-                    "{}: model_type `{other}` (supported: qwen3_moe, olmoe, mixtral, kimi_linear)",
+                    "{}: model_type `{other}` (supported: qwen3_moe, olmoe, mixtral, kimi_linear, deepseek_v3, kimi_k2)",
                     path.display()
                 )))
             }
@@ -355,6 +368,9 @@ impl ModelConfig {
         )?;
         if family == Family::KimiLinear {
             return kimi::parse(&r, vocab_size, hidden_size, num_layers);
+        }
+        if family == Family::DeepseekV3 {
+            return deepseek::parse(&r, model_type, vocab_size, hidden_size, num_layers);
         }
         let num_heads = r.bounded(
             "num_attention_heads",
@@ -394,7 +410,7 @@ impl ModelConfig {
         let rope_theta = read_rope_theta(&r, family)?;
         let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(match family {
             Family::Qwen3Moe => 1e-6,
-            Family::Olmoe | Family::Mixtral | Family::KimiLinear => 1e-5,
+            Family::Olmoe | Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => 1e-5,
         });
         if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
             return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
@@ -446,7 +462,7 @@ impl ModelConfig {
                 }
                 (moe, dense, layers)
             }
-            Family::Olmoe | Family::Mixtral | Family::KimiLinear => {
+            Family::Olmoe | Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => {
                 let i = r.bounded(
                     "intermediate_size",
                     r.usize_req("intermediate_size")?,
@@ -458,19 +474,19 @@ impl ModelConfig {
 
         let norm_topk_prob = match family {
             // MixtralTopKRouter always divides by the sum of the picked probabilities.
-            Family::Mixtral | Family::KimiLinear => true,
+            Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => true,
             Family::Qwen3Moe | Family::Olmoe => r.bool_opt("norm_topk_prob")?.unwrap_or(false),
         };
         let attention_bias = match family {
             Family::Mixtral => false,
-            Family::Qwen3Moe | Family::Olmoe | Family::KimiLinear => {
+            Family::Qwen3Moe | Family::Olmoe | Family::KimiLinear | Family::DeepseekV3 => {
                 r.bool_opt("attention_bias")?.unwrap_or(false)
             }
         };
         let qk_norm = match family {
             Family::Qwen3Moe => QkNorm::PerHead,
             Family::Olmoe => QkNorm::Full,
-            Family::Mixtral | Family::KimiLinear => QkNorm::None,
+            Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => QkNorm::None,
         };
         let sliding_window = match family {
             Family::Mixtral => r.usize_opt("sliding_window")?,
@@ -497,7 +513,7 @@ impl ModelConfig {
                 .unwrap_or(match family {
                     Family::Qwen3Moe => 32768,
                     Family::Olmoe => 4096,
-                    Family::Mixtral | Family::KimiLinear => 4096 * 32,
+                    Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => 4096 * 32,
                 });
         let max_position_embeddings = r.bounded(
             "max_position_embeddings",
@@ -546,6 +562,8 @@ impl ModelConfig {
             kda: None,
             router: RouterKind::Softmax,
             shared_intermediate_size: 0,
+            mla_rope: None,
+            expert_groups: None,
         })
     }
 
@@ -665,6 +683,9 @@ impl ModelConfig {
         names: &std::collections::HashSet<&str>,
         file: &Path,
     ) -> Result<()> {
+        if self.family == Family::DeepseekV3 {
+            return deepseek::check_layer_tensors(self, names, file);
+        }
         kimi::check_layer_tensors(self, names, file)
     }
 
@@ -742,6 +763,9 @@ impl ModelConfig {
                         names.push(format!("{p}.self_attn.k_norm.weight"));
                     }
                 }
+                _ if self.family == Family::DeepseekV3 => {
+                    names.extend(deepseek::attention_names(self, &p))
+                }
                 kind => names.extend(kimi::attention_names(self, kind, &p)),
             }
             names.push(format!("{p}.post_attention_layernorm.weight"));
@@ -783,6 +807,9 @@ impl ModelConfig {
         let kind = self.attn_kind(layer);
         if kind != AttnKind::Gqa {
             if let Some(attn) = rest.strip_prefix("self_attn.") {
+                if self.family == Family::DeepseekV3 {
+                    return deepseek::attention_shape(self, attn);
+                }
                 return kimi::attention_shape(self, kind, attn);
             }
         }
@@ -827,6 +854,9 @@ impl ModelConfig {
     }
 
     fn attention_params(&self, layer: usize) -> u64 {
+        if self.family == Family::DeepseekV3 {
+            return deepseek::attention_params(self) + 2 * self.hidden_size as u64;
+        }
         if self.attn_kind(layer) != AttnKind::Gqa {
             return kimi::attention_params(self, self.attn_kind(layer))
                 + 2 * self.hidden_size as u64;
@@ -888,7 +918,7 @@ fn read_rope_theta(r: &Reader<'_>, family: Family) -> Result<f64> {
     // 4.x and released checkpoints write `rope_theta` (and `rope_scaling`).
     let default = match family {
         Family::Mixtral => 1e6,
-        Family::Qwen3Moe | Family::Olmoe | Family::KimiLinear => 1e4,
+        Family::Qwen3Moe | Family::Olmoe | Family::KimiLinear | Family::DeepseekV3 => 1e4,
     };
     let mut theta = r.f64_opt("rope_theta")?;
     for key in ["rope_parameters", "rope_scaling"] {

@@ -3,11 +3,16 @@
 
 mod bible;
 mod chat;
+mod chat_cli;
 mod cli;
+mod ffi;
+mod cli_more;
 mod common;
+mod deepseek;
 mod kimi;
 mod oracle;
 mod plugins;
+mod server;
 mod session;
 mod streaming;
 mod threads;

@@ -96,6 +96,7 @@ pub(super) fn parse(
                 MAX_HEAD_DIM,
             )?,
             v_head_dim: r.bounded("v_head_dim", r.usize_req("v_head_dim")?, MAX_HEAD_DIM)?,
+            q_lora_rank: None,
         })
     } else {
         None
@@ -243,6 +244,8 @@ pub(super) fn parse(
             routed_scaling_factor: scale as f32,
         },
         shared_intermediate_size: moe_intermediate_size * n_shared,
+        mla_rope: None,
+        expert_groups: None,
     })
 }
 

@@ -1,5 +1,7 @@
-//! Multi-head latent attention with the absorbed latent cache, no positional
-//! encoding (Kimi-Linear's MLA layers, `KimiLinearAttention`).
+//! Multi-head latent attention with the absorbed latent cache: Kimi-Linear's
+//! MLA layers (`KimiLinearAttention`, no positional encoding) and
+//! DeepSeek-V3's (`DeepseekV3Attention`: optional low-rank query, RoPE on the
+//! rope parts, YaRN mscale on the softmax scale; `k_rope` is cached roped).
 //!
 //! The reference expands the cached latent per head: `k = [W_kb_nope c | k_rope]`,
 //! `v = W_kb_v c`. Here only `[c | k_rope]` is cached (kv_lora + rope floats
@@ -13,12 +15,13 @@ use crate::model::source::TensorSource;
 use crate::quant::QMatrix;
 
 use super::ops::{add_in_place, dot, rms_norm, softmax};
+use super::rope::Rope;
 use super::{load_matrix, load_vector};
 
 /// `model.layers.L.self_attn` of an MLA layer.
 pub struct Mla {
     dims: MlaDims,
-    q_proj: QMatrix,             // [heads * (nope + rope), H]
+    q: QueryProj,
     kv_a_proj: QMatrix,          // [lora + rope, H]
     kv_a_bias: Option<Vec<f32>>, // [lora + rope]
     kv_a_layernorm: Vec<f32>,    // [lora]
@@ -27,6 +30,20 @@ pub struct Mla {
     kv_b: Vec<f32>,
     o_proj: QMatrix, // [H, heads * v]
     o_bias: Option<Vec<f32>>,
+    rope: Option<Rope>,
+    scale: f32,
+}
+
+/// The query projection: full rank, or DeepSeek's
+/// `q_b_proj(q_a_layernorm(q_a_proj x))`.
+enum QueryProj {
+    Full(QMatrix), // [heads * (nope + rope), H]
+    LowRank {
+        q_a: QMatrix, // [q_lora, H]
+        q_a_bias: Option<Vec<f32>>,
+        norm: Vec<f32>, // [q_lora]
+        q_b: QMatrix,   // [heads * (nope + rope), q_lora]
+    },
 }
 
 /// `KimiLinearRMSNorm(config.kv_lora_rank)` is built without an eps
@@ -42,6 +59,11 @@ pub struct MlaScratch {
     lat: Vec<f32>,
     scores: Vec<f32>,
     o: Vec<f32>,
+    q_a: Vec<f32>,
+    q_a_norm: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    rot: Vec<f32>,
 }
 
 impl MlaScratch {
@@ -61,6 +83,11 @@ impl MlaScratch {
             lat: vec![0.0; r],
             scores: vec![0.0; context],
             o: vec![0.0; o],
+            q_a: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
+            q_a_norm: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
+            cos: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim / 2)],
+            sin: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim / 2)],
+            rot: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim)],
         }
     }
 }
@@ -80,9 +107,22 @@ impl Mla {
                 Ok(None)
             }
         };
+        let q = match dims.q_lora_rank {
+            None => QueryProj::Full(load_matrix(cfg, src, &format!("{p}.q_proj.weight"))?),
+            Some(_) => QueryProj::LowRank {
+                q_a: load_matrix(cfg, src, &format!("{p}.q_a_proj.weight"))?,
+                q_a_bias: bias("q_a_proj")?,
+                norm: load_vector(cfg, src, &format!("{p}.q_a_layernorm.weight"))?,
+                q_b: load_matrix(cfg, src, &format!("{p}.q_b_proj.weight"))?,
+            },
+        };
+        let scale = (cfg.mla_rope.map_or(1.0, |r| r.softmax_scale_factor)
+            / (dims.qk_head_dim() as f64).sqrt()) as f32;
         Ok(Mla {
             dims,
-            q_proj: load_matrix(cfg, src, &format!("{p}.q_proj.weight"))?,
+            q,
+            rope: cfg.mla_rope.as_ref().map(Rope::new),
+            scale,
             kv_a_proj: load_matrix(cfg, src, &format!("{p}.kv_a_proj_with_mqa.weight"))?,
             kv_a_bias: bias("kv_a_proj_with_mqa")?,
             kv_a_layernorm: load_vector(cfg, src, &format!("{p}.kv_a_layernorm.weight"))?,
@@ -110,7 +150,23 @@ impl Mla {
             m.v_head_dim,
         );
         let w = m.cache_width();
-        self.q_proj.matvec(x, &mut s.q);
+        match &self.q {
+            QueryProj::Full(q) => q.matvec(x, &mut s.q),
+            QueryProj::LowRank {
+                q_a,
+                q_a_bias,
+                norm,
+                q_b,
+            } => {
+                q_a.matvec(x, &mut s.q_a);
+                if let Some(b) = q_a_bias {
+                    add_in_place(&mut s.q_a, b);
+                }
+                // `DeepseekV3RMSNorm(q_lora_rank)`: the class default eps.
+                rms_norm(&s.q_a, norm, KV_A_LAYERNORM_EPS, &mut s.q_a_norm);
+                q_b.matvec(&s.q_a_norm, &mut s.q);
+            }
+        }
         self.kv_a_proj.matvec(x, &mut s.ckv);
         if let Some(b) = &self.kv_a_bias {
             add_in_place(&mut s.ckv, b);
@@ -127,8 +183,16 @@ impl Mla {
             &mut row[..r],
         );
         row[r..].copy_from_slice(&s.ckv[r..]);
+        if let Some(rope) = &self.rope {
+            rope.angles(pos, &mut s.cos, &mut s.sin);
+            rope.apply(&mut row[r..], &s.cos, &s.sin, &mut s.rot);
+            for h in 0..m.num_heads {
+                let q_rope = &mut s.q[h * (dn + dr) + dn..(h + 1) * (dn + dr)];
+                rope.apply(q_rope, &s.cos, &s.sin, &mut s.rot);
+            }
+        }
 
-        let scale = 1.0 / ((dn + dr) as f32).sqrt();
+        let scale = self.scale;
         let scores = &mut s.scores[..pos + 1];
         for h in 0..m.num_heads {
             let q = &s.q[h * (dn + dr)..(h + 1) * (dn + dr)];

@@ -8,6 +8,7 @@ pub mod kda;
 pub mod mla;
 pub mod moe;
 pub mod ops;
+pub mod rope;
 pub mod source;
 pub mod state_io;
 

@@ -50,6 +50,8 @@ pub struct Router {
     kind: RouterKind,
     /// `e_score_correction_bias` of a sigmoid router: selection only.
     bias: Option<Vec<f32>>,
+    /// `(n_group, topk_group)`: DeepSeek-V3's group-limited selection.
+    groups: Option<(usize, usize)>,
 }
 
 impl Router {
@@ -64,6 +66,7 @@ impl Router {
             norm_topk_prob: cfg.norm_topk_prob,
             kind: cfg.router,
             bias,
+            groups: cfg.expert_groups,
         })
     }
 
@@ -77,7 +80,17 @@ impl Router {
             for p in probs.iter_mut() {
                 *p = 1.0 / (1.0 + (-*p).exp());
             }
-            top_k_by(probs.len(), |i| probs[i] + bias[i], self.top_k, picks);
+            match self.groups {
+                Some((n_group, topk_group)) => grouped_top_k(
+                    |i| probs[i] + bias[i],
+                    probs.len(),
+                    n_group,
+                    topk_group,
+                    self.top_k,
+                    picks,
+                ),
+                None => top_k_by(probs.len(), |i| probs[i] + bias[i], self.top_k, picks),
+            }
             for p in picks.iter_mut() {
                 p.1 = probs[p.0];
             }
@@ -113,6 +126,40 @@ impl Router {
     }
 }
 
+/// `DeepseekV3TopkRouter.get_topk_indices`: a group scores the sum of its
+/// two best `value`s; only the `topk_group` best groups stay eligible, and
+/// the top `k` of their experts are picked. `n` must be a multiple of
+/// `n_group` with at least 2 experts per group (checked by the config).
+pub fn grouped_top_k(
+    value: impl Fn(usize) -> f32,
+    n: usize,
+    n_group: usize,
+    topk_group: usize,
+    k: usize,
+    picks: &mut Vec<(usize, f32)>,
+) {
+    let size = n / n_group;
+    let mut best2 = Vec::with_capacity(2);
+    let group_score: Vec<f32> = (0..n_group)
+        .map(|g| {
+            top_k_by(size, |i| value(g * size + i), 2, &mut best2);
+            best2.iter().map(|p| p.1).sum()
+        })
+        .collect();
+    let mut groups = Vec::with_capacity(topk_group);
+    top_k(&group_score, topk_group, &mut groups);
+    let mut kept = vec![false; n_group];
+    for (g, _) in &groups {
+        kept[*g] = true;
+    }
+    top_k_by(
+        n,
+        |i| if kept[i / size] { value(i) } else { f32::NEG_INFINITY },
+        k,
+        picks,
+    );
+}
+
 /// The k largest values, descending; among equal values the lower index
 /// first. NaNs (a broken router) sort last rather than panicking.
 pub fn top_k(values: &[f32], k: usize, picks: &mut Vec<(usize, f32)>) {
@@ -136,7 +183,23 @@ pub fn top_k_by(n: usize, value: impl Fn(usize) -> f32, k: usize, picks: &mut Ve
 
 #[cfg(test)]
 mod tests {
-    use super::top_k;
+    use super::{grouped_top_k, top_k};
+
+    /// The best single expert sits in a group whose second best is weak:
+    /// group-limited routing must skip it, plain top-k would take it.
+    #[test]
+    fn grouped_top_k_keeps_only_the_best_groups() {
+        // 4 groups of 2; group sums: 1.0, 1.3, 1.5, 0.3 -> keep groups 2 and 1.
+        let v = [0.95, 0.05, 0.7, 0.6, 0.8, 0.7, 0.2, 0.1];
+        let mut p = Vec::new();
+        grouped_top_k(|i| v[i], 8, 4, 2, 3, &mut p);
+        assert_eq!(p.iter().map(|x| x.0).collect::<Vec<_>>(), vec![4, 2, 5]);
+        top_k(&v, 3, &mut p);
+        assert_eq!(p[0].0, 0);
+        // Every group kept: the plain top-k.
+        grouped_top_k(|i| v[i], 8, 4, 4, 3, &mut p);
+        assert_eq!(p.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 4, 2]);
+    }
 
     #[test]
     fn top_k_orders_and_breaks_ties_by_index() {

@@ -1,0 +1,333 @@
+//! `waste chat`: a REPL over one session. Every turn renders the whole
+//! conversation through the model's chat template and evaluates only what
+//! the session does not already hold, so the state carries across turns.
+//!
+//! Ctrl-C during a generation cancels it and returns to the prompt: the
+//! SIGINT handler lives here, in the CLI, and only sets a flag that the
+//! per-token callback reads (the library installs no handlers).
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use waste_host::{ChatMessage, GenerateParams, Session};
+
+use crate::commands::usage;
+use crate::output;
+use crate::render::Renderer;
+use crate::ModelArgs;
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A system message that opens the conversation.
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    /// Tokens to generate at most per reply.
+    #[arg(short = 'n', long = "tokens", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens: u32,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
+    pub temperature: f32,
+    /// Keep the K most likely tokens; 0 = off.
+    #[arg(long, default_value_t = 40)]
+    pub top_k: u32,
+    /// Keep the smallest set of tokens whose probability reaches P; 1 = off.
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Seed of the sampler (each turn uses seed + turn number).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+const HELP: &str = "\
+/reset        forget the conversation (the system message stays)
+/stats        position, context, turns and expert-cache counters
+/save FILE    save the conversation (state, tokens, messages) to FILE
+/load FILE    restore a conversation saved with /save
+/help         this list
+/quit, /exit  leave (so do Ctrl-D and end of input)
+Ctrl-C cancels the reply being generated.";
+
+struct Chat {
+    session: Session,
+    system: Option<String>,
+    messages: Vec<ChatMessage>,
+    params: GenerateParams,
+    turns: u64,
+    /// Prompt tokens evaluated by the last turn, and whether the session had
+    /// to be replayed from the start (the template's rendering of earlier
+    /// turns differed from the tokens the session holds).
+    last_prompt: usize,
+    replays: u64,
+    cancel: Arc<AtomicBool>,
+}
+
+pub fn chat(a: ChatArgs) -> Result<()> {
+    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
+        bail!(usage(format!(
+            "--temp {}: the temperature must be a number >= 0",
+            a.temperature
+        )));
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        bail!(usage(format!("--top-p {}: must be in (0, 1]", a.top_p)));
+    }
+    let (_engine, session) = crate::commands::open(&a.model)?;
+    if !session.model().info().has_chat_template {
+        bail!(
+            "{} has no chat template: `waste chat` needs one (use `waste run` for plain completion)",
+            a.model.model.display()
+        );
+    }
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = cancel.clone();
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+    let params = GenerateParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+        max_tokens: a.max_tokens,
+        ..GenerateParams::default()
+    };
+    let mut chat = Chat {
+        session,
+        system: a.system,
+        messages: Vec::new(),
+        params,
+        turns: 0,
+        last_prompt: 0,
+        replays: 0,
+        cancel,
+    };
+    chat.messages = chat.opening();
+    if std::io::stdin().is_terminal() {
+        repl_tty(&mut chat)
+    } else {
+        repl_lines(&mut chat)
+    }
+}
+
+/// Line editing and in-memory history.
+fn repl_tty(chat: &mut Chat) -> Result<()> {
+    use rustyline::error::ReadlineError;
+    let mut editor = rustyline::DefaultEditor::new().context("starting the line editor")?;
+    eprintln!("waste chat: /help lists the commands; Ctrl-D leaves");
+    loop {
+        match editor.readline("> ") {
+            Ok(line) => {
+                if !line.trim().is_empty() {
+                    let _ = editor.add_history_entry(line.as_str());
+                }
+                if !chat.line(&line) {
+                    return Ok(());
+                }
+            }
+            // Ctrl-C at the prompt clears the line, as in a shell.
+            Err(ReadlineError::Interrupted) => continue,
+            Err(ReadlineError::Eof) => return Ok(()),
+            Err(e) => return Err(e).context("reading a line"),
+        }
+    }
+}
+
+/// Plain line reading for a piped stdin: no prompt, no editing.
+fn repl_lines(chat: &mut Chat) -> Result<()> {
+    for line in std::io::stdin().lock().lines() {
+        let line = line.context("reading stdin")?;
+        if !chat.line(&line) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+impl Chat {
+    fn opening(&self) -> Vec<ChatMessage> {
+        self.system
+            .iter()
+            .map(|s| ChatMessage::new("system", s.clone()))
+            .collect()
+    }
+
+    /// One input line; false to leave. Errors of a turn or a command are
+    /// reported and the REPL goes on.
+    fn line(&mut self, line: &str) -> bool {
+        let text = line.trim_end_matches(['\r', '\n']);
+        if text.trim().is_empty() {
+            return true;
+        }
+        let result = match text.trim_start().strip_prefix('/') {
+            Some(cmd) => {
+                let (name, arg) = cmd.split_once(char::is_whitespace).unwrap_or((cmd, ""));
+                match name {
+                    "quit" | "exit" => return false,
+                    _ => self.command(name, arg.trim()),
+                }
+            }
+            None => self.turn(text),
+        };
+        if let Err(e) = result {
+            output::error_line(&e);
+        }
+        true
+    }
+
+    fn command(&mut self, name: &str, arg: &str) -> Result<()> {
+        let need_file = |what: &str| -> Result<PathBuf> {
+            if arg.is_empty() {
+                bail!(usage(format!("/{what} needs a file: /{what} FILE")));
+            }
+            Ok(PathBuf::from(arg))
+        };
+        match name {
+            "help" => println!("{HELP}"),
+            "reset" => {
+                self.session.reset();
+                self.messages = self.opening();
+                println!("conversation reset");
+            }
+            "stats" => self.stats(),
+            "save" => {
+                let path = need_file("save")?;
+                self.save(&path)?;
+                println!("saved {} tokens to {}", self.session.tokens().len(), path.display());
+            }
+            "load" => {
+                let path = need_file("load")?;
+                self.load(&path)?;
+                println!(
+                    "loaded {} tokens, {} messages from {}",
+                    self.session.tokens().len(),
+                    self.messages.len(),
+                    path.display()
+                );
+            }
+            other => bail!(usage(format!("unknown command /{other}; /help lists the commands"))),
+        }
+        Ok(())
+    }
+
+    fn stats(&self) {
+        let model = self.session.model();
+        let s = model.store_stats();
+        let uses = s.hits + s.misses;
+        let rate = if uses == 0 {
+            0.0
+        } else {
+            100.0 * s.hits as f64 / uses as f64
+        };
+        println!(
+            "turns {} | position {} / {} context | last prompt {} tokens evaluated | replays {} | experts {} hit / {} miss = {:.0}% | {:.1} MB read",
+            self.turns,
+            self.session.position(),
+            model.context(),
+            self.last_prompt,
+            self.replays,
+            s.hits,
+            s.misses,
+            rate,
+            s.bytes_read as f64 / 1e6
+        );
+    }
+
+    /// The session's own file, plus the messages beside it: the template
+    /// renders messages, so a restored conversation needs them to go on.
+    fn save(&self, path: &Path) -> Result<()> {
+        self.session
+            .save_state(path)
+            .with_context(|| format!("saving the session to {}", path.display()))?;
+        let messages: Vec<_> = self
+            .messages
+            .iter()
+            .map(|m| json!({"role": m.role, "content": m.content}))
+            .collect();
+        let side = messages_path(path);
+        std::fs::write(&side, json!({"messages": messages}).to_string())
+            .with_context(|| format!("writing {}", side.display()))
+    }
+
+    fn load(&mut self, path: &Path) -> Result<()> {
+        let side = messages_path(path);
+        let text = std::fs::read_to_string(&side)
+            .with_context(|| format!("reading {} (written by /save next to the session file)", side.display()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", side.display()))?;
+        let list = value["messages"]
+            .as_array()
+            .with_context(|| format!("{}: no messages list", side.display()))?;
+        let mut messages = Vec::new();
+        for m in list {
+            let (Some(role), Some(content)) = (m["role"].as_str(), m["content"].as_str()) else {
+                bail!("{}: a message lacks its role or content", side.display());
+            };
+            messages.push(ChatMessage::new(role, content));
+        }
+        // The session file is checked against the model before anything
+        // changes: a failed load leaves the conversation as it was.
+        self.session
+            .load_state(path)
+            .with_context(|| format!("loading the session from {}", path.display()))?;
+        self.messages = messages;
+        Ok(())
+    }
+
+    fn turn(&mut self, text: &str) -> Result<()> {
+        self.messages.push(ChatMessage::new("user", text));
+        let result = self.reply();
+        if result.is_err() {
+            self.messages.pop();
+        }
+        result
+    }
+
+    fn reply(&mut self) -> Result<()> {
+        let full = self.session.apply_chat_template(&self.messages, None, true)?;
+        let held = self.session.tokens();
+        let prompt = if full.len() > held.len() && full.starts_with(&held) {
+            full[held.len()..].to_vec()
+        } else {
+            // The session's tokens are not a prefix of the rendering (a
+            // reply whose text re-encodes differently): replay it all.
+            self.session.reset();
+            self.replays += 1;
+            full
+        };
+        self.last_prompt = prompt.len();
+        let mut params = self.params.clone();
+        params.seed = self.params.seed.wrapping_add(self.turns);
+        self.cancel.store(false, Ordering::SeqCst);
+        let renderer = Arc::new(Mutex::new(Renderer::new()));
+        let sink = renderer.clone();
+        let cancel = self.cancel.clone();
+        let completion = self.session.generate(&prompt, &params, move |event| {
+            let written = sink.lock().map(|mut r| r.token(event)).unwrap_or(false);
+            written && !cancel.load(Ordering::SeqCst)
+        });
+        let mut r = renderer.lock().map_err(|_| anyhow::anyhow!("renderer lock poisoned"))?;
+        r.clear();
+        let completion = completion?;
+        println!();
+        let _ = std::io::stdout().flush();
+        self.turns += 1;
+        self.messages.push(ChatMessage::new("assistant", completion.text));
+        eprintln!(
+            "{} (stop: {})",
+            output::stats_line(&r.totals, r.seconds()),
+            completion.stop_reason.as_str()
+        );
+        Ok(())
+    }
+}
+
+fn messages_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".messages.json");
+    PathBuf::from(name)
+}

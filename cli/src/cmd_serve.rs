@@ -1,0 +1,79 @@
+//! `waste serve`: the OpenAI-compatible server (crate waste-server).
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use waste_host::{Engine, Model, OpenOptions};
+
+use crate::commands::usage;
+use crate::ModelArgs;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (127.0.0.1: this machine only).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on; 0 picks a free one (printed at start).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on /v1 requests.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Requests queued or running at most; more are answered 503.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub queue: u32,
+    /// Largest request body in bytes (e.g. 4M); larger ones are answered 413.
+    #[arg(long, default_value = "4M")]
+    pub max_body: String,
+    /// Model name in the API (default: the container's directory name without .waste).
+    #[arg(long)]
+    pub model_id: Option<String>,
+}
+
+pub fn serve(a: ServeArgs) -> Result<()> {
+    let body_limit = crate::cmd_stream::budget_arg(&Some(a.max_body.clone()))
+        .map_err(|e| usage(format!("--max-body: {e}")))?
+        .unwrap_or(4 << 20);
+    let budget = crate::cmd_stream::budget_arg(&a.model.budget)?;
+    let (threads, cpus) = crate::commands::thread_args(&a.model)?;
+    let model_id = match a.model_id {
+        Some(id) => id,
+        None => {
+            let path =
+                std::fs::canonicalize(&a.model.model).unwrap_or_else(|_| a.model.model.clone());
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into());
+            name.strip_suffix(".waste").unwrap_or(&name).to_string()
+        }
+    };
+    let model: Arc<Model> = Model::open(
+        &a.model.model,
+        &OpenOptions {
+            context: a.model.ctx,
+            budget,
+            threads,
+            cpus,
+            ..OpenOptions::default()
+        },
+    )
+    .with_context(|| format!("opening {}", a.model.model.display()))?;
+    let engine = Engine::new()?;
+    let options = waste_server::ServeOptions {
+        host: a.host,
+        port: a.port,
+        api_key: a.api_key,
+        queue_limit: a.queue as usize,
+        body_limit: body_limit as usize,
+        model_id: model_id.clone(),
+    };
+    waste_server::serve(engine, model, options, |addr| {
+        eprintln!("waste serve: model {model_id:?} listening on http://{addr}");
+    })
+    .context("serving")?;
+    Ok(())
+}

@@ -1,0 +1,117 @@
+//! The terminal renderer of the per-token event: the text goes to stdout as
+//! it arrives; a live status line (tokens, tok/s, cache hit rate, disk MB/s)
+//! goes to stderr while stderr is a terminal that stdout does not share.
+//!
+//! The status line is redrawn in place with `\r` + erase-line. When stdout is
+//! the same terminal the text and the status line would fight over one
+//! cursor, so the status line is only drawn when stdout is redirected (a
+//! file or a pipe) and stderr is still a terminal; the final stats line is
+//! printed either way.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use waste_host::TokenEvent;
+
+use crate::output::RunTotals;
+
+/// How often the status line is redrawn at most: often enough to look live,
+/// rarely enough that drawing costs nothing next to a token.
+const REDRAW: Duration = Duration::from_millis(200);
+
+pub struct Renderer {
+    pub totals: RunTotals,
+    started: Instant,
+    last_draw: Option<Instant>,
+    live: bool,
+    drawn: bool,
+}
+
+impl Renderer {
+    pub fn new() -> Renderer {
+        let live = std::io::stderr().is_terminal() && !std::io::stdout().is_terminal();
+        Renderer {
+            totals: RunTotals::default(),
+            started: Instant::now(),
+            last_draw: None,
+            live,
+            drawn: false,
+        }
+    }
+
+    /// Writes the token's text to stdout and updates the totals and the
+    /// status line; false when stdout is closed (a pipe to `head`).
+    pub fn token(&mut self, event: &TokenEvent) -> bool {
+        let mut out = std::io::stdout().lock();
+        let written = out.write_all(event.text.as_bytes()).and_then(|_| out.flush()).is_ok();
+        self.totals.tokens += 1;
+        self.totals.experts_hit += event.experts_hit as u64;
+        self.totals.experts_missed += event.experts_missed as u64;
+        self.totals.bytes_read += event.bytes_read;
+        if self.live && self.last_draw.is_none_or(|t| t.elapsed() >= REDRAW) {
+            self.last_draw = Some(Instant::now());
+            eprint!("\r\x1b[K{}", status_text(&self.totals, self.seconds()));
+            self.drawn = true;
+        }
+        written
+    }
+
+    pub fn seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// Erases the status line, leaving stderr as if it had never been drawn.
+    pub fn clear(&mut self) {
+        if self.drawn {
+            eprint!("\r\x1b[K");
+            self.drawn = false;
+        }
+    }
+}
+
+impl Drop for Renderer {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// `12 tokens | 8.1 tok/s | cache 91% | disk 35.2 MB/s`
+pub fn status_text(t: &RunTotals, seconds: f64) -> String {
+    let uses = t.experts_hit + t.experts_missed;
+    let hit = if uses == 0 {
+        0.0
+    } else {
+        100.0 * t.experts_hit as f64 / uses as f64
+    };
+    let per_s = |v: f64| if seconds > 0.0 { v / seconds } else { 0.0 };
+    format!(
+        "{} tokens | {:.1} tok/s | cache {:.0}% | disk {:.1} MB/s",
+        t.tokens,
+        per_s(t.tokens as f64),
+        hit,
+        per_s(t.bytes_read as f64 / 1e6)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_text_reports_rates_and_survives_zero_time() {
+        let t = RunTotals {
+            tokens: 10,
+            experts_hit: 9,
+            experts_missed: 1,
+            bytes_read: 20_000_000,
+        };
+        assert_eq!(
+            status_text(&t, 2.0),
+            "10 tokens | 5.0 tok/s | cache 90% | disk 10.0 MB/s"
+        );
+        assert_eq!(
+            status_text(&RunTotals::default(), 0.0),
+            "0 tokens | 0.0 tok/s | cache 0% | disk 0.0 MB/s"
+        );
+    }
+}

@@ -1,0 +1,46 @@
+"""Embedding WASTE from Python: plan, open, stream with progress, save/load.
+
+WASTE_LIB=target/release/libwaste.so python3 embed.py MODEL.waste STATE_FILE
+"""
+
+import sys
+
+import waste
+
+
+def main(model_path, state_path):
+    engine = waste.Engine()
+    print(f"waste {waste.version()}")
+    plan = engine.plan(model_path)
+    print(f"plan: floor {plan.floor}, recommended {plan.recommended} bytes")
+    model = engine.open(model_path, budget=plan.recommended)
+    session = engine.session(model)
+    seen = {"tokens": 0, "hit": 0, "missed": 0, "bytes": 0, "text": b""}
+
+    def on_token(ev):
+        seen["tokens"] += 1
+        seen["hit"] += ev.experts_hit
+        seen["missed"] += ev.experts_missed
+        seen["bytes"] += ev.bytes_read
+        seen["text"] += ev.text[:ev.text_len]
+        print(f"[{seen['tokens']} tokens, cache hits {seen['hit']}, misses {seen['missed']}, "
+              f"{seen['bytes']} bytes read, {ev.ms_io:.2f} of {ev.ms_total:.2f} ms in I/O]", file=sys.stderr)
+        return True
+
+    done = session.generate(session.tokenize("And God said"), on_token, max_tokens=16)
+    print(seen["text"].decode())
+    print(f"generated {done.n_tokens} tokens")
+    saved = session.position()
+    session.save_state(state_path)
+    session.reset()
+    session.load_state(state_path)
+    loaded = session.position()
+    print(f"state: saved at {saved}, loaded at {loaded}")
+    session.close()
+    engine.close_model(model)
+    engine.close()
+    return 0 if saved == loaded and seen["tokens"] == done.n_tokens else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

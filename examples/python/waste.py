@@ -1,0 +1,144 @@
+"""A small ctypes binding of libwaste (ffi/include/waste.h)."""
+
+import ctypes as C
+import os
+
+OK, CANCELLED, BUFFER_TOO_SMALL = 0, 6, 12
+
+
+class WasteError(Exception):
+    def __init__(self, code, detail):
+        super().__init__(f"{_lib.waste_strerror(code).decode()}: {detail}")
+        self.code = code
+
+
+class OpenOptions(C.Structure):
+    _fields_ = [("context", C.c_size_t), ("budget", C.c_uint64), ("threads", C.c_size_t),
+                ("cpus", C.POINTER(C.c_uint32)), ("n_cpus", C.c_size_t), ("cache", C.c_bool),
+                ("cache_policy", C.c_uint32), ("readers", C.c_size_t), ("read_ahead", C.c_bool),
+                ("direct_io", C.c_bool), ("lookahead", C.c_size_t), ("preload", C.c_bool)]
+
+
+class MemoryPlan(C.Structure):
+    _fields_ = [("context", C.c_size_t)] + [(n, C.c_uint64) for n in (
+        "trunk", "state", "scratch", "record_bytes", "min_cache", "floor", "working_set",
+        "recommended", "all_experts", "usable_ram", "budget")] + [
+        ("cache_slots", C.c_size_t), ("cache_bytes", C.c_uint64), ("total", C.c_uint64)]
+
+
+class Str(C.Structure):
+    _fields_ = [("ptr", C.c_char_p), ("len", C.c_size_t)]
+
+
+class GenerateParams(C.Structure):
+    _fields_ = [("temperature", C.c_float), ("top_k", C.c_uint32), ("top_p", C.c_float),
+                ("min_p", C.c_float), ("repetition_penalty", C.c_float),
+                ("presence_penalty", C.c_float), ("frequency_penalty", C.c_float),
+                ("penalty_last_n", C.c_uint32), ("seed", C.c_uint64), ("max_tokens", C.c_uint32),
+                ("stop_at_eos", C.c_bool), ("stop_tokens", C.POINTER(C.c_uint32)),
+                ("n_stop_tokens", C.c_size_t), ("stop_strings", C.POINTER(Str)),
+                ("n_stop_strings", C.c_size_t), ("logit_bias_tokens", C.POINTER(C.c_uint32)),
+                ("logit_bias_values", C.POINTER(C.c_float)), ("n_logit_bias", C.c_size_t)]
+
+
+class TokenEvent(C.Structure):
+    _fields_ = [("token", C.c_uint32), ("text", C.POINTER(C.c_char)), ("text_len", C.c_size_t),
+                ("logprob", C.c_float), ("experts_hit", C.c_uint32), ("experts_missed", C.c_uint32),
+                ("bytes_read", C.c_uint64), ("ms_total", C.c_float), ("ms_io", C.c_float)]
+
+
+class Completion(C.Structure):
+    _fields_ = [("n_tokens", C.c_size_t), ("stop_reason", C.c_int)]
+
+
+CALLBACK = C.CFUNCTYPE(C.c_bool, C.c_void_p, C.POINTER(TokenEvent))
+
+_lib = C.CDLL(os.environ.get("WASTE_LIB", "libwaste.so"))
+_lib.waste_strerror.restype = C.c_char_p
+_lib.waste_version.restype = C.c_char_p
+_lib.waste_ctx_last_error.restype = C.c_size_t
+
+
+class Engine:
+    def __init__(self):
+        self._ctx = C.c_void_p()
+        r = _lib.waste_ctx_open(C.byref(self._ctx))
+        if r != OK:
+            raise WasteError(r, "opening a context")
+
+    def _check(self, r, allow=()):
+        if r != OK and r not in allow:
+            buf = C.create_string_buffer(1024)
+            _lib.waste_ctx_last_error(self._ctx, buf, 1024)
+            raise WasteError(r, buf.value.decode())
+        return r
+
+    def plan(self, path, context=0, budget=0):
+        p, plan = path.encode(), MemoryPlan()
+        self._check(_lib.waste_plan(self._ctx, p, C.c_size_t(len(p)), C.c_size_t(context),
+                                    C.c_uint64(budget), C.byref(plan)))
+        return plan
+
+    def open(self, path, budget=0):
+        opts = OpenOptions()
+        _lib.waste_open_options_default(C.byref(opts))
+        opts.budget = budget
+        p, model = path.encode(), C.c_void_p()
+        self._check(_lib.waste_model_open(self._ctx, p, C.c_size_t(len(p)), C.byref(opts), C.byref(model)))
+        return model
+
+    def session(self, model):
+        return Session(self, model)
+
+    def close_model(self, model):
+        _lib.waste_model_close(model)
+
+    def close(self):
+        _lib.waste_ctx_close(self._ctx)
+
+
+class Session:
+    def __init__(self, engine, model):
+        self.e, self._s = engine, C.c_void_p()
+        engine._check(_lib.waste_session_open(engine._ctx, model, C.byref(self._s)))
+
+    def tokenize(self, text):
+        t, n = text.encode(), C.c_size_t()
+        buf = (C.c_uint32 * (len(t) + 8))()
+        self.e._check(_lib.waste_session_tokenize(self._s, t, C.c_size_t(len(t)), buf,
+                                                  C.c_size_t(len(buf)), C.byref(n)))
+        return list(buf[:n.value])
+
+    def generate(self, prompt, on_token, max_tokens=16, temperature=0.0):
+        params = GenerateParams()
+        _lib.waste_generate_params_default(C.byref(params))
+        params.max_tokens, params.temperature = max_tokens, temperature
+        ids = (C.c_uint32 * len(prompt))(*prompt)
+        cb = CALLBACK(lambda _user, ev: bool(on_token(ev.contents)))
+        done = Completion()
+        self.e._check(_lib.waste_session_generate(self._s, ids, C.c_size_t(len(prompt)), C.byref(params),
+                                                  cb, None, C.byref(done)), allow=(CANCELLED,))
+        return done
+
+    def position(self):
+        n = C.c_size_t()
+        self.e._check(_lib.waste_session_position(self._s, C.byref(n)))
+        return n.value
+
+    def save_state(self, path):
+        p = path.encode()
+        self.e._check(_lib.waste_session_save_state(self._s, p, C.c_size_t(len(p))))
+
+    def load_state(self, path):
+        p = path.encode()
+        self.e._check(_lib.waste_session_load_state(self._s, p, C.c_size_t(len(p))))
+
+    def reset(self):
+        self.e._check(_lib.waste_session_reset(self._s))
+
+    def close(self):
+        _lib.waste_session_close(self._s)
+
+
+def version():
+    return _lib.waste_version().decode()

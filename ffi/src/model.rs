@@ -1,0 +1,428 @@
+//! Planning, opening and describing models.
+
+use std::ffi::{c_char, CString};
+use std::path::Path;
+use std::sync::Arc;
+
+use waste_host::plan::{plan_path, MemoryPlan};
+use waste_host::store::CachePolicy;
+use waste_host::{Model, OpenOptions};
+
+use crate::waste_result::{self, *};
+use crate::{guard, host, null, str_arg, waste_ctx, ErrorSlot};
+
+/// Options of [`waste_model_open`]; fill with [`waste_open_options_default`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct waste_open_options {
+    /// Tokens of context; 0 = min(model maximum, 4096).
+    pub context: usize,
+    /// Hard RAM budget in bytes; 0 = chosen from usable RAM.
+    pub budget: u64,
+    /// Compute threads; 0 = one per CPU (of `cpus` when given).
+    pub threads: usize,
+    /// CPUs to bind the compute threads to (`n_cpus` entries); NULL = none.
+    pub cpus: *const u32,
+    pub n_cpus: usize,
+    /// Keep expert records in the cache.
+    pub cache: bool,
+    /// 0 = LRU, 1 = frequency.
+    pub cache_policy: u32,
+    /// Reader threads (0 = read on the calling thread).
+    pub readers: usize,
+    pub read_ahead: bool,
+    pub direct_io: bool,
+    /// Router lookahead in decode; 0 = off.
+    pub lookahead: usize,
+    /// Preload the hottest experts of the container's usage file.
+    pub preload: bool,
+}
+
+/// A memory plan, in bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct waste_memory_plan {
+    pub context: usize,
+    pub trunk: u64,
+    pub state: u64,
+    pub scratch: u64,
+    pub record_bytes: u64,
+    pub min_cache: u64,
+    /// trunk + state + scratch + min_cache: the least budget that opens.
+    pub floor: u64,
+    /// What one token reads when nothing is cached.
+    pub working_set: u64,
+    pub recommended: u64,
+    pub all_experts: u64,
+    pub usable_ram: u64,
+    pub budget: u64,
+    pub cache_slots: usize,
+    pub cache_bytes: u64,
+    /// trunk + state + scratch + cache_bytes.
+    pub total: u64,
+}
+
+/// What a caller may want to know about an open model. The strings belong
+/// to the model and live until [`waste_model_close`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct waste_model_info {
+    pub family: *const c_char,
+    pub trunk_format: *const c_char,
+    pub expert_format: *const c_char,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub moe_layers: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub max_position_embeddings: usize,
+    /// The context sessions of this model allocate.
+    pub context: usize,
+    /// -1 when the model has none.
+    pub bos_token: i64,
+    /// The first end-of-sequence token, -1 when none.
+    pub eos_token: i64,
+    pub expert_record_bytes: u64,
+    pub trunk_bytes: u64,
+    pub total_params: u64,
+    pub active_params: u64,
+    pub has_tokenizer: bool,
+    pub has_chat_template: bool,
+}
+
+/// Expert-store counters since open or the last reset.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct waste_store_stats {
+    pub hits: u64,
+    pub misses: u64,
+    pub reads: u64,
+    pub bytes_read: u64,
+    pub ms_io_wait: f64,
+    pub ms_read: f64,
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
+    pub preloaded: u64,
+    pub cache_slots: usize,
+    pub cache_bytes: u64,
+    pub record_bytes: u64,
+    pub direct_io: bool,
+}
+
+/// An open model; share it between sessions, close it after they are closed.
+pub struct waste_model {
+    pub(crate) model: Arc<Model>,
+    pub(crate) error: Arc<ErrorSlot>,
+    family: CString,
+    trunk_format: CString,
+    expert_format: CString,
+}
+
+/// The defaults of the Rust API's `OpenOptions`.
+#[no_mangle]
+pub unsafe extern "C" fn waste_open_options_default(out: *mut waste_open_options) -> waste_result {
+    if out.is_null() {
+        return WASTE_NULL_ARG;
+    }
+    let d = OpenOptions::default();
+    let o = waste_open_options {
+        context: 0,
+        budget: 0,
+        threads: 0,
+        cpus: std::ptr::null(),
+        n_cpus: 0,
+        cache: d.cache,
+        cache_policy: if d.cache_policy == CachePolicy::Frequency {
+            1
+        } else {
+            0
+        },
+        readers: d.readers,
+        read_ahead: d.read_ahead,
+        direct_io: d.direct_io,
+        lookahead: d.lookahead,
+        preload: d.preload,
+    };
+    // SAFETY: checked non-NULL.
+    unsafe { *out = o };
+    WASTE_OK
+}
+
+fn plan_out(p: &MemoryPlan) -> waste_memory_plan {
+    waste_memory_plan {
+        context: p.context,
+        trunk: p.trunk,
+        state: p.state,
+        scratch: p.scratch,
+        record_bytes: p.record_bytes,
+        min_cache: p.min_cache,
+        floor: p.floor,
+        working_set: p.working_set,
+        recommended: p.recommended,
+        all_experts: p.all_experts,
+        usable_ram: p.usable_ram,
+        budget: p.budget,
+        cache_slots: p.cache_slots,
+        cache_bytes: p.cache_bytes,
+        total: p.total(),
+    }
+}
+
+fn opt(n: usize) -> Option<usize> {
+    (n != 0).then_some(n)
+}
+
+/// The budget check of open, with its own code: a budget under the floor is
+/// `WASTE_RAM_BUDGET`, not a generic argument error.
+fn check_budget(
+    path: &Path,
+    context: Option<usize>,
+    budget: Option<u64>,
+) -> Result<Option<MemoryPlan>, (waste_result, String)> {
+    let Some(b) = budget else { return Ok(None) };
+    let plan = plan_path(path, context, None).map_err(host)?;
+    if b < plan.floor {
+        return Err((
+            WASTE_RAM_BUDGET,
+            format!(
+                "a budget of {b} bytes is under this model's floor of {} bytes",
+                plan.floor
+            ),
+        ));
+    }
+    Ok(Some(plan))
+}
+
+/// Plans the memory of the container at `path` without loading it.
+/// `context` 0 = default; `budget` 0 = chosen from usable RAM.
+#[no_mangle]
+pub unsafe extern "C" fn waste_plan(
+    ctx: *const waste_ctx,
+    path: *const c_char,
+    path_len: usize,
+    context: usize,
+    budget: u64,
+    out: *mut waste_memory_plan,
+) -> waste_result {
+    if ctx.is_null() {
+        return WASTE_NULL_ARG;
+    }
+    // SAFETY: a non-NULL ctx is a live handle.
+    let ctx = unsafe { &*ctx };
+    guard(&ctx.error, || {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: pointer and length from the caller.
+        let path = Path::new(unsafe { str_arg("path", path, path_len) }?);
+        let budget = (budget != 0).then_some(budget);
+        check_budget(path, opt(context), budget)?;
+        let plan = plan_path(path, opt(context), budget).map_err(host)?;
+        // SAFETY: checked non-NULL.
+        unsafe { *out = plan_out(&plan) };
+        Ok(())
+    })
+}
+
+/// Opens the container at `path`. `options` NULL = the defaults.
+#[no_mangle]
+pub unsafe extern "C" fn waste_model_open(
+    ctx: *const waste_ctx,
+    path: *const c_char,
+    path_len: usize,
+    options: *const waste_open_options,
+    out: *mut *mut waste_model,
+) -> waste_result {
+    if ctx.is_null() {
+        return WASTE_NULL_ARG;
+    }
+    // SAFETY: a non-NULL ctx is a live handle.
+    let ctx = unsafe { &*ctx };
+    guard(&ctx.error, || {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { *out = std::ptr::null_mut() };
+        // SAFETY: pointer and length from the caller.
+        let path = Path::new(unsafe { str_arg("path", path, path_len) }?);
+        let mut o = OpenOptions::default();
+        if !options.is_null() {
+            // SAFETY: a non-NULL options points at a filled struct.
+            let c = unsafe { &*options };
+            o.context = opt(c.context);
+            o.budget = (c.budget != 0).then_some(c.budget);
+            o.threads = opt(c.threads);
+            // SAFETY: pointer and length from the caller.
+            let cpus = unsafe { crate::slice_arg("options.cpus", c.cpus, c.n_cpus) }?;
+            if !cpus.is_empty() {
+                let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
+                o.cpus = Some(waste_host::pool::CpuSet::parse(&list.join(",")).map_err(host)?);
+            }
+            o.cache = c.cache;
+            o.cache_policy = match c.cache_policy {
+                0 => CachePolicy::Lru,
+                1 => CachePolicy::Frequency,
+                n => {
+                    return Err((
+                        WASTE_ARG,
+                        format!("cache_policy {n}: expected 0 (LRU) or 1 (frequency)"),
+                    ))
+                }
+            };
+            o.readers = c.readers;
+            o.read_ahead = c.read_ahead;
+            o.direct_io = c.direct_io;
+            o.lookahead = c.lookahead;
+            o.preload = c.preload;
+        }
+        check_budget(path, o.context, o.budget)?;
+        let model = Model::open(path, &o).map_err(host)?;
+        let info = model.info();
+        let cs = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
+        let handle = Box::new(waste_model {
+            family: cs(&info.family),
+            trunk_format: cs(&info.trunk_format),
+            expert_format: cs(&info.expert_format),
+            model,
+            error: ctx.error.clone(),
+        });
+        // SAFETY: checked non-NULL.
+        unsafe { *out = Box::into_raw(handle) };
+        Ok(())
+    })
+}
+
+/// Frees a model handle; sessions still open on it keep the model alive.
+#[no_mangle]
+pub unsafe extern "C" fn waste_model_close(model: *mut waste_model) {
+    if !model.is_null() {
+        // SAFETY: `model` came from waste_model_open and is closed once.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            drop(unsafe { Box::from_raw(model) })
+        }));
+    }
+}
+
+/// Runs `f` on a live model handle, recording failures in its context.
+pub(crate) unsafe fn with_model(
+    model: *const waste_model,
+    f: impl FnOnce(&waste_model) -> Result<(), (waste_result, String)>,
+) -> waste_result {
+    if model.is_null() {
+        return WASTE_NULL_ARG;
+    }
+    // SAFETY: a non-NULL model is a live handle.
+    let m = unsafe { &*model };
+    guard(&m.error, || f(m))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn waste_model_get_info(
+    model: *const waste_model,
+    out: *mut waste_model_info,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_model(model, |m| {
+            if out.is_null() {
+                return Err(null("out"));
+            }
+            let i = m.model.info();
+            let info = waste_model_info {
+                family: m.family.as_ptr(),
+                trunk_format: m.trunk_format.as_ptr(),
+                expert_format: m.expert_format.as_ptr(),
+                vocab_size: i.vocab_size,
+                hidden_size: i.hidden_size,
+                num_layers: i.num_layers,
+                moe_layers: i.moe_layers,
+                num_experts: i.num_experts,
+                top_k: i.top_k,
+                max_position_embeddings: i.max_position_embeddings,
+                context: m.model.context(),
+                bos_token: i.bos_token.map_or(-1, i64::from),
+                eos_token: i.eos_tokens.first().map_or(-1, |&t| i64::from(t)),
+                expert_record_bytes: i.expert_record_bytes,
+                trunk_bytes: i.trunk_bytes,
+                total_params: i.total_params,
+                active_params: i.active_params,
+                has_tokenizer: i.has_tokenizer,
+                has_chat_template: i.has_chat_template,
+            };
+            *out = info;
+            Ok(())
+        })
+    }
+}
+
+/// The plan the model was opened with.
+#[no_mangle]
+pub unsafe extern "C" fn waste_model_memory_plan(
+    model: *const waste_model,
+    out: *mut waste_memory_plan,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_model(model, |m| {
+            if out.is_null() {
+                return Err(null("out"));
+            }
+            *out = plan_out(m.model.memory_plan());
+            Ok(())
+        })
+    }
+}
+
+/// Expert-store counters, aggregated over every session of the model.
+#[no_mangle]
+pub unsafe extern "C" fn waste_model_store_stats(
+    model: *const waste_model,
+    out: *mut waste_store_stats,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_model(model, |m| {
+            if out.is_null() {
+                return Err(null("out"));
+            }
+            let s = m.model.store_stats();
+            *out = waste_store_stats {
+                hits: s.hits,
+                misses: s.misses,
+                reads: s.reads,
+                bytes_read: s.bytes_read,
+                ms_io_wait: s.io_wait.as_secs_f64() * 1e3,
+                ms_read: s.read_time.as_secs_f64() * 1e3,
+                prefetch_issued: s.prefetch_issued,
+                prefetch_used: s.prefetch_used,
+                preloaded: s.preloaded,
+                cache_slots: s.cache_slots,
+                cache_bytes: s.cache_bytes,
+                record_bytes: s.record_bytes,
+                direct_io: s.direct_io,
+            };
+            Ok(())
+        })
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn waste_model_reset_store_stats(model: *const waste_model) -> waste_result {
+    // SAFETY: forwarded caller pointer.
+    unsafe {
+        with_model(model, |m| {
+            m.model.reset_store_stats();
+            Ok(())
+        })
+    }
+}
+
+/// Adds the model's expert-use counts to the container's usage file (the
+/// hotlist the next open preloads).
+#[no_mangle]
+pub unsafe extern "C" fn waste_model_save_usage(model: *const waste_model) -> waste_result {
+    // SAFETY: forwarded caller pointer.
+    unsafe { with_model(model, |m| m.model.save_usage().map(|_| ()).map_err(host)) }
+}

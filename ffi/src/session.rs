@@ -1,0 +1,519 @@
+//! Sessions: tokenizer, generation with a per-token callback, eval, state.
+
+use std::ffi::{c_char, c_void};
+use std::path::Path;
+use std::sync::Arc;
+
+use waste_host::{ChatMessage, GenerateParams, Session, StopReason};
+
+use crate::waste_result::{self, *};
+use crate::{copy_out, guard, host, null, slice_arg, str_arg, waste_ctx, waste_model, ErrorSlot};
+
+/// A UTF-8 string with an explicit length; `ptr` NULL = absent.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct waste_str {
+    pub ptr: *const c_char,
+    pub len: usize,
+}
+
+/// One message of a conversation for [`waste_session_apply_chat_template`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct waste_chat_message {
+    pub role: waste_str,
+    /// `ptr` NULL = no content field.
+    pub content: waste_str,
+    /// Further fields as a JSON object text; `ptr` NULL = none.
+    pub extra: waste_str,
+}
+
+/// Sampling and stopping; fill with [`waste_generate_params_default`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct waste_generate_params {
+    /// 0 = greedy.
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub penalty_last_n: u32,
+    pub seed: u64,
+    pub max_tokens: u32,
+    pub stop_at_eos: bool,
+    /// Token ids that end the generation (`n_stop_tokens` of them).
+    pub stop_tokens: *const u32,
+    pub n_stop_tokens: usize,
+    /// Strings that end the generation.
+    pub stop_strings: *const waste_str,
+    pub n_stop_strings: usize,
+    /// Additive logit bias: `n_logit_bias` token ids and their biases.
+    pub logit_bias_tokens: *const u32,
+    pub logit_bias_values: *const f32,
+    pub n_logit_bias: usize,
+}
+
+/// One generated token, as the callback sees it; `text` lives only during
+/// the call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct waste_token_event {
+    pub token: u32,
+    pub text: *const c_char,
+    pub text_len: usize,
+    pub logprob: f32,
+    /// Expert records found in the cache / read from disk for this token.
+    pub experts_hit: u32,
+    pub experts_missed: u32,
+    pub bytes_read: u64,
+    pub ms_total: f32,
+    pub ms_io: f32,
+}
+
+/// Called once per generated token; return false to cancel.
+pub type waste_token_callback =
+    Option<unsafe extern "C" fn(user: *mut c_void, event: *const waste_token_event) -> bool>;
+
+/// Why a generation stopped.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum waste_stop_reason {
+    WASTE_STOP_LENGTH = 0,
+    WASTE_STOP_EOS = 1,
+    WASTE_STOP_CANCELLED = 2,
+    WASTE_STOP_CONTEXT_FULL = 3,
+    WASTE_STOP_STRING = 4,
+    WASTE_STOP_TOKEN = 5,
+}
+
+/// The summary of a generation (the tokens and text went to the callback).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct waste_completion {
+    pub n_tokens: usize,
+    pub stop_reason: waste_stop_reason,
+}
+
+/// One conversation with one model.
+pub struct waste_session {
+    session: Session,
+    error: Arc<ErrorSlot>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn waste_generate_params_default(
+    out: *mut waste_generate_params,
+) -> waste_result {
+    if out.is_null() {
+        return WASTE_NULL_ARG;
+    }
+    let d = GenerateParams::default();
+    let p = waste_generate_params {
+        temperature: d.temperature,
+        top_k: d.top_k,
+        top_p: d.top_p,
+        min_p: d.min_p,
+        repetition_penalty: d.repetition_penalty,
+        presence_penalty: d.presence_penalty,
+        frequency_penalty: d.frequency_penalty,
+        penalty_last_n: d.penalty_last_n,
+        seed: d.seed,
+        max_tokens: d.max_tokens,
+        stop_at_eos: d.stop_at_eos,
+        stop_tokens: std::ptr::null(),
+        n_stop_tokens: 0,
+        stop_strings: std::ptr::null(),
+        n_stop_strings: 0,
+        logit_bias_tokens: std::ptr::null(),
+        logit_bias_values: std::ptr::null(),
+        n_logit_bias: 0,
+    };
+    // SAFETY: checked non-NULL.
+    unsafe { *out = p };
+    WASTE_OK
+}
+
+/// A session on `model` (its own component instance and state).
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_open(
+    ctx: *const waste_ctx,
+    model: *const waste_model,
+    out: *mut *mut waste_session,
+) -> waste_result {
+    if ctx.is_null() {
+        return WASTE_NULL_ARG;
+    }
+    // SAFETY: a non-NULL ctx is a live handle.
+    let ctx = unsafe { &*ctx };
+    guard(&ctx.error, || {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { *out = std::ptr::null_mut() };
+        if model.is_null() {
+            return Err(null("model"));
+        }
+        // SAFETY: a non-NULL model is a live handle.
+        let model = unsafe { &*model };
+        let session = ctx.engine.session(model.model.clone()).map_err(host)?;
+        let s = Box::new(waste_session {
+            session,
+            error: ctx.error.clone(),
+        });
+        // SAFETY: checked non-NULL.
+        unsafe { *out = Box::into_raw(s) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_close(session: *mut waste_session) {
+    if !session.is_null() {
+        // SAFETY: `session` came from waste_session_open and is closed once.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            drop(unsafe { Box::from_raw(session) })
+        }));
+    }
+}
+
+unsafe fn with_session(
+    session: *mut waste_session,
+    f: impl FnOnce(&mut Session) -> Result<(), (waste_result, String)>,
+) -> waste_result {
+    if session.is_null() {
+        return WASTE_NULL_ARG;
+    }
+    // SAFETY: a non-NULL session is a live handle, used by one thread at a time.
+    let s = unsafe { &mut *session };
+    let error = s.error.clone();
+    guard(&error, || f(&mut s.session))
+}
+
+fn check_out(out_len: *mut usize) -> Result<(), (waste_result, String)> {
+    if out_len.is_null() {
+        return Err(null("out_len"));
+    }
+    Ok(())
+}
+
+/// Text as plain content -> token ids. `*out_len` receives the count; a
+/// buffer shorter than it gets `WASTE_BUFFER_TOO_SMALL` and nothing else.
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_tokenize(
+    session: *mut waste_session,
+    text: *const c_char,
+    text_len: usize,
+    tokens: *mut u32,
+    cap: usize,
+    out_len: *mut usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            check_out(out_len)?;
+            let ids = s.tokenize(str_arg("text", text, text_len)?).map_err(host)?;
+            copy_out(&ids, tokens, cap, out_len)
+        })
+    }
+}
+
+/// Text as template markup (special-token strings become their ids).
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_tokenize_markup(
+    session: *mut waste_session,
+    text: *const c_char,
+    text_len: usize,
+    tokens: *mut u32,
+    cap: usize,
+    out_len: *mut usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            check_out(out_len)?;
+            let ids = s
+                .tokenize_markup(str_arg("text", text, text_len)?)
+                .map_err(host)?;
+            copy_out(&ids, tokens, cap, out_len)
+        })
+    }
+}
+
+/// Token ids -> UTF-8 text (not NUL-terminated; `*out_len` bytes).
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_detokenize(
+    session: *mut waste_session,
+    tokens: *const u32,
+    n_tokens: usize,
+    text: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            check_out(out_len)?;
+            let t = s
+                .detokenize(slice_arg("tokens", tokens, n_tokens)?)
+                .map_err(host)?;
+            copy_out(t.as_bytes(), text as *mut u8, cap, out_len)
+        })
+    }
+}
+
+unsafe fn opt_str(name: &str, s: waste_str) -> Result<Option<String>, (waste_result, String)> {
+    if s.ptr.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: pointer and length from the caller.
+    Ok(Some(unsafe { str_arg(name, s.ptr, s.len) }?.to_string()))
+}
+
+/// The conversation through the model's chat template, as prompt tokens.
+/// `tools`: a JSON array of tool definitions, `ptr` NULL = none.
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_apply_chat_template(
+    session: *mut waste_session,
+    messages: *const waste_chat_message,
+    n_messages: usize,
+    tools: waste_str,
+    add_generation_prompt: bool,
+    tokens: *mut u32,
+    cap: usize,
+    out_len: *mut usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            check_out(out_len)?;
+            let mut msgs = Vec::new();
+            for m in slice_arg("messages", messages, n_messages)? {
+                let role = opt_str("role", m.role)?.ok_or_else(|| null("role"))?;
+                msgs.push(ChatMessage {
+                    role,
+                    content: opt_str("content", m.content)?,
+                    extra: opt_str("extra", m.extra)?,
+                });
+            }
+            let tools = opt_str("tools", tools)?;
+            let ids = s
+                .apply_chat_template(&msgs, tools.as_deref(), add_generation_prompt)
+                .map_err(host)?;
+            copy_out(&ids, tokens, cap, out_len)
+        })
+    }
+}
+
+/// The caller's callback and `user` pointer, moved into the engine's
+/// `Send + 'static` token hook.
+struct Callback {
+    f: unsafe extern "C" fn(*mut c_void, *const waste_token_event) -> bool,
+    user: *mut c_void,
+}
+
+// SAFETY: the hook runs on the thread that called waste_session_generate,
+// during that call; the caller's `user` is used where it was given.
+unsafe impl Send for Callback {}
+
+/// Continues from the session's state with `prompt`; `params` NULL = the
+/// defaults; `callback` (may be NULL) sees each token and returns false to
+/// cancel, in which case the result is `WASTE_CANCELLED` and `out` (may be
+/// NULL) still describes what was generated.
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_generate(
+    session: *mut waste_session,
+    prompt: *const u32,
+    n_prompt: usize,
+    params: *const waste_generate_params,
+    callback: waste_token_callback,
+    user: *mut c_void,
+    out: *mut waste_completion,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            let prompt = slice_arg("prompt", prompt, n_prompt)?;
+            let mut p = GenerateParams::default();
+            if !params.is_null() {
+                let c = &*params;
+                p.temperature = c.temperature;
+                p.top_k = c.top_k;
+                p.top_p = c.top_p;
+                p.min_p = c.min_p;
+                p.repetition_penalty = c.repetition_penalty;
+                p.presence_penalty = c.presence_penalty;
+                p.frequency_penalty = c.frequency_penalty;
+                p.penalty_last_n = c.penalty_last_n;
+                p.seed = c.seed;
+                p.max_tokens = c.max_tokens;
+                p.stop_at_eos = c.stop_at_eos;
+                p.stop_tokens = slice_arg("stop_tokens", c.stop_tokens, c.n_stop_tokens)?.to_vec();
+                for &w in slice_arg("stop_strings", c.stop_strings, c.n_stop_strings)? {
+                    p.stop_strings
+                        .push(str_arg("stop string", w.ptr, w.len)?.to_string());
+                }
+                let ids = slice_arg("logit_bias_tokens", c.logit_bias_tokens, c.n_logit_bias)?;
+                let vals = slice_arg("logit_bias_values", c.logit_bias_values, c.n_logit_bias)?;
+                p.logit_bias = ids.iter().copied().zip(vals.iter().copied()).collect();
+            }
+            let cb = callback.map(|f| Callback { f, user });
+            let hook = move |e: &waste_host::TokenEvent| -> bool {
+                let Some(cb) = &cb else { return true };
+                let ev = waste_token_event {
+                    token: e.token,
+                    text: e.text.as_ptr() as *const c_char,
+                    text_len: e.text.len(),
+                    logprob: e.logprob,
+                    experts_hit: e.experts_hit,
+                    experts_missed: e.experts_missed,
+                    bytes_read: e.bytes_read,
+                    ms_total: e.ms_total,
+                    ms_io: e.ms_io,
+                };
+                // The enclosing unsafe block covers this call: the caller's
+                // function, given its own `user`; `ev` lives for the call.
+                (cb.f)(cb.user, &ev)
+            };
+            let c = s.generate(prompt, &p, hook).map_err(host)?;
+            let reason = match c.stop_reason {
+                StopReason::Length => waste_stop_reason::WASTE_STOP_LENGTH,
+                StopReason::Eos => waste_stop_reason::WASTE_STOP_EOS,
+                StopReason::Cancelled => waste_stop_reason::WASTE_STOP_CANCELLED,
+                StopReason::ContextFull => waste_stop_reason::WASTE_STOP_CONTEXT_FULL,
+                StopReason::StopString => waste_stop_reason::WASTE_STOP_STRING,
+                StopReason::StopToken => waste_stop_reason::WASTE_STOP_TOKEN,
+            };
+            if !out.is_null() {
+                *out = waste_completion {
+                    n_tokens: c.tokens.len(),
+                    stop_reason: reason,
+                };
+            }
+            if reason == waste_stop_reason::WASTE_STOP_CANCELLED {
+                return Err((
+                    WASTE_CANCELLED,
+                    format!("cancelled by the callback after {} tokens", c.tokens.len()),
+                ));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Evaluates `tokens` on top of the state and writes raw logits (the last
+/// position's `vocab_size` floats, or every position's with
+/// `all_positions`), for hosts that sample themselves.
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_eval(
+    session: *mut waste_session,
+    tokens: *const u32,
+    n_tokens: usize,
+    all_positions: bool,
+    logits: *mut f32,
+    cap: usize,
+    out_len: *mut usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            check_out(out_len)?;
+            let (l, _) = s
+                .eval(slice_arg("tokens", tokens, n_tokens)?, all_positions)
+                .map_err(host)?;
+            copy_out(&l, logits, cap, out_len)
+        })
+    }
+}
+
+/// Perplexity of `text` in windows of `window` tokens (0 = the context).
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_perplexity(
+    session: *mut waste_session,
+    text: *const c_char,
+    text_len: usize,
+    window: usize,
+    perplexity: *mut f64,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            if perplexity.is_null() {
+                return Err(null("perplexity"));
+            }
+            let r = s
+                .perplexity(
+                    str_arg("text", text, text_len)?,
+                    (window != 0).then_some(window),
+                )
+                .map_err(host)?;
+            *perplexity = r.perplexity();
+            Ok(())
+        })
+    }
+}
+
+/// Writes the whole conversation to the file at `path`.
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_save_state(
+    session: *mut waste_session,
+    path: *const c_char,
+    path_len: usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            s.save_state(Path::new(str_arg("path", path, path_len)?))
+                .map_err(host)
+        })
+    }
+}
+
+/// Replaces the conversation with one saved for the same model.
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_load_state(
+    session: *mut waste_session,
+    path: *const c_char,
+    path_len: usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            s.load_state(Path::new(str_arg("path", path, path_len)?))
+                .map_err(host)
+        })
+    }
+}
+
+/// Forgets the conversation (position 0).
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_reset(session: *mut waste_session) -> waste_result {
+    // SAFETY: forwarded caller pointer.
+    unsafe {
+        with_session(session, |s| {
+            s.reset();
+            Ok(())
+        })
+    }
+}
+
+/// Tokens held in the session's state.
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_position(
+    session: *mut waste_session,
+    position: *mut usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            if position.is_null() {
+                return Err(null("position"));
+            }
+            *position = s.position();
+            Ok(())
+        })
+    }
+}

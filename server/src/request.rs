@@ -1,0 +1,313 @@
+//! Request bodies of /v1/chat/completions and /v1/completions, checked
+//! field by field so a wrong type is a 400 naming the field. Fields the
+//! server does not know are ignored, as OpenAI-compatible servers do.
+
+use serde_json::{Map, Value};
+use waste_host::{ChatMessage, GenerateParams};
+
+use crate::error::ApiError;
+
+pub enum Prompt {
+    Chat {
+        messages: Vec<ChatMessage>,
+        tools: Option<String>,
+    },
+    Text(String),
+}
+
+pub struct Request {
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    pub params: GenerateParams,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Log-probabilities requested (per token, with `params.top_logprobs`
+    /// alternatives).
+    pub logprobs: bool,
+    /// A `tools` list was given and `tool_choice` is not "none": the output
+    /// is searched for tool calls.
+    pub tools_enabled: bool,
+}
+
+type Obj = Map<String, Value>;
+
+fn bad(param: &str, what: &str) -> ApiError {
+    ApiError::bad_request(format!("`{param}` must be {what}"), Some(param))
+}
+
+fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
+    o.get(key).filter(|v| !v.is_null())
+}
+
+fn number(o: &Obj, key: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
+    match field(o, key) {
+        None => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) if x >= lo && x <= hi => Ok(Some(x)),
+            _ => Err(bad(key, &format!("a number in [{lo}, {hi}]"))),
+        },
+    }
+}
+
+fn integer(o: &Obj, key: &str, lo: u64, hi: u64) -> Result<Option<u64>, ApiError> {
+    match field(o, key) {
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(x) if x >= lo && x <= hi => Ok(Some(x)),
+            _ => Err(bad(key, &format!("an integer in [{lo}, {hi}]"))),
+        },
+    }
+}
+
+fn boolean(o: &Obj, key: &str) -> Result<bool, ApiError> {
+    match field(o, key) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(bad(key, "a boolean")),
+    }
+}
+
+fn stop_strings(o: &Obj) -> Result<Vec<String>, ApiError> {
+    let list = match field(o, "stop") {
+        None => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad("stop", "a string or a list of strings"))?,
+        Some(_) => return Err(bad("stop", "a string or a list of strings")),
+    };
+    if list.iter().any(String::is_empty) {
+        return Err(bad("stop", "non-empty strings"));
+    }
+    Ok(list)
+}
+
+/// Message content: a string, or a list of parts of which only text parts
+/// can be used by a text model.
+fn content(v: Option<&Value>, i: usize) -> Result<Option<String>, ApiError> {
+    let param = format!("messages[{i}].content");
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some(kind), _) if kind != "text" => {
+                        return Err(ApiError::bad_request(
+                            format!("`{param}`: content parts of type {kind:?} are not supported by a text model"),
+                            Some(&param),
+                        ))
+                    }
+                    _ => return Err(bad(&param, "a string or a list of {\"type\": \"text\", \"text\": ...} parts")),
+                }
+            }
+            Ok(Some(text))
+        }
+        Some(_) => Err(bad(&param, "a string or a list of content parts")),
+    }
+}
+
+fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = match field(o, "messages") {
+        Some(Value::Array(list)) if !list.is_empty() => list,
+        None => {
+            return Err(ApiError::bad_request(
+                "`messages` is required",
+                Some("messages"),
+            ))
+        }
+        Some(_) => return Err(bad("messages", "a non-empty list of messages")),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let m = m
+            .as_object()
+            .ok_or_else(|| bad(&format!("messages[{i}]"), "an object"))?;
+        let role = match m.get("role") {
+            Some(Value::String(r)) if !r.is_empty() => r.clone(),
+            _ => return Err(bad(&format!("messages[{i}].role"), "a non-empty string")),
+        };
+        let content = content(m.get("content"), i)?;
+        let extra: Obj = m
+            .iter()
+            .filter(|(k, v)| *k != "role" && *k != "content" && !v.is_null())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let extra = if extra.is_empty() {
+            None
+        } else {
+            Some(Value::Object(extra).to_string())
+        };
+        out.push(ChatMessage {
+            role,
+            content,
+            extra,
+        });
+    }
+    Ok(out)
+}
+
+fn tools(o: &Obj) -> Result<(Option<String>, bool), ApiError> {
+    let choice_none = match field(o, "tool_choice") {
+        None => false,
+        Some(Value::String(s)) if s == "none" => true,
+        Some(Value::String(s)) if s == "auto" || s == "required" => false,
+        Some(Value::Object(_)) => false,
+        Some(_) => {
+            return Err(bad(
+                "tool_choice",
+                "\"none\", \"auto\", \"required\" or an object",
+            ))
+        }
+    };
+    match field(o, "tools") {
+        None => Ok((None, false)),
+        Some(Value::Array(list)) if list.is_empty() => Ok((None, false)),
+        Some(Value::Array(list)) => {
+            if list.iter().any(|t| !t.is_object()) {
+                return Err(bad("tools", "a list of tool objects"));
+            }
+            if choice_none {
+                Ok((None, false))
+            } else {
+                Ok((Some(Value::Array(list.clone()).to_string()), true))
+            }
+        }
+        Some(_) => Err(bad("tools", "a list of tool objects")),
+    }
+}
+
+/// Parses a request body. `chat` selects the chat shape (messages) over the
+/// completions shape (prompt); `context` bounds max_tokens' default.
+pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("the request body is not valid JSON: {e}"), None)
+    })?;
+    let o = value
+        .as_object()
+        .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object", None))?;
+    let model = match field(o, "model") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(bad("model", "a string")),
+    };
+    if let Some(n) = field(o, "n") {
+        if n.as_u64() != Some(1) {
+            return Err(ApiError::bad_request(
+                "only `n` = 1 is supported",
+                Some("n"),
+            ));
+        }
+    }
+    let (prompt, tools_enabled) = if chat {
+        let (tools, enabled) = tools(o)?;
+        (
+            Prompt::Chat {
+                messages: messages(o)?,
+                tools,
+            },
+            enabled,
+        )
+    } else {
+        let text = match field(o, "prompt") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+                a[0].as_str().unwrap_or_default().to_string()
+            }
+            Some(Value::Array(a)) if a.len() > 1 => {
+                return Err(ApiError::bad_request(
+                    "only one prompt per request is supported",
+                    Some("prompt"),
+                ))
+            }
+            None => {
+                return Err(ApiError::bad_request(
+                    "`prompt` is required",
+                    Some("prompt"),
+                ))
+            }
+            Some(_) => return Err(bad("prompt", "a string")),
+        };
+        (Prompt::Text(text), false)
+    };
+    let max_tokens = match integer(o, "max_completion_tokens", 1, u32::MAX as u64)? {
+        Some(n) => Some(n),
+        None => integer(o, "max_tokens", 1, u32::MAX as u64)?,
+    };
+    let (logprobs, top_logprobs) = if chat {
+        let on = boolean(o, "logprobs")?;
+        let top = integer(o, "top_logprobs", 0, 20)?;
+        if top.is_some() && !on {
+            return Err(ApiError::bad_request(
+                "`top_logprobs` needs `logprobs` set to true",
+                Some("top_logprobs"),
+            ));
+        }
+        (on, top.unwrap_or(0))
+    } else {
+        match integer(o, "logprobs", 0, 5)? {
+            Some(k) => (true, k),
+            None => (false, 0),
+        }
+    };
+    let stream = boolean(o, "stream")?;
+    let include_usage = match field(o, "stream_options") {
+        None => false,
+        Some(Value::Object(so)) => boolean(so, "include_usage")
+            .map_err(|_| bad("stream_options.include_usage", "a boolean"))?,
+        Some(_) => return Err(bad("stream_options", "an object")),
+    };
+    let seed = match field(o, "seed") {
+        None => fresh_seed(),
+        // Negative seeds are legal in OpenAI's API; their bit pattern is the seed.
+        Some(v) => v
+            .as_i64()
+            .map(|s| s as u64)
+            .or_else(|| v.as_u64())
+            .ok_or_else(|| bad("seed", "an integer"))?,
+    };
+    let params = GenerateParams {
+        temperature: number(o, "temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32,
+        top_p: number(o, "top_p", 0.0, 1.0)?
+            .map(|p| p.max(f64::MIN_POSITIVE))
+            .unwrap_or(1.0) as f32,
+        top_k: integer(o, "top_k", 0, u32::MAX as u64)?.unwrap_or(0) as u32,
+        min_p: number(o, "min_p", 0.0, 1.0)?.unwrap_or(0.0) as f32,
+        presence_penalty: number(o, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
+        frequency_penalty: number(o, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
+        repetition_penalty: number(o, "repetition_penalty", 0.01, 10.0)?.unwrap_or(1.0) as f32,
+        top_logprobs: top_logprobs as u32,
+        seed,
+        max_tokens: max_tokens.unwrap_or(context as u64).min(u32::MAX as u64) as u32,
+        stop_strings: stop_strings(o)?,
+        ..GenerateParams::default()
+    };
+    Ok(Request {
+        model,
+        prompt,
+        params,
+        stream,
+        include_usage,
+        logprobs,
+        tools_enabled,
+    })
+}
+
+/// A seed for a request that gives none: different per request, as
+/// OpenAI's sampling is.
+fn fresh_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}

@@ -1,0 +1,165 @@
+//! `waste chat` driven through a piped stdin (plain line reading) on the
+//! shipped bible-moe model, whose chat template is ChatML.
+
+use std::path::PathBuf;
+
+use crate::common::*;
+
+fn model() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/bible-moe.waste")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn chat(script: &str, extra: &[&str]) -> std::process::Output {
+    let m = model();
+    let mut args = vec!["chat", m.as_str(), "-n", "8", "--temp", "0"];
+    args.extend_from_slice(extra);
+    waste_with_stdin(&args, Some(script))
+}
+
+/// (turns, position, last prompt, replays) from each `/stats` line.
+fn stats_lines(out: &str) -> Vec<(u64, u64, u64, u64)> {
+    let num = |line: &str, key: &str| -> u64 {
+        let at = line.find(key).unwrap_or_else(|| panic!("{key:?} missing in {line:?}")) + key.len();
+        line[at..]
+            .trim_start()
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    out.lines()
+        .filter(|l| l.starts_with("turns "))
+        .map(|l| {
+            (
+                num(l, "turns"),
+                num(l, "position"),
+                num(l, "last prompt"),
+                num(l, "replays"),
+            )
+        })
+        .collect()
+}
+
+fn assert_ok(o: &std::process::Output) {
+    let err = stderr(o);
+    assert!(o.status.success(), "exit {:?}: {err}", o.status.code());
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn chat_two_turns_evaluate_only_the_new_tokens() {
+    let o = chat("Hello\n/stats\nAnd again\n/stats\n", &[]);
+    assert_ok(&o);
+    let s = stats_lines(&stdout(&o));
+    assert_eq!(s.len(), 2, "{}", stdout(&o));
+    let ((t1, p1, _, r1), (t2, p2, prompt2, r2)) = (s[0], s[1]);
+    assert_eq!((t1, t2), (1, 2));
+    assert_eq!((r1, r2), (0, 0), "the session should continue, not replay");
+    // The second turn evaluated its own tokens only, on top of the first.
+    assert!(prompt2 < p1, "second prompt {prompt2} tokens, first turn ended at {p1}");
+    assert!(p2 > p1 + prompt2, "position {p2} after {p1} + {prompt2} + a reply");
+    assert_eq!(
+        stderr(&o).matches(" tokens, ").count(),
+        2,
+        "one stats line per turn: {}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn chat_reset_forgets_the_conversation() {
+    let o = chat("Hello\n/reset\n/stats\n", &[]);
+    assert_ok(&o);
+    assert!(stdout(&o).contains("conversation reset"));
+    let s = stats_lines(&stdout(&o));
+    assert_eq!(s[0].1, 0, "position after /reset");
+}
+
+#[test]
+fn chat_save_and_load_continue_the_same_conversation() {
+    let tmp = TempDir::new("chat-save");
+    let file = tmp.path().join("conv.bin");
+    let f = file.to_str().unwrap();
+    let plain = chat("Hello\nAnd again\n", &[]);
+    let restored = chat(&format!("Hello\n/save {f}\n/reset\n/load {f}\nAnd again\n"), &[]);
+    assert_ok(&plain);
+    assert_ok(&restored);
+    let out = stdout(&restored);
+    assert!(out.contains("saved ") && out.contains("loaded "), "{out}");
+    let replies: String = out
+        .lines()
+        .filter(|l| !(l.starts_with("saved ") || l.starts_with("loaded ") || l == &"conversation reset"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(
+        replies,
+        stdout(&plain),
+        "a restored conversation goes on as the original"
+    );
+}
+
+#[test]
+fn chat_help_unknown_command_and_bad_files_keep_the_repl_going() {
+    let tmp = TempDir::new("chat-errors");
+    let missing = tmp.path().join("nope.bin");
+    let script = format!("/help\n/bogus\n/save\n/load {}\nHello\n/stats\n", missing.display());
+    let o = chat(&script, &[]);
+    assert_ok(&o);
+    let (out, err) = (stdout(&o), stderr(&o));
+    for cmd in ["/reset", "/stats", "/save FILE", "/load FILE", "/help"] {
+        assert!(out.contains(cmd), "/help lacks {cmd}: {out}");
+    }
+    assert!(err.contains("error: unknown command /bogus"), "{err}");
+    assert!(err.contains("/save needs a file"), "{err}");
+    assert!(err.contains("nope.bin"), "{err}");
+    // The turn after the errors still ran.
+    assert_eq!(stats_lines(&out)[0].0, 1, "{out}");
+}
+
+#[test]
+fn chat_system_message_is_part_of_the_prompt() {
+    let o = chat("Hello\n/stats\n", &["--system", "You are terse."]);
+    let plain = chat("Hello\n/stats\n", &[]);
+    assert_ok(&o);
+    assert!(
+        stats_lines(&stdout(&o))[0].2 > stats_lines(&stdout(&plain))[0].2,
+        "the system turn adds tokens"
+    );
+}
+
+#[test]
+fn chat_without_a_template_is_a_clear_error() {
+    let tmp = TempDir::new("chat-no-template");
+    let dir = tmp.path().join("m.waste");
+    std::fs::create_dir(&dir).unwrap();
+    for e in std::fs::read_dir(model()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let cfg = dir.join("tokenizer_config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    let o = waste_with_stdin(&["chat", dir.to_str().unwrap()], Some("Hello\n"));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("has no chat template"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn chat_usage_errors_exit_2() {
+    for bad in [&["--temp", "-1"][..], &["--top-p", "0"], &["-n", "0"], &["--system"]] {
+        // Usage errors come before stdin is read: give it none.
+        let m = model();
+        let mut args = vec!["chat", m.as_str()];
+        args.extend_from_slice(bad);
+        let o = waste(&args);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"));
+    }
+}

@@ -1,0 +1,169 @@
+//! The C example (examples/c/embed.c) compiled with the system C compiler
+//! against the built libwaste and run on the shipped demo model.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::common::TempDir;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// target/release: the directory above the test binary's deps/, where
+/// cargo puts libwaste.so after `cargo build --release -p waste-ffi`.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let o = Command::new(cargo)
+        .args(["build", "--release", "-p", "waste-ffi"])
+        .current_dir(root())
+        .output()
+        .expect("run cargo build -p waste-ffi");
+    assert!(
+        o.status.success(),
+        "building waste-ffi failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        dir.join("libwaste.so").is_file() || dir.join("libwaste.dylib").is_file(),
+        "no libwaste in {}",
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn c_example_plans_opens_streams_and_reloads_state() {
+    let lib = lib_dir();
+    let tmp = TempDir::new("ffi-c");
+    let exe = tmp.path().join("embed");
+    let o = Command::new("cc")
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg(root().join("examples/c/embed.c"))
+        .arg("-I")
+        .arg(root().join("ffi/include"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-lwaste")
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run cc");
+    assert!(
+        o.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = Command::new(&exe)
+        .arg(root().join("examples/bible-moe.waste"))
+        .arg(tmp.path().join("state.bin"))
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("DYLD_LIBRARY_PATH", &lib)
+        .output()
+        .expect("run the C example");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "the C example failed:\n{out}\n{err}");
+    assert!(out.contains("generated 16 tokens"), "{out}");
+    assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
+    assert!(
+        err.contains("[16 tokens, cache hits"),
+        "progress lines missing: {err}"
+    );
+}
+
+#[test]
+fn component_subcommand_writes_the_bundled_component() {
+    let tmp = TempDir::new("component");
+    let out = tmp.path().join("waste-engine.wasm");
+    let o = crate::common::waste(&["component", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", crate::common::stderr(&o));
+    let bytes = std::fs::read(&out).expect("component written");
+    // A component (not a core module): magic, then version 0x0d and layer 1.
+    assert_eq!(
+        &bytes[..8],
+        b"\0asm\x0d\x00\x01\x00",
+        "not a wasm component"
+    );
+    let o = crate::common::waste(&["component"]);
+    assert_eq!(o.status.code(), Some(2), "a missing --out is a usage error");
+}
+
+#[test]
+fn python_example_plans_opens_streams_and_reloads_state() {
+    if Command::new("python3")
+        .arg("--version")
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        crate::common::report_skip(
+            "SKIP python_example_plans_opens_streams_and_reloads_state: python3 is missing",
+        );
+        return;
+    }
+    let lib = lib_dir();
+    let so = if lib.join("libwaste.so").is_file() {
+        lib.join("libwaste.so")
+    } else {
+        lib.join("libwaste.dylib")
+    };
+    let tmp = TempDir::new("ffi-py");
+    let o = Command::new("python3")
+        .arg(root().join("examples/python/embed.py"))
+        .arg(root().join("examples/bible-moe.waste"))
+        .arg(tmp.path().join("state.bin"))
+        .env("WASTE_LIB", so)
+        .output()
+        .expect("run python3");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "the Python example failed:\n{out}\n{err}"
+    );
+    assert!(out.contains("generated 16 tokens"), "{out}");
+    assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
+    assert!(
+        err.contains("[16 tokens, cache hits"),
+        "progress lines missing: {err}"
+    );
+}
+
+#[test]
+fn rust_example_plans_opens_streams_and_reloads_state() {
+    let tmp = TempDir::new("ffi-rs");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let o = Command::new(cargo)
+        .args([
+            "run",
+            "--quiet",
+            "--release",
+            "-p",
+            "waste-host",
+            "--example",
+            "embed",
+            "--",
+        ])
+        .arg(root().join("examples/bible-moe.waste"))
+        .arg(tmp.path().join("state.bin"))
+        .current_dir(root())
+        .output()
+        .expect("run cargo run --example embed");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "the Rust example failed:\n{out}\n{err}");
+    assert!(out.contains("generated 16 tokens"), "{out}");
+    assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
+    assert!(
+        err.contains("[16 tokens, cache hits"),
+        "progress lines missing: {err}"
+    );
+}

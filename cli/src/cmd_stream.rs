@@ -162,8 +162,9 @@ pub struct BenchArgs {
     /// Replay recorded routing (JSONL) instead of running the model.
     #[arg(long)]
     pub route_trace: Option<PathBuf>,
-    #[arg(long, default_value_t = 512)]
-    pub ctx: usize,
+    /// Tokens of context (default: 512, or the model's maximum if smaller).
+    #[arg(long)]
+    pub ctx: Option<usize>,
     #[arg(long, default_value_t = 2)]
     pub readers: usize,
     /// Eviction policy: lru (default) or frequency.
@@ -211,10 +212,19 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if a.tokens == 0 {
         bail!(usage("--tokens must be at least 1"));
     }
+    // Regression: a fixed default of 512 refused models with a shorter context.
+    let ctx = match a.ctx {
+        Some(n) => n,
+        None => waste_host::container::Container::open(&a.model)
+            .with_context(|| format!("opening {}", a.model.display()))?
+            .config()
+            .max_position_embeddings
+            .min(512),
+    };
     let mut rows = Vec::new();
     for budget in budgets {
         let options = OpenOptions {
-            context: Some(a.ctx),
+            context: Some(ctx),
             budget,
             cache: !a.no_cache,
             cache_policy: policy,
@@ -250,7 +260,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 let mut state = model.new_state();
                 let vocab = model.info().vocab_size as u64;
                 let mut rng = 0x2545_F491_4F6C_DD1Du64;
-                let n = a.tokens.min(a.ctx);
+                let n = a.tokens.min(ctx);
                 for _ in 0..n {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;

@@ -174,3 +174,12 @@ fn runtime_errors_are_one_line_with_exit_1() {
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
     }
 }
+
+/// Regression: `bench` defaulted to a 512-token context and so refused every
+/// model whose maximum is shorter (bible-moe's is 256).
+#[test]
+fn bench_default_context_fits_a_model_with_a_short_context() {
+    let m = model();
+    let o = waste(&["bench", &m, "--tokens", "2", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

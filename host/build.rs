@@ -112,18 +112,30 @@ fn precompile(wasm: &Path) -> Vec<u8> {
     cwasm
 }
 
-/// Fails early with the fix spelled out, instead of a wall of "can't find
-/// crate for std" errors. rust-toolchain.toml lists the target, so rustup
-/// normally installs it on first use.
+/// rustup does not add a target listed in rust-toolchain.toml to a toolchain
+/// that is already installed (checked: `rustup target remove wasm32-wasip2`,
+/// then any cargo command leaves it missing), so a fresh clone on a machine
+/// with a stable toolchain would fail here. Add it through rustup when rustup
+/// manages this toolchain; otherwise fail early with the fix spelled out,
+/// instead of a wall of "can't find crate for std" errors.
 fn check_target_installed() {
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let Ok(out) = Command::new(rustc).args(["--print", "sysroot"]).output() else { return };
     let sysroot = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let std_dir = Path::new(&sysroot).join("lib/rustlib").join(TARGET);
-    if !sysroot.is_empty() && !std_dir.exists() {
+    if sysroot.is_empty() || std_dir.exists() {
+        return;
+    }
+    let mut rustup = Command::new("rustup");
+    rustup.args(["target", "add", TARGET]);
+    if let Ok(toolchain) = env::var("RUSTUP_TOOLCHAIN") {
+        rustup.args(["--toolchain", &toolchain]);
+    }
+    let added = rustup.status().map(|s| s.success()).unwrap_or(false);
+    if !added || !std_dir.exists() {
         panic!(
-            "the Rust target {TARGET} is not installed in {sysroot}; run `rustup target add {TARGET}` \
-             (rust-toolchain.toml lists it, so a rustup-managed toolchain installs it automatically)"
+            "the Rust target {TARGET} is not installed in {sysroot} and `rustup target add {TARGET}` \
+             did not install it; install it and build again"
         );
     }
 }

@@ -5,62 +5,13 @@
 //! converted with an f32 trunk and f32 experts, run through the public API
 //! and the bundled component.
 
-use waste_host::{Engine, GenerateParams, Model, OpenOptions};
+use waste_host::{Engine, Model, OpenOptions};
 
 use crate::common::*;
 
-const TOLERANCE: f32 = 1e-4;
-
 #[test]
 fn deepseek_v3_f32_matches_transformers_at_every_position() {
-    let tmp = TempDir::new("deepseek-oracle");
-    let container = convert("deepseek_v3", "f32", "f32", tmp.path());
-    let reference = reference("deepseek_v3");
-    let model = Model::open(&container, &OpenOptions::default()).unwrap();
-    let engine = Engine::new().unwrap();
-    let mut session = engine.session(model).unwrap();
-    assert_eq!(
-        session.tokenize(&reference.prompt_text).unwrap(),
-        reference.prompt_ids,
-        "tokenizer"
-    );
-
-    let (logits, _) = session.eval(&reference.prompt_ids, true).unwrap();
-    assert_eq!(logits.len(), reference.logits.len());
-    let v = reference.vocab;
-    let mut worst = 0.0f32;
-    for p in 0..reference.prompt_ids.len() {
-        let (ours, theirs) = (
-            &logits[p * v..(p + 1) * v],
-            &reference.logits[p * v..(p + 1) * v],
-        );
-        let scale = theirs.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        let diff = ours
-            .iter()
-            .zip(theirs)
-            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(
-            diff <= TOLERANCE * scale,
-            "position {p}: max |diff| {diff} > {TOLERANCE} x {scale}"
-        );
-        worst = worst.max(diff / scale);
-    }
-    eprintln!("deepseek_v3 f32: max |logit diff| / max |logit| = {worst:e}");
-
-    session.reset();
-    let greedy = GenerateParams {
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        seed: 0,
-        max_tokens: 16,
-        stop_at_eos: false,
-        ..GenerateParams::default()
-    };
-    let out = session
-        .generate(&reference.prompt_ids, &greedy, |_| true)
-        .unwrap();
-    assert_eq!(out.tokens, reference.greedy_ids, "greedy continuation");
+    crate::oracle::check_f32("deepseek_v3");
 }
 
 /// Saving and restoring a session carries the latent rows and the roped

@@ -48,7 +48,10 @@ fn greedy() -> GenerateParams {
     GenerateParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens: 16, stop_at_eos: false, ..GenerateParams::default() }
 }
 
-fn check_f32(family: &str) {
+/// Converts a fixture with an f32 trunk and f32 experts and holds it to the
+/// reference: logits at every position within F32_TOLERANCE x max |logit|,
+/// the same top-1 everywhere, the tokenizer's ids and the greedy tokens.
+pub(crate) fn check_f32(family: &str) {
     let tmp = TempDir::new(&format!("oracle-{family}"));
     let container = convert(family, "f32", "f32", tmp.path());
     let reference = reference(family);
@@ -61,6 +64,7 @@ fn check_f32(family: &str) {
 
     let (logits, _) = session.eval(&reference.prompt_ids, true).unwrap();
     let c = compare(&logits, &reference);
+    eprintln!("{family} f32: max |logit diff| / max |logit| = {:e}", c.max_rel_error);
     assert!(
         c.max_rel_error <= F32_TOLERANCE,
         "{family}: max |logit diff| / max |logit| = {:e} > {F32_TOLERANCE:e}",

@@ -257,7 +257,8 @@ impl TensorSource for Container {
         let [rows, cols] = t.shape[..] else {
             return Err(Error::format(&self.trunk_path, format!("tensor {name} is not a matrix (shape {:?})", t.shape)));
         };
-        let fmt = TrunkFormat::parse(&t.format).expect("validated at open");
+        let fmt = TrunkFormat::parse(&t.format)
+            .ok_or_else(|| Error::format(&self.trunk_path, format!("tensor {name}: unknown format {:?}", t.format)))?;
         QMatrix::from_bytes(fmt, rows as usize, cols as usize, self.bytes(t))
             .map_err(|e| Error::format(&self.trunk_path, format!("tensor {name}: {e}")))
     }

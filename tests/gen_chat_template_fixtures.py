@@ -11,7 +11,8 @@ the byte-level tokenizer.json of tests/fixtures/tiny-qwen3_moe (the vocabulary
 does not matter for rendering text), and each conversation below is rendered
 with `apply_chat_template(messages, tools=..., add_generation_prompt=...,
 tokenize=False)`. A conversation the template rejects (`raise_exception`)
-records the error instead. For the tiny fixtures the token ids of
+records the error instead. Templates that read extra variables (Qwen3's
+`enable_thinking`) are also rendered with them, into `vars_cases`. For the tiny fixtures the token ids of
 `apply_chat_template(..., tokenize=True)` are recorded too.
 
 Writes tests/fixtures/chat_templates/expected.json.
@@ -73,6 +74,12 @@ CONVERSATIONS = {
 # Which conversations use tools, per template that supports them.
 WITH_TOOLS = {"qwen3": ["single", "tool_call"], "kimi": ["single", "tool_call"]}
 
+# Extra template variables (apply_chat_template's **kwargs) for templates that
+# read them: Qwen3's thinking switch. Written to `vars_cases`, apart from
+# `cases`, because only the native API passes such variables.
+TEMPLATE_VARS = {"qwen3": [{"enable_thinking": False}, {"enable_thinking": True}]}
+VARS_CONVERSATIONS = ["single", "system_multi_turn", "reasoning_history"]
+
 
 def build_tokenizer(config_path, tmp):
     shutil.copy(TOKENIZER_JSON, os.path.join(tmp, "tokenizer.json"))
@@ -81,6 +88,22 @@ def build_tokenizer(config_path, tmp):
     with open(os.path.join(tmp, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg, f, ensure_ascii=False)
     return AutoTokenizer.from_pretrained(tmp)
+
+
+def render_vars(tok, name):
+    cases = []
+    for variables in TEMPLATE_VARS.get(name, []):
+        for conv_name in VARS_CONVERSATIONS:
+            for agp in (False, True):
+                case = {"conversation": conv_name, "tools": False, "add_generation_prompt": agp,
+                        "vars": variables, "vars_json": json.dumps(variables)}
+                try:
+                    case["text"] = tok.apply_chat_template(CONVERSATIONS[conv_name], add_generation_prompt=agp,
+                                                           tokenize=False, **variables)
+                except Exception as e:  # the template's raise_exception
+                    case["error"] = str(e)
+                cases.append(case)
+    return cases
 
 
 def render_all(tok, name, with_ids):
@@ -129,6 +152,8 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             tok = build_tokenizer(cfg, tmp)
             out["models"][name] = {"config": os.path.relpath(cfg, FIX), "cases": render_all(tok, name, with_ids)}
+            if name in TEMPLATE_VARS:
+                out["models"][name]["vars_cases"] = render_vars(tok, name)
     with open(os.path.join(OUT, "expected.json"), "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
         f.write("\n")

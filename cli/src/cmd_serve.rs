@@ -51,7 +51,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             name.strip_suffix(".waste").unwrap_or(&name).to_string()
         }
     };
-    let model: Arc<Model> = Model::open(
+    let model: Arc<Model> = crate::render::open_model(
         &a.model.model,
         &OpenOptions {
             context: a.model.ctx,

@@ -10,7 +10,7 @@ use serde_json::json;
 use waste_host::plan::{fmt_bytes, parse_size, BudgetSource, MemoryPlan};
 use waste_host::store::trace::read_route_trace;
 use waste_host::store::CachePolicy;
-use waste_host::synth::{preset, PRESETS};
+use waste_host::synth::{preset, LIKE, PRESETS};
 use waste_host::{Model, OpenOptions};
 
 use crate::commands::usage;
@@ -51,13 +51,25 @@ pub struct PlanArgs {
     /// Tokens of context to plan state for.
     #[arg(long)]
     pub ctx: Option<usize>,
+    /// Plan for a machine with this much usable RAM (e.g. 64G) instead of
+    /// this one: what the automatic budget would be there.
+    #[arg(long)]
+    pub ram: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn plan(a: PlanArgs) -> Result<()> {
     let budget = budget_arg(&a.budget)?;
-    let p = waste_host::plan::plan_path(&a.model, a.ctx, budget)
+    let ram = match &a.ram {
+        None => None,
+        Some(t) => Some(
+            parse_size(t)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| usage(format!("--ram {t:?}: expected a size such as 64G or 16GiB")))?,
+        ),
+    };
+    let p = waste_host::plan::plan_path_for_ram(&a.model, a.ctx, budget, ram)
         .with_context(|| format!("planning {}", a.model.display()))?;
     if a.json {
         let source = match p.budget_source {
@@ -67,7 +79,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         println!(
             "{}",
             json!({
-                "context": p.context, "trunk": p.trunk, "state": p.state, "scratch": p.scratch,
+                "context": p.context, "trunk": p.trunk, "embedding_on_disk": p.embedding_on_disk, "state": p.state, "scratch": p.scratch,
                 "record_bytes": p.record_bytes, "top_k": p.top_k, "moe_layers": p.moe_layers,
                 "min_cache": p.min_cache, "floor": p.floor, "working_set": p.working_set,
                 "recommended": p.recommended, "all_experts": p.all_experts, "usable_ram": p.usable_ram,
@@ -78,7 +90,11 @@ pub fn plan(a: PlanArgs) -> Result<()> {
     } else {
         say_budget(&p);
         println!("context        {} tokens", p.context);
-        println!("trunk          {}", fmt_bytes(p.trunk));
+        if p.embedding_on_disk > 0 {
+            println!("trunk          {} resident (+ {} embedding table on disk)", fmt_bytes(p.trunk), fmt_bytes(p.embedding_on_disk));
+        } else {
+            println!("trunk          {}", fmt_bytes(p.trunk));
+        }
         println!("state          {}", fmt_bytes(p.state));
         println!("scratch        {}", fmt_bytes(p.scratch));
         println!(
@@ -111,16 +127,33 @@ pub struct SynthArgs {
     /// Output container directory (must not exist).
     pub out: PathBuf,
     /// Shape: kimi-linear-48b, olmoe-trace, kimi-trace or small.
-    #[arg(long, default_value = "kimi-linear-48b")]
+    #[arg(long, default_value = "kimi-linear-48b", conflicts_with = "like")]
     pub shape: String,
+    /// A real model's config and layout instead of a shape: kimi-k3
+    /// (needs --manifest-only).
+    #[arg(long)]
+    pub like: Option<String>,
+    /// Write the manifest and sparse files only (for `plan` and `info`;
+    /// the container cannot run).
+    #[arg(long)]
+    pub manifest_only: bool,
     /// Expert format: rvq3, rvq2, q8 or q4.
     #[arg(long, default_value = "rvq3")]
     pub experts: String,
+    /// Trunk format of --like: q4, q8 or f32.
+    #[arg(long, default_value = "q4")]
+    pub trunk: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
 }
 
 pub fn synth(a: SynthArgs) -> Result<()> {
+    if let Some(like) = &a.like {
+        return synth_like(&a, like);
+    }
+    if a.manifest_only {
+        bail!(usage("--manifest-only goes with --like"));
+    }
     let mut spec = preset(&a.shape)
         .ok_or_else(|| usage(format!("--shape {:?}: expected one of {}", a.shape, PRESETS.join(", "))))?;
     spec.format = waste_host::quant::ExpertFormat::parse(&a.experts)
@@ -141,6 +174,29 @@ pub fn synth(a: SynthArgs) -> Result<()> {
         fmt_bytes(r.expert_bytes),
         r.moe_layers,
         spec.experts,
+        r.record_bytes
+    );
+    Ok(())
+}
+
+fn synth_like(a: &SynthArgs, like: &str) -> Result<()> {
+    if !LIKE.contains(&like) {
+        bail!(usage(format!("--like {like:?}: expected one of {}", LIKE.join(", "))));
+    }
+    if !a.manifest_only {
+        bail!(usage(format!("--like {like} writes a manifest-only container (its experts are terabytes): pass --manifest-only")));
+    }
+    let experts = waste_host::quant::ExpertFormat::parse(&a.experts)
+        .ok_or_else(|| usage(format!("--experts {:?}: expected rvq3, rvq2, q8 or q4", a.experts)))?;
+    let trunk = waste_host::quant::TrunkFormat::parse(&a.trunk)
+        .ok_or_else(|| usage(format!("--trunk {:?}: expected q4, q8 or f32", a.trunk)))?;
+    let r = waste_host::synth::synth_like(&a.out, like, experts, trunk, a.seed)?;
+    eprintln!(
+        "wrote {} (manifest only, sparse files): trunk {}, experts {} ({} MoE layers, {} bytes per record)",
+        a.out.display(),
+        fmt_bytes(r.trunk_bytes),
+        fmt_bytes(r.expert_bytes),
+        r.moe_layers,
         r.record_bytes
     );
     Ok(())
@@ -170,9 +226,11 @@ pub struct BenchArgs {
     /// Eviction policy: lru (default) or frequency.
     #[arg(long, default_value = "lru")]
     pub policy: String,
-    /// Router lookahead: experts of the next layer read speculatively.
-    #[arg(long, default_value_t = 0)]
-    pub lookahead: usize,
+    /// Router lookahead: experts of the next layer read speculatively (0 =
+    /// off). Several values (`0,6`) run side by side, each budget once per
+    /// value, in this process. Default: the engine's.
+    #[arg(long, value_delimiter = ',')]
+    pub lookahead: Option<Vec<usize>>,
     /// Read every use (no cache).
     #[arg(long)]
     pub no_cache: bool,
@@ -205,6 +263,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .collect::<Result<_>>()?,
         None => vec![budget_arg(&a.budget)?],
     };
+    if a.route_trace.is_some() && a.lookahead.as_ref().is_some_and(|l| l.iter().any(|&n| n > 0)) {
+        // Replay feeds recorded routing to the store: no router runs, so
+        // there is nothing to look ahead with.
+        bail!(usage("--lookahead needs the model's own routing; it does nothing with --route-trace"));
+    }
     let trace = match &a.route_trace {
         Some(p) => Some(read_route_trace(p)?),
         None => None,
@@ -221,8 +284,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .max_position_embeddings
             .min(512),
     };
+    let lookaheads = a.lookahead.clone().unwrap_or_else(|| vec![OpenOptions::default().lookahead]);
+    let runs: Vec<(Option<u64>, usize)> =
+        budgets.iter().flat_map(|&b| lookaheads.iter().map(move |&l| (b, l))).collect();
     let mut rows = Vec::new();
-    for budget in budgets {
+    for (budget, lookahead) in runs {
         let options = OpenOptions {
             context: Some(ctx),
             budget,
@@ -231,7 +297,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             readers: a.readers,
             read_ahead: !a.no_read_ahead,
             direct_io: !a.buffered,
-            lookahead: a.lookahead,
+            lookahead,
             preload: !a.no_preload,
             threads: None,
             cpus: None,
@@ -249,6 +315,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let preloaded = model.store_stats().preloaded;
         model.reset_store_stats();
         let started = Instant::now();
+        let mut embedding_rows_read = 0u64;
         let steps = match &trace {
             Some(t) => {
                 for i in 0..a.tokens {
@@ -265,7 +332,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
-                    model.forward(&mut state, &[(rng % vocab) as u32], false)?;
+                    let (_, step) = model.forward(&mut state, &[(rng % vocab) as u32], false)?;
+                    embedding_rows_read += step.embedding_rows_read as u64;
                 }
                 n
             }
@@ -285,7 +353,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "gb_read": s.bytes_read as f64 / 1e9, "gb_per_token": s.bytes_read as f64 / 1e9 / steps as f64,
             "achieved_gb_per_s": s.bytes_read as f64 / 1e9 / secs, "io_wait_s": s.io_wait.as_secs_f64(),
             "read_time_s": s.read_time.as_secs_f64(), "direct_io": s.direct_io, "policy": policy.name(),
-            "readers": a.readers, "lookahead": a.lookahead, "prefetch_issued": s.prefetch_issued,
+            "readers": a.readers, "lookahead": lookahead, "embedding_rows_read": embedding_rows_read, "prefetch_issued": s.prefetch_issued,
             "prefetch_used": s.prefetch_used, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
             "peak_rss": waste_host::plan::peak_rss(),
@@ -302,8 +370,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 .map(|v| format!(", raw random read {v:.2} GB/s"))
                 .unwrap_or_default();
             println!(
-                "budget {}: {:.2} tok/s, hit {:.1}% ({} hit / {} miss), {:.3} GB read, {:.3} GB/token, {:.2} GB/s achieved{raw}, direct_io {}",
+                "budget {}, lookahead {}: {:.2} tok/s, hit {:.1}% ({} hit / {} miss), {:.3} GB read, {:.3} GB/token, {:.2} GB/s achieved{raw}, direct_io {}",
                 fmt_bytes(f("budget") as u64),
+                r["lookahead"],
                 f("tok_per_s"),
                 100.0 * f("hit_rate"),
                 r["hits"],

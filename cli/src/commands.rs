@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use waste_host::quant::{ExpertFormat, TrunkFormat};
-use waste_host::{ConvertOptions, Engine, GenerateParams, Model, OpenOptions, Session};
+use waste_host::{ConvertOptions, Engine, GenerateParams, OpenOptions, Session};
 
 use crate::output;
 use crate::{ConvertArgs, DetokenizeArgs, EvalArgs, InfoArgs, ModelArgs, RunArgs, TokenizeArgs, VersionArgs};
@@ -39,7 +39,10 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
         .ok_or_else(|| usage(format!("--experts {:?}: expected f32, q8, q4, rvq3, rvq2 or rvq4p", a.experts)))?;
     let trunk = TrunkFormat::parse(&a.trunk)
         .ok_or_else(|| usage(format!("--trunk {:?}: expected f32, q8 or q4", a.trunk)))?;
-    let opts = ConvertOptions { experts, trunk, ..ConvertOptions::default() };
+    if a.verify && a.reclaim {
+        return Err(usage("--verify reads the source checkpoint, which --reclaim deletes; run them separately"));
+    }
+    let opts = ConvertOptions { experts, trunk, jobs: a.jobs as usize, reclaim: a.reclaim, ..ConvertOptions::default() };
     let started = Instant::now();
     let mut bar: Option<indicatif::ProgressBar> = None;
     let report = waste_host::convert(&a.src, &a.out, &opts, &mut |p| {
@@ -65,13 +68,29 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     if !report.ignored_tensors.is_empty() {
         eprintln!("ignored {} unused tensor(s): {}", report.ignored_tensors.len(), report.ignored_tensors.join(", "));
     }
+    if report.trunk_reused || !report.reused_banks.is_empty() {
+        let layers: Vec<String> = report.reused_banks.iter().map(|l| l.to_string()).collect();
+        eprintln!(
+            "resumed: reused {}{} finished bank(s) (layers {})",
+            if report.trunk_reused { "the trunk and " } else { "" },
+            layers.len(),
+            layers.join(",")
+        );
+    }
+    for shard in &report.reclaimed_shards {
+        eprintln!("reclaimed {}", shard.display());
+    }
+    if a.verify {
+        crate::cmd_convert_verify::verify(&a.src, &a.out, a.json)?;
+    }
     Ok(())
 }
 
 pub fn open(args: &ModelArgs) -> Result<(Engine, Session)> {
     let budget = crate::cmd_stream::budget_arg(&args.budget)?;
     let (threads, cpus) = thread_args(args)?;
-    let model = Model::open(&args.model, &OpenOptions { context: args.ctx, budget, threads, cpus, ..OpenOptions::default() })
+    let options = OpenOptions { context: args.ctx, budget, threads, cpus, ..OpenOptions::default() };
+    let model = crate::render::open_model(&args.model, &options)
         .with_context(|| format!("opening {}", args.model.display()))?;
     let engine = Engine::new()?;
     let session = engine.session(model)?;
@@ -281,9 +300,23 @@ pub fn detokenize(a: DetokenizeArgs) -> Result<()> {
     Ok(())
 }
 
+/// `2.78T`, `105.36B`, `3.20M`: a parameter count as papers write it.
+fn short_count(n: u64) -> String {
+    let v = n as f64;
+    match v {
+        v if v >= 1e12 => format!("{:.2}T", v / 1e12),
+        v if v >= 1e9 => format!("{:.2}B", v / 1e9),
+        v if v >= 1e6 => format!("{:.2}M", v / 1e6),
+        _ => n.to_string(),
+    }
+}
+
 pub fn info(a: InfoArgs) -> Result<()> {
-    let model = Model::open(&a.model, &OpenOptions::default()).with_context(|| format!("opening {}", a.model.display()))?;
-    let i = model.info();
+    // The manifest says it all: loading a trunk (27 GB for K3) to describe
+    // it would be waste.
+    let container = waste_host::container::Container::open(&a.model)
+        .with_context(|| format!("opening {}", a.model.display()))?;
+    let i = &container.info();
     if a.json {
         println!(
             "{}",
@@ -312,7 +345,13 @@ pub fn info(a: InfoArgs) -> Result<()> {
         if i.shared_expert_width > 0 {
             println!("shared expert width {} per MoE layer", i.shared_expert_width);
         }
-        println!("parameters    {} total, {} active per token", i.total_params, i.active_params);
+        println!(
+            "parameters    {} total, {} active per token ({} / {})",
+            short_count(i.total_params),
+            short_count(i.active_params),
+            i.total_params,
+            i.active_params
+        );
         let pattern: Vec<String> =
             i.layers.iter().map(|l| format!("{}/{}", l.attention, if l.moe { "MoE" } else { "dense" })).collect();
         println!("layer pattern {}", pattern.join(" "));

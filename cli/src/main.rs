@@ -4,6 +4,7 @@
 //! do. Exit codes: 0 success, 1 runtime error, 2 usage error.
 
 mod chat;
+mod cmd_convert_verify;
 mod cmd_perplexity;
 mod cmd_serve;
 mod cmd_stream;
@@ -67,6 +68,18 @@ pub struct ConvertArgs {
     /// Trunk format: f32, q8 or q4 (embeddings and LM head stay q8; norms and routers f32).
     #[arg(long, default_value = "q4")]
     pub trunk: String,
+    /// Layer banks converted in parallel; the output is the same for any value.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub jobs: u32,
+    /// Delete each source shard once everything it holds is written (off unless asked).
+    #[arg(long)]
+    pub reclaim: bool,
+    /// Decode every expert record back and report its error against the source.
+    #[arg(long)]
+    pub verify: bool,
+    /// With --verify: print the per-matrix errors as JSON.
+    #[arg(long, requires = "verify")]
+    pub json: bool,
 }
 
 #[derive(Args)]

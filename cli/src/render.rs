@@ -25,6 +25,8 @@ pub struct Renderer {
     last_draw: Option<Instant>,
     live: bool,
     drawn: bool,
+    /// Whether the last token's expert reads bypassed the page cache.
+    direct_io: bool,
 }
 
 impl Renderer {
@@ -36,6 +38,7 @@ impl Renderer {
             last_draw: None,
             live,
             drawn: false,
+            direct_io: false,
         }
     }
 
@@ -48,9 +51,13 @@ impl Renderer {
         self.totals.experts_hit += event.experts_hit as u64;
         self.totals.experts_missed += event.experts_missed as u64;
         self.totals.bytes_read += event.bytes_read;
+        self.direct_io = event.direct_io;
         if self.live && self.last_draw.is_none_or(|t| t.elapsed() >= REDRAW) {
             self.last_draw = Some(Instant::now());
-            eprint!("\r\x1b[K{}", status_text(&self.totals, self.seconds()));
+            eprint!(
+                "\r\x1b[K{}",
+                status_text(&self.totals, self.seconds(), self.direct_io)
+            );
             self.drawn = true;
         }
         written
@@ -75,8 +82,10 @@ impl Drop for Renderer {
     }
 }
 
-/// `12 tokens | 8.1 tok/s | cache 91% | disk 35.2 MB/s`
-pub fn status_text(t: &RunTotals, seconds: f64) -> String {
+/// `12 tokens | 8.1 tok/s | cache 91% | disk 35.2 MB/s direct`; `buffered`
+/// instead of `direct` when the file system refused to bypass the page
+/// cache, where disk MB/s may be partly page-cache hits.
+pub fn status_text(t: &RunTotals, seconds: f64, direct_io: bool) -> String {
     let uses = t.experts_hit + t.experts_missed;
     let hit = if uses == 0 {
         0.0
@@ -85,12 +94,47 @@ pub fn status_text(t: &RunTotals, seconds: f64) -> String {
     };
     let per_s = |v: f64| if seconds > 0.0 { v / seconds } else { 0.0 };
     format!(
-        "{} tokens | {:.1} tok/s | cache {:.0}% | disk {:.1} MB/s",
+        "{} tokens | {:.1} tok/s | cache {:.0}% | disk {:.1} MB/s {}",
         t.tokens,
         per_s(t.tokens as f64),
         hit,
-        per_s(t.bytes_read as f64 / 1e6)
+        per_s(t.bytes_read as f64 / 1e6),
+        if direct_io { "direct" } else { "buffered" }
     )
+}
+
+/// Opens a model with a progress bar on stderr (trunk bytes, then the
+/// hotlist preload) while stderr is a terminal; nothing is drawn when it is
+/// piped, and the bar is erased once the model is open.
+pub fn open_model(
+    path: &std::path::Path,
+    options: &waste_host::OpenOptions,
+) -> waste_host::Result<std::sync::Arc<waste_host::Model>> {
+    use waste_host::OpenProgress;
+    if !std::io::stderr().is_terminal() {
+        return waste_host::Model::open(path, options);
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} opening {msg} {bar:30} {bytes}/{total_bytes} ({bytes_per_sec})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message("trunk");
+    let result = waste_host::Model::open_with_progress(path, options, &mut |p| match *p {
+        OpenProgress::Trunk { loaded, total } => {
+            bar.set_length(total);
+            bar.set_position(loaded);
+        }
+        OpenProgress::PreloadStarted => {
+            bar.set_message("preloading hot experts");
+            bar.enable_steady_tick(REDRAW);
+        }
+        OpenProgress::Preloaded { .. } => bar.disable_steady_tick(),
+    });
+    bar.finish_and_clear();
+    result
 }
 
 #[cfg(test)]
@@ -106,12 +150,12 @@ mod tests {
             bytes_read: 20_000_000,
         };
         assert_eq!(
-            status_text(&t, 2.0),
-            "10 tokens | 5.0 tok/s | cache 90% | disk 10.0 MB/s"
+            status_text(&t, 2.0, true),
+            "10 tokens | 5.0 tok/s | cache 90% | disk 10.0 MB/s direct"
         );
         assert_eq!(
-            status_text(&RunTotals::default(), 0.0),
-            "0 tokens | 0.0 tok/s | cache 0% | disk 0.0 MB/s"
+            status_text(&RunTotals::default(), 0.0, false),
+            "0 tokens | 0.0 tok/s | cache 0% | disk 0.0 MB/s buffered"
         );
     }
 }

@@ -1,5 +1,6 @@
 /* Embedding WASTE from C: plan memory, open a model, stream a generation
- * with cache and I/O progress from the callback, save and reload the state.
+ * with cache and I/O progress from the callback, save and reload the state,
+ * then one chat turn through the model's template with top log-probabilities.
  * Build: cc embed.c -I../../ffi/include -L../../target/release -lwaste -o embed
  * Run:   LD_LIBRARY_PATH=../../target/release ./embed MODEL.waste STATE_FILE */
 #include <stdio.h>
@@ -28,6 +29,20 @@ static bool on_token(void *user, const waste_token_event *ev) {
     fwrite(ev->text, 1, ev->text_len, stdout);
     fprintf(stderr, "\r[%u tokens, cache hits %u, misses %u, %llu bytes read, %.1f of %.1f ms in I/O]",
             p->tokens, p->hit, p->missed, p->bytes, p->ms_io, p->ms_total);
+    return true;
+}
+
+struct alternatives { unsigned count; uint32_t first; waste_top_logprob top[3]; size_t n; };
+
+/* Keeps the first reply token and its alternatives (the event's array
+ * lives only during the call). */
+static bool on_reply_token(void *user, const waste_token_event *ev) {
+    struct alternatives *a = user;
+    if (a->count++ == 0) {
+        a->first = ev->token;
+        a->n = ev->n_top < 3 ? ev->n_top : 3;
+        memcpy(a->top, ev->top, a->n * sizeof *ev->top);
+    }
     return true;
 }
 
@@ -82,6 +97,30 @@ int main(int argc, char **argv) {
     waste_session_position(session, &pos_loaded);
     printf("state: saved at %zu, loaded at %zu\n", pos_saved, pos_loaded);
 
+    /* A chat turn: the model's own template (text and tokens), a greedy
+     * reply with the three most likely alternatives of each token. */
+    waste_session_reset(session);
+    waste_chat_message msg = {{"user", 4}, {"And God said", 12}, {NULL, 0}};
+    waste_str no_tools = {NULL, 0};
+    char rendered[512];
+    size_t n_rendered;
+    r = waste_session_render_chat_template(session, &msg, 1, no_tools, true, rendered, sizeof rendered, &n_rendered);
+    if (r != WASTE_OK) return fail("waste_session_render_chat_template", r);
+    uint32_t chat[256];
+    size_t n_chat;
+    r = waste_session_apply_chat_template(session, &msg, 1, no_tools, true, chat, 256, &n_chat);
+    if (r != WASTE_OK) return fail("waste_session_apply_chat_template", r);
+    printf("chat prompt: %zu bytes, %zu tokens\n", n_rendered, n_chat);
+    params.max_tokens = 4;
+    params.top_logprobs = 3;
+    struct alternatives alt = {0};
+    waste_completion reply;
+    if ((r = waste_session_generate(session, chat, n_chat, &params, on_reply_token, &alt, &reply)) != WASTE_OK)
+        return fail("waste_session_generate (chat)", r);
+    printf("first reply token %u; alternatives:", alt.first);
+    for (size_t i = 0; i < alt.n; i++) printf(" %u (%.4f)", alt.top[i].token, alt.top[i].logprob);
+    printf("\n");
+
     waste_store_stats stats;
     waste_model_store_stats(model, &stats);
     printf("store: %llu hits, %llu misses, %llu bytes read\n", (unsigned long long)stats.hits,
@@ -89,5 +128,5 @@ int main(int argc, char **argv) {
     waste_session_close(session);
     waste_model_close(model);
     waste_ctx_close(ctx);
-    return pos_saved == pos_loaded && p.tokens == done.n_tokens ? 0 : 1;
+    return pos_saved == pos_loaded && p.tokens == done.n_tokens && alt.count == reply.n_tokens ? 0 : 1;
 }

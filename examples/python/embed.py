@@ -1,4 +1,5 @@
-"""Embedding WASTE from Python: plan, open, stream with progress, save/load.
+"""Embedding WASTE from Python: plan, open, stream with progress, save/load,
+then one chat turn through the model's template with top log-probabilities.
 
 WASTE_LIB=target/release/libwaste.so python3 embed.py MODEL.waste STATE_FILE
 """
@@ -36,6 +37,19 @@ def main(model_path, state_path):
     session.load_state(state_path)
     loaded = session.position()
     print(f"state: saved at {saved}, loaded at {loaded}")
+    # A chat turn: the model's own template, a greedy reply with the three
+    # most likely alternatives of each token.
+    session.reset()
+    messages = [{"role": "user", "content": "And God said"}]
+    rendered = session.render_chat_template(messages)
+    chat = session.apply_chat_template(messages)
+    print(f"chat prompt: {len(rendered.encode())} bytes, {len(chat)} tokens")
+    reply = []
+    session.generate(chat, lambda ev: reply.append((ev.token, ev.alternatives())) or True,
+                     max_tokens=4, top_logprobs=3)
+    first, alternatives = reply[0]
+    print(f"first reply token {first}; alternatives:"
+          + "".join(f" {t} ({lp:.4f})" for t, lp in alternatives))
     session.close()
     engine.close_model(model)
     engine.close()

@@ -38,13 +38,31 @@ class GenerateParams(C.Structure):
                 ("stop_at_eos", C.c_bool), ("stop_tokens", C.POINTER(C.c_uint32)),
                 ("n_stop_tokens", C.c_size_t), ("stop_strings", C.POINTER(Str)),
                 ("n_stop_strings", C.c_size_t), ("logit_bias_tokens", C.POINTER(C.c_uint32)),
-                ("logit_bias_values", C.POINTER(C.c_float)), ("n_logit_bias", C.c_size_t)]
+                ("logit_bias_values", C.POINTER(C.c_float)), ("n_logit_bias", C.c_size_t),
+                ("top_logprobs", C.c_uint32)]
+
+
+class TopLogprob(C.Structure):
+    _fields_ = [("token", C.c_uint32), ("logprob", C.c_float)]
 
 
 class TokenEvent(C.Structure):
     _fields_ = [("token", C.c_uint32), ("text", C.POINTER(C.c_char)), ("text_len", C.c_size_t),
                 ("logprob", C.c_float), ("experts_hit", C.c_uint32), ("experts_missed", C.c_uint32),
-                ("bytes_read", C.c_uint64), ("ms_total", C.c_float), ("ms_io", C.c_float)]
+                ("bytes_read", C.c_uint64), ("ms_total", C.c_float), ("ms_io", C.c_float),
+                ("top", C.POINTER(TopLogprob)), ("n_top", C.c_size_t), ("direct_io", C.c_bool)]
+
+    def alternatives(self):
+        """The top-logprobs of this step as (token, logprob), most likely first."""
+        return [(self.top[i].token, self.top[i].logprob) for i in range(self.n_top)]
+
+
+class ChatMessage(C.Structure):
+    _fields_ = [("role", Str), ("content", Str), ("extra", Str)]
+
+
+class SamplerOption(C.Structure):
+    _fields_ = [("name", Str), ("value", C.c_float)]
 
 
 class Completion(C.Structure):
@@ -109,16 +127,61 @@ class Session:
                                                   C.c_size_t(len(buf)), C.byref(n)))
         return list(buf[:n.value])
 
-    def generate(self, prompt, on_token, max_tokens=16, temperature=0.0):
+    def generate(self, prompt, on_token, max_tokens=16, temperature=0.0, top_logprobs=0, seed=0):
         params = GenerateParams()
         _lib.waste_generate_params_default(C.byref(params))
         params.max_tokens, params.temperature = max_tokens, temperature
+        params.top_logprobs, params.seed = top_logprobs, seed
         ids = (C.c_uint32 * len(prompt))(*prompt)
         cb = CALLBACK(lambda _user, ev: bool(on_token(ev.contents)))
         done = Completion()
         self.e._check(_lib.waste_session_generate(self._s, ids, C.c_size_t(len(prompt)), C.byref(params),
                                                   cb, None, C.byref(done)), allow=(CANCELLED,))
         return done
+
+    @staticmethod
+    def _messages(messages):
+        def s(text):
+            b = None if text is None else text.encode()
+            return Str(b, 0 if b is None else len(b))
+        arr = (ChatMessage * len(messages))(
+            *[ChatMessage(s(m["role"]), s(m.get("content")), s(m.get("extra"))) for m in messages])
+        return arr, Str(None, 0)
+
+    def render_chat_template(self, messages, add_generation_prompt=True):
+        """The conversation through the model's chat template, as text."""
+        arr, tools = self._messages(messages)
+        n = C.c_size_t()
+        args = (self._s, arr, C.c_size_t(len(messages)), tools, C.c_bool(add_generation_prompt))
+        # Ask for the length first, then fill a buffer of that size.
+        self.e._check(_lib.waste_session_render_chat_template(*args, None, C.c_size_t(0), C.byref(n)),
+                      allow=(BUFFER_TOO_SMALL,))
+        buf = C.create_string_buffer(n.value)
+        self.e._check(_lib.waste_session_render_chat_template(*args, buf, C.c_size_t(n.value), C.byref(n)))
+        return buf.raw[:n.value].decode()
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        """The conversation through the model's chat template, as prompt tokens."""
+        arr, tools = self._messages(messages)
+        n = C.c_size_t()
+        args = (self._s, arr, C.c_size_t(len(messages)), tools, C.c_bool(add_generation_prompt))
+        self.e._check(_lib.waste_session_apply_chat_template(*args, None, C.c_size_t(0), C.byref(n)),
+                      allow=(BUFFER_TOO_SMALL,))
+        buf = (C.c_uint32 * max(n.value, 1))()
+        self.e._check(_lib.waste_session_apply_chat_template(*args, buf, C.c_size_t(n.value), C.byref(n)))
+        return list(buf[:n.value])
+
+    def set_sampler(self, path, **options):
+        """Routes every draw to the sampler plugin component at `path`."""
+        p = path.encode()
+        names = [k.encode() for k in options]
+        opts = (SamplerOption * max(len(names), 1))(
+            *[SamplerOption(Str(k, len(k)), float(v)) for k, v in zip(names, options.values())])
+        self.e._check(_lib.waste_session_set_sampler(self._s, p, C.c_size_t(len(p)), opts,
+                                                     C.c_size_t(len(names)), None))
+
+    def clear_sampler(self):
+        self.e._check(_lib.waste_session_clear_sampler(self._s))
 
     def position(self):
         n = C.c_size_t()

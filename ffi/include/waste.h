@@ -63,6 +63,25 @@ typedef enum waste_result {
 } waste_result;
 
 /**
+ * The stage a [`waste_open_progress`] reports.
+ */
+typedef enum waste_open_stage {
+  /**
+   * `loaded` of `total` trunk bytes are resident; the last such event
+   * has `loaded == total`.
+   */
+  WASTE_OPEN_TRUNK = 0,
+  /**
+   * The hottest experts of the usage file are being read into the cache.
+   */
+  WASTE_OPEN_PRELOAD_STARTED = 1,
+  /**
+   * The preload is done: `records` expert records, `bytes` bytes.
+   */
+  WASTE_OPEN_PRELOADED = 2,
+} waste_open_stage;
+
+/**
  * Why a generation stopped.
  */
 typedef enum waste_stop_reason {
@@ -89,6 +108,105 @@ typedef struct waste_model waste_model;
  * One conversation with one model.
  */
 typedef struct waste_session waste_session;
+
+/**
+ * A UTF-8 string with an explicit length; `ptr` NULL = absent.
+ */
+typedef struct waste_str {
+  const char *ptr;
+  size_t len;
+} waste_str;
+
+/**
+ * Options of [`waste_convert`]; fill with [`waste_convert_options_default`].
+ */
+typedef struct waste_convert_options {
+  /**
+   * Routed-expert format: f32, q8, q4, rvq3, rvq2 or rvq4p; `ptr` NULL = rvq3.
+   */
+  struct waste_str experts;
+  /**
+   * Trunk format: f32, q8 or q4; `ptr` NULL = q4.
+   */
+  struct waste_str trunk;
+  /**
+   * Seed of the codebook fit.
+   */
+  uint64_t seed;
+  /**
+   * Layer banks converted in parallel (`--jobs`); 0 = 1. The output does
+   * not depend on it.
+   */
+  size_t jobs;
+  /**
+   * Delete each source shard once everything it holds is written
+   * (`--reclaim`).
+   */
+  bool reclaim;
+} waste_convert_options;
+
+/**
+ * Progress of a conversion: units done and in all (one per trunk tensor
+ * and one per expert); `what` (`what_len` bytes, not NUL-terminated) lives
+ * for the call only.
+ */
+typedef void (*waste_progress_callback)(void *user,
+                                        uint64_t done,
+                                        uint64_t total,
+                                        const char *what,
+                                        size_t what_len);
+
+/**
+ * What [`waste_convert`] and [`waste_synth`] wrote, in bytes.
+ */
+typedef struct waste_convert_report {
+  uint64_t trunk_bytes;
+  uint64_t expert_bytes;
+  uint64_t expert_record_bytes;
+  size_t moe_layers;
+  /**
+   * Checkpoint tensors the engine does not use (convert only).
+   */
+  size_t ignored_tensors;
+  /**
+   * trunk.bin was reused from an earlier, interrupted run (convert only).
+   */
+  bool trunk_reused;
+  /**
+   * Layer banks reused from an earlier run (convert only).
+   */
+  size_t reused_banks;
+  /**
+   * Source shards deleted by `reclaim` (convert only).
+   */
+  size_t reclaimed_shards;
+} waste_convert_report;
+
+/**
+ * One expert matrix decoded back from a container, against its source.
+ */
+typedef struct waste_matrix_error {
+  size_t layer;
+  size_t expert;
+  /**
+   * `gate`, `up` or `down`, NUL-terminated.
+   */
+  char matrix[8];
+  double max_abs;
+  /**
+   * Root mean square of the error.
+   */
+  double rms;
+  /**
+   * `rms / rms(source)`; 0 for an all-zero source matrix.
+   */
+  double relative;
+} waste_matrix_error;
+
+/**
+ * Receives one [`waste_matrix_error`] per expert matrix; it lives for the call.
+ */
+typedef void (*waste_matrix_callback)(void *user, const struct waste_matrix_error *row);
 
 /**
  * Options of [`waste_model_open`]; fill with [`waste_open_options_default`].
@@ -166,6 +284,22 @@ typedef struct waste_memory_plan {
 } waste_memory_plan;
 
 /**
+ * Progress of [`waste_model_open_with_progress`].
+ */
+typedef struct waste_open_progress {
+  enum waste_open_stage stage;
+  uint64_t loaded;
+  uint64_t total;
+  size_t records;
+  uint64_t bytes;
+} waste_open_progress;
+
+/**
+ * Called on the opening thread as the open goes.
+ */
+typedef void (*waste_open_callback)(void *user, const struct waste_open_progress *progress);
+
+/**
  * What a caller may want to know about an open model. The strings belong
  * to the model and live until [`waste_model_close`].
  */
@@ -198,6 +332,24 @@ typedef struct waste_model_info {
   uint64_t active_params;
   bool has_tokenizer;
   bool has_chat_template;
+  /**
+   * `softmax` or `sigmoid+bias`.
+   */
+  const char *router;
+  /**
+   * Width of the shared expert MLP of each MoE layer (0 = none).
+   */
+  size_t shared_expert_width;
+  /**
+   * End-of-sequence tokens; all of them with [`waste_model_eos_tokens`].
+   */
+  size_t n_eos_tokens;
+  /**
+   * State bytes of one session that do not grow with the context, and
+   * those per token of context, over all layers.
+   */
+  uint64_t state_bytes_fixed;
+  uint64_t state_bytes_per_token;
 } waste_model_info;
 
 /**
@@ -220,12 +372,26 @@ typedef struct waste_store_stats {
 } waste_store_stats;
 
 /**
- * A UTF-8 string with an explicit length; `ptr` NULL = absent.
+ * One option handed to the plugin's `begin` with every generation.
  */
-typedef struct waste_str {
-  const char *ptr;
-  size_t len;
-} waste_str;
+typedef struct waste_sampler_option {
+  struct waste_str name;
+  float value;
+} waste_sampler_option;
+
+/**
+ * Limits of one plugin; a 0 field takes the engine's default.
+ */
+typedef struct waste_sampler_limits {
+  /**
+   * Fuel (roughly, wasm instructions) per call.
+   */
+  uint64_t fuel_per_call;
+  /**
+   * Bytes of linear memory the plugin may hold.
+   */
+  size_t memory_bytes;
+} waste_sampler_limits;
 
 /**
  * Sampling and stopping; fill with [`waste_generate_params_default`].
@@ -261,6 +427,10 @@ typedef struct waste_generate_params {
   const uint32_t *logit_bias_tokens;
   const float *logit_bias_values;
   size_t n_logit_bias;
+  /**
+   * Alternatives reported per token in the event, 0..=20.
+   */
+  uint32_t top_logprobs;
 } waste_generate_params;
 
 /**
@@ -279,6 +449,14 @@ typedef struct waste_chat_message {
 } waste_chat_message;
 
 /**
+ * One alternative token and its log-probability under the raw distribution.
+ */
+typedef struct waste_top_logprob {
+  uint32_t token;
+  float logprob;
+} waste_top_logprob;
+
+/**
  * One generated token, as the callback sees it; `text` lives only during
  * the call.
  */
@@ -295,6 +473,17 @@ typedef struct waste_token_event {
   uint64_t bytes_read;
   float ms_total;
   float ms_io;
+  /**
+   * The `top_logprobs` most likely tokens at this step, most likely
+   * first (`n_top` of them); lives only during the call.
+   */
+  const struct waste_top_logprob *top;
+  size_t n_top;
+  /**
+   * Expert reads bypass the page cache (false: the file system refused
+   * direct I/O and reads are buffered).
+   */
+  bool direct_io;
 } waste_token_event;
 
 /**
@@ -309,6 +498,44 @@ typedef struct waste_completion {
   size_t n_tokens;
   enum waste_stop_reason stop_reason;
 } waste_completion;
+
+/**
+ * One decoder layer; all of them with [`waste_model_get_layer`].
+ */
+typedef struct waste_layer_info {
+  /**
+   * `GQA`, `MLA` or `KDA`; lives until [`waste_model_close`].
+   */
+  const char *attention;
+  /**
+   * A routed MoE block (else a dense MLP).
+   */
+  bool moe;
+  uint64_t state_bytes_fixed;
+  uint64_t state_bytes_per_token;
+} waste_layer_info;
+
+/**
+ * What an open model holds now, by part, in bytes; `total` equals the
+ * plan's total.
+ */
+typedef struct waste_memory_use {
+  uint64_t trunk;
+  uint64_t state;
+  uint64_t scratch;
+  uint64_t cache;
+  uint64_t total;
+} waste_memory_use;
+
+/**
+ * Counters of one forward step (see [`waste_model_replay_routing`]).
+ */
+typedef struct waste_step_stats {
+  uint32_t experts_hit;
+  uint32_t experts_missed;
+  uint64_t bytes_read;
+  double ms_io;
+} waste_step_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -347,6 +574,55 @@ void waste_ctx_close(struct waste_ctx *ctx);
  */
 size_t waste_ctx_last_error(const struct waste_ctx *ctx, char *buf, size_t cap);
 
+enum waste_result waste_convert_options_default(struct waste_convert_options *out);
+
+/**
+ * Converts the Hugging Face checkpoint directory `src` into a container at
+ * `out` (`waste convert`). `options` NULL = the defaults; `progress` and
+ * `report` may be NULL.
+ */
+enum waste_result waste_convert(const struct waste_ctx *ctx,
+                                const char *src,
+                                size_t src_len,
+                                const char *out,
+                                size_t out_len,
+                                const struct waste_convert_options *options,
+                                waste_progress_callback progress,
+                                void *user,
+                                struct waste_convert_report *report);
+
+/**
+ * Writes a synthetic container with a real model's shapes and random
+ * codes at `out` (`waste synth`): `shape` one of kimi-linear-48b,
+ * olmoe-trace, kimi-trace, small; `experts` rvq3, rvq2, q8 or q4 (`ptr`
+ * NULL = rvq3). `progress` (its `what` empty) and `report` may be NULL.
+ */
+enum waste_result waste_synth(const struct waste_ctx *ctx,
+                              const char *out,
+                              size_t out_len,
+                              struct waste_str shape,
+                              struct waste_str experts,
+                              uint64_t seed,
+                              waste_progress_callback progress,
+                              void *user,
+                              struct waste_convert_report *report);
+
+/**
+ * Decodes every expert record of the container at `out` back and reports
+ * its error against the checkpoint at `src` (`waste convert --verify`):
+ * `row` (may be NULL) sees each matrix, `progress` (may be NULL; `what`
+ * empty) the records done; `*n_rows` (may be NULL) receives the count.
+ */
+enum waste_result waste_convert_verify(const struct waste_ctx *ctx,
+                                       const char *src,
+                                       size_t src_len,
+                                       const char *out,
+                                       size_t out_len,
+                                       waste_progress_callback progress,
+                                       waste_matrix_callback row,
+                                       void *user,
+                                       size_t *n_rows);
+
 /**
  * The defaults of the Rust API's `OpenOptions`.
  */
@@ -371,6 +647,19 @@ enum waste_result waste_model_open(const struct waste_ctx *ctx,
                                    size_t path_len,
                                    const struct waste_open_options *options,
                                    struct waste_model **out);
+
+/**
+ * [`waste_model_open`], reporting its progress (trunk bytes loaded, then
+ * the hotlist preload) to `callback` (may be NULL), as the CLI's progress
+ * bar draws it.
+ */
+enum waste_result waste_model_open_with_progress(const struct waste_ctx *ctx,
+                                                 const char *path,
+                                                 size_t path_len,
+                                                 const struct waste_open_options *options,
+                                                 waste_open_callback callback,
+                                                 void *user,
+                                                 struct waste_model **out);
 
 /**
  * Frees a model handle; sessions still open on it keep the model alive.
@@ -399,6 +688,28 @@ enum waste_result waste_model_reset_store_stats(const struct waste_model *model)
  * hotlist the next open preloads).
  */
 enum waste_result waste_model_save_usage(const struct waste_model *model);
+
+/**
+ * Loads the plugin component at `path` and routes every draw of the
+ * session's later generations to it (logit bias and penalties still apply
+ * before it). `options` may be NULL when `n_options` is 0; `limits` NULL =
+ * the defaults. A missing file is `WASTE_IO`, a file that is not a plugin
+ * of the right world `WASTE_FORMAT`; a plugin that traps, runs out of fuel
+ * or memory during a generation fails that generation with `WASTE_GUEST`
+ * and a detail naming it and the limit. Replaces any plugin attached before.
+ */
+enum waste_result waste_session_set_sampler(struct waste_session *session,
+                                            const char *path,
+                                            size_t path_len,
+                                            const struct waste_sampler_option *options,
+                                            size_t n_options,
+                                            const struct waste_sampler_limits *limits);
+
+/**
+ * Detaches the session's sampler plugin: later generations use the
+ * built-in sampler again. A session without one is left as it is.
+ */
+enum waste_result waste_session_clear_sampler(struct waste_session *session);
 
 enum waste_result waste_generate_params_default(struct waste_generate_params *out);
 
@@ -514,6 +825,100 @@ enum waste_result waste_session_reset(struct waste_session *session);
  * Tokens held in the session's state.
  */
 enum waste_result waste_session_position(struct waste_session *session, size_t *position);
+
+/**
+ * The conversation through the model's chat template, as UTF-8 text (not
+ * NUL-terminated; `*out_len` bytes), as transformers'
+ * `apply_chat_template(..., tokenize=False)` returns it.
+ */
+enum waste_result waste_session_render_chat_template(struct waste_session *session,
+                                                     const struct waste_chat_message *messages,
+                                                     size_t n_messages,
+                                                     struct waste_str tools,
+                                                     bool add_generation_prompt,
+                                                     char *text,
+                                                     size_t cap,
+                                                     size_t *out_len);
+
+/**
+ * Every token of the conversation so far, in order (the last generated
+ * token included, though only the next call evaluates it): a chat host
+ * compares it with a new rendering to send only what is new.
+ */
+enum waste_result waste_session_tokens(struct waste_session *session,
+                                       uint32_t *tokens,
+                                       size_t cap,
+                                       size_t *out_len);
+
+/**
+ * Every end-of-sequence token of the model (`*out_len` of them).
+ */
+enum waste_result waste_model_eos_tokens(const struct waste_model *model,
+                                         uint32_t *tokens,
+                                         size_t cap,
+                                         size_t *out_len);
+
+/**
+ * Decoder layer `index` (0 .. `num_layers`) as `waste info` lists it.
+ */
+enum waste_result waste_model_get_layer(const struct waste_model *model,
+                                        size_t index,
+                                        struct waste_layer_info *out);
+
+/**
+ * What the model holds now, by part (`waste bench` prints it).
+ */
+enum waste_result waste_model_memory_used(const struct waste_model *model,
+                                          struct waste_memory_use *out);
+
+/**
+ * Runs the routed experts of one decode step with recorded routing instead
+ * of the router (`waste bench --trace`): `experts` holds `n_layers` rows of
+ * `per_layer` expert ids, one row per MoE layer in order. The I/O and
+ * expert compute of a token at true scale, for benchmarks.
+ */
+enum waste_result waste_model_replay_routing(const struct waste_model *model,
+                                             const uint32_t *experts,
+                                             size_t n_layers,
+                                             size_t per_layer,
+                                             struct waste_step_stats *out);
+
+/**
+ * The process's peak resident memory in bytes (`waste bench`'s
+ * `peak_rss`); `WASTE_UNSUPPORTED` where the system does not tell.
+ */
+enum waste_result waste_peak_rss(uint64_t *out);
+
+/**
+ * Start-up costs (`waste version --json`): how long compiling the bundled
+ * component took when the context opened, and one instantiation now.
+ */
+enum waste_result waste_ctx_timings(const struct waste_ctx *ctx,
+                                    double *compile_ms,
+                                    double *instantiate_ms);
+
+/**
+ * Raw random-read bandwidth of expert records (`waste bench
+ * --raw-reads`): `reads` records read by `readers` threads (0 = 1), at
+ * positions drawn from `seed`; writes the bytes read and the seconds taken.
+ */
+enum waste_result waste_model_measure_random_reads(const struct waste_model *model,
+                                                   size_t reads,
+                                                   size_t readers,
+                                                   uint64_t seed,
+                                                   uint64_t *bytes,
+                                                   double *seconds);
+
+/**
+ * Replays `steps` decode steps of a recorded routing trace (`waste bench
+ * --route-trace FILE --tokens N`: JSON lines `{"layers": [[ids], ...]}`,
+ * cycled when shorter than `steps`) and writes the summed counters.
+ */
+enum waste_result waste_model_replay_trace(const struct waste_model *model,
+                                           const char *path,
+                                           size_t path_len,
+                                           size_t steps,
+                                           struct waste_step_stats *out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -17,11 +17,17 @@ use std::sync::{Arc, Mutex};
 
 use waste_host::{Engine, Error};
 
+mod convert;
 mod model;
+mod sampler;
 mod session;
+mod tools;
 
+pub use convert::*;
 pub use model::*;
+pub use sampler::*;
 pub use session::*;
+pub use tools::*;
 
 /// The outcome of every fallible call.
 #[repr(C)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use waste_host::plan::{plan_path, MemoryPlan};
 use waste_host::store::CachePolicy;
-use waste_host::{Model, OpenOptions};
+use waste_host::{Model, OpenOptions, OpenProgress};
 
 use crate::waste_result::{self, *};
 use crate::{guard, host, null, str_arg, waste_ctx, ErrorSlot};
@@ -89,6 +89,28 @@ pub struct waste_model_info {
     pub active_params: u64,
     pub has_tokenizer: bool,
     pub has_chat_template: bool,
+    /// `softmax` or `sigmoid+bias`.
+    pub router: *const c_char,
+    /// Width of the shared expert MLP of each MoE layer (0 = none).
+    pub shared_expert_width: usize,
+    /// End-of-sequence tokens; all of them with [`waste_model_eos_tokens`].
+    pub n_eos_tokens: usize,
+    /// State bytes of one session that do not grow with the context, and
+    /// those per token of context, over all layers.
+    pub state_bytes_fixed: u64,
+    pub state_bytes_per_token: u64,
+}
+
+/// One decoder layer; all of them with [`waste_model_get_layer`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct waste_layer_info {
+    /// `GQA`, `MLA` or `KDA`; lives until [`waste_model_close`].
+    pub attention: *const c_char,
+    /// A routed MoE block (else a dense MLP).
+    pub moe: bool,
+    pub state_bytes_fixed: u64,
+    pub state_bytes_per_token: u64,
 }
 
 /// Expert-store counters since open or the last reset.
@@ -117,6 +139,8 @@ pub struct waste_model {
     family: CString,
     trunk_format: CString,
     expert_format: CString,
+    router: CString,
+    pub(crate) layer_attention: Vec<CString>,
 }
 
 /// The defaults of the Rust API's `OpenOptions`.
@@ -234,6 +258,74 @@ pub unsafe extern "C" fn waste_model_open(
     options: *const waste_open_options,
     out: *mut *mut waste_model,
 ) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        open_model(
+            ctx,
+            path,
+            path_len,
+            options,
+            None,
+            std::ptr::null_mut(),
+            out,
+        )
+    }
+}
+
+/// The stage a [`waste_open_progress`] reports.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum waste_open_stage {
+    /// `loaded` of `total` trunk bytes are resident; the last such event
+    /// has `loaded == total`.
+    WASTE_OPEN_TRUNK = 0,
+    /// The hottest experts of the usage file are being read into the cache.
+    WASTE_OPEN_PRELOAD_STARTED = 1,
+    /// The preload is done: `records` expert records, `bytes` bytes.
+    WASTE_OPEN_PRELOADED = 2,
+}
+
+/// Progress of [`waste_model_open_with_progress`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct waste_open_progress {
+    pub stage: waste_open_stage,
+    pub loaded: u64,
+    pub total: u64,
+    pub records: usize,
+    pub bytes: u64,
+}
+
+/// Called on the opening thread as the open goes.
+pub type waste_open_callback =
+    Option<unsafe extern "C" fn(user: *mut std::ffi::c_void, progress: *const waste_open_progress)>;
+
+/// [`waste_model_open`], reporting its progress (trunk bytes loaded, then
+/// the hotlist preload) to `callback` (may be NULL), as the CLI's progress
+/// bar draws it.
+#[no_mangle]
+pub unsafe extern "C" fn waste_model_open_with_progress(
+    ctx: *const waste_ctx,
+    path: *const c_char,
+    path_len: usize,
+    options: *const waste_open_options,
+    callback: waste_open_callback,
+    user: *mut std::ffi::c_void,
+    out: *mut *mut waste_model,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe { open_model(ctx, path, path_len, options, callback, user, out) }
+}
+
+unsafe fn open_model(
+    ctx: *const waste_ctx,
+    path: *const c_char,
+    path_len: usize,
+    options: *const waste_open_options,
+    callback: waste_open_callback,
+    user: *mut std::ffi::c_void,
+    out: *mut *mut waste_model,
+) -> waste_result {
     if ctx.is_null() {
         return WASTE_NULL_ARG;
     }
@@ -278,13 +370,42 @@ pub unsafe extern "C" fn waste_model_open(
             o.preload = c.preload;
         }
         check_budget(path, o.context, o.budget)?;
-        let model = Model::open(path, &o).map_err(host)?;
+        let mut report = |p: &OpenProgress| {
+            let Some(f) = callback else { return };
+            let mut e = waste_open_progress {
+                stage: waste_open_stage::WASTE_OPEN_TRUNK,
+                loaded: 0,
+                total: 0,
+                records: 0,
+                bytes: 0,
+            };
+            match *p {
+                OpenProgress::Trunk { loaded, total } => (e.loaded, e.total) = (loaded, total),
+                OpenProgress::PreloadStarted => {
+                    e.stage = waste_open_stage::WASTE_OPEN_PRELOAD_STARTED
+                }
+                OpenProgress::Preloaded { records, bytes } => {
+                    e.stage = waste_open_stage::WASTE_OPEN_PRELOADED;
+                    (e.records, e.bytes) = (records, bytes);
+                }
+                // A stage added to the engine later is not reported until
+                // it has a code here.
+                #[allow(unreachable_patterns)]
+                _ => return,
+            }
+            // SAFETY: the caller's function with its own `user`, on this
+            // thread; `e` lives for the call.
+            unsafe { f(user, &e) }
+        };
+        let model = Model::open_with_progress(path, &o, &mut report).map_err(host)?;
         let info = model.info();
         let cs = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
         let handle = Box::new(waste_model {
             family: cs(&info.family),
             trunk_format: cs(&info.trunk_format),
             expert_format: cs(&info.expert_format),
+            router: cs(&info.router),
+            layer_attention: info.layers.iter().map(|l| cs(&l.attention)).collect(),
             model,
             error: ctx.error.clone(),
         });
@@ -350,6 +471,11 @@ pub unsafe extern "C" fn waste_model_get_info(
                 active_params: i.active_params,
                 has_tokenizer: i.has_tokenizer,
                 has_chat_template: i.has_chat_template,
+                router: m.router.as_ptr(),
+                shared_expert_width: i.shared_expert_width,
+                n_eos_tokens: i.eos_tokens.len(),
+                state_bytes_fixed: i.layers.iter().map(|l| l.state_bytes_fixed).sum(),
+                state_bytes_per_token: i.layers.iter().map(|l| l.state_bytes_per_token).sum(),
             };
             *out = info;
             Ok(())

@@ -54,6 +54,16 @@ pub struct waste_generate_params {
     pub logit_bias_tokens: *const u32,
     pub logit_bias_values: *const f32,
     pub n_logit_bias: usize,
+    /// Alternatives reported per token in the event, 0..=20.
+    pub top_logprobs: u32,
+}
+
+/// One alternative token and its log-probability under the raw distribution.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct waste_top_logprob {
+    pub token: u32,
+    pub logprob: f32,
 }
 
 /// One generated token, as the callback sees it; `text` lives only during
@@ -71,6 +81,13 @@ pub struct waste_token_event {
     pub bytes_read: u64,
     pub ms_total: f32,
     pub ms_io: f32,
+    /// The `top_logprobs` most likely tokens at this step, most likely
+    /// first (`n_top` of them); lives only during the call.
+    pub top: *const waste_top_logprob,
+    pub n_top: usize,
+    /// Expert reads bypass the page cache (false: the file system refused
+    /// direct I/O and reads are buffered).
+    pub direct_io: bool,
 }
 
 /// Called once per generated token; return false to cancel.
@@ -99,8 +116,8 @@ pub struct waste_completion {
 
 /// One conversation with one model.
 pub struct waste_session {
-    session: Session,
-    error: Arc<ErrorSlot>,
+    pub(crate) session: Session,
+    pub(crate) error: Arc<ErrorSlot>,
 }
 
 #[no_mangle]
@@ -130,6 +147,7 @@ pub unsafe extern "C" fn waste_generate_params_default(
         logit_bias_tokens: std::ptr::null(),
         logit_bias_values: std::ptr::null(),
         n_logit_bias: 0,
+        top_logprobs: d.top_logprobs,
     };
     // SAFETY: checked non-NULL.
     unsafe { *out = p };
@@ -180,7 +198,7 @@ pub unsafe extern "C" fn waste_session_close(session: *mut waste_session) {
     }
 }
 
-unsafe fn with_session(
+pub(crate) unsafe fn with_session(
     session: *mut waste_session,
     f: impl FnOnce(&mut Session) -> Result<(), (waste_result, String)>,
 ) -> waste_result {
@@ -193,7 +211,7 @@ unsafe fn with_session(
     guard(&error, || f(&mut s.session))
 }
 
-fn check_out(out_len: *mut usize) -> Result<(), (waste_result, String)> {
+pub(crate) fn check_out(out_len: *mut usize) -> Result<(), (waste_result, String)> {
     if out_len.is_null() {
         return Err(null("out_len"));
     }
@@ -265,12 +283,36 @@ pub unsafe extern "C" fn waste_session_detokenize(
     }
 }
 
-unsafe fn opt_str(name: &str, s: waste_str) -> Result<Option<String>, (waste_result, String)> {
+pub(crate) unsafe fn opt_str(
+    name: &str,
+    s: waste_str,
+) -> Result<Option<String>, (waste_result, String)> {
     if s.ptr.is_null() {
         return Ok(None);
     }
     // SAFETY: pointer and length from the caller.
     Ok(Some(unsafe { str_arg(name, s.ptr, s.len) }?.to_string()))
+}
+
+/// Chat messages given as an array of `n` (NULL allowed when empty).
+pub(crate) unsafe fn messages_arg(
+    messages: *const waste_chat_message,
+    n: usize,
+) -> Result<Vec<ChatMessage>, (waste_result, String)> {
+    let mut msgs = Vec::new();
+    // SAFETY: pointer and length from the caller.
+    for m in unsafe { slice_arg("messages", messages, n) }? {
+        // SAFETY: each waste_str is pointer and length from the caller.
+        let role = unsafe { opt_str("role", m.role) }?.ok_or_else(|| null("role"))?;
+        msgs.push(ChatMessage {
+            role,
+            // SAFETY: as above.
+            content: unsafe { opt_str("content", m.content) }?,
+            // SAFETY: as above.
+            extra: unsafe { opt_str("extra", m.extra) }?,
+        });
+    }
+    Ok(msgs)
 }
 
 /// The conversation through the model's chat template, as prompt tokens.
@@ -290,15 +332,7 @@ pub unsafe extern "C" fn waste_session_apply_chat_template(
     unsafe {
         with_session(session, |s| {
             check_out(out_len)?;
-            let mut msgs = Vec::new();
-            for m in slice_arg("messages", messages, n_messages)? {
-                let role = opt_str("role", m.role)?.ok_or_else(|| null("role"))?;
-                msgs.push(ChatMessage {
-                    role,
-                    content: opt_str("content", m.content)?,
-                    extra: opt_str("extra", m.extra)?,
-                });
-            }
+            let msgs = messages_arg(messages, n_messages)?;
             let tools = opt_str("tools", tools)?;
             let ids = s
                 .apply_chat_template(&msgs, tools.as_deref(), add_generation_prompt)
@@ -359,10 +393,16 @@ pub unsafe extern "C" fn waste_session_generate(
                 let ids = slice_arg("logit_bias_tokens", c.logit_bias_tokens, c.n_logit_bias)?;
                 let vals = slice_arg("logit_bias_values", c.logit_bias_values, c.n_logit_bias)?;
                 p.logit_bias = ids.iter().copied().zip(vals.iter().copied()).collect();
+                p.top_logprobs = c.top_logprobs;
             }
             let cb = callback.map(|f| Callback { f, user });
             let hook = move |e: &waste_host::TokenEvent| -> bool {
                 let Some(cb) = &cb else { return true };
+                let top: Vec<waste_top_logprob> = e
+                    .top_logprobs
+                    .iter()
+                    .map(|&(token, logprob)| waste_top_logprob { token, logprob })
+                    .collect();
                 let ev = waste_token_event {
                     token: e.token,
                     text: e.text.as_ptr() as *const c_char,
@@ -373,6 +413,9 @@ pub unsafe extern "C" fn waste_session_generate(
                     bytes_read: e.bytes_read,
                     ms_total: e.ms_total,
                     ms_io: e.ms_io,
+                    top: top.as_ptr(),
+                    n_top: top.len(),
+                    direct_io: e.direct_io,
                 };
                 // The enclosing unsafe block covers this call: the caller's
                 // function, given its own `user`; `ev` lives for the call.
@@ -514,6 +557,53 @@ pub unsafe extern "C" fn waste_session_position(
             }
             *position = s.position();
             Ok(())
+        })
+    }
+}
+
+/// The conversation through the model's chat template, as UTF-8 text (not
+/// NUL-terminated; `*out_len` bytes), as transformers'
+/// `apply_chat_template(..., tokenize=False)` returns it.
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_render_chat_template(
+    session: *mut waste_session,
+    messages: *const waste_chat_message,
+    n_messages: usize,
+    tools: waste_str,
+    add_generation_prompt: bool,
+    text: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            check_out(out_len)?;
+            let msgs = messages_arg(messages, n_messages)?;
+            let tools = opt_str("tools", tools)?;
+            let t = s
+                .render_chat_template(&msgs, tools.as_deref(), add_generation_prompt)
+                .map_err(host)?;
+            copy_out(t.as_bytes(), text as *mut u8, cap, out_len)
+        })
+    }
+}
+
+/// Every token of the conversation so far, in order (the last generated
+/// token included, though only the next call evaluates it): a chat host
+/// compares it with a new rendering to send only what is new.
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_tokens(
+    session: *mut waste_session,
+    tokens: *mut u32,
+    cap: usize,
+    out_len: *mut usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            check_out(out_len)?;
+            copy_out(&s.tokens(), tokens, cap, out_len)
         })
     }
 }

@@ -6,8 +6,10 @@
 //! controls, Python string/dict/list methods (minijinja-contrib pycompat),
 //! `raise_exception(msg)`, `strftime_now(fmt)`, and `tojson` with Python's
 //! `json.dumps` output (`indent`, `separators`, `sort_keys`, `ensure_ascii`).
-//! Variables: `messages`, `tools`, `add_generation_prompt` and the special
-//! tokens of tokenizer_config.json (`bos_token`, `eos_token`, ...).
+//! Variables: `messages`, `tools`, `add_generation_prompt`, the special
+//! tokens of tokenizer_config.json (`bos_token`, `eos_token`, ...) and the
+//! caller's extra variables (`enable_thinking`, ...), which override the
+//! special tokens as apply_chat_template's keyword arguments do.
 //!
 //! Segmentation: the template is rendered twice, once with the real
 //! messages (text A, the reference rendering) and once with every message's
@@ -183,8 +185,16 @@ impl ChatTemplate {
         messages: Value,
         tools: &Value,
         add_generation_prompt: bool,
+        vars: &[(String, Value)],
     ) -> Result<String, String> {
-        let mut ctx: Vec<(String, Value)> = self.specials.clone();
+        // As transformers: the caller's variables override the special tokens.
+        let mut ctx: Vec<(String, Value)> = self
+            .specials
+            .iter()
+            .filter(|(k, _)| !vars.iter().any(|(v, _)| v == k))
+            .cloned()
+            .collect();
+        ctx.extend(vars.iter().cloned());
         ctx.push(("messages".into(), messages));
         ctx.push(("tools".into(), tools.clone()));
         ctx.push((
@@ -204,9 +214,24 @@ impl ChatTemplate {
         tools: Option<&str>,
         add_generation_prompt: bool,
     ) -> Result<String, String> {
+        self.render_with_vars(messages, tools, add_generation_prompt, None)
+    }
+
+    /// [`render`](Self::render) with extra template variables, as the
+    /// keyword arguments of transformers' `apply_chat_template` (Qwen3's
+    /// `enable_thinking`, DeepSeek-V3.1's `thinking`, ...). `vars`: a JSON
+    /// object, or None.
+    pub fn render_with_vars(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&str>,
+        add_generation_prompt: bool,
+        vars: Option<&str>,
+    ) -> Result<String, String> {
         let tools = parse_tools(tools)?;
+        let vars = parse_vars(vars)?;
         let msgs = messages_value(messages, None)?;
-        self.render_values(msgs, &tools, add_generation_prompt)
+        self.render_values(msgs, &tools, add_generation_prompt, &vars)
     }
 
     /// The prompt as markup / content segments (see the module docs).
@@ -216,17 +241,32 @@ impl ChatTemplate {
         tools: Option<&str>,
         add_generation_prompt: bool,
     ) -> Result<Vec<Segment>, String> {
+        self.render_segments_with_vars(messages, tools, add_generation_prompt, None)
+    }
+
+    /// [`render_segments`](Self::render_segments) with extra template
+    /// variables (see [`render_with_vars`](Self::render_with_vars)).
+    pub fn render_segments_with_vars(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&str>,
+        add_generation_prompt: bool,
+        vars: Option<&str>,
+    ) -> Result<Vec<Segment>, String> {
         let tools = parse_tools(tools)?;
+        let vars = parse_vars(vars)?;
         let mut contents: Vec<String> = Vec::new();
         let real = self.render_values(
             messages_value(messages, None)?,
             &tools,
             add_generation_prompt,
+            &vars,
         )?;
         let marked = self.render_values(
             messages_value(messages, Some(&mut contents))?,
             &tools,
             add_generation_prompt,
+            &vars,
         )?;
         if real.contains([MARK_OPEN, MARK_CLOSE]) {
             return Err(
@@ -364,6 +404,34 @@ fn parse_tools(tools: Option<&str>) -> Result<Value, String> {
             Ok(v)
         }
     }
+}
+
+/// Extra template variables from a JSON object. The names the renderer sets
+/// itself are refused rather than silently shadowed.
+fn parse_vars(vars: Option<&str>) -> Result<Vec<(String, Value)>, String> {
+    let Some(text) = vars else {
+        return Ok(Vec::new());
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| json_err("template variables: invalid JSON", e))?;
+    let serde_json::Value::Object(map) = v else {
+        return Err("template variables: expected a JSON object".into());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (name, val) in map {
+        if matches!(
+            name.as_str(),
+            "messages" | "tools" | "add_generation_prompt"
+        ) {
+            return Err(format!(
+                "template variables: {name:?} is set by the renderer itself"
+            ));
+        }
+        let val: Value = serde_json::from_value(val)
+            .map_err(|e| json_err(&format!("template variables: {name}"), e))?;
+        out.push((name, val));
+    }
+    Ok(out)
 }
 
 /// The messages as template values; with `markers`, content fields become

@@ -66,6 +66,7 @@ fn stats_from_wit(s: model::StepStats) -> generate::StepStats {
         bytes_read: s.bytes_read,
         ms_total: s.ms_total,
         ms_io: s.ms_io,
+        direct_io: s.direct_io,
     }
 }
 
@@ -76,6 +77,7 @@ fn stats_to_wit(s: generate::StepStats) -> model::StepStats {
         bytes_read: s.bytes_read,
         ms_total: s.ms_total,
         ms_io: s.ms_io,
+        direct_io: s.direct_io,
     }
 }
 

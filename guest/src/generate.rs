@@ -19,6 +19,7 @@ pub struct StepStats {
     pub bytes_read: u64,
     pub ms_total: f32,
     pub ms_io: f32,
+    pub direct_io: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]

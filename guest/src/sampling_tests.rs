@@ -292,3 +292,249 @@ fn top_logprobs_are_sorted_and_match_logprob() {
     }
     assert!(top_logprobs(&logits, lse, 0).is_empty());
 }
+
+#[test]
+fn exp_nonpos_matches_libm_closely() {
+    // The independent reference is the platform's libm `exp`.
+    let mut worst = 0.0f64;
+    let mut check = |x: f64| {
+        let (got, want) = (exp_nonpos(x), x.exp());
+        worst = worst.max(((got - want) / want).abs());
+    };
+    let n = 2_000_000;
+    for i in 0..=n {
+        check(-700.0 * i as f64 / n as f64);
+    }
+    // Around the reduction boundaries (k ln2 +- ln2/2) and tiny |x|.
+    for k in 0..1000 {
+        for d in [-1e-12, 0.0, 1e-12] {
+            let x = -(k as f64 + 0.5) * std::f64::consts::LN_2 + d;
+            if (-700.0..=0.0).contains(&x) {
+                check(x);
+            }
+        }
+    }
+    for x in [-1e-300, -1e-17, -1e-9, -0.0, 0.0] {
+        check(x);
+    }
+    assert!(worst < 3e-13, "worst relative error {worst:e}");
+    assert_eq!(exp_nonpos(0.0), 1.0);
+    assert_eq!(exp_nonpos(-0.0), 1.0);
+    // What counts as no probability at all.
+    for x in [f64::NEG_INFINITY, f64::NAN, -700.5, -1e300] {
+        assert_eq!(exp_nonpos(x), 0.0, "{x}");
+    }
+}
+
+#[test]
+fn exp_passes_match_the_definition() {
+    // Lengths around the 8-wide chunks, specials included.
+    for len in [0usize, 1, 7, 8, 9, 15, 16, 17, 1001] {
+        let logits: Vec<f32> = (0..len as u32)
+            .map(|i| match i % 97 {
+                5 => f32::NEG_INFINITY,
+                6 => -0.0,
+                _ => ((i.wrapping_mul(2654435761) >> 9) % 3000) as f32 / 50.0 - 30.0,
+            })
+            .collect();
+        let (max, nan) = exp::max_and_nan(&logits);
+        let want_max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(max, want_max, "len {len}");
+        assert!(!nan);
+        let max = max as f64;
+        for inv_t in [1.0, 1.25] {
+            let mut lanes = [0.0f64; 8];
+            let each: Vec<f64> = logits
+                .iter()
+                .map(|&l| exp_nonpos((l as f64 - max) * inv_t))
+                .collect();
+            for (i, e) in each.iter().enumerate() {
+                lanes[i % 8] += e;
+            }
+            let want = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            let sum = exp::exp_sum(&logits, max, inv_t);
+            assert_eq!(sum.to_bits(), want.to_bits(), "len {len}");
+            let (got_each, got_sum) = exp::exp_each(&logits, max, inv_t);
+            assert_eq!(got_each, each, "len {len}");
+            assert_eq!(got_sum.to_bits(), want.to_bits(), "len {len}");
+        }
+    }
+    assert!(exp::max_and_nan(&[1.0, f32::NAN, 2.0]).1);
+}
+
+#[test]
+fn log_sum_exp_matches_a_plain_f64_reference() {
+    let logits: Vec<f32> = (0..100_003u32)
+        .map(|i| ((i.wrapping_mul(2654435761) >> 9) % 4000) as f32 / 97.0 - 20.0)
+        .collect();
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let want = max
+        + logits
+            .iter()
+            .map(|&l| (l as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    let got = log_sum_exp(&logits);
+    assert!((got - want).abs() <= 1e-12 * want.abs(), "{got} vs {want}");
+    assert!(log_sum_exp(&[1.0, f32::NAN]).is_nan());
+    assert!(log_sum_exp(&[f32::NEG_INFINITY; 3]).is_nan());
+    assert_eq!(log_sum_exp(&[]), f64::NEG_INFINITY);
+    assert_eq!(log_sum_exp(&[2.0]), 2.0);
+}
+
+#[test]
+fn lane_sum_is_fixed_interleaved_order() {
+    // Lane j holds values[j], values[j + 8], ...; lanes combine pairwise.
+    let v: Vec<f64> = (0..29).map(|i| 1.0 / (i as f64 + 1.0)).collect();
+    let mut lanes = [0.0f64; 8];
+    for (i, x) in v.iter().enumerate() {
+        lanes[i % 8] += x;
+    }
+    let want = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    assert_eq!(lane_sum(&v).to_bits(), want.to_bits());
+    assert_eq!(lane_sum(&[]), 0.0);
+}
+
+#[test]
+fn total_key_orders_like_total_cmp() {
+    let mut values = vec![
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::from_bits(0x8000_0001),
+        f32::MAX,
+        f32::MIN,
+        1.0,
+        -1.0,
+    ];
+    let mut s = 12345u32;
+    for _ in 0..2000 {
+        s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+        let v = f32::from_bits(s);
+        if !v.is_nan() {
+            values.push(v);
+        }
+    }
+    for &a in &values {
+        for &b in values.iter().step_by(7) {
+            assert_eq!(total_key(a).cmp(&total_key(b)), a.total_cmp(&b), "{a} {b}");
+        }
+    }
+}
+
+/// The reference: sort every non-NaN id by `by_logit_desc` and take `n`.
+fn top_ids_by_full_sort(logits: &[f32], n: usize) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..logits.len() as u32)
+        .filter(|&i| !logits[i as usize].is_nan())
+        .collect();
+    ids.sort_by(|&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then(a.cmp(&b))
+    });
+    ids.truncate(n);
+    ids
+}
+
+#[test]
+fn top_ids_match_a_full_sort() {
+    // Heavy ties, both zeros, infinities and NaN; and the worst case for the
+    // one-pass buffer (ascending logits: every id enters it).
+    let mut tied: Vec<f32> = (0..5000u32)
+        .map(|i| ((i.wrapping_mul(2654435761) >> 11) % 50) as f32 - 25.0)
+        .collect();
+    tied[7] = -0.0;
+    tied[8] = 0.0;
+    tied[9] = f32::NAN;
+    tied[10] = f32::INFINITY;
+    tied[11] = f32::NEG_INFINITY;
+    let ascending: Vec<f32> = (0..3000).map(|i| i as f32 * 0.5).collect();
+    let zeros = vec![0.0f32; 300];
+    for logits in [&tied, &ascending, &zeros] {
+        for n in [
+            1, 2, 5, 40, 255, 256, 257, 1000, 2999, 3000, 4999, 5000, 6000,
+        ] {
+            assert_eq!(
+                top_ids(logits, n),
+                top_ids_by_full_sort(logits, n),
+                "n {n} of {}",
+                logits.len()
+            );
+        }
+    }
+}
+
+/// The reference nucleus: every eligible id sorted by rank, the shortest
+/// prefix whose mass reaches the target; its last rank.
+fn nucleus_by_full_sort(logits: &[f32], rel: &[f64], floor: f64, target: f64) -> Option<u64> {
+    let mut ranks: Vec<u64> = (0..logits.len())
+        .filter(|&i| rel[i] > 0.0 && rel[i] >= floor)
+        .map(|i| rank(logits[i], i))
+        .collect();
+    ranks.sort_unstable_by(|a, b| b.cmp(a));
+    let mut acc = 0.0;
+    for &r in &ranks {
+        acc += rel[rank_id(r) as usize];
+        if acc >= target {
+            return Some(r);
+        }
+    }
+    None
+}
+
+#[test]
+fn nucleus_floor_matches_a_full_sort() {
+    let n = 40_000u32;
+    let hash = |i: u32| (i.wrapping_mul(2654435761) >> 8) as f32 / (1u32 << 24) as f32;
+    let shapes: Vec<(&str, Vec<f32>)> = vec![
+        ("flat", (0..n).map(|i| hash(i) * 4.0).collect()),
+        (
+            "peaked",
+            (0..n)
+                .map(|i| {
+                    if i % 997 == 0 {
+                        20.0 - hash(i)
+                    } else {
+                        hash(i) * 8.0 - 4.0
+                    }
+                })
+                .collect(),
+        ),
+        // Few distinct values: one sub-bucket holds thousands of ties.
+        (
+            "quantised",
+            (0..n).map(|i| (hash(i) * 6.0).floor() * 0.5).collect(),
+        ),
+        ("wide", (0..n).map(|i| (hash(i) - 0.5) * 200.0).collect()),
+    ];
+    let mut checked = 0;
+    for (name, logits) in &shapes {
+        for inv_t in [1.0f64, 1.25, 3.0] {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let rel: Vec<f64> = logits
+                .iter()
+                .map(|&l| exp_nonpos((l as f64 - max) * inv_t))
+                .collect();
+            let total = lane_sum(&rel);
+            for floor in [0.0f64, 0.01] {
+                for top_p in [1e-6f64, 0.1, 0.5, 0.9, 0.95, 0.999, 0.9999] {
+                    let target = top_p * total;
+                    let eligible = |q: f64| q > 0.0 && q >= floor;
+                    assert_eq!(
+                        nucleus_floor(logits, &rel, &eligible, target),
+                        nucleus_by_full_sort(logits, &rel, floor, target),
+                        "{name} inv_t {inv_t} floor {floor} top-p {top_p}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 4 * 3 * 2 * 7);
+}

@@ -104,6 +104,87 @@ fn chat_templates_render_like_transformers() {
     );
 }
 
+/// Extra template variables (Qwen3's `enable_thinking`) render as
+/// transformers renders `apply_chat_template(..., **vars)`.
+#[test]
+fn chat_template_variables_render_like_transformers() {
+    let e = expected();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (model, m) in e["models"].as_object().unwrap() {
+        let Some(cases) = m.get("vars_cases").and_then(|c| c.as_array()) else {
+            continue;
+        };
+        let t = template(&e, model);
+        for case in cases {
+            let conv = case["conversation"].as_str().unwrap();
+            let msgs = messages(&e, conv);
+            let agp = case["add_generation_prompt"].as_bool().unwrap();
+            let vars = case["vars_json"].as_str().unwrap();
+            let what = format!("{model} {conv} vars={vars} agp={agp}");
+            let want = case["text"].as_str().expect("no template errors here");
+            match t.render_with_vars(&msgs, None, agp, Some(vars)) {
+                Ok(got) if got == want => {}
+                got => failures.push(format!("{what}:\n   got {got:?}\n  want {want:?}")),
+            }
+            match t.render_segments_with_vars(&msgs, None, agp, Some(vars)) {
+                Ok(segs) => {
+                    let joined: String = segs.iter().map(|s| s.text.as_str()).collect();
+                    if joined != want {
+                        failures.push(format!("{what}: segments join to {joined:?}"));
+                    }
+                }
+                Err(err) => failures.push(format!("{what}: render_segments failed: {err}")),
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 12, "only {checked} cases");
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    // enable_thinking=false changes the generation prompt, so the variable
+    // really reaches the template.
+    let t = template(&e, "qwen3");
+    let msgs = messages(&e, "single");
+    assert_ne!(
+        t.render_with_vars(&msgs, None, true, Some(r#"{"enable_thinking": false}"#))
+            .unwrap(),
+        t.render(&msgs, None, true).unwrap()
+    );
+}
+
+#[test]
+fn chat_template_variables_are_checked() {
+    let e = expected();
+    let t = template(&e, "qwen3");
+    let msgs = messages(&e, "single");
+    for (vars, needle) in [
+        ("[1]", "JSON object"),
+        ("{oops", "invalid JSON"),
+        (r#"{"messages": []}"#, "\"messages\""),
+        (
+            r#"{"add_generation_prompt": true}"#,
+            "add_generation_prompt",
+        ),
+    ] {
+        let err = t
+            .render_with_vars(&msgs, None, true, Some(vars))
+            .unwrap_err();
+        assert!(err.contains(needle), "{vars}: {err}");
+    }
+    // A variable overrides a special token, as apply_chat_template's kwargs do.
+    let t = ChatTemplate::new("{{ eos_token }}", Some(r#"{"eos_token": "E"}"#)).unwrap();
+    assert_eq!(
+        t.render_with_vars(&[], None, false, Some(r#"{"eos_token": "X"}"#))
+            .unwrap(),
+        "X"
+    );
+}
+
 fn tiny_tokenizer() -> Tokenizer {
     Tokenizer::from_json(&read("tiny-qwen3_moe/tokenizer.json")).expect("tiny tokenizer loads")
 }

@@ -30,13 +30,14 @@ fn main() {
     let model = Model::open(&path, &OpenOptions::default()).expect("open");
     let engine = Engine::new().expect("engine");
     println!("vocabulary {VOCAB}, {TOKENS} tokens per run, best of 3 runs");
-    println!("{:<34} {:>12} {:>12} {:>12}", "sampling", "wall ms/tok", "fwd ms/tok", "guest+wit");
+    println!("{:<40} {:>12} {:>12} {:>12}", "sampling", "wall ms/tok", "fwd ms/tok", "guest+wit");
     let cases: Vec<(&str, GenerateParams)> = vec![
         ("greedy", GenerateParams { temperature: 0.0, top_k: 0, top_p: 1.0, ..GenerateParams::default() }),
         ("temp 0.8, top-k 40, top-p 0.95", GenerateParams { temperature: 0.8, top_k: 40, top_p: 0.95, ..GenerateParams::default() }),
         ("temp 0.8, top-p 0.95 (no top-k)", GenerateParams { temperature: 0.8, top_k: 0, top_p: 0.95, ..GenerateParams::default() }),
         ("temp 1.0, full distribution", GenerateParams { temperature: 1.0, top_k: 0, top_p: 1.0, ..GenerateParams::default() }),
         ("temp 0.8, top-k 40, 5 top logprobs", GenerateParams { temperature: 0.8, top_k: 40, top_p: 1.0, top_logprobs: 5, ..GenerateParams::default() }),
+        ("temp 0.8, k 40, p 0.95, penalties, 5 lp", GenerateParams { temperature: 0.8, top_k: 40, top_p: 0.95, repetition_penalty: 1.1, presence_penalty: 0.5, frequency_penalty: 0.5, top_logprobs: 5, ..GenerateParams::default() }),
     ];
     for (name, params) in cases {
         let params = GenerateParams { max_tokens: TOKENS, stop_at_eos: false, seed: 7, ..params };
@@ -59,7 +60,7 @@ fn main() {
             }
         }
         let (wall, fwd) = best.expect("three runs");
-        println!("{name:<34} {wall:>12.3} {fwd:>12.3} {:>12.3}", wall - fwd);
+        println!("{name:<40} {wall:>12.3} {fwd:>12.3} {:>12.3}", wall - fwd);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

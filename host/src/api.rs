@@ -19,6 +19,8 @@ use crate::runtime::{
     CompiledGuest, EngineBindings, HostState, ModelSlot, WitChatMessage, WitGenerateError, WitSamplingParams,
     WitStopReason,
 };
+use crate::open_progress::CountingSource;
+pub use crate::open_progress::OpenProgress;
 use crate::plan::MemoryPlan;
 use crate::stats::StepStats;
 use crate::store::{CachePolicy, ExpertStore, StoreOptions, StoreStats, USAGE_FILE};
@@ -154,13 +156,27 @@ pub struct Model {
 
 impl Model {
     pub fn open(path: &Path, options: &OpenOptions) -> Result<Arc<Model>> {
+        Model::open_with_progress(path, options, &mut |_| {})
+    }
+
+    /// [`Model::open`], reporting its progress to `progress` as it goes
+    /// (trunk bytes loaded, then the hotlist preload): see [`OpenProgress`].
+    pub fn open_with_progress(
+        path: &Path,
+        options: &OpenOptions,
+        progress: &mut dyn FnMut(&OpenProgress),
+    ) -> Result<Arc<Model>> {
         // Thread options are checked (and CPUs bound) before any file work.
         let pool = crate::pool::Pool::new(options.threads, options.cpus.as_ref())?;
         let container = Container::open(path)?;
         // The budget is checked before anything large is allocated.
         let plan = crate::plan::plan(&container, options.context, options.budget)?;
         let context = plan.context;
-        let transformer = Transformer::load(container.config(), &container)?;
+        let tensors = container.manifest().trunk.tensors.iter().map(|t| (t.name.clone(), t.bytes));
+        let resident = crate::plan::resident_trunk_bytes(container.config(), container.manifest());
+        let source = CountingSource::new(&container, tensors, resident, &mut *progress);
+        let transformer = Transformer::load(container.config(), &source)?;
+        source.finish();
         let store_options = StoreOptions {
             cache_slots: plan.cache_slots,
             keep: options.cache,
@@ -172,8 +188,13 @@ impl Model {
             ..StoreOptions::default()
         };
         let experts = ExpertStore::open(container.expert_banks()?, container.config().top_k, store_options)?;
-        if options.preload && options.cache {
-            experts.preload_usage(&container.dir().join(USAGE_FILE))?;
+        let usage = container.dir().join(USAGE_FILE);
+        if options.preload && options.cache && usage.is_file() {
+            progress(&OpenProgress::PreloadStarted);
+            let before = experts.stats().preloaded;
+            experts.preload_usage(&usage)?;
+            let records = experts.stats().preloaded - before;
+            progress(&OpenProgress::Preloaded { records: records as usize, bytes: records * experts.record_bytes() as u64 });
         }
         let info = container.info();
         Ok(Arc::new(Model { container, transformer, experts, info, context, plan, pool }))
@@ -192,7 +213,7 @@ impl Model {
     /// What the model holds now, by part; `total()` equals the plan's.
     pub fn memory_used(&self) -> MemoryUse {
         MemoryUse {
-            trunk: self.container.manifest().trunk.tensors.iter().map(|t| t.bytes).sum(),
+            trunk: crate::plan::resident_trunk_bytes(self.container.config(), self.container.manifest()),
             state: crate::plan::state_bytes(self.container.config(), self.context),
             scratch: crate::plan::scratch_bytes(self.container.config(), self.context),
             cache: self.experts.allocated_bytes(),
@@ -234,7 +255,8 @@ impl Model {
                 layers.len()
             )));
         }
-        let h = self.info.hidden_size;
+        // The experts' width: the latent on K3's latent MoE.
+        let h = self.experts.banks().shape().hidden;
         let x: Vec<f32> = (0..h).map(|i| ((i * 37 % 101) as f32 / 101.0 - 0.5) * 0.1).collect();
         let mut out = vec![0.0f32; h];
         let mut stats = StepStats::default();
@@ -473,6 +495,9 @@ pub struct TokenEvent {
     pub bytes_read: u64,
     pub ms_total: f32,
     pub ms_io: f32,
+    /// Expert reads bypass the page cache; false when the file system
+    /// refused O_DIRECT / F_NOCACHE and reads are buffered.
+    pub direct_io: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

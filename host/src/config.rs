@@ -13,9 +13,11 @@ use serde_json::{Map, Value};
 use crate::error::{Error, Result};
 
 mod deepseek;
+mod k3;
 mod kimi;
 
 pub use deepseek::{MlaRope, Yarn};
+pub use k3::{Activation, K3Params, K3_PREFIX};
 
 /// The model families this engine runs: three with the GQA + RoPE attention
 /// path, and Kimi-Linear (KDA and MLA layers, sigmoid router).
@@ -200,6 +202,8 @@ pub struct ModelConfig {
     pub mla_rope: Option<MlaRope>,
     /// Group-limited routing `(n_group, topk_group)` (DeepSeek-V3).
     pub expert_groups: Option<(usize, usize)>,
+    /// Kimi K3 (`model_type: kimi_k3`, config/k3.rs); None elsewhere.
+    pub k3: Option<K3Params>,
 }
 
 // Bounds for untrusted configs: generous for any real model, small enough
@@ -337,6 +341,9 @@ impl ModelConfig {
         let model_type = r
             .str_opt("model_type")?
             .ok_or_else(|| r.err("model_type", "missing"))?;
+        if model_type == "kimi_k3" {
+            return k3::parse(&r);
+        }
         let family = match model_type {
             "qwen3_moe" => Family::Qwen3Moe,
             "olmoe" => Family::Olmoe,
@@ -564,7 +571,29 @@ impl ModelConfig {
             shared_intermediate_size: 0,
             mla_rope: None,
             expert_groups: None,
+            k3: None,
         })
+    }
+
+    /// The prefix of the text tensors in the source checkpoint (K3:
+    /// `language_model.`); checkpoint readers strip it.
+    pub fn source_prefix(&self) -> &'static str {
+        if self.k3.is_some() {
+            K3_PREFIX
+        } else {
+            ""
+        }
+    }
+
+    /// Width a routed expert reads and writes: the latent of K3's latent
+    /// MoE, else the hidden size.
+    pub fn expert_hidden(&self) -> usize {
+        self.k3.and_then(|k| k.latent).unwrap_or(self.hidden_size)
+    }
+
+    /// The gated activation of MLPs and experts.
+    pub fn activation(&self) -> Activation {
+        self.k3.map_or(Activation::Silu, |k| k.activation)
     }
 
     /// Adapts the tensor naming (MoE block name, expert layout) to what a
@@ -746,6 +775,9 @@ impl ModelConfig {
 
     /// Every non-expert tensor the forward pass reads, in a stable order.
     pub fn trunk_tensor_names(&self) -> Vec<String> {
+        if let Some(k) = &self.k3 {
+            return k3::trunk_tensor_names(self, k);
+        }
         let mut names = vec!["model.embed_tokens.weight".to_string()];
         for l in 0..self.num_layers {
             let p = format!("model.layers.{l}");
@@ -800,6 +832,9 @@ impl ModelConfig {
         }
         if name == "model.norm.weight" {
             return Some(vec![h]);
+        }
+        if let Some(shape) = self.k3.as_ref().and_then(|k| k3::tensor_shape(self, k, name)) {
+            return shape;
         }
         let rest = name.strip_prefix("model.layers.")?;
         let (layer, rest) = rest.split_once('.')?;
@@ -879,6 +914,9 @@ impl ModelConfig {
     }
 
     fn params(&self, experts_per_layer: u64) -> u64 {
+        if let Some(k) = &self.k3 {
+            return k3::params(self, k, experts_per_layer);
+        }
         let (h, v) = (self.hidden_size as u64, self.vocab_size as u64);
         let mut n = v * h + h;
         if !self.tie_word_embeddings {

@@ -26,6 +26,7 @@ pub mod container;
 pub mod convert;
 pub mod error;
 pub mod model;
+mod open_progress;
 pub mod plan;
 pub mod pool;
 pub mod quant;
@@ -36,7 +37,7 @@ pub mod store;
 pub mod synth;
 
 pub use api::{
-    ChatMessage, Completion, Engine, GenerateParams, MemoryUse, Model, ModelInfo, OpenOptions, Perplexity, Session, StopReason,
+    ChatMessage, Completion, Engine, GenerateParams, MemoryUse, Model, ModelInfo, OpenOptions, OpenProgress, Perplexity, Session, StopReason,
     TokenEvent, PERPLEXITY_CHUNK,
     DEFAULT_CONTEXT,
 };

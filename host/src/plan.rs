@@ -9,8 +9,10 @@
 use std::path::Path;
 
 use crate::config::ModelConfig;
+use crate::container::manifest::{Manifest, TensorEntry};
 use crate::container::Container;
 use crate::error::{Error, Result};
+use crate::model::embedding::EMBED_TOKENS;
 
 /// How the budget of a plan was chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,8 +27,13 @@ pub enum BudgetSource {
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemoryPlan {
     pub context: usize,
+    /// The resident trunk: every trunk tensor but an untied embedding table.
     pub trunk: u64,
-    /// KV cache (and any other per-sequence state) of one session.
+    /// The untied embedding table, left on disk (one row read per token);
+    /// not part of any total.
+    pub embedding_on_disk: u64,
+    /// One session's state: GQA keys and values, MLA latent rows, KDA
+    /// recurrent state and conv rings.
     pub state: u64,
     /// Buffers of one forward pass (an upper estimate).
     pub scratch: u64,
@@ -59,10 +66,29 @@ impl MemoryPlan {
     }
 }
 
-/// Bytes of one session's state for `context` tokens (the KV cache of every
-/// attention layer, f32 keys and values).
+/// Bytes of one session's state for `context` tokens, each layer as what
+/// it keeps: GQA keys and values per token, the MLA latent row per token,
+/// the KDA state and conv rings once (what `model::State::new` allocates).
 pub fn state_bytes(cfg: &ModelConfig, context: usize) -> u64 {
-    2 * cfg.num_layers as u64 * context as u64 * cfg.kv_dim() as u64 * 4
+    cfg.state_bytes(context)
+}
+
+/// Whether trunk tensor `name` stays on disk rather than in RAM: the
+/// embedding table of a model whose LM head is not tied to it (the rule of
+/// `model::embedding::load`).
+fn stays_on_disk(cfg: &ModelConfig, t: &TensorEntry) -> bool {
+    !cfg.tie_word_embeddings && t.name == EMBED_TOKENS && t.shape.len() == 2
+}
+
+/// Bytes of the trunk held in RAM once open: every trunk tensor but an
+/// untied embedding table.
+pub fn resident_trunk_bytes(cfg: &ModelConfig, manifest: &Manifest) -> u64 {
+    manifest.trunk.tensors.iter().filter(|t| !stays_on_disk(cfg, t)).map(|t| t.bytes).sum()
+}
+
+/// Bytes of the trunk left on disk (the untied embedding table).
+pub fn on_disk_trunk_bytes(cfg: &ModelConfig, manifest: &Manifest) -> u64 {
+    manifest.trunk.tensors.iter().filter(|t| stays_on_disk(cfg, t)).map(|t| t.bytes).sum()
 }
 
 /// An upper estimate of one forward pass's buffers: activations, attention
@@ -92,6 +118,19 @@ pub fn plan_path(path: &Path, context: Option<usize>, budget: Option<u64>) -> Re
     plan(&container, context, budget)
 }
 
+/// As [`plan_path`], for a machine whose usable RAM is `usable_ram` instead
+/// of this one's (`None`: this machine's, see [`usable_ram`]): what the
+/// automatic budget would be there.
+pub fn plan_path_for_ram(
+    path: &Path,
+    context: Option<usize>,
+    budget: Option<u64>,
+    usable_ram: Option<u64>,
+) -> Result<MemoryPlan> {
+    let container = Container::open(path)?;
+    plan_for_ram(&container, context, budget, usable_ram)
+}
+
 pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Result<usize> {
     match context {
         Some(0) => Err(Error::Arg("the context must be at least 1 token".into())),
@@ -105,17 +144,27 @@ pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Resu
 }
 
 pub fn plan(container: &Container, context: Option<usize>, budget: Option<u64>) -> Result<MemoryPlan> {
+    plan_for_ram(container, context, budget, None)
+}
+
+/// As [`plan`], with the usable RAM given (`None`: this machine's).
+pub fn plan_for_ram(
+    container: &Container,
+    context: Option<usize>,
+    budget: Option<u64>,
+    usable_ram: Option<u64>,
+) -> Result<MemoryPlan> {
     let cfg = container.config();
     let context = resolve_context(cfg, context)?;
     let m = container.manifest();
-    let trunk: u64 = m.trunk.tensors.iter().map(|t| t.bytes).sum();
     let record = m.experts.record_bytes;
     let moe_layers = m.experts.layers.len();
     let experts = cfg.num_experts;
-    let usable = usable_ram();
+    let usable = usable_ram.unwrap_or_else(self::usable_ram);
     plan_from(PlanInput {
         context,
-        trunk,
+        trunk: resident_trunk_bytes(cfg, m),
+        embedding_on_disk: on_disk_trunk_bytes(cfg, m),
         state: state_bytes(cfg, context),
         scratch: scratch_bytes(cfg, context),
         record_bytes: record,
@@ -132,6 +181,7 @@ pub fn plan(container: &Container, context: Option<usize>, budget: Option<u64>) 
 pub struct PlanInput {
     pub context: usize,
     pub trunk: u64,
+    pub embedding_on_disk: u64,
     pub state: u64,
     pub scratch: u64,
     pub record_bytes: u64,
@@ -181,6 +231,7 @@ pub fn plan_from(i: PlanInput) -> Result<MemoryPlan> {
     Ok(MemoryPlan {
         context: i.context,
         trunk: i.trunk,
+        embedding_on_disk: i.embedding_on_disk,
         state: i.state,
         scratch: i.scratch,
         record_bytes: i.record_bytes,
@@ -323,6 +374,7 @@ pub fn peak_rss() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::State;
 
     fn write(root: &Path, rel: &str, text: &str) {
         let p = root.join(rel);
@@ -379,6 +431,7 @@ mod tests {
         PlanInput {
             context: 64,
             trunk: 100,
+            embedding_on_disk: 1000,
             state: 20,
             scratch: 30,
             record_bytes: 10,
@@ -411,6 +464,44 @@ mod tests {
         assert!(e.contains("floor of 190 B") && e.contains("waste plan"), "{e}");
         // A budget above the whole model caps the cache at every record.
         assert_eq!(plan_from(input(Some(10_000), 0)).unwrap().cache_slots, 32);
+    }
+
+    fn fixture_config(family: &str) -> ModelConfig {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures")
+            .join(format!("tiny-{family}/config.json"));
+        ModelConfig::from_file(&path).unwrap()
+    }
+
+    /// Regression: the planner sized every layer as GQA keys and values.
+    /// Kimi-Linear keeps a latent row per token in its MLA layers and a
+    /// fixed KDA state (delta-rule matrices and conv rings) in the others.
+    #[test]
+    fn plan_state_of_kimi_linear_is_latent_rows_plus_fixed_kda_state() {
+        let cfg = fixture_config("kimi_linear");
+        // Layers: KDA KDA MLA KDA MLA; KDA 2 heads x 16, conv 4; MLA kv_lora 16 + rope 8.
+        let kda = 2 * 16 * 16 + 3 * (4 - 1) * (2 * 16);
+        let mla_per_token = 16 + 8;
+        for ctx in [1usize, 100, 512] {
+            let want = 4 * (3 * kda + 2 * mla_per_token * ctx) as u64;
+            assert_eq!(state_bytes(&cfg, ctx), want, "context {ctx}");
+            assert_eq!(State::new(&cfg, ctx).bytes() as u64, want, "what the engine allocates");
+        }
+    }
+
+    /// DeepSeek-V3: every layer MLA with q-LoRA, the absorbed latent cache
+    /// only (kv_lora + rope floats per token), no K/V heads.
+    #[test]
+    fn plan_state_of_deepseek_v3_is_the_latent_cache() {
+        let cfg = fixture_config("deepseek_v3");
+        for ctx in [1usize, 100, 2048] {
+            let want = 4 * (4 * (16 + 8) * ctx) as u64;
+            assert_eq!(state_bytes(&cfg, ctx), want, "context {ctx}");
+            assert_eq!(State::new(&cfg, ctx).bytes() as u64, want);
+        }
+        // GQA models keep K and V rows: unchanged.
+        let q = fixture_config("qwen3_moe");
+        assert_eq!(state_bytes(&q, 10), 2 * q.num_layers as u64 * 10 * q.kv_dim() as u64 * 4);
     }
 
     #[test]

@@ -147,6 +147,7 @@ impl wit::Host for HostState {
                 bytes_read: stats.bytes_read,
                 ms_total: started.elapsed().as_secs_f32() * 1000.0,
                 ms_io: stats.io_time.as_secs_f32() * 1000.0,
+                direct_io: slot.model.expert_store().direct_io(),
             },
         })
     }
@@ -180,6 +181,7 @@ impl wit::Host for HostState {
             bytes_read: event.stats.bytes_read,
             ms_total: event.stats.ms_total,
             ms_io: event.stats.ms_io,
+            direct_io: event.stats.direct_io,
         })
     }
 }

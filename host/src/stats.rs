@@ -13,6 +13,8 @@ pub struct StepStats {
     pub bytes_read: u64,
     /// Time spent waiting for expert reads.
     pub io_time: Duration,
+    /// Embedding rows read from disk (an untied table left in the container).
+    pub embedding_rows_read: u32,
 }
 
 impl StepStats {
@@ -21,5 +23,6 @@ impl StepStats {
         self.experts_missed += other.experts_missed;
         self.bytes_read += other.bytes_read;
         self.io_time += other.io_time;
+        self.embedding_rows_read += other.embedding_rows_read;
     }
 }

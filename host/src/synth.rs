@@ -244,29 +244,7 @@ pub fn synth(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(u64, u64)) -
     let mut banks = Vec::new();
     for &layer in &moe_layers {
         let codebooks = match cb_file.as_mut() {
-            Some((f, p, pos)) => {
-                let stages = spec.format.stages().unwrap_or(3);
-                let mut rng = seeded(spec.seed, 77, layer as u64);
-                let mut book = |pos: &mut u64| -> Result<(u64, u64)> {
-                    let vals: Vec<u8> = (0..stages * 256 * 8)
-                        .flat_map(|_| rng.uniform(0.3).to_le_bytes())
-                        .collect();
-                    let at = align_up(*pos, TENSOR_ALIGN);
-                    f.write_all_at(&vals, at).map_err(|e| Error::io(&*p, e))?;
-                    *pos = at + vals.len() as u64;
-                    Ok((at, vals.len() as u64))
-                };
-                let (gu_off, gu_len) = book(pos)?;
-                let (d_off, d_len) = book(pos)?;
-                Some(CodebookEntry {
-                    file: CODEBOOK_FILE.into(),
-                    stages: stages as u64,
-                    gate_up_offset: gu_off,
-                    gate_up_bytes: gu_len,
-                    down_offset: d_off,
-                    down_bytes: d_len,
-                })
-            }
+            Some((f, p, pos)) => Some(write_codebooks(f, p, pos, spec.format, spec.seed, layer)?),
             None => None,
         };
         let file = format!("experts-{layer:03}.bin");
@@ -343,6 +321,37 @@ pub fn synth(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(u64, u64)) -
     Ok(report)
 }
 
+/// Random RVQ codebooks of `layer` (gate/up and down) appended to `f` at
+/// `*pos`.
+fn write_codebooks(
+    f: &File,
+    path: &Path,
+    pos: &mut u64,
+    format: ExpertFormat,
+    seed: u64,
+    layer: usize,
+) -> Result<CodebookEntry> {
+    let stages = format.stages().unwrap_or(3);
+    let mut rng = seeded(seed, 77, layer as u64);
+    let mut book = |pos: &mut u64| -> Result<(u64, u64)> {
+        let vals: Vec<u8> = (0..stages * 256 * 8).flat_map(|_| rng.uniform(0.3).to_le_bytes()).collect();
+        let at = align_up(*pos, TENSOR_ALIGN);
+        f.write_all_at(&vals, at).map_err(|e| Error::io(path, e))?;
+        *pos = at + vals.len() as u64;
+        Ok((at, vals.len() as u64))
+    };
+    let (gate_up_offset, gate_up_bytes) = book(pos)?;
+    let (down_offset, down_bytes) = book(pos)?;
+    Ok(CodebookEntry {
+        file: CODEBOOK_FILE.into(),
+        stages: stages as u64,
+        gate_up_offset,
+        gate_up_bytes,
+        down_offset,
+        down_bytes,
+    })
+}
+
 /// As the converter: embeddings and LM head 8-bit, vectors and routers f32.
 fn trunk_format_for(role: TensorRole, trunk: TrunkFormat) -> TrunkFormat {
     match (role, trunk) {
@@ -415,4 +424,189 @@ fn write_matrix(
         .collect();
     results.into_iter().collect::<Result<()>>()?;
     Ok(total as u64)
+}
+
+/// Real models a manifest-only container can be made for (`synth_like`).
+pub const LIKE: &[&str] = &["kimi-k3"];
+
+/// The released Kimi K3 text config (values from ../shared/design/K3.md:
+/// 93 layers, 69 KDA with 96 heads x 128 and 24 gated q-LoRA MLA, 896
+/// routed experts top-16 on a 3584-wide latent, 2 shared experts of 3072,
+/// layer 0 dense with 33792, AttnRes blocks of 12, SiTU 4 / 25). Keys the
+/// text forward ignores (`rope_theta`) carry neutral values; `eos_token_id`
+/// is left out, since only generation reads it.
+pub fn kimi_k3_config() -> serde_json::Value {
+    let (kda, full): (Vec<usize>, Vec<usize>) = (1..=93).partition(|&i| i % 4 != 0 && i != 93);
+    // Built in three parts: one json! literal this long exceeds the macro
+    // recursion limit.
+    let mut text = serde_json::json!({
+        "model_type": "kimi_linear",
+        "vocab_size": 163_840,
+        "hidden_size": 7168,
+        "num_hidden_layers": 93,
+        "intermediate_size": 33_792,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": false,
+        "hidden_act": "situ",
+        "activation_situ_beta": 4.0,
+        "activation_situ_linear_beta": 25.0,
+        "num_attention_heads": 96,
+        "num_key_value_heads": 96,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "mla_use_nope": true,
+        "mla_use_output_gate": true,
+        "linear_attn_config": {
+            "kda_layers": kda,
+            "full_attn_layers": full,
+            "num_heads": 96,
+            "head_dim": 128,
+            "short_conv_kernel_size": 4,
+            "gate_lower_bound": -5.0,
+            "use_full_rank_gate": true
+        }
+    });
+    let moe = serde_json::json!({
+        "num_experts": 896,
+        "num_experts_per_token": 16,
+        "num_shared_experts": 2,
+        "moe_intermediate_size": 3072,
+        "routed_expert_hidden_size": 3584,
+        "latent_moe_use_norm": true,
+        "moe_router_activation_func": "sigmoid",
+        "moe_renormalize": true,
+        "routed_scaling_factor": 1.0,
+        "num_expert_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "use_grouped_topk": true,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "attn_res_block_size": 12,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 1_048_576,
+        "num_nextn_predict_layers": 0
+    });
+    if let (Some(t), serde_json::Value::Object(m)) = (text.as_object_mut(), moe) {
+        t.extend(m);
+    }
+    serde_json::json!({
+        "architectures": ["KimiK3ForConditionalGeneration"],
+        "model_type": "kimi_k3",
+        "text_config": text
+    })
+}
+
+/// Writes a manifest-only container for the real model `like` (one of
+/// [`LIKE`]) to `out` (which must not exist): its real config, a manifest
+/// with every trunk tensor and expert bank at the sizes a conversion with
+/// `experts` / `trunk` would give, and the files at their full lengths but
+/// sparse (nothing written beyond the small codebooks), so the planner and
+/// `info` see the model at true scale without its terabytes. The records
+/// read as zeros: the expert store refuses them (bad record header), so the
+/// container cannot be run, only planned and inspected.
+pub fn synth_like(
+    out: &Path,
+    like: &str,
+    experts: ExpertFormat,
+    trunk: TrunkFormat,
+    seed: u64,
+) -> Result<SynthReport> {
+    let config = match like {
+        "kimi-k3" => kimi_k3_config(),
+        _ => return Err(Error::Arg(format!("unknown model {like:?}: expected one of {}", LIKE.join(", ")))),
+    };
+    if !matches!(experts, ExpertFormat::Rvq3 | ExpertFormat::Rvq2 | ExpertFormat::Q8 | ExpertFormat::Q4) {
+        return Err(Error::Arg(format!("synthetic experts must be rvq3, rvq2, q8 or q4, not {}", experts.name())));
+    }
+    if out.exists() {
+        return Err(Error::Arg(format!("{} already exists", out.display())));
+    }
+    let cfg = ModelConfig::from_json_str(&config.to_string(), &out.join("config.json"))?;
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+
+    let mut report = SynthReport::default();
+    let mut offset = 0u64;
+    let mut tensors = Vec::new();
+    for name in cfg.trunk_tensor_names() {
+        let shape = match cfg.trunk_tensor_shape(&name) {
+            Some(s) => s,
+            // K3's `A_log` has no fixed stored length; a conversion keeps [num_heads].
+            None if name.ends_with(".A_log") => vec![cfg.kda.map_or(1, |k| k.num_heads)],
+            None => return Err(Error::Runtime(format!("no shape for {name}"))),
+        };
+        let (fmt, rows, cols) = match shape.as_slice() {
+            [n] => (TrunkFormat::F32, 1, *n),
+            [r, c] => (trunk_format_for(cfg.tensor_role(&name), trunk), *r, *c),
+            _ => return Err(Error::Runtime(format!("tensor {name} has shape {shape:?}"))),
+        };
+        offset = align_up(offset, TENSOR_ALIGN);
+        let bytes = fmt.byte_len(rows, cols) as u64;
+        tensors.push(TensorEntry {
+            name,
+            shape: shape.iter().map(|&d| d as u64).collect(),
+            format: fmt.name().into(),
+            offset,
+            bytes,
+        });
+        offset += bytes;
+        report.trunk_bytes += bytes;
+    }
+    let trunk_path = out.join(TRUNK_FILE);
+    sparse_file(&trunk_path, offset)?;
+
+    let shape = ExpertShape { hidden: cfg.expert_hidden(), inter: cfg.moe_intermediate_size };
+    let payload_bytes = quant::expert_payload_len(experts, shape) as u64;
+    let payload_offset = record::HEADER_BYTES;
+    let record_bytes = align_up(payload_offset + payload_bytes, RECORD_ALIGN);
+    let mut cb = if experts.uses_codebooks() {
+        let p = out.join(CODEBOOK_FILE);
+        Some((File::create(&p).map_err(|e| Error::io(&p, e))?, p, 0u64))
+    } else {
+        None
+    };
+    let mut banks = Vec::new();
+    for layer in (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)) {
+        let codebooks = match cb.as_mut() {
+            Some((f, p, pos)) => Some(write_codebooks(f, p, pos, experts, seed, layer)?),
+            None => None,
+        };
+        let file = format!("experts-{layer:03}.bin");
+        sparse_file(&out.join(&file), cfg.num_experts as u64 * record_bytes)?;
+        report.expert_bytes += cfg.num_experts as u64 * record_bytes;
+        banks.push(ExpertBankEntry { layer: layer as u64, file, experts: cfg.num_experts as u64, codebooks });
+    }
+    report.moe_layers = banks.len();
+    report.record_bytes = record_bytes;
+    let manifest = Manifest {
+        format: FORMAT_NAME.into(),
+        format_version: FORMAT_VERSION,
+        writer: format!("waste {} synth --like {like} --manifest-only", env!("CARGO_PKG_VERSION")),
+        config,
+        generation_config: None,
+        trunk: TrunkIndex { file: TRUNK_FILE.into(), format: trunk.name().into(), tensors },
+        experts: ExpertIndex {
+            format: experts.name().into(),
+            hidden: shape.hidden as u64,
+            inter: shape.inter as u64,
+            record_bytes,
+            payload_offset,
+            payload_bytes,
+            layers: banks,
+        },
+        tokenizer_files: Vec::new(),
+    };
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Runtime(e.to_string()))?;
+    let mpath = out.join(MANIFEST_FILE);
+    std::fs::write(&mpath, json).map_err(|e| Error::io(&mpath, e))?;
+    Ok(report)
+}
+
+/// A file of `len` bytes that holds no data blocks (reads as zeros).
+fn sparse_file(path: &Path, len: u64) -> Result<()> {
+    let f = File::create(path).map_err(|e| Error::io(path, e))?;
+    f.set_len(len).map_err(|e| Error::io(path, e))
 }

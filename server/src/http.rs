@@ -37,6 +37,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route("/stats", get(stats))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
@@ -82,6 +83,35 @@ async fn model(State(state): State<Shared>, Path(id): Path<String>) -> Response 
         return unknown_model(&id).into_response();
     }
     Json(model_object(&state)).into_response()
+}
+
+/// Not an OpenAI endpoint: the queue and what became of the requests, so
+/// an operator (and the tests) can see that a client that went away stopped
+/// its generation.
+async fn stats(State(state): State<Shared>) -> Json<Value> {
+    let c = state.worker.counters();
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let last = c
+        .last_cancelled
+        .lock()
+        .ok()
+        .and_then(|l| *l)
+        .map(|l| json!({"generated": l.generated, "delivered": l.delivered, "max_tokens": l.max_tokens}));
+    Json(json!({
+        "object": "stats",
+        "model": state.model_id,
+        "queue": {"pending": state.worker.pending(), "limit": state.worker.limit()},
+        "requests": {
+            "completed": n(&c.completed),
+            "cancelled": n(&c.cancelled),
+            "dropped_queued": n(&c.dropped_queued),
+            "failed": n(&c.failed),
+            "rejected": n(&c.rejected),
+        },
+        "tokens_generated": n(&c.tokens_generated),
+        "max_tokens_after_disconnect": n(&c.max_tokens_after_disconnect),
+        "last_cancelled": last,
+    }))
 }
 
 fn unknown_model(id: &str) -> ApiError {
@@ -457,3 +487,7 @@ async fn sse_next(mut st: SseState) -> Option<(Result<String, Infallible>, SseSt
         }
     }
 }
+
+#[cfg(test)]
+#[path = "http_tests.rs"]
+mod tests;

@@ -181,6 +181,15 @@ fn tools(o: &Obj) -> Result<(Option<String>, bool), ApiError> {
     }
 }
 
+/// A top-level field's JSON text as the client wrote it. serde_json's maps
+/// sort keys, while transformers renders `tools | tojson` in the client's
+/// order; the template gets this text so the prompt is the same.
+fn raw_field(body: &[u8], key: &str) -> Option<String> {
+    let fields: std::collections::HashMap<String, Box<serde_json::value::RawValue>> =
+        serde_json::from_slice(body).ok()?;
+    fields.get(key).map(|v| v.get().to_string())
+}
+
 /// Parses a request body. `chat` selects the chat shape (messages) over the
 /// completions shape (prompt); `context` bounds max_tokens' default.
 pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiError> {
@@ -205,6 +214,7 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
     }
     let (prompt, tools_enabled) = if chat {
         let (tools, enabled) = tools(o)?;
+        let tools = tools.map(|sorted| raw_field(body, "tools").unwrap_or(sorted));
         (
             Prompt::Chat {
                 messages: messages(o)?,
@@ -310,4 +320,32 @@ fn fresh_seed() -> u64 {
         ^ COUNTER
             .fetch_add(1, Ordering::Relaxed)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_keep_the_clients_key_order() {
+        let body = br#"{"messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}"#;
+        let req = parse(body, true, 256).unwrap();
+        let Prompt::Chat { tools: Some(tools), .. } = req.prompt else {
+            panic!("no tools");
+        };
+        assert!(req.tools_enabled);
+        let at = |k: &str| tools.find(k).unwrap();
+        assert!(at("\"type\"") < at("\"function\""), "{tools}");
+        assert!(at("\"name\"") < at("\"parameters\""), "{tools}");
+    }
+
+    #[test]
+    fn tool_choice_none_drops_the_tools() {
+        let body = br#"{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "none",
+            "tools": [{"type": "function", "function": {"name": "f"}}]}"#;
+        let req = parse(body, true, 256).unwrap();
+        assert!(!req.tools_enabled);
+        assert!(matches!(req.prompt, Prompt::Chat { tools: None, .. }));
+    }
 }

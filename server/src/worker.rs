@@ -4,11 +4,11 @@
 //! block on a runtime of their own and must not run inside one.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use tokio::sync::mpsc::UnboundedSender;
-use waste_host::{Completion, Engine, Model, Session, TokenEvent};
+use waste_host::{Completion, Engine, Model, Session, StopReason, TokenEvent};
 
 use crate::error::{ApiError, Error, Result};
 use crate::request::Prompt;
@@ -43,6 +43,35 @@ pub struct Worker {
     /// Requests queued or running.
     pending: Arc<AtomicUsize>,
     limit: usize,
+    counters: Arc<Counters>,
+}
+
+/// What the engine thread has done since start, for `GET /stats`: enough
+/// to see from outside that a client that went away stopped its generation.
+#[derive(Default)]
+pub struct Counters {
+    pub completed: AtomicU64,
+    /// Generations stopped because their client went away mid-stream.
+    pub cancelled: AtomicU64,
+    /// Requests whose client went away before they left the queue.
+    pub dropped_queued: AtomicU64,
+    pub failed: AtomicU64,
+    /// Requests answered 503 at the queue limit.
+    pub rejected: AtomicU64,
+    pub tokens_generated: AtomicU64,
+    /// Of all cancelled generations, the most tokens computed after the
+    /// client was found gone (the token whose delivery failed included).
+    pub max_tokens_after_disconnect: AtomicU64,
+    pub last_cancelled: Mutex<Option<Cancelled>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Cancelled {
+    /// Tokens the engine computed.
+    pub generated: u64,
+    /// Tokens handed to the HTTP side before the client was found gone.
+    pub delivered: u64,
+    pub max_tokens: u32,
 }
 
 /// Token texts by id, from a session of its own: the generating session is
@@ -77,6 +106,8 @@ impl Worker {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let pending = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&pending);
+        let counters = Arc::new(Counters::default());
+        let tally = Arc::clone(&counters);
         std::thread::Builder::new()
             .name("waste-engine".into())
             .spawn(move || {
@@ -99,8 +130,10 @@ impl Worker {
                 }));
                 for job in rx {
                     // A client gone while queued costs nothing.
-                    if !job.events.is_closed() {
-                        run_job(&mut session, &vocab, &model, job);
+                    if job.events.is_closed() {
+                        tally.dropped_queued.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        run_job(&mut session, &vocab, &model, &tally, job);
                     }
                     counter.fetch_sub(1, Ordering::SeqCst);
                 }
@@ -112,13 +145,28 @@ impl Worker {
             jobs: Mutex::new(tx),
             pending,
             limit,
+            counters,
         })
+    }
+
+    /// Requests queued or running now.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
     }
 
     /// Queues a job, or answers 503 past the queue limit.
     pub fn submit(&self, job: Job) -> std::result::Result<(), ApiError> {
         if self.pending.fetch_add(1, Ordering::SeqCst) >= self.limit {
             self.pending.fetch_sub(1, Ordering::SeqCst);
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::overloaded(self.limit));
         }
         let sent = self
@@ -165,7 +213,13 @@ fn prompt_tokens(
     }
 }
 
-fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>, job: Job) {
+fn run_job(
+    session: &mut Session,
+    vocab: &Arc<Mutex<Vocab>>,
+    model: &Arc<Model>,
+    counters: &Counters,
+    job: Job,
+) {
     session.reset();
     let tokens = match prompt_tokens(session, &job.prompt) {
         Ok(t) if t.is_empty() => Err(ApiError::bad_request(
@@ -188,17 +242,21 @@ fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>,
     let tokens = match tokens {
         Ok(t) => t,
         Err(e) => {
+            counters.failed.fetch_add(1, Ordering::Relaxed);
             let _ = job.events.send(Event::Failed(e));
             return;
         }
     };
     let prompt_tokens = tokens.len();
     if job.events.send(Event::Started).is_err() {
+        counters.dropped_queued.fetch_add(1, Ordering::Relaxed);
         return;
     }
     let tx = job.events.clone();
     let want = job.want_texts;
     let words = Arc::clone(vocab);
+    let delivered = Arc::new(AtomicU64::new(0));
+    let sent = Arc::clone(&delivered);
     // Returning false (the receiver is gone: the client disconnected) stops
     // the generation before the next token.
     let result = session.generate(&tokens, &job.params, move |ev| {
@@ -210,10 +268,32 @@ fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>,
         } else {
             None
         };
-        tx.send(Event::Token(ev.clone(), texts)).is_ok()
+        let ok = tx.send(Event::Token(ev.clone(), texts)).is_ok();
+        if ok {
+            sent.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
     });
     let event = match result {
         Ok(completion) => {
+            let generated = completion.tokens.len() as u64;
+            counters.tokens_generated.fetch_add(generated, Ordering::Relaxed);
+            if completion.stop_reason == StopReason::Cancelled {
+                let delivered = delivered.load(Ordering::Relaxed);
+                counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .max_tokens_after_disconnect
+                    .fetch_max(generated.saturating_sub(delivered), Ordering::Relaxed);
+                if let Ok(mut last) = counters.last_cancelled.lock() {
+                    *last = Some(Cancelled {
+                        generated,
+                        delivered,
+                        max_tokens: job.params.max_tokens,
+                    });
+                }
+            } else {
+                counters.completed.fetch_add(1, Ordering::Relaxed);
+            }
             let texts = match (want, vocab.lock()) {
                 (true, Ok(mut v)) => completion
                     .tokens
@@ -229,7 +309,10 @@ fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>,
                 texts,
             }
         }
-        Err(e) => Event::Failed(host_error(e)),
+        Err(e) => {
+            counters.failed.fetch_add(1, Ordering::Relaxed);
+            Event::Failed(host_error(e))
+        }
     };
     let _ = job.events.send(event);
 }

@@ -22,7 +22,10 @@ fn chat(script: &str, extra: &[&str]) -> std::process::Output {
 /// (turns, position, last prompt, replays) from each `/stats` line.
 fn stats_lines(out: &str) -> Vec<(u64, u64, u64, u64)> {
     let num = |line: &str, key: &str| -> u64 {
-        let at = line.find(key).unwrap_or_else(|| panic!("{key:?} missing in {line:?}")) + key.len();
+        let at = line
+            .find(key)
+            .unwrap_or_else(|| panic!("{key:?} missing in {line:?}"))
+            + key.len();
         line[at..]
             .trim_start()
             .split(|c: char| !c.is_ascii_digit())
@@ -60,8 +63,14 @@ fn chat_two_turns_evaluate_only_the_new_tokens() {
     assert_eq!((t1, t2), (1, 2));
     assert_eq!((r1, r2), (0, 0), "the session should continue, not replay");
     // The second turn evaluated its own tokens only, on top of the first.
-    assert!(prompt2 < p1, "second prompt {prompt2} tokens, first turn ended at {p1}");
-    assert!(p2 > p1 + prompt2, "position {p2} after {p1} + {prompt2} + a reply");
+    assert!(
+        prompt2 < p1,
+        "second prompt {prompt2} tokens, first turn ended at {p1}"
+    );
+    assert!(
+        p2 > p1 + prompt2,
+        "position {p2} after {p1} + {prompt2} + a reply"
+    );
     assert_eq!(
         stderr(&o).matches(" tokens, ").count(),
         2,
@@ -85,14 +94,19 @@ fn chat_save_and_load_continue_the_same_conversation() {
     let file = tmp.path().join("conv.bin");
     let f = file.to_str().unwrap();
     let plain = chat("Hello\nAnd again\n", &[]);
-    let restored = chat(&format!("Hello\n/save {f}\n/reset\n/load {f}\nAnd again\n"), &[]);
+    let restored = chat(
+        &format!("Hello\n/save {f}\n/reset\n/load {f}\nAnd again\n"),
+        &[],
+    );
     assert_ok(&plain);
     assert_ok(&restored);
     let out = stdout(&restored);
     assert!(out.contains("saved ") && out.contains("loaded "), "{out}");
     let replies: String = out
         .lines()
-        .filter(|l| !(l.starts_with("saved ") || l.starts_with("loaded ") || l == &"conversation reset"))
+        .filter(|l| {
+            !(l.starts_with("saved ") || l.starts_with("loaded ") || l == &"conversation reset")
+        })
         .map(|l| format!("{l}\n"))
         .collect();
     assert_eq!(
@@ -106,7 +120,10 @@ fn chat_save_and_load_continue_the_same_conversation() {
 fn chat_help_unknown_command_and_bad_files_keep_the_repl_going() {
     let tmp = TempDir::new("chat-errors");
     let missing = tmp.path().join("nope.bin");
-    let script = format!("/help\n/bogus\n/save\n/load {}\nHello\n/stats\n", missing.display());
+    let script = format!(
+        "/help\n/bogus\n/save\n/load {}\nHello\n/stats\n",
+        missing.display()
+    );
     let o = chat(&script, &[]);
     assert_ok(&o);
     let (out, err) = (stdout(&o), stderr(&o));
@@ -141,7 +158,8 @@ fn chat_without_a_template_is_a_clear_error() {
         std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
     }
     let cfg = dir.join("tokenizer_config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     v.as_object_mut().unwrap().remove("chat_template");
     std::fs::write(&cfg, v.to_string()).unwrap();
     let o = waste_with_stdin(&["chat", dir.to_str().unwrap()], Some("Hello\n"));
@@ -153,7 +171,12 @@ fn chat_without_a_template_is_a_clear_error() {
 
 #[test]
 fn chat_usage_errors_exit_2() {
-    for bad in [&["--temp", "-1"][..], &["--top-p", "0"], &["-n", "0"], &["--system"]] {
+    for bad in [
+        &["--temp", "-1"][..],
+        &["--top-p", "0"],
+        &["-n", "0"],
+        &["--system"],
+    ] {
         // Usage errors come before stdin is read: give it none.
         let m = model();
         let mut args = vec!["chat", m.as_str()];
@@ -162,4 +185,82 @@ fn chat_usage_errors_exit_2() {
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
         assert!(!stderr(&o).contains("panicked"));
     }
+}
+
+/// `kill -SIG pid` (the test binary has no libc binding of its own).
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill -{sig} {pid} failed");
+}
+
+/// Ctrl-C during a reply cancels that reply only: the REPL answers the
+/// next line and exits 0 at the end of input. The reply is caught mid-way by
+/// stopping the process as soon as its first text arrives; SIGINT is
+/// delivered on SIGCONT, with most of the 200 tokens still to come.
+#[test]
+fn chat_ctrl_c_cancels_the_reply_and_the_repl_goes_on() {
+    use std::io::{Read, Write};
+    use std::process::{Command, Stdio};
+    let m = model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_waste"))
+        .args(["chat", m.as_str(), "-n", "200", "--temp", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn waste chat");
+    let pid = child.id();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    stdin.write_all(b"In the beginning\n").unwrap();
+    stdin.flush().unwrap();
+    let mut first = [0u8; 1];
+    stdout
+        .read_exact(&mut first)
+        .expect("the first reply's text");
+    signal(pid, "STOP");
+    signal(pid, "INT");
+    signal(pid, "CONT");
+    stdin.write_all(b"And God said\n").unwrap();
+    drop(stdin);
+    let mut out = String::from_utf8_lossy(&first).into_owned();
+    stdout.read_to_string(&mut out).unwrap();
+    let status = child.wait().unwrap();
+    let err = err_reader.join().unwrap();
+    assert!(status.success(), "exit {:?}: {err}", status.code());
+    assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
+    let stats: Vec<&str> = err.lines().filter(|l| l.contains(" tokens, ")).collect();
+    assert_eq!(stats.len(), 2, "one stats line per turn: {err}");
+    assert!(
+        stats[0].ends_with("(stop: cancelled)"),
+        "first turn: {}",
+        stats[0]
+    );
+    let tokens: u32 = stats[0]
+        .trim_start_matches('[')
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        tokens < 200,
+        "the cancelled reply ran to the end: {}",
+        stats[0]
+    );
+    assert!(!stats[1].contains("cancelled"), "second turn: {}", stats[1]);
+    // Two replies, each ended by its own newline, the second not empty.
+    let replies: Vec<&str> = out.split_terminator('\n').collect();
+    assert!(replies.len() >= 2, "{out:?}");
+    assert!(!replies.last().unwrap().trim().is_empty(), "{out:?}");
 }

@@ -38,6 +38,34 @@ fn lib_dir() -> PathBuf {
     dir
 }
 
+/// The chat turn the C and Python examples end with: the template's
+/// lengths as the Rust API gives them, and a first reply token that heads
+/// its three alternatives. Returns the alternatives line.
+fn check_chat_turn(out: &str) -> String {
+    use waste_host::{ChatMessage, Engine, Model, OpenOptions};
+    let model = Model::open(
+        &root().join("examples/bible-moe.waste"),
+        &OpenOptions::default(),
+    )
+    .unwrap();
+    let engine = Engine::new().unwrap();
+    let mut s = engine.session(model).unwrap();
+    let msgs = [ChatMessage::new("user", "And God said")];
+    let text = s.render_chat_template(&msgs, None, true).unwrap();
+    let ids = s.apply_chat_template(&msgs, None, true).unwrap();
+    let want = format!("chat prompt: {} bytes, {} tokens", text.len(), ids.len());
+    assert!(out.contains(&want), "{want:?} missing from:\n{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("first reply token "))
+        .unwrap_or_else(|| panic!("no alternatives line in:\n{out}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    // first reply token T; alternatives: T (lp) A (lp) B (lp)
+    assert_eq!(words.len(), 11, "{line}");
+    assert_eq!(words[3].trim_end_matches(';'), words[5], "{line}");
+    line.to_string()
+}
+
 #[test]
 fn c_example_plans_opens_streams_and_reloads_state() {
     let lib = lib_dir();
@@ -72,6 +100,7 @@ fn c_example_plans_opens_streams_and_reloads_state() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "the C example failed:\n{out}\n{err}");
     assert!(out.contains("generated 16 tokens"), "{out}");
+    check_chat_turn(&out);
     assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
     assert!(
         err.contains("[16 tokens, cache hits"),
@@ -130,6 +159,7 @@ fn python_example_plans_opens_streams_and_reloads_state() {
         "the Python example failed:\n{out}\n{err}"
     );
     assert!(out.contains("generated 16 tokens"), "{out}");
+    check_chat_turn(&out);
     assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
     assert!(
         err.contains("[16 tokens, cache hits"),

@@ -61,6 +61,7 @@ fn cache_readers_read_ahead_and_lookahead_are_bit_identical_to_the_plain_path() 
         cache: false,
         readers: 0,
         read_ahead: false,
+        lookahead: 0,
         ..options(plan.floor)
     };
     let prompt = [3, 17, 42, 5, 99];

@@ -324,6 +324,7 @@ pub(super) fn parse(
         shared_intermediate_size: moe_intermediate_size * n_shared,
         mla_rope: Some(rope),
         expert_groups,
+        k3: None,
     })
 }
 

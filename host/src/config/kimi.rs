@@ -246,6 +246,7 @@ pub(super) fn parse(
         shared_intermediate_size: moe_intermediate_size * n_shared,
         mla_rope: None,
         expert_groups: None,
+        k3: None,
     })
 }
 

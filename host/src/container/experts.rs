@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::manifest::{record, Manifest, MANIFEST_FILE, RECORD_ALIGN};
 use super::{expert_format, plain_file_name, read_file};
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig};
 use crate::error::{Error, Result};
 use crate::quant::{self, Codebooks, ExpertFormat, ExpertShape, LayerCodebooks};
 
@@ -26,6 +26,8 @@ pub struct ExpertBanks {
     payload_bytes: usize,
     /// Indexed by decoder layer; `None` for dense layers.
     banks: Vec<Option<Bank>>,
+    /// The experts' gated activation (SiTU on Kimi K3).
+    activation: Activation,
 }
 
 impl ExpertBanks {
@@ -34,10 +36,10 @@ impl ExpertBanks {
         let e = &manifest.experts;
         let format = expert_format(&e.format, &mpath)?;
         let bad = |msg: String| Error::format(&mpath, msg);
-        if e.hidden != config.hidden_size as u64 || e.inter != config.moe_intermediate_size as u64 {
+        if e.hidden != config.expert_hidden() as u64 || e.inter != config.moe_intermediate_size as u64 {
             return Err(bad(format!(
                 "expert shape {}x{} disagrees with the config ({}x{})",
-                e.hidden, e.inter, config.hidden_size, config.moe_intermediate_size
+                e.hidden, e.inter, config.expert_hidden(), config.moe_intermediate_size
             )));
         }
         let shape = ExpertShape {
@@ -113,7 +115,12 @@ impl ExpertBanks {
             payload_offset: e.payload_offset as usize,
             payload_bytes: payload_bytes as usize,
             banks,
+            activation: config.activation(),
         })
+    }
+
+    pub fn activation(&self) -> Activation {
+        self.activation
     }
 
     pub fn format(&self) -> ExpertFormat {

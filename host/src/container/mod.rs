@@ -192,7 +192,7 @@ impl Container {
             trunk_format: self.manifest.trunk.format.clone(),
             expert_format: e.format.clone(),
             expert_record_bytes: e.record_bytes,
-            trunk_bytes: self.manifest.trunk.tensors.iter().map(|t| t.bytes).sum(),
+            trunk_bytes: crate::plan::resident_trunk_bytes(c, &self.manifest),
             has_tokenizer: self.tokenizer_files.iter().any(|(n, _)| n == "tokenizer.json" || n == "tiktoken.model"),
             has_chat_template: self.chat_template.is_some(),
             layers: (0..c.num_layers)
@@ -273,6 +273,19 @@ impl TensorSource for Container {
 
     fn has(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
+    }
+
+    fn stored_matrix(&self, name: &str) -> Option<crate::model::embedding::StoredMatrix> {
+        let t = self.tensors.get(name)?;
+        let [rows, cols] = t.shape[..] else { return None };
+        // Offsets and lengths were validated against the file at open.
+        Some(crate::model::embedding::StoredMatrix {
+            path: self.trunk_path.clone(),
+            offset: t.offset,
+            format: TrunkFormat::parse(&t.format)?,
+            rows: rows as usize,
+            cols: cols as usize,
+        })
     }
 }
 

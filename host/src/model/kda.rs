@@ -12,6 +12,11 @@
 //!    `S += k (beta (v - u))^T`, `o = S^T q`;
 //! 6. `o = RMSNorm(o, o_norm) * sigmoid(W_gb W_ga h)` per head, then `W_o`.
 //!
+//! Kimi K3 (../shared/design/K3.md §6) bounds the decay,
+//! `g = lb * sigmoid(exp(A_log) * (f + dt_bias))` with `lb = gate_lower_bound`,
+//! and gates the output with a full-rank `g_proj`; its `A_log` is stored
+//! padded beyond the head count.
+//!
 //! The reference prefill uses the chunked form (`chunk_kimi_delta_attention`);
 //! it is the same recurrence regrouped, and the tests hold this one to both.
 
@@ -58,15 +63,47 @@ pub struct Kda {
     conv: Vec<f32>,
     /// `-exp(A_log)` per head.
     neg_a: Vec<f32>,
+    /// K3's `gate_lower_bound`: the bounded sigmoid decay.
+    lower_bound: Option<f32>,
     dt_bias: Vec<f32>,
     f_a_proj: QMatrix,
     f_b_proj: QMatrix,
     b_proj: QMatrix,
-    g_a_proj: QMatrix,
-    g_b_proj: QMatrix,
+    gate: OutputGate,
     o_norm: Vec<f32>,
     o_proj: QMatrix,
     eps: f32,
+}
+
+/// The output gate's projection.
+enum OutputGate {
+    /// Kimi-Linear: `g_b_proj(g_a_proj x)`, `[C, d]` after `[d, H]`.
+    LowRank { g_a_proj: QMatrix, g_b_proj: QMatrix },
+    /// K3 `use_full_rank_gate`: `g_proj` `[C, H]`.
+    Full(QMatrix),
+}
+
+/// The first `heads` values of a stored `A_log`; K3's release pads it
+/// (`[128]` for 96 heads) and the padding must be zero, or the file is not
+/// what we think it is.
+fn a_log_heads(name: &str, stored: Vec<f32>, heads: usize) -> Result<Vec<f32>> {
+    if stored.len() < heads {
+        return Err(Error::Runtime(format!(
+            "`{name}` has {} values for {heads} KDA heads",
+            stored.len()
+        )));
+    }
+    if let Some(i) = stored[heads..].iter().position(|&v| v != 0.0) {
+        return Err(Error::Runtime(format!(
+            "`{name}` is stored with {} values for {heads} KDA heads and its padding is not zero (value {} at index {}); refusing to guess which values belong to the heads",
+            stored.len(),
+            stored[heads + i],
+            heads + i
+        )));
+    }
+    let mut v = stored;
+    v.truncate(heads);
+    Ok(v)
 }
 
 /// Per-call buffers of a KDA layer.
@@ -112,10 +149,17 @@ impl Kda {
         for which in ["q_conv1d", "k_conv1d", "v_conv1d"] {
             conv.extend(load_vector(cfg, src, &format!("{p}.{which}.weight"))?);
         }
-        let neg_a = load_vector(cfg, src, &format!("{p}.A_log"))?
+        let a_log_name = format!("{p}.A_log");
+        let neg_a = a_log_heads(&a_log_name, load_vector(cfg, src, &a_log_name)?, dims.num_heads)?
             .iter()
             .map(|a| -a.exp())
             .collect();
+        let k3 = cfg.k3.as_ref();
+        let gate = if k3.is_some_and(|k| k.kda_full_rank_gate) {
+            OutputGate::Full(m("g_proj")?)
+        } else {
+            OutputGate::LowRank { g_a_proj: m("g_a_proj")?, g_b_proj: m("g_b_proj")? }
+        };
         Ok(Kda {
             dims,
             q_proj: m("q_proj")?,
@@ -123,12 +167,12 @@ impl Kda {
             v_proj: m("v_proj")?,
             conv,
             neg_a,
+            lower_bound: k3.and_then(|k| k.kda_gate_lower_bound),
             dt_bias: load_vector(cfg, src, &format!("{p}.dt_bias"))?,
             f_a_proj: m("f_a_proj")?,
             f_b_proj: m("f_b_proj")?,
             b_proj: m("b_proj")?,
-            g_a_proj: m("g_a_proj")?,
-            g_b_proj: m("g_b_proj")?,
+            gate,
             o_norm: load_vector(cfg, src, &format!("{p}.o_norm.weight"))?,
             o_proj: m("o_proj")?,
             eps: cfg.rms_norm_eps,
@@ -170,17 +214,32 @@ impl Kda {
         self.f_a_proj.matvec(x, &mut s.low);
         self.f_b_proj.matvec(&s.low, &mut s.g);
         let d = self.dims.head_dim;
-        for (i, g) in s.g.iter_mut().enumerate() {
-            let z = *g + self.dt_bias[i];
-            let sp = if z > 20.0 { z } else { (1.0 + z.exp()).ln() };
-            *g = self.neg_a[i / d] * sp;
+        match self.lower_bound {
+            None => {
+                for (i, g) in s.g.iter_mut().enumerate() {
+                    let z = *g + self.dt_bias[i];
+                    let sp = if z > 20.0 { z } else { (1.0 + z.exp()).ln() };
+                    *g = self.neg_a[i / d] * sp;
+                }
+            }
+            Some(lb) => {
+                for (i, g) in s.g.iter_mut().enumerate() {
+                    let z = -self.neg_a[i / d] * (*g + self.dt_bias[i]);
+                    *g = lb / (1.0 + (-z).exp());
+                }
+            }
         }
         self.b_proj.matvec(x, &mut s.beta);
         for b in s.beta.iter_mut() {
             *b = 1.0 / (1.0 + (-*b).exp());
         }
-        self.g_a_proj.matvec(x, &mut s.low);
-        self.g_b_proj.matvec(&s.low, &mut s.gate);
+        match &self.gate {
+            OutputGate::LowRank { g_a_proj, g_b_proj } => {
+                g_a_proj.matvec(x, &mut s.low);
+                g_b_proj.matvec(&s.low, &mut s.gate);
+            }
+            OutputGate::Full(g_proj) => g_proj.matvec(x, &mut s.gate),
+        }
 
         let (q, rest) = s.qkv.split_at_mut(c);
         let (k, v) = rest.split_at_mut(c);

@@ -30,6 +30,9 @@ pub struct Mla {
     kv_b: Vec<f32>,
     o_proj: QMatrix, // [H, heads * v]
     o_bias: Option<Vec<f32>>,
+    /// K3 `mla_use_output_gate`: `sigmoid(g_proj x)` on the attention
+    /// output before `o_proj`; `[heads * v, H]`.
+    g_proj: Option<QMatrix>,
     rope: Option<Rope>,
     scale: f32,
 }
@@ -59,6 +62,7 @@ pub struct MlaScratch {
     lat: Vec<f32>,
     scores: Vec<f32>,
     o: Vec<f32>,
+    gate: Vec<f32>,
     q_a: Vec<f32>,
     q_a_norm: Vec<f32>,
     cos: Vec<f32>,
@@ -83,6 +87,7 @@ impl MlaScratch {
             lat: vec![0.0; r],
             scores: vec![0.0; context],
             o: vec![0.0; o],
+            gate: vec![0.0; if cfg.k3.is_some_and(|k| k.mla_output_gate) { o } else { 0 }],
             q_a: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
             q_a_norm: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
             cos: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim / 2)],
@@ -129,6 +134,11 @@ impl Mla {
             kv_b: load_matrix(cfg, src, &format!("{p}.kv_b_proj.weight"))?.dequantize(),
             o_proj: load_matrix(cfg, src, &format!("{p}.o_proj.weight"))?,
             o_bias: bias("o_proj")?,
+            g_proj: if cfg.k3.is_some_and(|k| k.mla_output_gate) {
+                Some(load_matrix(cfg, src, &format!("{p}.g_proj.weight"))?)
+            } else {
+                None
+            },
         })
     }
 
@@ -219,6 +229,12 @@ impl Mla {
             let o = &mut s.o[h * dv..(h + 1) * dv];
             for (j, oj) in o.iter_mut().enumerate() {
                 *oj = dot(&kb[(dn + j) * r..(dn + j + 1) * r], &s.lat);
+            }
+        }
+        if let Some(g) = &self.g_proj {
+            g.matvec(x, &mut s.gate);
+            for (o, &gv) in s.o.iter_mut().zip(&s.gate) {
+                *o *= 1.0 / (1.0 + (-gv).exp());
             }
         }
         self.o_proj.matvec(&s.o, out);

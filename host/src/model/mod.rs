@@ -4,6 +4,8 @@
 //! unquantised oracle and converted containers.
 
 pub mod attention;
+pub mod attnres;
+pub mod embedding;
 pub mod kda;
 pub mod mla;
 pub mod moe;
@@ -96,16 +98,21 @@ struct DecoderLayer {
     mlp: FeedForward,
     /// The MoE block's shared experts (Kimi), added to the routed output.
     shared_experts: Option<Mlp>,
+    /// Kimi K3: the AttnRes mixes and the latent MoE projections.
+    k3: Option<attnres::K3Layer>,
 }
 
 pub struct Model {
     cfg: ModelConfig,
-    embed_tokens: QMatrix, // [V, H]
+    /// On disk when untied (one row read per token), else resident.
+    embed_tokens: embedding::Embedding, // [V, H]
     layers: Vec<DecoderLayer>,
     norm: Vec<f32>, // [H]
     /// `None` when tied: the logits then come from `embed_tokens`.
     lm_head: Option<QMatrix>, // [V, H]
     rope: Rope,
+    /// Kimi K3's output AttnRes mix, before `norm`.
+    output_mix: Option<attnres::Mix>,
 }
 
 /// The state one layer keeps for a sequence.
@@ -214,11 +221,15 @@ struct Scratch {
     shared_gate: Vec<f32>,
     shared_up: Vec<f32>,
     shared_y: Vec<f32>,
+    /// AttnRes: the mixed layer input and the token's block snapshots.
+    mixed: Vec<f32>,
+    bank: attnres::Bank,
+    latent: attnres::LatentScratch,
 }
 
 impl Model {
     pub fn load(cfg: &ModelConfig, src: &dyn TensorSource) -> Result<Model> {
-        let embed_tokens = load_matrix(cfg, src, "model.embed_tokens.weight")?;
+        let embed_tokens = embedding::load(cfg, src)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
             let p = format!("model.layers.{l}");
@@ -244,6 +255,7 @@ impl Model {
                 } else {
                     None
                 },
+                k3: attnres::K3Layer::load(cfg, src, l)?,
             });
         }
         let norm = load_vector(cfg, src, "model.norm.weight")?;
@@ -259,6 +271,7 @@ impl Model {
             norm,
             lm_head,
             rope: Rope::new(cfg),
+            output_mix: attnres::load_output_mix(cfg, src)?,
         })
     }
 
@@ -362,6 +375,9 @@ impl Model {
             shared_gate: vec![0.0; cfg.shared_intermediate_size],
             shared_up: vec![0.0; cfg.shared_intermediate_size],
             shared_y: vec![0.0; if cfg.shared_intermediate_size > 0 { h } else { 0 }],
+            mixed: vec![0.0; if self.output_mix.is_some() { h } else { 0 }],
+            bank: attnres::Bank::new(cfg),
+            latent: attnres::LatentScratch::new(cfg),
         };
         // Router lookahead runs in decode only: in prefill it moved bytes
         // that the next token's own routing reads anyway.
@@ -372,9 +388,23 @@ impl Model {
 
         for (i, &tok) in tokens.iter().enumerate() {
             let pos = state.position;
-            self.embed_tokens.row(tok as usize, &mut s.x);
+            self.embed_tokens.row(tok as usize, &mut s.x)?;
+            if self.embed_tokens.resident().is_none() {
+                stats.embedding_rows_read += 1;
+            }
+            s.bank.clear();
             for (l, layer) in self.layers.iter().enumerate() {
-                rms_norm(&s.x, &layer.input_layernorm, cfg.rms_norm_eps, &mut s.xn);
+                // AttnRes (K3): s.x is the block's partial sum P; the layer
+                // reads a depth mix of the bank and P.
+                let res = layer.k3.as_ref().and_then(|k| k.res.as_ref());
+                let attn_in = match res {
+                    Some(r) => {
+                        r.before_attention(&mut s.bank, &mut s.x, &mut s.mixed);
+                        &s.mixed
+                    }
+                    None => &s.x,
+                };
+                rms_norm(attn_in, &layer.input_layernorm, cfg.rms_norm_eps, &mut s.xn);
                 match (&layer.self_attn, &mut state.layers[l]) {
                     (Mixer::Gqa(a), LayerState::Kv { k, v }) => {
                         a.forward(cfg, &self.rope, &s.xn, pos, k, v, &mut s.attn, &mut s.y)?
@@ -393,8 +423,15 @@ impl Model {
                 }
                 add_in_place(&mut s.x, &s.y);
 
+                let mlp_in = match res {
+                    Some(r) => {
+                        r.before_mlp(&s.bank, &s.x, &mut s.mixed);
+                        &s.mixed
+                    }
+                    None => &s.x,
+                };
                 rms_norm(
-                    &s.x,
+                    mlp_in,
                     &layer.post_attention_layernorm,
                     cfg.rms_norm_eps,
                     &mut s.xn,
@@ -406,7 +443,10 @@ impl Model {
                         if lookahead > 0 {
                             self.lookahead(l, &s.xn, lookahead, &mut s.probs, &mut spec, experts, stats);
                         }
-                        experts.forward_experts(l, &s.xn, &s.picks, &mut s.y, stats)?;
+                        match layer.k3.as_ref().and_then(|k| k.latent.as_ref()) {
+                            Some(lat) => lat.forward(l, &s.xn, &s.picks, experts, &mut s.latent, &mut s.y, stats)?,
+                            None => experts.forward_experts(l, &s.xn, &s.picks, &mut s.y, stats)?,
+                        }
                     }
                 }
                 if let Some(shared) = &layer.shared_experts {
@@ -420,8 +460,19 @@ impl Model {
             let last = i + 1 == tokens.len();
             if all_positions || last {
                 let row = if all_positions { i } else { 0 };
-                rms_norm(&s.x, &self.norm, cfg.rms_norm_eps, &mut s.xn);
-                let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+                let final_in = match &self.output_mix {
+                    Some(m) => {
+                        m.apply(&s.bank, &s.x, &mut s.mixed);
+                        &s.mixed
+                    }
+                    None => &s.x,
+                };
+                rms_norm(final_in, &self.norm, cfg.rms_norm_eps, &mut s.xn);
+                // Tied embeddings are always resident (`embedding::load`).
+                let head = match (&self.lm_head, self.embed_tokens.resident()) {
+                    (Some(h), _) | (None, Some(h)) => h,
+                    (None, None) => return Err(Error::Runtime("no LM head: tied embeddings are not resident".into())),
+                };
                 head.matvec(&s.xn, &mut logits[row * v..(row + 1) * v]);
             }
         }

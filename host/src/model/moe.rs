@@ -2,7 +2,7 @@
 //! of the sparse MoE block (the routed experts themselves are behind
 //! `ExpertProvider`).
 
-use crate::config::{ModelConfig, RouterKind};
+use crate::config::{Activation, ModelConfig, RouterKind};
 use crate::error::Result;
 use crate::model::source::TensorSource;
 use crate::quant::QMatrix;
@@ -15,6 +15,8 @@ pub struct Mlp {
     gate_proj: QMatrix, // [I, H]
     up_proj: QMatrix,   // [I, H]
     down_proj: QMatrix, // [H, I]
+    /// SiLU, or K3's SiTU.
+    act: Activation,
 }
 
 impl Mlp {
@@ -28,6 +30,7 @@ impl Mlp {
             gate_proj: load_matrix(cfg, src, &format!("{p}.gate_proj.weight"))?,
             up_proj: load_matrix(cfg, src, &format!("{p}.up_proj.weight"))?,
             down_proj: load_matrix(cfg, src, &format!("{p}.down_proj.weight"))?,
+            act: cfg.activation(),
         })
     }
 
@@ -35,8 +38,17 @@ impl Mlp {
     pub fn forward(&self, x: &[f32], gate: &mut [f32], up: &mut [f32], out: &mut [f32]) {
         self.gate_proj.matvec(x, gate);
         self.up_proj.matvec(x, up);
-        for (g, u) in gate.iter_mut().zip(up.iter()) {
-            *g = silu(*g) * u;
+        match self.act {
+            Activation::Silu => {
+                for (g, u) in gate.iter_mut().zip(up.iter()) {
+                    *g = silu(*g) * u;
+                }
+            }
+            act => {
+                for (g, u) in gate.iter_mut().zip(up.iter()) {
+                    *g = act.apply(*g, *u);
+                }
+            }
         }
         self.down_proj.matvec(gate, out);
     }

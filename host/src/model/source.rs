@@ -14,6 +14,11 @@ pub trait TensorSource {
     /// A 1-D f32 tensor (norm weights, biases, router bias).
     fn vector(&self, name: &str) -> Result<Vec<f32>>;
     fn has(&self, name: &str) -> bool;
+    /// Where a stored matrix lies on disk, for a source whose tensors are in
+    /// a file (a container): lets the embedding table stay there.
+    fn stored_matrix(&self, _name: &str) -> Option<super::embedding::StoredMatrix> {
+        None
+    }
 }
 
 /// The routed experts of every MoE layer.

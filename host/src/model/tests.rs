@@ -232,6 +232,14 @@ fn oracle_kimi_linear() {
     assert!(e <= 1e-4, "relative error {e}");
 }
 
+/// Kimi K3 straight from the checkpoint (`language_model.` prefix, f32
+/// experts on the latent with SiTU), decode on the cached state.
+#[test]
+fn oracle_kimi_k3() {
+    let e = oracle("kimi_k3");
+    assert!(e <= 1e-4, "relative error {e}");
+}
+
 /// A failed forward after a KDA layer moved its recurrent state leaves the
 /// state unusable until reset, and reset restores a clean start: prefill in
 /// one call, token at a time, and after a reset all agree.

@@ -2,6 +2,7 @@
 //! that runs on the stored format (tables + gathers for RVQ).
 
 use super::rvq::{self, Codebooks, LayerCodebooks};
+use crate::config::Activation;
 use super::rvq4p::{self, QTables};
 use super::simd::{self, f16_at};
 use super::trunk::{f32_from_le, quantize_into, MatRef};
@@ -361,6 +362,24 @@ pub fn expert_forward(
     expert_forward_on(simd::isa(), fmt, shape, payload, cb, tables, x, out, scratch)
 }
 
+/// `expert_forward` with another gated activation in place of SiLU
+/// (`down(act(gate x, up x))`; Kimi K3's SiTU). `Activation::Silu` runs the
+/// very same loop as `expert_forward`.
+#[allow(clippy::too_many_arguments)]
+pub fn expert_forward_act(
+    fmt: ExpertFormat,
+    shape: ExpertShape,
+    payload: &[u8],
+    cb: Option<&LayerCodebooks>,
+    tables: &GateUpTables,
+    x: &[f32],
+    out: &mut [f32],
+    scratch: &mut ExpertScratch,
+    act: Activation,
+) {
+    expert_forward_impl(simd::isa(), fmt, shape, payload, cb, tables, x, out, scratch, act)
+}
+
 /// `expert_forward` with the `rvq4p` kernel level chosen by the caller
 /// (tests run every level side by side; the other formats use the
 /// process-wide level).
@@ -375,6 +394,22 @@ pub(crate) fn expert_forward_on(
     x: &[f32],
     out: &mut [f32],
     scratch: &mut ExpertScratch,
+) {
+    expert_forward_impl(isa, fmt, shape, payload, cb, tables, x, out, scratch, Activation::Silu)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn expert_forward_impl(
+    isa: simd::Isa,
+    fmt: ExpertFormat,
+    shape: ExpertShape,
+    payload: &[u8],
+    cb: Option<&LayerCodebooks>,
+    tables: &GateUpTables,
+    x: &[f32],
+    out: &mut [f32],
+    scratch: &mut ExpertScratch,
+    act: Activation,
 ) {
     let (h, i) = (shape.hidden, shape.inter);
     assert!(x.len() == h && out.len() == h, "expert_forward: x/out length != hidden");
@@ -407,8 +442,17 @@ pub(crate) fn expert_forward_on(
             MatRef::f32(&f32_from_le(ub), i, h).matvec(x, up);
         }
     }
-    for (g, u) in gate.iter_mut().zip(up.iter()) {
-        *g = silu(*g) * u;
+    match act {
+        Activation::Silu => {
+            for (g, u) in gate.iter_mut().zip(up.iter()) {
+                *g = silu(*g) * u;
+            }
+        }
+        other => {
+            for (g, u) in gate.iter_mut().zip(up.iter()) {
+                *g = other.apply(*g, *u);
+            }
+        }
     }
     let act: &[f32] = gate;
     match (fmt.group_format(), cb) {

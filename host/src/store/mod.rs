@@ -654,7 +654,7 @@ impl ExpertStore {
                 self.wait_ready(slot, &mut stats.io_time)?;
             }
             let buf = self.shared.bufs[slot].lock().unwrap_or_else(|p| p.into_inner());
-            quant::expert_forward(
+            quant::expert_forward_act(
                 format,
                 shape,
                 &buf.as_slice()[range.clone()],
@@ -663,6 +663,7 @@ impl ExpertStore {
                 x,
                 &mut y,
                 &mut scratch,
+                banks.activation(),
             );
             drop(buf);
             for (o, v) in out.iter_mut().zip(&y) {

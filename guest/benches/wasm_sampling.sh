@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The per-token sampling passes compiled to wasm (as the component runs them:
+# wasm32-wasip2, opt-level "s", LTO) and timed in Node's V8, the current
+# guest/src/sampling.rs beside the previous one (benches/baseline_sampling.rs)
+# in one run. Also checks that the SIMD log_sum_exp equals the scalar
+# definition bit for bit in wasm (`lse_check` prints 1).
+#
+#   guest/benches/wasm_sampling.sh
+#
+# Needs the wasm32-wasip2 target, rust-lld (shipped with rustup toolchains)
+# and node. Links a core module (no component wrapper) so plain V8 can run it.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/src"
+cat > "$work/Cargo.toml" <<TOML
+[package]
+name = "wasm-sampling-bench"
+version = "0.0.0"
+edition = "2021"
+publish = false
+[lib]
+crate-type = ["cdylib"]
+[profile.release]
+opt-level = "s"
+lto = true
+codegen-units = 1
+panic = "abort"
+[workspace]
+TOML
+cat > "$work/src/lib.rs" <<RS
+#[path = "$root/guest/src/sampling.rs"]
+#[allow(dead_code)]
+mod after;
+#[path = "$root/guest/benches/baseline_sampling.rs"]
+#[allow(dead_code)]
+mod before;
+
+static mut BUF: Vec<f32> = Vec::new();
+fn buf() -> &'static [f32] {
+    // SAFETY: single-threaded module; BUF is only written by setup().
+    unsafe { &*core::ptr::addr_of!(BUF) }
+}
+
+/// 160k logits: uniform in [-15, 15), one -inf, one -0.0.
+#[no_mangle]
+pub extern "C" fn setup(n: usize) {
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut v: Vec<f32> = (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 30.0
+        })
+        .collect();
+    v[5] = f32::NEG_INFINITY;
+    v[77] = -0.0;
+    // SAFETY: as in buf().
+    unsafe { BUF = v; }
+}
+
+#[no_mangle] pub extern "C" fn lse_before() -> f64 { before::log_sum_exp(buf()) }
+#[no_mangle] pub extern "C" fn lse_after() -> f64 { after::log_sum_exp(buf()) }
+#[no_mangle] pub extern "C" fn lse_check() -> f64 {
+    let l = buf();
+    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let mut acc = [0.0f64; 8];
+    for (i, &x) in l.iter().enumerate() {
+        acc[i % 8] += after::exp_nonpos(x as f64 - max);
+    }
+    let want = max + (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))).ln();
+    (after::log_sum_exp(l).to_bits() == want.to_bits()) as u32 as f64
+}
+macro_rules! draw {
+    (\$name:ident, \$m:ident, \$t:expr, \$k:expr, \$p:expr) => {
+        #[no_mangle]
+        pub extern "C" fn \$name() -> f64 {
+            let p = \$m::SamplingParams { temperature: \$t, top_k: \$k, top_p: \$p, ..Default::default() };
+            \$m::sample(buf(), &p, &mut \$m::Rng::new(7)) as f64
+        }
+    };
+}
+draw!(k40_p95_before, before, 0.8, 40, 0.95);
+draw!(k40_p95_after, after, 0.8, 40, 0.95);
+draw!(p95_before, before, 0.8, 0, 0.95);
+draw!(p95_after, after, 0.8, 0, 0.95);
+draw!(full_before, before, 1.0, 0, 1.0);
+draw!(full_after, after, 1.0, 0, 1.0);
+#[no_mangle] pub extern "C" fn top5_before() -> f64 { before::top_logprobs(buf(), 0.0, 5)[0].0 as f64 }
+#[no_mangle] pub extern "C" fn top5_after() -> f64 { after::top_logprobs(buf(), 0.0, 5)[0].0 as f64 }
+RS
+cat > "$work/run.js" <<'JS'
+const fs = require('fs');
+const mod = new WebAssembly.Module(fs.readFileSync(process.argv[2]));
+const imports = {};
+for (const imp of WebAssembly.Module.imports(mod)) {
+  imports[imp.module] = imports[imp.module] || {};
+  if (imp.kind === 'function') imports[imp.module][imp.name] = () => { throw new Error(`unexpected import ${imp.module}.${imp.name}`); };
+}
+const e = new WebAssembly.Instance(mod, imports).exports;
+e.setup(160000);
+console.log('vocabulary 160000; best of 30 calls, ms (value returned)');
+for (const pass of ['lse', 'k40_p95', 'p95', 'full', 'top5']) {
+  const row = [pass.padEnd(8)];
+  const best = {};
+  for (const which of ['before', 'after']) {
+    const f = e[`${pass}_${which}`];
+    let t = 1e9, v;
+    for (let r = 0; r < 30; r++) { const s = process.hrtime.bigint(); v = f(); t = Math.min(t, Number(process.hrtime.bigint() - s) / 1e6); }
+    best[which] = t;
+    row.push(`${which} ${t.toFixed(3)} (${v})`);
+  }
+  row.push(`ratio ${(best.before / best.after).toFixed(2)}`);
+  console.log(row.join('  '));
+}
+console.log(`lse_check ${e.lse_check()}`);
+JS
+cargo build --release --quiet --target wasm32-wasip2 --manifest-path "$work/Cargo.toml" --target-dir "$work/target" \
+  --config 'target.wasm32-wasip2.linker="rust-lld"' \
+  --config 'target.wasm32-wasip2.rustflags=["-C","linker-flavor=wasm-ld","-C","link-arg=--export-dynamic"]'
+node "$work/run.js" "$work/target/wasm32-wasip2/release/wasm_sampling_bench.wasm"

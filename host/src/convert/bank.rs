@@ -1,0 +1,158 @@
+//! One MoE layer's expert bank: `experts-LLL.bin`, one record per expert,
+//! and its RVQ codebooks in `codebooks-LLL.bin`. Everything a bank depends
+//! on is its layer's source tensors and the options, so banks are written
+//! in any order, on any number of threads, with identical bytes.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use super::files::{valid_sidecar, write_sidecar, Sidecar, Writer};
+use super::ConvertOptions;
+use crate::checkpoint::HfCheckpoint;
+use crate::container::manifest::{record, CodebookEntry, ExpertBankEntry, RECORD_ALIGN, TENSOR_ALIGN};
+use crate::error::{Error, Result};
+use crate::quant::{self, ExpertF32, ExpertShape};
+
+/// At most this many experts of a layer feed its codebook fit...
+const CODEBOOK_SAMPLE_EXPERTS: usize = 16;
+/// ...and at most this many bytes of their f32 weights, so the fit sample
+/// of a release with 130 MB experts (K3) stays in the hundreds of MB.
+const CODEBOOK_SAMPLE_BYTES: usize = 256 << 20;
+
+pub(super) struct Layout {
+    pub shape: ExpertShape,
+    pub payload_bytes: u64,
+    pub record_bytes: u64,
+}
+
+pub(super) fn bank_file(layer: usize) -> String {
+    format!("experts-{layer:03}.bin")
+}
+
+pub(super) fn codebook_file(layer: usize) -> String {
+    format!("codebooks-{layer:03}.bin")
+}
+
+/// Experts sampled for a layer's codebooks.
+pub(super) fn sample_experts(num_experts: usize, shape: ExpertShape) -> Vec<usize> {
+    let per_expert = 3 * 4 * shape.hidden * shape.inter;
+    let n = (CODEBOOK_SAMPLE_BYTES / per_expert.max(1)).clamp(1, CODEBOOK_SAMPLE_EXPERTS);
+    let step = (num_experts / n).max(1);
+    (0..num_experts).step_by(step).take(n).collect()
+}
+
+/// A finished bank from an earlier run, if its sidecar matches, its size is
+/// right and every record header names the right layer, expert and layout.
+fn reusable(
+    dir: &Path,
+    layer: usize,
+    experts: usize,
+    opts: &ConvertOptions,
+    layout: &Layout,
+    fingerprint: &str,
+) -> Option<ExpertBankEntry> {
+    let path = dir.join(bank_file(layer));
+    let side = valid_sidecar(&path, fingerprint)?;
+    let entry: ExpertBankEntry = serde_json::from_value(side.index).ok()?;
+    if side.bytes != experts as u64 * layout.record_bytes || entry.experts != experts as u64 {
+        return None;
+    }
+    if let Some(cb) = &entry.codebooks {
+        valid_sidecar(&dir.join(&cb.file), fingerprint)?;
+    }
+    let file = File::open(&path).ok()?;
+    let mut head = [0u8; record::HEADER_BYTES as usize];
+    for e in 0..experts {
+        file.read_exact_at(&mut head, e as u64 * layout.record_bytes).ok()?;
+        if record::Header::parse(&head)? != header(layer, e, opts, layout) {
+            return None;
+        }
+    }
+    Some(entry)
+}
+
+fn header(layer: usize, expert: usize, opts: &ConvertOptions, layout: &Layout) -> record::Header {
+    record::Header {
+        layer: layer as u32,
+        expert: expert as u32,
+        format: opts.experts.code(),
+        hidden: layout.shape.hidden as u32,
+        inter: layout.shape.inter as u32,
+        payload_offset: record::HEADER_BYTES,
+        payload_bytes: layout.payload_bytes,
+    }
+}
+
+/// Writes layer `layer`'s bank (or reuses it); `tick` is called once per
+/// expert. Returns the manifest entry and whether the bank was reused.
+pub(super) fn write_bank(
+    ckpt: &HfCheckpoint,
+    dir: &Path,
+    layer: usize,
+    opts: &ConvertOptions,
+    layout: &Layout,
+    fingerprint: &str,
+    tick: &dyn Fn(usize),
+) -> Result<(ExpertBankEntry, bool)> {
+    let experts = ckpt.config().num_experts;
+    if let Some(entry) = reusable(dir, layer, experts, opts, layout, fingerprint) {
+        return Ok((entry, true));
+    }
+    let shape = layout.shape;
+    let codebooks = if opts.experts.uses_codebooks() {
+        let sample: Vec<[Vec<f32>; 3]> =
+            sample_experts(experts, shape).into_iter().map(|e| ckpt.expert_f32(layer, e)).collect::<Result<_>>()?;
+        let views: Vec<ExpertF32> = sample.iter().map(|[g, u, d]| ExpertF32 { gate: g, up: u, down: d }).collect();
+        let seed = opts.seed ^ (layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let cb = quant::fit_layer_codebooks(opts.experts, shape, &views, seed)
+            .ok_or_else(|| Error::Runtime(format!("no codebooks were fitted for format {}", opts.experts.name())))?;
+        drop(sample);
+        let file = codebook_file(layer);
+        let path = dir.join(&file);
+        let mut w = Writer::create(&path)?;
+        let gate_up = cb.gate_up.to_bytes();
+        let down = cb.down.to_bytes();
+        let gate_up_offset = w.pad_to(TENSOR_ALIGN)?;
+        w.write(&gate_up)?;
+        let down_offset = w.pad_to(TENSOR_ALIGN)?;
+        w.write(&down)?;
+        let bytes = w.position();
+        let fnv64 = w.finish()?;
+        let entry = CodebookEntry {
+            file,
+            stages: opts.experts.stages().unwrap_or(0) as u64,
+            gate_up_offset,
+            gate_up_bytes: gate_up.len() as u64,
+            down_offset,
+            down_bytes: down.len() as u64,
+        };
+        let side = Sidecar { fingerprint: fingerprint.to_string(), bytes, fnv64, index: serde_json::Value::Null };
+        write_sidecar(&path, &side)?;
+        Some((cb, entry))
+    } else {
+        None
+    };
+
+    let file = bank_file(layer);
+    let path = dir.join(&file);
+    let mut bank = Writer::create(&path)?;
+    for expert in 0..experts {
+        let [gate, up, down] = ckpt.expert_f32(layer, expert)?;
+        let view = ExpertF32 { gate: &gate, up: &up, down: &down };
+        let payload = quant::encode_expert(opts.experts, shape, &view, codebooks.as_ref().map(|(cb, _)| cb));
+        let start = bank.position();
+        bank.write(&header(layer, expert, opts, layout).to_bytes())?;
+        bank.write(&payload)?;
+        bank.pad_to(RECORD_ALIGN)?;
+        debug_assert_eq!(bank.position() - start, layout.record_bytes);
+        tick(expert);
+    }
+    let bytes = bank.position();
+    let fnv64 = bank.finish()?;
+    let entry =
+        ExpertBankEntry { layer: layer as u64, file, experts: experts as u64, codebooks: codebooks.map(|(_, e)| e) };
+    let index = serde_json::to_value(&entry).map_err(|e| Error::Runtime(e.to_string()))?;
+    write_sidecar(&path, &Sidecar { fingerprint: fingerprint.to_string(), bytes, fnv64, index })?;
+    Ok((entry, false))
+}

@@ -68,11 +68,18 @@ CONVERSATIONS = {
                   {"role": "assistant", "content": None, "tool_calls": [CALL]},
                   {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "{\"temp\": 21}"},
                   {"role": "assistant", "content": "It is 21 °C in Rome."}],
+    # What OpenAI clients send back: an empty (not null) content beside the
+    # call. Qwen3 tests `content` for truthiness here.
+    "tool_call_empty_content": [{"role": "user", "content": "Weather in Rome?"},
+                                {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                                {"role": "tool", "tool_call_id": "functions.get_weather:0",
+                                 "content": "{\"temp\": 21}"}],
     "unicode": [{"role": "user", "content": "日本語とemoji 😀 and \"quotes\" \\ backslash"}],
 }
 
 # Which conversations use tools, per template that supports them.
-WITH_TOOLS = {"qwen3": ["single", "tool_call"], "kimi": ["single", "tool_call"]}
+WITH_TOOLS = {"qwen3": ["single", "tool_call", "tool_call_empty_content"],
+              "kimi": ["single", "tool_call", "tool_call_empty_content"]}
 
 # Extra template variables (apply_chat_template's **kwargs) for templates that
 # read them: Qwen3's thinking switch. Written to `vars_cases`, apart from

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use waste_host::{Engine, Model, OpenOptions};
+use waste_host::{Engine, OpenOptions};
 
 use crate::commands::usage;
 use crate::ModelArgs;
@@ -32,7 +32,7 @@ pub fn perplexity(a: PerplexityArgs) -> Result<()> {
     }
     let budget = crate::cmd_stream::budget_arg(&a.model.budget)?;
     let (threads, cpus) = crate::commands::thread_args(&a.model)?;
-    let model = Model::open(
+    let model = crate::render::open_model(
         &a.model.model,
         &OpenOptions { context: a.model.ctx, budget, threads, cpus, ..OpenOptions::default() },
     )

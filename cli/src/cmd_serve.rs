@@ -31,6 +31,18 @@ pub struct ServeArgs {
     /// Model name in the API (default: the container's directory name without .waste).
     #[arg(long)]
     pub model_id: Option<String>,
+    /// Route every request's draws to a sampler plugin (a wasm32-wasip2
+    /// component of the `sampler-plugin` world, e.g. examples/sampler-mirostat).
+    #[arg(long, value_name = "PLUGIN.wasm")]
+    pub sampler: Option<std::path::PathBuf>,
+    /// An option for the sampler plugin: NAME=VALUE (repeatable), e.g. tau=5.
+    #[arg(
+        long = "sampler-opt",
+        value_name = "NAME=VALUE",
+        requires = "sampler",
+        allow_negative_numbers = true
+    )]
+    pub sampler_opt: Vec<String>,
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -38,6 +50,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .map_err(|e| usage(format!("--max-body: {e}")))?
         .unwrap_or(4 << 20);
     let budget = crate::cmd_stream::budget_arg(&a.model.budget)?;
+    let sampler = match &a.sampler {
+        Some(path) => Some(crate::commands::sampler_plugin(path, &a.sampler_opt)?),
+        None => None,
+    };
     let (threads, cpus) = crate::commands::thread_args(&a.model)?;
     let model_id = match a.model_id {
         Some(id) => id,
@@ -70,6 +86,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         queue_limit: a.queue as usize,
         body_limit: body_limit as usize,
         model_id: model_id.clone(),
+        sampler,
     };
     waste_server::serve(engine, model, options, |addr| {
         eprintln!("waste serve: model {model_id:?} listening on http://{addr}");

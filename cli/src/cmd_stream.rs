@@ -10,7 +10,7 @@ use serde_json::json;
 use waste_host::plan::{fmt_bytes, parse_size, BudgetSource, MemoryPlan};
 use waste_host::store::trace::read_route_trace;
 use waste_host::store::CachePolicy;
-use waste_host::synth::{preset, LIKE, PRESETS};
+use waste_host::synth::{preset, LikeOptions, LIKE, PRESETS};
 use waste_host::{Model, OpenOptions};
 
 use crate::commands::usage;
@@ -129,15 +129,21 @@ pub struct SynthArgs {
     /// Shape: kimi-linear-48b, olmoe-trace, kimi-trace or small.
     #[arg(long, default_value = "kimi-linear-48b", conflicts_with = "like")]
     pub shape: String,
-    /// A real model's config and layout instead of a shape: kimi-k3
-    /// (needs --manifest-only).
+    /// A real model's config and layout instead of a shape: kimi-linear-48b
+    /// (its real KDA + MLA trunk, random weights) or kimi-k3 (needs
+    /// --manifest-only).
     #[arg(long)]
     pub like: Option<String>,
     /// Write the manifest and sparse files only (for `plan` and `info`;
     /// the container cannot run).
     #[arg(long)]
     pub manifest_only: bool,
-    /// Expert format: rvq3, rvq2, q8 or q4.
+    /// With --like: routed experts per MoE layer instead of the model's
+    /// (top-k and all shapes stay, so per-token compute is the model's;
+    /// fewer experts fit in RAM).
+    #[arg(long, requires = "like")]
+    pub num_experts: Option<usize>,
+    /// Expert format: rvq3, rvq4p, rvq2, q8 or q4.
     #[arg(long, default_value = "rvq3")]
     pub experts: String,
     /// Trunk format of --like: q4, q8 or f32.
@@ -157,7 +163,7 @@ pub fn synth(a: SynthArgs) -> Result<()> {
     let mut spec = preset(&a.shape)
         .ok_or_else(|| usage(format!("--shape {:?}: expected one of {}", a.shape, PRESETS.join(", "))))?;
     spec.format = waste_host::quant::ExpertFormat::parse(&a.experts)
-        .ok_or_else(|| usage(format!("--experts {:?}: expected rvq3, rvq2, q8 or q4", a.experts)))?;
+        .ok_or_else(|| usage(format!("--experts {:?}: expected rvq3, rvq4p, rvq2, q8 or q4", a.experts)))?;
     spec.seed = a.seed;
     let started = Instant::now();
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -183,17 +189,29 @@ fn synth_like(a: &SynthArgs, like: &str) -> Result<()> {
     if !LIKE.contains(&like) {
         bail!(usage(format!("--like {like:?}: expected one of {}", LIKE.join(", "))));
     }
-    if !a.manifest_only {
+    if like == "kimi-k3" && !a.manifest_only {
         bail!(usage(format!("--like {like} writes a manifest-only container (its experts are terabytes): pass --manifest-only")));
     }
     let experts = waste_host::quant::ExpertFormat::parse(&a.experts)
-        .ok_or_else(|| usage(format!("--experts {:?}: expected rvq3, rvq2, q8 or q4", a.experts)))?;
+        .ok_or_else(|| usage(format!("--experts {:?}: expected rvq3, rvq4p, rvq2, q8 or q4", a.experts)))?;
     let trunk = waste_host::quant::TrunkFormat::parse(&a.trunk)
         .ok_or_else(|| usage(format!("--trunk {:?}: expected q4, q8 or f32", a.trunk)))?;
-    let r = waste_host::synth::synth_like(&a.out, like, experts, trunk, a.seed)?;
+    if a.num_experts == Some(0) {
+        bail!(usage("--num-experts must be at least 1"));
+    }
+    let options = LikeOptions { experts, trunk, seed: a.seed, num_experts: a.num_experts, manifest_only: a.manifest_only };
+    let started = Instant::now();
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let r = waste_host::synth::synth_like(&a.out, like, &options, &mut |done, total| {
+        if tty {
+            eprint!("\r{done}/{total}");
+        }
+    })?;
+    let how = if a.manifest_only { "manifest only, sparse files" } else { "random weights" };
     eprintln!(
-        "wrote {} (manifest only, sparse files): trunk {}, experts {} ({} MoE layers, {} bytes per record)",
+        "\rwrote {} ({how}) in {:.1} s: trunk {}, experts {} ({} MoE layers, {} bytes per record)",
         a.out.display(),
+        started.elapsed().as_secs_f64(),
         fmt_bytes(r.trunk_bytes),
         fmt_bytes(r.expert_bytes),
         r.moe_layers,
@@ -231,6 +249,14 @@ pub struct BenchArgs {
     /// value, in this process. Default: the engine's.
     #[arg(long, value_delimiter = ',')]
     pub lookahead: Option<Vec<usize>>,
+    /// Time one prefill of this many tokens instead of `--tokens` decode
+    /// steps (0 = decode).
+    #[arg(long, default_value_t = 0)]
+    pub prefill: usize,
+    /// Prefill chunk sizes (1 = token at a time); several (`1,64`) run side
+    /// by side in this process. Default: the engine's.
+    #[arg(long, value_delimiter = ',')]
+    pub chunk: Option<Vec<usize>>,
     /// Read every use (no cache).
     #[arg(long)]
     pub no_cache: bool,
@@ -249,6 +275,15 @@ pub struct BenchArgs {
     /// Ignore the container's usage file.
     #[arg(long)]
     pub no_preload: bool,
+    /// Compute threads; several values (`1,2`) run side by side, each
+    /// budget and lookahead once per value, in this process. Default: one
+    /// per CPU.
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Option<Vec<usize>>,
+    /// Decode steps run (on their own state) after open and before the
+    /// measured ones, to fill the cache; not counted.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
     #[arg(long)]
     pub json: bool,
 }
@@ -285,10 +320,27 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .min(512),
     };
     let lookaheads = a.lookahead.clone().unwrap_or_else(|| vec![OpenOptions::default().lookahead]);
-    let runs: Vec<(Option<u64>, usize)> =
-        budgets.iter().flat_map(|&b| lookaheads.iter().map(move |&l| (b, l))).collect();
+    if a.threads.as_ref().is_some_and(|t| t.contains(&0)) {
+        bail!(usage("--threads must be at least 1"));
+    }
+    let threads: Vec<Option<usize>> = match &a.threads {
+        Some(t) => t.iter().map(|&n| Some(n)).collect(),
+        None => vec![None],
+    };
+    let chunks = a.chunk.clone().unwrap_or_else(|| vec![OpenOptions::default().prefill_chunk]);
+    if let Some(&bad) = chunks.iter().find(|&&c| waste_host::model::prefill::check_chunk(c).is_err()) {
+        bail!(usage(format!("--chunk {bad}: expected 1 to {}", waste_host::model::prefill::MAX_PREFILL_CHUNK)));
+    }
+    let mut runs: Vec<(Option<u64>, usize, Option<usize>, usize)> = Vec::new();
+    for &b in &budgets {
+        for &l in &lookaheads {
+            for &t in &threads {
+                runs.extend(chunks.iter().map(|&c| (b, l, t, c)));
+            }
+        }
+    }
     let mut rows = Vec::new();
-    for (budget, lookahead) in runs {
+    for (budget, lookahead, threads, chunk) in runs {
         let options = OpenOptions {
             context: Some(ctx),
             budget,
@@ -299,10 +351,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             direct_io: !a.buffered,
             lookahead,
             preload: !a.no_preload,
-            threads: None,
+            threads,
             cpus: None,
+            prefill_chunk: chunk,
         };
-        let model = Model::open(&a.model, &options).with_context(|| format!("opening {}", a.model.display()))?;
+        let model = crate::render::open_model(&a.model, &options)
+            .with_context(|| format!("opening {}", a.model.display()))?;
         say_budget(model.memory_plan());
         let raw = if a.raw_reads > 0 {
             let (bytes, secs) = model
@@ -313,6 +367,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             None
         };
         let preloaded = model.store_stats().preloaded;
+        warm_up(&model, trace.as_ref(), a.warmup.min(ctx))?;
         model.reset_store_stats();
         let started = Instant::now();
         let mut embedding_rows_read = 0u64;
@@ -327,7 +382,19 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 let mut state = model.new_state();
                 let vocab = model.info().vocab_size as u64;
                 let mut rng = 0x2545_F491_4F6C_DD1Du64;
-                let n = a.tokens.min(ctx);
+                let n = if a.prefill > 0 { 0 } else { a.tokens.min(ctx) };
+                if a.prefill > 0 {
+                    let prompt: Vec<u32> = (0..a.prefill.min(ctx))
+                        .map(|_| {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            (rng % vocab) as u32
+                        })
+                        .collect();
+                    let (_, step) = model.forward(&mut state, &prompt, false)?;
+                    embedding_rows_read += step.embedding_rows_read as u64;
+                }
                 for _ in 0..n {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
@@ -335,7 +402,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                     let (_, step) = model.forward(&mut state, &[(rng % vocab) as u32], false)?;
                     embedding_rows_read += step.embedding_rows_read as u64;
                 }
-                n
+                if a.prefill > 0 { a.prefill.min(ctx) } else { n }
             }
         };
         let secs = started.elapsed().as_secs_f64();
@@ -353,9 +420,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "gb_read": s.bytes_read as f64 / 1e9, "gb_per_token": s.bytes_read as f64 / 1e9 / steps as f64,
             "achieved_gb_per_s": s.bytes_read as f64 / 1e9 / secs, "io_wait_s": s.io_wait.as_secs_f64(),
             "read_time_s": s.read_time.as_secs_f64(), "direct_io": s.direct_io, "policy": policy.name(),
-            "readers": a.readers, "lookahead": lookahead, "embedding_rows_read": embedding_rows_read, "prefetch_issued": s.prefetch_issued,
+            "readers": a.readers, "lookahead": lookahead, "threads": threads, "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "prefetch_issued": s.prefetch_issued,
             "prefetch_used": s.prefetch_used, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
+            "prefill": a.prefill, "chunk": chunk, "reads": s.reads,
             "peak_rss": waste_host::plan::peak_rss(),
         }));
     }
@@ -370,9 +438,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 .map(|v| format!(", raw random read {v:.2} GB/s"))
                 .unwrap_or_default();
             println!(
-                "budget {}, lookahead {}: {:.2} tok/s, hit {:.1}% ({} hit / {} miss), {:.3} GB read, {:.3} GB/token, {:.2} GB/s achieved{raw}, direct_io {}",
+                "budget {}, lookahead {}, threads {}: {:.2} tok/s, hit {:.1}% ({} hit / {} miss), {:.3} GB read, {:.3} GB/token, {:.2} GB/s achieved{raw}, direct_io {}",
                 fmt_bytes(f("budget") as u64),
                 r["lookahead"],
+                r["threads"],
                 f("tok_per_s"),
                 100.0 * f("hit_rate"),
                 r["hits"],
@@ -383,6 +452,31 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 r["direct_io"]
             );
         }
+    }
+    Ok(())
+}
+
+/// Runs `steps` decode steps (replayed routing with a trace, else random
+/// tokens on a state of their own, from a seed other than the measured
+/// run's) so the measured steps start with the cache filled.
+fn warm_up(model: &Model, trace: Option<&waste_host::store::trace::RouteTrace>, steps: usize) -> Result<()> {
+    if steps == 0 {
+        return Ok(());
+    }
+    if let Some(t) = trace {
+        for i in 0..steps {
+            model.replay_routing(&t.steps[i % t.steps.len()])?;
+        }
+        return Ok(());
+    }
+    let mut state = model.new_state();
+    let vocab = model.info().vocab_size as u64;
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..steps {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        model.forward(&mut state, &[(rng % vocab) as u32], false)?;
     }
     Ok(())
 }

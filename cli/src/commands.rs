@@ -134,6 +134,18 @@ fn encode(session: &mut Session, text: &str, markup: bool) -> Result<Vec<u32>> {
     Ok(tokens)
 }
 
+/// Loads `--sampler PATH` with its `--sampler-opt NAME=NUMBER` options
+/// (shared by `run` and `serve`).
+pub fn sampler_plugin(path: &std::path::Path, opts: &[String]) -> Result<waste_host::plugin::SamplerPlugin> {
+    let mut options = Vec::new();
+    for item in opts {
+        let parsed = item.split_once('=').and_then(|(k, v)| Some((k.trim().to_string(), v.trim().parse::<f32>().ok()?)));
+        options.push(parsed.ok_or_else(|| usage(format!("--sampler-opt {item:?}: expected NAME=NUMBER, e.g. tau=5")))?);
+    }
+    waste_host::plugin::SamplerPlugin::load(path, options, Default::default())
+        .with_context(|| format!("loading the sampler plugin {}", path.display()))
+}
+
 pub fn run(a: RunArgs) -> Result<()> {
     if !(a.temperature.is_finite() && a.temperature >= 0.0) {
         bail!(usage(format!("--temp {}: the temperature must be a number >= 0", a.temperature)));
@@ -144,14 +156,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let prompt = read_prompt(a.prompt.as_deref(), a.file.as_deref())?;
     let (_engine, mut session) = open(&a.model)?;
     if let Some(path) = &a.sampler {
-        let mut options = Vec::new();
-        for item in &a.sampler_opt {
-            let parsed = item.split_once('=').and_then(|(k, v)| Some((k.trim().to_string(), v.trim().parse::<f32>().ok()?)));
-            options.push(parsed.ok_or_else(|| usage(format!("--sampler-opt {item:?}: expected NAME=NUMBER, e.g. tau=5")))?);
-        }
-        let plugin = waste_host::plugin::SamplerPlugin::load(path, options, Default::default())
-            .with_context(|| format!("loading the sampler plugin {}", path.display()))?;
-        session.set_sampler(Some(plugin));
+        session.set_sampler(Some(sampler_plugin(path, &a.sampler_opt)?));
     }
     if let Some(path) = &a.load_state {
         session.load_state(path).with_context(|| format!("loading the session from {}", path.display()))?;

@@ -467,7 +467,10 @@ fn messages_value(
         if let Some(texts) = markers.as_deref_mut() {
             for (name, val) in fields.iter_mut() {
                 if CONTENT_FIELDS.contains(&name.as_str()) {
-                    if let Some(s) = val.as_str() {
+                    // An empty text has nothing to protect, and a marker
+                    // in its place would turn `{% if content %}` true (Qwen3
+                    // then adds a newline before an assistant's tool call).
+                    if let Some(s) = val.as_str().filter(|s| !s.is_empty()) {
                         texts.push(s.to_string());
                         *val = Value::from(format!("{MARK_OPEN}{}{MARK_CLOSE}", texts.len() - 1));
                     }

@@ -58,6 +58,10 @@ pub struct OpenOptions {
     /// Bind the compute threads and the calling thread to these CPUs
     /// (Linux; elsewhere opening fails with `Error::Unsupported`).
     pub cpus: Option<crate::pool::CpuSet>,
+    /// Tokens per prefill chunk (1 to 64): a prompt runs layer-major in
+    /// chunks, each distinct expert read once per chunk; 1 = token at a
+    /// time. Logits do not depend on it.
+    pub prefill_chunk: usize,
 }
 
 impl Default for OpenOptions {
@@ -75,6 +79,7 @@ impl Default for OpenOptions {
             preload: true,
             threads: None,
             cpus: None,
+            prefill_chunk: crate::model::prefill::DEFAULT_PREFILL_CHUNK,
         }
     }
 }
@@ -168,6 +173,7 @@ impl Model {
     ) -> Result<Arc<Model>> {
         // Thread options are checked (and CPUs bound) before any file work.
         let pool = crate::pool::Pool::new(options.threads, options.cpus.as_ref())?;
+        crate::model::prefill::check_chunk(options.prefill_chunk)?;
         let container = Container::open(path)?;
         // The budget is checked before anything large is allocated.
         let plan = crate::plan::plan(&container, options.context, options.budget)?;
@@ -175,7 +181,8 @@ impl Model {
         let tensors = container.manifest().trunk.tensors.iter().map(|t| (t.name.clone(), t.bytes));
         let resident = crate::plan::resident_trunk_bytes(container.config(), container.manifest());
         let source = CountingSource::new(&container, tensors, resident, &mut *progress);
-        let transformer = Transformer::load(container.config(), &source)?;
+        let mut transformer = Transformer::load(container.config(), &source)?;
+        transformer.set_prefill_chunk(options.prefill_chunk)?;
         source.finish();
         let store_options = StoreOptions {
             cache_slots: plan.cache_slots,

@@ -107,7 +107,13 @@ pub fn scratch_bytes(cfg: &ModelConfig, context: usize) -> u64 {
         // RVQ tables: gate/up over h/8 vectors and down over inter/8, 3 stages x 256.
         + (h / 8 + inter / 8) * 3 * 256
         + 3 * inter
-        + h;
+        + h
+        // A prefill chunk (model::prefill) holds per token x, xn, y, the
+        // AttnRes mix and bank, K3's latent in/out and each pick's output.
+        + crate::model::prefill::MAX_PREFILL_CHUNK as u64
+            * ((4 + crate::model::attnres::bank_capacity(cfg) as u64) * h
+                + 2 * cfg.k3.and_then(|k| k.latent).unwrap_or(0) as u64
+                + cfg.top_k as u64 * cfg.expert_hidden() as u64);
     (floats * 4).div_ceil(1 << 20) * (1 << 20) + (1 << 20)
 }
 

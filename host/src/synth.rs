@@ -1,7 +1,10 @@
 //! Synthetic containers: the exact shapes, record sizes and layout of a real
-//! model, filled with random codes, so the I/O path runs at true scale
-//! without real weights. The architecture is Qwen3-MoE (the trunk the
-//! forward pass runs); the expert banks match the named model's.
+//! model, filled with random codes, so the I/O path and the forward pass run
+//! at true scale without real weights. Two kinds: the `--shape` presets
+//! (a Qwen3-MoE GQA trunk with the named model's expert banks) and
+//! `synth_like` (a real model's own config, so its own trunk: KDA + MLA for
+//! Kimi-Linear), both written by one generic writer over
+//! `ModelConfig::trunk_tensor_names` / `trunk_tensor_shape`.
 
 use std::fs::File;
 use std::io::Write;
@@ -17,6 +20,9 @@ use crate::container::manifest::{
 };
 use crate::error::{Error, Result};
 use crate::quant::{self, ExpertFormat, ExpertShape, TrunkFormat};
+
+mod configs;
+pub use configs::{kimi_k3_config, kimi_linear_48b_config};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SynthSpec {
@@ -40,8 +46,9 @@ pub struct SynthSpec {
 
 /// Named shapes: `kimi-linear-48b` (26 MoE layers x 256 experts, hidden
 /// 2304, expert width 1024, top-8; its trunk is stood in by GQA attention
-/// of the same width), `olmoe-trace` and `kimi-trace` (the expert counts of
-/// the shared routing traces with tiny records), `small` (tests).
+/// of the same width; `synth_like("kimi-linear-48b")` has the real KDA +
+/// MLA trunk), `olmoe-trace` and `kimi-trace` (the expert counts of the
+/// shared routing traces with tiny records), `small` (tests).
 pub fn preset(name: &str) -> Option<SynthSpec> {
     let base = SynthSpec {
         hidden: 64,
@@ -165,160 +172,94 @@ fn seeded(seed: u64, a: u64, b: u64) -> Rng {
 /// Writes a synthetic container to `out` (which must not exist).
 /// `progress(done, total)` counts tensors and expert banks.
 pub fn synth(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(u64, u64)) -> Result<SynthReport> {
-    if out.exists() {
-        return Err(Error::Arg(format!("{} already exists", out.display())));
-    }
-    if !matches!(
-        spec.format,
-        ExpertFormat::Rvq3 | ExpertFormat::Rvq2 | ExpertFormat::Q8 | ExpertFormat::Q4
-    ) {
-        return Err(Error::Arg(format!(
-            "synthetic experts must be rvq3, rvq2, q8 or q4, not {}",
-            spec.format.name()
-        )));
-    }
-    let config = spec.config_json();
-    let cfg = ModelConfig::from_json_str(&config.to_string(), &out.join("config.json"))?;
-    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let names = cfg.trunk_tensor_names();
-    let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)).collect();
-    let total = (names.len() + moe_layers.len()) as u64;
-    let mut done = 0;
-    let mut report = SynthReport {
-        moe_layers: moe_layers.len(),
-        ..SynthReport::default()
+    let options = LikeOptions {
+        experts: spec.format,
+        trunk: spec.trunk,
+        seed: spec.seed,
+        num_experts: None,
+        manifest_only: false,
     };
+    synth_config_as(out, spec.config_json(), &options, "synth", progress)
+}
 
-    let trunk_path = out.join(TRUNK_FILE);
-    let trunk = File::create(&trunk_path).map_err(|e| Error::io(&trunk_path, e))?;
-    let mut offset = 0u64;
-    let mut tensors = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        let shape = cfg
-            .trunk_tensor_shape(name)
-            .ok_or_else(|| Error::Runtime(format!("no shape for {name}")))?;
-        let (fmt, rows, cols) = match (shape.as_slice(), cfg.tensor_role(name)) {
-            ([n], _) => (TrunkFormat::F32, 1, *n),
-            ([r, c], role) => (trunk_format_for(role, spec.trunk), *r, *c),
-            _ => return Err(Error::Runtime(format!("tensor {name} has shape {shape:?}"))),
-        };
-        offset = align_up(offset, TENSOR_ALIGN);
-        let bytes = write_matrix(
-            &trunk,
-            &trunk_path,
-            offset,
-            fmt,
-            rows,
-            cols,
-            shape.len() == 1,
-            spec.seed ^ i as u64,
-        )?;
-        tensors.push(TensorEntry {
-            name: name.clone(),
-            shape: shape.iter().map(|&d| d as u64).collect(),
-            format: fmt.name().into(),
-            offset,
-            bytes,
-        });
-        offset += bytes;
-        report.trunk_bytes += bytes;
-        done += 1;
-        progress(done, total);
-    }
-    trunk.sync_all().map_err(|e| Error::io(&trunk_path, e))?;
-
-    let shape = ExpertShape {
-        hidden: spec.hidden,
-        inter: spec.inter,
-    };
-    let payload_bytes = quant::expert_payload_len(spec.format, shape) as u64;
-    let payload_offset = record::HEADER_BYTES;
-    let record_bytes = align_up(payload_offset + payload_bytes, RECORD_ALIGN);
-    let scale_blocks = scale_blocks(spec.format, shape);
-    let mut cb_file = if spec.format.uses_codebooks() {
-        let p = out.join(CODEBOOK_FILE);
-        Some((File::create(&p).map_err(|e| Error::io(&p, e))?, p, 0u64))
+fn check_expert_format(format: ExpertFormat) -> Result<()> {
+    if format == ExpertFormat::F32 {
+        Err(Error::Arg(
+            "synthetic experts must be rvq3, rvq4p, rvq2, q8 or q4, not f32".into(),
+        ))
     } else {
-        None
-    };
-    let mut banks = Vec::new();
-    for &layer in &moe_layers {
-        let codebooks = match cb_file.as_mut() {
-            Some((f, p, pos)) => Some(write_codebooks(f, p, pos, spec.format, spec.seed, layer)?),
-            None => None,
-        };
-        let file = format!("experts-{layer:03}.bin");
-        let path = out.join(&file);
-        let mut bank =
-            std::io::BufWriter::with_capacity(8 << 20, File::create(&path).map_err(|e| Error::io(&path, e))?);
-        const CHUNK: usize = 16;
-        for first in (0..spec.experts).step_by(CHUNK) {
-            let n = CHUNK.min(spec.experts - first);
-            let mut buf = vec![0u8; n * record_bytes as usize];
-            buf.par_chunks_mut(record_bytes as usize)
-                .enumerate()
-                .for_each(|(j, rec)| {
-                    let expert = first + j;
-                    let header = record::Header {
-                        layer: layer as u32,
-                        expert: expert as u32,
-                        format: spec.format.code(),
-                        hidden: shape.hidden as u32,
-                        inter: shape.inter as u32,
-                        payload_offset,
-                        payload_bytes,
-                    };
-                    rec[..record::HEADER_BYTES as usize].copy_from_slice(&header.to_bytes());
-                    let payload = &mut rec[payload_offset as usize..(payload_offset + payload_bytes) as usize];
-                    seeded(spec.seed, layer as u64 + 1, expert as u64).fill(payload);
-                    // Scales: a fixed small f16 so outputs stay finite.
-                    for range in &scale_blocks {
-                        for s in payload[range.clone()].chunks_exact_mut(2) {
-                            s.copy_from_slice(&half::f16::from_f32(0.02).to_le_bytes());
-                        }
-                    }
-                });
-            bank.write_all(&buf).map_err(|e| Error::io(&path, e))?;
-        }
-        let f = bank.into_inner().map_err(|e| Error::io(&path, e.into_error()))?;
-        f.sync_all().map_err(|e| Error::io(&path, e))?;
-        report.expert_bytes += spec.experts as u64 * record_bytes;
-        banks.push(ExpertBankEntry {
-            layer: layer as u64,
-            file,
-            experts: spec.experts as u64,
-            codebooks,
-        });
-        done += 1;
-        progress(done, total);
+        Ok(())
     }
-    report.record_bytes = record_bytes;
-    let manifest = Manifest {
-        format: FORMAT_NAME.into(),
-        format_version: FORMAT_VERSION,
-        writer: format!("waste {} synth", env!("CARGO_PKG_VERSION")),
-        config,
-        generation_config: None,
-        trunk: TrunkIndex {
-            file: TRUNK_FILE.into(),
-            format: spec.trunk.name().into(),
-            tensors,
-        },
-        experts: ExpertIndex {
-            format: spec.format.name().into(),
-            hidden: spec.hidden as u64,
-            inter: spec.inter as u64,
-            record_bytes,
+}
+
+/// Where an expert record's parts lie.
+struct RecordLayout {
+    format: ExpertFormat,
+    shape: ExpertShape,
+    payload_offset: u64,
+    payload_bytes: u64,
+    record_bytes: u64,
+}
+
+impl RecordLayout {
+    fn new(format: ExpertFormat, shape: ExpertShape) -> Result<Self> {
+        let payload_bytes = quant::expert_payload_len(format, shape) as u64;
+        // `scale_blocks` restates the payload layout of `quant`: refuse to
+        // write records if the two ever disagree.
+        let laid_out = matrix_parts(format, shape).iter().map(|(s, d)| s + d).sum::<usize>();
+        if laid_out as u64 != payload_bytes {
+            return Err(Error::Runtime(format!(
+                "synthetic {} layout is {laid_out} bytes, the format's payload {payload_bytes}",
+                format.name()
+            )));
+        }
+        let payload_offset = record::HEADER_BYTES;
+        Ok(RecordLayout {
+            format,
+            shape,
             payload_offset,
             payload_bytes,
-            layers: banks,
-        },
-        tokenizer_files: Vec::new(),
-    };
-    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Runtime(e.to_string()))?;
-    let mpath = out.join(MANIFEST_FILE);
-    std::fs::write(&mpath, json).map_err(|e| Error::io(&mpath, e))?;
-    Ok(report)
+            record_bytes: align_up(payload_offset + payload_bytes, RECORD_ALIGN),
+        })
+    }
+}
+
+/// Writes the bank of `layer` (`experts` random records) to `path`, 16
+/// records at a time, filled in parallel.
+fn write_bank(path: &Path, layout: &RecordLayout, layer: usize, experts: usize, seed: u64) -> Result<()> {
+    let record_bytes = layout.record_bytes as usize;
+    let (payload_offset, payload_bytes) = (layout.payload_offset as usize, layout.payload_bytes as usize);
+    let scale_blocks = scale_blocks(layout.format, layout.shape);
+    let mut bank = std::io::BufWriter::with_capacity(8 << 20, File::create(path).map_err(|e| Error::io(path, e))?);
+    const CHUNK: usize = 16;
+    for first in (0..experts).step_by(CHUNK) {
+        let n = CHUNK.min(experts - first);
+        let mut buf = vec![0u8; n * record_bytes];
+        buf.par_chunks_mut(record_bytes).enumerate().for_each(|(j, rec)| {
+            let expert = first + j;
+            let header = record::Header {
+                layer: layer as u32,
+                expert: expert as u32,
+                format: layout.format.code(),
+                hidden: layout.shape.hidden as u32,
+                inter: layout.shape.inter as u32,
+                payload_offset: layout.payload_offset,
+                payload_bytes: layout.payload_bytes,
+            };
+            rec[..record::HEADER_BYTES as usize].copy_from_slice(&header.to_bytes());
+            let payload = &mut rec[payload_offset..payload_offset + payload_bytes];
+            seeded(seed, layer as u64 + 1, expert as u64).fill(payload);
+            // Scales: a fixed small f16 so outputs stay finite.
+            for range in &scale_blocks {
+                for s in payload[range.clone()].chunks_exact_mut(2) {
+                    s.copy_from_slice(&half::f16::from_f32(0.02).to_le_bytes());
+                }
+            }
+        });
+        bank.write_all(&buf).map_err(|e| Error::io(path, e))?;
+    }
+    let f = bank.into_inner().map_err(|e| Error::io(path, e.into_error()))?;
+    f.sync_all().map_err(|e| Error::io(path, e))
 }
 
 /// Random RVQ codebooks of `layer` (gate/up and down) appended to `f` at
@@ -334,7 +275,9 @@ fn write_codebooks(
     let stages = format.stages().unwrap_or(3);
     let mut rng = seeded(seed, 77, layer as u64);
     let mut book = |pos: &mut u64| -> Result<(u64, u64)> {
-        let vals: Vec<u8> = (0..stages * 256 * 8).flat_map(|_| rng.uniform(0.3).to_le_bytes()).collect();
+        let vals: Vec<u8> = (0..stages * format.entries() * 8)
+            .flat_map(|_| rng.uniform(0.3).to_le_bytes())
+            .collect();
         let at = align_up(*pos, TENSOR_ALIGN);
         f.write_all_at(&vals, at).map_err(|e| Error::io(path, e))?;
         *pos = at + vals.len() as u64;
@@ -365,19 +308,27 @@ fn trunk_format_for(role: TensorRole, trunk: TrunkFormat) -> TrunkFormat {
 /// Byte ranges of the f16 scale blocks inside an expert payload (gate, up,
 /// down; see the layouts in `quant`).
 fn scale_blocks(fmt: ExpertFormat, shape: ExpertShape) -> Vec<std::ops::Range<usize>> {
-    let (h, i) = (shape.hidden, shape.inter);
     let mut out = Vec::new();
     let mut at = 0;
-    for (rows, cols) in [(i, h), (i, h), (h, i)] {
-        let (scales, data) = match fmt {
-            ExpertFormat::Q8 => (rows * cols.div_ceil(128) * 2, rows * cols),
-            ExpertFormat::Q4 => (rows * cols.div_ceil(128) * 2, rows * cols.div_ceil(2)),
-            _ => (rows * 2, rows * (cols / 8) * fmt.stages().unwrap_or(3)),
-        };
+    for (scales, data) in matrix_parts(fmt, shape) {
         out.push(at..at + scales);
         at += scales + data;
     }
     out
+}
+
+/// (scale bytes, data bytes) of gate, up and down: q8/q4 keep one f16 per
+/// group of 128 ahead of the data; the RVQ formats one f16 per row ahead of
+/// the codes (rvq3/rvq2: a byte per stage and 8-vector; rvq4p: row blocks
+/// of 32 x 8-vectors in 96 bytes of three 6-bit code planes).
+fn matrix_parts(fmt: ExpertFormat, shape: ExpertShape) -> [(usize, usize); 3] {
+    let (h, i) = (shape.hidden, shape.inter);
+    [(i, h), (i, h), (h, i)].map(|(rows, cols)| match fmt {
+        ExpertFormat::Q8 => (rows * cols.div_ceil(128) * 2, rows * cols),
+        ExpertFormat::Q4 => (rows * cols.div_ceil(128) * 2, rows * cols.div_ceil(2)),
+        ExpertFormat::Rvq4p => (rows * 2, rows.div_ceil(32) * cols.div_ceil(8) * 96),
+        _ => (rows * 2, rows * cols.div_ceil(8) * fmt.stages().unwrap_or(3)),
+    })
 }
 
 /// Writes a random matrix (or a vector of ones) at `offset` in chunks of
@@ -426,112 +377,120 @@ fn write_matrix(
     Ok(total as u64)
 }
 
-/// Real models a manifest-only container can be made for (`synth_like`).
-pub const LIKE: &[&str] = &["kimi-k3"];
+/// Real models a container can be made for (`synth_like`): `kimi-k3`
+/// (manifest only: its experts are terabytes) and `kimi-linear-48b` (real
+/// bytes, or manifest only).
+pub const LIKE: &[&str] = &["kimi-k3", "kimi-linear-48b"];
 
-/// The released Kimi K3 text config (values from ../shared/design/K3.md:
-/// 93 layers, 69 KDA with 96 heads x 128 and 24 gated q-LoRA MLA, 896
-/// routed experts top-16 on a 3584-wide latent, 2 shared experts of 3072,
-/// layer 0 dense with 33792, AttnRes blocks of 12, SiTU 4 / 25). Keys the
-/// text forward ignores (`rope_theta`) carry neutral values; `eos_token_id`
-/// is left out, since only generation reads it.
-pub fn kimi_k3_config() -> serde_json::Value {
-    let (kda, full): (Vec<usize>, Vec<usize>) = (1..=93).partition(|&i| i % 4 != 0 && i != 93);
-    // Built in three parts: one json! literal this long exceeds the macro
-    // recursion limit.
-    let mut text = serde_json::json!({
-        "model_type": "kimi_linear",
-        "vocab_size": 163_840,
-        "hidden_size": 7168,
-        "num_hidden_layers": 93,
-        "intermediate_size": 33_792,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": false,
-        "hidden_act": "situ",
-        "activation_situ_beta": 4.0,
-        "activation_situ_linear_beta": 25.0,
-        "num_attention_heads": 96,
-        "num_key_value_heads": 96,
-        "q_lora_rank": 1536,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 128,
-        "mla_use_nope": true,
-        "mla_use_output_gate": true,
-        "linear_attn_config": {
-            "kda_layers": kda,
-            "full_attn_layers": full,
-            "num_heads": 96,
-            "head_dim": 128,
-            "short_conv_kernel_size": 4,
-            "gate_lower_bound": -5.0,
-            "use_full_rank_gate": true
-        }
-    });
-    let moe = serde_json::json!({
-        "num_experts": 896,
-        "num_experts_per_token": 16,
-        "num_shared_experts": 2,
-        "moe_intermediate_size": 3072,
-        "routed_expert_hidden_size": 3584,
-        "latent_moe_use_norm": true,
-        "moe_router_activation_func": "sigmoid",
-        "moe_renormalize": true,
-        "routed_scaling_factor": 1.0,
-        "num_expert_group": 1,
-        "topk_group": 1,
-        "topk_method": "noaux_tc",
-        "use_grouped_topk": true,
-        "first_k_dense_replace": 1,
-        "moe_layer_freq": 1,
-        "attn_res_block_size": 12,
-        "rope_theta": 10000.0,
-        "max_position_embeddings": 1_048_576,
-        "num_nextn_predict_layers": 0
-    });
-    if let (Some(t), serde_json::Value::Object(m)) = (text.as_object_mut(), moe) {
-        t.extend(m);
-    }
-    serde_json::json!({
-        "architectures": ["KimiK3ForConditionalGeneration"],
-        "model_type": "kimi_k3",
-        "text_config": text
-    })
+/// How [`synth_like`] / [`synth_config`] fill a container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LikeOptions {
+    pub experts: ExpertFormat,
+    pub trunk: TrunkFormat,
+    pub seed: u64,
+    /// Routed experts per MoE layer instead of the model's own count. Top-k
+    /// and every shape stay, so the per-token compute is the model's; the
+    /// router matrix shrinks with the count, and so does the expert data.
+    pub num_experts: Option<usize>,
+    /// Write the manifest and full-length sparse files only: the planner and
+    /// `info` see the model at true scale; it cannot run (its records read as
+    /// zeros, which the expert store refuses).
+    pub manifest_only: bool,
 }
 
-/// Writes a manifest-only container for the real model `like` (one of
-/// [`LIKE`]) to `out` (which must not exist): its real config, a manifest
-/// with every trunk tensor and expert bank at the sizes a conversion with
-/// `experts` / `trunk` would give, and the files at their full lengths but
-/// sparse (nothing written beyond the small codebooks), so the planner and
-/// `info` see the model at true scale without its terabytes. The records
-/// read as zeros: the expert store refuses them (bad record header), so the
-/// container cannot be run, only planned and inspected.
+impl Default for LikeOptions {
+    fn default() -> Self {
+        LikeOptions {
+            experts: ExpertFormat::Rvq3,
+            trunk: TrunkFormat::Q4,
+            seed: 1,
+            num_experts: None,
+            manifest_only: false,
+        }
+    }
+}
+
+/// The config of the real model `like` (one of [`LIKE`]), with its routed
+/// expert count replaced by `num_experts` when given.
+pub fn like_config(like: &str, num_experts: Option<usize>) -> Result<serde_json::Value> {
+    let mut config = match like {
+        "kimi-k3" => kimi_k3_config(),
+        "kimi-linear-48b" => kimi_linear_48b_config(),
+        _ => return Err(Error::Arg(format!("unknown model {like:?}: expected one of {}", LIKE.join(", ")))),
+    };
+    if let Some(n) = num_experts {
+        let obj = match config.get_mut("text_config") {
+            Some(text) => text,
+            None => &mut config,
+        };
+        if let Some(o) = obj.as_object_mut() {
+            o.insert("num_experts".into(), n.into());
+        }
+    }
+    Ok(config)
+}
+
+/// Writes a container for the real model `like` (one of [`LIKE`]) to `out`
+/// (which must not exist): see [`synth_config`]. `kimi-k3` needs
+/// `manifest_only`.
 pub fn synth_like(
     out: &Path,
     like: &str,
-    experts: ExpertFormat,
-    trunk: TrunkFormat,
-    seed: u64,
+    options: &LikeOptions,
+    progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SynthReport> {
-    let config = match like {
-        "kimi-k3" => kimi_k3_config(),
-        _ => return Err(Error::Arg(format!("unknown model {like:?}: expected one of {}", LIKE.join(", ")))),
-    };
-    if !matches!(experts, ExpertFormat::Rvq3 | ExpertFormat::Rvq2 | ExpertFormat::Q8 | ExpertFormat::Q4) {
-        return Err(Error::Arg(format!("synthetic experts must be rvq3, rvq2, q8 or q4, not {}", experts.name())));
+    let config = like_config(like, options.num_experts)?;
+    if like == "kimi-k3" && !options.manifest_only {
+        return Err(Error::Arg(
+            "kimi-k3 is written manifest-only (its experts are terabytes)".into(),
+        ));
     }
+    let mode = if options.manifest_only { " --manifest-only" } else { "" };
+    synth_config_as(out, config, options, &format!("synth --like {like}{mode}"), progress)
+}
+
+/// Writes a container for `config` (a HF `config.json` value) to `out`
+/// (which must not exist), generic over the config's trunk: every tensor of
+/// `ModelConfig::trunk_tensor_names` at its `trunk_tensor_shape`, matrices
+/// random (uniform, scaled 1/sqrt(columns) so activations stay finite) in
+/// the converter's formats, vectors ones; expert banks of random records
+/// with small fixed scales and random codebooks. With `manifest_only` the
+/// files are full-length but sparse. `progress(done, total)` counts tensors
+/// and banks.
+pub fn synth_config(
+    out: &Path,
+    config: serde_json::Value,
+    options: &LikeOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<SynthReport> {
+    synth_config_as(out, config, options, "synth", progress)
+}
+
+fn synth_config_as(
+    out: &Path,
+    config: serde_json::Value,
+    options: &LikeOptions,
+    how: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<SynthReport> {
+    let experts = options.experts;
+    check_expert_format(experts)?;
     if out.exists() {
         return Err(Error::Arg(format!("{} already exists", out.display())));
     }
     let cfg = ModelConfig::from_json_str(&config.to_string(), &out.join("config.json"))?;
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
 
+    let names = cfg.trunk_tensor_names();
+    let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)).collect();
+    let total = (names.len() + moe_layers.len()) as u64;
+    let mut done = 0;
     let mut report = SynthReport::default();
+    let trunk_path = out.join(TRUNK_FILE);
+    let trunk_file = File::create(&trunk_path).map_err(|e| Error::io(&trunk_path, e))?;
     let mut offset = 0u64;
     let mut tensors = Vec::new();
-    for name in cfg.trunk_tensor_names() {
+    for (i, name) in names.into_iter().enumerate() {
         let shape = match cfg.trunk_tensor_shape(&name) {
             Some(s) => s,
             // K3's `A_log` has no fixed stored length; a conversion keeps [num_heads].
@@ -540,11 +499,16 @@ pub fn synth_like(
         };
         let (fmt, rows, cols) = match shape.as_slice() {
             [n] => (TrunkFormat::F32, 1, *n),
-            [r, c] => (trunk_format_for(cfg.tensor_role(&name), trunk), *r, *c),
+            [r, c] => (trunk_format_for(cfg.tensor_role(&name), options.trunk), *r, *c),
             _ => return Err(Error::Runtime(format!("tensor {name} has shape {shape:?}"))),
         };
         offset = align_up(offset, TENSOR_ALIGN);
-        let bytes = fmt.byte_len(rows, cols) as u64;
+        let bytes = if options.manifest_only {
+            fmt.byte_len(rows, cols) as u64
+        } else {
+            let seed = options.seed ^ i as u64;
+            write_matrix(&trunk_file, &trunk_path, offset, fmt, rows, cols, shape.len() == 1, seed)?
+        };
         tensors.push(TensorEntry {
             name,
             shape: shape.iter().map(|&d| d as u64).collect(),
@@ -554,14 +518,18 @@ pub fn synth_like(
         });
         offset += bytes;
         report.trunk_bytes += bytes;
+        done += 1;
+        progress(done, total);
     }
-    let trunk_path = out.join(TRUNK_FILE);
-    sparse_file(&trunk_path, offset)?;
+    if options.manifest_only {
+        trunk_file.set_len(offset).map_err(|e| Error::io(&trunk_path, e))?;
+    } else {
+        trunk_file.sync_all().map_err(|e| Error::io(&trunk_path, e))?;
+    }
+    drop(trunk_file);
 
     let shape = ExpertShape { hidden: cfg.expert_hidden(), inter: cfg.moe_intermediate_size };
-    let payload_bytes = quant::expert_payload_len(experts, shape) as u64;
-    let payload_offset = record::HEADER_BYTES;
-    let record_bytes = align_up(payload_offset + payload_bytes, RECORD_ALIGN);
+    let layout = RecordLayout::new(experts, shape)?;
     let mut cb = if experts.uses_codebooks() {
         let p = out.join(CODEBOOK_FILE);
         Some((File::create(&p).map_err(|e| Error::io(&p, e))?, p, 0u64))
@@ -569,32 +537,39 @@ pub fn synth_like(
         None
     };
     let mut banks = Vec::new();
-    for layer in (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)) {
+    for layer in moe_layers {
         let codebooks = match cb.as_mut() {
-            Some((f, p, pos)) => Some(write_codebooks(f, p, pos, experts, seed, layer)?),
+            Some((f, p, pos)) => Some(write_codebooks(f, p, pos, experts, options.seed, layer)?),
             None => None,
         };
         let file = format!("experts-{layer:03}.bin");
-        sparse_file(&out.join(&file), cfg.num_experts as u64 * record_bytes)?;
-        report.expert_bytes += cfg.num_experts as u64 * record_bytes;
+        let path = out.join(&file);
+        if options.manifest_only {
+            sparse_file(&path, cfg.num_experts as u64 * layout.record_bytes)?;
+        } else {
+            write_bank(&path, &layout, layer, cfg.num_experts, options.seed)?;
+        }
+        report.expert_bytes += cfg.num_experts as u64 * layout.record_bytes;
         banks.push(ExpertBankEntry { layer: layer as u64, file, experts: cfg.num_experts as u64, codebooks });
+        done += 1;
+        progress(done, total);
     }
     report.moe_layers = banks.len();
-    report.record_bytes = record_bytes;
+    report.record_bytes = layout.record_bytes;
     let manifest = Manifest {
         format: FORMAT_NAME.into(),
         format_version: FORMAT_VERSION,
-        writer: format!("waste {} synth --like {like} --manifest-only", env!("CARGO_PKG_VERSION")),
+        writer: format!("waste {} {how}", env!("CARGO_PKG_VERSION")),
         config,
         generation_config: None,
-        trunk: TrunkIndex { file: TRUNK_FILE.into(), format: trunk.name().into(), tensors },
+        trunk: TrunkIndex { file: TRUNK_FILE.into(), format: options.trunk.name().into(), tensors },
         experts: ExpertIndex {
             format: experts.name().into(),
             hidden: shape.hidden as u64,
             inter: shape.inter as u64,
-            record_bytes,
-            payload_offset,
-            payload_bytes,
+            record_bytes: layout.record_bytes,
+            payload_offset: layout.payload_offset,
+            payload_bytes: layout.payload_bytes,
             layers: banks,
         },
         tokenizer_files: Vec::new(),
@@ -610,3 +585,6 @@ fn sparse_file(path: &Path, len: u64) -> Result<()> {
     let f = File::create(path).map_err(|e| Error::io(path, e))?;
     f.set_len(len).map_err(|e| Error::io(path, e))
 }
+
+#[cfg(test)]
+mod tests;

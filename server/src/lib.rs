@@ -25,6 +25,9 @@ pub struct ServeOptions {
     pub body_limit: usize,
     /// The name clients use in `model` and that /v1/models lists.
     pub model_id: String,
+    /// A sampler plugin every request's generation draws its tokens from
+    /// (the request's own sampling fields still reach it as parameters).
+    pub sampler: Option<waste_host::plugin::SamplerPlugin>,
 }
 
 impl Default for ServeOptions {
@@ -36,6 +39,7 @@ impl Default for ServeOptions {
             queue_limit: 64,
             body_limit: 4 << 20,
             model_id: "model".into(),
+            sampler: None,
         }
     }
 }
@@ -49,7 +53,7 @@ pub fn serve(
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     let context = model.context();
-    let worker = worker::Worker::start(engine, model, options.queue_limit.max(1))?;
+    let worker = worker::Worker::start(engine, model, options.queue_limit.max(1), options.sampler)?;
     let state = Arc::new(http::AppState {
         worker,
         model_id: options.model_id,

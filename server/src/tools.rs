@@ -1,6 +1,11 @@
-//! Tool calls in a model's output. The chat templates of the families WASTE
-//! runs (Qwen3, OLMoE, Mixtral via Hermes-style templates) ask the model to
-//! answer `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+//! Tool calls in a model's output, in the Hermes syntax Qwen3's chat
+//! template asks for and renders:
+//! `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`. Of the other
+//! templates in tests/fixtures/chat_templates, DeepSeek-V3's renders calls
+//! in its own `<｜tool▁call▁begin｜>` syntax (not parsed here: its template
+//! declares no tools to the model, and transformers cannot render its tool
+//! turns, which need a null content), Kimi-K2's declares tools but renders
+//! no calls, and Mixtral's and OLMoE's (Tulu) know no tools.
 
 use serde_json::{json, Value};
 

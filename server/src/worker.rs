@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use tokio::sync::mpsc::UnboundedSender;
+use waste_host::plugin::SamplerPlugin;
 use waste_host::{Completion, Engine, Model, Session, StopReason, TokenEvent};
 
 use crate::error::{ApiError, Error, Result};
@@ -100,8 +101,14 @@ impl Vocab {
 }
 
 impl Worker {
-    /// Starts the engine thread; returns once its sessions exist.
-    pub fn start(engine: Engine, model: Arc<Model>, limit: usize) -> Result<Worker> {
+    /// Starts the engine thread; returns once its sessions exist. The
+    /// generating session draws through `sampler` when one is given.
+    pub fn start(
+        engine: Engine,
+        model: Arc<Model>,
+        limit: usize,
+        sampler: Option<SamplerPlugin>,
+    ) -> Result<Worker> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let pending = Arc::new(AtomicUsize::new(0));
@@ -115,7 +122,8 @@ impl Worker {
                     .session(Arc::clone(&model))
                     .and_then(|s| Ok((s, engine.session(Arc::clone(&model))?)));
                 let (mut session, vocab) = match sessions {
-                    Ok(s) => {
+                    Ok(mut s) => {
+                        s.0.set_sampler(sampler);
                         let _ = ready_tx.send(Ok(()));
                         s
                     }
@@ -201,9 +209,17 @@ fn prompt_tokens(
                     None,
                 ));
             }
+            // A template that rejects the conversation (raise_exception,
+            // a field it cannot read) is the request's fault, not the
+            // server's: the template is fixed, the messages are not.
             session
                 .apply_chat_template(messages, tools.as_deref(), true)
-                .map_err(host_error)
+                .map_err(|e| match e {
+                    waste_host::Error::Guest(m) if m.starts_with("chat template:") => {
+                        ApiError::bad_request(m, Some("messages"))
+                    }
+                    other => host_error(other),
+                })
         }
         Prompt::Text(text) => {
             let mut tokens: Vec<u32> = session.model().info().bos_token.into_iter().collect();

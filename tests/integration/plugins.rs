@@ -12,7 +12,7 @@ use crate::common::*;
 
 /// Builds a plugin crate under examples/ for wasm32-wasip2 (its own target
 /// directory: the outer cargo holds the lock on the shared one).
-fn plugin(name: &str) -> PathBuf {
+pub(crate) fn plugin(name: &str) -> PathBuf {
     static LOCK: Mutex<()> = Mutex::new(());
     let _one_build_at_a_time = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");

@@ -2,13 +2,14 @@
 //! (tests/server/test_openai.py): chat, completions, models, stop, seeds,
 //! usage, logprobs, every error path, and a bounded load test; then
 //! (tests/server/test_server_more.py) the queue limit, cancellation on
-//! disconnect, stream finish reasons and usage, and tools.
+//! disconnect, stream finish reasons and usage, and tools; then
+//! (tests/server/test_tool_calls.py) a tool call the model writes.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::common::{report_skip, TempDir};
+use crate::common::{report_skip, stderr, stdout, waste, TempDir};
 
 /// Kills the server however the test ends.
 struct Server(Child);
@@ -193,4 +194,153 @@ fn server_tools_are_rendered_by_the_models_template() {
         &dir,
         &[],
     );
+}
+
+/// A tool call end to end (tests/server/test_tool_calls.py): the tiny
+/// Qwen3-MoE fixture with Qwen3's real chat template, made to write the tool
+/// call that template asks for by examples/sampler-script (every draw
+/// scripted; the model still runs each step), served by `waste serve
+/// --sampler`. The fixture's context (512) cannot hold Qwen3's tool
+/// preamble and a round trip, so the copy declares 2048 positions; its
+/// weights are random either way and the output is scripted.
+#[test]
+fn server_parses_the_models_tool_call() {
+    if let Err(why) = python_has_openai() {
+        report_skip(&format!("SKIP server_parses_the_models_tool_call: {why}"));
+        return;
+    }
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/server/tool_call_expected.json")).unwrap(),
+    )
+    .unwrap();
+    let tmp = TempDir::new("server-tool-call");
+    let src = tmp.path().join("tiny-qwen3_moe");
+    std::fs::create_dir(&src).unwrap();
+    for e in std::fs::read_dir(crate::common::fixture("qwen3_moe")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), src.join(e.file_name())).unwrap();
+    }
+    let edit = |file: &str, f: &dyn Fn(&mut serde_json::Value)| {
+        let path = src.join(file);
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        f(&mut v);
+        std::fs::write(&path, v.to_string()).unwrap();
+    };
+    let qwen3: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            root().join("tests/fixtures/chat_templates/qwen3/tokenizer_config.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    edit("tokenizer_config.json", &|v| {
+        v["chat_template"] = qwen3["chat_template"].clone();
+        v["model_max_length"] = 2048.into();
+    });
+    edit("config.json", &|v| {
+        v["max_position_embeddings"] = 2048.into()
+    });
+    let model = tmp.path().join("qwen3-tools.waste");
+    let o = waste(&[
+        "convert",
+        src.to_str().unwrap(),
+        model.to_str().unwrap(),
+        "--experts",
+        "f32",
+        "--trunk",
+        "f32",
+    ]);
+    assert!(o.status.success(), "convert failed: {}", stderr(&o));
+
+    // Our tokenizer must agree with transformers' on the call's text, or
+    // the script would not spell what the test expects.
+    let call_text = expected["call_text"].as_str().unwrap();
+    let call_ids: Vec<u64> = expected["call_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let o = waste(&["tokenize", model.to_str().unwrap(), call_text, "--json"]);
+    assert!(o.status.success(), "tokenize failed: {}", stderr(&o));
+    let ours: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let ours: Vec<u64> = ours
+        .get("tokens")
+        .unwrap_or(&ours)
+        .as_array()
+        .unwrap_or_else(|| panic!("tokenize --json: {ours}"))
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        ours, call_ids,
+        "tokenize --json disagrees with transformers"
+    );
+
+    let end = expected["end_of_turn_id"].as_u64().unwrap();
+    let opts: Vec<String> = call_ids
+        .iter()
+        .chain(std::iter::once(&end))
+        .enumerate()
+        .map(|(i, id)| format!("t{i}={id}"))
+        .collect();
+    let wasm = crate::plugins::plugin("script");
+    let mut args = vec!["--sampler".to_string(), wasm.to_str().unwrap().to_string()];
+    for o in &opts {
+        args.push("--sampler-opt".into());
+        args.push(o.clone());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (server, url) = start(&model, &args);
+    let out = Command::new("python3")
+        .arg(root().join("tests/server/test_tool_calls.py"))
+        .args([url.as_str(), KEY, "qwen3-tools"])
+        .output()
+        .expect("run test_tool_calls.py");
+    drop(server);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "test_tool_calls.py failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("all tool-call checks passed"), "{stdout}");
+}
+
+/// `waste serve --sampler`: a missing or non-plugin file is a runtime error
+/// naming it (exit 1), a malformed or orphan `--sampler-opt` a usage error
+/// (exit 2); each before anything listens.
+#[test]
+fn server_sampler_errors_exit_before_listening() {
+    let model = bible();
+    let model = model.to_str().unwrap();
+    let toml = root().join("Cargo.toml");
+    let cases: [(&[&str], i32, &str); 4] = [
+        (&["--sampler-opt", "t0=1"], 2, "--sampler"),
+        (
+            &["--sampler", "/nonexistent/p.wasm"],
+            1,
+            "/nonexistent/p.wasm",
+        ),
+        (
+            &["--sampler", "/nonexistent/p.wasm", "--sampler-opt", "t0"],
+            2,
+            "NAME=NUMBER",
+        ),
+        (
+            &["--sampler", toml.to_str().unwrap()],
+            1,
+            "not a loadable sampler plugin",
+        ),
+    ];
+    for (args, code, says) in cases {
+        let mut all = vec!["serve", model, "--port", "0"];
+        all.extend_from_slice(args);
+        let o = waste(&all);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("listening"), "{args:?}: {err}");
+    }
 }

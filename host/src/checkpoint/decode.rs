@@ -43,7 +43,7 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
 /// `2^(s - 127)` as f32, exactly (2^-127 is a subnormal f32); `None` for
 /// the E8M0 NaN (255) and for 2^128, which f32 cannot hold.
 pub fn e8m0_to_f32(s: u8) -> Option<f32> {
-    if s >= 255 {
+    if s == 255 {
         return None;
     }
     let v = (2.0f64).powi(s as i32 - 127) as f32;

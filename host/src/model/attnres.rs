@@ -246,6 +246,37 @@ impl LatentMoe {
     }
 }
 
+impl LatentMoe {
+    /// `forward` for the tokens of a prefill chunk (`xs`, `outs`: `[n, H]`;
+    /// `z`, `zy`: `[n, L]` scratch), the experts run as one batch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_batch(
+        &self,
+        layer: usize,
+        xs: &[f32],
+        picks: &[Vec<(usize, f32)>],
+        experts: &dyn ExpertProvider,
+        z: &mut [f32],
+        zy: &mut [f32],
+        outs: &mut [f32],
+        stats: &mut StepStats,
+    ) -> Result<()> {
+        let n = picks.len().max(1);
+        let (h, l) = (xs.len() / n, z.len() / n);
+        for (x, zt) in xs.chunks_exact(h).zip(z.chunks_exact_mut(l)) {
+            self.down.matvec(x, zt);
+        }
+        experts.forward_experts_batch(layer, z, picks, zy, stats)?;
+        for (yt, out) in zy.chunks_exact_mut(l).zip(outs.chunks_exact_mut(h)) {
+            if let Some(w) = &self.norm {
+                rms_norm_in_place(yt, w, self.eps);
+            }
+            self.up.matvec(yt, out);
+        }
+        Ok(())
+    }
+}
+
 /// What a K3 decoder layer adds.
 pub struct K3Layer {
     pub res: Option<LayerRes>,

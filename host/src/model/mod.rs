@@ -10,6 +10,7 @@ pub mod kda;
 pub mod mla;
 pub mod moe;
 pub mod ops;
+pub mod prefill;
 pub mod rope;
 pub mod source;
 pub mod state_io;
@@ -113,6 +114,8 @@ pub struct Model {
     rope: Rope,
     /// Kimi K3's output AttnRes mix, before `norm`.
     output_mix: Option<attnres::Mix>,
+    /// Tokens per prefill chunk (1 = token at a time); see [`prefill`].
+    prefill_chunk: usize,
 }
 
 /// The state one layer keeps for a sequence.
@@ -206,18 +209,23 @@ impl State {
     }
 }
 
+/// The token mixers' buffers.
+struct MixerScratch {
+    attn: AttnScratch,
+    mla: MlaScratch,
+    kda: KdaScratch,
+}
+
 /// Buffers of one forward call, allocated once and reused by every layer.
 struct Scratch {
     x: Vec<f32>,
     xn: Vec<f32>,
     y: Vec<f32>,
-    attn: AttnScratch,
+    mix: MixerScratch,
     gate: Vec<f32>,
     up: Vec<f32>,
     probs: Vec<f32>,
     picks: Vec<(usize, f32)>,
-    mla: MlaScratch,
-    kda: KdaScratch,
     shared_gate: Vec<f32>,
     shared_up: Vec<f32>,
     shared_y: Vec<f32>,
@@ -225,6 +233,32 @@ struct Scratch {
     mixed: Vec<f32>,
     bank: attnres::Bank,
     latent: attnres::LatentScratch,
+}
+
+impl Scratch {
+    fn new(cfg: &ModelConfig, context: usize, attn_res: bool) -> Scratch {
+        let h = cfg.hidden_size;
+        Scratch {
+            x: vec![0.0; h],
+            xn: vec![0.0; h],
+            y: vec![0.0; h],
+            mix: MixerScratch {
+                attn: AttnScratch::new(cfg, context),
+                mla: MlaScratch::new(cfg, context),
+                kda: KdaScratch::new(cfg),
+            },
+            gate: vec![0.0; cfg.intermediate_size],
+            up: vec![0.0; cfg.intermediate_size],
+            probs: vec![0.0; cfg.num_experts],
+            picks: Vec::with_capacity(cfg.top_k + 1),
+            shared_gate: vec![0.0; cfg.shared_intermediate_size],
+            shared_up: vec![0.0; cfg.shared_intermediate_size],
+            shared_y: vec![0.0; if cfg.shared_intermediate_size > 0 { h } else { 0 }],
+            mixed: vec![0.0; if attn_res { h } else { 0 }],
+            bank: attnres::Bank::new(cfg),
+            latent: attnres::LatentScratch::new(cfg),
+        }
+    }
 }
 
 impl Model {
@@ -272,7 +306,21 @@ impl Model {
             lm_head,
             rope: Rope::new(cfg),
             output_mix: attnres::load_output_mix(cfg, src)?,
+            prefill_chunk: prefill::DEFAULT_PREFILL_CHUNK,
         })
+    }
+
+    /// Tokens per prefill chunk, 1..=`MAX_PREFILL_CHUNK`; 1 runs a prompt
+    /// token at a time. The logits do not depend on it, only how often
+    /// experts are read.
+    pub fn set_prefill_chunk(&mut self, tokens: usize) -> Result<()> {
+        prefill::check_chunk(tokens)?;
+        self.prefill_chunk = tokens;
+        Ok(())
+    }
+
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -326,6 +374,90 @@ impl Model {
         result
     }
 
+    /// The embedding row of `tok` into `x`.
+    fn embed(&self, tok: u32, x: &mut [f32], stats: &mut StepStats) -> Result<()> {
+        self.embed_tokens.row(tok as usize, x)?;
+        if self.embed_tokens.resident().is_none() {
+            stats.embedding_rows_read += 1;
+        }
+        Ok(())
+    }
+
+    /// The token mixer of layer `l` for one token at `pos`, `x += attn(norm(
+    /// in))`, then the feed-forward input `xn = norm(in')`; with AttnRes
+    /// (K3) `x` is the block's partial sum P and each input a depth mix of
+    /// the bank and P.
+    #[allow(clippy::too_many_arguments)]
+    fn mixer_step(
+        &self,
+        l: usize,
+        pos: usize,
+        layer_state: &mut LayerState,
+        x: &mut [f32],
+        bank: &mut attnres::Bank,
+        mixed: &mut [f32],
+        xn: &mut [f32],
+        mix: &mut MixerScratch,
+        y: &mut [f32],
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let layer = &self.layers[l];
+        let res = layer.k3.as_ref().and_then(|k| k.res.as_ref());
+        match res {
+            Some(r) => {
+                r.before_attention(bank, x, mixed);
+                rms_norm(mixed, &layer.input_layernorm, cfg.rms_norm_eps, xn);
+            }
+            None => rms_norm(x, &layer.input_layernorm, cfg.rms_norm_eps, xn),
+        }
+        match (&layer.self_attn, layer_state) {
+            (Mixer::Gqa(a), LayerState::Kv { k, v }) => a.forward(cfg, &self.rope, xn, pos, k, v, &mut mix.attn, y)?,
+            (Mixer::Mla(a), LayerState::Latent(c)) => a.forward(xn, pos, c, &mut mix.mla, y)?,
+            (Mixer::Kda(a), LayerState::Kda(st)) => a.forward(xn, pos, st, &mut mix.kda, y),
+            _ => {
+                return Err(Error::Arg(format!(
+                    "layer {l}: the state was created for a different model"
+                )))
+            }
+        }
+        add_in_place(x, y);
+        match res {
+            Some(r) => {
+                r.before_mlp(bank, x, mixed);
+                rms_norm(mixed, &layer.post_attention_layernorm, cfg.rms_norm_eps, xn);
+            }
+            None => rms_norm(x, &layer.post_attention_layernorm, cfg.rms_norm_eps, xn),
+        }
+        Ok(())
+    }
+
+    /// The logits of a token whose final hidden state is `x` (and AttnRes
+    /// bank `bank`) into `out`.
+    fn head_row(
+        &self,
+        bank: &attnres::Bank,
+        x: &[f32],
+        mixed: &mut [f32],
+        xn: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        match &self.output_mix {
+            Some(m) => {
+                m.apply(bank, x, mixed);
+                rms_norm(mixed, &self.norm, cfg.rms_norm_eps, xn);
+            }
+            None => rms_norm(x, &self.norm, cfg.rms_norm_eps, xn),
+        }
+        // Tied embeddings are always resident (`embedding::load`).
+        let head = match (&self.lm_head, self.embed_tokens.resident()) {
+            (Some(h), _) | (None, Some(h)) => h,
+            (None, None) => return Err(Error::Runtime("no LM head: tied embeddings are not resident".into())),
+        };
+        head.matvec(xn, out);
+        Ok(())
+    }
+
     /// Runs the router of the MoE layer after `layer` on this layer's MoE
     /// input and asks for its top `n` to be read speculatively.
     #[allow(clippy::too_many_arguments)]
@@ -358,27 +490,12 @@ impl Model {
         all_positions: bool,
         stats: &mut StepStats,
     ) -> Result<Vec<f32>> {
+        if tokens.len() > 1 && self.prefill_chunk > 1 {
+            return self.forward_chunked(state, tokens, experts, all_positions, stats);
+        }
         let cfg = &self.cfg;
-        let h = cfg.hidden_size;
         let v = cfg.vocab_size;
-        let mut s = Scratch {
-            x: vec![0.0; h],
-            xn: vec![0.0; h],
-            y: vec![0.0; h],
-            attn: AttnScratch::new(cfg, state.context),
-            gate: vec![0.0; cfg.intermediate_size],
-            up: vec![0.0; cfg.intermediate_size],
-            probs: vec![0.0; cfg.num_experts],
-            picks: Vec::with_capacity(cfg.top_k + 1),
-            mla: MlaScratch::new(cfg, state.context),
-            kda: KdaScratch::new(cfg),
-            shared_gate: vec![0.0; cfg.shared_intermediate_size],
-            shared_up: vec![0.0; cfg.shared_intermediate_size],
-            shared_y: vec![0.0; if cfg.shared_intermediate_size > 0 { h } else { 0 }],
-            mixed: vec![0.0; if self.output_mix.is_some() { h } else { 0 }],
-            bank: attnres::Bank::new(cfg),
-            latent: attnres::LatentScratch::new(cfg),
-        };
+        let mut s = Scratch::new(cfg, state.context, self.output_mix.is_some());
         // Router lookahead runs in decode only: in prefill it moved bytes
         // that the next token's own routing reads anyway.
         let lookahead = if tokens.len() == 1 { experts.lookahead() } else { 0 };
@@ -388,54 +505,20 @@ impl Model {
 
         for (i, &tok) in tokens.iter().enumerate() {
             let pos = state.position;
-            self.embed_tokens.row(tok as usize, &mut s.x)?;
-            if self.embed_tokens.resident().is_none() {
-                stats.embedding_rows_read += 1;
-            }
+            self.embed(tok, &mut s.x, stats)?;
             s.bank.clear();
             for (l, layer) in self.layers.iter().enumerate() {
-                // AttnRes (K3): s.x is the block's partial sum P; the layer
-                // reads a depth mix of the bank and P.
-                let res = layer.k3.as_ref().and_then(|k| k.res.as_ref());
-                let attn_in = match res {
-                    Some(r) => {
-                        r.before_attention(&mut s.bank, &mut s.x, &mut s.mixed);
-                        &s.mixed
-                    }
-                    None => &s.x,
-                };
-                rms_norm(attn_in, &layer.input_layernorm, cfg.rms_norm_eps, &mut s.xn);
-                match (&layer.self_attn, &mut state.layers[l]) {
-                    (Mixer::Gqa(a), LayerState::Kv { k, v }) => {
-                        a.forward(cfg, &self.rope, &s.xn, pos, k, v, &mut s.attn, &mut s.y)?
-                    }
-                    (Mixer::Mla(a), LayerState::Latent(c)) => {
-                        a.forward(&s.xn, pos, c, &mut s.mla, &mut s.y)?
-                    }
-                    (Mixer::Kda(a), LayerState::Kda(st)) => {
-                        a.forward(&s.xn, pos, st, &mut s.kda, &mut s.y)
-                    }
-                    _ => {
-                        return Err(Error::Arg(format!(
-                            "layer {l}: the state was created for a different model"
-                        )))
-                    }
-                }
-                add_in_place(&mut s.x, &s.y);
-
-                let mlp_in = match res {
-                    Some(r) => {
-                        r.before_mlp(&s.bank, &s.x, &mut s.mixed);
-                        &s.mixed
-                    }
-                    None => &s.x,
-                };
-                rms_norm(
-                    mlp_in,
-                    &layer.post_attention_layernorm,
-                    cfg.rms_norm_eps,
+                self.mixer_step(
+                    l,
+                    pos,
+                    &mut state.layers[l],
+                    &mut s.x,
+                    &mut s.bank,
+                    &mut s.mixed,
                     &mut s.xn,
-                );
+                    &mut s.mix,
+                    &mut s.y,
+                )?;
                 match &layer.mlp {
                     FeedForward::Dense(mlp) => mlp.forward(&s.xn, &mut s.gate, &mut s.up, &mut s.y),
                     FeedForward::Moe(router) => {
@@ -460,20 +543,7 @@ impl Model {
             let last = i + 1 == tokens.len();
             if all_positions || last {
                 let row = if all_positions { i } else { 0 };
-                let final_in = match &self.output_mix {
-                    Some(m) => {
-                        m.apply(&s.bank, &s.x, &mut s.mixed);
-                        &s.mixed
-                    }
-                    None => &s.x,
-                };
-                rms_norm(final_in, &self.norm, cfg.rms_norm_eps, &mut s.xn);
-                // Tied embeddings are always resident (`embedding::load`).
-                let head = match (&self.lm_head, self.embed_tokens.resident()) {
-                    (Some(h), _) | (None, Some(h)) => h,
-                    (None, None) => return Err(Error::Runtime("no LM head: tied embeddings are not resident".into())),
-                };
-                head.matvec(&s.xn, &mut logits[row * v..(row + 1) * v]);
+                self.head_row(&s.bank, &s.x, &mut s.mixed, &mut s.xn, &mut logits[row * v..(row + 1) * v])?;
             }
         }
         Ok(logits)

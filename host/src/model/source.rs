@@ -35,6 +35,36 @@ pub trait ExpertProvider: Send + Sync {
         stats: &mut StepStats,
     ) -> Result<()>;
 
+    /// The MoE block for the tokens of a prefill chunk: token `t`'s input
+    /// is `xs[t * w..(t + 1) * w]` (`w = xs.len() / picks.len()`), its
+    /// output the same rows of `outs`, and each must equal what
+    /// `forward_experts` gives for that token alone, bit for bit. A
+    /// provider that reads experts reads each distinct one once per call.
+    fn forward_experts_batch(
+        &self,
+        layer: usize,
+        xs: &[f32],
+        picks: &[Vec<(usize, f32)>],
+        outs: &mut [f32],
+        stats: &mut StepStats,
+    ) -> Result<()> {
+        let n = picks.len().max(1);
+        let w = xs.len() / n;
+        if xs.len() != w * picks.len() || outs.len() != xs.len() {
+            return Err(crate::error::Error::Arg(format!(
+                "expert batch of {} tokens: input/output lengths {}/{}",
+                picks.len(),
+                xs.len(),
+                outs.len()
+            )));
+        }
+        for (t, p) in picks.iter().enumerate() {
+            let r = t * w..(t + 1) * w;
+            self.forward_experts(layer, &xs[r.clone()], p, &mut outs[r], stats)?;
+        }
+        Ok(())
+    }
+
     /// Experts of the next MoE layer to read speculatively in decode
     /// (router lookahead); 0 = none.
     fn lookahead(&self) -> usize {

@@ -6,6 +6,7 @@
 //! computed in router order from the same bytes, whether they came from the
 //! cache, a read-ahead, a speculative lookahead read or a synchronous read.
 
+mod batch;
 pub mod cache;
 pub mod io;
 mod readers;
@@ -581,6 +582,17 @@ impl ExpertProvider for ExpertStore {
         drop(st);
         self.shared.ready.notify_all();
         result
+    }
+
+    fn forward_experts_batch(
+        &self,
+        layer: usize,
+        xs: &[f32],
+        picks: &[Vec<(usize, f32)>],
+        outs: &mut [f32],
+        stats: &mut StepStats,
+    ) -> Result<()> {
+        self.forward_batch(layer, xs, picks, outs, stats)
     }
 
     fn lookahead(&self) -> usize {

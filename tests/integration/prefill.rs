@@ -1,0 +1,264 @@
+//! Chunked prefill (host/src/model/prefill.rs): a prompt run layer-major in
+//! chunks, each distinct expert read once per chunk, must give the logits of
+//! token-at-a-time prefill bit for bit, on every tiny fixture and for exact
+//! and quantised expert formats, whatever the store does with the bytes.
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use waste_host::plan::plan_path;
+use waste_host::{Engine, Error, GenerateParams, Model, OpenOptions};
+
+use crate::common::*;
+
+/// (fixture, expert format, trunk format): every tiny fixture, once exact
+/// and once quantised, the quantised formats spread over the families.
+const CASES: &[(&str, &str, &str)] = &[
+    ("qwen3_moe", "f32", "f32"),
+    ("qwen3_moe", "rvq3", "q4"),
+    ("olmoe", "f32", "f32"),
+    ("olmoe", "q8", "q8"),
+    ("mixtral", "f32", "f32"),
+    ("mixtral", "q4", "q8"),
+    ("kimi_linear", "f32", "f32"),
+    ("kimi_linear", "rvq4p", "q8"),
+    ("deepseek_v3", "f32", "f32"),
+    ("deepseek_v3", "rvq3", "q8"),
+    ("deepseek_v3-mxfp4", "q4", "q8"),
+    ("kimi_k3", "f32", "f32"),
+    ("kimi_k3", "q8", "f32"),
+    ("kimi_k3-mxfp4", "rvq3", "q8"),
+];
+
+const CONTEXT: usize = 96;
+
+/// The fixture's prompt repeated to 70 tokens: longer than a 64-token chunk.
+fn prompt(family: &str) -> Vec<u32> {
+    // A release-style fixture is its base fixture requantised: same vocab.
+    let ids = reference(family.trim_end_matches("-mxfp4")).prompt_ids;
+    ids.iter().copied().cycle().take(70).collect()
+}
+
+fn options(chunk: usize) -> OpenOptions {
+    OpenOptions {
+        context: Some(CONTEXT),
+        preload: false,
+        prefill_chunk: chunk,
+        ..OpenOptions::default()
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn chunked_prefill_logits_are_bit_identical_on_every_fixture_and_format() {
+    let tmp = TempDir::new("prefill-ident");
+    for &(family, experts, trunk) in CASES {
+        let path = convert(family, experts, trunk, tmp.path());
+        let prompt = prompt(family);
+        let plain = Model::open(&path, &options(1)).unwrap();
+        let mut state = plain.new_state();
+        let (want, _) = plain.forward(&mut state, &prompt, true).unwrap();
+        let want = bits(&want);
+        let v = plain.info().vocab_size;
+        let floor = plan_path(&path, Some(CONTEXT), None).unwrap().floor;
+        // The store moves bytes differently in each; none may change a bit.
+        let variants: Vec<(&str, OpenOptions)> = vec![
+            ("chunk 3, cache", options(3)),
+            ("chunk 64, cache", options(64)),
+            (
+                "chunk 64, smallest cache, no readers",
+                OpenOptions {
+                    budget: Some(floor),
+                    readers: 0,
+                    cache: false,
+                    ..options(64)
+                },
+            ),
+            (
+                "chunk 3, smallest cache, no read-ahead",
+                OpenOptions {
+                    budget: Some(floor),
+                    read_ahead: false,
+                    ..options(3)
+                },
+            ),
+        ];
+        for (what, o) in variants {
+            let m = Model::open(&path, &o).unwrap();
+            let mut state = m.new_state();
+            let (got, _) = m.forward(&mut state, &prompt, true).unwrap();
+            assert!(
+                bits(&got) == want,
+                "{family} {experts}/{trunk} {what}: all-position logits differ"
+            );
+            let mut state = m.new_state();
+            let (last, _) = m.forward(&mut state, &prompt, false).unwrap();
+            assert!(
+                bits(&last) == want[(prompt.len() - 1) * v..],
+                "{family} {experts}/{trunk} {what}: last-position logits differ"
+            );
+        }
+    }
+}
+
+/// Prefill in chunks, then decode: the same greedy continuation, logits
+/// bit for bit, through the Rust API and through a component session.
+#[test]
+fn decode_after_chunked_prefill_gives_the_same_tokens() {
+    let tmp = TempDir::new("prefill-decode");
+    for (family, experts, trunk) in [
+        ("kimi_linear", "f32", "f32"),
+        ("kimi_k3", "q8", "f32"),
+        ("olmoe", "q8", "q8"),
+    ] {
+        let path = convert(family, experts, trunk, tmp.path());
+        let prompt = prompt(family);
+        let run = |chunk: usize| {
+            let m = Model::open(&path, &options(chunk)).unwrap();
+            let mut state = m.new_state();
+            let (mut logits, _) = m.forward(&mut state, &prompt, false).unwrap();
+            let mut out = vec![bits(&logits)];
+            for _ in 0..8 {
+                let next = logits
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map(|(i, _)| i as u32)
+                    .unwrap();
+                logits = m.forward(&mut state, &[next], false).unwrap().0;
+                out.push(bits(&logits));
+            }
+            out
+        };
+        assert!(
+            run(1) == run(64),
+            "{family}: decode after a chunked prefill differs"
+        );
+        let generate = |chunk: usize| {
+            let m = Model::open(&path, &options(chunk)).unwrap();
+            let mut s = engine().session(m).unwrap();
+            let p = GenerateParams {
+                temperature: 0.0,
+                max_tokens: 6,
+                stop_at_eos: false,
+                ..GenerateParams::default()
+            };
+            let seen = Arc::new(Mutex::new(0usize));
+            let count = seen.clone();
+            let c = s
+                .generate(&prompt, &p, move |_| {
+                    *count.lock().unwrap() += 1;
+                    true
+                })
+                .unwrap();
+            assert_eq!(*seen.lock().unwrap(), c.tokens.len());
+            c.tokens
+        };
+        let (plain, chunked) = (generate(1), generate(5));
+        assert_eq!(plain.len(), 6);
+        assert_eq!(
+            plain, chunked,
+            "{family}: a session's tokens differ after a chunked prefill"
+        );
+    }
+}
+
+fn engine() -> &'static Engine {
+    static E: OnceLock<Engine> = OnceLock::new();
+    E.get_or_init(|| Engine::new().unwrap())
+}
+
+/// With no cache every use is a read token at a time; a chunk reads each
+/// distinct (layer, expert) of the chunk once, and counts one miss per read.
+#[test]
+fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
+    let tmp = TempDir::new("prefill-reads");
+    let path = convert("olmoe", "q8", "q8", tmp.path());
+    let floor = plan_path(&path, Some(CONTEXT), None).unwrap().floor;
+    let prompt = prompt("olmoe")[..40].to_vec();
+    let open = |chunk: usize| {
+        Model::open(
+            &path,
+            &OpenOptions {
+                budget: Some(floor),
+                cache: false,
+                readers: 0,
+                ..options(chunk)
+            },
+        )
+        .unwrap()
+    };
+    let plain = open(1);
+    let info = plain.info().clone();
+    let mut state = plain.new_state();
+    let (_, step) = plain.forward(&mut state, &prompt, false).unwrap();
+    let uses = (prompt.len() * info.top_k * info.moe_layers) as u64;
+    let s = plain.store_stats();
+    assert_eq!(
+        (s.reads, s.misses, step.experts_missed as u64),
+        (uses, uses, uses)
+    );
+    // One chunk holds the whole prompt: reads = distinct (layer, expert)
+    // pairs the prompt routes to, which the plain run's usage counts show.
+    let distinct = plain
+        .expert_store()
+        .usage()
+        .iter()
+        .filter(|&&n| n > 0)
+        .count() as u64;
+    assert!(
+        distinct < uses,
+        "the fixture routes {distinct} distinct of {uses} uses"
+    );
+    let one = open(64);
+    let mut state = one.new_state();
+    let (_, step) = one.forward(&mut state, &prompt, false).unwrap();
+    let s = one.store_stats();
+    assert_eq!((s.reads, s.misses, s.hits), (distinct, distinct, 0));
+    assert_eq!(step.experts_missed as u64, distinct);
+    assert_eq!(step.bytes_read, distinct * s.record_bytes);
+    // The hotlist still counts every token's use.
+    assert_eq!(one.expert_store().usage(), plain.expert_store().usage());
+    // Chunks of 3: each chunk reads its own distinct experts.
+    let three = open(3);
+    let mut state = three.new_state();
+    three.forward(&mut state, &prompt, false).unwrap();
+    let r3 = three.store_stats().reads;
+    assert!(
+        distinct < r3 && r3 < uses,
+        "chunk 3 read {r3}, one chunk {distinct}, plain {uses}"
+    );
+    // Decode is one token: every use is a read.
+    let before = one.store_stats().reads;
+    let mut state = one.new_state();
+    one.forward(&mut state, &prompt[..1], false).unwrap();
+    assert_eq!(
+        one.store_stats().reads - before,
+        (info.top_k * info.moe_layers) as u64
+    );
+}
+
+#[test]
+fn prefill_chunk_outside_1_to_64_is_refused() {
+    let tmp = TempDir::new("prefill-arg");
+    let path = convert("qwen3_moe", "f32", "f32", tmp.path());
+    for bad in [0, 65] {
+        match Model::open(&path, &options(bad)) {
+            Err(Error::Arg(msg)) => assert!(msg.contains("prefill chunk"), "{msg}"),
+            Err(e) => panic!("chunk {bad}: {e}"),
+            Ok(_) => panic!("chunk {bad} was accepted"),
+        }
+    }
+    let o = waste(&[
+        "bench",
+        path.to_str().unwrap(),
+        "--prefill",
+        "4",
+        "--chunk",
+        "1,0",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--chunk 0"), "{}", stderr(&o));
+}

@@ -43,6 +43,35 @@ pub struct ChatArgs {
     /// Seed of the sampler (each turn uses seed + turn number).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// A further chat template variable, NAME=JSON (repeatable), e.g.
+    /// `--template-var enable_thinking=false` for Qwen3.
+    #[arg(long = "template-var", value_name = "NAME=JSON")]
+    pub template_vars: Vec<String>,
+}
+
+/// `--template-var NAME=JSON` flags as one JSON object text (None when there
+/// are none); a malformed flag is a usage error.
+pub fn template_vars(flags: &[String]) -> Result<Option<String>> {
+    if flags.is_empty() {
+        return Ok(None);
+    }
+    let mut map = serde_json::Map::new();
+    for flag in flags {
+        let Some((name, json)) = flag.split_once('=').filter(|(n, _)| !n.is_empty()) else {
+            bail!(usage(format!("--template-var {flag:?}: expected NAME=JSON")));
+        };
+        let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
+            usage(format!(
+                "--template-var {flag:?}: the value is not JSON ({e}); quote strings: {name}='\"text\"'"
+            ))
+        })?;
+        if map.insert(name.to_string(), value).is_some() {
+            bail!(usage(format!("--template-var {name}: given twice")));
+        }
+    }
+    let text = serde_json::Value::Object(map).to_string();
+    waste_host::check_template_vars(&text).map_err(|e| usage(format!("--template-var: {e}")))?;
+    Ok(Some(text))
 }
 
 const HELP: &str = "\
@@ -58,6 +87,7 @@ struct Chat {
     session: Session,
     system: Option<String>,
     messages: Vec<ChatMessage>,
+    template_vars: Option<String>,
     params: GenerateParams,
     turns: u64,
     /// Prompt tokens evaluated by the last turn, and whether the session had
@@ -78,6 +108,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         bail!(usage(format!("--top-p {}: must be in (0, 1]", a.top_p)));
     }
+    let template_vars = template_vars(&a.template_vars)?;
     let (_engine, session) = crate::commands::open(&a.model)?;
     if !session.model().info().has_chat_template {
         bail!(
@@ -100,6 +131,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         session,
         system: a.system,
         messages: Vec::new(),
+        template_vars,
         params,
         turns: 0,
         last_prompt: 0,
@@ -288,7 +320,8 @@ impl Chat {
     }
 
     fn reply(&mut self) -> Result<()> {
-        let full = self.session.apply_chat_template(&self.messages, None, true)?;
+        let full =
+            self.session.apply_chat_template_with_vars(&self.messages, None, true, self.template_vars.as_deref())?;
         let held = self.session.tokens();
         let prompt = if full.len() > held.len() && full.starts_with(&held) {
             full[held.len()..].to_vec()

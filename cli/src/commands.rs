@@ -42,7 +42,17 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     if a.verify && a.reclaim {
         return Err(usage("--verify reads the source checkpoint, which --reclaim deletes; run them separately"));
     }
-    let opts = ConvertOptions { experts, trunk, jobs: a.jobs as usize, reclaim: a.reclaim, ..ConvertOptions::default() };
+    if a.verify && a.follow {
+        return Err(usage("--verify reads the whole source, which --follow does not wait to have; run it separately"));
+    }
+    let opts = ConvertOptions {
+        experts,
+        trunk,
+        jobs: a.jobs as usize,
+        reclaim: a.reclaim,
+        follow: a.follow.then(|| std::time::Duration::from_secs(a.follow_timeout)),
+        ..ConvertOptions::default()
+    };
     let started = Instant::now();
     let mut bar: Option<indicatif::ProgressBar> = None;
     let report = waste_host::convert(&a.src, &a.out, &opts, &mut |p| {

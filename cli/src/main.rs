@@ -74,6 +74,14 @@ pub struct ConvertArgs {
     /// Delete each source shard once everything it holds is written (off unless asked).
     #[arg(long)]
     pub reclaim: bool,
+    /// Convert while the source is still downloading: start from config.json and
+    /// model.safetensors.index.json, wait for each shard to be complete (its header
+    /// describes its size). With --reclaim, the disk holds the output plus the shards in flight.
+    #[arg(long)]
+    pub follow: bool,
+    /// With --follow: give up after this many seconds without a new shard.
+    #[arg(long, requires = "follow", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub follow_timeout: u64,
     /// Decode every expert record back and report its error against the source.
     #[arg(long)]
     pub verify: bool,

@@ -23,20 +23,28 @@ pub struct RunTotals {
     pub experts_hit: u64,
     pub experts_missed: u64,
     pub bytes_read: u64,
+    /// Whether the last token's expert reads bypassed the page cache
+    /// (`None` before the first token).
+    pub direct_io: Option<bool>,
 }
 
 pub fn stats_line(t: &RunTotals, seconds: f64) -> String {
     let uses = t.experts_hit + t.experts_missed;
     let rate = if uses == 0 { 0.0 } else { 100.0 * t.experts_hit as f64 / uses as f64 };
     format!(
-        "[{} tokens, {:.2} s, {:.2} tok/s | experts {} hit / {} miss = {:.0}% | {:.1} MB read]",
+        "[{} tokens, {:.2} s, {:.2} tok/s | experts {} hit / {} miss = {:.0}% | {:.1} MB read{}]",
         t.tokens,
         seconds,
         if seconds > 0.0 { t.tokens as f64 / seconds } else { 0.0 },
         t.experts_hit,
         t.experts_missed,
         rate,
-        t.bytes_read as f64 / 1e6
+        t.bytes_read as f64 / 1e6,
+        match t.direct_io {
+            Some(true) => ", direct_io on",
+            Some(false) => ", direct_io off",
+            None => "",
+        }
     )
 }
 

@@ -52,6 +52,7 @@ impl Renderer {
         self.totals.experts_missed += event.experts_missed as u64;
         self.totals.bytes_read += event.bytes_read;
         self.direct_io = event.direct_io;
+        self.totals.direct_io = Some(event.direct_io);
         if self.live && self.last_draw.is_none_or(|t| t.elapsed() >= REDRAW) {
             self.last_draw = Some(Instant::now());
             eprint!(
@@ -148,11 +149,19 @@ mod tests {
             experts_hit: 9,
             experts_missed: 1,
             bytes_read: 20_000_000,
+            direct_io: Some(true),
         };
         assert_eq!(
             status_text(&t, 2.0, true),
             "10 tokens | 5.0 tok/s | cache 90% | disk 10.0 MB/s direct"
         );
+        assert_eq!(
+            crate::output::stats_line(&t, 2.0),
+            "[10 tokens, 2.00 s, 5.00 tok/s | experts 9 hit / 1 miss = 90% | 20.0 MB read, direct_io on]"
+        );
+        let buffered = RunTotals { direct_io: Some(false), ..t };
+        assert!(crate::output::stats_line(&buffered, 2.0).ends_with("MB read, direct_io off]"));
+        assert!(crate::output::stats_line(&RunTotals::default(), 0.0).ends_with("0.0 MB read]"));
         assert_eq!(
             status_text(&RunTotals::default(), 0.0, false),
             "0 tokens | 0.0 tok/s | cache 0% | disk 0.0 MB/s buffered"

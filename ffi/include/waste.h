@@ -767,6 +767,23 @@ enum waste_result waste_session_apply_chat_template(struct waste_session *sessio
                                                     size_t *out_len);
 
 /**
+ * [`waste_session_apply_chat_template`] with further template variables:
+ * `vars` is a JSON object text such as `{"enable_thinking": false}`, `ptr`
+ * NULL = none. Not an object, or one naming `messages`, `tools` or
+ * `add_generation_prompt`, is `WASTE_ARG`. A separate function so that
+ * callers of the one without variables keep working unchanged.
+ */
+enum waste_result waste_session_apply_chat_template_vars(struct waste_session *session,
+                                                         const struct waste_chat_message *messages,
+                                                         size_t n_messages,
+                                                         struct waste_str tools,
+                                                         bool add_generation_prompt,
+                                                         struct waste_str vars,
+                                                         uint32_t *tokens,
+                                                         size_t cap,
+                                                         size_t *out_len);
+
+/**
  * Continues from the session's state with `prompt`; `params` NULL = the
  * defaults; `callback` (may be NULL) sees each token and returns false to
  * cancel, in which case the result is `WASTE_CANCELLED` and `out` (may be
@@ -839,6 +856,20 @@ enum waste_result waste_session_render_chat_template(struct waste_session *sessi
                                                      char *text,
                                                      size_t cap,
                                                      size_t *out_len);
+
+/**
+ * [`waste_session_render_chat_template`] with further template variables
+ * (see [`waste_session_apply_chat_template_vars`]).
+ */
+enum waste_result waste_session_render_chat_template_vars(struct waste_session *session,
+                                                          const struct waste_chat_message *messages,
+                                                          size_t n_messages,
+                                                          struct waste_str tools,
+                                                          bool add_generation_prompt,
+                                                          struct waste_str vars,
+                                                          char *text,
+                                                          size_t cap,
+                                                          size_t *out_len);
 
 /**
  * Every token of the conversation so far, in order (the last generated

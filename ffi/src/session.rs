@@ -342,6 +342,38 @@ pub unsafe extern "C" fn waste_session_apply_chat_template(
     }
 }
 
+/// [`waste_session_apply_chat_template`] with further template variables:
+/// `vars` is a JSON object text such as `{"enable_thinking": false}`, `ptr`
+/// NULL = none. Not an object, or one naming `messages`, `tools` or
+/// `add_generation_prompt`, is `WASTE_ARG`. A separate function so that
+/// callers of the one without variables keep working unchanged.
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_apply_chat_template_vars(
+    session: *mut waste_session,
+    messages: *const waste_chat_message,
+    n_messages: usize,
+    tools: waste_str,
+    add_generation_prompt: bool,
+    vars: waste_str,
+    tokens: *mut u32,
+    cap: usize,
+    out_len: *mut usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            check_out(out_len)?;
+            let msgs = messages_arg(messages, n_messages)?;
+            let tools = opt_str("tools", tools)?;
+            let vars = opt_str("vars", vars)?;
+            let ids = s
+                .apply_chat_template_with_vars(&msgs, tools.as_deref(), add_generation_prompt, vars.as_deref())
+                .map_err(host)?;
+            copy_out(&ids, tokens, cap, out_len)
+        })
+    }
+}
+
 /// The caller's callback and `user` pointer, moved into the engine's
 /// `Send + 'static` token hook.
 struct Callback {
@@ -583,6 +615,35 @@ pub unsafe extern "C" fn waste_session_render_chat_template(
             let tools = opt_str("tools", tools)?;
             let t = s
                 .render_chat_template(&msgs, tools.as_deref(), add_generation_prompt)
+                .map_err(host)?;
+            copy_out(t.as_bytes(), text as *mut u8, cap, out_len)
+        })
+    }
+}
+
+/// [`waste_session_render_chat_template`] with further template variables
+/// (see [`waste_session_apply_chat_template_vars`]).
+#[no_mangle]
+pub unsafe extern "C" fn waste_session_render_chat_template_vars(
+    session: *mut waste_session,
+    messages: *const waste_chat_message,
+    n_messages: usize,
+    tools: waste_str,
+    add_generation_prompt: bool,
+    vars: waste_str,
+    text: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            check_out(out_len)?;
+            let msgs = messages_arg(messages, n_messages)?;
+            let tools = opt_str("tools", tools)?;
+            let vars = opt_str("vars", vars)?;
+            let t = s
+                .render_chat_template_with_vars(&msgs, tools.as_deref(), add_generation_prompt, vars.as_deref())
                 .map_err(host)?;
             copy_out(t.as_bytes(), text as *mut u8, cap, out_len)
         })

@@ -562,6 +562,68 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
             WASTE_NULL_ARG
         );
 
+        // Template variables: NULL is none; a variable the template does not
+        // read leaves the rendering as it was; a bad one is WASTE_ARG.
+        for vars in [NONE, s("{\"enable_thinking\": false}")] {
+            let mut text = vec![0u8; 512];
+            let r = waste_session_render_chat_template_vars(
+                o.session,
+                msgs.as_ptr(),
+                2,
+                NONE,
+                true,
+                vars,
+                text.as_mut_ptr() as *mut c_char,
+                text.len(),
+                &mut n,
+            );
+            assert_eq!(r, WASTE_OK, "{}", last_error(o.ctx));
+            assert_eq!(&text[..n], rendered.as_bytes());
+            let mut got = vec![0u32; 256];
+            let r = waste_session_apply_chat_template_vars(
+                o.session,
+                msgs.as_ptr(),
+                2,
+                NONE,
+                true,
+                vars,
+                got.as_mut_ptr(),
+                got.len(),
+                &mut ni,
+            );
+            assert_eq!(r, WASTE_OK, "{}", last_error(o.ctx));
+            assert_eq!(&got[..ni], &ids[..]);
+        }
+        for (vars, mentions) in [
+            ("[true]", "expected a JSON object"),
+            ("{\"messages\": []}", "set by the renderer itself"),
+        ] {
+            let r = waste_session_render_chat_template_vars(
+                o.session,
+                msgs.as_ptr(),
+                2,
+                NONE,
+                true,
+                s(vars),
+                null_mut(),
+                0,
+                &mut n,
+            );
+            expect(o.ctx, r, WASTE_ARG, mentions);
+            let r = waste_session_apply_chat_template_vars(
+                o.session,
+                msgs.as_ptr(),
+                2,
+                NONE,
+                true,
+                s(vars),
+                null_mut(),
+                0,
+                &mut n,
+            );
+            expect(o.ctx, r, WASTE_ARG, mentions);
+        }
+
         // Model details as `waste info` prints them, against the Rust API.
         let rust = waste_host::Model::open(&bible(), &Default::default()).unwrap();
         let ri = rust.info();

@@ -135,10 +135,16 @@ impl Guest for Component {
         messages: Vec<control::ChatMessage>,
         tools: Option<String>,
         add_generation_prompt: bool,
+        vars: Option<String>,
     ) -> Result<Vec<u32>, String> {
         let template = chat_template(handle)?;
         let tok = tokenizer(handle)?;
-        let segments = template.render_segments(&chat_messages(messages), tools.as_deref(), add_generation_prompt)?;
+        let segments = template.render_segments_with_vars(
+            &chat_messages(messages),
+            tools.as_deref(),
+            add_generation_prompt,
+            vars.as_deref(),
+        )?;
         Ok(tok.encode_segments(&segments))
     }
 
@@ -147,8 +153,14 @@ impl Guest for Component {
         messages: Vec<control::ChatMessage>,
         tools: Option<String>,
         add_generation_prompt: bool,
+        vars: Option<String>,
     ) -> Result<String, String> {
-        chat_template(handle)?.render(&chat_messages(messages), tools.as_deref(), add_generation_prompt)
+        chat_template(handle)?.render_with_vars(
+            &chat_messages(messages),
+            tools.as_deref(),
+            add_generation_prompt,
+            vars.as_deref(),
+        )
     }
 
     fn generate(handle: u32, prompt: Vec<u32>, params: control::SamplingParams) -> Result<Completion, GenerateError> {

@@ -487,6 +487,25 @@ fn wit_messages(messages: &[ChatMessage]) -> Vec<WitChatMessage> {
         .collect()
 }
 
+/// Names the chat template renderer sets itself; a template variable may not
+/// shadow them.
+pub const RESERVED_TEMPLATE_VARS: [&str; 3] = ["messages", "tools", "add_generation_prompt"];
+
+/// Checks template variables (a JSON object text, see
+/// [`Session::apply_chat_template_with_vars`]) before they reach the guest,
+/// so a caller's mistake is [`Error::Arg`] rather than a component error.
+pub fn check_template_vars(vars: &str) -> Result<()> {
+    let value: serde_json::Value = serde_json::from_str(vars)
+        .map_err(|e| Error::Arg(format!("template variables: invalid JSON: {e}")))?;
+    let serde_json::Value::Object(map) = value else {
+        return Err(Error::Arg(format!("template variables: expected a JSON object, got {vars}")));
+    };
+    if let Some(name) = map.keys().find(|k| RESERVED_TEMPLATE_VARS.contains(&k.as_str())) {
+        return Err(Error::Arg(format!("template variables: {name:?} is set by the renderer itself")));
+    }
+    Ok(())
+}
+
 /// One generated token, as streamed to the caller's callback.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenEvent {
@@ -685,8 +704,28 @@ impl Session {
         tools: Option<&str>,
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>> {
+        self.apply_chat_template_with_vars(messages, tools, add_generation_prompt, None)
+    }
+
+    /// [`apply_chat_template`](Self::apply_chat_template) with further
+    /// template variables: `vars` is a JSON object text such as
+    /// `{"enable_thinking": false}` (transformers' extra keyword arguments to
+    /// `apply_chat_template`). Not an object, or one naming `messages`,
+    /// `tools` or `add_generation_prompt`, is [`Error::Arg`].
+    pub fn apply_chat_template_with_vars(
+        &mut self,
+        messages: &[ChatMessage],
+        tools: Option<&str>,
+        add_generation_prompt: bool,
+        vars: Option<&str>,
+    ) -> Result<Vec<u32>> {
+        if let Some(v) = vars {
+            check_template_vars(v)?;
+        }
         let msgs = wit_messages(messages);
-        self.call(|b, s| b.waste_engine_control().call_apply_chat_template(s, MODEL, &msgs, tools, add_generation_prompt))
+        self.call(|b, s| {
+            b.waste_engine_control().call_apply_chat_template(s, MODEL, &msgs, tools, add_generation_prompt, vars)
+        })
     }
 
     /// The same rendering as text, as transformers'
@@ -697,8 +736,26 @@ impl Session {
         tools: Option<&str>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_chat_template_with_vars(messages, tools, add_generation_prompt, None)
+    }
+
+    /// [`render_chat_template`](Self::render_chat_template) with further
+    /// template variables (see
+    /// [`apply_chat_template_with_vars`](Self::apply_chat_template_with_vars)).
+    pub fn render_chat_template_with_vars(
+        &mut self,
+        messages: &[ChatMessage],
+        tools: Option<&str>,
+        add_generation_prompt: bool,
+        vars: Option<&str>,
+    ) -> Result<String> {
+        if let Some(v) = vars {
+            check_template_vars(v)?;
+        }
         let msgs = wit_messages(messages);
-        self.call(|b, s| b.waste_engine_control().call_render_chat_template(s, MODEL, &msgs, tools, add_generation_prompt))
+        self.call(|b, s| {
+            b.waste_engine_control().call_render_chat_template(s, MODEL, &msgs, tools, add_generation_prompt, vars)
+        })
     }
 
     /// Continues from the current state with `prompt`, sampling up to

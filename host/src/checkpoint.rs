@@ -90,6 +90,9 @@ pub struct OpenCheckpoint {
     /// Accept shards the index names that are not on disk; their tensors
     /// are known by name only and fail when read.
     pub allow_missing_shards: bool,
+    /// Treat a shard whose header does not describe its size (a download
+    /// still being written in place) as missing (`convert --follow`).
+    pub incomplete_as_missing: bool,
 }
 
 pub struct HfCheckpoint {
@@ -97,6 +100,13 @@ pub struct HfCheckpoint {
     config: ModelConfig,
     shards: Vec<Shard>,
     tensors: HashMap<String, Entry>,
+}
+
+/// `Ok` when the safetensors file at `path` is whole: its header parses and
+/// describes exactly the file's size (how `convert --follow` tells a
+/// finished download from one still being written).
+pub fn shard_complete(path: &Path) -> Result<()> {
+    read_header(path).map(|_| ())
 }
 
 /// Reads a shard's header: every tensor with its absolute data range.
@@ -309,12 +319,17 @@ impl HfCheckpoint {
         let mut shards = Vec::with_capacity(shard_files.len());
         let mut raws: HashMap<String, Raw> = HashMap::new();
         for (i, path) in shard_files.into_iter().enumerate() {
-            let present = path.is_file();
+            let header = match path.is_file() {
+                false => None,
+                true if opts.incomplete_as_missing => read_header(&path).ok(),
+                true => Some(read_header(&path)?),
+            };
+            let present = header.is_some();
             if !present && !opts.allow_missing_shards {
                 return Err(Error::format(&index, format!("names shard {} which does not exist", path.display())));
             }
-            if present {
-                for (name, mut raw) in read_header(&path)? {
+            if let Some(header) = header {
+                for (name, mut raw) in header {
                     raw.shard = i;
                     let name = strip(name);
                     if raws.contains_key(&name) {
@@ -370,6 +385,12 @@ impl HfCheckpoint {
             Kind::Mxfp4 { .. } => "mxfp4".into(),
             Kind::Missing { .. } => "reclaimed".into(),
         })
+    }
+
+    /// Whether shard `shard` was on disk and complete when the checkpoint
+    /// was opened.
+    pub fn shard_present(&self, shard: usize) -> bool {
+        self.shards.get(shard).is_some_and(|s| s.present)
     }
 
     /// The shard files, in index order.

@@ -41,6 +41,7 @@ pub use api::{
     TokenEvent, PERPLEXITY_CHUNK,
     DEFAULT_CONTEXT,
 };
+pub use api::{check_template_vars, RESERVED_TEMPLATE_VARS};
 pub use convert::{convert, ConvertOptions, ConvertProgress, ConvertReport};
 pub use error::{Error, Result};
 pub use stats::StepStats;

@@ -91,30 +91,33 @@ pub fn on_disk_trunk_bytes(cfg: &ModelConfig, manifest: &Manifest) -> u64 {
     manifest.trunk.tensors.iter().filter(|t| stays_on_disk(cfg, t)).map(|t| t.bytes).sum()
 }
 
-/// An upper estimate of one forward pass's buffers: activations, attention
-/// scores over the context, the dense MLP, router probabilities, logits,
-/// and the expert kernels' lookup tables and scratch.
+/// The buffers of one forward pass, sized by the constructors that allocate
+/// them: the model's own for a full prefill chunk (token scratch, GQA / MLA
+/// / KDA scratch, the chunk's per-token buffers, logits:
+/// [`crate::model::prefill::forward_buffer_floats`]), and the expert
+/// provider's for the largest expert format (one token's gate/up tables and
+/// the kernel scratch, which the store allocates once per call and uses one
+/// expert at a time), its per-pick outputs for every token of a chunk
+/// (`store::batch`) and per-expert bookkeeping. Rounded up to a MiB, plus a
+/// MiB for the small per-call lists (picks, slots).
 pub fn scratch_bytes(cfg: &ModelConfig, context: usize) -> u64 {
-    let h = cfg.hidden_size as u64;
-    let inter = cfg.moe_intermediate_size as u64;
-    let floats = 4 * h
-        + 2 * cfg.intermediate_size as u64
-        + cfg.num_experts as u64 * 2
-        + context as u64 * cfg.num_heads as u64
-        + cfg.q_dim() as u64
-        + 2 * cfg.kv_dim() as u64
-        + cfg.vocab_size as u64
-        // RVQ tables: gate/up over h/8 vectors and down over inter/8, 3 stages x 256.
-        + (h / 8 + inter / 8) * 3 * 256
-        + 3 * inter
-        + h
-        // A prefill chunk (model::prefill) holds per token x, xn, y, the
-        // AttnRes mix and bank, K3's latent in/out and each pick's output.
-        + crate::model::prefill::MAX_PREFILL_CHUNK as u64
-            * ((4 + crate::model::attnres::bank_capacity(cfg) as u64) * h
-                + 2 * cfg.k3.and_then(|k| k.latent).unwrap_or(0) as u64
-                + cfg.top_k as u64 * cfg.expert_hidden() as u64);
-    (floats * 4).div_ceil(1 << 20) * (1 << 20) + (1 << 20)
+    use crate::quant::{gate_up_tables_peak_bytes, ExpertFormat, ExpertScratch, ExpertShape};
+    let chunk = crate::model::prefill::MAX_PREFILL_CHUNK;
+    let model = 4 * crate::model::prefill::forward_buffer_floats(cfg, context, chunk);
+    let shape = ExpertShape {
+        hidden: cfg.expert_hidden(),
+        inter: cfg.moe_intermediate_size,
+    };
+    let kernels = ExpertFormat::ALL
+        .into_iter()
+        .map(|f| gate_up_tables_peak_bytes(f, shape.hidden) + ExpertScratch::new(f, shape).bytes())
+        .max()
+        .unwrap_or(0);
+    let outputs = 4 * (chunk * cfg.top_k + 1) * shape.hidden;
+    // store::batch: a use count and a held slot per expert of the layer.
+    let per_expert = 32 * cfg.num_experts;
+    let bytes = (model + kernels + outputs + per_expert) as u64;
+    bytes.div_ceil(1 << 20) * (1 << 20) + (1 << 20)
 }
 
 /// The plan for the container at `path`, read from its manifest (the trunk
@@ -508,6 +511,81 @@ mod tests {
         // GQA models keep K and V rows: unchanged.
         let q = fixture_config("qwen3_moe");
         assert_eq!(state_bytes(&q, 10), 2 * q.num_layers as u64 * 10 * q.kv_dim() as u64 * 4);
+    }
+
+    /// The model's buffers of one forward pass, written out from the config
+    /// (not from the constructors): the token scratch with GQA, MLA and KDA
+    /// scratch, a chunk of `chunk` tokens, one row of logits. No AttnRes or
+    /// latent MoE (K3 is checked by the bound below only).
+    fn forward_floats_by_hand(cfg: &ModelConfig, ctx: usize, chunk: usize) -> usize {
+        let h = cfg.hidden_size;
+        let picks = 4 * (cfg.top_k + 1);
+        let attn = 2 * cfg.q_dim() + 2 * cfg.kv_dim() + ctx + 2 * (cfg.head_dim / 2);
+        let mla = cfg.mla.map_or(0, |m| {
+            let ql = m.q_lora_rank.unwrap_or(0);
+            m.num_heads * m.qk_head_dim()
+                + m.cache_width()
+                + 2 * m.kv_lora_rank
+                + ctx
+                + m.num_heads * m.v_head_dim
+                + 2 * ql
+                + 2 * m.qk_rope_head_dim
+        });
+        let kda = cfg.kda.map_or(0, |k| 9 * k.qkv_dim() + 2 * k.head_dim + k.num_heads);
+        let shared = 2 * cfg.shared_intermediate_size
+            + if cfg.shared_intermediate_size > 0 { h } else { 0 };
+        let token = 3 * h + attn + mla + kda + 2 * cfg.intermediate_size + cfg.num_experts
+            + shared
+            + picks;
+        let chunk = if chunk > 1 { chunk * (3 * h + picks) } else { 0 };
+        token + chunk + cfg.vocab_size
+    }
+
+    /// Regression: the estimate counted GQA scores per head and left out
+    /// the MLA and KDA scratch. Now the model's part is built from the
+    /// forward pass's own constructors; it must equal the hand count for
+    /// Kimi-Linear (fixture and released shapes) and DeepSeek-V3, and the
+    /// whole figure must cover it plus the rvq3 / rvq4p kernels' tables
+    /// and scratch and a chunk's per-pick outputs.
+    #[test]
+    fn scratch_covers_the_forward_pass_buffers_of_kimi_linear_and_deepseek() {
+        use crate::model::prefill::{forward_buffer_floats, MAX_PREFILL_CHUNK};
+        let released = ModelConfig::from_json_str(
+            &crate::synth::like_config("kimi-linear-48b", None).unwrap().to_string(),
+            Path::new("config.json"),
+        )
+        .unwrap();
+        let configs = [
+            ("kimi_linear", fixture_config("kimi_linear")),
+            ("deepseek_v3", fixture_config("deepseek_v3")),
+            ("kimi-linear-48b", released),
+        ];
+        for (name, cfg) in &configs {
+            for ctx in [1usize, 64, 4096] {
+                for chunk in [1, MAX_PREFILL_CHUNK] {
+                    assert_eq!(
+                        forward_buffer_floats(cfg, ctx, chunk),
+                        forward_floats_by_hand(cfg, ctx, chunk),
+                        "{name}: context {ctx}, chunk {chunk}"
+                    );
+                }
+                let (h, i) = (cfg.expert_hidden(), cfg.moe_intermediate_size);
+                let rvq3 = 4 * (h / 8 * 3 * 256 + 2 * i + i / 8 * 3 * 256);
+                let rvq4p = 4 * (h / 8 * 4 * 64 + 2 * i + i / 8 * 4 * 64) + (h / 8 + i / 8) * 256;
+                let outputs = 4 * MAX_PREFILL_CHUNK * cfg.top_k * h;
+                let need = 4 * forward_floats_by_hand(cfg, ctx, MAX_PREFILL_CHUNK)
+                    + rvq3.max(rvq4p)
+                    + outputs;
+                let got = scratch_bytes(cfg, ctx);
+                assert!(got >= need as u64, "{name}: context {ctx}: {got} < {need}");
+                // An estimate, not a blanket: within a few MiB of the count.
+                assert!(got <= need as u64 + (4 << 20), "{name}: context {ctx}: {got} vs {need}");
+            }
+        }
+        // K3 (AttnRes banks, latent MoE): the figure covers the model's part.
+        let k3 = fixture_config("kimi_k3");
+        let model = 4 * forward_buffer_floats(&k3, 512, MAX_PREFILL_CHUNK) as u64;
+        assert!(scratch_bytes(&k3, 512) > model);
     }
 
     #[test]

@@ -11,6 +11,9 @@ pub enum Prompt {
     Chat {
         messages: Vec<ChatMessage>,
         tools: Option<String>,
+        /// `chat_template_kwargs` (as vLLM and llama.cpp's server accept it):
+        /// further template variables as a JSON object text.
+        template_vars: Option<String>,
     },
     Text(String),
 }
@@ -181,6 +184,23 @@ fn tools(o: &Obj) -> Result<(Option<String>, bool), ApiError> {
     }
 }
 
+/// `chat_template_kwargs`: a JSON object of further template variables
+/// (`{"enable_thinking": false}`), kept as the client wrote it.
+fn template_vars(o: &Obj, body: &[u8]) -> Result<Option<String>, ApiError> {
+    const PARAM: &str = "chat_template_kwargs";
+    match field(o, PARAM) {
+        None => Ok(None),
+        Some(Value::Object(map)) if map.is_empty() => Ok(None),
+        Some(v @ Value::Object(_)) => {
+            let text = raw_field(body, PARAM).unwrap_or_else(|| v.to_string());
+            waste_host::check_template_vars(&text)
+                .map_err(|e| ApiError::bad_request(format!("`{PARAM}`: {e}"), Some(PARAM)))?;
+            Ok(Some(text))
+        }
+        Some(_) => Err(bad(PARAM, "an object")),
+    }
+}
+
 /// A top-level field's JSON text as the client wrote it. serde_json's maps
 /// sort keys, while transformers renders `tools | tojson` in the client's
 /// order; the template gets this text so the prompt is the same.
@@ -219,6 +239,7 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
             Prompt::Chat {
                 messages: messages(o)?,
                 tools,
+                template_vars: template_vars(o, body)?,
             },
             enabled,
         )
@@ -347,5 +368,32 @@ mod tests {
         let req = parse(body, true, 256).unwrap();
         assert!(!req.tools_enabled);
         assert!(matches!(req.prompt, Prompt::Chat { tools: None, .. }));
+    }
+
+    #[test]
+    fn chat_template_kwargs_reach_the_prompt_as_written() {
+        let body = br#"{"messages": [{"role": "user", "content": "hi"}],
+            "chat_template_kwargs": {"enable_thinking": false, "a": {"z": 1, "b": 2}}}"#;
+        let req = parse(body, true, 256).unwrap();
+        let Prompt::Chat { template_vars: Some(vars), .. } = req.prompt else {
+            panic!("no template variables");
+        };
+        assert_eq!(vars, r#"{"enable_thinking": false, "a": {"z": 1, "b": 2}}"#);
+        let none = parse(br#"{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": null}"#, true, 256).unwrap();
+        assert!(matches!(none.prompt, Prompt::Chat { template_vars: None, .. }));
+    }
+
+    #[test]
+    fn chat_template_kwargs_not_an_object_or_reserved_is_a_bad_request() {
+        for body in [
+            &br#"{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": [1]}"#[..],
+            br#"{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": "enable_thinking"}"#,
+            br#"{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}}"#,
+            br#"{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"add_generation_prompt": false}}"#,
+        ] {
+            let err = parse(body, true, 256).err().expect("accepted");
+            assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(body));
+            assert_eq!(err.param.as_deref(), Some("chat_template_kwargs"));
+        }
     }
 }

@@ -202,7 +202,7 @@ fn prompt_tokens(
     prompt: &Prompt,
 ) -> std::result::Result<Vec<u32>, ApiError> {
     match prompt {
-        Prompt::Chat { messages, tools } => {
+        Prompt::Chat { messages, tools, template_vars } => {
             if session.model().chat_template().is_none() {
                 return Err(ApiError::bad_request(
                     "this model has no chat template; use /v1/completions",
@@ -213,7 +213,7 @@ fn prompt_tokens(
             // a field it cannot read) is the request's fault, not the
             // server's: the template is fixed, the messages are not.
             session
-                .apply_chat_template(messages, tools.as_deref(), true)
+                .apply_chat_template_with_vars(messages, tools.as_deref(), true, template_vars.as_deref())
                 .map_err(|e| match e {
                     waste_host::Error::Guest(m) if m.starts_with("chat template:") => {
                         ApiError::bad_request(m, Some("messages"))

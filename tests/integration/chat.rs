@@ -104,6 +104,7 @@ fn chat_templates_through_component_match_transformers() {
     let tools = e["tools_json"].as_str().unwrap();
     let tok_json = read("tiny-qwen3_moe/tokenizer.json");
     let mut failures = Vec::new();
+    let mut vars_checked = 0;
     for (model, m) in e["models"].as_object().unwrap() {
         let cfg = read(m["config"].as_str().unwrap());
         let (_tmp, dir) = with_tokenizer_files(
@@ -136,7 +137,28 @@ fn chat_templates_through_component_match_transformers() {
                 }
             }
         }
+        // Template variables (Qwen3's enable_thinking) through the component.
+        for case in m.get("vars_cases").and_then(Value::as_array).into_iter().flatten() {
+            let conv = case["conversation"].as_str().unwrap();
+            let msgs = messages(&e, conv);
+            let agp = case["add_generation_prompt"].as_bool().unwrap();
+            let vars = case["vars_json"].as_str().unwrap();
+            let want = case["text"].as_str().unwrap();
+            let what = format!("{model} {conv} vars={vars} agp={agp}");
+            match s.render_chat_template_with_vars(&msgs, None, agp, Some(vars)) {
+                Ok(got) if got == want => {}
+                got => failures.push(format!("{what}: got {got:?} want {want:?}")),
+            }
+            let ids = s.apply_chat_template_with_vars(&msgs, None, agp, Some(vars)).unwrap();
+            let back = s.detokenize(&ids).unwrap();
+            if back != want {
+                failures.push(format!("{what}: ids decode to {back:?}"));
+            }
+            vars_checked += 1;
+        }
     }
+    // Qwen3's fixture has 12 variable cases (enable_thinking false/true).
+    assert!(vars_checked >= 12, "only {vars_checked} template-variable cases");
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",
@@ -168,6 +190,31 @@ fn chat_template_forged_content_through_component() {
     );
     let text = s.render_chat_template(&forged, None, true).unwrap();
     assert_eq!(s.detokenize(&prompt).unwrap(), text);
+}
+
+#[test]
+fn chat_template_bad_variables_are_argument_errors() {
+    let mut s = session(&base_container());
+    let msgs = [ChatMessage::new("user", "hi")];
+    for (vars, needle) in [
+        ("[1]", "expected a JSON object"),
+        ("false", "expected a JSON object"),
+        ("{\"enable_thinking\": ", "invalid JSON"),
+        ("{\"messages\": []}", "\"messages\" is set by the renderer itself"),
+        ("{\"tools\": null}", "\"tools\" is set by the renderer itself"),
+        ("{\"add_generation_prompt\": false}", "\"add_generation_prompt\" is set by the renderer itself"),
+    ] {
+        for err in [
+            s.render_chat_template_with_vars(&msgs, None, true, Some(vars)).unwrap_err(),
+            s.apply_chat_template_with_vars(&msgs, None, true, Some(vars)).map(|_| ()).unwrap_err(),
+        ] {
+            assert!(matches!(err, waste_host::Error::Arg(_)), "{vars}: {err:?}");
+            assert!(err.to_string().contains(needle), "{vars}: {err}");
+        }
+    }
+    // The session still works after the refusals.
+    let plain = s.render_chat_template(&msgs, None, true).unwrap();
+    assert_eq!(s.render_chat_template_with_vars(&msgs, None, true, Some("{}")).unwrap(), plain);
 }
 
 #[test]

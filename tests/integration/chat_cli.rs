@@ -187,6 +187,63 @@ fn chat_usage_errors_exit_2() {
     }
 }
 
+#[test]
+fn chat_bad_template_var_exits_2() {
+    let m = model();
+    for (flag, needle) in [
+        ("enable_thinking", "expected NAME=JSON"),
+        ("=false", "expected NAME=JSON"),
+        ("enable_thinking=nope", "the value is not JSON"),
+        ("messages=[]", "\"messages\" is set by the renderer itself"),
+        ("add_generation_prompt=false", "is set by the renderer itself"),
+    ] {
+        let o = waste(&["chat", m.as_str(), "--template-var", flag]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains(needle), "{flag}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+    let o = waste(&["chat", m.as_str(), "--template-var", "a=1", "--template-var", "a=2"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("given twice"), "{}", stderr(&o));
+}
+
+/// `--template-var enable_thinking=false` reaches Qwen3's template: the
+/// prompt gains the empty think block transformers renders for it.
+#[test]
+fn chat_template_var_reaches_the_template() {
+    let tmp = TempDir::new("chat-template-var");
+    let dir = tmp.path().join("m.waste");
+    std::fs::create_dir(&dir).unwrap();
+    for e in std::fs::read_dir(model()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let qwen3: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fixtures().join("chat_templates/qwen3/tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    let cfg = dir.join("tokenizer_config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["chat_template"] = qwen3["chat_template"].clone();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    let d = dir.to_str().unwrap();
+    let last_prompt = |extra: &[&str]| {
+        let mut args = vec!["chat", d, "-n", "1", "--temp", "0"];
+        args.extend_from_slice(extra);
+        let o = waste_with_stdin(&args, Some("Hello\n/stats\n"));
+        assert_ok(&o);
+        let s = stats_lines(&stdout(&o));
+        assert_eq!(s.len(), 1, "{}", stdout(&o));
+        s[0].2
+    };
+    let plain = last_prompt(&[]);
+    assert_eq!(last_prompt(&["--template-var", "enable_thinking=true"]), plain);
+    let off = last_prompt(&["--template-var", "enable_thinking=false"]);
+    assert!(off > plain, "enable_thinking=false: {off} prompt tokens, plain {plain}");
+}
+
 /// `kill -SIG pid` (the test binary has no libc binding of its own).
 fn signal(pid: u32, sig: &str) {
     let ok = std::process::Command::new("kill")

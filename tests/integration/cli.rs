@@ -32,6 +32,7 @@ fn run_streams_tokens_and_ends_with_a_stats_line() {
     let err = stderr(&o);
     assert!(err.contains("[12 tokens,"), "{err}");
     assert!(err.contains("tok/s | experts"), "{err}");
+    assert!(err.contains("MB read, direct_io on]") || err.contains("MB read, direct_io off]"), "{err}");
     // Same seed, same text.
     let again = waste(&["run", m, "And God said", "-n", "12", "--ignore-eos", "--seed", "3"]);
     assert_eq!(stdout(&o), stdout(&again));

@@ -362,3 +362,158 @@ fn convert_release_k3_prefixed_mxfp4_experts_land_exactly_in_the_records() {
         }
     }
 }
+
+/// The fixture's files without its shards: what a downloader fetches first.
+fn source_without_shards(tmp: &TempDir, name: &str) -> PathBuf {
+    let dst = tmp.path().join(name);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(fixture(FIXTURE)).unwrap() {
+        let e = e.unwrap();
+        if !SHARDS.iter().any(|s| e.file_name() == *s) {
+            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+        }
+    }
+    dst
+}
+
+fn shards_present(dir: &Path) -> usize {
+    SHARDS.iter().filter(|s| dir.join(s).exists()).count()
+}
+
+/// Bytes of source shards on disk now (a `.part` being written included).
+fn shard_bytes(dir: &Path) -> u64 {
+    let names = SHARDS.iter().flat_map(|s| [s.to_string(), format!("{s}.part")]);
+    names.filter_map(|n| std::fs::metadata(dir.join(n)).ok()).map(|m| m.len()).sum()
+}
+
+/// A downloader: copies `shards` into `dst` in index order, each only once
+/// fewer than `window` shards are there, most as `<name>.part` then renamed,
+/// `in_place` ones written under their final name in two halves with a pause
+/// between (the converter must wait for the second). Stops when `child`
+/// exits. Returns (shards fed, the most shards ever seen present).
+fn feed_shards(
+    dst: &Path,
+    shards: &[&str],
+    window: usize,
+    in_place: &str,
+    child: &mut std::process::Child,
+) -> (usize, usize) {
+    let mut most = 0;
+    let mut most_bytes = 0;
+    for (fed, name) in shards.iter().enumerate() {
+        loop {
+            let n = shards_present(dst);
+            most = most.max(n);
+            most_bytes = most_bytes.max(shard_bytes(dst));
+            if n < window {
+                break;
+            }
+            if child.try_wait().unwrap().is_some() {
+                return (fed, most);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let bytes = std::fs::read(fixture(FIXTURE).join(name)).unwrap();
+        if *name == in_place {
+            use std::io::Write;
+            let mut f = std::fs::File::create(dst.join(name)).unwrap();
+            f.write_all(&bytes[..bytes.len() / 2]).unwrap();
+            f.flush().unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(400));
+            f.write_all(&bytes[bytes.len() / 2..]).unwrap();
+        } else {
+            let part = dst.join(format!("{name}.part"));
+            std::fs::write(&part, &bytes).unwrap();
+            std::fs::rename(&part, dst.join(name)).unwrap();
+        }
+        most = most.max(shards_present(dst));
+        most_bytes = most_bytes.max(shard_bytes(dst));
+    }
+    eprintln!("feed_shards: at most {most} shard(s), {most_bytes} source bytes on disk at once");
+    (shards.len(), most)
+}
+
+fn spawn_convert(src: &Path, out: &Path, extra: &[&str], env: Option<(&str, &str)>, log: &Path) -> std::process::Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_waste"));
+    cmd.args(["convert", src.to_str().unwrap(), out.to_str().unwrap()]).args(extra);
+    if let Some((k, v)) = env {
+        cmd.env(k, v);
+    }
+    cmd.stdout(std::process::Stdio::null()).stderr(std::fs::File::create(log).unwrap());
+    cmd.spawn().expect("spawn waste convert")
+}
+
+/// `--follow --reclaim` starts from config + index alone and converts while
+/// a downloader keeping at most 2 shards on disk feeds them (2 is this
+/// fixture's floor: layer 3's bank spans shards 3 and 4); interrupted after
+/// the first bank and rerun, it resumes. The output is the one-shot one.
+#[test]
+fn convert_release_follow_reclaim_converts_while_shards_arrive_at_most_2_on_disk() {
+    let tmp = TempDir::new("release-follow");
+    let one_shot = tmp.path().join("one.waste");
+    assert!(run_convert(&fixture(FIXTURE), &one_shot, &[], None).status.success());
+    let args = ["--follow", "--reclaim", "--follow-timeout", "60"];
+
+    let src = source_without_shards(&tmp, "dl");
+    let out = tmp.path().join("f.waste");
+    let log = tmp.path().join("f.log");
+    let mut child = spawn_convert(&src, &out, &args, None, &log);
+    let (fed, most) = feed_shards(&src, &SHARDS, 2, SHARDS[1], &mut child);
+    let status = child.wait().unwrap();
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{err}");
+    assert_eq!(fed, 4, "{err}");
+    assert!(most <= 2, "{most} shards were on disk at once");
+    assert_eq!(shards_present(&src), 0, "every shard reclaimed");
+    assert!(std::fs::read_dir(&out).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains("part")));
+    assert_same_container(&one_shot, &out, "--follow --reclaim vs one-shot");
+
+    // Killed after the first bank (layer 2), then rerun: the downloader
+    // goes on with the shards the first run did not consume.
+    let src = source_without_shards(&tmp, "dl2");
+    let out = tmp.path().join("r.waste");
+    let log = tmp.path().join("r.log");
+    let mut child = spawn_convert(&src, &out, &args, Some(("WASTE_CONVERT_FAIL_AFTER_BANKS", "1")), &log);
+    let (fed, most) = feed_shards(&src, &SHARDS, 2, "", &mut child);
+    let status = child.wait().unwrap();
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(!out.join("manifest.json").exists() && out.join("experts-002.bin.done").is_file(), "{err}");
+    let mut child = spawn_convert(&src, &out, &args, None, &log);
+    let (rest, most2) = feed_shards(&src, &SHARDS[fed..], 2, "", &mut child);
+    let status = child.wait().unwrap();
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{err}");
+    assert_eq!(fed + rest, 4, "{err}");
+    assert!(most.max(most2) <= 2);
+    assert_eq!(shards_present(&src), 0, "every shard reclaimed");
+    assert_same_container(&one_shot, &out, "--follow resumed vs one-shot");
+}
+
+/// A shard that never arrives: with a window of 1 shard, layer 3's bank
+/// waits for shard 4 while the downloader waits for shard 3 to go. The
+/// converter gives up after --follow-timeout, naming the shard and the unit.
+#[test]
+fn convert_release_follow_times_out_naming_the_missing_shard() {
+    let tmp = TempDir::new("release-follow-timeout");
+    let src = source_without_shards(&tmp, "dl");
+    let out = tmp.path().join("t.waste");
+    let log = tmp.path().join("t.log");
+    let mut child = spawn_convert(&src, &out, &["--follow", "--reclaim", "--follow-timeout", "2"], None, &log);
+    let (fed, _) = feed_shards(&src, &SHARDS, 1, "", &mut child);
+    let status = child.wait().unwrap();
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert_eq!(fed, 3, "{err}");
+    assert!(err.contains("model-00004-of-00004.safetensors does not exist"), "{err}");
+    assert!(err.contains("expert bank of layer 3") && err.contains("after 2 s"), "{err}");
+    assert!(!out.join("manifest.json").exists());
+
+    // Without an index there is nothing to follow (usage-level error).
+    let single = tmp.path().join("single");
+    std::fs::create_dir_all(&single).unwrap();
+    std::fs::copy(src.join("config.json"), single.join("config.json")).unwrap();
+    let o = run_convert(&single, &tmp.path().join("s.waste"), &["--follow"], None);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("model.safetensors.index.json"), "{}", stderr(&o));
+}

@@ -138,6 +138,8 @@ fn jco_host_runs_the_exported_component_over_a_stub_model() {
     );
     assert_eq!(ids(&got["chat_ids"]), want_chat_ids);
     assert_eq!(got["chat_text"], want_chat_text.as_str());
+    let vars_error = got["chat_vars_error"].as_str().unwrap_or_default();
+    assert!(vars_error.contains("\"messages\" is set by the renderer itself"), "{}", got["chat_vars_error"]);
 
     // Greedy generation follows the stub: token i comes after a state of
     // prompt + i tokens; the last one is held, not evaluated.

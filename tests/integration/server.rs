@@ -344,3 +344,72 @@ fn server_sampler_errors_exit_before_listening() {
         assert!(!err.contains("listening"), "{args:?}: {err}");
     }
 }
+
+/// One request over raw HTTP/1.1: (status, JSON body).
+fn post_json(url: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://").split('/').next().unwrap();
+    let mut conn = std::net::TcpStream::connect(host).expect("connect to waste serve");
+    let body = body.to_string();
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    let status: u16 = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{answer}"));
+    let (_, json) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{answer}"));
+    (status, serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {answer}")))
+}
+
+/// `chat_template_kwargs` (as vLLM and llama.cpp's server take it) reaches
+/// Qwen3's template: `enable_thinking: false` adds the empty think block
+/// transformers renders, so the prompt grows; a reserved name is a 400.
+#[test]
+fn server_chat_template_kwargs_reach_the_template() {
+    let tmp = TempDir::new("server-kwargs");
+    let dir = tmp.path().join("bible-qwen3.waste");
+    std::fs::create_dir(&dir).unwrap();
+    for e in std::fs::read_dir(bible()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let qwen3: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/fixtures/chat_templates/qwen3/tokenizer_config.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let cfg_path = dir.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["chat_template"] = qwen3["chat_template"].clone();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let (_server, url) = start(&dir, &[]);
+    let prompt_tokens = |kwargs: serde_json::Value| {
+        let req = serde_json::json!({
+            "messages": [{"role": "user", "content": "And God said"}],
+            "max_tokens": 1,
+            "temperature": 0,
+            "chat_template_kwargs": kwargs,
+        });
+        let (status, body) = post_json(&url, "/v1/chat/completions", &req);
+        assert_eq!(status, 200, "{body}");
+        body["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let plain = prompt_tokens(serde_json::Value::Null);
+    assert_eq!(prompt_tokens(serde_json::json!({"enable_thinking": true})), plain);
+    let off = prompt_tokens(serde_json::json!({"enable_thinking": false}));
+    assert!(off > plain, "enable_thinking=false: {off} prompt tokens, plain {plain}");
+    let (status, body) = post_json(
+        &url,
+        "/v1/chat/completions",
+        &serde_json::json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "chat_template_kwargs": {"add_generation_prompt": false},
+        }),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "chat_template_kwargs", "{body}");
+}

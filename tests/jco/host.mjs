@@ -158,8 +158,16 @@ out.tokenize_markup = Array.from(control.tokenizeMarkup(0, spec.text));
 out.detokenize = control.detokenize(0, new Uint32Array(out.tokenize));
 out.detokenize_prompt = control.detokenize(0, new Uint32Array(spec.prompt_ids));
 const messages = spec.messages.map((m) => ({ role: m.role, content: m.content }));
-out.chat_ids = Array.from(control.applyChatTemplate(0, messages, undefined, true));
-out.chat_text = control.renderChatTemplate(0, messages, undefined, true);
+out.chat_ids = Array.from(control.applyChatTemplate(0, messages, undefined, true, undefined));
+out.chat_text = control.renderChatTemplate(0, messages, undefined, true, undefined);
+// Template variables cross the JS boundary as JSON text: a reserved name
+// must come back as the guest's refusal.
+try {
+  control.renderChatTemplate(0, messages, undefined, true, '{"messages": []}');
+  out.chat_vars_error = null;
+} catch (e) {
+  out.chat_vars_error = String(e.payload ?? e.message ?? e);
+}
 
 const prompt = new Uint32Array(spec.prompt_ids);
 const done = control.generate(0, prompt, params({}));

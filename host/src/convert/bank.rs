@@ -44,7 +44,7 @@ pub(super) fn sample_experts(num_experts: usize, shape: ExpertShape) -> Vec<usiz
 
 /// A finished bank from an earlier run, if its sidecar matches, its size is
 /// right and every record header names the right layer, expert and layout.
-fn reusable(
+pub(super) fn reusable(
     dir: &Path,
     layer: usize,
     experts: usize,

@@ -18,9 +18,13 @@
 //!   and the options, so the output is identical for any `jobs`.
 //! * `reclaim` deletes a source shard once every unit that reads it is
 //!   written (reclaim.rs); a resumed run accepts the shards already gone.
+//! * `follow` converts while the shards are still downloading, each unit
+//!   once its shards are complete (follow.rs), so with `reclaim` the disk
+//!   holds the output and the shards in flight, not the whole release.
 
 mod bank;
 mod files;
+mod follow;
 pub mod reclaim;
 mod trunk;
 pub mod verify;
@@ -30,6 +34,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
+use std::time::Duration;
 
 use crate::checkpoint::{HfCheckpoint, OpenCheckpoint};
 use crate::config::{ModelConfig, TensorRole};
@@ -70,11 +75,21 @@ pub struct ConvertOptions {
     pub jobs: usize,
     /// Delete each source shard once everything it holds is written.
     pub reclaim: bool,
+    /// Source shards may still be arriving (downloaded while converting):
+    /// wait for each, failing after this long without a new one (follow.rs).
+    pub follow: Option<Duration>,
 }
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { experts: ExpertFormat::Rvq3, trunk: TrunkFormat::Q4, seed: 0x5EED, jobs: 1, reclaim: false }
+        ConvertOptions {
+            experts: ExpertFormat::Rvq3,
+            trunk: TrunkFormat::Q4,
+            seed: 0x5EED,
+            jobs: 1,
+            reclaim: false,
+            follow: None,
+        }
     }
 }
 
@@ -115,7 +130,16 @@ pub fn convert(
     // Shards an earlier `reclaim` run deleted are fine when resuming into
     // the same output; their tensors are only ever needed by finished units.
     let resuming = out.join(IN_PROGRESS).is_file();
-    let ckpt = HfCheckpoint::open_with(src, &OpenCheckpoint { allow_missing_shards: resuming })?;
+    if opts.follow.is_some() && !src.join(follow::INDEX).is_file() {
+        return Err(Error::Arg(format!("following a download needs {} in {}", follow::INDEX, src.display())));
+    }
+    let ckpt = HfCheckpoint::open_with(
+        src,
+        &OpenCheckpoint {
+            allow_missing_shards: resuming || opts.follow.is_some(),
+            incomplete_as_missing: opts.follow.is_some(),
+        },
+    )?;
     let cfg = ckpt.config().clone();
     prepare_destination(out)?;
     let fingerprint = fingerprint(src, opts)?;
@@ -175,69 +199,76 @@ enum Msg {
     Bank { layer: usize, result: Result<(ExpertBankEntry, bool)> },
 }
 
-fn write_container(
-    ckpt: &HfCheckpoint,
-    cfg: &ModelConfig,
-    dir: &Path,
-    opts: &ConvertOptions,
-    fingerprint: &str,
-    progress: &mut dyn FnMut(&ConvertProgress),
-) -> Result<ConvertReport> {
-    let trunk_names = cfg.trunk_tensor_names();
-    let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)).collect();
-    let total = (trunk_names.len() + moe_layers.len() * cfg.num_experts) as u64;
-    let mut done = 0u64;
-    let mut report = ConvertReport { moe_layers: moe_layers.len(), ..Default::default() };
-    let known: std::collections::HashSet<&str> = trunk_names.iter().map(String::as_str).collect();
-    report.ignored_tensors =
-        ckpt.tensor_names().into_iter().filter(|n| !known.contains(n.as_str()) && !cfg.is_expert_tensor(n)).collect();
-    let mut ledger = ShardLedger::new(ckpt, &moe_layers);
+/// What a bank worker reports to the thread that owns the ledger.
+enum BankEvent {
+    Expert { layer: usize, expert: usize },
+    Bank { entry: ExpertBankEntry, reused: bool },
+}
 
-    // Small files first: a reclaimed source must not lose them.
-    let mut tokenizer_files = Vec::new();
-    for name in TOKENIZER_FILES {
-        let from = ckpt.dir().join(name);
-        if from.is_file() {
-            let bytes = fs::read(&from).map_err(|e| Error::io(&from, e))?;
-            write_atomic(&dir.join(name), &bytes)?;
-            tokenizer_files.push(name.to_string());
+/// The progress count and the caller's callback.
+struct Tally<'a> {
+    done: u64,
+    total: u64,
+    progress: &'a mut dyn FnMut(&ConvertProgress),
+}
+
+impl Tally<'_> {
+    fn tick(&mut self, n: u64, what: String) {
+        self.done += n;
+        (self.progress)(&ConvertProgress { done: self.done, total: self.total, what });
+    }
+}
+
+/// The `FAIL_AFTER_ENV` test hook, counted over the whole run.
+struct FailHook {
+    after: Option<usize>,
+    written: AtomicUsize,
+    injected: AtomicBool,
+}
+
+/// What every unit of one conversion shares.
+struct Work<'a> {
+    dir: &'a Path,
+    opts: &'a ConvertOptions,
+    layout: &'a bank::Layout,
+    fingerprint: &'a str,
+    hook: &'a FailHook,
+}
+
+/// Counts a bank event; returns a finished bank.
+fn bank_event(ev: BankEvent, cfg: &ModelConfig, tally: &mut Tally) -> Option<(ExpertBankEntry, bool)> {
+    match ev {
+        BankEvent::Expert { layer, expert } => {
+            tally.tick(1, format!("layer {layer} expert {expert}"));
+            None
+        }
+        BankEvent::Bank { entry, reused } => {
+            if reused {
+                tally.tick(cfg.num_experts as u64, format!("layer {} (reused)", entry.layer));
+            }
+            Some((entry, reused))
         }
     }
-    let config = read_json(&ckpt.dir().join("config.json"))?;
-    let gen_path = ckpt.dir().join("generation_config.json");
-    let generation_config = if gen_path.is_file() { Some(read_json(&gen_path)?) } else { None };
+}
 
-    let (tensors, reused) =
-        trunk::write_trunk(ckpt, cfg, &dir.join(TRUNK_FILE), opts.trunk, fingerprint, &mut |what| {
-            done += 1;
-            progress(&ConvertProgress { done, total, what: what.to_string() });
-        })?;
-    if reused {
-        done += trunk_names.len() as u64;
-        progress(&ConvertProgress { done, total, what: "trunk (reused)".into() });
-    }
-    report.trunk_reused = reused;
-    report.trunk_bytes = tensors.iter().map(|t| t.bytes).sum();
-    ledger.done(Unit::Trunk);
-    reclaim_ready(&mut ledger, opts, &mut report)?;
-
-    let shape = ExpertShape { hidden: cfg.expert_hidden(), inter: cfg.moe_intermediate_size };
-    let payload_bytes = quant::expert_payload_len(opts.experts, shape) as u64;
-    let record_bytes = align_up(record::HEADER_BYTES + payload_bytes, RECORD_ALIGN);
-    let layout = bank::Layout { shape, payload_bytes, record_bytes };
-    let fail_after: Option<usize> = std::env::var(FAIL_AFTER_ENV).ok().and_then(|v| v.parse().ok());
-
-    let queue = Mutex::new(moe_layers.iter().copied().collect::<VecDeque<usize>>());
-    let stop = AtomicBool::new(false);
-    let injected = AtomicBool::new(false);
-    let written = AtomicUsize::new(0);
-    let mut banks: Vec<ExpertBankEntry> = Vec::with_capacity(moe_layers.len());
+/// Writes the banks of `layers`, `work.opts.jobs` at a time, calling `on`
+/// (on this thread) for each expert and bank; an error from `on` stops the
+/// workers like a bank's own error does.
+fn write_banks(
+    ckpt: &HfCheckpoint,
+    layers: &[usize],
+    work: &Work,
+    on: &mut dyn FnMut(BankEvent) -> Result<()>,
+) -> Result<()> {
+    let Work { dir, opts, layout, fingerprint, hook } = *work;
+    let queue = Mutex::new(layers.iter().copied().collect::<VecDeque<usize>>());
+    let stop = AtomicBool::new(hook.injected.load(Ordering::SeqCst));
     let mut first_error: Option<(usize, Error)> = None;
     std::thread::scope(|s| {
         let (tx, rx) = mpsc::channel::<Msg>();
-        for _ in 0..opts.jobs.min(moe_layers.len().max(1)) {
+        for _ in 0..opts.jobs.min(layers.len().max(1)) {
             let tx = tx.clone();
-            let (queue, stop, layout, injected, written) = (&queue, &stop, &layout, &injected, &written);
+            let (queue, stop) = (&queue, &stop);
             s.spawn(move || loop {
                 if stop.load(Ordering::SeqCst) {
                     return;
@@ -252,9 +283,9 @@ fn write_container(
                 // The test hook stops the worker that wrote the N-th bank
                 // before it takes another, as a kill at that point would.
                 if matches!(result, Ok((_, false)))
-                    && fail_after.is_some_and(|n| written.fetch_add(1, Ordering::SeqCst) + 1 >= n)
+                    && hook.after.is_some_and(|n| hook.written.fetch_add(1, Ordering::SeqCst) + 1 >= n)
                 {
-                    injected.store(true, Ordering::SeqCst);
+                    hook.injected.store(true, Ordering::SeqCst);
                     stop.store(true, Ordering::SeqCst);
                 }
                 let _ = tx.send(Msg::Bank { layer, result });
@@ -262,32 +293,21 @@ fn write_container(
         }
         drop(tx);
         for msg in rx {
-            match msg {
-                Msg::Expert { layer, expert } => {
-                    done += 1;
-                    progress(&ConvertProgress { done, total, what: format!("layer {layer} expert {expert}") });
-                }
+            let (layer, result) = match msg {
+                Msg::Expert { layer, expert } => (layer, on(BankEvent::Expert { layer, expert })),
                 Msg::Bank { layer, result: Ok((entry, reused)) } => {
-                    if reused {
-                        done += cfg.num_experts as u64;
-                        report.reused_banks.push(layer);
-                        progress(&ConvertProgress { done, total, what: format!("layer {layer} (reused)") });
+                    if first_error.is_some() {
+                        continue;
                     }
-                    banks.push(entry);
-                    ledger.done(Unit::Bank(layer));
-                    if first_error.is_none() {
-                        if let Err(e) = reclaim_ready(&mut ledger, opts, &mut report) {
-                            stop.store(true, Ordering::SeqCst);
-                            first_error = Some((layer, e));
-                        }
-                    }
+                    (layer, on(BankEvent::Bank { entry, reused }))
                 }
-                Msg::Bank { layer, result: Err(e) } => {
-                    stop.store(true, Ordering::SeqCst);
-                    // The lowest layer's error, whatever the thread timing.
-                    if first_error.as_ref().is_none_or(|(l, _)| layer < *l) {
-                        first_error = Some((layer, e));
-                    }
+                Msg::Bank { layer, result: Err(e) } => (layer, Err(e)),
+            };
+            if let Err(e) = result {
+                stop.store(true, Ordering::SeqCst);
+                // The lowest layer's error, whatever the thread timing.
+                if first_error.as_ref().is_none_or(|(l, _)| layer < *l) {
+                    first_error = Some((layer, e));
                 }
             }
         }
@@ -295,10 +315,86 @@ fn write_container(
     if let Some((_, e)) = first_error {
         return Err(e);
     }
-    if injected.load(Ordering::SeqCst) {
-        let n = written.load(Ordering::SeqCst);
+    if hook.injected.load(Ordering::SeqCst) {
+        let n = hook.written.load(Ordering::SeqCst);
         return Err(Error::Runtime(format!("{FAIL_AFTER_ENV}: stopped after {n} bank(s)")));
     }
+    Ok(())
+}
+
+fn write_container(
+    ckpt: &HfCheckpoint,
+    cfg: &ModelConfig,
+    dir: &Path,
+    opts: &ConvertOptions,
+    fingerprint: &str,
+    progress: &mut dyn FnMut(&ConvertProgress),
+) -> Result<ConvertReport> {
+    let trunk_names = cfg.trunk_tensor_names();
+    let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)).collect();
+    let total = (trunk_names.len() + moe_layers.len() * cfg.num_experts) as u64;
+    let mut report = ConvertReport { moe_layers: moe_layers.len(), ..Default::default() };
+    let known: std::collections::HashSet<&str> = trunk_names.iter().map(String::as_str).collect();
+    report.ignored_tensors =
+        ckpt.tensor_names().into_iter().filter(|n| !known.contains(n.as_str()) && !cfg.is_expert_tensor(n)).collect();
+    // Small files first: a reclaimed source must not lose them.
+    let mut tokenizer_files = Vec::new();
+    for name in TOKENIZER_FILES {
+        let from = ckpt.dir().join(name);
+        if from.is_file() {
+            let bytes = fs::read(&from).map_err(|e| Error::io(&from, e))?;
+            write_atomic(&dir.join(name), &bytes)?;
+            tokenizer_files.push(name.to_string());
+        }
+    }
+    let config = read_json(&ckpt.dir().join("config.json"))?;
+    let gen_path = ckpt.dir().join("generation_config.json");
+    let generation_config = if gen_path.is_file() { Some(read_json(&gen_path)?) } else { None };
+
+    let shape = ExpertShape { hidden: cfg.expert_hidden(), inter: cfg.moe_intermediate_size };
+    let payload_bytes = quant::expert_payload_len(opts.experts, shape) as u64;
+    let record_bytes = align_up(record::HEADER_BYTES + payload_bytes, RECORD_ALIGN);
+    let layout = bank::Layout { shape, payload_bytes, record_bytes };
+    let hook = FailHook {
+        after: std::env::var(FAIL_AFTER_ENV).ok().and_then(|v| v.parse().ok()),
+        written: AtomicUsize::new(0),
+        injected: AtomicBool::new(false),
+    };
+    let mut tally = Tally { done: 0, total, progress };
+    let work = Work { dir, opts, layout: &layout, fingerprint, hook: &hook };
+
+    let mut ledger = None;
+    let (tensors, mut banks) = if let Some(timeout) = opts.follow {
+        follow::run(ckpt.dir(), cfg, &moe_layers, &work, timeout, &mut tally, &mut report)?
+    } else {
+        let (tensors, reused) =
+            trunk::write_trunk(ckpt, cfg, &dir.join(TRUNK_FILE), opts.trunk, fingerprint, &mut |what| {
+                tally.tick(1, what.to_string())
+            })?;
+        if reused {
+            tally.tick(trunk_names.len() as u64, "trunk (reused)".into());
+        }
+        report.trunk_reused = reused;
+        let mut led = ShardLedger::new(ckpt, &moe_layers);
+        led.done(Unit::Trunk);
+        reclaim_ready(&mut led, opts, &mut report)?;
+        let mut banks = Vec::with_capacity(moe_layers.len());
+        write_banks(ckpt, &moe_layers, &work, &mut |ev| {
+            if let Some((entry, reused)) = bank_event(ev, cfg, &mut tally) {
+                let layer = entry.layer as usize;
+                banks.push(entry);
+                if reused {
+                    report.reused_banks.push(layer);
+                }
+                led.done(Unit::Bank(layer));
+                reclaim_ready(&mut led, opts, &mut report)?;
+            }
+            Ok(())
+        })?;
+        ledger = Some(led);
+        (tensors, banks)
+    };
+    report.trunk_bytes = tensors.iter().map(|t| t.bytes).sum();
     banks.sort_by_key(|b| b.layer);
     report.reused_banks.sort_unstable();
     report.expert_bytes = banks.len() as u64 * cfg.num_experts as u64 * record_bytes;
@@ -327,7 +423,9 @@ fn write_container(
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Runtime(e.to_string()))?;
     write_atomic(&dir.join(MANIFEST_FILE), &json)?;
     // A single-file source is one shard: reclaimed now that all is written.
-    reclaim_ready(&mut ledger, opts, &mut report)?;
+    if let Some(ledger) = &mut ledger {
+        reclaim_ready(ledger, opts, &mut report)?;
+    }
     Ok(report)
 }
 
@@ -355,7 +453,8 @@ fn remove_stale(dir: &Path, banks: &[ExpertBankEntry]) -> Result<()> {
         let entry = entry.map_err(|e| Error::io(dir, e))?;
         let name = entry.file_name().to_string_lossy().to_string();
         let base = name.strip_suffix(".done").unwrap_or(&name);
-        let ours = (base.starts_with("experts-") || base.starts_with("codebooks")) && base.ends_with(".bin");
+        let ours = (base.starts_with("experts-") || base.starts_with("codebooks") || base.starts_with("trunk-part-"))
+            && base.ends_with(".bin");
         if (ours && !keep.iter().any(|k| k == base)) || name.ends_with(".tmp") {
             fs::remove_file(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
         }

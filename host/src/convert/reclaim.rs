@@ -6,13 +6,17 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use crate::checkpoint::HfCheckpoint;
-use crate::config::ExpertLayout;
+use crate::config::{ExpertLayout, ModelConfig};
 use crate::error::{Error, Result};
 
 /// A piece of output that reads source tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Unit {
     Trunk,
+    /// One trunk tensor (index into `trunk_tensor_names`), written as a
+    /// piece of its own under `convert --follow`; `done(Unit::Trunk)`
+    /// covers every one.
+    TrunkTensor(usize),
     Bank(usize),
 }
 
@@ -20,8 +24,17 @@ impl std::fmt::Display for Unit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Unit::Trunk => f.write_str("the trunk"),
+            Unit::TrunkTensor(i) => write!(f, "trunk tensor {i}"),
             Unit::Bank(l) => write!(f, "the expert bank of layer {l}"),
         }
+    }
+}
+
+/// The source tensors layer `layer`'s expert bank reads.
+pub fn bank_tensor_names(cfg: &ModelConfig, layer: usize) -> Vec<String> {
+    match cfg.expert_layout {
+        ExpertLayout::PerExpert => (0..cfg.num_experts).flat_map(|e| cfg.expert_tensor_names(layer, e)).collect(),
+        ExpertLayout::Fused => cfg.fused_expert_names(layer).into_iter().collect(),
     }
 }
 
@@ -35,6 +48,16 @@ pub struct ShardLedger {
 
 impl ShardLedger {
     pub fn new(ckpt: &HfCheckpoint, moe_layers: &[usize]) -> ShardLedger {
+        Self::build(ckpt, moe_layers, false)
+    }
+
+    /// As `new`, with one unit per trunk tensor (`Unit::TrunkTensor`), so a
+    /// shard is free once its own trunk tensors are written.
+    pub fn with_trunk_tensors(ckpt: &HfCheckpoint, moe_layers: &[usize]) -> ShardLedger {
+        Self::build(ckpt, moe_layers, true)
+    }
+
+    fn build(ckpt: &HfCheckpoint, moe_layers: &[usize], per_tensor: bool) -> ShardLedger {
         let paths = ckpt.shard_paths();
         let mut pending: Vec<Vec<(Unit, String)>> = vec![Vec::new(); paths.len()];
         let mut add = |unit: Unit, name: &str| {
@@ -45,23 +68,12 @@ impl ShardLedger {
             }
         };
         let cfg = ckpt.config();
-        for name in cfg.trunk_tensor_names() {
-            add(Unit::Trunk, &name);
+        for (i, name) in cfg.trunk_tensor_names().iter().enumerate() {
+            add(if per_tensor { Unit::TrunkTensor(i) } else { Unit::Trunk }, name);
         }
         for &l in moe_layers {
-            match cfg.expert_layout {
-                ExpertLayout::PerExpert => {
-                    for e in 0..cfg.num_experts {
-                        for name in cfg.expert_tensor_names(l, e) {
-                            add(Unit::Bank(l), &name);
-                        }
-                    }
-                }
-                ExpertLayout::Fused => {
-                    for name in cfg.fused_expert_names(l) {
-                        add(Unit::Bank(l), &name);
-                    }
-                }
+            for name in bank_tensor_names(cfg, l) {
+                add(Unit::Bank(l), &name);
             }
         }
         let deleted = paths.iter().map(|p| !p.is_file()).collect();
@@ -71,7 +83,16 @@ impl ShardLedger {
     /// Marks `unit` written.
     pub fn done(&mut self, unit: Unit) {
         for p in &mut self.pending {
-            p.retain(|(u, _)| *u != unit);
+            p.retain(|(u, _)| *u != unit && !(unit == Unit::Trunk && matches!(u, Unit::TrunkTensor(_))));
+        }
+    }
+
+    /// Takes `present[s]` as whether shard `s` exists (complete) now, in
+    /// place of the file test `new` made: a shard still downloading is not
+    /// deleted, and one that arrives after its units were written is.
+    pub fn set_present(&mut self, present: &[bool]) {
+        for (d, p) in self.deleted.iter_mut().zip(present) {
+            *d = !p;
         }
     }
 

@@ -89,6 +89,14 @@ impl AttnScratch {
             sin: vec![0.0; cfg.head_dim / 2],
         }
     }
+
+    /// Floats held, for the memory plan (`plan::scratch_bytes`).
+    pub fn floats(&self) -> usize {
+        [&self.q, &self.k, &self.v, &self.out, &self.scores, &self.cos, &self.sin]
+            .iter()
+            .map(|b| b.len())
+            .sum()
+    }
 }
 
 impl Attention {

@@ -104,6 +104,11 @@ impl Bank {
         self.n = 0;
     }
 
+    /// Floats held, for the memory plan (`plan::scratch_bytes`).
+    pub fn floats(&self) -> usize {
+        self.entries.len()
+    }
+
     pub fn len(&self) -> usize {
         self.n
     }
@@ -201,6 +206,11 @@ impl LatentScratch {
             z: vec![0.0; l],
             y: vec![0.0; l],
         }
+    }
+
+    /// Floats held, for the memory plan (`plan::scratch_bytes`).
+    pub fn floats(&self) -> usize {
+        self.z.len() + self.y.len()
     }
 }
 

@@ -134,6 +134,14 @@ impl KdaScratch {
             u: vec![0.0; d],
         }
     }
+
+    /// Floats held, for the memory plan (`plan::scratch_bytes`).
+    pub fn floats(&self) -> usize {
+        [&self.raw, &self.qkv, &self.low, &self.g, &self.gate, &self.beta, &self.o, &self.u]
+            .iter()
+            .map(|b| b.len())
+            .sum()
+    }
 }
 
 impl Kda {

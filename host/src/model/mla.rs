@@ -95,6 +95,27 @@ impl MlaScratch {
             rot: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim)],
         }
     }
+
+    /// Floats held, for the memory plan (`plan::scratch_bytes`).
+    pub fn floats(&self) -> usize {
+        [
+            &self.q,
+            &self.ckv,
+            &self.q_lat,
+            &self.lat,
+            &self.scores,
+            &self.o,
+            &self.gate,
+            &self.q_a,
+            &self.q_a_norm,
+            &self.cos,
+            &self.sin,
+            &self.rot,
+        ]
+        .iter()
+        .map(|b| b.len())
+        .sum()
+    }
 }
 
 impl Mla {

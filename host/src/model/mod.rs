@@ -259,6 +259,32 @@ impl Scratch {
             latent: attnres::LatentScratch::new(cfg),
         }
     }
+
+    /// Floats held; a pick `(usize, f32)` counts as 16 bytes.
+    fn floats(&self) -> usize {
+        let m = &self.mix;
+        [
+            &self.x,
+            &self.xn,
+            &self.y,
+            &self.gate,
+            &self.up,
+            &self.probs,
+            &self.shared_gate,
+            &self.shared_up,
+            &self.shared_y,
+            &self.mixed,
+        ]
+        .iter()
+        .map(|b| b.len())
+        .sum::<usize>()
+            + m.attn.floats()
+            + m.mla.floats()
+            + m.kda.floats()
+            + self.picks.capacity() * std::mem::size_of::<(usize, f32)>() / 4
+            + self.bank.floats()
+            + self.latent.floats()
+    }
 }
 
 impl Model {

@@ -66,6 +66,34 @@ impl Chunk {
             zy: vec![0.0; n * latent],
         }
     }
+
+    /// Floats held; a pick `(usize, f32)` counts as 16 bytes.
+    fn floats(&self) -> usize {
+        let pick = std::mem::size_of::<(usize, f32)>() / 4;
+        [&self.x, &self.xn, &self.y, &self.mixed, &self.z, &self.zy]
+            .iter()
+            .map(|b| b.len())
+            .sum::<usize>()
+            + self.banks.iter().map(Bank::floats).sum::<usize>()
+            + self.picks.iter().map(|p| p.capacity() * pick).sum::<usize>()
+    }
+}
+
+/// The floats of the buffers the model itself allocates for one forward
+/// call over `tokens` tokens (decode: 1) with `context` tokens of state and
+/// logits for the last position: the token scratch, the mixers' scratch,
+/// a prefill chunk's per-token buffers (more than one token), the logits.
+/// Built from the very constructors the forward pass uses, so the memory
+/// plan (`plan::scratch_bytes`) cannot drift from them. The expert
+/// provider's own buffers are not included.
+pub fn forward_buffer_floats(cfg: &ModelConfig, context: usize, tokens: usize) -> usize {
+    let attn_res = cfg.k3.and_then(|k| k.attn_res_block).is_some();
+    let chunk = if tokens > 1 {
+        Chunk::new(cfg, tokens.min(MAX_PREFILL_CHUNK), attn_res).floats()
+    } else {
+        0
+    };
+    Scratch::new(cfg, context, attn_res).floats() + chunk + cfg.vocab_size
 }
 
 impl Model {

@@ -342,6 +342,32 @@ impl ExpertScratch {
             down_q,
         }
     }
+
+    /// Bytes held, for the memory plan (`plan::scratch_bytes`).
+    pub fn bytes(&self) -> usize {
+        4 * (self.gate.len() + self.up.len() + self.down_tables.len())
+            + self.down_q.q.len()
+            + 4 * self.down_q.scales.len()
+    }
+}
+
+/// The most bytes [`build_gate_up_tables`] holds at once for an input of
+/// `hidden` floats (rvq4p: its f32 tables and their int8 copy), from the
+/// same lengths it allocates.
+pub fn gate_up_tables_peak_bytes(fmt: ExpertFormat, hidden: usize) -> usize {
+    let nvec = hidden.div_ceil(VDIM);
+    match fmt.stages() {
+        Some(st) => {
+            let q = if fmt == ExpertFormat::Rvq4p {
+                let q = QTables::with_len(nvec);
+                q.q.len() + 4 * q.scales.len()
+            } else {
+                0
+            };
+            4 * nvec * st * fmt.entries() + q
+        }
+        None => 4 * hidden,
+    }
 }
 
 /// `out = down(silu(gate x) * up x)`, computed on the stored format.

@@ -82,7 +82,7 @@ mod tests_kernels;
 pub use expert::{
     build_gate_up_tables, check_expert_payload, decode_expert, encode_expert, expert_forward,
     expert_forward_act,
-    expert_payload_len, ExpertScratch, GateUpTables,
+    expert_payload_len, gate_up_tables_peak_bytes, ExpertScratch, GateUpTables,
 };
 pub use rvq::{fit_layer_codebooks, Codebooks, LayerCodebooks};
 pub use simd::{force_isa, isa, Isa};

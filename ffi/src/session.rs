@@ -218,6 +218,25 @@ pub(crate) fn check_out(out_len: *mut usize) -> Result<(), (waste_result, String
     Ok(())
 }
 
+/// [`with_session`] for the calls whose result goes to the caller's buffer:
+/// `out_len` is checked before `f` runs, so a NULL one fails before any work.
+pub(crate) unsafe fn with_session_out<T: Copy, R: AsRef<[T]>>(
+    session: *mut waste_session,
+    buf: *mut T,
+    cap: usize,
+    out_len: *mut usize,
+    f: impl FnOnce(&mut Session) -> Result<R, (waste_result, String)>,
+) -> waste_result {
+    // SAFETY: forwarded caller pointers.
+    unsafe {
+        with_session(session, |s| {
+            check_out(out_len)?;
+            let r = f(s)?;
+            copy_out(r.as_ref(), buf, cap, out_len)
+        })
+    }
+}
+
 /// Text as plain content -> token ids. `*out_len` receives the count; a
 /// buffer shorter than it gets `WASTE_BUFFER_TOO_SMALL` and nothing else.
 #[no_mangle]
@@ -231,10 +250,8 @@ pub unsafe extern "C" fn waste_session_tokenize(
 ) -> waste_result {
     // SAFETY: forwarded caller pointers.
     unsafe {
-        with_session(session, |s| {
-            check_out(out_len)?;
-            let ids = s.tokenize(str_arg("text", text, text_len)?).map_err(host)?;
-            copy_out(&ids, tokens, cap, out_len)
+        with_session_out(session, tokens, cap, out_len, |s| {
+            s.tokenize(str_arg("text", text, text_len)?).map_err(host)
         })
     }
 }
@@ -251,12 +268,9 @@ pub unsafe extern "C" fn waste_session_tokenize_markup(
 ) -> waste_result {
     // SAFETY: forwarded caller pointers.
     unsafe {
-        with_session(session, |s| {
-            check_out(out_len)?;
-            let ids = s
-                .tokenize_markup(str_arg("text", text, text_len)?)
-                .map_err(host)?;
-            copy_out(&ids, tokens, cap, out_len)
+        with_session_out(session, tokens, cap, out_len, |s| {
+            s.tokenize_markup(str_arg("text", text, text_len)?)
+                .map_err(host)
         })
     }
 }
@@ -273,12 +287,9 @@ pub unsafe extern "C" fn waste_session_detokenize(
 ) -> waste_result {
     // SAFETY: forwarded caller pointers.
     unsafe {
-        with_session(session, |s| {
-            check_out(out_len)?;
-            let t = s
-                .detokenize(slice_arg("tokens", tokens, n_tokens)?)
-                .map_err(host)?;
-            copy_out(t.as_bytes(), text as *mut u8, cap, out_len)
+        with_session_out(session, text as *mut u8, cap, out_len, |s| {
+            s.detokenize(slice_arg("tokens", tokens, n_tokens)?)
+                .map_err(host)
         })
     }
 }
@@ -315,6 +326,30 @@ pub(crate) unsafe fn messages_arg(
     Ok(msgs)
 }
 
+/// The arguments every chat-template call converts: the messages, `tools`
+/// and `vars` (`ptr` NULL = none).
+pub(crate) unsafe fn chat_args(
+    messages: *const waste_chat_message,
+    n_messages: usize,
+    tools: waste_str,
+    vars: waste_str,
+) -> Result<(Vec<ChatMessage>, Option<String>, Option<String>), (waste_result, String)> {
+    // SAFETY: pointers and lengths from the caller.
+    unsafe {
+        Ok((
+            messages_arg(messages, n_messages)?,
+            opt_str("tools", tools)?,
+            opt_str("vars", vars)?,
+        ))
+    }
+}
+
+/// An absent optional string, for the calls without template variables.
+const NO_STR: waste_str = waste_str {
+    ptr: std::ptr::null(),
+    len: 0,
+};
+
 /// The conversation through the model's chat template, as prompt tokens.
 /// `tools`: a JSON array of tool definitions, `ptr` NULL = none.
 #[no_mangle]
@@ -328,17 +363,19 @@ pub unsafe extern "C" fn waste_session_apply_chat_template(
     cap: usize,
     out_len: *mut usize,
 ) -> waste_result {
-    // SAFETY: forwarded caller pointers.
+    // SAFETY: forwarded caller pointers; no variables is the same call.
     unsafe {
-        with_session(session, |s| {
-            check_out(out_len)?;
-            let msgs = messages_arg(messages, n_messages)?;
-            let tools = opt_str("tools", tools)?;
-            let ids = s
-                .apply_chat_template(&msgs, tools.as_deref(), add_generation_prompt)
-                .map_err(host)?;
-            copy_out(&ids, tokens, cap, out_len)
-        })
+        waste_session_apply_chat_template_vars(
+            session,
+            messages,
+            n_messages,
+            tools,
+            add_generation_prompt,
+            NO_STR,
+            tokens,
+            cap,
+            out_len,
+        )
     }
 }
 
@@ -361,15 +398,15 @@ pub unsafe extern "C" fn waste_session_apply_chat_template_vars(
 ) -> waste_result {
     // SAFETY: forwarded caller pointers.
     unsafe {
-        with_session(session, |s| {
-            check_out(out_len)?;
-            let msgs = messages_arg(messages, n_messages)?;
-            let tools = opt_str("tools", tools)?;
-            let vars = opt_str("vars", vars)?;
-            let ids = s
-                .apply_chat_template_with_vars(&msgs, tools.as_deref(), add_generation_prompt, vars.as_deref())
-                .map_err(host)?;
-            copy_out(&ids, tokens, cap, out_len)
+        with_session_out(session, tokens, cap, out_len, |s| {
+            let (msgs, tools, vars) = chat_args(messages, n_messages, tools, vars)?;
+            s.apply_chat_template_with_vars(
+                &msgs,
+                tools.as_deref(),
+                add_generation_prompt,
+                vars.as_deref(),
+            )
+            .map_err(host)
         })
     }
 }
@@ -494,12 +531,11 @@ pub unsafe extern "C" fn waste_session_eval(
 ) -> waste_result {
     // SAFETY: forwarded caller pointers.
     unsafe {
-        with_session(session, |s| {
-            check_out(out_len)?;
+        with_session_out(session, logits, cap, out_len, |s| {
             let (l, _) = s
                 .eval(slice_arg("tokens", tokens, n_tokens)?, all_positions)
                 .map_err(host)?;
-            copy_out(&l, logits, cap, out_len)
+            Ok(l)
         })
     }
 }
@@ -607,17 +643,19 @@ pub unsafe extern "C" fn waste_session_render_chat_template(
     cap: usize,
     out_len: *mut usize,
 ) -> waste_result {
-    // SAFETY: forwarded caller pointers.
+    // SAFETY: forwarded caller pointers; no variables is the same call.
     unsafe {
-        with_session(session, |s| {
-            check_out(out_len)?;
-            let msgs = messages_arg(messages, n_messages)?;
-            let tools = opt_str("tools", tools)?;
-            let t = s
-                .render_chat_template(&msgs, tools.as_deref(), add_generation_prompt)
-                .map_err(host)?;
-            copy_out(t.as_bytes(), text as *mut u8, cap, out_len)
-        })
+        waste_session_render_chat_template_vars(
+            session,
+            messages,
+            n_messages,
+            tools,
+            add_generation_prompt,
+            NO_STR,
+            text,
+            cap,
+            out_len,
+        )
     }
 }
 
@@ -637,15 +675,15 @@ pub unsafe extern "C" fn waste_session_render_chat_template_vars(
 ) -> waste_result {
     // SAFETY: forwarded caller pointers.
     unsafe {
-        with_session(session, |s| {
-            check_out(out_len)?;
-            let msgs = messages_arg(messages, n_messages)?;
-            let tools = opt_str("tools", tools)?;
-            let vars = opt_str("vars", vars)?;
-            let t = s
-                .render_chat_template_with_vars(&msgs, tools.as_deref(), add_generation_prompt, vars.as_deref())
-                .map_err(host)?;
-            copy_out(t.as_bytes(), text as *mut u8, cap, out_len)
+        with_session_out(session, text as *mut u8, cap, out_len, |s| {
+            let (msgs, tools, vars) = chat_args(messages, n_messages, tools, vars)?;
+            s.render_chat_template_with_vars(
+                &msgs,
+                tools.as_deref(),
+                add_generation_prompt,
+                vars.as_deref(),
+            )
+            .map_err(host)
         })
     }
 }
@@ -661,10 +699,5 @@ pub unsafe extern "C" fn waste_session_tokens(
     out_len: *mut usize,
 ) -> waste_result {
     // SAFETY: forwarded caller pointers.
-    unsafe {
-        with_session(session, |s| {
-            check_out(out_len)?;
-            copy_out(&s.tokens(), tokens, cap, out_len)
-        })
-    }
+    unsafe { with_session_out(session, tokens, cap, out_len, |s| Ok(s.tokens())) }
 }

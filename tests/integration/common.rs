@@ -127,3 +127,71 @@ pub fn report_skip(message: &str) {
         }
     }
 }
+
+/// Index of the largest value, the first of equal ones.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The greedy next token as the bit-identity tests pick it: the largest
+/// logit by `total_cmp`, the last of equal ones.
+pub fn greedy_next(logits: &[f32]) -> u32 {
+    logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i as u32)
+        .unwrap()
+}
+
+/// Per position of `reference`'s prompt, max |ours - reference| / max
+/// |reference|; returns the worst of those and the share of positions with
+/// the same top-1.
+pub fn compare_positions(logits: &[f32], reference: &Reference) -> (f32, f32) {
+    let v = reference.vocab;
+    let n = reference.prompt_ids.len();
+    let (mut worst, mut agree) = (0.0f32, 0usize);
+    for p in 0..n {
+        let (ours, theirs) = (
+            &logits[p * v..(p + 1) * v],
+            &reference.logits[p * v..(p + 1) * v],
+        );
+        let scale = theirs.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let diff = ours
+            .iter()
+            .zip(theirs)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        worst = worst.max(diff / scale);
+        agree += usize::from(argmax(ours) == argmax(theirs));
+    }
+    (worst, agree as f32 / n as f32)
+}
+
+/// `waste info --json`'s layer pattern as `attention/ffn` strings.
+pub fn layer_pattern(info: &serde_json::Value) -> Vec<String> {
+    info["layer_pattern"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            format!(
+                "{}/{}",
+                l["attention"].as_str().unwrap(),
+                l["ffn"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+/// A session on `container` opened with the default options.
+pub fn open_session(engine: &waste_host::Engine, container: &Path) -> waste_host::Session {
+    engine
+        .session(waste_host::Model::open(container, &waste_host::OpenOptions::default()).unwrap())
+        .unwrap()
+}

@@ -5,7 +5,7 @@
 //! converted with an f32 trunk and f32 experts, run through the public API
 //! and the bundled component.
 
-use waste_host::{Engine, Model, OpenOptions};
+use waste_host::Engine;
 
 use crate::common::*;
 
@@ -24,16 +24,12 @@ fn deepseek_v3_saved_state_continues_bit_identically() {
     let reference = reference("deepseek_v3");
     let (head, tail) = reference.prompt_ids.split_at(40);
     let engine = Engine::new().unwrap();
-    let mut a = engine
-        .session(Model::open(&container, &OpenOptions::default()).unwrap())
-        .unwrap();
+    let mut a = open_session(&engine, &container);
     a.eval(head, false).unwrap();
     a.save_state(&file).unwrap();
     let (want, _) = a.eval(tail, true).unwrap();
 
-    let mut b = engine
-        .session(Model::open(&container, &OpenOptions::default()).unwrap())
-        .unwrap();
+    let mut b = open_session(&engine, &container);
     b.load_state(&file).unwrap();
     let (got, _) = b.eval(tail, true).unwrap();
     assert!(got == want, "restored MLA state diverges");

@@ -18,28 +18,6 @@ fn kimi_k3_f32_matches_reference_at_every_position() {
     crate::oracle::check_f32("kimi_k3");
 }
 
-/// Per position, max |ours - reference| / max |reference|, and the share of
-/// positions with the same top-1.
-fn compare(logits: &[f32], reference: &Reference) -> (f32, f32) {
-    let v = reference.vocab;
-    let n = reference.prompt_ids.len();
-    let (mut worst, mut agree) = (0.0f32, 0usize);
-    for p in 0..n {
-        let (ours, theirs) = (
-            &logits[p * v..(p + 1) * v],
-            &reference.logits[p * v..(p + 1) * v],
-        );
-        let scale = theirs.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        let diff = ours
-            .iter()
-            .zip(theirs)
-            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-        worst = worst.max(diff / scale);
-        agree += usize::from(argmax(ours) == argmax(theirs));
-    }
-    (worst, agree as f32 / n as f32)
-}
-
 /// `waste info` sees K3 through its config: the wrapper's text config, the
 /// layer pattern, and parameters that count the latent projections, the
 /// AttnRes vectors, g_proj, and the experts at the latent width.
@@ -50,18 +28,7 @@ fn kimi_k3_info_counts_latent_moe_and_attnres_parameters() {
     let o = waste(&["info", container.to_str().unwrap(), "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let pattern: Vec<String> = j["layer_pattern"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            format!(
-                "{}/{}",
-                l["attention"].as_str().unwrap(),
-                l["ffn"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let pattern = layer_pattern(&j);
     assert_eq!(
         pattern,
         ["KDA/dense", "KDA/moe", "MLA/moe", "KDA/moe", "MLA/moe"]
@@ -93,9 +60,7 @@ fn kimi_k3_saved_state_continues_bit_identically() {
     let reference = reference("kimi_k3");
     let (head, tail) = reference.prompt_ids.split_at(41);
     let engine = Engine::new().unwrap();
-    let mut a = engine
-        .session(Model::open(&container, &OpenOptions::default()).unwrap())
-        .unwrap();
+    let mut a = open_session(&engine, &container);
     a.eval(head, false).unwrap();
     a.save_state(&file).unwrap();
     let (want, _) = a.eval(tail, true).unwrap();
@@ -104,9 +69,7 @@ fn kimi_k3_saved_state_continues_bit_identically() {
         want_steps.push(a.eval(&[t], false).unwrap().0);
     }
 
-    let mut b = engine
-        .session(Model::open(&container, &OpenOptions::default()).unwrap())
-        .unwrap();
+    let mut b = open_session(&engine, &container);
     b.load_state(&file).unwrap();
     let (got, _) = b.eval(tail, true).unwrap();
     assert!(got == want, "restored K3 state diverges in prefill");
@@ -125,7 +88,7 @@ fn kimi_k3_saved_state_continues_bit_identically() {
         vocab: v,
         logits: reference.logits[head.len() * v..].to_vec(),
     };
-    let (err, agree) = compare(&got, &tail_ref);
+    let (err, agree) = compare_positions(&got, &tail_ref);
     assert!(
         err <= 1e-4 && agree == 1.0,
         "restored session vs reference: {err} / {agree}"
@@ -195,11 +158,9 @@ fn kimi_k3_q8_experts_stay_close() {
     let container = convert("kimi_k3", "q8", "f32", tmp.path());
     let reference = reference("kimi_k3");
     let engine = Engine::new().unwrap();
-    let mut session = engine
-        .session(Model::open(&container, &OpenOptions::default()).unwrap())
-        .unwrap();
+    let mut session = open_session(&engine, &container);
     let (logits, _) = session.eval(&reference.prompt_ids, true).unwrap();
-    let (err, agree) = compare(&logits, &reference);
+    let (err, agree) = compare_positions(&logits, &reference);
     let v = reference.vocab;
     let n = reference.prompt_ids.len();
     let mean = (0..n)
@@ -229,13 +190,3 @@ fn kimi_k3_q8_experts_stay_close() {
 // top-1 0.41 (docs/PERFORMANCE.md, "Kimi K3").
 const Q8_MEAN_REL_ERR: f32 = 0.1;
 const Q8_MIN_TOP1: f32 = 0.85;
-
-fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
-}

@@ -4,7 +4,7 @@
 //! an f32 trunk and f32 experts, run through the public API and the bundled
 //! component, and described by `waste info`.
 
-use waste_host::{Engine, Model, OpenOptions};
+use waste_host::Engine;
 
 use crate::common::*;
 
@@ -23,18 +23,7 @@ fn kimi_linear_info_shows_layer_pattern_and_state() {
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(j["family"], "kimi_linear");
-    let pattern: Vec<String> = j["layer_pattern"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| {
-            format!(
-                "{}/{}",
-                l["attention"].as_str().unwrap(),
-                l["ffn"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let pattern = layer_pattern(&j);
     assert_eq!(
         pattern,
         ["KDA/dense", "KDA/moe", "MLA/moe", "KDA/moe", "MLA/moe"]
@@ -83,16 +72,12 @@ fn kimi_linear_saved_state_continues_bit_identically() {
     let reference = reference("kimi_linear");
     let (head, tail) = reference.prompt_ids.split_at(40);
     let engine = Engine::new().unwrap();
-    let mut a = engine
-        .session(Model::open(&container, &OpenOptions::default()).unwrap())
-        .unwrap();
+    let mut a = open_session(&engine, &container);
     a.eval(head, false).unwrap();
     a.save_state(&file).unwrap();
     let (want, _) = a.eval(tail, true).unwrap();
 
-    let mut b = engine
-        .session(Model::open(&container, &OpenOptions::default()).unwrap())
-        .unwrap();
+    let mut b = open_session(&engine, &container);
     b.load_state(&file).unwrap();
     let (got, _) = b.eval(tail, true).unwrap();
     assert!(got == want, "restored KDA/MLA state diverges");
@@ -112,30 +97,13 @@ fn kimi_linear_quantised_formats_stay_within_stated_error() {
     ];
     let tmp = TempDir::new("kimi-quantised");
     let reference = reference("kimi_linear");
-    let v = reference.vocab;
     let mut failures = Vec::new();
     for (experts, trunk, (max_err, min_agree)) in cases {
         let container = convert("kimi_linear", experts, trunk, tmp.path());
         let engine = Engine::new().unwrap();
-        let mut session = engine
-            .session(Model::open(&container, &OpenOptions::default()).unwrap())
-            .unwrap();
+        let mut session = open_session(&engine, &container);
         let (logits, _) = session.eval(&reference.prompt_ids, true).unwrap();
-        let (mut worst, mut agree) = (0.0f32, 0usize);
-        for p in 0..reference.prompt_ids.len() {
-            let (ours, theirs) = (
-                &logits[p * v..(p + 1) * v],
-                &reference.logits[p * v..(p + 1) * v],
-            );
-            let scale = theirs.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-            let diff = ours
-                .iter()
-                .zip(theirs)
-                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-            worst = worst.max(diff / scale);
-            agree += usize::from(argmax(ours) == argmax(theirs));
-        }
-        let agree = agree as f32 / reference.prompt_ids.len() as f32;
+        let (worst, agree) = compare_positions(&logits, &reference);
         eprintln!("kimi_linear experts {experts:<4} trunk {trunk:<3} max rel err {worst:.4} top-1 {agree:.3}");
         if worst > max_err || agree < min_agree {
             failures.push(format!(
@@ -155,13 +123,3 @@ fn kimi_linear_quantised_formats_stay_within_stated_error() {
 const BOUND_Q8: (f32, f32) = (1.3, 0.7);
 const BOUND_Q4: (f32, f32) = (1.9, 0.2);
 const BOUND_RVQ3: (f32, f32) = (1.8, 0.2);
-
-fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
-}

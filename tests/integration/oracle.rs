@@ -34,16 +34,6 @@ fn compare(engine_logits: &[f32], reference: &Reference) -> Comparison {
     Comparison { max_rel_error, top1_agreement: agree as f32 / positions as f32 }
 }
 
-fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
-}
-
 fn greedy() -> GenerateParams {
     GenerateParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens: 16, stop_at_eos: false, ..GenerateParams::default() }
 }

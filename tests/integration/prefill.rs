@@ -121,12 +121,7 @@ fn decode_after_chunked_prefill_gives_the_same_tokens() {
             let (mut logits, _) = m.forward(&mut state, &prompt, false).unwrap();
             let mut out = vec![bits(&logits)];
             for _ in 0..8 {
-                let next = logits
-                    .iter()
-                    .enumerate()
-                    .max_by(|a, b| a.1.total_cmp(b.1))
-                    .map(|(i, _)| i as u32)
-                    .unwrap();
+                let next = greedy_next(&logits);
                 logits = m.forward(&mut state, &[next], false).unwrap().0;
                 out.push(bits(&logits));
             }

@@ -11,7 +11,7 @@ use waste_host::store::{simulate, CachePolicy, StoreOptions};
 use waste_host::synth::{preset, synth};
 use waste_host::{Model, OpenOptions};
 
-use crate::common::{report_skip, stderr, stdout, waste, TempDir};
+use crate::common::{greedy_next, report_skip, stderr, stdout, waste, TempDir};
 
 fn synthetic(dir: &TempDir, shape: &str) -> PathBuf {
     let out = dir.path().join(format!("{shape}.waste"));
@@ -36,12 +36,7 @@ fn decode(model: &Model, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<u32
     let mut tokens = Vec::new();
     let mut all = vec![logits.iter().map(|v| v.to_bits()).collect::<Vec<_>>()];
     for _ in 0..steps {
-        let next = logits
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i as u32)
-            .unwrap();
+        let next = greedy_next(&logits);
         tokens.push(next);
         logits = model.forward(&mut state, &[next], false).expect("decode").0;
         all.push(logits.iter().map(|v| v.to_bits()).collect());

@@ -7,7 +7,7 @@
 //! gate/up tables into its own slot, and each token then sums its slots in
 //! its own router order, exactly as `forward_experts` accumulates.
 
-use super::{ExpertStore, Status};
+use super::ExpertStore;
 use crate::error::{Error, Result};
 use crate::quant::{self, ExpertScratch};
 use crate::stats::StepStats;
@@ -160,20 +160,7 @@ impl ExpertStore {
             Some(e) => Err(e),
             None => self.compute_group(layer, xs, picks, held, ys, k_max, stats),
         };
-        let mut st = self.shared.lock();
-        for &slot in &acquired {
-            if st.status[slot] == Status::Loading && !st.reading[slot] {
-                // An error came before this record's read was issued.
-                st.status[slot] = Status::Empty;
-                st.core.forget(slot);
-            }
-            st.core.unpin(slot);
-            if !self.options.keep {
-                st.core.forget(slot);
-            }
-        }
-        drop(st);
-        self.shared.ready.notify_all();
+        self.release(acquired.iter().copied());
         result
     }
 

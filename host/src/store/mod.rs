@@ -470,6 +470,24 @@ impl ExpertStore {
         }
     }
 
+    /// Unpins the records one call acquired, whatever happened to it.
+    fn release(&self, slots: impl IntoIterator<Item = usize>) {
+        let mut st = self.shared.lock();
+        for slot in slots {
+            if st.status[slot] == Status::Loading && !st.reading[slot] {
+                // An error came before this record's read was issued.
+                st.status[slot] = Status::Empty;
+                st.core.forget(slot);
+            }
+            st.core.unpin(slot);
+            if !self.options.keep {
+                st.core.forget(slot);
+            }
+        }
+        drop(st);
+        self.shared.ready.notify_all();
+    }
+
     /// Hands a read of `slot` to the readers (which then own one pin).
     fn enqueue(&self, layer: usize, expert: usize, slot: usize, speculative: bool) {
         {
@@ -567,20 +585,7 @@ impl ExpertProvider for ExpertStore {
             Some(e) => Err(e),
             None => self.compute(layer, x, picks, &slots, out, stats),
         };
-        let mut st = self.shared.lock();
-        for &(slot, _) in &slots {
-            if st.status[slot] == Status::Loading && !st.reading[slot] {
-                // An error came before this record's read was issued.
-                st.status[slot] = Status::Empty;
-                st.core.forget(slot);
-            }
-            st.core.unpin(slot);
-            if !self.options.keep {
-                st.core.forget(slot);
-            }
-        }
-        drop(st);
-        self.shared.ready.notify_all();
+        self.release(slots.iter().map(|&(slot, _)| slot));
         result
     }
 

@@ -313,6 +313,18 @@ impl Reader<'_> {
         }
     }
 
+    /// `(moe_intermediate_size, intermediate_size)`: the dense width is
+    /// required only when some layer is dense (an all-MoE model may omit it).
+    fn ffn_widths(&self, moe_layers: &[bool], max: usize) -> Result<(usize, usize)> {
+        let moe = self.bounded("moe_intermediate_size", self.usize_req("moe_intermediate_size")?, max)?;
+        let dense = if moe_layers.iter().all(|&m| m) {
+            self.usize_opt("intermediate_size")?.unwrap_or(0).min(max)
+        } else {
+            self.bounded("intermediate_size", self.usize_req("intermediate_size")?, max)?
+        };
+        Ok((moe, dense))
+    }
+
     fn bounded(&self, key: &str, v: usize, max: usize) -> Result<usize> {
         if v == 0 || v > max {
             return Err(self.err(key, format!("{v} is outside 1..={max}")));

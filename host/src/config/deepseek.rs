@@ -216,22 +216,7 @@ pub(super) fn parse(
     }
     let first_dense = r.usize_opt("first_k_dense_replace")?.unwrap_or(3);
     let moe_layers: Vec<bool> = (0..num_layers).map(|l| l >= first_dense).collect();
-    let moe_intermediate_size = r.bounded(
-        "moe_intermediate_size",
-        r.usize_req("moe_intermediate_size")?,
-        MAX_INTER,
-    )?;
-    let intermediate_size = if moe_layers.iter().all(|&m| m) {
-        r.usize_opt("intermediate_size")?
-            .unwrap_or(0)
-            .min(MAX_INTER)
-    } else {
-        r.bounded(
-            "intermediate_size",
-            r.usize_req("intermediate_size")?,
-            MAX_INTER,
-        )?
-    };
+    let (moe_intermediate_size, intermediate_size) = r.ffn_widths(&moe_layers, MAX_INTER)?;
     let n_shared = r.usize_opt("n_shared_experts")?.unwrap_or(1);
     if n_shared > 64 {
         return Err(r.err("n_shared_experts", format!("{n_shared} exceeds 64")));

@@ -142,22 +142,7 @@ pub(super) fn parse(
         return Err(r.err(topk_key, format!("{top_k} is outside 1..={num_experts}")));
     }
     let moe_layers = mlp_kinds(r, num_layers)?;
-    let moe_intermediate_size = r.bounded(
-        "moe_intermediate_size",
-        r.usize_req("moe_intermediate_size")?,
-        MAX_INTER,
-    )?;
-    let intermediate_size = if moe_layers.iter().all(|&m| m) {
-        r.usize_opt("intermediate_size")?
-            .unwrap_or(0)
-            .min(MAX_INTER)
-    } else {
-        r.bounded(
-            "intermediate_size",
-            r.usize_req("intermediate_size")?,
-            MAX_INTER,
-        )?
-    };
+    let (moe_intermediate_size, intermediate_size) = r.ffn_widths(&moe_layers, MAX_INTER)?;
     let shared_key = first_key(r, &["num_shared_experts", "n_shared_experts"]);
     let n_shared = r.usize_opt(shared_key)?.unwrap_or(1);
     if n_shared > 64 {

@@ -104,12 +104,14 @@ impl Book {
 #[inline(always)]
 fn nearest_generic<const N: usize>(cbt: &[f32], norms: &[f32], r: &Vec8) -> usize {
     let mut dot = [0f32; N];
-    let c0: &[f32; N] = cbt[..N].try_into().expect("N entries");
+    // One row of N entries per dimension; `cbt` holds VDIM rows.
+    let (dims, _) = cbt.as_chunks::<N>();
+    let c0 = &dims[0];
     for c in 0..N {
         dot[c] = r[0] * c0[c];
     }
     for d in 1..VDIM {
-        let cd: &[f32; N] = cbt[d * N..(d + 1) * N].try_into().expect("N entries");
+        let cd = &dims[d];
         for c in 0..N {
             dot[c] += r[d] * cd[c];
         }

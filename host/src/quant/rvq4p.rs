@@ -196,8 +196,8 @@ pub(crate) fn blocks(isa: Isa, planes: &[u8], t: &QTables, nvec: usize, acc: &mu
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && super::simd::isa_available(Isa::Avx512) {
         while b + 2 <= n {
-            let (oa, ob) = acc[b * ROWS..(b + 2) * ROWS].split_at_mut(ROWS);
-            let (oa, ob) = (oa.try_into().expect("32"), ob.try_into().expect("32"));
+            let (pair, _) = acc[b * ROWS..(b + 2) * ROWS].as_chunks_mut::<ROWS>();
+            let [oa, ob] = pair else { break };
             let (pa, pb) = planes[b * per..(b + 2) * per].split_at(per);
             // SAFETY: AVX-512 F/BW/VBMI and AVX2 were detected on this CPU;
             // lengths checked above.
@@ -207,9 +207,8 @@ pub(crate) fn blocks(isa: Isa, planes: &[u8], t: &QTables, nvec: usize, acc: &mu
     }
     for (pl, o) in planes[b * per..]
         .chunks_exact(per)
-        .zip(acc[b * ROWS..].chunks_exact_mut(ROWS))
+        .zip(acc[b * ROWS..].as_chunks_mut::<ROWS>().0.iter_mut())
     {
-        let o: &mut [f32; ROWS] = o.try_into().expect("32 rows");
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 | Isa::Avx512 if super::simd::isa_available(Isa::Avx2) => {

@@ -377,8 +377,7 @@ pub(crate) fn build_tables_generic(
             for (b, tb) in t.chunks_exact_mut(16).enumerate() {
                 let mut acc = [0f32; 16];
                 for (d, &xd) in xv.iter().enumerate() {
-                    let cd: &[f32; 16] =
-                        cb[d * e + 16 * b..d * e + 16 * b + 16].try_into().expect("16 entries");
+                    let cd: &[f32; 16] = &cb[d * e + 16 * b..].as_chunks::<16>().0[0];
                     for k in 0..16 {
                         acc[k] += xd * cd[k];
                     }

@@ -77,8 +77,8 @@ pub fn template_vars(flags: &[String]) -> Result<Option<String>> {
 const HELP: &str = "\
 /reset        forget the conversation (the system message stays)
 /stats        position, context, turns and expert-cache counters
-/save FILE    save the conversation (state, tokens, messages) to FILE
-/load FILE    restore a conversation saved with /save
+/save FILE    save the conversation (state, tokens, messages, template variables) to FILE
+/load FILE    restore a conversation saved with /save, template variables included
 /help         this list
 /quit, /exit  leave (so do Ctrl-D and end of input)
 Ctrl-C cancels the reply being generated.";
@@ -235,10 +235,14 @@ impl Chat {
                 let path = need_file("load")?;
                 self.load(&path)?;
                 println!(
-                    "loaded {} tokens, {} messages from {}",
+                    "loaded {} tokens, {} messages from {}{}",
                     self.session.tokens().len(),
                     self.messages.len(),
-                    path.display()
+                    path.display(),
+                    match &self.template_vars {
+                        Some(vars) => format!(" (template variables {vars})"),
+                        None => String::new(),
+                    }
                 );
             }
             other => bail!(usage(format!("unknown command /{other}; /help lists the commands"))),
@@ -269,8 +273,9 @@ impl Chat {
         );
     }
 
-    /// The session's own file, plus the messages beside it: the template
-    /// renders messages, so a restored conversation needs them to go on.
+    /// The session's own file, plus the messages and template variables
+    /// beside it: the template renders both, so a restored conversation needs
+    /// them to go on rendering the history the session already holds.
     fn save(&self, path: &Path) -> Result<()> {
         self.session
             .save_state(path)
@@ -280,8 +285,12 @@ impl Chat {
             .iter()
             .map(|m| json!({"role": m.role, "content": m.content}))
             .collect();
+        let vars = match &self.template_vars {
+            Some(text) => serde_json::from_str(text).context("the template variables are not JSON")?,
+            None => serde_json::Value::Null,
+        };
         let side = messages_path(path);
-        std::fs::write(&side, json!({"messages": messages}).to_string())
+        std::fs::write(&side, json!({"messages": messages, "template_vars": vars}).to_string())
             .with_context(|| format!("writing {}", side.display()))
     }
 
@@ -301,12 +310,25 @@ impl Chat {
             };
             messages.push(ChatMessage::new(role, content));
         }
+        // Files written before template variables were saved have no key:
+        // those conversations were rendered without any.
+        let template_vars = match &value["template_vars"] {
+            serde_json::Value::Null => None,
+            vars @ serde_json::Value::Object(_) => {
+                let text = vars.to_string();
+                waste_host::check_template_vars(&text)
+                    .with_context(|| format!("{}: template_vars", side.display()))?;
+                Some(text)
+            }
+            _ => bail!("{}: template_vars is not a JSON object", side.display()),
+        };
         // The session file is checked against the model before anything
         // changes: a failed load leaves the conversation as it was.
         self.session
             .load_state(path)
             .with_context(|| format!("loading the session from {}", path.display()))?;
         self.messages = messages;
+        self.template_vars = template_vars;
         Ok(())
     }
 

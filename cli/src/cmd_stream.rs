@@ -246,7 +246,8 @@ pub struct BenchArgs {
     pub policy: String,
     /// Router lookahead: experts of the next layer read speculatively (0 =
     /// off). Several values (`0,6`) run side by side, each budget once per
-    /// value, in this process. Default: the engine's.
+    /// value, in this process. Default: the engine's (6; 0 with
+    /// --route-trace).
     #[arg(long, value_delimiter = ',')]
     pub lookahead: Option<Vec<usize>>,
     /// Time one prefill of this many tokens instead of `--tokens` decode
@@ -319,7 +320,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .max_position_embeddings
             .min(512),
     };
-    let lookaheads = a.lookahead.clone().unwrap_or_else(|| vec![OpenOptions::default().lookahead]);
+    // Replay runs no router, so the default lookahead would do nothing
+    // there but appear in the rows.
+    let lookaheads = match (&a.lookahead, &trace) {
+        (Some(l), _) => l.clone(),
+        (None, Some(_)) => vec![0],
+        (None, None) => vec![OpenOptions::default().lookahead],
+    };
     if a.threads.as_ref().is_some_and(|t| t.contains(&0)) {
         bail!(usage("--threads must be at least 1"));
     }
@@ -340,7 +347,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
     }
     let mut rows = Vec::new();
-    for (budget, lookahead, threads, chunk) in runs {
+    for (run, (budget, lookahead, threads, chunk)) in runs.into_iter().enumerate() {
         let options = OpenOptions {
             context: Some(ctx),
             budget,
@@ -358,17 +365,27 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let model = crate::render::open_model(&a.model, &options)
             .with_context(|| format!("opening {}", a.model.display()))?;
         say_budget(model.memory_plan());
-        let raw = if a.raw_reads > 0 {
-            let (bytes, secs) = model
-                .expert_store()
-                .measure_random_reads(a.raw_reads, a.readers.max(1), 42)?;
-            Some(bytes as f64 / secs / 1e9)
-        } else {
-            None
-        };
+        // Raw bandwidth with the store's own buffers, and with 4 KiB-page and
+        // huge-page buffers side by side (alternating which goes first). Each
+        // probe reads records no earlier probe of this process read, so no
+        // cache below the guest flatters a later one.
+        let (mut raw, mut raw_4k, mut raw_huge) = (None, None, None);
+        if a.raw_reads > 0 {
+            let store = model.expert_store();
+            let seed = 42 + 3 * run as u64;
+            let (bytes, secs) = store.measure_random_reads(a.raw_reads, a.readers.max(1), seed)?;
+            raw = Some(bytes as f64 / secs / 1e9);
+            let order = if run % 2 == 0 { [false, true] } else { [true, false] };
+            for (i, huge) in order.into_iter().enumerate() {
+                let (bytes, secs) =
+                    store.measure_random_reads_with(a.raw_reads, a.readers.max(1), seed + 1 + i as u64, huge)?;
+                *(if huge { &mut raw_huge } else { &mut raw_4k }) = Some(bytes as f64 / secs / 1e9);
+            }
+        }
         let preloaded = model.store_stats().preloaded;
         warm_up(&model, trace.as_ref(), a.warmup.min(ctx))?;
         model.reset_store_stats();
+        let cpu_before = waste_host::stats::cpu_times(false);
         let started = Instant::now();
         let mut embedding_rows_read = 0u64;
         let steps = match &trace {
@@ -406,13 +423,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             }
         };
         let secs = started.elapsed().as_secs_f64();
+        let cpu = cpu_times_since(cpu_before);
         let s = model.store_stats();
+        let useful_gb = s.useful_bytes() as f64 / 1e9;
+        let ratio = |gb_per_s: f64| raw.map(|r| gb_per_s / r);
         if a.learn {
             model.save_usage()?;
         }
         let plan = model.memory_plan();
         let used = model.memory_used();
-        rows.push(json!({
+        let mut row = json!({
             "budget": plan.budget, "cache_slots": plan.cache_slots, "cache_bytes": plan.cache_bytes,
             "planned_total": plan.total(), "used_total": used.total(), "floor": plan.floor,
             "working_set": plan.working_set, "tokens": steps, "seconds": secs,
@@ -425,7 +445,20 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
             "prefill": a.prefill, "chunk": chunk, "reads": s.reads,
             "peak_rss": waste_host::plan::peak_rss(),
-        }));
+        });
+        // Speculative reads never used inflate `gb_read`: `useful_*` counts
+        // only records a forward pass consumed.
+        let more = json!({
+            "raw_random_read_4k_gb_per_s": raw_4k, "raw_random_read_huge_gb_per_s": raw_huge,
+            "huge_pages": s.huge_pages, "useful_gb_read": useful_gb, "useful_gb_per_s": useful_gb / secs,
+            "achieved_over_raw": ratio(s.bytes_read as f64 / 1e9 / secs), "useful_over_raw": ratio(useful_gb / secs),
+            "reader_sys_s": s.reader_sys_time.as_secs_f64(), "process_user_s": cpu.map(|c| c.0),
+            "process_sys_s": cpu.map(|c| c.1),
+        });
+        if let (Some(row), serde_json::Value::Object(more)) = (row.as_object_mut(), more) {
+            row.extend(more);
+        }
+        rows.push(row);
     }
     if a.json {
         let out = if rows.len() == 1 { rows.remove(0) } else { json!(rows) };
@@ -438,7 +471,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 .map(|v| format!(", raw random read {v:.2} GB/s"))
                 .unwrap_or_default();
             println!(
-                "budget {}, lookahead {}, threads {}: {:.2} tok/s, hit {:.1}% ({} hit / {} miss), {:.3} GB read, {:.3} GB/token, {:.2} GB/s achieved{raw}, direct_io {}",
+                "budget {}, lookahead {}, threads {}: {:.2} tok/s, hit {:.1}% ({} hit / {} miss), {:.3} GB read, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, direct_io {}",
                 fmt_bytes(f("budget") as u64),
                 r["lookahead"],
                 r["threads"],
@@ -449,11 +482,18 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 f("gb_read"),
                 f("gb_per_token"),
                 f("achieved_gb_per_s"),
+                f("useful_gb_per_s"),
                 r["direct_io"]
             );
         }
     }
     Ok(())
+}
+
+/// Process (user, system) CPU seconds since `before` was taken.
+fn cpu_times_since(before: Option<(std::time::Duration, std::time::Duration)>) -> Option<(f64, f64)> {
+    let (b, n) = (before?, waste_host::stats::cpu_times(false)?);
+    Some(((n.0.saturating_sub(b.0)).as_secs_f64(), (n.1.saturating_sub(b.1)).as_secs_f64()))
 }
 
 /// Runs `steps` decode steps (replayed routing with a trace, else random

@@ -1,6 +1,7 @@
 """A small ctypes binding of libwaste (ffi/include/waste.h)."""
 
 import ctypes as C
+import json
 import os
 
 OK, CANCELLED, BUFFER_TOO_SMALL = 0, 6, 12
@@ -8,7 +9,9 @@ OK, CANCELLED, BUFFER_TOO_SMALL = 0, 6, 12
 
 class WasteError(Exception):
     def __init__(self, code, detail):
-        super().__init__(f"{_lib.waste_strerror(code).decode()}: {detail}")
+        kind = _lib.waste_strerror(code).decode()
+        # The context's last error usually starts with the same kind already.
+        super().__init__(detail if detail.startswith(kind) else f"{kind}: {detail}")
         self.code = code
 
 
@@ -148,27 +151,43 @@ class Session:
             *[ChatMessage(s(m["role"]), s(m.get("content")), s(m.get("extra"))) for m in messages])
         return arr, Str(None, 0)
 
-    def render_chat_template(self, messages, add_generation_prompt=True):
-        """The conversation through the model's chat template, as text."""
+    @staticmethod
+    def _vars(template_vars):
+        if template_vars is None:
+            return Str(None, 0)
+        b = json.dumps(template_vars).encode()
+        return Str(b, len(b))
+
+    def render_chat_template(self, messages, add_generation_prompt=True, template_vars=None):
+        """The conversation through the model's chat template, as text.
+
+        `template_vars` (a dict, e.g. {"enable_thinking": False}) are the
+        template's further variables, as apply_chat_template's keyword
+        arguments in transformers."""
         arr, tools = self._messages(messages)
         n = C.c_size_t()
-        args = (self._s, arr, C.c_size_t(len(messages)), tools, C.c_bool(add_generation_prompt))
+        args = (self._s, arr, C.c_size_t(len(messages)), tools, C.c_bool(add_generation_prompt),
+                self._vars(template_vars))
         # Ask for the length first, then fill a buffer of that size.
-        self.e._check(_lib.waste_session_render_chat_template(*args, None, C.c_size_t(0), C.byref(n)),
+        self.e._check(_lib.waste_session_render_chat_template_vars(*args, None, C.c_size_t(0), C.byref(n)),
                       allow=(BUFFER_TOO_SMALL,))
         buf = C.create_string_buffer(n.value)
-        self.e._check(_lib.waste_session_render_chat_template(*args, buf, C.c_size_t(n.value), C.byref(n)))
+        self.e._check(_lib.waste_session_render_chat_template_vars(*args, buf, C.c_size_t(n.value),
+                                                                   C.byref(n)))
         return buf.raw[:n.value].decode()
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):
-        """The conversation through the model's chat template, as prompt tokens."""
+    def apply_chat_template(self, messages, add_generation_prompt=True, template_vars=None):
+        """The conversation through the model's chat template, as prompt tokens
+        (`template_vars` as in render_chat_template)."""
         arr, tools = self._messages(messages)
         n = C.c_size_t()
-        args = (self._s, arr, C.c_size_t(len(messages)), tools, C.c_bool(add_generation_prompt))
-        self.e._check(_lib.waste_session_apply_chat_template(*args, None, C.c_size_t(0), C.byref(n)),
+        args = (self._s, arr, C.c_size_t(len(messages)), tools, C.c_bool(add_generation_prompt),
+                self._vars(template_vars))
+        self.e._check(_lib.waste_session_apply_chat_template_vars(*args, None, C.c_size_t(0), C.byref(n)),
                       allow=(BUFFER_TOO_SMALL,))
         buf = (C.c_uint32 * max(n.value, 1))()
-        self.e._check(_lib.waste_session_apply_chat_template(*args, buf, C.c_size_t(n.value), C.byref(n)))
+        self.e._check(_lib.waste_session_apply_chat_template_vars(*args, buf, C.c_size_t(n.value),
+                                                                  C.byref(n)))
         return list(buf[:n.value])
 
     def set_sampler(self, path, **options):

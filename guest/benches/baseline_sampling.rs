@@ -1,10 +1,19 @@
-// The previous guest/src/sampling.rs (git 7f02c8c), verbatim but for its
-// test module: the baseline `benches/sampling.rs` measures beside the
+// The f64 guest/src/sampling.rs before the f32 sampling masses (issue 6 item 6),
+// verbatim but for its test module and this header: the baseline that
+// `benches/sampling.rs` and `benches/wasm_sampling.sh` measure beside the
 // current one. Not used by anything else.
 
 //! Token sampling with a seeded PRNG whose stream is the same on every
 //! platform (integer arithmetic only; the uniform draw is an exact f64 from
 //! 53 random bits; every sum is f64 in a fixed order).
+//!
+//! Every `exp` here is [`exp_nonpos`] (sampling_exp.rs), written with
+//! IEEE-754 basic operations only (Rust never fuses them), so a probability
+//! is the same bits natively and in the component, whatever libm the
+//! platform has; in the component the vocabulary-wide passes run it on wasm
+//! SIMD lanes with the same operations. Sums over the whole vocabulary
+//! ([`lane_sum`]) run in eight interleaved lanes combined in a fixed order:
+//! deterministic, and free of a serial dependency chain.
 //!
 //! One step, in this order (the order of llama.cpp's default sampler chain,
 //! `common/sampling.cpp`, with HF's warper order for the truncations):
@@ -25,6 +34,11 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+
+#[path = "baseline_sampling_exp.rs"]
+mod exp;
+pub use exp::exp_nonpos;
+use exp::{combine_lanes, exp_each, exp_sum, max_and_nan};
 
 /// Most alternatives a token may report (OpenAI's `top_logprobs` limit).
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -173,11 +187,39 @@ pub fn argmax(logits: &[f32]) -> usize {
     best
 }
 
-/// `ln(sum(exp(logits)))`, in f64, summed in id order.
+/// `sum(values)` in eight interleaved lanes (`values[i]` into lane `i % 8`),
+/// the lanes combined pairwise: a fixed order on every platform.
+pub fn lane_sum(values: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let chunks = values.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..8 {
+            acc[j] += c[j];
+        }
+    }
+    for (j, &v) in rest.iter().enumerate() {
+        acc[j] += v;
+    }
+    combine_lanes(&acc)
+}
+
+/// `ln(sum(exp(logits)))`, in f64 (`exp_nonpos`, `lane_sum` order). NaN if
+/// any logit is NaN, -inf for an empty slice.
 pub fn log_sum_exp(logits: &[f32]) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = logits.iter().map(|&l| ((l as f64) - max).exp()).sum();
-    max + sum.ln()
+    let (max, nan) = max_and_nan(logits);
+    if nan {
+        return f64::NAN;
+    }
+    if logits.is_empty() {
+        return f64::NEG_INFINITY;
+    }
+    let max = max as f64;
+    if max == f64::NEG_INFINITY {
+        // Every logit -inf: no distribution.
+        return f64::NAN;
+    }
+    max + exp_sum(logits, max, 1.0).ln()
 }
 
 /// Natural log-probability of `token` under softmax(logits), computed in f64.
@@ -189,37 +231,82 @@ pub fn logprob(logits: &[f32], token: usize) -> f32 {
 /// log-probabilities, most likely first, ties by lower id. `lse` is
 /// `log_sum_exp(logits)`.
 pub fn top_logprobs(logits: &[f32], lse: f64, n: usize) -> Vec<(u32, f32)> {
+    if n == 0 {
+        return Vec::new();
+    }
     let ids = top_ids(logits, n);
     ids.into_iter()
         .map(|i| (i, (logits[i as usize] as f64 - lse) as f32))
         .collect()
 }
 
-/// Descending logit, then ascending id: a total order, so the result never
-/// depends on the sort algorithm.
-fn by_logit_desc(logits: &[f32]) -> impl Fn(&u32, &u32) -> std::cmp::Ordering + '_ {
-    move |&a, &b| {
-        logits[b as usize]
-            .total_cmp(&logits[a as usize])
-            .then(a.cmp(&b))
-    }
+/// The order of every ranking here: descending logit under
+/// `f32::total_cmp`, then ascending id (`by_logit_desc`). A total order, so
+/// no result depends on a sort algorithm.
+/// `f32::total_cmp` as an unsigned key: `a.total_cmp(&b)` is
+/// `total_key(a).cmp(&total_key(b))`.
+#[inline(always)]
+fn total_key(v: f32) -> u32 {
+    let b = v.to_bits() as i32;
+    ((b ^ (((b >> 31) as u32) >> 1) as i32) as u32) ^ 0x8000_0000
 }
 
-/// Ids of the `n` largest non-NaN logits, in `by_logit_desc` order.
+/// The rank order as one integer: a larger rank is earlier in that order.
+#[inline(always)]
+fn rank(v: f32, id: usize) -> u64 {
+    ((total_key(v) as u64) << 32) | u64::from(u32::MAX - id as u32)
+}
+
+fn rank_id(r: u64) -> u32 {
+    u32::MAX - r as u32
+}
+
+/// Up to this many, `top_ids` keeps a sorted buffer during one pass over the
+/// logits instead of selecting among all of them.
+const TOP_SCAN_MAX: usize = 256;
+
+/// Ids of the `n` largest non-NaN logits, in rank order.
 fn top_ids(logits: &[f32], n: usize) -> Vec<u32> {
-    let mut ids: Vec<u32> = (0..logits.len() as u32)
-        .filter(|&i| !logits[i as usize].is_nan())
-        .collect();
-    let cmp = by_logit_desc(logits);
-    if n < ids.len() {
-        if n == 0 {
-            return Vec::new();
-        }
-        ids.select_nth_unstable_by(n - 1, &cmp);
-        ids.truncate(n);
+    if n == 0 {
+        return Vec::new();
     }
-    ids.sort_unstable_by(&cmp);
-    ids
+    if n <= TOP_SCAN_MAX {
+        // One pass; a float compare against the n-th best so far rejects
+        // almost every logit (total order refines float order, so
+        // `v >= floor` keeps every candidate that can outrank it; NaN fails).
+        let mut best: Vec<u64> = Vec::with_capacity(n + 1);
+        let mut floor = f32::NEG_INFINITY;
+        for (i, &v) in logits.iter().enumerate() {
+            if !(v >= floor) {
+                continue;
+            }
+            let r = rank(v, i);
+            if best.len() == n {
+                if r <= best[n - 1] {
+                    continue;
+                }
+                best.pop();
+            }
+            let at = best.partition_point(|&b| b > r);
+            best.insert(at, r);
+            if best.len() == n {
+                floor = logits[rank_id(best[n - 1]) as usize];
+            }
+        }
+        return best.into_iter().map(rank_id).collect();
+    }
+    let mut ranks: Vec<u64> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| !v.is_nan())
+        .map(|(i, &v)| rank(v, i))
+        .collect();
+    if n < ranks.len() {
+        ranks.select_nth_unstable_by(n - 1, |a, b| b.cmp(a));
+        ranks.truncate(n);
+    }
+    ranks.sort_unstable_by(|a, b| b.cmp(a));
+    ranks.into_iter().map(rank_id).collect()
 }
 
 /// The logits after logit bias and penalties; borrowed when neither applies.
@@ -269,7 +356,7 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
     if params.top_k == 0 || params.top_k as usize >= logits.len() {
         return sample_without_top_k(logits, params, inv_t, rng);
     }
-    // The top-k candidates in `by_logit_desc` order with their unnormalised
+    // The top-k candidates in rank order with their unnormalised
     // probabilities exp((l - max) / T) and their total mass, summed in that
     // fixed order.
     let order = top_ids(logits, params.top_k as usize);
@@ -277,9 +364,12 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
         return 0;
     }
     let max = logits[order[0] as usize] as f64;
+    if max == f64::NEG_INFINITY {
+        return order[0] as usize;
+    }
     let probs: Vec<f64> = order
         .iter()
-        .map(|&i| ((logits[i as usize] as f64 - max) * inv_t).exp())
+        .map(|&i| exp_nonpos((logits[i as usize] as f64 - max) * inv_t))
         .collect();
     let total: f64 = probs.iter().sum();
     let mut keep = probs.len();
@@ -322,11 +412,12 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
 ///
 /// Sorting 160k candidates per token costs tens of milliseconds inside the
 /// component, so nothing is sorted: the min-p set is a threshold test, the
-/// top-p nucleus is found by a mass-guided quickselect (expected O(V)), and
-/// the draw walks the surviving ids in id order. The kept set is the same as
-/// the sorted-prefix definition (up to the rounding of a sum taken in
-/// another order); only which of them a given random number lands on differs,
-/// and that is fixed by the seed on every platform.
+/// top-p nucleus is found from histograms of the probability mass over the
+/// logits' rank (`nucleus_floor`), and the draw walks the surviving ids in
+/// id order. The kept set is the same as the sorted-prefix definition (up to
+/// the rounding of a sum taken in another order); only which of them a given
+/// random number lands on differs, and that is fixed by the seed on every
+/// platform.
 fn sample_without_top_k(
     logits: &[f32],
     params: &SamplingParams,
@@ -338,92 +429,137 @@ fn sample_without_top_k(
     if max == f64::NEG_INFINITY || logits[max_id].is_nan() {
         return max_id;
     }
-    // Probabilities relative to the most likely token (which has 1.0).
-    let rel: Vec<f64> = logits
-        .iter()
-        .map(|&l| {
-            if l.is_nan() {
-                0.0
-            } else {
-                ((l as f64 - max) * inv_t).exp()
-            }
-        })
-        .collect();
-    let total: f64 = rel.iter().sum();
+    // Probabilities relative to the most likely token (which has 1.0); NaN
+    // logits get 0 from `exp_nonpos`.
+    let (rel, total) = exp_each(logits, max, inv_t);
     // HF MinPLogitsWarper keeps p >= min_p * p_max, i.e. rel >= min_p.
     let floor = params.min_p as f64;
-    let mut kept: Vec<u32> = (0..logits.len() as u32)
-        .filter(|&i| {
-            !logits[i as usize].is_nan() && rel[i as usize] > 0.0 && rel[i as usize] >= floor
-        })
-        .collect();
-    if kept.is_empty() {
-        return max_id;
+    if params.top_p >= 1.0 && floor <= 0.0 {
+        // Nothing truncated: draw from every token with a probability.
+        return draw_in_id_order(&rel, total, rng, max_id);
     }
+    let eligible = |q: f64| q > 0.0 && q >= floor;
+    // Lowest rank kept; 0 keeps every eligible token.
+    let mut lowest = 0u64;
     if params.top_p < 1.0 {
+        let target = params.top_p as f64 * total;
         // Both sets are prefixes of the sorted order, so the answer is the
         // shorter one: the nucleus within the min-p set when that set holds
         // enough mass, else the min-p set itself.
-        let target = params.top_p as f64 * total;
-        let kept_mass: f64 = kept.iter().map(|&i| rel[i as usize]).sum();
-        if kept_mass >= target {
-            truncate_to_nucleus(&mut kept, &rel, logits, target);
+        if let Some(r) = nucleus_floor(logits, &rel, &eligible, target) {
+            lowest = r;
         }
     }
-    let mut member = vec![false; logits.len()];
-    for &i in &kept {
-        member[i as usize] = true;
+    let keep = |i: usize, q: f64| eligible(q) && rank(logits[i], i) >= lowest;
+    // The survivors' mass in `lane_sum` order, then the draw in id order.
+    let mut acc = [0.0f64; 8];
+    for (i, &q) in rel.iter().enumerate() {
+        if keep(i, q) {
+            acc[i % 8] += q;
+        }
     }
-    let kept_total: f64 = (0..logits.len())
-        .filter(|&i| member[i])
-        .map(|i| rel[i])
-        .sum();
+    let kept_total = combine_lanes(&acc);
+    if !(kept_total > 0.0) {
+        return max_id;
+    }
     let mut draw = rng.next_f64() * kept_total;
     let mut last = max_id;
-    for (i, (&m, &p)) in member.iter().zip(&rel).enumerate() {
-        if !m {
+    for (i, &q) in rel.iter().enumerate() {
+        if !keep(i, q) {
             continue;
         }
-        if draw < p {
+        if draw < q {
             return i;
         }
-        draw -= p;
+        draw -= q;
         last = i;
     }
     // Rounding can leave a sliver past the last candidate.
     last
 }
 
-/// Shrinks `ids` (any order) to the smallest set of most likely tokens whose
-/// mass reaches `target`, in expected linear time.
-fn truncate_to_nucleus(ids: &mut Vec<u32>, rel: &[f64], logits: &[f32], target: f64) {
-    let cmp = by_logit_desc(logits);
-    let (mut lo, mut hi) = (0usize, ids.len());
-    // Mass of ids[..lo], all of which are in the nucleus.
-    let mut acc = 0.0f64;
-    while hi - lo > 64 {
-        let mid = lo + (hi - lo) / 2;
-        // ids[lo..mid] become the (mid - lo) most likely of ids[lo..hi].
-        ids[lo..hi].select_nth_unstable_by(mid - lo, &cmp);
-        let above: f64 = ids[lo..mid].iter().map(|&i| rel[i as usize]).sum();
-        if acc + above >= target {
-            hi = mid;
-        } else {
-            acc += above + rel[ids[mid] as usize];
-            if acc >= target {
-                ids.truncate(mid + 1);
-                return;
+/// One draw from the (unnormalised) probabilities `p`, whose sum is `total`,
+/// walking the ids in order; zeros are never chosen.
+fn draw_in_id_order(p: &[f64], total: f64, rng: &mut Rng, fallback: usize) -> usize {
+    let mut draw = rng.next_f64() * total;
+    let mut last = fallback;
+    for (i, &q) in p.iter().enumerate() {
+        if q <= 0.0 {
+            continue;
+        }
+        if draw < q {
+            return i;
+        }
+        draw -= q;
+        last = i;
+    }
+    // Rounding can leave a sliver past the last candidate.
+    last
+}
+
+/// Buckets per histogram level of `nucleus_floor`.
+const NUCLEUS_BUCKETS: usize = 4096;
+
+/// The rank of the least likely token of the nucleus: the smallest set of
+/// most likely eligible tokens whose mass `rel` reaches `target`. None when
+/// all eligible tokens together stay below `target`.
+///
+/// The logit's `total_key` orders the tokens like the ranks, so the mass is
+/// histogrammed by its top 12 bits, then, inside the bucket where the running
+/// mass crosses `target`, by the next 12; only that sub-bucket's tokens are
+/// sorted. Two passes over the vocabulary and a small sort instead of a
+/// selection among all tokens.
+fn nucleus_floor(
+    logits: &[f32],
+    rel: &[f64],
+    eligible: &dyn Fn(f64) -> bool,
+    target: f64,
+) -> Option<u64> {
+    // Walks `mass` from the top bucket down; the bucket where `acc` reaches
+    // `target`, `acc` then holding the mass above it.
+    fn crossing(mass: &[f64], acc: &mut f64, target: f64) -> Option<usize> {
+        for b in (0..mass.len()).rev() {
+            if *acc + mass[b] >= target {
+                return Some(b);
             }
-            lo = mid + 1;
+            *acc += mass[b];
+        }
+        None
+    }
+    let mut acc = 0.0f64;
+    let mut mass = vec![0.0f64; NUCLEUS_BUCKETS];
+    for (&l, &q) in logits.iter().zip(rel) {
+        if eligible(q) {
+            mass[(total_key(l) >> 20) as usize] += q;
         }
     }
-    ids[lo..hi].sort_unstable_by(&cmp);
-    for k in lo..hi {
-        acc += rel[ids[k] as usize];
+    let top = crossing(&mass, &mut acc, target)? as u32;
+    mass.iter_mut().for_each(|m| *m = 0.0);
+    for (&l, &q) in logits.iter().zip(rel) {
+        let key = total_key(l);
+        if key >> 20 == top && eligible(q) {
+            mass[((key >> 8) & 0xFFF) as usize] += q;
+        }
+    }
+    // Sums in another order can leave the crossing short by a rounding
+    // error: then the whole bucket is kept.
+    let Some(sub) = crossing(&mass, &mut acc, target) else {
+        return Some(u64::from(top << 20) << 32);
+    };
+    let prefix = (top << 12) | sub as u32;
+    let mut ranks: Vec<u64> = logits
+        .iter()
+        .zip(rel)
+        .enumerate()
+        .filter(|&(_, (&l, &q))| total_key(l) >> 8 == prefix && eligible(q))
+        .map(|(i, (&l, _))| rank(l, i))
+        .collect();
+    ranks.sort_unstable_by(|a, b| b.cmp(a));
+    for &r in &ranks {
+        acc += rel[rank_id(r) as usize];
         if acc >= target {
-            ids.truncate(k + 1);
-            return;
+            return Some(r);
         }
     }
-    ids.truncate(hi);
+    Some(u64::from(prefix << 8) << 32)
 }

@@ -1,10 +1,11 @@
 //! The guest's per-token sampling work at a 160k vocabulary, the current
 //! `waste_guest::sampling` beside the previous implementation (kept verbatim
-//! in `baseline_sampling.rs`), in one run: logit bias / penalties, the draw,
-//! the token's logprob over the raw logits and the top logprobs, as
-//! `generate.rs` does per token. Native code (the previous `exp` is the
-//! platform libm's); `wasm_sampling.sh` times the passes compiled to wasm and
-//! `cargo bench -p waste-host --bench boundary` the component itself.
+//! in `baseline_sampling.rs` + `baseline_sampling_exp.rs`: f64 masses), in
+//! one run: logit bias / penalties, the draw, the token's logprob over the
+//! raw logits and the top logprobs, as `generate.rs` does per token. Native
+//! code; `wasm_sampling.sh` times the passes compiled to wasm (V8 and
+//! Cranelift) and `cargo bench -p waste-host --bench boundary` the component
+//! itself.
 //!
 //! `cargo bench -p waste-guest --bench sampling`
 
@@ -45,6 +46,7 @@ struct Case {
     temperature: f32,
     top_k: u32,
     top_p: f32,
+    min_p: f32,
     penalties: bool,
     top_logprobs: u32,
 }
@@ -56,6 +58,7 @@ macro_rules! per_token {
             temperature: c.temperature,
             top_k: c.top_k,
             top_p: c.top_p,
+            min_p: c.min_p,
             repetition_penalty: if c.penalties { 1.1 } else { 1.0 },
             presence_penalty: if c.penalties { 0.5 } else { 0.0 },
             frequency_penalty: if c.penalties { 0.5 } else { 0.0 },
@@ -74,8 +77,79 @@ macro_rules! per_token {
     }};
 }
 
+/// What the change did to the numbers on the bench's logits: the reported
+/// logprob (f64 `log_sum_exp`) against the previous code and against libm,
+/// the f32 sampling masses against the exact `exp((l - max) / T)`, and how
+/// many draws pick the same token as the previous code with the same seed.
+fn numerics(inputs: &[Vec<f32>]) {
+    let (mut lse_old, mut lse_libm, mut flips, mut values) = (0.0f64, 0.0f64, 0usize, 0usize);
+    // Worst relative change of masses of at least 1e-30, 1e-6, 1e-3 (relative
+    // to the most likely token), and of their total.
+    let mut mass = [0.0f64; 4];
+    let (mut same, mut draws) = (0usize, 0usize);
+    for v in inputs {
+        let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let libm = max as f64
+            + v.iter()
+                .map(|&l| (l as f64 - max as f64).exp())
+                .sum::<f64>()
+                .ln();
+        let (a, b) = (after::log_sum_exp(v), before::log_sum_exp(v));
+        lse_old = lse_old.max(((a - b) / b).abs());
+        lse_libm = lse_libm.max(((a - libm) / libm).abs());
+        for &l in v {
+            values += 1;
+            flips += usize::from((l as f64 - a) as f32 != (l as f64 - libm) as f32);
+        }
+        for t in [1.0f32, 0.8, 0.3] {
+            let (mut total, mut exact_total) = (0.0f64, 0.0f64);
+            for &l in v {
+                let exact = ((l as f64 - max as f64) / t as f64).exp();
+                let got = after::exp32_nonpos((l - max) * (1.0 / t)) as f64;
+                let change = ((got - exact) / exact).abs();
+                for (k, bound) in [1e-30, 1e-6, 1e-3].into_iter().enumerate() {
+                    if exact >= bound {
+                        mass[k] = mass[k].max(change);
+                    }
+                }
+                total += got;
+                exact_total += exact;
+            }
+            mass[3] = mass[3].max(((total - exact_total) / exact_total).abs());
+            for (k, p) in [(0u32, 0.95f32), (0, 1.0), (40, 0.95)] {
+                let sa = after::SamplingParams {
+                    temperature: t,
+                    top_k: k,
+                    top_p: p,
+                    ..Default::default()
+                };
+                let sb = before::SamplingParams {
+                    temperature: t,
+                    top_k: k,
+                    top_p: p,
+                    ..Default::default()
+                };
+                let (mut ra, mut rb) = (after::Rng::new(7), before::Rng::new(7));
+                for _ in 0..50 {
+                    draws += 1;
+                    same += usize::from(
+                        after::sample(v, &sa, &mut ra) == before::sample(v, &sb, &mut rb),
+                    );
+                }
+            }
+        }
+    }
+    println!("log_sum_exp: relative change {lse_old:.1e} vs before, {lse_libm:.1e} vs libm; f32 logprobs differing from libm's: {flips} of {values}");
+    println!(
+        "masses (T 1, 0.8, 0.3) vs exact: worst relative change {:.1e} (mass >= 1e-30), {:.1e} (>= 1e-6), {:.1e} (>= 1e-3); total {:.1e}",
+        mass[0], mass[1], mass[2], mass[3]
+    );
+    println!("same token as before, same seed: {same} of {draws} draws (top-k 0 / top-p 0.95, full, top-k 40 / top-p 0.95)");
+}
+
 fn main() {
     let inputs: Vec<Vec<f32>> = (0..STEPS).map(logits).collect();
+    numerics(&inputs);
     let recent: Vec<u32> = (0..64u32).map(|i| (i * 2503) % VOCAB as u32).collect();
     let cases = [
         Case {
@@ -83,6 +157,7 @@ fn main() {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
             penalties: false,
             top_logprobs: 0,
         },
@@ -91,6 +166,7 @@ fn main() {
             temperature: 0.8,
             top_k: 40,
             top_p: 0.95,
+            min_p: 0.0,
             penalties: false,
             top_logprobs: 0,
         },
@@ -99,6 +175,7 @@ fn main() {
             temperature: 0.8,
             top_k: 0,
             top_p: 0.95,
+            min_p: 0.0,
             penalties: false,
             top_logprobs: 0,
         },
@@ -107,6 +184,16 @@ fn main() {
             temperature: 1.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
+            penalties: false,
+            top_logprobs: 0,
+        },
+        Case {
+            name: "temp 0.8, min-p 0.05 (no top-k)",
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.05,
             penalties: false,
             top_logprobs: 0,
         },
@@ -115,6 +202,7 @@ fn main() {
             temperature: 0.8,
             top_k: 40,
             top_p: 1.0,
+            min_p: 0.0,
             penalties: false,
             top_logprobs: 5,
         },
@@ -123,6 +211,7 @@ fn main() {
             temperature: 0.8,
             top_k: 40,
             top_p: 0.95,
+            min_p: 0.0,
             penalties: true,
             top_logprobs: 5,
         },

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The per-token sampling passes compiled to wasm (as the component runs them:
-# wasm32-wasip2, opt-level "s", LTO) and timed in Node's V8, the current
+# wasm32-wasip2, opt-level "s", LTO) and timed in Node's V8 and in Cranelift
+# (wasmtime with the component's configuration, through
+# `cargo bench -p waste-host --bench boundary -- --passes`), the current
 # guest/src/sampling.rs beside the previous one (benches/baseline_sampling.rs)
 # in one run. Also checks that the SIMD log_sum_exp equals the scalar
 # definition bit for bit in wasm (`lse_check` prints 1).
 #
 #   guest/benches/wasm_sampling.sh
 #
-# Needs the wasm32-wasip2 target, rust-lld (shipped with rustup toolchains)
-# and node. Links a core module (no component wrapper) so plain V8 can run it.
+# Needs the wasm32-wasip2 target and rust-lld (shipped with rustup
+# toolchains); node is optional (skipped with a line saying so). Links a core
+# module (no component wrapper) so plain V8 and wasmtime can run it.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d)"
@@ -31,11 +34,19 @@ panic = "abort"
 TOML
 cat > "$work/src/lib.rs" <<RS
 #[path = "$root/guest/src/sampling.rs"]
-#[allow(dead_code)]
+#[allow(dead_code, unused_imports)]
 mod after;
 #[path = "$root/guest/benches/baseline_sampling.rs"]
 #[allow(dead_code)]
 mod before;
+// The f32 passes on their own, to check the vector paths against their
+// scalar definitions inside wasm.
+#[path = "$root/guest/src/sampling_mass.rs"]
+#[allow(dead_code)]
+mod mass;
+fn combine_lanes(acc: &[f64; 8]) -> f64 {
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+}
 
 static mut BUF: Vec<f32> = Vec::new();
 fn buf() -> &'static [f32] {
@@ -61,6 +72,62 @@ pub extern "C" fn setup(n: usize) {
 
 #[no_mangle] pub extern "C" fn lse_before() -> f64 { before::log_sum_exp(buf()) }
 #[no_mangle] pub extern "C" fn lse_after() -> f64 { after::log_sum_exp(buf()) }
+#[no_mangle] pub extern "C" fn argmax_before() -> f64 { before::argmax(buf()) as f64 }
+#[no_mangle] pub extern "C" fn argmax_after() -> f64 { after::argmax(buf()) as f64 }
+#[no_mangle] pub extern "C" fn mass_each_after() -> f64 {
+    let l = buf();
+    let mut out = vec![0.0f32; l.len()];
+    mass::mass_each(l, 15.0, 1.25, &mut out)
+}
+/// 1 when every f32 vector pass equals its scalar definition bit for bit on
+/// the logits, on a copy with NaNs, ties and both zeros, and on short tails.
+#[no_mangle] pub extern "C" fn mass_check() -> f64 {
+    let mut ok = true;
+    let mut odd = buf().to_vec();
+    odd[3] = f32::NAN;
+    odd[1000] = f32::NAN;
+    odd[2000] = 20.0;
+    odd[2001] = 20.0;
+    odd[31] = -0.0;
+    odd[30] = 0.0;
+    for l in [buf(), &odd[..], &odd[..37], &odd[5..22], &[][..]] {
+        let max = mass::scalar::argmax(l);
+        let max = l.get(max).copied().unwrap_or(0.0);
+        for inv_t in [1.0f32, 1.25, 3.5] {
+            let (mut a, mut b) = (vec![0.0f32; l.len()], vec![0.0f32; l.len()]);
+            let sa = mass::mass_each(l, max, inv_t, &mut a);
+            let sb = mass::scalar::mass_each(l, max, inv_t, &mut b);
+            ok &= sa.to_bits() == sb.to_bits();
+            ok &= a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+        }
+        ok &= mass::argmax(l) == mass::scalar::argmax(l);
+        let mut rel = vec![0.0f32; l.len()];
+        mass::scalar::mass_each(l, 20.0, 1.0, &mut rel);
+        for floor in [f32::from_bits(1), 1e-3] {
+            let (mut a, mut b) = ([0.0f64; 4096], [0.0f64; 4096]);
+            mass::bucket_mass(l, &rel, floor, &mut a);
+            mass::scalar::bucket_mass(l, &rel, floor, &mut b);
+            ok &= a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+        }
+        for floor in [f32::from_bits(1), 1e-3] {
+            for cut in [None, Some((mass::total_key(14.0), 900)), Some((mass::total_key(20.0), 2000)), Some((mass::total_key(-0.0), 40))] {
+                let kept = mass::Kept { floor, cut };
+                let (a, b) = (mass::block_sums(l, &rel, kept), mass::scalar::block_sums(l, &rel, kept));
+                ok &= a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+            }
+        }
+        for from in [0, 1, 17, l.len() / 2, l.len()] {
+            for floor in [f32::NEG_INFINITY, 0.0, 14.9, 20.0, 30.0] {
+                ok &= mass::next_at_least(l, from, floor) == mass::scalar::next_at_least(l, from, floor);
+            }
+            for v in [-0.0f32, 0.0, 14.0, 20.0, -3.0] {
+                let bucket = mass::total_key(v) >> 20;
+                ok &= mass::next_in_bucket(l, from, bucket) == mass::scalar::next_in_bucket(l, from, bucket);
+            }
+        }
+    }
+    ok as u32 as f64
+}
 #[no_mangle] pub extern "C" fn lse_check() -> f64 {
     let l = buf();
     let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
@@ -86,6 +153,14 @@ draw!(p95_before, before, 0.8, 0, 0.95);
 draw!(p95_after, after, 0.8, 0, 0.95);
 draw!(full_before, before, 1.0, 0, 1.0);
 draw!(full_after, after, 1.0, 0, 1.0);
+#[no_mangle] pub extern "C" fn minp05_before() -> f64 {
+    let p = before::SamplingParams { temperature: 0.8, min_p: 0.05, ..Default::default() };
+    before::sample(buf(), &p, &mut before::Rng::new(7)) as f64
+}
+#[no_mangle] pub extern "C" fn minp05_after() -> f64 {
+    let p = after::SamplingParams { temperature: 0.8, min_p: 0.05, ..Default::default() };
+    after::sample(buf(), &p, &mut after::Rng::new(7)) as f64
+}
 #[no_mangle] pub extern "C" fn top5_before() -> f64 { before::top_logprobs(buf(), 0.0, 5)[0].0 as f64 }
 #[no_mangle] pub extern "C" fn top5_after() -> f64 { after::top_logprobs(buf(), 0.0, 5)[0].0 as f64 }
 RS
@@ -100,7 +175,7 @@ for (const imp of WebAssembly.Module.imports(mod)) {
 const e = new WebAssembly.Instance(mod, imports).exports;
 e.setup(160000);
 console.log('vocabulary 160000; best of 30 calls, ms (value returned)');
-for (const pass of ['lse', 'k40_p95', 'p95', 'full', 'top5']) {
+for (const pass of ['lse', 'argmax', 'k40_p95', 'p95', 'full', 'minp05', 'top5']) {
   const row = [pass.padEnd(8)];
   const best = {};
   for (const which of ['before', 'after']) {
@@ -114,8 +189,15 @@ for (const pass of ['lse', 'k40_p95', 'p95', 'full', 'top5']) {
   console.log(row.join('  '));
 }
 console.log(`lse_check ${e.lse_check()}`);
+console.log(`mass_check ${e.mass_check()}`);
 JS
 cargo build --release --quiet --target wasm32-wasip2 --manifest-path "$work/Cargo.toml" --target-dir "$work/target" \
   --config 'target.wasm32-wasip2.linker="rust-lld"' \
   --config 'target.wasm32-wasip2.rustflags=["-C","linker-flavor=wasm-ld","-C","link-arg=--export-dynamic"]'
-node "$work/run.js" "$work/target/wasm32-wasip2/release/wasm_sampling_bench.wasm"
+module="$work/target/wasm32-wasip2/release/wasm_sampling_bench.wasm"
+if command -v node >/dev/null; then
+  node "$work/run.js" "$module"
+else
+  echo "SKIP V8 timings: node is not installed"
+fi
+(cd "$root" && cargo bench --quiet -p waste-host --bench boundary -- --passes "$module")

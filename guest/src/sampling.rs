@@ -2,13 +2,16 @@
 //! platform (integer arithmetic only; the uniform draw is an exact f64 from
 //! 53 random bits; every sum is f64 in a fixed order).
 //!
-//! Every `exp` here is [`exp_nonpos`] (sampling_exp.rs), written with
-//! IEEE-754 basic operations only (Rust never fuses them), so a probability
-//! is the same bits natively and in the component, whatever libm the
-//! platform has; in the component the vocabulary-wide passes run it on wasm
-//! SIMD lanes with the same operations. Sums over the whole vocabulary
-//! ([`lane_sum`]) run in eight interleaved lanes combined in a fixed order:
-//! deterministic, and free of a serial dependency chain.
+//! Every `exp` here is written with IEEE-754 basic operations only (Rust
+//! never fuses them), so a probability is the same bits natively and in the
+//! component, whatever libm the platform has; in the component the
+//! vocabulary-wide passes run on wasm SIMD lanes with the same operations.
+//! The reported logprob uses f64 [`exp_nonpos`] (sampling_exp.rs); the
+//! sampling masses without top-k use f32 [`exp32_nonpos`] (sampling_mass.rs,
+//! four lanes per instruction instead of two; the reference's softmax is
+//! f32 too). Sums over the whole vocabulary ([`lane_sum`]) are f64 in eight
+//! interleaved lanes combined in a fixed order: deterministic, and free of a
+//! serial dependency chain.
 //!
 //! One step, in this order (the order of llama.cpp's default sampler chain,
 //! `common/sampling.cpp`, with HF's warper order for the truncations):
@@ -33,7 +36,14 @@ use std::collections::HashMap;
 #[path = "sampling_exp.rs"]
 mod exp;
 pub use exp::exp_nonpos;
-use exp::{combine_lanes, exp_each, exp_sum, max_and_nan};
+use exp::{combine_lanes, exp_sum, max_and_nan};
+#[path = "sampling_mass.rs"]
+mod mass;
+pub use mass::exp32_nonpos;
+use mass::{
+    block_sums, bucket_mass, inv_temperature, mass_each, next_at_least, next_in_bucket, total_key,
+    Kept, BLOCK,
+};
 
 /// Most alternatives a token may report (OpenAI's `top_logprobs` limit).
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -171,15 +181,7 @@ impl Rng {
 
 /// Index of the largest logit; the lowest index wins ties, NaN never wins.
 pub fn argmax(logits: &[f32]) -> usize {
-    let mut best = 0;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_value {
-            best = i;
-            best_value = v;
-        }
-    }
-    best
+    mass::argmax(logits)
 }
 
 /// `sum(values)` in eight interleaved lanes (`values[i]` into lane `i % 8`),
@@ -236,17 +238,9 @@ pub fn top_logprobs(logits: &[f32], lse: f64, n: usize) -> Vec<(u32, f32)> {
 }
 
 /// The order of every ranking here: descending logit under
-/// `f32::total_cmp`, then ascending id (`by_logit_desc`). A total order, so
-/// no result depends on a sort algorithm.
-/// `f32::total_cmp` as an unsigned key: `a.total_cmp(&b)` is
-/// `total_key(a).cmp(&total_key(b))`.
-#[inline(always)]
-fn total_key(v: f32) -> u32 {
-    let b = v.to_bits() as i32;
-    ((b ^ (((b >> 31) as u32) >> 1) as i32) as u32) ^ 0x8000_0000
-}
-
-/// The rank order as one integer: a larger rank is earlier in that order.
+/// `f32::total_cmp` (`total_key`), then ascending id. A total order, so no
+/// result depends on a sort algorithm. The rank order as one integer: a
+/// larger rank is earlier in that order.
 #[inline(always)]
 fn rank(v: f32, id: usize) -> u64 {
     ((total_key(v) as u64) << 32) | u64::from(u32::MAX - id as u32)
@@ -269,13 +263,17 @@ fn top_ids(logits: &[f32], n: usize) -> Vec<u32> {
         // One pass; a float compare against the n-th best so far rejects
         // almost every logit (total order refines float order, so
         // `v >= floor` keeps every candidate that can outrank it; NaN fails).
+        // `next_at_least` skips the rejected ones 16 at a time in wasm.
         let mut best: Vec<u64> = Vec::with_capacity(n + 1);
         let mut floor = f32::NEG_INFINITY;
-        for (i, &v) in logits.iter().enumerate() {
-            if !(v >= floor) {
-                continue;
-            }
+        let mut i = 0;
+        loop {
+            i = next_at_least(logits, i, floor);
+            let Some(&v) = logits.get(i) else {
+                break;
+            };
             let r = rank(v, i);
+            i += 1;
             if best.len() == n {
                 if r <= best[n - 1] {
                     continue;
@@ -347,10 +345,10 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
     if params.temperature == 0.0 || logits.len() <= 1 {
         return argmax(logits);
     }
-    let inv_t = 1.0 / params.temperature as f64;
     if params.top_k == 0 || params.top_k as usize >= logits.len() {
-        return sample_without_top_k(logits, params, inv_t, rng);
+        return sample_without_top_k(logits, params, rng);
     }
+    let inv_t = 1.0 / params.temperature as f64;
     // The top-k candidates in rank order with their unnormalised
     // probabilities exp((l - max) / T) and their total mass, summed in that
     // fixed order.
@@ -406,112 +404,103 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
 /// Sampling with no top-k: top-p and min-p over the whole vocabulary.
 ///
 /// Sorting 160k candidates per token costs tens of milliseconds inside the
-/// component, so nothing is sorted: the min-p set is a threshold test, the
-/// top-p nucleus is found from histograms of the probability mass over the
-/// logits' rank (`nucleus_floor`), and the draw walks the surviving ids in
-/// id order. The kept set is the same as the sorted-prefix definition (up to
-/// the rounding of a sum taken in another order); only which of them a given
-/// random number lands on differs, and that is fixed by the seed on every
-/// platform.
-fn sample_without_top_k(
-    logits: &[f32],
-    params: &SamplingParams,
-    inv_t: f64,
-    rng: &mut Rng,
-) -> usize {
+/// component, so nothing is sorted: the masses are f32 (`mass_each`), the
+/// min-p set is a threshold test, the top-p nucleus is found from histograms
+/// of the mass over the logits' rank (`nucleus`), and the draw walks the
+/// surviving ids in id order, a block of 64 at a time. The kept set is the
+/// same as the sorted-prefix definition (up to the rounding of a sum taken in
+/// another order); only which of them a given random number lands on
+/// differs, and that is fixed by the seed on every platform.
+fn sample_without_top_k(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
     let max_id = argmax(logits);
-    let max = logits[max_id] as f64;
-    if max == f64::NEG_INFINITY || logits[max_id].is_nan() {
+    let max = logits[max_id];
+    if max == f32::NEG_INFINITY || max.is_nan() {
         return max_id;
     }
-    // Probabilities relative to the most likely token (which has 1.0); NaN
-    // logits get 0 from `exp_nonpos`.
-    let (rel, total) = exp_each(logits, max, inv_t);
-    // HF MinPLogitsWarper keeps p >= min_p * p_max, i.e. rel >= min_p.
-    let floor = params.min_p as f64;
-    if params.top_p >= 1.0 && floor <= 0.0 {
-        // Nothing truncated: draw from every token with a probability.
-        return draw_in_id_order(&rel, total, rng, max_id);
-    }
-    let eligible = |q: f64| q > 0.0 && q >= floor;
-    // Lowest rank kept; 0 keeps every eligible token.
-    let mut lowest = 0u64;
+    // Masses relative to the most likely token (which has 1.0); NaN and -inf
+    // logits get 0.
+    let mut rel = vec![0.0f32; logits.len()];
+    let total = mass_each(logits, max, inv_temperature(params.temperature), &mut rel);
+    // HF MinPLogitsWarper keeps p >= min_p * p_max, i.e. rel >= min_p; a
+    // token without mass is never kept.
+    let floor = params.min_p.max(f32::from_bits(1));
+    let mut cut = None;
     if params.top_p < 1.0 {
-        let target = params.top_p as f64 * total;
         // Both sets are prefixes of the sorted order, so the answer is the
         // shorter one: the nucleus within the min-p set when that set holds
         // enough mass, else the min-p set itself.
-        if let Some(r) = nucleus_floor(logits, &rel, &eligible, target) {
-            lowest = r;
+        let lowest = nucleus(logits, &rel, floor, params.top_p as f64 * total);
+        if lowest != 0 {
+            cut = Some(((lowest >> 32) as u32, rank_id(lowest)));
         }
     }
-    let keep = |i: usize, q: f64| eligible(q) && rank(logits[i], i) >= lowest;
-    // The survivors' mass in `lane_sum` order, then the draw in id order.
-    let mut acc = [0.0f64; 8];
-    for (i, &q) in rel.iter().enumerate() {
-        if keep(i, q) {
-            acc[i % 8] += q;
-        }
-    }
-    let kept_total = combine_lanes(&acc);
-    if !(kept_total > 0.0) {
-        return max_id;
-    }
-    let mut draw = rng.next_f64() * kept_total;
-    let mut last = max_id;
-    for (i, &q) in rel.iter().enumerate() {
-        if !keep(i, q) {
-            continue;
-        }
-        if draw < q {
-            return i;
-        }
-        draw -= q;
-        last = i;
-    }
-    // Rounding can leave a sliver past the last candidate.
-    last
+    draw_in_id_order(logits, &rel, Kept { floor, cut }, rng, max_id)
 }
 
-/// One draw from the (unnormalised) probabilities `p`, whose sum is `total`,
-/// walking the ids in order; zeros are never chosen.
-fn draw_in_id_order(p: &[f64], total: f64, rng: &mut Rng, fallback: usize) -> usize {
+/// One draw from the (unnormalised) masses `p` of the `kept` tokens, walking
+/// the ids in order: the blocks' kept masses (`block_sums`) first, then the
+/// ids of the block the draw lands in. `fallback` when nothing is kept.
+fn draw_in_id_order(
+    logits: &[f32],
+    p: &[f32],
+    kept: Kept,
+    rng: &mut Rng,
+    fallback: usize,
+) -> usize {
+    let blocks = block_sums(logits, p, kept);
+    let total = blocks.iter().fold(0.0f64, |a, &b| a + b);
+    if !(total > 0.0) {
+        return fallback;
+    }
+    // The draw within block `b`; the last kept id of the block when rounding
+    // leaves a sliver past it.
+    let within = |b: usize, mut draw: f64| {
+        let mut last = fallback;
+        for i in b * BLOCK..((b + 1) * BLOCK).min(p.len()) {
+            if kept.keeps(logits[i], p[i], i) {
+                let q = p[i] as f64;
+                if draw < q {
+                    return i;
+                }
+                draw -= q;
+                last = i;
+            }
+        }
+        last
+    };
     let mut draw = rng.next_f64() * total;
-    let mut last = fallback;
-    for (i, &q) in p.iter().enumerate() {
-        if q <= 0.0 {
+    let mut last = 0;
+    for (b, &m) in blocks.iter().enumerate() {
+        if !(m > 0.0) {
             continue;
         }
-        if draw < q {
-            return i;
+        if draw < m {
+            return within(b, draw);
         }
-        draw -= q;
-        last = i;
+        draw -= m;
+        last = b;
     }
-    // Rounding can leave a sliver past the last candidate.
-    last
+    // Rounding can leave a sliver past the last block with mass.
+    within(last, f64::INFINITY)
 }
 
-/// Buckets per histogram level of `nucleus_floor`.
+/// Buckets per histogram level of `nucleus`.
 const NUCLEUS_BUCKETS: usize = 4096;
 
-/// The rank of the least likely token of the nucleus: the smallest set of
-/// most likely eligible tokens whose mass `rel` reaches `target`. None when
-/// all eligible tokens together stay below `target`.
+/// The nucleus: the smallest set of most likely tokens with mass `rel` at
+/// least `floor` whose mass reaches `target`, as the rank of its least
+/// likely token (0 when all such tokens together stay below `target`: all
+/// are kept).
 ///
 /// The logit's `total_key` orders the tokens like the ranks, so the mass is
-/// histogrammed by its top 12 bits, then, inside the bucket where the running
-/// mass crosses `target`, by the next 12; only that sub-bucket's tokens are
-/// sorted. Two passes over the vocabulary and a small sort instead of a
-/// selection among all tokens.
-fn nucleus_floor(
-    logits: &[f32],
-    rel: &[f64],
-    eligible: &dyn Fn(f64) -> bool,
-    target: f64,
-) -> Option<u64> {
+/// histogrammed by its top 12 bits; the tokens of the bucket where the
+/// running mass crosses `target` are collected (found 8 at a time in wasm)
+/// and histogrammed by the next 12 bits; only that sub-bucket's tokens are
+/// sorted. One pass over the vocabulary and one scan instead of a selection
+/// among all tokens.
+fn nucleus(logits: &[f32], rel: &[f32], floor: f32, target: f64) -> u64 {
     // Walks `mass` from the top bucket down; the bucket where `acc` reaches
-    // `target`, `acc` then holding the mass above it.
+    // `target`, `acc` then holding the mass above it (all of it for None).
     fn crossing(mass: &[f64], acc: &mut f64, target: f64) -> Option<usize> {
         for b in (0..mass.len()).rev() {
             if *acc + mass[b] >= target {
@@ -522,41 +511,48 @@ fn nucleus_floor(
         None
     }
     let mut acc = 0.0f64;
-    let mut mass = vec![0.0f64; NUCLEUS_BUCKETS];
-    for (&l, &q) in logits.iter().zip(rel) {
-        if eligible(q) {
-            mass[(total_key(l) >> 20) as usize] += q;
+    let mut mass = Box::new([0.0f64; NUCLEUS_BUCKETS]);
+    bucket_mass(logits, rel, floor, &mut mass);
+    let Some(top) = crossing(&mass[..], &mut acc, target) else {
+        return 0;
+    };
+    let top = top as u32;
+    let mut ids: Vec<u32> = Vec::new();
+    let mut i = 0;
+    loop {
+        i = next_in_bucket(logits, i, top);
+        if i >= logits.len() {
+            break;
         }
+        if rel[i] >= floor {
+            ids.push(i as u32);
+        }
+        i += 1;
     }
-    let top = crossing(&mass, &mut acc, target)? as u32;
     mass.iter_mut().for_each(|m| *m = 0.0);
-    for (&l, &q) in logits.iter().zip(rel) {
-        let key = total_key(l);
-        if key >> 20 == top && eligible(q) {
-            mass[((key >> 8) & 0xFFF) as usize] += q;
-        }
+    for &i in &ids {
+        mass[((total_key(logits[i as usize]) >> 8) & 0xFFF) as usize] += rel[i as usize] as f64;
     }
     // Sums in another order can leave the crossing short by a rounding
     // error: then the whole bucket is kept.
-    let Some(sub) = crossing(&mass, &mut acc, target) else {
-        return Some(u64::from(top << 20) << 32);
+    let Some(sub) = crossing(&mass[..], &mut acc, target) else {
+        return u64::from(top << 20) << 32;
     };
     let prefix = (top << 12) | sub as u32;
-    let mut ranks: Vec<u64> = logits
+    let mut ranks: Vec<u64> = ids
         .iter()
-        .zip(rel)
-        .enumerate()
-        .filter(|&(_, (&l, &q))| total_key(l) >> 8 == prefix && eligible(q))
-        .map(|(i, (&l, _))| rank(l, i))
+        .map(|&i| i as usize)
+        .filter(|&i| total_key(logits[i]) >> 8 == prefix)
+        .map(|i| rank(logits[i], i))
         .collect();
     ranks.sort_unstable_by(|a, b| b.cmp(a));
     for &r in &ranks {
-        acc += rel[rank_id(r) as usize];
+        acc += rel[rank_id(r) as usize] as f64;
         if acc >= target {
-            return Some(r);
+            return r;
         }
     }
-    Some(u64::from(prefix << 8) << 32)
+    u64::from(prefix << 8) << 32
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 //! promotion is exact, a select is a select), and the sums use the same eight
 //! interleaved lanes (`values[i]` into lane `i % 8`) combined in the same
 //! fixed order, so the vector and scalar paths agree bit for bit (test
-//! `exp_kernels_agree_with_the_scalar_definition`).
+//! `exp_passes_match_the_definition` natively; `lse_check` of
+//! `guest/benches/wasm_sampling.sh` in wasm).
 
 /// Below this `exp_nonpos` returns 0: e^-700 is 1e-304, and the cut keeps
 /// `2^k` a normal number.
@@ -39,7 +40,8 @@ const C: [f64; 11] = [
 /// `e^x` for `x <= 0`; anything below `EXP_CUT`, -inf and NaN give 0.
 ///
 /// `x = k ln2 + r` with `|r| <= ln2/2`, the Taylor series of `e^r` to degree
-/// 10 (truncation error < r^11/11! < 2.2e-13 relative), and `2^k` from its
+/// 10 (truncation error < r^11/11! < 2.2e-13 relative; Estrin's scheme),
+/// and `2^k` from its
 /// exponent bits. Relative error below 3e-13 (test
 /// `exp_nonpos_matches_libm_closely`): the f32 logits themselves resolve a
 /// probability only to ~1e-6 (one ulp of a logit of 10), so the error never
@@ -52,10 +54,12 @@ pub fn exp_nonpos(x: f64) -> f64 {
     let kf = xc * LOG2_E + SHIFT;
     let k = kf - SHIFT;
     let r = (xc - k * LN2_HI) - k * LN2_LO;
-    let mut p = C[10];
-    for &c in C[..10].iter().rev() {
-        p = p * r + c;
-    }
+    // Estrin's scheme: a dependency chain of 5 operations instead of
+    // Horner's 20, which bounded the vector loop by latency.
+    let (r2, a) = (r * r, |i: usize| C[i] + C[i + 1] * r);
+    let (r4, b0, b1) = (r2 * r2, a(0) + a(2) * r2, a(4) + a(6) * r2);
+    let b2 = a(8) + C[10] * r2;
+    let p = (b0 + b1 * r4) + b2 * (r4 * r4);
     // k is in [-1010, 1]: 2^k is a normal f64, its exponent field k + 1023.
     let scale = f64::from_bits(
         kf.to_bits()
@@ -105,18 +109,6 @@ pub fn exp_sum(logits: &[f32], max: f64, inv_t: f64) -> f64 {
     }
 }
 
-/// `exp_nonpos((l - max) * inv_t)` of every logit, and their sum in `i % 8`
-/// lanes.
-pub fn exp_each(logits: &[f32], max: f64, inv_t: f64) -> (Vec<f64>, f64) {
-    let mut out = vec![0.0f64; logits.len()];
-    #[cfg(target_arch = "wasm32")]
-    // SAFETY: as in `max_and_nan`.
-    let sum = unsafe { simd::exp_each(logits, max, inv_t, &mut out) };
-    #[cfg(not(target_arch = "wasm32"))]
-    let sum = scalar::exp_each(logits, max, inv_t, &mut out);
-    (out, sum)
-}
-
 /// The definitions: plain loops, used natively and as the reference of the
 /// vector path.
 #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
@@ -151,25 +143,6 @@ pub mod scalar {
         }
         combine_lanes(&acc)
     }
-
-    pub fn exp_each(logits: &[f32], max: f64, inv_t: f64, out: &mut [f64]) -> f64 {
-        let mut acc = [0.0f64; 8];
-        let n = logits.len() - logits.len() % 8;
-        for (c, o) in logits[..n]
-            .chunks_exact(8)
-            .zip(out[..n].chunks_exact_mut(8))
-        {
-            for j in 0..8 {
-                o[j] = exp_nonpos((c[j] as f64 - max) * inv_t);
-                acc[j] += o[j];
-            }
-        }
-        for (j, (&l, o)) in logits[n..].iter().zip(out[n..].iter_mut()).enumerate() {
-            *o = exp_nonpos((l as f64 - max) * inv_t);
-            acc[j] += *o;
-        }
-        combine_lanes(&acc)
-    }
 }
 
 #[cfg(target_arch = "wasm32")]
@@ -194,10 +167,21 @@ mod simd {
             f64x2_sub(xc, f64x2_mul(k, f64x2_splat(LN2_HI))),
             f64x2_mul(k, f64x2_splat(LN2_LO)),
         );
-        let mut p = f64x2_splat(C[10]);
-        for &c in C[..10].iter().rev() {
-            p = f64x2_add(f64x2_mul(p, r), f64x2_splat(c));
-        }
+        let r2 = f64x2_mul(r, r);
+        let r4 = f64x2_mul(r2, r2);
+        // No closure: it would not inherit simd128 (see above).
+        let a0 = f64x2_add(f64x2_splat(C[0]), f64x2_mul(f64x2_splat(C[1]), r));
+        let a1 = f64x2_add(f64x2_splat(C[2]), f64x2_mul(f64x2_splat(C[3]), r));
+        let a2 = f64x2_add(f64x2_splat(C[4]), f64x2_mul(f64x2_splat(C[5]), r));
+        let a3 = f64x2_add(f64x2_splat(C[6]), f64x2_mul(f64x2_splat(C[7]), r));
+        let a4 = f64x2_add(f64x2_splat(C[8]), f64x2_mul(f64x2_splat(C[9]), r));
+        let b0 = f64x2_add(a0, f64x2_mul(a1, r2));
+        let b1 = f64x2_add(a2, f64x2_mul(a3, r2));
+        let b2 = f64x2_add(a4, f64x2_mul(f64x2_splat(C[10]), r2));
+        let p = f64x2_add(
+            f64x2_add(b0, f64x2_mul(b1, r4)),
+            f64x2_mul(b2, f64x2_mul(r4, r4)),
+        );
         let bits = i64x2_shl(
             i64x2_add(
                 i64x2_sub(kf, i64x2_splat(SHIFT.to_bits() as i64)),
@@ -303,30 +287,6 @@ mod simd {
         let mut acc = lanes(&acc);
         for (j, &l) in rest.iter().enumerate() {
             acc[j] += exp_nonpos((l as f64 - max) * inv_t);
-        }
-        combine_lanes(&acc)
-    }
-
-    #[target_feature(enable = "simd128")]
-    pub unsafe fn exp_each(logits: &[f32], max: f64, inv_t: f64, out: &mut [f64]) -> f64 {
-        let (vmax, vinv) = (f64x2_splat(max), f64x2_splat(inv_t));
-        let mut acc = [f64x2_splat(0.0); 4];
-        let chunks = logits.chunks_exact(8);
-        let rest = chunks.remainder();
-        let n = logits.len() - rest.len();
-        for (c, o) in chunks.zip(out[..n].chunks_exact_mut(8)) {
-            let xs = load8(c, vmax, vinv);
-            for j in 0..4 {
-                let e = exp2(xs[j]);
-                acc[j] = f64x2_add(acc[j], e);
-                o[2 * j] = f64x2_extract_lane::<0>(e);
-                o[2 * j + 1] = f64x2_extract_lane::<1>(e);
-            }
-        }
-        let mut acc = lanes(&acc);
-        for (j, (&l, o)) in rest.iter().zip(out[n..].iter_mut()).enumerate() {
-            *o = exp_nonpos((l as f64 - max) * inv_t);
-            acc[j] += *o;
         }
         combine_lanes(&acc)
     }

@@ -355,9 +355,6 @@ fn exp_passes_match_the_definition() {
                 + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
             let sum = exp::exp_sum(&logits, max, inv_t);
             assert_eq!(sum.to_bits(), want.to_bits(), "len {len}");
-            let (got_each, got_sum) = exp::exp_each(&logits, max, inv_t);
-            assert_eq!(got_each, each, "len {len}");
-            assert_eq!(got_sum.to_bits(), want.to_bits(), "len {len}");
         }
     }
     assert!(exp::max_and_nan(&[1.0, f32::NAN, 2.0]).1);
@@ -471,25 +468,25 @@ fn top_ids_match_a_full_sort() {
 }
 
 /// The reference nucleus: every eligible id sorted by rank, the shortest
-/// prefix whose mass reaches the target; its last rank.
-fn nucleus_by_full_sort(logits: &[f32], rel: &[f64], floor: f64, target: f64) -> Option<u64> {
+/// prefix whose mass reaches the target; its last rank (0: all kept).
+fn nucleus_by_full_sort(logits: &[f32], rel: &[f32], floor: f32, target: f64) -> u64 {
     let mut ranks: Vec<u64> = (0..logits.len())
-        .filter(|&i| rel[i] > 0.0 && rel[i] >= floor)
+        .filter(|&i| rel[i] >= floor)
         .map(|i| rank(logits[i], i))
         .collect();
     ranks.sort_unstable_by(|a, b| b.cmp(a));
     let mut acc = 0.0;
     for &r in &ranks {
-        acc += rel[rank_id(r) as usize];
+        acc += rel[rank_id(r) as usize] as f64;
         if acc >= target {
-            return Some(r);
+            return r;
         }
     }
-    None
+    0
 }
 
 #[test]
-fn nucleus_floor_matches_a_full_sort() {
+fn nucleus_matches_a_full_sort() {
     let n = 40_000u32;
     let hash = |i: u32| (i.wrapping_mul(2654435761) >> 8) as f32 / (1u32 << 24) as f32;
     let shapes: Vec<(&str, Vec<f32>)> = vec![
@@ -515,21 +512,18 @@ fn nucleus_floor_matches_a_full_sort() {
     ];
     let mut checked = 0;
     for (name, logits) in &shapes {
-        for inv_t in [1.0f64, 1.25, 3.0] {
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let rel: Vec<f64> = logits
-                .iter()
-                .map(|&l| exp_nonpos((l as f64 - max) * inv_t))
-                .collect();
-            let total = lane_sum(&rel);
-            for floor in [0.0f64, 0.01] {
+        for t in [1.0f32, 0.8, 1.0 / 3.0] {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut rel = vec![0.0f32; logits.len()];
+            let total = mass::mass_each(logits, max, mass::inv_temperature(t), &mut rel);
+            for min_p in [0.0f32, 0.01] {
+                let floor = min_p.max(f32::from_bits(1));
                 for top_p in [1e-6f64, 0.1, 0.5, 0.9, 0.95, 0.999, 0.9999] {
                     let target = top_p * total;
-                    let eligible = |q: f64| q > 0.0 && q >= floor;
                     assert_eq!(
-                        nucleus_floor(logits, &rel, &eligible, target),
+                        nucleus(logits, &rel, floor, target),
                         nucleus_by_full_sort(logits, &rel, floor, target),
-                        "{name} inv_t {inv_t} floor {floor} top-p {top_p}"
+                        "{name} T {t} min-p {min_p} top-p {top_p}"
                     );
                     checked += 1;
                 }
@@ -537,4 +531,170 @@ fn nucleus_floor_matches_a_full_sort() {
         }
     }
     assert_eq!(checked, 4 * 3 * 2 * 7);
+}
+
+#[test]
+fn exp32_nonpos_matches_libm_closely() {
+    // The independent reference is the platform's f64 libm `exp` of the same
+    // f32 argument.
+    let mut worst = 0.0f64;
+    let mut check = |x: f32| {
+        let (got, want) = (exp32_nonpos(x) as f64, (x as f64).exp());
+        worst = worst.max(((got - want) / want).abs());
+    };
+    let n = 2_000_000;
+    for i in 0..=n {
+        check(-87.0 * i as f32 / n as f32);
+    }
+    for k in 0..126 {
+        for d in [-1e-6f32, 0.0, 1e-6] {
+            let x = -(k as f32 + 0.5) * std::f32::consts::LN_2 + d;
+            if (-87.0..=0.0).contains(&x) {
+                check(x);
+            }
+        }
+    }
+    for x in [
+        -1e-38f32,
+        -1e-20,
+        -1e-7,
+        -0.0,
+        0.0,
+        f32::from_bits(0x8000_0001),
+    ] {
+        check(x);
+    }
+    assert!(worst < 2.5e-7, "worst relative error {worst:e}");
+    assert_eq!(exp32_nonpos(0.0), 1.0);
+    assert_eq!(exp32_nonpos(-0.0), 1.0);
+    for x in [f32::NEG_INFINITY, f32::NAN, -87.01, -1e30] {
+        assert_eq!(exp32_nonpos(x), 0.0, "{x}");
+    }
+}
+
+#[test]
+fn mass_passes_match_the_definition() {
+    // Lengths around the 8-wide chunks and the 16-wide skips, specials
+    // included.
+    for len in [0usize, 1, 7, 8, 9, 15, 16, 17, 33, 1001] {
+        let logits: Vec<f32> = (0..len as u32)
+            .map(|i| match i % 97 {
+                5 => f32::NEG_INFINITY,
+                6 => -0.0,
+                7 => f32::NAN,
+                _ => ((i.wrapping_mul(2654435761) >> 9) % 3000) as f32 / 50.0 - 30.0,
+            })
+            .collect();
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for inv_t in [1.0f32, 1.25, 40.0] {
+            let each: Vec<f32> = logits
+                .iter()
+                .map(|&l| exp32_nonpos((l - max) * inv_t))
+                .collect();
+            let mut lanes = [0.0f64; 8];
+            for (i, e) in each.iter().enumerate() {
+                lanes[i % 8] += *e as f64;
+            }
+            let mut got = vec![0.0f32; len];
+            let sum = mass::mass_each(&logits, max, inv_t, &mut got);
+            assert_eq!(sum.to_bits(), combine_lanes(&lanes).to_bits(), "len {len}");
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                each.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "len {len}"
+            );
+        }
+        for from in [0, 1, 5, 16, len] {
+            for floor in [f32::NEG_INFINITY, 0.0, 25.0, 100.0] {
+                let want = (from..len).find(|&i| logits[i] >= floor).unwrap_or(len);
+                assert_eq!(mass::next_at_least(&logits, from, floor), want);
+            }
+            let bucket = total_key(-0.0) >> 20;
+            let want = (from..len)
+                .find(|&i| total_key(logits[i]) >> 20 == bucket)
+                .unwrap_or(len);
+            assert_eq!(mass::next_in_bucket(&logits, from, bucket), want);
+        }
+        assert_eq!(argmax(&logits), mass::scalar::argmax(&logits), "len {len}");
+    }
+    assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 0);
+    assert_eq!(argmax(&[-0.0, 0.0, -1.0]), 0);
+    assert_eq!(argmax(&[f32::NAN, 1.0, 3.0, 2.0, 3.0]), 2);
+}
+
+#[test]
+fn f32_sampling_masses_stay_within_f32_precision_of_f64() {
+    // What moving the masses from f64 to f32 changed: relative to the exact
+    // exp((l - max) / T) of the f32 logits, for every token with a mass of
+    // at least 1e-30 relative to the most likely one.
+    let logits: Vec<f32> = (0..160_000u32)
+        .map(|i| ((i.wrapping_mul(2654435761) >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 60.0)
+        .collect();
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for t in [1.0f32, 0.8, 0.3] {
+        let mut rel = vec![0.0f32; logits.len()];
+        let total = mass::mass_each(&logits, max, mass::inv_temperature(t), &mut rel);
+        let mut worst = 0.0f64;
+        let mut exact_total = 0.0f64;
+        for (&l, &q) in logits.iter().zip(&rel) {
+            let exact = ((l as f64 - max as f64) / t as f64).exp();
+            exact_total += exact;
+            if exact >= 1e-30 {
+                worst = worst.max((q as f64 - exact).abs() / exact);
+            }
+        }
+        // Two f32 roundings of x = (l - max) / T (|x| up to 69 here) and the
+        // polynomial's 2.5e-7.
+        assert!(worst < 1e-5, "T {t}: worst relative change {worst:e}");
+        let sum_change = ((total - exact_total) / exact_total).abs();
+        assert!(sum_change < 1e-6, "T {t}: total moved by {sum_change:e}");
+    }
+}
+
+#[test]
+fn top_p_among_tied_logits_keeps_the_lowest_ids() {
+    // 1000 equal logits: the rank order is the id order, so top-p 0.5 keeps
+    // ids 0..500 exactly (the cut falls inside a run of equal logits, which
+    // the block sums resolve by id).
+    let logits = vec![1.5f32; 1000];
+    let draws = draw_many(&logits, &params(1.0, 0, 0.5), 5000);
+    assert!(draws.iter().all(|&t| t < 500));
+    assert!(draws.iter().any(|&t| t >= 450) && draws.iter().any(|&t| t < 50));
+}
+
+#[test]
+fn block_sums_follow_the_kept_set() {
+    let logits: Vec<f32> = (0..1000u32)
+        .map(|i| ((i.wrapping_mul(2654435761) >> 20) % 16) as f32)
+        .collect();
+    let rel: Vec<f32> = logits.iter().map(|&l| exp32_nonpos(l - 15.0)).collect();
+    for cut in [None, Some((total_key(7.0), 500)), Some((total_key(7.0), 0))] {
+        let kept = Kept { floor: 1e-3, cut };
+        let sums = block_sums(&logits, &rel, kept);
+        assert_eq!(sums.len(), 16);
+        for (b, &got) in sums.iter().enumerate() {
+            let mut lanes = [0.0f64; 8];
+            for i in b * 64..((b + 1) * 64).min(1000) {
+                let key = total_key(logits[i]);
+                let ranked = cut.is_none_or(|(k, id)| key > k || (key == k && i as u32 <= id));
+                if rel[i] >= 1e-3 && ranked {
+                    lanes[i % 8] += rel[i] as f64;
+                }
+            }
+            assert_eq!(got.to_bits(), combine_lanes(&lanes).to_bits(), "block {b}");
+        }
+    }
+}
+
+#[test]
+fn tiny_temperature_keeps_the_most_likely_token() {
+    // 1 / 1e-40 overflows f32: an infinite factor made the most likely
+    // tokens' masses 0 * inf = NaN, i.e. none at all, and the draw fell back
+    // to the first of them every time. Both tied tokens must be drawn.
+    let logits = [0.5f32, 2.0, 1.0, 2.0, 1.999];
+    for top_p in [1.0f32, 0.9] {
+        let draws = draw_many(&logits, &params(1e-40, 0, top_p), 200);
+        assert!(draws.iter().all(|&t| t == 1 || t == 3), "top-p {top_p}");
+        assert!(draws.contains(&1) && draws.contains(&3), "top-p {top_p}");
+    }
 }

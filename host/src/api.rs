@@ -178,7 +178,12 @@ impl Model {
         // The budget is checked before anything large is allocated.
         let plan = crate::plan::plan(&container, options.context, options.budget)?;
         let context = plan.context;
-        let tensors = container.manifest().trunk.tensors.iter().map(|t| (t.name.clone(), t.bytes));
+        let tensors = container
+            .manifest()
+            .trunk
+            .tensors
+            .iter()
+            .map(|t| (t.name.clone(), crate::plan::resident_tensor_bytes(container.config(), t)));
         let resident = crate::plan::resident_trunk_bytes(container.config(), container.manifest());
         let source = CountingSource::new(&container, tensors, resident, &mut *progress);
         let mut transformer = Transformer::load(container.config(), &source)?;

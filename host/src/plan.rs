@@ -80,10 +80,25 @@ fn stays_on_disk(cfg: &ModelConfig, t: &TensorEntry) -> bool {
     !cfg.tie_word_embeddings && t.name == EMBED_TOKENS && t.shape.len() == 2
 }
 
-/// Bytes of the trunk held in RAM once open: every trunk tensor but an
-/// untied embedding table.
+/// Bytes trunk tensor `t` holds in RAM once open: none for an untied
+/// embedding table, the f32 expansion for a matrix the model dequantises at
+/// load (MLA's `kv_b_proj`, see `model::mla::DEQUANTISED_AT_LOAD`), its
+/// stored bytes otherwise.
+pub fn resident_tensor_bytes(cfg: &ModelConfig, t: &TensorEntry) -> u64 {
+    if stays_on_disk(cfg, t) {
+        return 0;
+    }
+    let expanded = crate::model::mla::DEQUANTISED_AT_LOAD.iter().any(|suffix| t.name.ends_with(suffix));
+    match t.shape[..] {
+        [rows, cols] if expanded => rows * cols * 4,
+        _ => t.bytes,
+    }
+}
+
+/// Bytes of the trunk held in RAM once open (sum of
+/// [`resident_tensor_bytes`]).
 pub fn resident_trunk_bytes(cfg: &ModelConfig, manifest: &Manifest) -> u64 {
-    manifest.trunk.tensors.iter().filter(|t| !stays_on_disk(cfg, t)).map(|t| t.bytes).sum()
+    manifest.trunk.tensors.iter().map(|t| resident_tensor_bytes(cfg, t)).sum()
 }
 
 /// Bytes of the trunk left on disk (the untied embedding table).

@@ -213,21 +213,7 @@ fn chat_bad_template_var_exits_2() {
 #[test]
 fn chat_template_var_reaches_the_template() {
     let tmp = TempDir::new("chat-template-var");
-    let dir = tmp.path().join("m.waste");
-    std::fs::create_dir(&dir).unwrap();
-    for e in std::fs::read_dir(model()).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-    }
-    let qwen3: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(fixtures().join("chat_templates/qwen3/tokenizer_config.json")).unwrap(),
-    )
-    .unwrap();
-    let cfg = dir.join("tokenizer_config.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
-    v["chat_template"] = qwen3["chat_template"].clone();
-    std::fs::write(&cfg, v.to_string()).unwrap();
+    let dir = bible_moe_with_qwen3_template(&tmp);
     let d = dir.to_str().unwrap();
     let last_prompt = |extra: &[&str]| {
         let mut args = vec!["chat", d, "-n", "1", "--temp", "0"];
@@ -243,6 +229,41 @@ fn chat_template_var_reaches_the_template() {
     let off = last_prompt(&["--template-var", "enable_thinking=false"]);
     assert!(off > plain, "enable_thinking=false: {off} prompt tokens, plain {plain}");
 }
+
+/// Regression: `/save` kept the messages but not `--template-var`, so a
+/// conversation loaded in a new `waste chat` went on rendering its prompts
+/// without the variables it was started with.
+#[test]
+fn chat_load_restores_the_template_variables_of_the_saved_conversation() {
+    let tmp = TempDir::new("chat-save-vars");
+    let dir = bible_moe_with_qwen3_template(&tmp);
+    let d = dir.to_str().unwrap();
+    let file = tmp.path().join("conv.bin");
+    let f = file.to_str().unwrap();
+    let run = |script: &str, extra: &[&str]| {
+        let mut args = vec!["chat", d, "-n", "2", "--temp", "0"];
+        args.extend_from_slice(extra);
+        let o = waste_with_stdin(&args, Some(script));
+        assert_ok(&o);
+        stdout(&o)
+    };
+    let vars = ["--template-var", "enable_thinking=false"];
+    let continuous = run("Hello\nAnd again\n/stats\n", &vars);
+    let saved = run(&format!("Hello\n/save {f}\n"), &vars);
+    assert!(saved.contains("saved "), "{saved}");
+    // No flag this time: the variables must come from the saved file.
+    let restored = run(&format!("/load {f}\nAnd again\n/stats\n"), &[]);
+    assert!(
+        restored.contains(r#"(template variables {"enable_thinking":false})"#),
+        "{restored}"
+    );
+    let (c, r) = (stats_lines(&continuous), stats_lines(&restored));
+    assert_eq!(c.len(), 1, "{continuous}");
+    assert_eq!(r.len(), 1, "{restored}");
+    assert_eq!(r[0].1, c[0].1, "position after the second turn");
+    assert_eq!(r[0].2, c[0].2, "prompt tokens of the second turn");
+}
+
 
 /// `kill -SIG pid` (the test binary has no libc binding of its own).
 fn signal(pid: u32, sig: &str) {

@@ -195,3 +195,25 @@ pub fn open_session(engine: &waste_host::Engine, container: &Path) -> waste_host
         .session(waste_host::Model::open(container, &waste_host::OpenOptions::default()).unwrap())
         .unwrap()
 }
+
+/// A copy of the shipped bible-moe model with Qwen3's real chat template
+/// (which reads `enable_thinking`) in place of its own ChatML one.
+pub fn bible_moe_with_qwen3_template(tmp: &TempDir) -> PathBuf {
+    let dir = tmp.path().join("m.waste");
+    std::fs::create_dir(&dir).unwrap();
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/bible-moe.waste");
+    for e in std::fs::read_dir(shipped).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let qwen3: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fixtures().join("chat_templates/qwen3/tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    let cfg = dir.join("tokenizer_config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["chat_template"] = qwen3["chat_template"].clone();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    dir
+}

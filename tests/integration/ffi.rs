@@ -125,31 +125,40 @@ fn component_subcommand_writes_the_bundled_component() {
     assert_eq!(o.status.code(), Some(2), "a missing --out is a usage error");
 }
 
-#[test]
-fn python_example_plans_opens_streams_and_reloads_state() {
-    if Command::new("python3")
+/// False (after a loud SKIP naming `test`) when python3 cannot run.
+fn python3_present(test: &str) -> bool {
+    let present = Command::new("python3")
         .arg("--version")
         .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-    {
-        crate::common::report_skip(
-            "SKIP python_example_plans_opens_streams_and_reloads_state: python3 is missing",
-        );
-        return;
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !present {
+        crate::common::report_skip(&format!("SKIP {test}: python3 is missing"));
     }
+    present
+}
+
+/// The built shared library, for the Python binding's `WASTE_LIB`.
+fn shared_lib() -> PathBuf {
     let lib = lib_dir();
-    let so = if lib.join("libwaste.so").is_file() {
+    if lib.join("libwaste.so").is_file() {
         lib.join("libwaste.so")
     } else {
         lib.join("libwaste.dylib")
-    };
+    }
+}
+
+#[test]
+fn python_example_plans_opens_streams_and_reloads_state() {
+    if !python3_present("python_example_plans_opens_streams_and_reloads_state") {
+        return;
+    }
     let tmp = TempDir::new("ffi-py");
     let o = Command::new("python3")
         .arg(root().join("examples/python/embed.py"))
         .arg(root().join("examples/bible-moe.waste"))
         .arg(tmp.path().join("state.bin"))
-        .env("WASTE_LIB", so)
+        .env("WASTE_LIB", shared_lib())
         .output()
         .expect("run python3");
     let out = String::from_utf8_lossy(&o.stdout);
@@ -165,6 +174,33 @@ fn python_example_plans_opens_streams_and_reloads_state() {
         err.contains("[16 tokens, cache hits"),
         "progress lines missing: {err}"
     );
+}
+
+/// Regression: the Python binding could not pass chat-template variables
+/// (`enable_thinking`), which the C ABI, CLI and server already carried.
+#[test]
+fn python_binding_renders_template_variables_as_transformers_does() {
+    if !python3_present("python_binding_renders_template_variables_as_transformers_does") {
+        return;
+    }
+    let tmp = TempDir::new("ffi-py-vars");
+    let model = crate::common::bible_moe_with_qwen3_template(&tmp);
+    let o = Command::new("python3")
+        .arg(root().join("tests/python/check_template_vars.py"))
+        .arg(&model)
+        .arg(crate::common::fixtures().join("chat_templates/expected.json"))
+        .env("WASTE_LIB", shared_lib())
+        .output()
+        .expect("run python3");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "check_template_vars.py failed:\n{out}\n{err}");
+    let checked: usize = out
+        .lines()
+        .find_map(|l| l.strip_prefix("checked ")?.strip_suffix(" cases")?.parse().ok())
+        .unwrap_or_else(|| panic!("no count in:\n{out}"));
+    assert!(checked >= 4, "only {checked} cases checked:\n{out}");
+    assert!(out.contains("rejected: "), "{out}");
 }
 
 #[test]

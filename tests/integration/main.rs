@@ -13,6 +13,7 @@ mod common;
 mod convert_release;
 mod deepseek;
 mod kimi;
+mod native_guest;
 mod open_progress;
 mod oracle;
 mod plan_k3;

@@ -13,6 +13,7 @@ pub mod manifest;
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 pub use experts::ExpertBanks;
@@ -32,7 +33,12 @@ pub struct Container {
     manifest: Manifest,
     config: ModelConfig,
     trunk_path: PathBuf,
-    trunk: memmap2::Mmap,
+    /// Read with positional reads into each tensor's own buffer, not mapped:
+    /// mapped pages that were copied out stay in the process's resident set
+    /// until the kernel reclaims them, which doubled the trunk's share of the
+    /// peak RSS against the budget (regression test
+    /// `peak_rss_counts_the_trunk_once`).
+    trunk: File,
     tensors: HashMap<String, TensorEntry>,
     eos_tokens: Vec<u32>,
     chat_template: Option<String>,
@@ -88,14 +94,11 @@ impl Container {
         config.adapt_to_tensor_names(manifest.trunk.tensors.iter().map(|t| t.name.as_str()));
 
         let trunk_path = plain_file_name(dir, &manifest.trunk.file, &manifest_path)?;
-        let trunk_file = File::open(&trunk_path).map_err(|e| Error::io(&trunk_path, e))?;
-        // SAFETY: the container is ours to read; a file truncated while mapped
-        // could fault, which is the same contract every mmap reader accepts.
-        // All offsets are checked against the length before any access.
-        let trunk = unsafe { memmap2::Mmap::map(&trunk_file) }.map_err(|e| Error::io(&trunk_path, e))?;
+        let trunk = File::open(&trunk_path).map_err(|e| Error::io(&trunk_path, e))?;
+        let trunk_len = trunk.metadata().map_err(|e| Error::io(&trunk_path, e))?.len();
         let mut tensors = HashMap::new();
         for t in &manifest.trunk.tensors {
-            validate_tensor(t, trunk.len() as u64, &trunk_path)?;
+            validate_tensor(t, trunk_len, &trunk_path)?;
             tensors.insert(t.name.clone(), t.clone());
         }
 
@@ -219,11 +222,33 @@ impl Container {
         })
     }
 
-    fn bytes(&self, t: &TensorEntry) -> &[u8] {
-        // Bounds were validated at open.
-        &self.trunk[t.offset as usize..(t.offset + t.bytes) as usize]
+    /// The stored bytes of `t`, read into a buffer the caller keeps (a
+    /// quantised matrix holds it as is: no second copy at any moment).
+    fn read_bytes(&self, t: &TensorEntry) -> Result<Vec<u8>> {
+        // Bounds were validated against the file's length at open.
+        let mut buf = vec![0u8; t.bytes as usize];
+        self.trunk.read_exact_at(&mut buf, t.offset).map_err(|e| Error::io(&self.trunk_path, e))?;
+        Ok(buf)
+    }
+
+    /// The stored little-endian f32 values of `t`, read straight into the
+    /// `Vec<f32>` the model keeps.
+    fn read_f32(&self, t: &TensorEntry) -> Result<Vec<f32>> {
+        let mut values = vec![0f32; t.bytes as usize / 4];
+        // SAFETY: the byte view covers exactly the vector's initialised
+        // elements (len * 4 bytes, alignment of u8 is 1), and every bit
+        // pattern written through it is a valid f32.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), values.len() * 4) };
+        self.trunk.read_exact_at(bytes, t.offset).map_err(|e| Error::io(&self.trunk_path, e))?;
+        if cfg!(target_endian = "big") {
+            for v in &mut values {
+                *v = f32::from_bits(u32::from_le(v.to_bits()));
+            }
+        }
+        Ok(values)
     }
 }
+
 
 fn validate_tensor(t: &TensorEntry, file_len: u64, path: &Path) -> Result<()> {
     let bad = |msg: String| Error::format(path, format!("tensor {}: {msg}", t.name));
@@ -259,8 +284,13 @@ impl TensorSource for Container {
         };
         let fmt = TrunkFormat::parse(&t.format)
             .ok_or_else(|| Error::format(&self.trunk_path, format!("tensor {name}: unknown format {:?}", t.format)))?;
-        QMatrix::from_bytes(fmt, rows as usize, cols as usize, self.bytes(t))
-            .map_err(|e| Error::format(&self.trunk_path, format!("tensor {name}: {e}")))
+        let (rows, cols) = (rows as usize, cols as usize);
+        let matrix = match fmt {
+            // The length matches the shape (checked at open).
+            TrunkFormat::F32 => Ok(QMatrix::from_f32(self.read_f32(t)?, rows, cols)),
+            _ => QMatrix::from_byte_vec(fmt, rows, cols, self.read_bytes(t)?),
+        };
+        matrix.map_err(|e| Error::format(&self.trunk_path, format!("tensor {name}: {e}")))
     }
 
     fn vector(&self, name: &str) -> Result<Vec<f32>> {
@@ -268,7 +298,7 @@ impl TensorSource for Container {
         if t.shape.len() != 1 || t.format != "f32" {
             return Err(Error::format(&self.trunk_path, format!("tensor {name} is not an f32 vector")));
         }
-        Ok(self.bytes(t).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        self.read_f32(t)
     }
 
     fn has(&self, name: &str) -> bool {

@@ -18,6 +18,10 @@ use super::ops::{add_in_place, dot, rms_norm, softmax};
 use super::rope::Rope;
 use super::{load_matrix, load_vector};
 
+/// Trunk tensors (by name suffix) this module keeps as f32 whatever their
+/// stored format, so the memory planner counts their expanded size.
+pub const DEQUANTISED_AT_LOAD: &[&str] = &[".kv_b_proj.weight"];
+
 /// `model.layers.L.self_attn` of an MLA layer.
 pub struct Mla {
     dims: MlaDims,

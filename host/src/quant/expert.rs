@@ -7,15 +7,15 @@ use super::rvq4p::{self, QTables};
 use super::simd::{self, f16_at};
 use super::trunk::{f32_from_le, quantize_into, MatRef};
 use super::{
-    ExpertF32, ExpertFormat, ExpertShape, QuantError, TrunkFormat, CODEBOOK_ENTRIES, VDIM,
+    ExpertF32, ExpertFormat, ExpertShape, QuantError, TrunkFormat, VDIM,
 };
 use rayon::prelude::*;
 
 /// Vectors per rayon task when building tables.
 const TABLE_VBLOCK: usize = 32;
-/// Codes per table chunk of the RVQ matvec: 192 x 256 f32 = 192 KB, which
-/// stays in L2 while a task's rows walk it.
-const RVQ_CHUNK: usize = 192;
+/// Code positions per table chunk of the RVQ matvec: 16 x 256 f32 = 16 KB
+/// of tables, L1-resident while all of a task's rows walk them.
+const RVQ_CHUNK: usize = 16;
 /// Rows per rayon task of the RVQ matvec.
 const RVQ_TASK_ROWS: usize = 128;
 
@@ -119,21 +119,31 @@ impl<'a> RvqRef<'a> {
     }
     /// `y = W x` where `table` was built from `x` with this layer's codebooks.
     ///
-    /// The table (884 KB of f32 for a 2304-wide input with 3 stages) does
-    /// not fit L2 beside the streamed codes, so a task walks it in chunks
-    /// of `RVQ_CHUNK` codes and runs all its rows over each chunk while the
-    /// chunk is hot. A row's sum is its chunk sums added in chunk order,
-    /// whatever the task split, so threads never change the result.
+    /// Row `r` is `scale[r] * sum_j table[j*256 + code[r][j]]`, summed in
+    /// order over `j` (`simd::rvq_row_scalar`). A task walks the positions
+    /// in chunks of `RVQ_CHUNK` (16 KB of tables, L1-resident) and runs all
+    /// its rows over each chunk before the next: one row's lookups would
+    /// otherwise touch 864 different 1 KB tables and miss L1 on nearly
+    /// every one. Each row keeps its running sum across chunks, so neither
+    /// the chunking nor the task split (the thread count) changes a bit.
     fn matvec_tables(&self, table: &[f32], y: &mut [f32]) {
         let n = self.cols.div_ceil(VDIM) * self.stages;
         let job = |r0: usize, ys: &mut [f32]| {
             ys.fill(0.0);
-            for c0 in (0..n).step_by(RVQ_CHUNK) {
+            let rows = ys.len();
+            let block = &self.codes[r0 * n..(r0 + rows) * n];
+            // The chunk-major walk reads the codes with a row stride, which
+            // the hardware prefetcher follows poorly: ask for this task's
+            // codes now and for the next task's a little per chunk.
+            let next_end = ((r0 + 2 * rows) * n).min(self.codes.len());
+            let next = &self.codes[(r0 + rows) * n..next_end];
+            simd::prefetch(block);
+            let per_chunk = next.len().div_ceil(n.div_ceil(RVQ_CHUNK).max(1)).next_multiple_of(64);
+            for (k, c0) in (0..n).step_by(RVQ_CHUNK).enumerate() {
                 let c1 = (c0 + RVQ_CHUNK).min(n);
-                let t = &table[c0 * CODEBOOK_ENTRIES..c1 * CODEBOOK_ENTRIES];
-                for (i, yv) in ys.iter_mut().enumerate() {
-                    *yv += simd::rvq_gather(t, &self.row_codes(r0 + i)[c0..c1]);
-                }
+                let p0 = (k * per_chunk).min(next.len());
+                simd::prefetch(&next[p0..(p0 + per_chunk).min(next.len())]);
+                simd::rvq_rows(table, block, n, c0, c1, ys);
             }
             for (i, yv) in ys.iter_mut().enumerate() {
                 *yv *= f16_at(self.scales, r0 + i);
@@ -147,6 +157,19 @@ impl<'a> RvqRef<'a> {
             y.fill(0.0);
         }
     }
+}
+
+/// The RVQ matvec of one matrix's bytes (kernel tests).
+#[cfg(test)]
+pub(crate) fn rvq_matvec_for_tests(
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    stages: usize,
+    table: &[f32],
+    y: &mut [f32],
+) {
+    RvqRef::new(bytes, rows, cols, stages).matvec_tables(table, y)
 }
 
 /// Encode one expert. RVQ formats need the layer's codebooks; panics if
@@ -265,6 +288,14 @@ pub struct GateUpTables {
     hidden: usize,
     data: Vec<f32>,
     q: QTables,
+}
+
+#[cfg(test)]
+impl GateUpTables {
+    /// The f32 tables (RVQ formats other than `rvq4p`).
+    pub(crate) fn data(&self) -> &[f32] {
+        &self.data
+    }
 }
 
 /// Build once per token per layer; shared by every routed expert of the
@@ -408,7 +439,7 @@ pub fn expert_forward_act(
 
 /// `expert_forward` with the `rvq4p` kernel level chosen by the caller
 /// (tests run every level side by side; the other formats use the
-/// process-wide level).
+/// process-wide level; `rvq3`/`rvq2` run one portable kernel).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn expert_forward_on(
     isa: simd::Isa,

@@ -1,5 +1,6 @@
 //! Hot loops: one portable scalar version of each, plus AVX2+FMA versions
-//! (and an AVX-512 rvq gather) picked at run time by `isa()`. The scalar
+//! picked at run time by `isa()` (the RVQ row kernel is portable only: see
+//! `rvq_rows`). The scalar
 //! versions are always compiled (they are the fallback on other CPUs and the
 //! reference in the tests). The `rvq4p` kernels live in `rvq4p.rs`.
 
@@ -42,7 +43,10 @@ impl Isa {
 
     /// Every level this CPU can run, best last (always starts with Scalar).
     pub fn supported() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Neon, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| isa_available(i)).collect()
+        [Isa::Scalar, Isa::Neon, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&i| isa_available(i))
+            .collect()
     }
 }
 
@@ -181,76 +185,64 @@ fn check_row(scales: &[u8], qlen: usize, cols: usize, want_q: usize) {
     );
 }
 
-/// RVQ gather-sum: `sum_j table[j*256 + codes[j]]`.
+/// Rows interleaved by the RVQ row kernel (independent add chains).
+pub(crate) const RVQ_ROWS: usize = 8;
+
+/// RVQ table walk over code positions `c0..c1` for the rows of `acc`:
+/// `acc[r] += table[j*256 + codes[r*n + j]]` for `j` ascending.
+///
+/// Each row's sum is a plain sequential sum over its positions, so walking
+/// the positions in chunks (a caller keeps a chunk's tables L1-resident and
+/// runs all its rows over it) gives the very same floats as one pass, equal
+/// bit for bit to `rvq_row_scalar`. One portable kernel serves every
+/// level: on this CPU (Zen 4) hand-written 8- and 16-lane gathers over the
+/// same walk, and LLVM's own gathers in an AVX2 / AVX-512 build of this
+/// loop, were 1.4-1.6x slower than these scalar loads (docs/PERFORMANCE.md,
+/// "Tried and dropped").
 #[inline]
-pub(crate) fn rvq_gather(table: &[f32], codes: &[u8]) -> f32 {
+pub(crate) fn rvq_rows(
+    table: &[f32],
+    codes: &[u8],
+    n: usize,
+    c0: usize,
+    c1: usize,
+    acc: &mut [f32],
+) {
     assert!(
-        table.len() >= codes.len() * CODEBOOK_ENTRIES && table.len() <= i32::MAX as usize,
-        "rvq_gather: table too small or too large"
+        c0 <= c1 && c1 <= n && table.len() >= c1 * CODEBOOK_ENTRIES && codes.len() >= acc.len() * n,
+        "rvq_rows: inconsistent lengths"
     );
-    #[cfg(target_arch = "x86_64")]
-    if isa() == Isa::Avx512 {
-        // SAFETY: AVX-512F was detected (Isa::Avx512 implies it); indices
-        // bounded as below.
-        return unsafe { avx512::rvq_gather(table, codes) };
+    let tp = table.as_ptr();
+    let done = acc.len() / RVQ_ROWS * RVQ_ROWS;
+    for (g, a) in acc[..done].chunks_exact_mut(RVQ_ROWS).enumerate() {
+        let a: &mut [f32; RVQ_ROWS] = a.try_into().expect("exact chunk");
+        // SAFETY: rows g*8..g*8+8 < acc.len(), so their positions 0..n lie
+        // inside `codes`; `table` holds c1*256 floats (both checked above).
+        unsafe { rvq_rows8(tp, codes.as_ptr().add(g * RVQ_ROWS * n), n, c0, c1, a) };
     }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and FMA were detected; every index j*256+code is
-        // < codes.len()*256 <= table.len() <= i32::MAX (checked above).
-        return unsafe { avx2::rvq_gather(table, codes) };
+    for (r, a) in acc.iter_mut().enumerate().skip(done) {
+        let row = &codes[r * n..r * n + c1];
+        for (j, &c) in row.iter().enumerate().skip(c0) {
+            *a += table[j * CODEBOOK_ENTRIES + c as usize];
+        }
     }
-    rvq_gather_scalar(table, codes)
 }
 
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512 {
-    use super::CODEBOOK_ENTRIES;
-    use std::arch::x86_64::*;
-
-    /// 16-lane gathers, two independent chains.
-    ///
-    /// # Safety
-    /// The CPU supports AVX-512F and AVX2;
-    /// `codes.len() * 256 <= table.len() <= i32::MAX`.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(crate) unsafe fn rvq_gather(table: &[f32], codes: &[u8]) -> f32 {
-        const C: i32 = CODEBOOK_ENTRIES as i32;
-        let n = codes.len();
-        let tp = table.as_ptr();
-        let cp = codes.as_ptr();
-        let lane = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(C),
-        );
-        let step = _mm512_set1_epi32(16 * C);
-        let mut base = lane;
-        let mut acc = [_mm512_setzero_ps(); 2];
-        let mut j = 0;
-        while j + 32 <= n {
-            for a in acc.iter_mut() {
-                // SAFETY: j + 16 <= n bounds the 16-byte code load; each
-                // index (j+k)*256 + code < n*256 <= table.len().
-                let c = _mm512_cvtepu8_epi32(_mm_loadu_si128(cp.add(j) as *const __m128i));
-                *a = _mm512_add_ps(*a, _mm512_i32gather_ps::<4>(_mm512_add_epi32(base, c), tp));
-                base = _mm512_add_epi32(base, step);
-                j += 16;
-            }
-        }
-        while j + 16 <= n {
-            // SAFETY: as above.
-            let c = _mm512_cvtepu8_epi32(_mm_loadu_si128(cp.add(j) as *const __m128i));
-            acc[0] = _mm512_add_ps(acc[0], _mm512_i32gather_ps::<4>(_mm512_add_epi32(base, c), tp));
-            base = _mm512_add_epi32(base, step);
-            j += 16;
-        }
-        let mut s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
-        while j < n {
-            s += table[j * CODEBOOK_ENTRIES + codes[j] as usize];
-            j += 1;
-        }
-        s
+/// Hint the cache hierarchy (L2) to fetch `bytes`; no effect on results.
+#[inline]
+pub(crate) fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: SSE is part of x86-64; a prefetch never faults and the
+        // address lies inside `bytes`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                line.as_ptr() as *const i8
+            )
+        };
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 /// Lookup tables `out[(v*stages+s)*E + c] = x[8v..8v+8] . cb_s[c]` from
@@ -259,7 +251,7 @@ pub(crate) mod avx512 {
 pub(crate) fn build_tables(x: &[f32], cbt: &[f32], stages: usize, entries: usize, out: &mut [f32]) {
     let nvec = x.len().div_ceil(VDIM);
     assert!(
-        entries % 16 == 0
+        entries.is_multiple_of(16)
             && cbt.len() == stages * VDIM * entries
             && out.len() == nvec * stages * entries,
         "build_tables: inconsistent lengths"
@@ -334,23 +326,65 @@ pub(crate) fn dot_q4_scalar(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
     total
 }
 
-pub(crate) fn rvq_gather_scalar(table: &[f32], codes: &[u8]) -> f32 {
-    // Independent chains: the gathers are latency bound (LESSONS.md).
-    let mut acc = [0f32; 4];
-    let cc = codes.chunks_exact(4);
-    let rest = cc.remainder();
-    let mut base = 0usize;
-    for c in cc {
-        for k in 0..4 {
-            acc[k] += table[base + k * CODEBOOK_ENTRIES + c[k] as usize];
-        }
-        base += 4 * CODEBOOK_ENTRIES;
-    }
-    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    for (k, &c) in rest.iter().enumerate() {
-        s += table[base + k * CODEBOOK_ENTRIES + c as usize];
+/// The definition of an RVQ row: `sum_j table[j*256 + codes[j]]`, summed in
+/// order. Every `rvq_rows` level equals it bit for bit (the tests hold
+/// them to it).
+#[cfg(test)]
+pub(crate) fn rvq_row_scalar(table: &[f32], codes: &[u8]) -> f32 {
+    let mut s = 0f32;
+    for (j, &c) in codes.iter().enumerate() {
+        s += table[j * CODEBOOK_ENTRIES + c as usize];
     }
     s
+}
+
+/// Eight rows at once: their codes read 8 at a time as one `u64` per row,
+/// then one scalar load + add per code; eight independent add chains.
+/// Written with raw pointers so that no bounds check sits in the loop.
+///
+/// # Safety
+/// Rows `0..8` of `cp` (stride `n`) hold positions `c0..c1` (`c1 <= n`);
+/// `tp` holds `c1 * 256` floats.
+#[inline(always)]
+unsafe fn rvq_rows8(
+    tp: *const f32,
+    cp: *const u8,
+    n: usize,
+    c0: usize,
+    c1: usize,
+    acc: &mut [f32; RVQ_ROWS],
+) {
+    const E: usize = CODEBOOK_ENTRIES;
+    let mut s = *acc;
+    let mut j = c0;
+    while j + 8 <= c1 {
+        let mut w = [0u64; RVQ_ROWS];
+        for (r, wr) in w.iter_mut().enumerate() {
+            // SAFETY: j + 8 <= c1 <= n keeps the 8 bytes inside row r.
+            *wr =
+                u64::from_le(unsafe { std::ptr::read_unaligned(cp.add(r * n + j) as *const u64) });
+        }
+        for k in 0..8 {
+            // SAFETY: j + k < c1, so table j+k lies inside `tp`.
+            let t = unsafe { tp.add((j + k) * E) };
+            for r in 0..RVQ_ROWS {
+                // SAFETY: a code is < 256, inside its table.
+                s[r] += unsafe { *t.add((w[r] & 255) as usize) };
+                w[r] >>= 8;
+            }
+        }
+        j += 8;
+    }
+    while j < c1 {
+        // SAFETY: j < c1: as above, one byte per row.
+        let t = unsafe { tp.add(j * E) };
+        for (r, sr) in s.iter_mut().enumerate() {
+            // SAFETY: byte j of row r is inside the rows; a code is < 256.
+            *sr += unsafe { *t.add(*cp.add(r * n + j) as usize) };
+        }
+        j += 1;
+    }
+    *acc = s;
 }
 
 /// Written so that the per-entry loop vectorises; each output is the same
@@ -392,7 +426,7 @@ pub(crate) fn build_tables_generic(
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use super::{f16_at, CODEBOOK_ENTRIES, GROUP};
+    use super::{f16_at, GROUP};
     use std::arch::x86_64::*;
 
     #[inline]
@@ -424,7 +458,11 @@ pub(crate) mod avx2 {
             i += 32;
         }
         while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(xp.add(i)), acc[0]);
+            acc[0] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(wp.add(i)),
+                _mm256_loadu_ps(xp.add(i)),
+                acc[0],
+            );
             i += 8;
         }
         let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
@@ -456,15 +494,28 @@ pub(crate) mod avx2 {
             while i + 16 <= glen {
                 let p = g0 + i;
                 let qa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i));
-                let qb = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p + 8) as *const __m128i));
-                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qa), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
-                a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qb), _mm256_loadu_ps(x.as_ptr().add(p + 8)), a1);
+                let qb =
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p + 8) as *const __m128i));
+                a0 = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(qa),
+                    _mm256_loadu_ps(x.as_ptr().add(p)),
+                    a0,
+                );
+                a1 = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(qb),
+                    _mm256_loadu_ps(x.as_ptr().add(p + 8)),
+                    a1,
+                );
                 i += 16;
             }
             if i + 8 <= glen {
                 let p = g0 + i;
                 let qa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i));
-                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qa), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
+                a0 = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(qa),
+                    _mm256_loadu_ps(x.as_ptr().add(p)),
+                    a0,
+                );
                 i += 8;
             }
             let mut ts = 0f32;
@@ -507,8 +558,16 @@ pub(crate) mod avx2 {
                 let v = _mm_unpacklo_epi8(lo, hi);
                 let va = _mm256_sub_epi32(_mm256_cvtepu8_epi32(v), eight);
                 let vb = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)), eight);
-                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(va), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
-                a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vb), _mm256_loadu_ps(x.as_ptr().add(p + 8)), a1);
+                a0 = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(va),
+                    _mm256_loadu_ps(x.as_ptr().add(p)),
+                    a0,
+                );
+                a1 = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(vb),
+                    _mm256_loadu_ps(x.as_ptr().add(p + 8)),
+                    a1,
+                );
                 i += 16;
             }
             let mut ts = 0f32;
@@ -524,49 +583,6 @@ pub(crate) mod avx2 {
             g0 += glen;
         }
         hsum(racc) + tail
-    }
-
-    /// # Safety
-    /// The CPU supports AVX2 and FMA;
-    /// `codes.len() * 256 <= table.len() <= i32::MAX`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn rvq_gather(table: &[f32], codes: &[u8]) -> f32 {
-        const C: i32 = CODEBOOK_ENTRIES as i32;
-        let n = codes.len();
-        let tp = table.as_ptr();
-        let cp = codes.as_ptr();
-        let lane = _mm256_setr_epi32(0, C, 2 * C, 3 * C, 4 * C, 5 * C, 6 * C, 7 * C);
-        let step8 = _mm256_set1_epi32(8 * C);
-        let mut base = lane;
-        // Four independent gather chains keep several loads in flight.
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut j = 0;
-        while j + 32 <= n {
-            for a in acc.iter_mut() {
-                // SAFETY: j + 8 <= n bounds the 8-byte code load; each index
-                // (j+k)*256 + code < n*256 <= table.len().
-                let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(cp.add(j) as *const __m128i));
-                let idx = _mm256_add_epi32(base, c);
-                *a = _mm256_add_ps(*a, _mm256_i32gather_ps::<4>(tp, idx));
-                base = _mm256_add_epi32(base, step8);
-                j += 8;
-            }
-        }
-        while j + 8 <= n {
-            // SAFETY: as above.
-            let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(cp.add(j) as *const __m128i));
-            let idx = _mm256_add_epi32(base, c);
-            acc[0] = _mm256_add_ps(acc[0], _mm256_i32gather_ps::<4>(tp, idx));
-            base = _mm256_add_epi32(base, step8);
-            j += 8;
-        }
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let mut s = hsum(v);
-        while j < n {
-            s += table[j * CODEBOOK_ENTRIES + codes[j] as usize];
-            j += 1;
-        }
-        s
     }
 
     /// # Safety

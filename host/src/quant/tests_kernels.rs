@@ -307,34 +307,128 @@ fn rvq4p_codebooks_round_trip_through_bytes() {
     assert!(rel_err(&gd, &g) < 0.3);
 }
 
-/// The rvq3 gather on every level against the scalar one (float sums in a
-/// different order: within rounding of the magnitudes).
+/// The RVQ row kernel, over any chunk split of the positions, is
+/// bit-identical to the plain in-order sum (`rvq_row_scalar`), also for row
+/// counts that leave a partial group of 8 and position counts that leave a
+/// partial word of 8.
 #[test]
-fn rvq_gather_every_isa_matches_scalar() {
+fn rvq_rows_any_chunking_is_bit_identical_to_the_sequential_sum() {
     let mut rng = Rng::new(34);
-    for n in [1, 15, 16, 17, 31, 32, 33, 96, 192, 200] {
+    for (rows, n) in [
+        (1, 1),
+        (3, 7),
+        (8, 8),
+        (9, 17),
+        (16, 96),
+        (21, 200),
+        (64, 864),
+        (17, 384),
+    ] {
         let table = gauss(&mut rng, n * 256, 1.0);
-        let codes: Vec<u8> = (0..n).map(|_| rng.below(256) as u8).collect();
-        let mag: f32 = (0..n)
-            .map(|j| table[j * 256 + codes[j] as usize].abs())
-            .sum();
-        let want = simd::rvq_gather_scalar(&table, &codes);
-        #[cfg(target_arch = "x86_64")]
-        for &isa in &Isa::supported() {
-            let got = match isa {
-                // SAFETY: the level was detected on this CPU; the table
-                // holds n*256 entries.
-                Isa::Avx512 => unsafe { simd::avx512::rvq_gather(&table, &codes) },
-                // SAFETY: as above.
-                Isa::Avx2 => unsafe { simd::avx2::rvq_gather(&table, &codes) },
-                _ => want,
-            };
-            assert!(
-                (got - want).abs() <= 1e-5 * mag + 1e-6,
-                "{} n {n}: {got} vs {want}",
-                isa.name()
-            );
+        let codes: Vec<u8> = (0..rows * n).map(|_| rng.below(256) as u8).collect();
+        let want: Vec<u32> = (0..rows)
+            .map(|r| simd::rvq_row_scalar(&table, &codes[r * n..(r + 1) * n]).to_bits())
+            .collect();
+        for chunk in [1, 5, 16, 24, n] {
+            let mut acc = vec![0f32; rows];
+            for c0 in (0..n).step_by(chunk) {
+                simd::rvq_rows(&table, &codes, n, c0, (c0 + chunk).min(n), &mut acc);
+            }
+            let got: Vec<u32> = acc.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "rows {rows} n {n} chunk {chunk}");
         }
-        let _ = (mag, want);
+    }
+}
+
+/// rvq3 experts (and rvq2, the same kernel) at every forced level and
+/// thread count: bit-identical, on a shape large enough for the matvec to
+/// split into tasks (1024 rows of 2304 in gate/up, 2304 rows in down).
+#[test]
+fn rvq3_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
+    let s = ExpertShape {
+        hidden: 2304,
+        inter: 1024,
+    };
+    let (g, u, d) = layer(s, 35);
+    let views = [ExpertF32 {
+        gate: &g,
+        up: &u,
+        down: &d,
+    }];
+    for fmt in [ExpertFormat::Rvq3, ExpertFormat::Rvq2] {
+        let cb = fit_layer_codebooks(fmt, s, &views, 36).unwrap();
+        let payload = encode_expert(fmt, s, &views[0], Some(&cb));
+        let mut rng = Rng::new(37);
+        let x = gauss(&mut rng, s.hidden, 1.0);
+        let run = |isa: Isa, threads: usize| -> Vec<u32> {
+            pool(threads).install(|| {
+                let tables = build_gate_up_tables(fmt, Some(&cb), &x);
+                let mut scratch = ExpertScratch::new(fmt, s);
+                let mut out = vec![f32::NAN; s.hidden];
+                expert_forward_on(
+                    isa,
+                    fmt,
+                    s,
+                    &payload,
+                    Some(&cb),
+                    &tables,
+                    &x,
+                    &mut out,
+                    &mut scratch,
+                );
+                out.iter().map(|v| v.to_bits()).collect()
+            })
+        };
+        let want = run(Isa::Scalar, 1);
+        assert!(want.iter().all(|&b| f32::from_bits(b).is_finite()));
+        for &isa in &Isa::supported() {
+            for threads in [1, 2, 3] {
+                assert_eq!(
+                    run(isa, threads),
+                    want,
+                    "{} {} with {threads} threads",
+                    fmt.name(),
+                    isa.name()
+                );
+            }
+        }
+    }
+}
+
+/// The rvq3 matvec (gate of a real encoded expert, 200 rows: one full task
+/// of 128 and a partial one, with 1 and 2 threads) equals its definition:
+/// per row, the in-order sum of the table entries its codes pick, times the
+/// row's f16 scale.
+#[test]
+fn rvq3_matvec_is_the_in_order_table_sum() {
+    let s = ExpertShape {
+        hidden: 264,
+        inter: 200,
+    };
+    let (g, u, d) = layer(s, 38);
+    let views = [ExpertF32 {
+        gate: &g,
+        up: &u,
+        down: &d,
+    }];
+    let fmt = ExpertFormat::Rvq3;
+    let cb = fit_layer_codebooks(fmt, s, &views, 39).unwrap();
+    let payload = encode_expert(fmt, s, &views[0], Some(&cb));
+    let mut rng = Rng::new(40);
+    let x = gauss(&mut rng, s.hidden, 1.0);
+    let tables = build_gate_up_tables(fmt, Some(&cb), &x);
+    let n = s.hidden.div_ceil(VDIM) * 3;
+    let (scales, codes) = payload.split_at(2 * s.inter);
+    for threads in [1, 2] {
+        let mut y = vec![f32::NAN; s.inter];
+        let gate = &payload[..2 * s.inter + s.inter * n];
+        pool(threads).install(|| {
+            super::expert::rvq_matvec_for_tests(gate, s.inter, s.hidden, 3, tables.data(), &mut y)
+        });
+        for (r, &got) in y.iter().enumerate() {
+            let want = simd::rvq_row_scalar(tables.data(), &codes[r * n..(r + 1) * n])
+                * simd::f16_at(scales, r);
+            assert_eq!(got.to_bits(), want.to_bits(), "{threads} threads, row {r}");
+        }
     }
 }

@@ -315,6 +315,28 @@ impl QMatrix {
         Ok(QMatrix { fmt, rows, cols, data })
     }
 
+    /// A quantised matrix that takes `bytes` (its stored form) as its
+    /// storage, without copying; the length must be exactly
+    /// `fmt.byte_len(rows, cols)`. f32 matrices use `from_f32`.
+    pub fn from_byte_vec(
+        fmt: TrunkFormat,
+        rows: usize,
+        cols: usize,
+        bytes: Vec<u8>,
+    ) -> Result<QMatrix, QuantError> {
+        if fmt == TrunkFormat::F32 {
+            return QMatrix::from_bytes(fmt, rows, cols, &bytes);
+        }
+        if rows.checked_mul(cols).and_then(|n| n.checked_mul(4)).is_none() {
+            return Err(QuantError::Shape { what: "trunk matrix", rows, cols });
+        }
+        let expected = fmt.byte_len(rows, cols);
+        if bytes.len() != expected {
+            return Err(QuantError::Length { what: "trunk matrix", expected, got: bytes.len() });
+        }
+        Ok(QMatrix { fmt, rows, cols, data: Data::Bytes(bytes) })
+    }
+
     pub fn format(&self) -> TrunkFormat {
         self.fmt
     }

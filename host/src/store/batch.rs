@@ -151,7 +151,9 @@ impl ExpertStore {
                     }
                 }
             }
-        } else if threaded {
+        }
+        self.shared.flush_pending();
+        if threaded && !(failure.is_none() && self.options.read_ahead) {
             for &slot in &acquired {
                 self.shared.queue.promote(slot);
             }

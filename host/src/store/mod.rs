@@ -2,9 +2,10 @@
 //! positional read per record, by reader threads serving a request queue,
 //! into the slots of a bounded cache carved out of the RAM budget.
 //!
-//! Placement never changes the result: a layer's experts are always
-//! computed in router order from the same bytes, whether they came from the
-//! cache, a read-ahead, a speculative lookahead read or a synchronous read.
+//! Placement never changes the result: each of a layer's experts is
+//! computed from the same bytes into its own row, whether they came from the
+//! cache, a read-ahead, a speculative lookahead read or a synchronous read,
+//! and the rows are summed in router order, whatever order they landed in.
 
 mod batch;
 pub mod cache;
@@ -12,13 +13,15 @@ pub mod io;
 mod readers;
 pub mod trace;
 mod usage;
+#[cfg(test)]
+mod tests;
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use cache::{simulate, CacheCore, CachePolicy, SimResult};
-use io::{AlignedBuf, BankFile};
+use io::{slot_buffers, AlignedBuf, BankFile};
 pub use usage::USAGE_FILE;
 
 use crate::container::ExpertBanks;
@@ -43,6 +46,9 @@ pub struct StoreOptions {
     pub direct_io: bool,
     /// Experts of the next MoE layer read speculatively in decode; 0 = off.
     pub lookahead: usize,
+    /// Back the slots with transparent huge pages where the kernel allows
+    /// (see [`io::slot_buffers`]).
+    pub huge_pages: bool,
     /// Seed of the eviction sampler.
     pub seed: u64,
 }
@@ -56,7 +62,10 @@ impl Default for StoreOptions {
             readers: 2,
             read_ahead: true,
             direct_io: true,
-            lookahead: 0,
+            // On: 1.12-1.24x decode tok/s at a cold budget, 0.96-1.12x at
+            // warmer ones (docs/PERFORMANCE.md, "Router lookahead").
+            lookahead: 6,
+            huge_pages: true,
             seed: 0x5EED,
         }
     }
@@ -74,17 +83,29 @@ pub struct StoreStats {
     pub io_wait: Duration,
     /// Sum over reads of the time each `pread` took.
     pub read_time: Duration,
+    /// System CPU time the reader threads spent in their reads (Linux).
+    pub reader_sys_time: Duration,
     pub prefetch_issued: u64,
     /// Speculative reads that a later demand used.
     pub prefetch_used: u64,
     pub preloaded: u64,
     pub direct_io: bool,
+    /// The cache slots are advised to use transparent huge pages.
+    pub huge_pages: bool,
     pub cache_slots: usize,
     pub cache_bytes: u64,
     pub record_bytes: u64,
 }
 
 impl StoreStats {
+    /// Bytes of the records a forward pass actually used after reading
+    /// them: demand reads, and speculative reads that a demand then hit.
+    /// `bytes_read` less this is speculation that never paid (or has not
+    /// yet).
+    pub fn useful_bytes(&self) -> u64 {
+        (self.misses + self.prefetch_used) * self.record_bytes
+    }
+
     pub fn hit_rate(&self) -> f64 {
         let total = self.hits + self.misses;
         if total == 0 {
@@ -123,6 +144,10 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     ready: Condvar,
     queue: readers::Queue,
+    /// Speculative reads issued by `prefetch` and not yet queued: they go to
+    /// the readers only after the current layer's demand reads, so that a
+    /// guess at the next layer never delays a record needed now.
+    pending: Mutex<Vec<readers::Request>>,
     /// Decoder layer -> index among MoE layers.
     moe_index: Vec<Option<usize>>,
     experts: usize,
@@ -152,9 +177,11 @@ impl Shared {
         Ok(took)
     }
 
-    /// Records the outcome of a read of `slot` and drops the reader's pin.
-    fn finish(&self, slot: usize, result: Result<Duration>) {
+    /// Records the outcome of a read of `slot` (and the system time it
+    /// cost the reading thread) and drops the reader's pin.
+    fn finish(&self, slot: usize, result: Result<Duration>, sys: Duration) {
         let mut st = self.lock();
+        st.stats.reader_sys_time += sys;
         match result {
             Ok(took) => {
                 st.status[slot] = Status::Ready;
@@ -170,6 +197,14 @@ impl Shared {
         st.core.unpin(slot);
         drop(st);
         self.ready.notify_all();
+    }
+
+    /// Queues the speculative reads `prefetch` held back.
+    fn flush_pending(&self) {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        for r in pending {
+            self.queue.push(r, true);
+        }
     }
 }
 
@@ -208,11 +243,14 @@ impl ExpertStore {
             moe_index[l] = Some(i);
             experts = bank.experts;
         }
-        let bufs = (0..slots)
-            .map(|_| AlignedBuf::new(record).map(Mutex::new))
-            .collect::<Result<Vec<_>>>()?;
+        let bufs: Vec<_> = slot_buffers(slots, record, options.huge_pages)?
+            .into_iter()
+            .map(Mutex::new)
+            .collect();
+        let huge_pages = bufs.first().is_some_and(|b| b.lock().unwrap_or_else(|p| p.into_inner()).huge());
         let stats = StoreStats {
             direct_io,
+            huge_pages,
             cache_slots: slots,
             cache_bytes: (slots * record) as u64,
             record_bytes: record as u64,
@@ -234,6 +272,7 @@ impl ExpertStore {
             state: Mutex::new(state),
             ready: Condvar::new(),
             queue: readers::Queue::default(),
+            pending: Mutex::new(Vec::new()),
             moe_index,
             experts,
         });
@@ -281,6 +320,7 @@ impl ExpertStore {
         let keep = st.stats;
         st.stats = StoreStats {
             direct_io: keep.direct_io,
+            huge_pages: keep.huge_pages,
             cache_slots: keep.cache_slots,
             cache_bytes: keep.cache_bytes,
             record_bytes: keep.record_bytes,
@@ -339,7 +379,7 @@ impl ExpertStore {
             };
             let result = self.shared.load(layer, expert, slot);
             let ok = result.is_ok();
-            self.shared.finish(slot, result);
+            self.shared.finish(slot, result, Duration::ZERO);
             let mut st = self.shared.lock();
             if ok {
                 st.stats.preloaded += 1;
@@ -351,9 +391,17 @@ impl ExpertStore {
     }
 
     /// Measures raw random-read bandwidth of whole records with this
-    /// store's I/O mode: `reads` records at pseudo-random (layer, expert)
-    /// positions, spread over `threads` threads. Returns (bytes, seconds).
+    /// store's I/O mode and buffers: `reads` records at pseudo-random
+    /// (layer, expert) positions, spread over `threads` threads. Returns
+    /// (bytes, seconds).
     pub fn measure_random_reads(&self, reads: usize, threads: usize, seed: u64) -> Result<(u64, f64)> {
+        let huge = self.stats().huge_pages;
+        self.measure_random_reads_with(reads, threads, seed, huge)
+    }
+
+    /// [`Self::measure_random_reads`] into buffers backed by huge pages
+    /// (`huge`, where the kernel allows) or by ordinary 4 KiB pages.
+    pub fn measure_random_reads_with(&self, reads: usize, threads: usize, seed: u64, huge: bool) -> Result<(u64, f64)> {
         let layers = self.shared.banks.moe_layers();
         let record = self.record_bytes();
         let threads = threads.max(1);
@@ -364,7 +412,7 @@ impl ExpertStore {
                     let layers = &layers;
                     let shared = &self.shared;
                     s.spawn(move || -> Result<u64> {
-                        let mut buf = AlignedBuf::new(record)?;
+                        let mut buf = slot_buffers(1, record, huge)?.pop().ok_or_else(|| Error::Runtime("no buffer".into()))?;
                         let mut rng = seed ^ ((t as u64 + 1) * 0x9E37_79B9_7F4A_7C15) | 1;
                         let mut bytes = 0;
                         for _ in (t..reads).step_by(threads) {
@@ -447,6 +495,8 @@ impl ExpertStore {
             if let Some(i) = self.key_index(layer, expert) {
                 st.usage[i] -= 1;
             }
+            // Held-back speculative reads hold pins: let them run.
+            self.shared.flush_pending();
             st = self.shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
         }
     }
@@ -463,6 +513,37 @@ impl ExpertStore {
         st.stats.io_wait += waited;
         match &st.status[slot] {
             Status::Ready => Ok(()),
+            Status::Failed(msg) => Err(Error::Runtime(msg.clone())),
+            other => Err(Error::Runtime(format!(
+                "expert slot {slot} is {other:?} after its read"
+            ))),
+        }
+    }
+
+    /// Index into `left` of the first pick (in router order) whose record
+    /// is in RAM, waiting for the next read to land when none is; the error
+    /// of a failed read.
+    fn next_ready(&self, left: &[usize], slots: &[(usize, bool)], io_wait: &mut Duration) -> Result<usize> {
+        let mut st = self.shared.lock();
+        let mut waited = None;
+        let found = loop {
+            let ready = left
+                .iter()
+                .position(|&j| st.status[slots[j].0] != Status::Loading);
+            if let Some(i) = ready {
+                break i;
+            }
+            waited.get_or_insert_with(Instant::now);
+            st = self.shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+        };
+        if let Some(started) = waited {
+            let w = started.elapsed();
+            *io_wait += w;
+            st.stats.io_wait += w;
+        }
+        let slot = slots[left[found]].0;
+        match &st.status[slot] {
+            Status::Ready => Ok(found),
             Status::Failed(msg) => Err(Error::Runtime(msg.clone())),
             other => Err(Error::Runtime(format!(
                 "expert slot {slot} is {other:?} after its read"
@@ -511,7 +592,7 @@ impl ExpertStore {
         }
         let started = Instant::now();
         let result = self.shared.load(layer, expert, slot);
-        self.shared.finish(slot, result);
+        self.shared.finish(slot, result, Duration::ZERO);
         let took = started.elapsed();
         *io_wait += took;
         self.shared.lock().stats.io_wait += took;
@@ -575,7 +656,9 @@ impl ExpertProvider for ExpertStore {
                     self.enqueue(layer, expert, slot, false);
                 }
             }
-        } else if threaded {
+        }
+        self.shared.flush_pending();
+        if threaded && !(failure.is_none() && self.options.read_ahead) {
             // A speculative read of a record now needed moves to the front.
             for &(slot, _) in &slots {
                 self.shared.queue.promote(slot);
@@ -633,10 +716,13 @@ impl ExpertProvider for ExpertStore {
                 issued.push(readers::Request { layer, expert, slot });
             }
         }
-        // The insert's pin is the reader's.
-        for r in issued {
-            self.shared.queue.push(r, true);
-        }
+        // The insert's pin is the reader's; the reads are queued once this
+        // layer's demand reads are (`flush_pending`).
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(issued);
     }
 }
 
@@ -658,14 +744,26 @@ impl ExpertStore {
         let tables = quant::build_gate_up_tables(format, cb, x);
         let mut scratch = ExpertScratch::new(format, shape);
         let range = banks.payload_range();
-        out.fill(0.0);
-        let mut y = vec![0.0f32; shape.hidden];
+        let hidden = shape.hidden;
+        let k = picks.len();
+        // Each pick's output lands in its own row and the rows are summed in
+        // router order at the end, so the order in which records are
+        // computed (as they land) never changes a bit of `out`.
+        let mut ys = vec![0.0f32; k * hidden];
         let threaded = self.options.readers > 0;
-        for (&(expert, weight), &(slot, must_read)) in picks.iter().zip(slots) {
+        let as_they_land = threaded && self.options.read_ahead;
+        let mut left: Vec<usize> = (0..k).collect();
+        while !left.is_empty() {
+            let j = if as_they_land {
+                left.remove(self.next_ready(&left, slots, &mut stats.io_time)?)
+            } else {
+                left.remove(0)
+            };
+            let (expert, (slot, must_read)) = (picks[j].0, slots[j]);
             if must_read && !threaded {
                 self.read_here(layer, expert, slot, &mut stats.io_time)?;
-            } else {
-                if must_read && !self.options.read_ahead {
+            } else if !as_they_land {
+                if must_read {
                     self.enqueue(layer, expert, slot, false);
                 }
                 self.wait_ready(slot, &mut stats.io_time)?;
@@ -678,12 +776,14 @@ impl ExpertStore {
                 cb,
                 &tables,
                 x,
-                &mut y,
+                &mut ys[j * hidden..(j + 1) * hidden],
                 &mut scratch,
                 banks.activation(),
             );
-            drop(buf);
-            for (o, v) in out.iter_mut().zip(&y) {
+        }
+        out.fill(0.0);
+        for (&(_, weight), y) in picks.iter().zip(ys.chunks_exact(hidden)) {
+            for (o, v) in out.iter_mut().zip(y) {
                 *o += weight * v;
             }
         }

@@ -35,7 +35,7 @@ import collections
 import sys
 
 MATVEC = ("dot_q4", "dot_q8", "dot_f32", "MatRef::matvec", "QMatrix::matvec", "par_rows", "row_into")
-EXPERT = ("forward_experts", "expert_forward", "rvq_gather", "build_tables", "matvec_tables", "RvqRef", "rvq4p")
+EXPERT = ("forward_experts", "expert_forward", "rvq_rows", "build_tables", "matvec_tables", "RvqRef", "rvq4p")
 
 
 def learn_mixer_lines(stacks):

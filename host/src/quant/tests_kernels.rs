@@ -204,25 +204,7 @@ fn rvq4p_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
     let payload = encode_expert(fmt, s, &views[0], Some(&cb));
     let mut rng = Rng::new(28);
     let x = gauss(&mut rng, s.hidden, 1.0);
-    let run = |isa: Isa, threads: usize| -> Vec<u32> {
-        pool(threads).install(|| {
-            let tables = build_gate_up_tables(fmt, Some(&cb), &x);
-            let mut scratch = ExpertScratch::new(fmt, s);
-            let mut out = vec![f32::NAN; s.hidden];
-            expert_forward_on(
-                isa,
-                fmt,
-                s,
-                &payload,
-                Some(&cb),
-                &tables,
-                &x,
-                &mut out,
-                &mut scratch,
-            );
-            out.iter().map(|v| v.to_bits()).collect()
-        })
-    };
+    let run = |isa: Isa, threads: usize| expert_output_bits(isa, threads, fmt, s, &payload, &cb, &x);
     let want = run(Isa::Scalar, 1);
     for &isa in &Isa::supported() {
         for threads in [1, 2, 3] {
@@ -360,25 +342,7 @@ fn rvq3_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
         let payload = encode_expert(fmt, s, &views[0], Some(&cb));
         let mut rng = Rng::new(37);
         let x = gauss(&mut rng, s.hidden, 1.0);
-        let run = |isa: Isa, threads: usize| -> Vec<u32> {
-            pool(threads).install(|| {
-                let tables = build_gate_up_tables(fmt, Some(&cb), &x);
-                let mut scratch = ExpertScratch::new(fmt, s);
-                let mut out = vec![f32::NAN; s.hidden];
-                expert_forward_on(
-                    isa,
-                    fmt,
-                    s,
-                    &payload,
-                    Some(&cb),
-                    &tables,
-                    &x,
-                    &mut out,
-                    &mut scratch,
-                );
-                out.iter().map(|v| v.to_bits()).collect()
-            })
-        };
+        let run = |isa: Isa, threads: usize| expert_output_bits(isa, threads, fmt, s, &payload, &cb, &x);
         let want = run(Isa::Scalar, 1);
         assert!(want.iter().all(|&b| f32::from_bits(b).is_finite()));
         for &isa in &Isa::supported() {
@@ -431,4 +395,24 @@ fn rvq3_matvec_is_the_in_order_table_sum() {
             assert_eq!(got.to_bits(), want.to_bits(), "{threads} threads, row {r}");
         }
     }
+}
+
+/// One expert's output on ISA level `isa` in a pool of `threads`, as bits
+/// (gate/up tables built inside the pool, as the store does).
+fn expert_output_bits(
+    isa: Isa,
+    threads: usize,
+    fmt: ExpertFormat,
+    s: ExpertShape,
+    payload: &[u8],
+    cb: &LayerCodebooks,
+    x: &[f32],
+) -> Vec<u32> {
+    pool(threads).install(|| {
+        let tables = build_gate_up_tables(fmt, Some(cb), x);
+        let mut scratch = ExpertScratch::new(fmt, s);
+        let mut out = vec![f32::NAN; s.hidden];
+        expert_forward_on(isa, fmt, s, payload, Some(cb), &tables, x, &mut out, &mut scratch);
+        out.iter().map(|v| v.to_bits()).collect()
+    })
 }

@@ -81,16 +81,18 @@ fn stays_on_disk(cfg: &ModelConfig, t: &TensorEntry) -> bool {
 }
 
 /// Bytes trunk tensor `t` holds in RAM once open: none for an untied
-/// embedding table, the f32 expansion for a matrix the model dequantises at
-/// load (MLA's `kv_b_proj`, see `model::mla::DEQUANTISED_AT_LOAD`), its
-/// stored bytes otherwise.
+/// embedding table, for MLA's `kv_b_proj` what the layer keeps
+/// (`model::mla::kv_b_resident_bytes`: its stored form since it stopped
+/// expanding a quantised one to f32), its stored bytes otherwise.
 pub fn resident_tensor_bytes(cfg: &ModelConfig, t: &TensorEntry) -> u64 {
     if stays_on_disk(cfg, t) {
         return 0;
     }
-    let expanded = crate::model::mla::DEQUANTISED_AT_LOAD.iter().any(|suffix| t.name.ends_with(suffix));
-    match t.shape[..] {
-        [rows, cols] if expanded => rows * cols * 4,
+    let fmt = crate::quant::TrunkFormat::parse(&t.format);
+    match (&t.shape[..], fmt) {
+        ([rows, cols], Some(fmt)) if t.name.ends_with(crate::model::mla::KV_B_SUFFIX) => {
+            crate::model::mla::kv_b_resident_bytes(fmt, *rows as usize, *cols as usize) as u64
+        }
         _ => t.bytes,
     }
 }

@@ -12,15 +12,54 @@
 use crate::config::{MlaDims, ModelConfig};
 use crate::error::{Error, Result};
 use crate::model::source::TensorSource;
-use crate::quant::QMatrix;
+use crate::quant::{QMatrix, TrunkFormat};
 
 use super::ops::{add_in_place, dot, rms_norm, softmax};
 use super::rope::Rope;
 use super::{load_matrix, load_vector};
 
-/// Trunk tensors (by name suffix) this module keeps as f32 whatever their
-/// stored format, so the memory planner counts their expanded size.
-pub const DEQUANTISED_AT_LOAD: &[&str] = &[".kv_b_proj.weight"];
+/// Name suffix of MLA's `kv_b_proj` (see [`kv_b_resident_bytes`]).
+pub const KV_B_SUFFIX: &str = ".kv_b_proj.weight";
+
+/// Bytes an MLA layer holds for a `kv_b_proj` of `[rows, cols]` stored as
+/// `fmt`: its stored bytes, whatever the format (`KvB`). The memory planner
+/// counts exactly this.
+pub fn kv_b_resident_bytes(fmt: TrunkFormat, rows: usize, cols: usize) -> usize {
+    fmt.byte_len(rows, cols)
+}
+
+/// `kv_b_proj` `[heads * (nope + v), lora]` as the absorbed product reads
+/// it: the query side sums each head's nope rows weighted by `q_nope`
+/// (`q_lat = W_nope^T q_nope`), the value side dots its v rows with the
+/// attended latent.
+enum KvB {
+    /// Stored as f32: the rows, read on both sides by plain loops.
+    F32(Vec<f32>),
+    /// Stored as q8/q4 and kept so: the query side adds dequantised rows
+    /// (`QMatrix::add_scaled_row`, bit-identical to the same loop over the
+    /// f32 expansion), the value side runs the SIMD row kernels.
+    /// Dequantising the whole matrix at load cost 4 bytes per weight (about
+    /// 4 GB on DeepSeek-V3); a q8 transposed copy for the query side was
+    /// tried and dropped: it re-quantises weights and moved tiny K3's q4
+    /// logits by 46% of their max.
+    Quant(QMatrix),
+}
+
+impl KvB {
+    fn load(w: QMatrix) -> KvB {
+        match w.format() {
+            TrunkFormat::F32 => KvB::F32(w.dequantize()),
+            TrunkFormat::Q8 | TrunkFormat::Q4 => KvB::Quant(w),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            KvB::F32(w) => w.len() * 4,
+            KvB::Quant(w) => w.byte_len(),
+        }
+    }
+}
 
 /// `model.layers.L.self_attn` of an MLA layer.
 pub struct Mla {
@@ -29,9 +68,7 @@ pub struct Mla {
     kv_a_proj: QMatrix,          // [lora + rope, H]
     kv_a_bias: Option<Vec<f32>>, // [lora + rope]
     kv_a_layernorm: Vec<f32>,    // [lora]
-    /// `kv_b_proj` `[heads * (nope + v), lora]` dequantised: its rows are read
-    /// one at a time on both sides of the absorbed product.
-    kv_b: Vec<f32>,
+    kv_b: KvB,
     o_proj: QMatrix, // [H, heads * v]
     o_bias: Option<Vec<f32>>,
     /// K3 `mla_use_output_gate`: `sigmoid(g_proj x)` on the attention
@@ -91,7 +128,14 @@ impl MlaScratch {
             lat: vec![0.0; r],
             scores: vec![0.0; context],
             o: vec![0.0; o],
-            gate: vec![0.0; if cfg.k3.is_some_and(|k| k.mla_output_gate) { o } else { 0 }],
+            gate: vec![
+                0.0;
+                if cfg.k3.is_some_and(|k| k.mla_output_gate) {
+                    o
+                } else {
+                    0
+                }
+            ],
             q_a: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
             q_a_norm: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
             cos: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim / 2)],
@@ -156,7 +200,7 @@ impl Mla {
             kv_a_proj: load_matrix(cfg, src, &format!("{p}.kv_a_proj_with_mqa.weight"))?,
             kv_a_bias: bias("kv_a_proj_with_mqa")?,
             kv_a_layernorm: load_vector(cfg, src, &format!("{p}.kv_a_layernorm.weight"))?,
-            kv_b: load_matrix(cfg, src, &format!("{p}.kv_b_proj.weight"))?.dequantize(),
+            kv_b: KvB::load(load_matrix(cfg, src, &format!("{p}.kv_b_proj.weight"))?),
             o_proj: load_matrix(cfg, src, &format!("{p}.o_proj.weight"))?,
             o_bias: bias("o_proj")?,
             g_proj: if cfg.k3.is_some_and(|k| k.mla_output_gate) {
@@ -165,6 +209,12 @@ impl Mla {
                 None
             },
         })
+    }
+
+    /// Bytes held for `kv_b_proj` (equal to [`kv_b_resident_bytes`] for its
+    /// stored shape and format).
+    pub fn kv_b_bytes(&self) -> usize {
+        self.kv_b.bytes()
     }
 
     /// One token at `pos`: writes its `[c | k_rope]` row into `cache`
@@ -232,12 +282,22 @@ impl Mla {
         for h in 0..m.num_heads {
             let q = &s.q[h * (dn + dr)..(h + 1) * (dn + dr)];
             let (q_nope, q_rope) = q.split_at(dn);
-            let kb = &self.kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
-            // q_lat = W_kb_nope^T q_nope: a q-weighted sum of the nope rows.
-            s.q_lat.fill(0.0);
-            for (i, &qi) in q_nope.iter().enumerate() {
-                for (l, &wv) in s.q_lat.iter_mut().zip(&kb[i * r..(i + 1) * r]) {
-                    *l += qi * wv;
+            match &self.kv_b {
+                KvB::F32(kv_b) => {
+                    let kb = &kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
+                    // q_lat = W_kb_nope^T q_nope: a q-weighted sum of the nope rows.
+                    s.q_lat.fill(0.0);
+                    for (i, &qi) in q_nope.iter().enumerate() {
+                        for (l, &wv) in s.q_lat.iter_mut().zip(&kb[i * r..(i + 1) * r]) {
+                            *l += qi * wv;
+                        }
+                    }
+                }
+                KvB::Quant(kv_b) => {
+                    s.q_lat.fill(0.0);
+                    for (i, &qi) in q_nope.iter().enumerate() {
+                        kv_b.add_scaled_row(h * (dn + dv) + i, qi, &mut s.q_lat);
+                    }
                 }
             }
             for (t, sc) in scores.iter_mut().enumerate() {
@@ -252,8 +312,14 @@ impl Mla {
                 }
             }
             let o = &mut s.o[h * dv..(h + 1) * dv];
-            for (j, oj) in o.iter_mut().enumerate() {
-                *oj = dot(&kb[(dn + j) * r..(dn + j + 1) * r], &s.lat);
+            match &self.kv_b {
+                KvB::F32(kv_b) => {
+                    let kb = &kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
+                    for (j, oj) in o.iter_mut().enumerate() {
+                        *oj = dot(&kb[(dn + j) * r..(dn + j + 1) * r], &s.lat);
+                    }
+                }
+                KvB::Quant(kv_b) => kv_b.matvec_rows(h * (dn + dv) + dn, &s.lat, o),
             }
         }
         if let Some(g) = &self.g_proj {
@@ -272,9 +338,170 @@ impl Mla {
 
 #[cfg(test)]
 mod tests {
-    use super::{Mla, MlaScratch};
-    use crate::checkpoint::HfCheckpoint;
+    use super::{Mla, MlaScratch, KV_B_SUFFIX};
+    use crate::checkpoint::{DenseExperts, HfCheckpoint};
+    use crate::model::source::TensorSource;
+    use crate::model::{Model, State};
+    use crate::quant::{quantize_trunk, QMatrix, TrunkFormat};
+    use crate::stats::StepStats;
     use safetensors::SafeTensors;
+
+    fn fixture(family: &str) -> std::path::PathBuf {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../tests/fixtures/tiny-{family}"));
+        assert!(
+            dir.join("config.json").exists(),
+            "fixture missing: {}",
+            dir.display()
+        );
+        dir
+    }
+
+    /// The checkpoint with every matrix stored as `fmt`, as a converted
+    /// container holds it; with `f32_kv_b`, `kv_b_proj` is instead handed
+    /// over as the f32 expansion of those stored values (what the layer kept
+    /// before it learnt to keep the stored form).
+    struct Stored<'a> {
+        ckpt: &'a HfCheckpoint,
+        fmt: TrunkFormat,
+        f32_kv_b: bool,
+    }
+
+    impl TensorSource for Stored<'_> {
+        fn matrix(&self, name: &str) -> crate::Result<QMatrix> {
+            let m = self.ckpt.matrix(name)?;
+            let (rows, cols) = (m.rows(), m.cols());
+            if self.fmt == TrunkFormat::F32 {
+                return Ok(m);
+            }
+            let q = QMatrix::from_byte_vec(
+                self.fmt,
+                rows,
+                cols,
+                quantize_trunk(self.fmt, &m.dequantize(), rows, cols),
+            )
+            .unwrap();
+            Ok(if self.f32_kv_b && name.ends_with(KV_B_SUFFIX) {
+                QMatrix::from_f32(q.dequantize(), rows, cols)
+            } else {
+                q
+            })
+        }
+        fn vector(&self, name: &str) -> crate::Result<Vec<f32>> {
+            self.ckpt.vector(name)
+        }
+        fn has(&self, name: &str) -> bool {
+            self.ckpt.has(name)
+        }
+    }
+
+    /// The planner's resident bytes for `kv_b_proj` are exactly what a
+    /// loaded MLA layer holds for it, for every stored format.
+    #[test]
+    fn planner_kv_b_bytes_equal_what_the_layer_holds() {
+        for family in ["kimi_linear", "deepseek_v3", "kimi_k3"] {
+            let ckpt = HfCheckpoint::open(&fixture(family)).unwrap();
+            let cfg = ckpt.config().clone();
+            let layer = (0..cfg.num_layers)
+                .find(|&l| cfg.attn_kind(l) == crate::config::AttnKind::Mla)
+                .expect("an MLA layer");
+            for fmt in [TrunkFormat::F32, TrunkFormat::Q8, TrunkFormat::Q4] {
+                let src = Stored {
+                    ckpt: &ckpt,
+                    fmt,
+                    f32_kv_b: false,
+                };
+                let mla = Mla::load(&cfg, &src, layer).unwrap();
+                let name = format!("model.layers.{layer}.self_attn{KV_B_SUFFIX}");
+                let w = src.matrix(&name).unwrap();
+                let entry = crate::container::manifest::TensorEntry {
+                    name,
+                    shape: vec![w.rows() as u64, w.cols() as u64],
+                    format: fmt.name().to_string(),
+                    offset: 0,
+                    bytes: w.byte_len() as u64,
+                };
+                let planned = crate::plan::resident_tensor_bytes(&cfg, &entry);
+                assert_eq!(planned, mla.kv_b_bytes() as u64, "{family} {fmt:?}");
+                assert_eq!(planned, entry.bytes, "{family} {fmt:?}: held as stored");
+            }
+        }
+    }
+
+    /// Keeping a quantised `kv_b_proj` in its stored form changes the logits
+    /// of an all-quantised tiny model against the f32 expansion of the same
+    /// stored values only by the value side's summation order (the query
+    /// side is bit-identical); both are printed against the unquantised
+    /// model too, for scale.
+    #[test]
+    fn quantised_kv_b_logits_stay_near_the_f32_expansion() {
+        for family in ["kimi_linear", "deepseek_v3", "kimi_k3"] {
+            let dir = fixture(family);
+            let ckpt = HfCheckpoint::open(&dir).unwrap();
+            let cfg = ckpt.config().clone();
+            let prompt: Vec<u32> = (0..24u32)
+                .map(|i| (i * 37 + 5) % cfg.vocab_size as u32)
+                .collect();
+            for fmt in [TrunkFormat::Q8, TrunkFormat::Q4] {
+                let run = |f32_kv_b: bool| {
+                    let src = Stored {
+                        ckpt: &ckpt,
+                        fmt,
+                        f32_kv_b,
+                    };
+                    let model = Model::load(&cfg, &src).unwrap();
+                    let mut st = State::new(&cfg, prompt.len());
+                    model
+                        .forward(
+                            &mut st,
+                            &prompt,
+                            &DenseExperts(&ckpt),
+                            true,
+                            &mut StepStats::default(),
+                        )
+                        .unwrap()
+                };
+                let (before, after) = (run(true), run(false));
+                let exact = {
+                    let model = Model::load(&cfg, &ckpt).unwrap();
+                    let mut st = State::new(&cfg, prompt.len());
+                    model
+                        .forward(
+                            &mut st,
+                            &prompt,
+                            &DenseExperts(&ckpt),
+                            true,
+                            &mut StepStats::default(),
+                        )
+                        .unwrap()
+                };
+                let emax = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let qerr = |l: &[f32]| {
+                    exact
+                        .iter()
+                        .zip(l)
+                        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+                        / emax
+                };
+                println!(
+                    "{family} {fmt:?}: vs unquantised model: f32 kv_b {:e}, quantised kv_b {:e}",
+                    qerr(&before),
+                    qerr(&after)
+                );
+                let max = before.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let diff = before
+                    .iter()
+                    .zip(&after)
+                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                let rel = diff / max;
+                println!(
+                    "{family} {fmt:?}: quantised kv_b vs f32 kv_b, max relative logit diff {rel:e}"
+                );
+                // Only the SIMD row dots' summation order differs.
+                assert!(rel <= 1e-4, "{family} {fmt:?}: {rel}");
+            }
+        }
+    }
 
     /// The absorbed latent path equals the reference module's expanded
     /// K/V computation (tests/gen_kimi_fixtures.py, `mla_reference`).

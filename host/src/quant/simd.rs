@@ -214,8 +214,8 @@ pub(crate) fn rvq_rows(
     );
     let tp = table.as_ptr();
     let done = acc.len() / RVQ_ROWS * RVQ_ROWS;
-    for (g, a) in acc[..done].chunks_exact_mut(RVQ_ROWS).enumerate() {
-        let a: &mut [f32; RVQ_ROWS] = a.try_into().expect("exact chunk");
+    let (groups, _) = acc.as_chunks_mut::<RVQ_ROWS>();
+    for (g, a) in groups.iter_mut().enumerate() {
         // SAFETY: rows g*8..g*8+8 < acc.len(), so their positions 0..n lie
         // inside `codes`; `table` holds c1*256 floats (both checked above).
         unsafe { rvq_rows8(tp, codes.as_ptr().add(g * RVQ_ROWS * n), n, c0, c1, a) };

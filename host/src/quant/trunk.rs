@@ -363,6 +363,69 @@ impl QMatrix {
         self.view().matvec(x, y)
     }
 
+    /// `y[i] = W[first + i] . x` for a block of consecutive rows (MLA's
+    /// per-head slices of `kv_b_proj`). Panics unless `x.len() == cols` and
+    /// the block lies inside the matrix.
+    pub fn matvec_rows(&self, first: usize, x: &[f32], y: &mut [f32]) {
+        assert!(
+            x.len() == self.cols && first.checked_add(y.len()).is_some_and(|end| end <= self.rows),
+            "QMatrix::matvec_rows: rows {first}+{} of {}, x {} of {}",
+            y.len(),
+            self.rows,
+            x.len(),
+            self.cols
+        );
+        let v = self.view();
+        par_rows(y, y.len() * self.cols, |i| v.row_dot(first + i, x));
+    }
+
+    /// `y += a * W[r]`, each weight dequantised to exactly the f32 that
+    /// `row` / `dequantize` give and then multiplied and added as an f32
+    /// loop over those values would, so the result is bit-identical to that
+    /// loop without holding the f32 matrix (MLA's `W_nope^T q` side).
+    /// Panics unless `r < rows` and `y.len() == cols`.
+    pub fn add_scaled_row(&self, r: usize, a: f32, y: &mut [f32]) {
+        let c = self.cols;
+        assert!(r < self.rows && y.len() == c, "QMatrix::add_scaled_row: row {r} of {}, y {} of {c}", self.rows, y.len());
+        let v = self.view();
+        match v.kind {
+            Kind::F32(w) => {
+                for (o, &wv) in y.iter_mut().zip(&w[r * c..(r + 1) * c]) {
+                    *o += a * wv;
+                }
+            }
+            Kind::Q8 { scales, q } => {
+                let sc = v.row_scales(scales, r);
+                let qr = &q[r * c..(r + 1) * c];
+                for (g, (yg, qg)) in y.chunks_mut(GROUP).zip(qr.chunks(GROUP)).enumerate() {
+                    let s = f16_at(sc, g);
+                    for (o, &b) in yg.iter_mut().zip(qg) {
+                        *o += a * (s * (b as i8) as f32);
+                    }
+                }
+            }
+            Kind::Q4 { scales, q } => {
+                let sc = v.row_scales(scales, r);
+                let rb = c.div_ceil(2);
+                let qr = &q[r * rb..(r + 1) * rb];
+                // GROUP is even, so every group starts on a byte.
+                // Unpacking a group into a buffer first lets both loops
+                // vectorise; interleaving them into `y` did not.
+                let mut buf = [0f32; GROUP];
+                for (g, (yg, qg)) in y.chunks_mut(GROUP).zip(qr.chunks(GROUP / 2)).enumerate() {
+                    let s = f16_at(sc, g);
+                    for (v2, &b) in buf.chunks_exact_mut(2).zip(qg) {
+                        v2[0] = s * ((b & 0x0F) as i32 - 8) as f32;
+                        v2[1] = s * ((b >> 4) as i32 - 8) as f32;
+                    }
+                    for (o, &v) in yg.iter_mut().zip(&buf) {
+                        *o += a * v;
+                    }
+                }
+            }
+        }
+    }
+
     /// Dequantised row `r` (embedding lookup). Panics unless `r < rows` and
     /// `out.len() == cols`; callers check token ids first.
     pub fn row(&self, r: usize, out: &mut [f32]) {
@@ -372,5 +435,42 @@ impl QMatrix {
 
     pub fn dequantize(&self) -> Vec<f32> {
         self.view().dequantize()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{quantize_trunk, QMatrix, TrunkFormat};
+
+    /// `add_scaled_row` on a quantised matrix is bit-identical to the f32
+    /// loop over its dequantised rows (MLA's query side relies on it), odd
+    /// widths and a partial last group included.
+    #[test]
+    fn add_scaled_row_equals_the_loop_over_dequantised_rows() {
+        for (rows, cols) in [(3, 300), (2, 129), (4, 7)] {
+            let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
+            for fmt in [TrunkFormat::F32, TrunkFormat::Q8, TrunkFormat::Q4] {
+                let m = if fmt == TrunkFormat::F32 {
+                    QMatrix::from_f32(w.clone(), rows, cols)
+                } else {
+                    QMatrix::from_byte_vec(fmt, rows, cols, quantize_trunk(fmt, &w, rows, cols)).unwrap()
+                };
+                let f = m.dequantize();
+                let (mut got, mut want) = (vec![0.25f32; cols], vec![0.25f32; cols]);
+                for r in 0..rows {
+                    let a = 0.3 + r as f32 * -0.71;
+                    m.add_scaled_row(r, a, &mut got);
+                    for (o, &v) in want.iter_mut().zip(&f[r * cols..(r + 1) * cols]) {
+                        *o += a * v;
+                    }
+                }
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{fmt:?} {rows}x{cols}");
+                let mut y = vec![0f32; 2];
+                m.matvec_rows(rows - 2, &w[..cols], &mut y);
+                let mut full = vec![0f32; rows];
+                m.matvec(&w[..cols], &mut full);
+                assert_eq!(y, full[rows - 2..], "{fmt:?} {rows}x{cols}: row block");
+            }
+        }
     }
 }

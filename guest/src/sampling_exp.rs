@@ -146,7 +146,7 @@ pub mod scalar {
 }
 
 #[cfg(target_arch = "wasm32")]
-mod simd {
+pub(crate) mod simd {
     use super::{combine_lanes, exp_nonpos, C, EXP_CUT, LN2_HI, LN2_LO, LOG2_E, SHIFT};
     use core::arch::wasm32::*;
 
@@ -195,7 +195,7 @@ mod simd {
     /// The upper two f32 lanes of `v` as f64.
     #[inline]
     #[target_feature(enable = "simd128")]
-    fn promote_high(v: v128) -> v128 {
+    pub(crate) fn promote_high(v: v128) -> v128 {
         f64x2_promote_low_f32x4(i32x4_shuffle::<2, 3, 2, 3>(v, v))
     }
 

@@ -281,6 +281,7 @@ mod simd {
         combine_lanes, exp32_nonpos, scalar, Kept, BLOCK, EXP32_CUT, LN2_HI, LN2_LO, LOG2_E, P,
         SHIFT,
     };
+    use crate::sampling::exp::simd::promote_high;
     use core::arch::wasm32::*;
 
     // The helpers carry the feature too: an intrinsic only inlines into a
@@ -317,13 +318,6 @@ mod simd {
             23,
         );
         v128_and(f32x4_mul(y, scale), ok)
-    }
-
-    /// The upper two f32 lanes of `v` as f64.
-    #[inline]
-    #[target_feature(enable = "simd128")]
-    fn promote_high(v: v128) -> v128 {
-        f64x2_promote_low_f32x4(i32x4_shuffle::<2, 3, 2, 3>(v, v))
     }
 
     #[inline]

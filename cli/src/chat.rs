@@ -16,10 +16,10 @@ use clap::Args;
 use serde_json::json;
 use waste_host::{ChatMessage, GenerateParams, Session};
 
-use crate::commands::usage;
+use crate::errors::usage;
 use crate::output;
 use crate::render::Renderer;
-use crate::ModelArgs;
+use crate::open::ModelArgs;
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -109,7 +109,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         bail!(usage(format!("--top-p {}: must be in (0, 1]", a.top_p)));
     }
     let template_vars = template_vars(&a.template_vars)?;
-    let (_engine, session) = crate::commands::open(&a.model)?;
+    let (_engine, session) = crate::open::open(&a.model)?;
     if !session.model().info().has_chat_template {
         bail!(
             "{} has no chat template: `waste chat` needs one (use `waste run` for plain completion)",

@@ -8,8 +8,8 @@ use clap::Args;
 use serde_json::json;
 use waste_host::{Engine, OpenOptions};
 
-use crate::commands::usage;
-use crate::ModelArgs;
+use crate::errors::usage;
+use crate::open::ModelArgs;
 
 #[derive(Args)]
 pub struct PerplexityArgs {
@@ -30,8 +30,8 @@ pub fn perplexity(a: PerplexityArgs) -> Result<()> {
     if text.is_empty() {
         return Err(usage(format!("{} is empty: nothing to score", a.file.display())));
     }
-    let budget = crate::cmd_stream::budget_arg(&a.model.budget)?;
-    let (threads, cpus) = crate::commands::thread_args(&a.model)?;
+    let budget = crate::open::budget_arg(&a.model.budget)?;
+    let (threads, cpus) = crate::open::thread_args(&a.model)?;
     let model = crate::render::open_model(
         &a.model.model,
         &OpenOptions { context: a.model.ctx, budget, threads, cpus, ..OpenOptions::default() },

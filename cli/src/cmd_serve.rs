@@ -6,8 +6,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use waste_host::{Engine, Model, OpenOptions};
 
-use crate::commands::usage;
-use crate::ModelArgs;
+use crate::errors::usage;
+use crate::open::ModelArgs;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -46,15 +46,15 @@ pub struct ServeArgs {
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
-    let body_limit = crate::cmd_stream::budget_arg(&Some(a.max_body.clone()))
+    let body_limit = crate::open::budget_arg(&Some(a.max_body.clone()))
         .map_err(|e| usage(format!("--max-body: {e}")))?
         .unwrap_or(4 << 20);
-    let budget = crate::cmd_stream::budget_arg(&a.model.budget)?;
+    let budget = crate::open::budget_arg(&a.model.budget)?;
     let sampler = match &a.sampler {
-        Some(path) => Some(crate::commands::sampler_plugin(path, &a.sampler_opt)?),
+        Some(path) => Some(crate::open::sampler_plugin(path, &a.sampler_opt)?),
         None => None,
     };
-    let (threads, cpus) = crate::commands::thread_args(&a.model)?;
+    let (threads, cpus) = crate::open::thread_args(&a.model)?;
     let model_id = match a.model_id {
         Some(id) => id,
         None => {

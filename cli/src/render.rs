@@ -48,11 +48,11 @@ impl Renderer {
         let mut out = std::io::stdout().lock();
         let written = out.write_all(event.text.as_bytes()).and_then(|_| out.flush()).is_ok();
         self.totals.tokens += 1;
-        self.totals.experts_hit += event.experts_hit as u64;
-        self.totals.experts_missed += event.experts_missed as u64;
-        self.totals.bytes_read += event.bytes_read;
-        self.direct_io = event.direct_io;
-        self.totals.direct_io = Some(event.direct_io);
+        self.totals.experts_hit += event.stats.experts_hit as u64;
+        self.totals.experts_missed += event.stats.experts_missed as u64;
+        self.totals.bytes_read += event.stats.bytes_read;
+        self.direct_io = event.stats.direct_io;
+        self.totals.direct_io = Some(event.stats.direct_io);
         if self.live && self.last_draw.is_none_or(|t| t.elapsed() >= REDRAW) {
             self.last_draw = Some(Instant::now());
             eprint!(

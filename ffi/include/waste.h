@@ -60,6 +60,10 @@ typedef enum waste_result {
    * An output buffer is too small; the length it needs was written.
    */
   WASTE_BUFFER_TOO_SMALL = 12,
+  /**
+   * The model's chat template refused the conversation, or it has none.
+   */
+  WASTE_CHAT_TEMPLATE = 13,
 } waste_result;
 
 /**

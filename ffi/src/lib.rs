@@ -58,6 +58,8 @@ pub enum waste_result {
     WASTE_UTF8 = 11,
     /// An output buffer is too small; the length it needs was written.
     WASTE_BUFFER_TOO_SMALL = 12,
+    /// The model's chat template refused the conversation, or it has none.
+    WASTE_CHAT_TEMPLATE = 13,
 }
 
 use waste_result::*;
@@ -78,6 +80,7 @@ pub extern "C" fn waste_strerror(code: waste_result) -> *const c_char {
         WASTE_PANIC => b"internal panic\0",
         WASTE_NULL_ARG => b"NULL argument\0",
         WASTE_UTF8 => b"string is not UTF-8\0",
+        WASTE_CHAT_TEMPLATE => b"chat template error\0",
         WASTE_BUFFER_TOO_SMALL => b"output buffer too small\0",
     };
     s.as_ptr() as *const c_char
@@ -137,6 +140,8 @@ pub(crate) fn code_of(e: &Error) -> waste_result {
         Error::Format { .. } => WASTE_FORMAT,
         Error::Unsupported(_) => WASTE_UNSUPPORTED,
         Error::Arg(_) => WASTE_ARG,
+        Error::Budget { .. } => WASTE_RAM_BUDGET,
+        Error::ChatTemplate(_) => WASTE_CHAT_TEMPLATE,
         Error::Guest(_) => WASTE_GUEST,
         Error::Runtime(_) => WASTE_RUNTIME,
         // A variant added to the engine later reads as a runtime error until

@@ -197,27 +197,6 @@ fn opt(n: usize) -> Option<usize> {
     (n != 0).then_some(n)
 }
 
-/// The budget check of open, with its own code: a budget under the floor is
-/// `WASTE_RAM_BUDGET`, not a generic argument error.
-fn check_budget(
-    path: &Path,
-    context: Option<usize>,
-    budget: Option<u64>,
-) -> Result<Option<MemoryPlan>, (waste_result, String)> {
-    let Some(b) = budget else { return Ok(None) };
-    let plan = plan_path(path, context, None).map_err(host)?;
-    if b < plan.floor {
-        return Err((
-            WASTE_RAM_BUDGET,
-            format!(
-                "a budget of {b} bytes is under this model's floor of {} bytes",
-                plan.floor
-            ),
-        ));
-    }
-    Ok(Some(plan))
-}
-
 /// Plans the memory of the container at `path` without loading it.
 /// `context` 0 = default; `budget` 0 = chosen from usable RAM.
 #[no_mangle]
@@ -241,7 +220,6 @@ pub unsafe extern "C" fn waste_plan(
         // SAFETY: pointer and length from the caller.
         let path = Path::new(unsafe { str_arg("path", path, path_len) }?);
         let budget = (budget != 0).then_some(budget);
-        check_budget(path, opt(context), budget)?;
         let plan = plan_path(path, opt(context), budget).map_err(host)?;
         // SAFETY: checked non-NULL.
         unsafe { *out = plan_out(&plan) };
@@ -350,7 +328,7 @@ unsafe fn open_model(
             let cpus = unsafe { crate::slice_arg("options.cpus", c.cpus, c.n_cpus) }?;
             if !cpus.is_empty() {
                 let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
-                o.cpus = Some(waste_host::pool::CpuSet::parse(&list.join(",")).map_err(host)?);
+                o.cpus = Some(waste_host::pool::CpuSet::parse(&list.join(",")).map_err(|e| host(e.into()))?);
             }
             o.cache = c.cache;
             o.cache_policy = match c.cache_policy {
@@ -369,7 +347,6 @@ unsafe fn open_model(
             o.lookahead = c.lookahead;
             o.preload = c.preload;
         }
-        check_budget(path, o.context, o.budget)?;
         let mut report = |p: &OpenProgress| {
             let Some(f) = callback else { return };
             let mut e = waste_open_progress {

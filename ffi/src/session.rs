@@ -114,6 +114,103 @@ pub struct waste_completion {
     pub stop_reason: waste_stop_reason,
 }
 
+impl From<&GenerateParams> for waste_generate_params {
+    /// The scalar fields; the lists (stop tokens and strings, logit bias)
+    /// are left empty.
+    fn from(d: &GenerateParams) -> Self {
+        waste_generate_params {
+            temperature: d.temperature,
+            top_k: d.top_k,
+            top_p: d.top_p,
+            min_p: d.min_p,
+            repetition_penalty: d.repetition_penalty,
+            presence_penalty: d.presence_penalty,
+            frequency_penalty: d.frequency_penalty,
+            penalty_last_n: d.penalty_last_n,
+            seed: d.seed,
+            max_tokens: d.max_tokens,
+            stop_at_eos: d.stop_at_eos,
+            stop_tokens: std::ptr::null(),
+            n_stop_tokens: 0,
+            stop_strings: std::ptr::null(),
+            n_stop_strings: 0,
+            logit_bias_tokens: std::ptr::null(),
+            logit_bias_values: std::ptr::null(),
+            n_logit_bias: 0,
+            top_logprobs: d.top_logprobs,
+        }
+    }
+}
+
+/// The caller's parameters as the Rust API's, their lists read and checked
+/// (NULL with a non-zero count, a stop string that is not UTF-8).
+///
+/// # Safety
+/// Every pointer of `c` with a non-zero count points at that many elements.
+unsafe fn generate_params(c: &waste_generate_params) -> Result<GenerateParams, (waste_result, String)> {
+    // SAFETY: the caller's pointers and counts, per this function's contract.
+    unsafe {
+        let stop_strings = slice_arg("stop_strings", c.stop_strings, c.n_stop_strings)?
+            .iter()
+            .map(|w| str_arg("stop string", w.ptr, w.len).map(str::to_string))
+            .collect::<Result<_, _>>()?;
+        let ids = slice_arg("logit_bias_tokens", c.logit_bias_tokens, c.n_logit_bias)?;
+        let vals = slice_arg("logit_bias_values", c.logit_bias_values, c.n_logit_bias)?;
+        Ok(GenerateParams {
+            temperature: c.temperature,
+            top_k: c.top_k,
+            top_p: c.top_p,
+            min_p: c.min_p,
+            repetition_penalty: c.repetition_penalty,
+            presence_penalty: c.presence_penalty,
+            frequency_penalty: c.frequency_penalty,
+            penalty_last_n: c.penalty_last_n,
+            logit_bias: ids.iter().copied().zip(vals.iter().copied()).collect(),
+            top_logprobs: c.top_logprobs,
+            seed: c.seed,
+            max_tokens: c.max_tokens,
+            stop_at_eos: c.stop_at_eos,
+            stop_strings,
+            stop_tokens: slice_arg("stop_tokens", c.stop_tokens, c.n_stop_tokens)?.to_vec(),
+        })
+    }
+}
+
+impl waste_token_event {
+    /// The event as the callback sees it; `text` and `top` point into `e`
+    /// and `top` (the event's alternatives), which outlive the call.
+    fn new(e: &waste_host::TokenEvent, top: &[waste_top_logprob]) -> Self {
+        let s = &e.stats;
+        waste_token_event {
+            token: e.token,
+            text: e.text.as_ptr() as *const c_char,
+            text_len: e.text.len(),
+            logprob: e.logprob,
+            experts_hit: s.experts_hit,
+            experts_missed: s.experts_missed,
+            bytes_read: s.bytes_read,
+            ms_total: s.ms_total,
+            ms_io: s.ms_io,
+            top: top.as_ptr(),
+            n_top: top.len(),
+            direct_io: s.direct_io,
+        }
+    }
+}
+
+impl From<StopReason> for waste_stop_reason {
+    fn from(r: StopReason) -> Self {
+        match r {
+            StopReason::Length => waste_stop_reason::WASTE_STOP_LENGTH,
+            StopReason::Eos => waste_stop_reason::WASTE_STOP_EOS,
+            StopReason::Cancelled => waste_stop_reason::WASTE_STOP_CANCELLED,
+            StopReason::ContextFull => waste_stop_reason::WASTE_STOP_CONTEXT_FULL,
+            StopReason::StopString => waste_stop_reason::WASTE_STOP_STRING,
+            StopReason::StopToken => waste_stop_reason::WASTE_STOP_TOKEN,
+        }
+    }
+}
+
 /// One conversation with one model.
 pub struct waste_session {
     pub(crate) session: Session,
@@ -127,28 +224,7 @@ pub unsafe extern "C" fn waste_generate_params_default(
     if out.is_null() {
         return WASTE_NULL_ARG;
     }
-    let d = GenerateParams::default();
-    let p = waste_generate_params {
-        temperature: d.temperature,
-        top_k: d.top_k,
-        top_p: d.top_p,
-        min_p: d.min_p,
-        repetition_penalty: d.repetition_penalty,
-        presence_penalty: d.presence_penalty,
-        frequency_penalty: d.frequency_penalty,
-        penalty_last_n: d.penalty_last_n,
-        seed: d.seed,
-        max_tokens: d.max_tokens,
-        stop_at_eos: d.stop_at_eos,
-        stop_tokens: std::ptr::null(),
-        n_stop_tokens: 0,
-        stop_strings: std::ptr::null(),
-        n_stop_strings: 0,
-        logit_bias_tokens: std::ptr::null(),
-        logit_bias_values: std::ptr::null(),
-        n_logit_bias: 0,
-        top_logprobs: d.top_logprobs,
-    };
+    let p = waste_generate_params::from(&GenerateParams::default());
     // SAFETY: checked non-NULL.
     unsafe { *out = p };
     WASTE_OK
@@ -440,30 +516,7 @@ pub unsafe extern "C" fn waste_session_generate(
     unsafe {
         with_session(session, |s| {
             let prompt = slice_arg("prompt", prompt, n_prompt)?;
-            let mut p = GenerateParams::default();
-            if !params.is_null() {
-                let c = &*params;
-                p.temperature = c.temperature;
-                p.top_k = c.top_k;
-                p.top_p = c.top_p;
-                p.min_p = c.min_p;
-                p.repetition_penalty = c.repetition_penalty;
-                p.presence_penalty = c.presence_penalty;
-                p.frequency_penalty = c.frequency_penalty;
-                p.penalty_last_n = c.penalty_last_n;
-                p.seed = c.seed;
-                p.max_tokens = c.max_tokens;
-                p.stop_at_eos = c.stop_at_eos;
-                p.stop_tokens = slice_arg("stop_tokens", c.stop_tokens, c.n_stop_tokens)?.to_vec();
-                for &w in slice_arg("stop_strings", c.stop_strings, c.n_stop_strings)? {
-                    p.stop_strings
-                        .push(str_arg("stop string", w.ptr, w.len)?.to_string());
-                }
-                let ids = slice_arg("logit_bias_tokens", c.logit_bias_tokens, c.n_logit_bias)?;
-                let vals = slice_arg("logit_bias_values", c.logit_bias_values, c.n_logit_bias)?;
-                p.logit_bias = ids.iter().copied().zip(vals.iter().copied()).collect();
-                p.top_logprobs = c.top_logprobs;
-            }
+            let p = if params.is_null() { GenerateParams::default() } else { generate_params(&*params)? };
             let cb = callback.map(|f| Callback { f, user });
             let hook = move |e: &waste_host::TokenEvent| -> bool {
                 let Some(cb) = &cb else { return true };
@@ -472,33 +525,13 @@ pub unsafe extern "C" fn waste_session_generate(
                     .iter()
                     .map(|&(token, logprob)| waste_top_logprob { token, logprob })
                     .collect();
-                let ev = waste_token_event {
-                    token: e.token,
-                    text: e.text.as_ptr() as *const c_char,
-                    text_len: e.text.len(),
-                    logprob: e.logprob,
-                    experts_hit: e.experts_hit,
-                    experts_missed: e.experts_missed,
-                    bytes_read: e.bytes_read,
-                    ms_total: e.ms_total,
-                    ms_io: e.ms_io,
-                    top: top.as_ptr(),
-                    n_top: top.len(),
-                    direct_io: e.direct_io,
-                };
+                let ev = waste_token_event::new(e, &top);
                 // The enclosing unsafe block covers this call: the caller's
                 // function, given its own `user`; `ev` lives for the call.
                 (cb.f)(cb.user, &ev)
             };
             let c = s.generate(prompt, &p, hook).map_err(host)?;
-            let reason = match c.stop_reason {
-                StopReason::Length => waste_stop_reason::WASTE_STOP_LENGTH,
-                StopReason::Eos => waste_stop_reason::WASTE_STOP_EOS,
-                StopReason::Cancelled => waste_stop_reason::WASTE_STOP_CANCELLED,
-                StopReason::ContextFull => waste_stop_reason::WASTE_STOP_CONTEXT_FULL,
-                StopReason::StopString => waste_stop_reason::WASTE_STOP_STRING,
-                StopReason::StopToken => waste_stop_reason::WASTE_STOP_TOKEN,
-            };
+            let reason = waste_stop_reason::from(c.stop_reason);
             if !out.is_null() {
                 *out = waste_completion {
                     n_tokens: c.tokens.len(),

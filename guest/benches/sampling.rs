@@ -1,21 +1,15 @@
-//! The guest's per-token sampling work at a 160k vocabulary, the current
-//! `waste_guest::sampling` beside the previous implementation (kept verbatim
-//! in `baseline_sampling.rs` + `baseline_sampling_exp.rs`: f64 masses), in
-//! one run: logit bias / penalties, the draw, the token's logprob over the
-//! raw logits and the top logprobs, as `generate.rs` does per token. Native
-//! code; `wasm_sampling.sh` times the passes compiled to wasm (V8 and
-//! Cranelift) and `cargo bench -p waste-host --bench boundary` the component
-//! itself.
+//! The guest's per-token sampling work at a 160k vocabulary: logit bias /
+//! penalties, the draw, the token's logprob over the raw logits and the top
+//! logprobs, as `generate.rs` does per token. Native code;
+//! `wasm_sampling.sh` times the passes compiled to wasm (V8 and Cranelift)
+//! and `cargo bench -p waste-host --bench boundary` the component itself.
 //!
-//! `cargo bench -p waste-guest --bench sampling`
+//! `cargo bench -p waste-guest --bench sampling`; against an earlier
+//! revision: `bench/compare-revs.sh REV -p waste-guest --bench sampling`.
 
 use std::time::Instant;
 
-use waste_guest::sampling as after;
-
-#[allow(dead_code)]
-#[path = "baseline_sampling.rs"]
-mod before;
+use waste_guest::sampling;
 
 const VOCAB: usize = 160_000;
 const STEPS: usize = 8;
@@ -51,10 +45,9 @@ struct Case {
     top_logprobs: u32,
 }
 
-macro_rules! per_token {
-    ($m:ident, $raw:expr, $case:expr, $recent:expr, $rng:expr) => {{
-        let c: &Case = $case;
-        let sp = $m::SamplingParams {
+/// One token's sampling work; (token, its logprob, top logprobs reported).
+fn per_token(raw: &[f32], c: &Case, recent: &[u32], rng: &mut sampling::Rng) -> (usize, f32, usize) {
+        let sp = sampling::SamplingParams {
             temperature: c.temperature,
             top_k: c.top_k,
             top_p: c.top_p,
@@ -64,38 +57,29 @@ macro_rules! per_token {
             frequency_penalty: if c.penalties { 0.5 } else { 0.0 },
             top_logprobs: c.top_logprobs,
             seed: 7,
-            ..$m::SamplingParams::default()
+            ..sampling::SamplingParams::default()
         };
-        let raw: &[f32] = $raw;
-        let adjusted = $m::adjust(raw, &sp, $recent);
-        let token = $m::sample(&adjusted, &sp, $rng);
+        let adjusted = sampling::adjust(raw, &sp, recent);
+        let token = sampling::sample(&adjusted, &sp, rng);
         drop(adjusted);
-        let lse = $m::log_sum_exp(raw);
+        let lse = sampling::log_sum_exp(raw);
         let lp = (raw[token] as f64 - lse) as f32;
-        let top = $m::top_logprobs(raw, lse, sp.top_logprobs as usize);
+        let top = sampling::top_logprobs(raw, lse, sp.top_logprobs as usize);
         (token, lp, top.len())
-    }};
 }
 
-/// What the change did to the numbers on the bench's logits: the reported
-/// logprob (f64 `log_sum_exp`) against the previous code and against libm,
-/// the f32 sampling masses against the exact `exp((l - max) / T)`, and how
-/// many draws pick the same token as the previous code with the same seed.
+/// How far the fast passes are from the exact definitions on the bench's
+/// logits: the reported logprob (f64 `log_sum_exp`) against libm's, and the
+/// f32 sampling masses against the exact `exp((l - max) / T)`.
 fn numerics(inputs: &[Vec<f32>]) {
-    let (mut lse_old, mut lse_libm, mut flips, mut values) = (0.0f64, 0.0f64, 0usize, 0usize);
+    let (mut lse_libm, mut flips, mut values) = (0.0f64, 0usize, 0usize);
     // Worst relative change of masses of at least 1e-30, 1e-6, 1e-3 (relative
     // to the most likely token), and of their total.
     let mut mass = [0.0f64; 4];
-    let (mut same, mut draws) = (0usize, 0usize);
     for v in inputs {
         let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let libm = max as f64
-            + v.iter()
-                .map(|&l| (l as f64 - max as f64).exp())
-                .sum::<f64>()
-                .ln();
-        let (a, b) = (after::log_sum_exp(v), before::log_sum_exp(v));
-        lse_old = lse_old.max(((a - b) / b).abs());
+        let libm = max as f64 + v.iter().map(|&l| (l as f64 - max as f64).exp()).sum::<f64>().ln();
+        let a = sampling::log_sum_exp(v);
         lse_libm = lse_libm.max(((a - libm) / libm).abs());
         for &l in v {
             values += 1;
@@ -105,7 +89,7 @@ fn numerics(inputs: &[Vec<f32>]) {
             let (mut total, mut exact_total) = (0.0f64, 0.0f64);
             for &l in v {
                 let exact = ((l as f64 - max as f64) / t as f64).exp();
-                let got = after::exp32_nonpos((l - max) * (1.0 / t)) as f64;
+                let got = sampling::exp32_nonpos((l - max) * (1.0 / t)) as f64;
                 let change = ((got - exact) / exact).abs();
                 for (k, bound) in [1e-30, 1e-6, 1e-3].into_iter().enumerate() {
                     if exact >= bound {
@@ -116,35 +100,13 @@ fn numerics(inputs: &[Vec<f32>]) {
                 exact_total += exact;
             }
             mass[3] = mass[3].max(((total - exact_total) / exact_total).abs());
-            for (k, p) in [(0u32, 0.95f32), (0, 1.0), (40, 0.95)] {
-                let sa = after::SamplingParams {
-                    temperature: t,
-                    top_k: k,
-                    top_p: p,
-                    ..Default::default()
-                };
-                let sb = before::SamplingParams {
-                    temperature: t,
-                    top_k: k,
-                    top_p: p,
-                    ..Default::default()
-                };
-                let (mut ra, mut rb) = (after::Rng::new(7), before::Rng::new(7));
-                for _ in 0..50 {
-                    draws += 1;
-                    same += usize::from(
-                        after::sample(v, &sa, &mut ra) == before::sample(v, &sb, &mut rb),
-                    );
-                }
-            }
         }
     }
-    println!("log_sum_exp: relative change {lse_old:.1e} vs before, {lse_libm:.1e} vs libm; f32 logprobs differing from libm's: {flips} of {values}");
+    println!("log_sum_exp: relative change {lse_libm:.1e} vs libm; f32 logprobs differing from libm's: {flips} of {values}");
     println!(
         "masses (T 1, 0.8, 0.3) vs exact: worst relative change {:.1e} (mass >= 1e-30), {:.1e} (>= 1e-6), {:.1e} (>= 1e-3); total {:.1e}",
         mass[0], mass[1], mass[2], mass[3]
     );
-    println!("same token as before, same seed: {same} of {draws} draws (top-k 0 / top-p 0.95, full, top-k 40 / top-p 0.95)");
 }
 
 fn main() {
@@ -216,39 +178,21 @@ fn main() {
             top_logprobs: 5,
         },
     ];
-    println!("vocabulary {VOCAB}; ms per token, best of {REPEATS} runs of {STEPS} tokens; before and after interleaved");
-    println!(
-        "{:<40} {:>10} {:>10} {:>8}",
-        "sampling", "before", "after", "ratio"
-    );
+    println!("vocabulary {VOCAB}; ms per token, best of {REPEATS} runs of {STEPS} tokens");
+    println!("{:<40} {:>10}", "sampling", "ms");
     for case in &cases {
-        let mut best = [f64::INFINITY; 2];
+        let mut best = f64::INFINITY;
         for _ in 0..REPEATS {
-            // Alternate which goes first so neither always meets a warm cache.
-            for which in [0usize, 1] {
-                let mut rng_b = before::Rng::new(7);
-                let mut rng_a = after::Rng::new(7);
-                let started = Instant::now();
-                let mut sink = 0usize;
-                for raw in &inputs {
-                    let (t, lp, n) = if which == 0 {
-                        per_token!(before, raw, case, &recent, &mut rng_b)
-                    } else {
-                        per_token!(after, raw, case, &recent, &mut rng_a)
-                    };
-                    sink = sink.wrapping_add(t + n + lp.to_bits() as usize);
-                }
-                std::hint::black_box(sink);
-                let ms = started.elapsed().as_secs_f64() * 1000.0 / STEPS as f64;
-                best[which] = best[which].min(ms);
+            let mut rng = sampling::Rng::new(7);
+            let started = Instant::now();
+            let mut sink = 0usize;
+            for raw in &inputs {
+                let (t, lp, n) = per_token(raw, case, &recent, &mut rng);
+                sink = sink.wrapping_add(t + n + lp.to_bits() as usize);
             }
+            std::hint::black_box(sink);
+            best = best.min(started.elapsed().as_secs_f64() * 1000.0 / STEPS as f64);
         }
-        println!(
-            "{:<40} {:>10.3} {:>10.3} {:>8.2}",
-            case.name,
-            best[0],
-            best[1],
-            best[0] / best[1]
-        );
+        println!("{:<40} {:>10.3}", case.name, best);
     }
 }

@@ -2,12 +2,14 @@
 # The per-token sampling passes compiled to wasm (as the component runs them:
 # wasm32-wasip2, opt-level "s", LTO) and timed in Node's V8 and in Cranelift
 # (wasmtime with the component's configuration, through
-# `cargo bench -p waste-host --bench boundary -- --passes`), the current
-# guest/src/sampling.rs beside the previous one (benches/baseline_sampling.rs)
-# in one run. Also checks that the SIMD log_sum_exp equals the scalar
-# definition bit for bit in wasm (`lse_check` prints 1).
+# `cargo bench -p waste-host --bench boundary -- --passes`), from
+# guest/src/sampling.rs of the working tree, or of revision REV when given
+# (built from a worktree of it, so two revisions can be run side by side:
+# `wasm_sampling.sh; wasm_sampling.sh c174a99`). Also checks that the SIMD
+# log_sum_exp equals the scalar definition bit for bit in wasm (`lse_check`
+# prints 1).
 #
-#   guest/benches/wasm_sampling.sh
+#   guest/benches/wasm_sampling.sh [REV]
 #
 # Needs the wasm32-wasip2 target and rust-lld (shipped with rustup
 # toolchains); node is optional (skipped with a line saying so). Links a core
@@ -15,7 +17,14 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+src="$root"
+if [ $# -ge 1 ]; then
+  src="$work/rev"
+  git -C "$root" worktree add --detach --quiet "$src" "$1"
+  trap 'git -C "$root" worktree remove --force "$src"; rm -rf "$work"' EXIT
+else
+  trap 'rm -rf "$work"' EXIT
+fi
 mkdir -p "$work/src"
 cat > "$work/Cargo.toml" <<TOML
 [package]
@@ -33,15 +42,12 @@ panic = "abort"
 [workspace]
 TOML
 cat > "$work/src/lib.rs" <<RS
-#[path = "$root/guest/src/sampling.rs"]
+#[path = "$src/guest/src/sampling.rs"]
 #[allow(dead_code, unused_imports)]
-mod after;
-#[path = "$root/guest/benches/baseline_sampling.rs"]
-#[allow(dead_code)]
-mod before;
+mod sampling;
 // The f32 passes on their own, to check the vector paths against their
 // scalar definitions inside wasm.
-#[path = "$root/guest/src/sampling_mass.rs"]
+#[path = "$src/guest/src/sampling_mass.rs"]
 #[allow(dead_code)]
 mod mass;
 fn combine_lanes(acc: &[f64; 8]) -> f64 {
@@ -70,11 +76,9 @@ pub extern "C" fn setup(n: usize) {
     unsafe { BUF = v; }
 }
 
-#[no_mangle] pub extern "C" fn lse_before() -> f64 { before::log_sum_exp(buf()) }
-#[no_mangle] pub extern "C" fn lse_after() -> f64 { after::log_sum_exp(buf()) }
-#[no_mangle] pub extern "C" fn argmax_before() -> f64 { before::argmax(buf()) as f64 }
-#[no_mangle] pub extern "C" fn argmax_after() -> f64 { after::argmax(buf()) as f64 }
-#[no_mangle] pub extern "C" fn mass_each_after() -> f64 {
+#[no_mangle] pub extern "C" fn lse() -> f64 { sampling::log_sum_exp(buf()) }
+#[no_mangle] pub extern "C" fn argmax() -> f64 { sampling::argmax(buf()) as f64 }
+#[no_mangle] pub extern "C" fn mass_each() -> f64 {
     let l = buf();
     let mut out = vec![0.0f32; l.len()];
     mass::mass_each(l, 15.0, 1.25, &mut out)
@@ -133,10 +137,10 @@ pub extern "C" fn setup(n: usize) {
     let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let mut acc = [0.0f64; 8];
     for (i, &x) in l.iter().enumerate() {
-        acc[i % 8] += after::exp_nonpos(x as f64 - max);
+        acc[i % 8] += sampling::exp_nonpos(x as f64 - max);
     }
     let want = max + (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))).ln();
-    (after::log_sum_exp(l).to_bits() == want.to_bits()) as u32 as f64
+    (sampling::log_sum_exp(l).to_bits() == want.to_bits()) as u32 as f64
 }
 macro_rules! draw {
     (\$name:ident, \$m:ident, \$t:expr, \$k:expr, \$p:expr) => {
@@ -147,22 +151,14 @@ macro_rules! draw {
         }
     };
 }
-draw!(k40_p95_before, before, 0.8, 40, 0.95);
-draw!(k40_p95_after, after, 0.8, 40, 0.95);
-draw!(p95_before, before, 0.8, 0, 0.95);
-draw!(p95_after, after, 0.8, 0, 0.95);
-draw!(full_before, before, 1.0, 0, 1.0);
-draw!(full_after, after, 1.0, 0, 1.0);
-#[no_mangle] pub extern "C" fn minp05_before() -> f64 {
-    let p = before::SamplingParams { temperature: 0.8, min_p: 0.05, ..Default::default() };
-    before::sample(buf(), &p, &mut before::Rng::new(7)) as f64
+draw!(k40_p95, sampling, 0.8, 40, 0.95);
+draw!(p95, sampling, 0.8, 0, 0.95);
+draw!(full, sampling, 1.0, 0, 1.0);
+#[no_mangle] pub extern "C" fn minp05() -> f64 {
+    let p = sampling::SamplingParams { temperature: 0.8, min_p: 0.05, ..Default::default() };
+    sampling::sample(buf(), &p, &mut sampling::Rng::new(7)) as f64
 }
-#[no_mangle] pub extern "C" fn minp05_after() -> f64 {
-    let p = after::SamplingParams { temperature: 0.8, min_p: 0.05, ..Default::default() };
-    after::sample(buf(), &p, &mut after::Rng::new(7)) as f64
-}
-#[no_mangle] pub extern "C" fn top5_before() -> f64 { before::top_logprobs(buf(), 0.0, 5)[0].0 as f64 }
-#[no_mangle] pub extern "C" fn top5_after() -> f64 { after::top_logprobs(buf(), 0.0, 5)[0].0 as f64 }
+#[no_mangle] pub extern "C" fn top5() -> f64 { sampling::top_logprobs(buf(), 0.0, 5)[0].0 as f64 }
 RS
 cat > "$work/run.js" <<'JS'
 const fs = require('fs');
@@ -176,17 +172,10 @@ const e = new WebAssembly.Instance(mod, imports).exports;
 e.setup(160000);
 console.log('vocabulary 160000; best of 30 calls, ms (value returned)');
 for (const pass of ['lse', 'argmax', 'k40_p95', 'p95', 'full', 'minp05', 'top5']) {
-  const row = [pass.padEnd(8)];
-  const best = {};
-  for (const which of ['before', 'after']) {
-    const f = e[`${pass}_${which}`];
-    let t = 1e9, v;
-    for (let r = 0; r < 30; r++) { const s = process.hrtime.bigint(); v = f(); t = Math.min(t, Number(process.hrtime.bigint() - s) / 1e6); }
-    best[which] = t;
-    row.push(`${which} ${t.toFixed(3)} (${v})`);
-  }
-  row.push(`ratio ${(best.before / best.after).toFixed(2)}`);
-  console.log(row.join('  '));
+  const f = e[`${pass}`];
+  let t = 1e9, v;
+  for (let r = 0; r < 30; r++) { const s = process.hrtime.bigint(); v = f(); t = Math.min(t, Number(process.hrtime.bigint() - s) / 1e6); }
+  console.log(`${pass.padEnd(8)}  ${t.toFixed(3)} (${v})`);
 }
 console.log(`lse_check ${e.lse_check()}`);
 console.log(`mass_check ${e.mass_check()}`);

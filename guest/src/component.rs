@@ -1,52 +1,61 @@
 //! The WIT glue: the only code that knows it runs inside a component. It
 //! converts between the generated WIT types and the plain Rust logic.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
+use std::cell::OnceCell;
 use std::rc::Rc;
 
-use crate::chat::{ChatMessage, ChatTemplate};
+use crate::chat::{self, ChatMessage, ChatTemplate};
 use crate::generate::{self, GenerateParams, ModelHost};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
 
 wit_bindgen::generate!({ world: "engine", path: "../wit" });
 
-use exports::waste::engine::control::{self, Completion, GenerateError, Guest, StopReason, TokenLogprobs};
+use exports::waste::engine::control::{self, Completion, Error, Guest, StopReason, TokenLogprobs};
 use waste::engine::model;
 
 thread_local! {
-    /// Parsed tokenizers, one per model handle: parsing a 160k-entry
-    /// tokenizer.json takes far longer than one token step.
-    static TOKENIZERS: RefCell<HashMap<u32, Rc<Tokenizer>>> = RefCell::new(HashMap::new());
-    static TEMPLATES: RefCell<HashMap<u32, Rc<ChatTemplate>>> = RefCell::new(HashMap::new());
+    /// The parsed tokenizer (`None`: the model ships none): parsing a
+    /// 160k-entry tokenizer.json takes far longer than one token step.
+    static TOKENIZER: OnceCell<Option<Rc<Tokenizer>>> = const { OnceCell::new() };
+    /// The chat templates the host chose, parsed once each: without tools
+    /// (index 0) and with (index 1).
+    static TEMPLATES: [OnceCell<Rc<ChatTemplate>>; 2] = const { [OnceCell::new(), OnceCell::new()] };
 }
 
 /// The model's tokenizer; `Ok(None)` when the model ships none.
-fn optional_tokenizer(handle: u32) -> Result<Option<Rc<Tokenizer>>, String> {
-    if let Some(tok) = TOKENIZERS.with(|t| t.borrow().get(&handle).cloned()) {
-        return Ok(Some(tok));
+fn optional_tokenizer() -> Result<Option<Rc<Tokenizer>>, Error> {
+    if let Some(tok) = TOKENIZER.with(|t| t.get().cloned()) {
+        return Ok(tok);
     }
-    let files = model::tokenizer_files(handle);
-    let Some(tok) = Tokenizer::from_files(&files).map_err(|e| e.to_string())? else { return Ok(None) };
-    let tok = Rc::new(tok);
-    TOKENIZERS.with(|t| t.borrow_mut().insert(handle, tok.clone()));
-    Ok(Some(tok))
+    let files = model::tokenizer_files();
+    let tok = Tokenizer::from_files(&files).map_err(|e| Error::Failed(e.to_string()))?.map(Rc::new);
+    TOKENIZER.with(|t| t.get_or_init(|| tok.clone()).clone());
+    Ok(tok)
 }
 
-/// The model's chat template, parsed once per handle.
-fn chat_template(handle: u32) -> Result<Rc<ChatTemplate>, String> {
-    if let Some(t) = TEMPLATES.with(|t| t.borrow().get(&handle).cloned()) {
+/// The chat template the host chose for a conversation with or without
+/// tools, parsed once.
+fn chat_template(with_tools: bool) -> Result<Rc<ChatTemplate>, Error> {
+    let i = usize::from(with_tools);
+    if let Some(t) = TEMPLATES.with(|t| t[i].get().cloned()) {
         return Ok(t);
     }
-    let files = model::tokenizer_files(handle);
-    let t = ChatTemplate::from_files(&files)?.ok_or_else(|| {
-        "this model has no chat template (neither chat_template.jinja nor a chat_template in tokenizer_config.json); \
-         encode the prompt yourself with tokenize / tokenize-markup"
-            .to_string()
+    let source = model::chat_template(with_tools).map_err(Error::ChatTemplate)?.ok_or_else(|| {
+        Error::ChatTemplate(
+            "this model has no chat template (neither chat_template.jinja nor a chat_template in tokenizer_config.json); \
+             encode the prompt yourself with tokenize / tokenize-markup"
+                .to_string(),
+        )
     })?;
-    let t = Rc::new(t);
-    TEMPLATES.with(|m| m.borrow_mut().insert(handle, t.clone()));
+    let files = model::tokenizer_files();
+    let config = files.iter().find(|(n, _)| n == "tokenizer_config.json").map(|(_, b)| b.as_slice());
+    let config = config
+        .map(std::str::from_utf8)
+        .transpose()
+        .map_err(|_| Error::ChatTemplate("tokenizer_config.json: not UTF-8".into()))?;
+    let t = Rc::new(ChatTemplate::new(source, config).map_err(Error::ChatTemplate)?);
+    TEMPLATES.with(|m| m[i].get_or_init(|| t.clone()).clone());
     Ok(t)
 }
 
@@ -54,56 +63,91 @@ fn chat_messages(messages: Vec<control::ChatMessage>) -> Vec<ChatMessage> {
     messages.into_iter().map(|m| ChatMessage { role: m.role, content: m.content, extra: m.extra }).collect()
 }
 
-fn tokenizer(handle: u32) -> Result<Rc<Tokenizer>, String> {
-    optional_tokenizer(handle)?
-        .ok_or_else(|| "this model has no tokenizer (the checkpoint had no tokenizer.json)".to_string())
+fn tokenizer() -> Result<Rc<Tokenizer>, Error> {
+    optional_tokenizer()?.ok_or_else(|| {
+        Error::Unsupported("this model has no tokenizer (the checkpoint had no tokenizer.json)".to_string())
+    })
 }
 
-fn stats_from_wit(s: model::StepStats) -> generate::StepStats {
-    generate::StepStats {
-        experts_hit: s.experts_hit,
-        experts_missed: s.experts_missed,
-        bytes_read: s.bytes_read,
-        ms_total: s.ms_total,
-        ms_io: s.ms_io,
-        direct_io: s.direct_io,
+impl From<model::StepStats> for generate::StepStats {
+    fn from(s: model::StepStats) -> Self {
+        let model::StepStats { experts_hit, experts_missed, bytes_read, ms_total, ms_io, direct_io } = s;
+        generate::StepStats { experts_hit, experts_missed, bytes_read, ms_total, ms_io, direct_io }
     }
 }
 
-fn stats_to_wit(s: generate::StepStats) -> model::StepStats {
-    model::StepStats {
-        experts_hit: s.experts_hit,
-        experts_missed: s.experts_missed,
-        bytes_read: s.bytes_read,
-        ms_total: s.ms_total,
-        ms_io: s.ms_io,
-        direct_io: s.direct_io,
+impl From<generate::StepStats> for model::StepStats {
+    fn from(s: generate::StepStats) -> Self {
+        let generate::StepStats { experts_hit, experts_missed, bytes_read, ms_total, ms_io, direct_io } = s;
+        model::StepStats { experts_hit, experts_missed, bytes_read, ms_total, ms_io, direct_io }
+    }
+}
+
+impl From<generate::TokenEvent> for model::TokenEvent {
+    fn from(e: generate::TokenEvent) -> Self {
+        model::TokenEvent {
+            token: e.token,
+            text: e.text,
+            logprob: e.logprob,
+            top_logprobs: top_to_wit(&e.top_logprobs),
+            stats: e.stats.into(),
+        }
+    }
+}
+
+impl From<control::SamplingParams> for GenerateParams {
+    fn from(p: control::SamplingParams) -> Self {
+        GenerateParams {
+            sampling: SamplingParams {
+                temperature: p.temperature,
+                top_k: p.top_k,
+                top_p: p.top_p,
+                min_p: p.min_p,
+                repetition_penalty: p.repetition_penalty,
+                presence_penalty: p.presence_penalty,
+                frequency_penalty: p.frequency_penalty,
+                penalty_last_n: p.penalty_last_n,
+                logit_bias: p.logit_bias,
+                top_logprobs: p.top_logprobs,
+                seed: p.seed,
+            },
+            max_tokens: p.max_tokens,
+            stop_at_eos: p.stop_at_eos,
+            stop_strings: p.stop_strings,
+            stop_tokens: p.stop_tokens,
+            use_plugin: p.plugin,
+        }
+    }
+}
+
+impl From<generate::StopReason> for StopReason {
+    fn from(r: generate::StopReason) -> Self {
+        match r {
+            generate::StopReason::Length => StopReason::Length,
+            generate::StopReason::Eos => StopReason::Eos,
+            generate::StopReason::Cancelled => StopReason::Cancelled,
+            generate::StopReason::ContextFull => StopReason::ContextFull,
+            generate::StopReason::StopString => StopReason::StopString,
+            generate::StopReason::StopToken => StopReason::StopToken,
+        }
     }
 }
 
 /// The imports, seen through the loop's trait.
-struct Imports {
-    handle: u32,
-}
+struct Imports;
 
 impl ModelHost for Imports {
     fn evaluate(&mut self, tokens: &[u32]) -> Result<generate::Evaluation, String> {
-        let e = model::evaluate(self.handle, tokens)?;
-        Ok(generate::Evaluation { logits: e.logits, position: e.position, stats: stats_from_wit(e.stats) })
+        let e = model::evaluate(tokens)?;
+        Ok(generate::Evaluation { logits: e.logits, position: e.position, stats: e.stats.into() })
     }
 
     fn emit(&mut self, event: generate::TokenEvent) -> bool {
-        model::emit_token(&model::TokenEvent {
-            token: event.token,
-            text: event.text,
-            logprob: event.logprob,
-            top_logprobs: top_to_wit(&event.top_logprobs),
-            stats: stats_to_wit(event.stats),
-        })
+        model::emit_token(&event.into())
     }
 
     fn recent_tokens(&mut self, n: u32) -> Vec<u32> {
-        model::recent_tokens(self.handle, n)
+        model::recent_tokens(n)
     }
 
     fn plugin_sample(&mut self, logits: &[f32], recent: &[u32]) -> Result<u32, String> {
@@ -118,79 +162,53 @@ fn top_to_wit(top: &[(u32, f32)]) -> Vec<model::TopLogprob> {
 struct Component;
 
 impl Guest for Component {
-    fn tokenize(handle: u32, text: String) -> Result<Vec<u32>, String> {
-        Ok(tokenizer(handle)?.encode(&text))
+    fn tokenize(text: String) -> Result<Vec<u32>, Error> {
+        Ok(tokenizer()?.encode(&text))
     }
 
-    fn tokenize_markup(handle: u32, text: String) -> Result<Vec<u32>, String> {
-        Ok(tokenizer(handle)?.encode_markup(&text))
+    fn tokenize_markup(text: String) -> Result<Vec<u32>, Error> {
+        Ok(tokenizer()?.encode_markup(&text))
     }
 
-    fn detokenize(handle: u32, tokens: Vec<u32>) -> Result<String, String> {
-        tokenizer(handle)?.decode(&tokens).map_err(|e| e.to_string())
+    fn detokenize(tokens: Vec<u32>) -> Result<String, Error> {
+        tokenizer()?.decode(&tokens).map_err(|e| Error::Failed(e.to_string()))
     }
 
     fn apply_chat_template(
-        handle: u32,
         messages: Vec<control::ChatMessage>,
         tools: Option<String>,
         add_generation_prompt: bool,
         vars: Option<String>,
-    ) -> Result<Vec<u32>, String> {
-        let template = chat_template(handle)?;
-        let tok = tokenizer(handle)?;
-        let segments = template.render_segments_with_vars(
-            &chat_messages(messages),
-            tools.as_deref(),
-            add_generation_prompt,
-            vars.as_deref(),
-        )?;
+    ) -> Result<Vec<u32>, Error> {
+        chat::check_vars(vars.as_deref()).map_err(Error::InvalidArgument)?;
+        let template = chat_template(tools.is_some())?;
+        let tok = tokenizer()?;
+        let segments = template
+            .render_segments_with_vars(&chat_messages(messages), tools.as_deref(), add_generation_prompt, vars.as_deref())
+            .map_err(Error::ChatTemplate)?;
         Ok(tok.encode_segments(&segments))
     }
 
     fn render_chat_template(
-        handle: u32,
         messages: Vec<control::ChatMessage>,
         tools: Option<String>,
         add_generation_prompt: bool,
         vars: Option<String>,
-    ) -> Result<String, String> {
-        chat_template(handle)?.render_with_vars(
-            &chat_messages(messages),
-            tools.as_deref(),
-            add_generation_prompt,
-            vars.as_deref(),
-        )
+    ) -> Result<String, Error> {
+        chat::check_vars(vars.as_deref()).map_err(Error::InvalidArgument)?;
+        chat_template(tools.is_some())?
+            .render_with_vars(&chat_messages(messages), tools.as_deref(), add_generation_prompt, vars.as_deref())
+            .map_err(Error::ChatTemplate)
     }
 
-    fn generate(handle: u32, prompt: Vec<u32>, params: control::SamplingParams) -> Result<Completion, GenerateError> {
-        let info = model::info(handle).map_err(GenerateError::Failed)?;
+    fn generate(prompt: Vec<u32>, params: control::SamplingParams) -> Result<Completion, Error> {
+        let info = model::info();
         // A model without tokenizer files can still generate token ids.
-        let tok = optional_tokenizer(handle).map_err(GenerateError::Failed)?;
-        let params = GenerateParams {
-            sampling: SamplingParams {
-                temperature: params.temperature,
-                top_k: params.top_k,
-                top_p: params.top_p,
-                min_p: params.min_p,
-                repetition_penalty: params.repetition_penalty,
-                presence_penalty: params.presence_penalty,
-                frequency_penalty: params.frequency_penalty,
-                penalty_last_n: params.penalty_last_n,
-                logit_bias: params.logit_bias,
-                top_logprobs: params.top_logprobs,
-                seed: params.seed,
-            },
-            max_tokens: params.max_tokens,
-            stop_at_eos: params.stop_at_eos,
-            stop_strings: params.stop_strings,
-            stop_tokens: params.stop_tokens,
-            use_plugin: params.plugin,
-        };
-        generate::validate(&params, info.vocab_size).map_err(GenerateError::InvalidArgument)?;
-        let mut host = Imports { handle };
+        let tok = optional_tokenizer()?;
+        let params = GenerateParams::from(params);
+        generate::validate(&params, info.vocab_size).map_err(Error::InvalidArgument)?;
         let out = generate::generate(
-            &mut host,
+            &mut Imports,
             tok.as_deref(),
             &info.eos_tokens,
             info.vocab_size,
@@ -198,26 +216,14 @@ impl Guest for Component {
             &prompt,
             &params,
         )
-        .map_err(GenerateError::Failed)?;
+        .map_err(Error::Failed)?;
         let logprobs = out
             .logprobs
             .iter()
             .zip(&out.top_logprobs)
             .map(|(&logprob, top)| TokenLogprobs { logprob, top: top_to_wit(top) })
             .collect();
-        Ok(Completion {
-            tokens: out.tokens,
-            text: out.text,
-            stop_reason: match out.stop_reason {
-                generate::StopReason::Length => StopReason::Length,
-                generate::StopReason::Eos => StopReason::Eos,
-                generate::StopReason::Cancelled => StopReason::Cancelled,
-                generate::StopReason::ContextFull => StopReason::ContextFull,
-                generate::StopReason::StopString => StopReason::StopString,
-                generate::StopReason::StopToken => StopReason::StopToken,
-            },
-            logprobs,
-        })
+        Ok(Completion { tokens: out.tokens, text: out.text, stop_reason: out.stop_reason.into(), logprobs })
     }
 }
 

@@ -8,7 +8,7 @@
 //! logits nobody reads, and the state stays one continuous sequence.
 
 use crate::sampling::{adjust, log_sum_exp, sample, top_logprobs, Rng, SamplingParams};
-use crate::session::StopGate;
+use crate::stop::StopGate;
 use crate::stream::Utf8Stream;
 use crate::tokenizer::Tokenizer;
 

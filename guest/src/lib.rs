@@ -7,7 +7,7 @@
 pub mod chat;
 pub mod generate;
 pub mod sampling;
-pub mod session;
+pub mod stop;
 pub mod stream;
 pub mod tokenizer;
 

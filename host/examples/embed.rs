@@ -43,13 +43,13 @@ fn main() -> waste_host::Result<()> {
         let mut p = seen.lock().unwrap();
         *p = (
             p.0 + 1,
-            p.1 + ev.experts_hit,
-            p.2 + ev.experts_missed,
-            p.3 + ev.bytes_read,
+            p.1 + ev.stats.experts_hit,
+            p.2 + ev.stats.experts_missed,
+            p.3 + ev.stats.bytes_read,
         );
         eprintln!(
             "[{} tokens, cache hits {}, misses {}, {} bytes read, {:.2} of {:.2} ms in I/O]",
-            p.0, p.1, p.2, p.3, ev.ms_io, ev.ms_total
+            p.0, p.1, p.2, p.3, ev.stats.ms_io, ev.stats.ms_total
         );
         true
     })?;

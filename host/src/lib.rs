@@ -1,8 +1,10 @@
-//! WASTE native engine.
-//!
-//! Containers, expert streaming, quantised kernels and the forward pass live
-//! here, together with the one wasmtime embedding of the control component
-//! (tokenizer, sampling, the token loop) that every front end goes through.
+//! WASTE host: the native engine (`waste-engine`) with the control
+//! component embedded. Tokenizer, chat templates, sampling and the token
+//! loop run in the bundled WebAssembly component (guest/, built and
+//! precompiled by build.rs); every front end (the CLI, the server, the C
+//! ABI) reaches them only through an [`Engine`] and its [`Session`]s. This
+//! crate is the one place that knows wasmtime; it re-exports what the front
+//! ends use of the engine below it.
 //!
 //! ```no_run
 //! use waste_host::{Engine, GenerateParams, Model, OpenOptions};
@@ -19,52 +21,34 @@
 //! # Ok(()) }
 //! ```
 
-mod api;
-pub mod checkpoint;
-pub mod config;
-pub mod container;
-pub mod convert;
-pub mod error;
-pub mod model;
-mod open_progress;
-pub mod plan;
-pub mod pool;
-pub mod quant;
+mod bindings;
+mod component;
+mod engine;
+mod params;
 pub mod plugin;
-mod runtime;
-pub mod stats;
-pub mod store;
-pub mod synth;
+mod session;
 
-pub use api::{
-    ChatMessage, Completion, Engine, GenerateParams, MemoryUse, Model, ModelInfo, OpenOptions, OpenProgress, Perplexity, Session, StopReason,
-    TokenEvent, PERPLEXITY_CHUNK,
-    DEFAULT_CONTEXT,
+pub use engine::Engine;
+pub use params::{
+    check_template_vars, ChatMessage, Completion, GenerateParams, StopReason, TokenEvent, TokenStats,
+    RESERVED_TEMPLATE_VARS,
 };
-pub use api::{check_template_vars, RESERVED_TEMPLATE_VARS};
-pub use convert::{convert, ConvertOptions, ConvertProgress, ConvertReport};
-pub use error::{Error, Result};
-pub use stats::StepStats;
+pub use session::Session;
+
+// The engine below, as the front ends use it.
+pub use waste_engine::{
+    checkpoint, config, container, convert, error, info, model, plan, pool, quant, skip, stats, store, synth,
+};
+pub use waste_engine::{
+    ConvertOptions, ConvertProgress, ConvertReport, Error, LayerInfo, MemoryUse, Model, ModelInfo, OpenOptions,
+    OpenProgress, Perplexity, Result, StepStats, DEFAULT_CONTEXT, PERPLEXITY_CHUNK,
+};
 
 /// The bundled control component (a wasm32-wasip2 component), for hosts
 /// that load it with their own wasmtime binding.
 pub fn component_bytes() -> &'static [u8] {
-    runtime::GUEST_WASM
+    component::GUEST_WASM
 }
 
 /// The engine's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// Reports a test that could not run. cargo captures a passing test's
-/// output, so the line is also appended to the file named by `WASTE_SKIP_LOG`
-/// (set by .ci/run), where CI checks it against .ci/allowed-skips.
-#[cfg(test)]
-pub(crate) fn report_skip(message: &str) {
-    eprintln!("{message}");
-    if let Some(path) = std::env::var_os("WASTE_SKIP_LOG") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-            let _ = writeln!(f, "{message}");
-        }
-    }
-}

@@ -12,14 +12,9 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Store, StoreLimits, StoreLimitsBuilder, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
-use crate::error::{Error, Result};
-
-mod bindings {
-    wasmtime::component::bindgen!({ world: "sampler-plugin", path: "../wit" });
-}
-
-use bindings::exports::waste::engine::sampler::SamplerParams;
-use bindings::SamplerPlugin as Bindings;
+use crate::bindings::sampler::exports::waste::engine::sampler::SamplerParams;
+use crate::bindings::sampler::SamplerPlugin as Bindings;
+use waste_engine::{Error, Result};
 
 /// Limits of one plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -39,12 +39,7 @@ fn event(text: &str) -> TokenEvent {
         text: text.into(),
         logprob: 0.0,
         top_logprobs: Vec::new(),
-        experts_hit: 0,
-        experts_missed: 0,
-        bytes_read: 0,
-        ms_total: 0.0,
-        ms_io: 0.0,
-        direct_io: false,
+        stats: Default::default(),
     }
 }
 

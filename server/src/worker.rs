@@ -203,11 +203,12 @@ fn prompt_tokens(
 ) -> std::result::Result<Vec<u32>, ApiError> {
     match prompt {
         Prompt::Chat { messages, tools, template_vars } => {
-            if session.model().chat_template().is_none() {
-                return Err(ApiError::bad_request(
-                    "this model has no chat template; use /v1/completions",
-                    None,
-                ));
+            match session.model().chat_template(tools.is_some()) {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(ApiError::bad_request("this model has no chat template; use /v1/completions", None))
+                }
+                Err(why) => return Err(ApiError::bad_request(format!("chat template: {why}"), Some("messages"))),
             }
             // A template that rejects the conversation (raise_exception,
             // a field it cannot read) is the request's fault, not the
@@ -215,9 +216,7 @@ fn prompt_tokens(
             session
                 .apply_chat_template_with_vars(messages, tools.as_deref(), true, template_vars.as_deref())
                 .map_err(|e| match e {
-                    waste_host::Error::Guest(m) if m.starts_with("chat template:") => {
-                        ApiError::bad_request(m, Some("messages"))
-                    }
+                    e @ waste_host::Error::ChatTemplate(_) => ApiError::bad_request(e.to_string(), Some("messages")),
                     other => host_error(other),
                 })
         }

@@ -284,7 +284,7 @@ fn chat_ctrl_c_cancels_the_reply_and_the_repl_goes_on() {
     use std::io::{Read, Write};
     use std::process::{Command, Stdio};
     let m = model();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_waste"))
+    let mut child = Command::new(waste_bin())
         .args(["chat", m.as_str(), "-n", "200", "--temp", "0"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -45,12 +45,18 @@ impl Drop for TempDir {
     }
 }
 
+/// The `waste` binary under test (tests/bin/waste.rs: the CLI library's
+/// `main`, as cli/src/bin/waste.rs).
+pub fn waste_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_waste-under-test")
+}
+
 pub fn waste(args: &[&str]) -> Output {
     waste_with_stdin(args, None)
 }
 
 pub fn waste_with_stdin(args: &[&str], stdin: Option<&str>) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_waste"));
+    let mut cmd = Command::new(waste_bin());
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
     let mut child = cmd.spawn().expect("spawn waste");

@@ -36,7 +36,7 @@ fn source_copy(tmp: &TempDir) -> PathBuf {
 }
 
 fn run_convert(src: &Path, out: &Path, extra: &[&str], env: Option<(&str, &str)>) -> std::process::Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_waste"));
+    let mut cmd = Command::new(waste_bin());
     cmd.args(["convert", src.to_str().unwrap(), out.to_str().unwrap()]).args(extra);
     if let Some((k, v)) = env {
         cmd.env(k, v);
@@ -434,7 +434,7 @@ fn feed_shards(
 }
 
 fn spawn_convert(src: &Path, out: &Path, extra: &[&str], env: Option<(&str, &str)>, log: &Path) -> std::process::Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_waste"));
+    let mut cmd = Command::new(waste_bin());
     cmd.args(["convert", src.to_str().unwrap(), out.to_str().unwrap()]).args(extra);
     if let Some((k, v)) = env {
         cmd.env(k, v);

@@ -138,8 +138,12 @@ fn jco_host_runs_the_exported_component_over_a_stub_model() {
     );
     assert_eq!(ids(&got["chat_ids"]), want_chat_ids);
     assert_eq!(got["chat_text"], want_chat_text.as_str());
-    let vars_error = got["chat_vars_error"].as_str().unwrap_or_default();
-    assert!(vars_error.contains("\"messages\" is set by the renderer itself"), "{}", got["chat_vars_error"]);
+    assert_eq!(got["chat_vars"]["err"]["tag"], "invalid-argument", "{got}");
+    let vars_error = got["chat_vars"]["err"]["val"].as_str().unwrap_or_default();
+    assert!(vars_error.contains("\"messages\" is set by the renderer itself"), "{}", got["chat_vars"]);
+    // The host's refusal of a template reaches the caller as a template error.
+    assert_eq!(got["no_template"]["err"]["tag"], "chat-template", "{got}");
+    assert!(got["no_template"]["err"]["val"].as_str().unwrap().contains("stub: no template"), "{got}");
 
     // Greedy generation follows the stub: token i comes after a state of
     // prompt + i tokens; the last one is held, not evaluated.
@@ -195,8 +199,7 @@ fn jco_host_runs_the_exported_component_over_a_stub_model() {
     assert_eq!(c["position_after"].as_u64().unwrap() as usize, p0 + 1);
 
     // Errors cross the boundary as the WIT says: a bad parameter is
-    // invalid-argument, a failing host import is failed with its message,
-    // a handle without a tokenizer is an error string.
+    // invalid-argument, a failing host import is failed with its message.
     assert_eq!(got["bad_param"]["err"]["tag"], "invalid-argument", "{got}");
     assert!(got["bad_param"]["err"]["val"]
         .as_str()
@@ -207,5 +210,4 @@ fn jco_host_runs_the_exported_component_over_a_stub_model() {
         .as_str()
         .unwrap()
         .contains("stub: evaluate refused on purpose"));
-    assert!(got["bad_handle"]["err"].as_str().is_some(), "{got}");
 }

@@ -8,6 +8,7 @@ mod cli;
 mod ffi;
 mod jco;
 mod k3;
+mod layering;
 mod cli_more;
 mod common;
 mod convert_release;

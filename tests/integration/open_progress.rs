@@ -150,7 +150,7 @@ fn token_event_direct_io_agrees_with_the_store() {
         let sink = seen.clone();
         session
             .generate(&prompt, &params, move |e| {
-                sink.lock().unwrap().push(e.direct_io);
+                sink.lock().unwrap().push(e.stats.direct_io);
                 true
             })
             .unwrap();
@@ -168,7 +168,7 @@ fn token_event_direct_io_agrees_with_the_store() {
 #[test]
 fn open_progress_bar_is_drawn_on_a_tty_only() {
     let model = bible();
-    let waste = env!("CARGO_BIN_EXE_waste");
+    let waste = waste_bin();
     let piped = waste_with_stdin(
         &[
             "run",

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::common::{report_skip, stderr, stdout, waste, TempDir};
+use crate::common::{report_skip, stderr, stdout, waste, waste_bin, TempDir};
 
 /// Kills the server however the test ends.
 struct Server(Child);
@@ -37,7 +37,7 @@ fn python_has_openai() -> Result<(), String> {
 /// Starts `waste serve MODEL --port 0 --api-key KEY ARGS...` and waits for
 /// its listening address.
 fn start(model: &Path, args: &[&str]) -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_waste"))
+    let mut child = Command::new(waste_bin())
         .args([
             "serve",
             model.to_str().unwrap(),

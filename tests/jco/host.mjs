@@ -45,14 +45,16 @@ function zeroStats() {
   return { expertsHit: 0, expertsMissed: 0, bytesRead: 0n, msTotal: 0, msIo: 0, directIo: false };
 }
 
-function checkHandle(model) {
-  // A wrong handle is a host-side error string, as the contract says.
-  if (model !== 0) throw { payload: `unknown model handle ${model}` };
+// The host chooses the chat template (wit: `chat-template`): this stub
+// has one, the tokenizer fixture's own, and none for conversations with
+// tools, so that refusal is seen crossing the boundary.
+function ownTemplate() {
+  const config = JSON.parse(readFileSync(join(spec.tokenizer_dir, 'tokenizer_config.json'), 'utf8'));
+  return config.chat_template;
 }
 
 const model = {
-  info(handle) {
-    checkHandle(handle);
+  info() {
     return {
       family: 'stub',
       vocabSize: spec.vocab_size,
@@ -61,18 +63,17 @@ const model = {
       eosTokens: new Uint32Array(spec.eos),
     };
   },
-  tokenizerFiles(handle) {
-    if (handle !== 0) return [];
+  tokenizerFiles() {
     return readdirSync(spec.tokenizer_dir)
       .filter((f) => ['tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',
         'chat_template.jinja', 'tiktoken.model'].includes(f))
       .map((f) => [f, new Uint8Array(readFileSync(join(spec.tokenizer_dir, f)))]);
   },
-  chatTemplate(_handle) {
-    return undefined;
+  chatTemplate(withTools) {
+    if (withTools) throw { payload: 'stub: no template for conversations with tools' };
+    return ownTemplate();
   },
-  evaluate(handle, tokens) {
-    checkHandle(handle);
+  evaluate(tokens) {
     state.evaluateCalls += 1;
     if (state.failEvaluate) throw { payload: 'stub: evaluate refused on purpose' };
     const all = state.held === null ? [...tokens] : [state.held, ...tokens];
@@ -85,15 +86,12 @@ const model = {
     logits[next(state.position)] = HIGH;
     return { logits, position: state.position, stats: zeroStats() };
   },
-  recentTokens(handle, n) {
+  recentTokens(n) {
     const seq = state.held === null ? state.tokens : [...state.tokens, state.held];
-    return new Uint32Array(handle === 0 ? seq.slice(Math.max(0, seq.length - n)) : []);
+    return new Uint32Array(seq.slice(Math.max(0, seq.length - n)));
   },
   sampleWithPlugin(_logits, _recent) {
     throw { payload: 'this host attaches no sampler plugin' };
-  },
-  reset(_handle) {
-    Object.assign(state, { position: 0, tokens: [], held: null });
   },
   emitToken(event) {
     events.push({
@@ -130,7 +128,7 @@ const wasi = {
 const imports = {};
 for (const [k, v] of Object.entries(wasi)) {
   imports[k] = v;
-  imports[`${k}@${k.startsWith('waste:') ? '0.1.0' : '0.2.6'}`] = v;
+  imports[`${k}@${k.startsWith('waste:') ? '0.2.0' : '0.2.6'}`] = v;
 }
 const getCoreModule = (path) => new WebAssembly.Module(readFileSync(join(spec.out_dir, path)));
 const { control } = instantiate(getCoreModule, imports);
@@ -153,24 +151,21 @@ const params = (over) => ({
 });
 
 const out = {};
-out.tokenize = Array.from(control.tokenize(0, spec.text));
-out.tokenize_markup = Array.from(control.tokenizeMarkup(0, spec.text));
-out.detokenize = control.detokenize(0, new Uint32Array(out.tokenize));
-out.detokenize_prompt = control.detokenize(0, new Uint32Array(spec.prompt_ids));
+out.tokenize = Array.from(control.tokenize(spec.text));
+out.tokenize_markup = Array.from(control.tokenizeMarkup(spec.text));
+out.detokenize = control.detokenize(new Uint32Array(out.tokenize));
+out.detokenize_prompt = control.detokenize(new Uint32Array(spec.prompt_ids));
 const messages = spec.messages.map((m) => ({ role: m.role, content: m.content }));
-out.chat_ids = Array.from(control.applyChatTemplate(0, messages, undefined, true, undefined));
-out.chat_text = control.renderChatTemplate(0, messages, undefined, true, undefined);
+out.chat_ids = Array.from(control.applyChatTemplate(messages, undefined, true, undefined));
+out.chat_text = control.renderChatTemplate(messages, undefined, true, undefined);
 // Template variables cross the JS boundary as JSON text: a reserved name
-// must come back as the guest's refusal.
-try {
-  control.renderChatTemplate(0, messages, undefined, true, '{"messages": []}');
-  out.chat_vars_error = null;
-} catch (e) {
-  out.chat_vars_error = String(e.payload ?? e.message ?? e);
-}
+// must come back as the guest's refusal of an argument.
+out.chat_vars = attempt(() => control.renderChatTemplate(messages, undefined, true, '{"messages": []}'));
+// The host's refusal to choose a template comes back as a chat-template error.
+out.no_template = attempt(() => control.renderChatTemplate(messages, '[]', true, undefined));
 
 const prompt = new Uint32Array(spec.prompt_ids);
-const done = control.generate(0, prompt, params({}));
+const done = control.generate(prompt, params({}));
 out.generate = {
   tokens: Array.from(done.tokens),
   text: done.text,
@@ -186,15 +181,14 @@ state.held = done.tokens[done.tokens.length - 1];
 // A second turn continues from the held token; emit-token's false cancels.
 events.length = 0;
 cancelAfter = 2;
-const turn2 = control.generate(0, new Uint32Array(), params({ maxTokens: 5 }));
+const turn2 = control.generate(new Uint32Array(), params({ maxTokens: 5 }));
 out.cancelled = { tokens: Array.from(turn2.tokens), stop_reason: turn2.stopReason, position_after: state.position };
 cancelAfter = Infinity;
 
 // Error paths: an out-of-range parameter, then a failing host import.
-out.bad_param = attempt(() => control.generate(0, prompt, params({ topP: 5 })));
+out.bad_param = attempt(() => control.generate(prompt, params({ topP: 5 })));
 state.failEvaluate = true;
-out.host_failure = attempt(() => control.generate(0, prompt, params({})));
+out.host_failure = attempt(() => control.generate(prompt, params({})));
 state.failEvaluate = false;
-out.bad_handle = attempt(() => control.tokenize(7, spec.text));
 
 process.stdout.write(JSON.stringify(out) + '\n');

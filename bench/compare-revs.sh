@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs one cargo bench of the working tree and of an earlier revision side
+# by side, alternating, so both see the same machine (it is shared and
+# noisy: figures from separate runs are not comparable). The revision is
+# built in a worktree with a target directory of its own under
+# ~/.cache/waste-bench/, kept between runs.
+#
+#   bench/compare-revs.sh REV [-n ROUNDS] -- CARGO_BENCH_ARGS... [-- BENCH_ARGS...]
+#   bench/compare-revs.sh c174a99 -- -p waste-kernels --bench kernels -- --quick
+#
+# Each round prints the revision's output, then the working tree's, each
+# under a header naming it and the load average. docs/PERFORMANCE.md names
+# the revision its "before" columns came from.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+[ $# -ge 1 ] || { echo "usage: $0 REV [-n ROUNDS] -- CARGO_BENCH_ARGS..." >&2; exit 2; }
+rev="$1"; shift
+rounds=3
+if [ "${1:-}" = "-n" ]; then rounds="$2"; shift 2; fi
+[ "${1:-}" = "--" ] && shift
+commit="$(git -C "$root" rev-parse --short "$rev^{commit}")"
+cache="${WASTE_BENCH_CACHE:-$HOME/.cache/waste-bench}"
+tree="$cache/tree-$commit"
+mkdir -p "$cache"
+if [ ! -d "$tree" ]; then
+  git -C "$root" worktree add --detach --quiet "$tree" "$commit"
+fi
+# The bench binaries, built once each: `cargo bench --no-run` prints where.
+bench_bin() { # DIR TARGET_DIR ARGS...
+  local dir="$1" target="$2"; shift 2
+  (cd "$dir" && CARGO_TARGET_DIR="$target" cargo bench --no-run --message-format=json "${cargo_args[@]}" 2>/dev/null) |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and "bench" in m["target"]["kind"]:
+        print(m["executable"])' | tail -n 1
+}
+cargo_args=(); bench_args=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do cargo_args+=("$1"); shift; done
+[ "${1:-}" = "--" ] && { shift; bench_args=("$@"); }
+old="$(bench_bin "$tree" "$cache/target-$commit")"
+new="$(bench_bin "$root" "${CARGO_TARGET_DIR:-$root/target}")"
+[ -x "$old" ] && [ -x "$new" ] || { echo "could not build the bench (old: '$old', new: '$new')" >&2; exit 1; }
+for ((i = 1; i <= rounds; i++)); do
+  for which in old new; do
+    bin="$old"; name="$commit"
+    [ "$which" = new ] && { bin="$new"; name="working tree"; }
+    echo "=== round $i: $name (load $(cut -d' ' -f1-3 /proc/loadavg))"
+    (cd "$([ "$which" = new ] && echo "$root" || echo "$tree")" && "$bin" --bench "${bench_args[@]}")
+  done
+done

@@ -1,0 +1,316 @@
+//! `waste bench`: decode speed, expert hits and misses, bytes and GB/s read.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use waste_host::plan::fmt_bytes;
+use waste_host::store::trace::read_route_trace;
+use waste_host::store::CachePolicy;
+use waste_host::{Model, OpenOptions};
+
+use crate::errors::usage;
+use crate::open::{budget_arg, say_budget};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Container directory.
+    pub model: PathBuf,
+    /// RAM budget (e.g. 2G); default: chosen by the planner.
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// Several budgets, one run each in this process: 1.5G,2G,4G.
+    #[arg(long, value_delimiter = ',', conflicts_with = "budget")]
+    pub sweep: Option<Vec<String>>,
+    /// Decode steps to run.
+    #[arg(long, default_value_t = 32)]
+    pub tokens: usize,
+    /// Replay recorded routing (JSONL) instead of running the model.
+    #[arg(long)]
+    pub route_trace: Option<PathBuf>,
+    /// Tokens of context (default: 512, or the model's maximum if smaller).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    #[arg(long, default_value_t = 2)]
+    pub readers: usize,
+    /// Eviction policy: lru (default) or frequency.
+    #[arg(long, default_value = "lru")]
+    pub policy: String,
+    /// Router lookahead: experts of the next layer read speculatively (0 =
+    /// off). Several values (`0,6`) run side by side, each budget once per
+    /// value, in this process. Default: the engine's (6; 0 with
+    /// --route-trace).
+    #[arg(long, value_delimiter = ',')]
+    pub lookahead: Option<Vec<usize>>,
+    /// Time one prefill of this many tokens instead of `--tokens` decode
+    /// steps (0 = decode).
+    #[arg(long, default_value_t = 0)]
+    pub prefill: usize,
+    /// Prefill chunk sizes (1 = token at a time); several (`1,64`) run side
+    /// by side in this process. Default: the engine's.
+    #[arg(long, value_delimiter = ',')]
+    pub chunk: Option<Vec<usize>>,
+    /// Read every use (no cache).
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Read each record only when it is needed (no read-ahead).
+    #[arg(long)]
+    pub no_read_ahead: bool,
+    /// Read through the page cache.
+    #[arg(long)]
+    pub buffered: bool,
+    /// Also measure raw random-read bandwidth of records: this many reads.
+    #[arg(long, default_value_t = 0)]
+    pub raw_reads: usize,
+    /// Save expert-use counts to the container's usage file afterwards.
+    #[arg(long)]
+    pub learn: bool,
+    /// Ignore the container's usage file.
+    #[arg(long)]
+    pub no_preload: bool,
+    /// Compute threads; several values (`1,2`) run side by side, each
+    /// budget and lookahead once per value, in this process. Default: one
+    /// per CPU.
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Option<Vec<usize>>,
+    /// Decode steps run (on their own state) after open and before the
+    /// measured ones, to fill the cache; not counted.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn bench(a: BenchArgs) -> Result<()> {
+    let policy = CachePolicy::parse(&a.policy)
+        .ok_or_else(|| usage(format!("--policy {:?}: expected frequency or lru", a.policy)))?;
+    let budgets: Vec<Option<u64>> = match &a.sweep {
+        Some(list) => list
+            .iter()
+            .map(|s| budget_arg(&Some(s.clone())))
+            .collect::<Result<_>>()?,
+        None => vec![budget_arg(&a.budget)?],
+    };
+    if a.route_trace.is_some() && a.lookahead.as_ref().is_some_and(|l| l.iter().any(|&n| n > 0)) {
+        // Replay feeds recorded routing to the store: no router runs, so
+        // there is nothing to look ahead with.
+        bail!(usage("--lookahead needs the model's own routing; it does nothing with --route-trace"));
+    }
+    let trace = match &a.route_trace {
+        Some(p) => Some(read_route_trace(p)?),
+        None => None,
+    };
+    if a.tokens == 0 {
+        bail!(usage("--tokens must be at least 1"));
+    }
+    // Regression: a fixed default of 512 refused models with a shorter context.
+    let ctx = match a.ctx {
+        Some(n) => n,
+        None => waste_host::container::Container::open(&a.model)
+            .with_context(|| format!("opening {}", a.model.display()))?
+            .config()
+            .max_position_embeddings
+            .min(512),
+    };
+    // Replay runs no router, so the default lookahead would do nothing
+    // there but appear in the rows.
+    let lookaheads = match (&a.lookahead, &trace) {
+        (Some(l), _) => l.clone(),
+        (None, Some(_)) => vec![0],
+        (None, None) => vec![OpenOptions::default().lookahead],
+    };
+    if a.threads.as_ref().is_some_and(|t| t.contains(&0)) {
+        bail!(usage("--threads must be at least 1"));
+    }
+    let threads: Vec<Option<usize>> = match &a.threads {
+        Some(t) => t.iter().map(|&n| Some(n)).collect(),
+        None => vec![None],
+    };
+    let chunks = a.chunk.clone().unwrap_or_else(|| vec![OpenOptions::default().prefill_chunk]);
+    if let Some(&bad) = chunks.iter().find(|&&c| waste_host::model::prefill::check_chunk(c).is_err()) {
+        bail!(usage(format!("--chunk {bad}: expected 1 to {}", waste_host::model::prefill::MAX_PREFILL_CHUNK)));
+    }
+    let mut runs: Vec<(Option<u64>, usize, Option<usize>, usize)> = Vec::new();
+    for &b in &budgets {
+        for &l in &lookaheads {
+            for &t in &threads {
+                runs.extend(chunks.iter().map(|&c| (b, l, t, c)));
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for (run, (budget, lookahead, threads, chunk)) in runs.into_iter().enumerate() {
+        let options = OpenOptions {
+            context: Some(ctx),
+            budget,
+            cache: !a.no_cache,
+            cache_policy: policy,
+            readers: a.readers,
+            read_ahead: !a.no_read_ahead,
+            direct_io: !a.buffered,
+            lookahead,
+            preload: !a.no_preload,
+            threads,
+            cpus: None,
+            prefill_chunk: chunk,
+        };
+        let model = crate::render::open_model(&a.model, &options)
+            .with_context(|| format!("opening {}", a.model.display()))?;
+        say_budget(model.memory_plan());
+        // Raw bandwidth with the store's own buffers, and with 4 KiB-page and
+        // huge-page buffers side by side (alternating which goes first). Each
+        // probe reads records no earlier probe of this process read, so no
+        // cache below the guest flatters a later one.
+        let (mut raw, mut raw_4k, mut raw_huge) = (None, None, None);
+        if a.raw_reads > 0 {
+            let store = model.expert_store();
+            let seed = 42 + 3 * run as u64;
+            let (bytes, secs) = store.measure_random_reads(a.raw_reads, a.readers.max(1), seed)?;
+            raw = Some(bytes as f64 / secs / 1e9);
+            let order = if run % 2 == 0 { [false, true] } else { [true, false] };
+            for (i, huge) in order.into_iter().enumerate() {
+                let (bytes, secs) =
+                    store.measure_random_reads_with(a.raw_reads, a.readers.max(1), seed + 1 + i as u64, huge)?;
+                *(if huge { &mut raw_huge } else { &mut raw_4k }) = Some(bytes as f64 / secs / 1e9);
+            }
+        }
+        let preloaded = model.store_stats().preloaded;
+        warm_up(&model, trace.as_ref(), a.warmup.min(ctx))?;
+        model.reset_store_stats();
+        let cpu_before = waste_host::stats::cpu_times(false);
+        let started = Instant::now();
+        let mut embedding_rows_read = 0u64;
+        let steps = match &trace {
+            Some(t) => {
+                for i in 0..a.tokens {
+                    model.replay_routing(&t.steps[i % t.steps.len()])?;
+                }
+                a.tokens
+            }
+            None => {
+                let mut state = model.new_state();
+                let vocab = model.info().vocab_size as u64;
+                let mut rng = 0x2545_F491_4F6C_DD1Du64;
+                let n = if a.prefill > 0 { 0 } else { a.tokens.min(ctx) };
+                if a.prefill > 0 {
+                    let prompt: Vec<u32> = (0..a.prefill.min(ctx))
+                        .map(|_| {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            (rng % vocab) as u32
+                        })
+                        .collect();
+                    let (_, step) = model.forward(&mut state, &prompt, false)?;
+                    embedding_rows_read += step.embedding_rows_read as u64;
+                }
+                for _ in 0..n {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let (_, step) = model.forward(&mut state, &[(rng % vocab) as u32], false)?;
+                    embedding_rows_read += step.embedding_rows_read as u64;
+                }
+                if a.prefill > 0 { a.prefill.min(ctx) } else { n }
+            }
+        };
+        let secs = started.elapsed().as_secs_f64();
+        let cpu = cpu_times_since(cpu_before);
+        let s = model.store_stats();
+        let useful_gb = s.useful_bytes() as f64 / 1e9;
+        let ratio = |gb_per_s: f64| raw.map(|r| gb_per_s / r);
+        if a.learn {
+            model.save_usage()?;
+        }
+        let plan = model.memory_plan();
+        let used = model.memory_used();
+        let mut row = json!({
+            "budget": plan.budget, "cache_slots": plan.cache_slots, "cache_bytes": plan.cache_bytes,
+            "planned_total": plan.total(), "used_total": used.total(), "floor": plan.floor,
+            "working_set": plan.working_set, "tokens": steps, "seconds": secs,
+            "tok_per_s": steps as f64 / secs, "hits": s.hits, "misses": s.misses, "hit_rate": s.hit_rate(),
+            "gb_read": s.bytes_read as f64 / 1e9, "gb_per_token": s.bytes_read as f64 / 1e9 / steps as f64,
+            "achieved_gb_per_s": s.bytes_read as f64 / 1e9 / secs, "io_wait_s": s.io_wait.as_secs_f64(),
+            "read_time_s": s.read_time.as_secs_f64(), "direct_io": s.direct_io, "policy": policy.name(),
+            "readers": a.readers, "lookahead": lookahead, "threads": threads, "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "prefetch_issued": s.prefetch_issued,
+            "prefetch_used": s.prefetch_used, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
+            "record_bytes": s.record_bytes, "replay": trace.is_some(),
+            "prefill": a.prefill, "chunk": chunk, "reads": s.reads,
+            "peak_rss": waste_host::plan::peak_rss(),
+        });
+        // Speculative reads never used inflate `gb_read`: `useful_*` counts
+        // only records a forward pass consumed.
+        let more = json!({
+            "raw_random_read_4k_gb_per_s": raw_4k, "raw_random_read_huge_gb_per_s": raw_huge,
+            "huge_pages": s.huge_pages, "useful_gb_read": useful_gb, "useful_gb_per_s": useful_gb / secs,
+            "achieved_over_raw": ratio(s.bytes_read as f64 / 1e9 / secs), "useful_over_raw": ratio(useful_gb / secs),
+            "reader_sys_s": s.reader_sys_time.as_secs_f64(), "process_user_s": cpu.map(|c| c.0),
+            "process_sys_s": cpu.map(|c| c.1),
+        });
+        if let (Some(row), serde_json::Value::Object(more)) = (row.as_object_mut(), more) {
+            row.extend(more);
+        }
+        rows.push(row);
+    }
+    if a.json {
+        let out = if rows.len() == 1 { rows.remove(0) } else { json!(rows) };
+        println!("{out}");
+    } else {
+        for r in &rows {
+            let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+            let raw = r["raw_random_read_gb_per_s"]
+                .as_f64()
+                .map(|v| format!(", raw random read {v:.2} GB/s"))
+                .unwrap_or_default();
+            println!(
+                "budget {}, lookahead {}, threads {}: {:.2} tok/s, hit {:.1}% ({} hit / {} miss), {:.3} GB read, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, direct_io {}",
+                fmt_bytes(f("budget") as u64),
+                r["lookahead"],
+                r["threads"],
+                f("tok_per_s"),
+                100.0 * f("hit_rate"),
+                r["hits"],
+                r["misses"],
+                f("gb_read"),
+                f("gb_per_token"),
+                f("achieved_gb_per_s"),
+                f("useful_gb_per_s"),
+                r["direct_io"]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Process (user, system) CPU seconds since `before` was taken.
+fn cpu_times_since(before: Option<(std::time::Duration, std::time::Duration)>) -> Option<(f64, f64)> {
+    let (b, n) = (before?, waste_host::stats::cpu_times(false)?);
+    Some(((n.0.saturating_sub(b.0)).as_secs_f64(), (n.1.saturating_sub(b.1)).as_secs_f64()))
+}
+
+/// Runs `steps` decode steps (replayed routing with a trace, else random
+/// tokens on a state of their own, from a seed other than the measured
+/// run's) so the measured steps start with the cache filled.
+fn warm_up(model: &Model, trace: Option<&waste_host::store::trace::RouteTrace>, steps: usize) -> Result<()> {
+    if steps == 0 {
+        return Ok(());
+    }
+    if let Some(t) = trace {
+        for i in 0..steps {
+            model.replay_routing(&t.steps[i % t.steps.len()])?;
+        }
+        return Ok(());
+    }
+    let mut state = model.new_state();
+    let vocab = model.info().vocab_size as u64;
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..steps {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        model.forward(&mut state, &[(rng % vocab) as u32], false)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! `waste info`, `waste version` and `waste component`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::json;
+use waste_host::Engine;
+
+#[derive(Args)]
+pub struct InfoArgs {
+    /// Container directory.
+    pub model: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct VersionArgs {
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct ComponentArgs {
+    /// Where to write the component.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// `2.78T`, `105.36B`, `3.20M`: a parameter count as papers write it.
+fn short_count(n: u64) -> String {
+    let v = n as f64;
+    match v {
+        v if v >= 1e12 => format!("{:.2}T", v / 1e12),
+        v if v >= 1e9 => format!("{:.2}B", v / 1e9),
+        v if v >= 1e6 => format!("{:.2}M", v / 1e6),
+        _ => n.to_string(),
+    }
+}
+
+pub fn info(a: InfoArgs) -> Result<()> {
+    // The manifest says it all: loading a trunk (27 GB for K3) to describe
+    // it would be waste.
+    let container = waste_host::container::Container::open(&a.model)
+        .with_context(|| format!("opening {}", a.model.display()))?;
+    let i = &waste_host::ModelInfo::of(&container);
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "family": i.family, "vocab_size": i.vocab_size, "hidden_size": i.hidden_size,
+                "layers": i.num_layers, "moe_layers": i.moe_layers, "experts": i.num_experts, "top_k": i.top_k,
+                "max_position_embeddings": i.max_position_embeddings, "bos_token": i.bos_token,
+                "eos_tokens": i.eos_tokens, "trunk_format": i.trunk_format, "expert_format": i.expert_format,
+                "expert_record_bytes": i.expert_record_bytes, "trunk_bytes": i.trunk_bytes,
+                "has_tokenizer": i.has_tokenizer, "has_chat_template": i.has_chat_template,
+                "router": i.router, "shared_expert_width": i.shared_expert_width,
+                "total_params": i.total_params, "active_params": i.active_params,
+                "layer_pattern": i.layers.iter().map(|l| json!({
+                    "attention": l.attention, "ffn": if l.moe { "moe" } else { "dense" },
+                    "state_bytes_fixed": l.state_bytes_fixed, "state_bytes_per_token": l.state_bytes_per_token,
+                })).collect::<Vec<_>>(),
+                "state_bytes_fixed": i.layers.iter().map(|l| l.state_bytes_fixed).sum::<u64>(),
+                "state_bytes_per_token": i.layers.iter().map(|l| l.state_bytes_per_token).sum::<u64>(),
+            })
+        );
+    } else {
+        println!("family        {}", i.family);
+        println!("layers        {} ({} MoE)", i.num_layers, i.moe_layers);
+        println!("hidden        {}", i.hidden_size);
+        println!("experts       {} per MoE layer, top-{}, router {}", i.num_experts, i.top_k, i.router);
+        if i.shared_expert_width > 0 {
+            println!("shared expert width {} per MoE layer", i.shared_expert_width);
+        }
+        println!(
+            "parameters    {} total, {} active per token ({} / {})",
+            short_count(i.total_params),
+            short_count(i.active_params),
+            i.total_params,
+            i.active_params
+        );
+        let pattern: Vec<String> =
+            i.layers.iter().map(|l| format!("{}/{}", l.attention, if l.moe { "MoE" } else { "dense" })).collect();
+        println!("layer pattern {}", pattern.join(" "));
+        let fixed: u64 = i.layers.iter().map(|l| l.state_bytes_fixed).sum();
+        let per_token: u64 = i.layers.iter().map(|l| l.state_bytes_per_token).sum();
+        println!("state         {fixed} bytes fixed + {per_token} bytes per token of context");
+        for (n, l) in i.layers.iter().enumerate() {
+            println!(
+                "  layer {n:<3} {} {:<5} state {} bytes fixed, {} bytes/token",
+                l.attention,
+                if l.moe { "MoE" } else { "dense" },
+                l.state_bytes_fixed,
+                l.state_bytes_per_token
+            );
+        }
+        println!("vocabulary    {}", i.vocab_size);
+        println!("context       {} max", i.max_position_embeddings);
+        println!("trunk         {} ({:.2} MB resident)", i.trunk_format, i.trunk_bytes as f64 / 1e6);
+        println!("experts       {} ({} bytes per record)", i.expert_format, i.expert_record_bytes);
+        println!("tokenizer     {}", if i.has_tokenizer { "yes" } else { "none" });
+        println!("chat template {}", if i.has_chat_template { "yes" } else { "none" });
+    }
+    Ok(())
+}
+
+pub fn version(a: VersionArgs) -> Result<()> {
+    let format = waste_host::container::manifest::FORMAT_VERSION;
+    if a.json {
+        // Compiling the bundled component is what every command pays at
+        // start-up; report it so it can be watched.
+        let engine = Engine::new()?;
+        println!(
+            "{}",
+            json!({
+                "version": waste_host::VERSION, "container_format": format, "wit": "waste:engine@0.1.0",
+                "component_bytes": waste_host::component_bytes().len(),
+                "component_compile_ms": engine.compile_time().as_secs_f64() * 1000.0,
+                "component_instantiate_ms": engine.measure_instantiate()?.as_secs_f64() * 1000.0,
+            })
+        );
+    } else {
+        println!("waste {} (container format {format}, wit waste:engine@0.1.0)", waste_host::VERSION);
+    }
+    Ok(())
+}
+
+/// Writes the bundled control component, for hosts with their own wasmtime
+/// binding (docs/EMBEDDING.md).
+pub fn component(a: ComponentArgs) -> Result<()> {
+    let bytes = waste_host::component_bytes();
+    std::fs::write(&a.out, bytes).with_context(|| format!("writing {}", a.out.display()))?;
+    println!("{}: {} bytes (WIT world waste:engine/engine, wit/engine.wit)", a.out.display(), bytes.len());
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! `waste plan`: the memory plan of a model.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::json;
+use waste_host::plan::{fmt_bytes, parse_size, BudgetSource};
+
+use crate::errors::usage;
+use crate::open::{budget_arg, say_budget};
+
+#[derive(Args)]
+pub struct PlanArgs {
+    /// Container directory.
+    pub model: PathBuf,
+    /// RAM budget (e.g. 2G, 800M); without it the planner picks one.
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// Tokens of context to plan state for.
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// Plan for a machine with this much usable RAM (e.g. 64G) instead of
+    /// this one: what the automatic budget would be there.
+    #[arg(long)]
+    pub ram: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn plan(a: PlanArgs) -> Result<()> {
+    let budget = budget_arg(&a.budget)?;
+    let ram = match &a.ram {
+        None => None,
+        Some(t) => Some(
+            parse_size(t)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| usage(format!("--ram {t:?}: expected a size such as 64G or 16GiB")))?,
+        ),
+    };
+    let p = waste_host::plan::plan_path_for_ram(&a.model, a.ctx, budget, ram)
+        .with_context(|| format!("planning {}", a.model.display()))?;
+    if a.json {
+        let source = match p.budget_source {
+            BudgetSource::Given => json!("given"),
+            BudgetSource::Auto { working_sets } => json!({"auto_working_sets": working_sets}),
+        };
+        println!(
+            "{}",
+            json!({
+                "context": p.context, "trunk": p.trunk, "embedding_on_disk": p.embedding_on_disk, "state": p.state, "scratch": p.scratch,
+                "record_bytes": p.record_bytes, "top_k": p.top_k, "moe_layers": p.moe_layers,
+                "min_cache": p.min_cache, "floor": p.floor, "working_set": p.working_set,
+                "recommended": p.recommended, "all_experts": p.all_experts, "usable_ram": p.usable_ram,
+                "budget": p.budget, "budget_source": source, "cache_slots": p.cache_slots,
+                "cache_bytes": p.cache_bytes, "total": p.total(),
+            })
+        );
+    } else {
+        say_budget(&p);
+        println!("context        {} tokens", p.context);
+        if p.embedding_on_disk > 0 {
+            println!("trunk          {} resident (+ {} embedding table on disk)", fmt_bytes(p.trunk), fmt_bytes(p.embedding_on_disk));
+        } else {
+            println!("trunk          {}", fmt_bytes(p.trunk));
+        }
+        println!("state          {}", fmt_bytes(p.state));
+        println!("scratch        {}", fmt_bytes(p.scratch));
+        println!(
+            "min cache      {} (top-{} x {} record x 2)",
+            fmt_bytes(p.min_cache),
+            p.top_k,
+            fmt_bytes(p.record_bytes)
+        );
+        println!("floor          {}", fmt_bytes(p.floor));
+        println!(
+            "working set    {} (one token, {} MoE layers)",
+            fmt_bytes(p.working_set),
+            p.moe_layers
+        );
+        println!("recommended    {} (floor + 3 working sets)", fmt_bytes(p.recommended));
+        println!("all experts    {}", fmt_bytes(p.all_experts));
+        println!("usable RAM     {}", fmt_bytes(p.usable_ram));
+        println!(
+            "budget         {} -> cache {} ({} records)",
+            fmt_bytes(p.budget),
+            fmt_bytes(p.cache_bytes),
+            p.cache_slots
+        );
+    }
+    Ok(())
+}

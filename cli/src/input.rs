@@ -1,0 +1,37 @@
+//! Where a command's text comes from: the argument, `--file`, or stdin.
+
+use std::io::{IsTerminal, Read};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use waste_host::Session;
+
+use crate::errors::usage;
+
+/// The prompt from the argument, `--file`, or stdin (`-`, or no argument
+/// with stdin not a terminal).
+pub fn read_prompt(arg: Option<&str>, file: Option<&Path>) -> Result<String> {
+    if let Some(path) = file {
+        return std::fs::read_to_string(path).with_context(|| format!("reading the prompt from {}", path.display()));
+    }
+    match arg {
+        Some("-") => read_stdin(),
+        Some(text) => Ok(text.to_string()),
+        None if !std::io::stdin().is_terminal() => read_stdin(),
+        None => Err(usage("no prompt: give it as an argument, with --file, or on stdin")),
+    }
+}
+
+fn read_stdin() -> Result<String> {
+    let mut text = String::new();
+    std::io::stdin().read_to_string(&mut text).context("reading the prompt from stdin")?;
+    if text.is_empty() {
+        return Err(usage("no prompt: stdin was empty (give the prompt as an argument, with --file, or on stdin)"));
+    }
+    Ok(text)
+}
+
+pub fn encode(session: &mut Session, text: &str, markup: bool) -> Result<Vec<u32>> {
+    let tokens = if markup { session.tokenize_markup(text)? } else { session.tokenize(text)? };
+    Ok(tokens)
+}

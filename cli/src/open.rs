@@ -1,0 +1,88 @@
+//! Opening a model from the command line: the options every command that
+//! opens one takes (`--budget`, `--ctx`, `--threads`, `--cpus`) and the
+//! sampler plugin of `run` and `serve`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use waste_host::plan::{fmt_bytes, parse_size, BudgetSource, MemoryPlan};
+use waste_host::{Engine, OpenOptions, Session};
+
+use crate::errors::usage;
+
+#[derive(Args)]
+pub struct ModelArgs {
+    /// Container directory (made by `waste convert`).
+    pub model: PathBuf,
+    /// Tokens of context to allocate (default: the model's maximum, at most 4096).
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// RAM budget for everything the model allocates (e.g. 2G, 800M); default: planned from usable RAM.
+    #[arg(long)]
+    pub budget: Option<String>,
+    /// Compute threads (default: one per CPU, or per CPU of --cpus); results do not depend on it.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads: Option<u32>,
+    /// Bind the compute threads to these CPUs, Linux cpu-list syntax: 0-2,6-8.
+    #[arg(long)]
+    pub cpus: Option<String>,
+}
+
+/// `--budget SIZE` parsed: `1.5G`, `800M`, `2GiB`, bytes.
+pub fn budget_arg(s: &Option<String>) -> Result<Option<u64>> {
+    match s {
+        None => Ok(None),
+        Some(t) => parse_size(t)
+            .map(Some)
+            .ok_or_else(|| usage(format!("--budget {t:?}: expected a size such as 1.5G, 800M or 2GiB"))),
+    }
+}
+
+/// Says on stderr how an automatic budget was chosen.
+pub fn say_budget(plan: &MemoryPlan) {
+    if let BudgetSource::Auto { working_sets } = plan.budget_source {
+        let how = if working_sets == 0 {
+            "the floor (not even one working set fits)".to_string()
+        } else {
+            format!("floor + {working_sets} working sets")
+        };
+        eprintln!(
+            "budget {} ({how}, under 7/8 of usable RAM {}); set one with --budget",
+            fmt_bytes(plan.budget),
+            fmt_bytes(plan.usable_ram)
+        );
+    }
+}
+
+pub fn open(args: &ModelArgs) -> Result<(Engine, Session)> {
+    let budget = crate::open::budget_arg(&args.budget)?;
+    let (threads, cpus) = thread_args(args)?;
+    let options = OpenOptions { context: args.ctx, budget, threads, cpus, ..OpenOptions::default() };
+    let model = crate::render::open_model(&args.model, &options)
+        .with_context(|| format!("opening {}", args.model.display()))?;
+    let engine = Engine::new()?;
+    let session = engine.session(model)?;
+    Ok((engine, session))
+}
+
+/// `--threads` / `--cpus`; a malformed cpu list is a usage error.
+pub fn thread_args(args: &ModelArgs) -> Result<(Option<usize>, Option<waste_host::pool::CpuSet>)> {
+    let cpus = match &args.cpus {
+        None => None,
+        Some(list) => Some(waste_host::pool::CpuSet::parse(list).map_err(|e| usage(format!("--cpus: {e}")))?),
+    };
+    Ok((args.threads.map(|n| n as usize), cpus))
+}
+
+/// Loads `--sampler PATH` with its `--sampler-opt NAME=NUMBER` options
+/// (shared by `run` and `serve`).
+pub fn sampler_plugin(path: &std::path::Path, opts: &[String]) -> Result<waste_host::plugin::SamplerPlugin> {
+    let mut options = Vec::new();
+    for item in opts {
+        let parsed = item.split_once('=').and_then(|(k, v)| Some((k.trim().to_string(), v.trim().parse::<f32>().ok()?)));
+        options.push(parsed.ok_or_else(|| usage(format!("--sampler-opt {item:?}: expected NAME=NUMBER, e.g. tau=5")))?);
+    }
+    waste_host::plugin::SamplerPlugin::load(path, options, Default::default())
+        .with_context(|| format!("loading the sampler plugin {}", path.display()))
+}

@@ -1,0 +1,757 @@
+//! The model description read from a Hugging Face `config.json`.
+//!
+//! Configs are untrusted input: every key is type-checked, every dimension is
+//! bounded, and each error names the file and the key. Keys that
+//! `transformers` gives a default are optional here with the same default
+//! (per family, from `configuration_<family>.py`); the dimensions that
+//! define the network are required.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+mod deepseek;
+mod k3;
+mod kimi;
+mod tensors;
+
+pub use deepseek::{MlaRope, Yarn};
+pub use crate::quant::Activation;
+pub use k3::{K3Params, K3_PREFIX};
+
+/// The model families this engine runs: three with the GQA + RoPE attention
+/// path, and Kimi-Linear (KDA and MLA layers, sigmoid router).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Qwen3Moe,
+    Olmoe,
+    Mixtral,
+    KimiLinear,
+    /// DeepSeek-V3 / Kimi-K2: MLA with q-LoRA and RoPE, grouped sigmoid router.
+    DeepseekV3,
+}
+
+impl Family {
+    /// The `model_type` string of config.json.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::Olmoe => "olmoe",
+            Family::Mixtral => "mixtral",
+            Family::KimiLinear => "kimi_linear",
+            Family::DeepseekV3 => "deepseek_v3",
+        }
+    }
+}
+
+/// The token mixer of one decoder layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKind {
+    /// Grouped-query attention with RoPE and a K/V cache.
+    Gqa,
+    /// Multi-head latent attention (no positional encoding on Kimi-Linear),
+    /// cached as `[latent | k_rope]` per token.
+    Mla,
+    /// Kimi Delta Attention: a recurrent state per head plus short-conv rows.
+    Kda,
+}
+
+impl AttnKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnKind::Gqa => "GQA",
+            AttnKind::Mla => "MLA",
+            AttnKind::Kda => "KDA",
+        }
+    }
+}
+
+/// Shape of the MLA layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaDims {
+    pub num_heads: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// DeepSeek's low-rank query (`q_a_proj -> q_a_layernorm -> q_b_proj`).
+    pub q_lora_rank: Option<usize>,
+}
+
+impl MlaDims {
+    /// Floats cached per token: the latent and the shared rope key.
+    pub fn cache_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+}
+
+/// Shape of the KDA layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KdaDims {
+    pub num_heads: usize,
+    pub head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl KdaDims {
+    /// Width of each of q, k, v.
+    pub fn qkv_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+    /// Floats of one layer's state: the delta-rule matrices and the previous
+    /// `conv_kernel - 1` inputs of q, k and v.
+    pub fn state_floats(&self) -> usize {
+        self.num_heads * self.head_dim * self.head_dim + 3 * (self.conv_kernel - 1) * self.qkv_dim()
+    }
+}
+
+/// How the MoE router picks and weighs experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RouterKind {
+    /// top-k of softmax(W h); `norm_topk_prob` renormalises.
+    Softmax,
+    /// DeepSeek-V3 / Kimi: top-k of `sigmoid(W h) + e_score_correction_bias`
+    /// (the bias only selects), weights are the sigmoid scores, renormalised
+    /// when `norm_topk_prob`, times `routed_scaling_factor`.
+    SigmoidBias { routed_scaling_factor: f32 },
+}
+
+/// Where q/k RMSNorms sit, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// Qwen3: one RMSNorm of width head_dim applied to every head.
+    PerHead,
+    /// OLMoE: one RMSNorm over the whole q (resp. k) projection.
+    Full,
+}
+
+/// How the converter stores a trunk tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorRole {
+    Embedding,
+    LmHead,
+    /// 1-D: norm weights, biases. Kept f32.
+    Vector,
+    /// The MoE router (`gate.weight`). Kept f32: routing decisions are
+    /// discontinuous, a quantised router changes which experts run.
+    Router,
+    Matrix,
+}
+
+/// How the routed experts are laid out in the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// Released checkpoints: `experts.N.{gate,up,down}_proj.weight`
+    /// (Mixtral: `experts.N.{w1,w3,w2}.weight`).
+    PerExpert,
+    /// transformers 5.x in memory (and what `save_pretrained` may write):
+    /// `experts.gate_up_proj` [E, 2I, H] (gate rows first) and
+    /// `experts.down_proj` [E, H, I]; a transposed variant is accepted by
+    /// the checkpoint reader.
+    Fused,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub family: Family,
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rope_theta: f64,
+    pub rms_norm_eps: f32,
+    pub qk_norm: QkNorm,
+    pub attention_bias: bool,
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Width of one routed expert.
+    pub moe_intermediate_size: usize,
+    /// Width of the dense MLP of non-MoE layers (Qwen3 `mlp_only_layers`).
+    pub intermediate_size: usize,
+    pub norm_topk_prob: bool,
+    pub moe_layers: Vec<bool>,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: usize,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    /// Attention sees keys at positions `> q - window` (masking_utils
+    /// `sliding_window_overlay`). Qwen3 only when `use_sliding_window`.
+    pub sliding_window: Option<usize>,
+    /// OLMoE clamps q, k, v to [-clip, clip] after the q/k norms.
+    pub clip_qkv: Option<f32>,
+    /// The module holding router and experts: `mlp`, or Mixtral's released
+    /// `block_sparse_moe` (transformers 5.x renames it to `mlp` on load).
+    pub moe_block: String,
+    pub expert_layout: ExpertLayout,
+    /// The mixer of every layer (all `Gqa` for the GQA families).
+    pub attn_kinds: Vec<AttnKind>,
+    pub mla: Option<MlaDims>,
+    pub kda: Option<KdaDims>,
+    pub router: RouterKind,
+    /// Width of the shared expert MLP of MoE layers (`moe_intermediate_size *
+    /// n_shared_experts`); 0 when there is none.
+    pub shared_intermediate_size: usize,
+    /// RoPE of the MLA rope parts (DeepSeek-V3); None: no positional encoding.
+    pub mla_rope: Option<MlaRope>,
+    /// Group-limited routing `(n_group, topk_group)` (DeepSeek-V3).
+    pub expert_groups: Option<(usize, usize)>,
+    /// Kimi K3 (`model_type: kimi_k3`, config/k3.rs); None elsewhere.
+    pub k3: Option<K3Params>,
+}
+
+// Bounds for untrusted configs: generous for any real model, small enough
+// that products of them cannot overflow and allocations stay sane.
+const MAX_VOCAB: usize = 1 << 24;
+const MAX_HIDDEN: usize = 1 << 16;
+const MAX_LAYERS: usize = 1024;
+const MAX_HEADS: usize = 1024;
+const MAX_HEAD_DIM: usize = 1024;
+const MAX_EXPERTS: usize = 1 << 16;
+const MAX_INTER: usize = 1 << 20;
+const MAX_POSITIONS: usize = 1 << 26;
+
+struct Reader<'a> {
+    obj: &'a Map<String, Value>,
+    path: &'a Path,
+}
+
+impl Reader<'_> {
+    fn err(&self, key: &str, msg: impl std::fmt::Display) -> Error {
+        Error::format(self.path, format!("key `{key}`: {msg}"))
+    }
+
+    /// A JSON null counts as absent: transformers writes `"head_dim": null`.
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    self.err(key, format!("expected a non-negative integer, found {v}"))
+                }),
+        }
+    }
+
+    fn usize_req(&self, key: &str) -> Result<usize> {
+        self.usize_opt(key)?.ok_or_else(|| self.err(key, "missing"))
+    }
+
+    fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("expected a number, found {v}"))),
+        }
+    }
+
+    fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("expected true or false, found {v}"))),
+        }
+    }
+
+    fn str_opt(&self, key: &str) -> Result<Option<&str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("expected a string, found {v}"))),
+        }
+    }
+
+    fn token_id(&self, key: &str, v: &Value) -> Result<u32> {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| self.err(key, format!("expected a token id, found {v}")))
+    }
+
+    /// `eos_token_id` is an int, a list of ints, or null.
+    fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items.iter().map(|v| self.token_id(key, v)).collect(),
+            Some(v) => Ok(vec![self.token_id(key, v)?]),
+        }
+    }
+
+    fn usize_list(&self, key: &str) -> Result<Vec<usize>> {
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| {
+                            self.err(key, format!("expected a list of integers, found {v}"))
+                        })
+                })
+                .collect(),
+            Some(v) => Err(self.err(key, format!("expected a list of integers, found {v}"))),
+        }
+    }
+
+    /// `(moe_intermediate_size, intermediate_size)`: the dense width is
+    /// required only when some layer is dense (an all-MoE model may omit it).
+    fn ffn_widths(&self, moe_layers: &[bool], max: usize) -> Result<(usize, usize)> {
+        let moe = self.bounded("moe_intermediate_size", self.usize_req("moe_intermediate_size")?, max)?;
+        let dense = if moe_layers.iter().all(|&m| m) {
+            self.usize_opt("intermediate_size")?.unwrap_or(0).min(max)
+        } else {
+            self.bounded("intermediate_size", self.usize_req("intermediate_size")?, max)?
+        };
+        Ok((moe, dense))
+    }
+
+    fn bounded(&self, key: &str, v: usize, max: usize) -> Result<usize> {
+        if v == 0 || v > max {
+            return Err(self.err(key, format!("{v} is outside 1..={max}")));
+        }
+        Ok(v)
+    }
+}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> Result<ModelConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_json_str(&text, path)
+    }
+
+    /// `path` is only used to name the file in errors.
+    pub fn from_json_str(json: &str, path: &Path) -> Result<ModelConfig> {
+        let value: Value = serde_json::from_str(json)
+            .map_err(|e| Error::format(path, format!("malformed JSON: {e}")))?;
+        let Some(obj) = value.as_object() else {
+            return Err(Error::format(
+                path,
+                "expected a JSON object at the top level",
+            ));
+        };
+        let r = Reader { obj, path };
+
+        let model_type = r
+            .str_opt("model_type")?
+            .ok_or_else(|| r.err("model_type", "missing"))?;
+        if model_type == "kimi_k3" {
+            return k3::parse(&r);
+        }
+        let family = match model_type {
+            "qwen3_moe" => Family::Qwen3Moe,
+            "olmoe" => Family::Olmoe,
+            "mixtral" => Family::Mixtral,
+            "kimi_linear" => Family::KimiLinear,
+            "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "{}: model_type `{other}` (supported: qwen3_moe, olmoe, mixtral, kimi_linear, deepseek_v3, kimi_k2)",
+                    path.display()
+                )))
+            }
+        };
+        if let Some(act) = r.str_opt("hidden_act")? {
+            if act != "silu" {
+                return Err(Error::Unsupported(format!(
+                    "{}: hidden_act `{act}` (only silu)",
+                    path.display()
+                )));
+            }
+        }
+
+        let vocab_size = r.bounded("vocab_size", r.usize_req("vocab_size")?, MAX_VOCAB)?;
+        let hidden_size = r.bounded("hidden_size", r.usize_req("hidden_size")?, MAX_HIDDEN)?;
+        let num_layers = r.bounded(
+            "num_hidden_layers",
+            r.usize_req("num_hidden_layers")?,
+            MAX_LAYERS,
+        )?;
+        if family == Family::KimiLinear {
+            return kimi::parse(&r, vocab_size, hidden_size, num_layers);
+        }
+        if family == Family::DeepseekV3 {
+            return deepseek::parse(&r, model_type, vocab_size, hidden_size, num_layers);
+        }
+        let num_heads = r.bounded(
+            "num_attention_heads",
+            r.usize_req("num_attention_heads")?,
+            MAX_HEADS,
+        )?;
+        let num_kv_heads = r.usize_opt("num_key_value_heads")?.unwrap_or(num_heads);
+        let num_kv_heads = r.bounded("num_key_value_heads", num_kv_heads, MAX_HEADS)?;
+        if num_heads % num_kv_heads != 0 {
+            return Err(r.err(
+                "num_key_value_heads",
+                format!("{num_kv_heads} does not divide num_attention_heads {num_heads}"),
+            ));
+        }
+        // OLMoE sizes q_norm by hidden_size, so a head_dim other than
+        // hidden / heads fails the q_norm shape check at load.
+        let head_dim = match r.usize_opt("head_dim")? {
+            None => {
+                if hidden_size % num_heads != 0 {
+                    return Err(r.err(
+                        "num_attention_heads",
+                        format!("{num_heads} does not divide hidden_size {hidden_size} and there is no head_dim"),
+                    ));
+                }
+                hidden_size / num_heads
+            }
+            Some(d) => d,
+        };
+        let head_dim = r.bounded("head_dim", head_dim, MAX_HEAD_DIM)?;
+        if head_dim % 2 != 0 {
+            return Err(r.err(
+                "head_dim",
+                format!("{head_dim} is odd; rotate_half RoPE needs an even head_dim"),
+            ));
+        }
+
+        let rope_theta = read_rope_theta(&r, family)?;
+        let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(match family {
+            Family::Qwen3Moe => 1e-6,
+            Family::Olmoe | Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => 1e-5,
+        });
+        if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
+            return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
+        }
+
+        // configuration_*.py `attribute_map` aliases num_experts and
+        // num_local_experts; which one is written depends on the family and
+        // the transformers version (the Qwen3 fixture has num_local_experts).
+        let experts_key = if r.get("num_experts").is_some() {
+            "num_experts"
+        } else {
+            "num_local_experts"
+        };
+        let num_experts = r.bounded(experts_key, r.usize_req(experts_key)?, MAX_EXPERTS)?;
+        let top_k = r.usize_req("num_experts_per_tok")?;
+        if top_k == 0 || top_k > num_experts {
+            return Err(r.err(
+                "num_experts_per_tok",
+                format!("{top_k} is outside 1..={num_experts}"),
+            ));
+        }
+
+        let (moe_intermediate_size, intermediate_size, moe_layers) = match family {
+            Family::Qwen3Moe => {
+                let moe = r.bounded(
+                    "moe_intermediate_size",
+                    r.usize_req("moe_intermediate_size")?,
+                    MAX_INTER,
+                )?;
+                let step = r.usize_opt("decoder_sparse_step")?.unwrap_or(1);
+                let step = r.bounded("decoder_sparse_step", step, MAX_LAYERS)?;
+                let mlp_only = r.usize_list("mlp_only_layers")?;
+                // modeling_qwen3_moe.py: `(layer_idx not in config.mlp_only_layers) and
+                // (config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0)`
+                let layers: Vec<bool> = (0..num_layers)
+                    .map(|l| !mlp_only.contains(&l) && (l + 1) % step == 0)
+                    .collect();
+                let dense = if layers.iter().all(|&m| m) {
+                    r.usize_opt("intermediate_size")?.unwrap_or(0)
+                } else {
+                    r.bounded(
+                        "intermediate_size",
+                        r.usize_req("intermediate_size")?,
+                        MAX_INTER,
+                    )?
+                };
+                if dense > MAX_INTER {
+                    return Err(r.err("intermediate_size", format!("{dense} exceeds {MAX_INTER}")));
+                }
+                (moe, dense, layers)
+            }
+            Family::Olmoe | Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => {
+                let i = r.bounded(
+                    "intermediate_size",
+                    r.usize_req("intermediate_size")?,
+                    MAX_INTER,
+                )?;
+                (i, 0, vec![true; num_layers])
+            }
+        };
+
+        let norm_topk_prob = match family {
+            // MixtralTopKRouter always divides by the sum of the picked probabilities.
+            Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => true,
+            Family::Qwen3Moe | Family::Olmoe => r.bool_opt("norm_topk_prob")?.unwrap_or(false),
+        };
+        let attention_bias = match family {
+            Family::Mixtral => false,
+            Family::Qwen3Moe | Family::Olmoe | Family::KimiLinear | Family::DeepseekV3 => {
+                r.bool_opt("attention_bias")?.unwrap_or(false)
+            }
+        };
+        let qk_norm = match family {
+            Family::Qwen3Moe => QkNorm::PerHead,
+            Family::Olmoe => QkNorm::Full,
+            Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => QkNorm::None,
+        };
+        let sliding_window = match family {
+            Family::Mixtral => r.usize_opt("sliding_window")?,
+            Family::Qwen3Moe if r.bool_opt("use_sliding_window")?.unwrap_or(false) => {
+                Some(r.usize_opt("sliding_window")?.unwrap_or(4096))
+            }
+            _ => None,
+        };
+        if sliding_window == Some(0) {
+            return Err(r.err("sliding_window", "0 would mask every key"));
+        }
+        let clip_qkv = match family {
+            Family::Olmoe => match r.f64_opt("clip_qkv")? {
+                Some(c) if c <= 0.0 => {
+                    return Err(r.err("clip_qkv", format!("{c} is not positive")))
+                }
+                c => c.map(|c| c as f32),
+            },
+            _ => None,
+        };
+
+        let max_position_embeddings =
+            r.usize_opt("max_position_embeddings")?
+                .unwrap_or(match family {
+                    Family::Qwen3Moe => 32768,
+                    Family::Olmoe => 4096,
+                    Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => 4096 * 32,
+                });
+        let max_position_embeddings = r.bounded(
+            "max_position_embeddings",
+            max_position_embeddings,
+            MAX_POSITIONS,
+        )?;
+
+        let bos_token_id = match r.get("bos_token_id") {
+            None => None,
+            Some(v) => Some(r.token_id("bos_token_id", v)?),
+        };
+        let eos_token_ids = r.token_ids("eos_token_id")?;
+
+        Ok(ModelConfig {
+            family,
+            model_type: model_type.to_string(),
+            vocab_size,
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rope_theta,
+            rms_norm_eps: rms_norm_eps as f32,
+            qk_norm,
+            attention_bias,
+            num_experts,
+            top_k,
+            moe_intermediate_size,
+            intermediate_size,
+            norm_topk_prob,
+            moe_layers,
+            tie_word_embeddings: r.bool_opt("tie_word_embeddings")?.unwrap_or(false),
+            max_position_embeddings,
+            bos_token_id,
+            eos_token_ids,
+            sliding_window,
+            clip_qkv,
+            moe_block: match family {
+                Family::Mixtral => "block_sparse_moe".to_string(),
+                _ => "mlp".to_string(),
+            },
+            expert_layout: ExpertLayout::PerExpert,
+            attn_kinds: vec![AttnKind::Gqa; num_layers],
+            mla: None,
+            kda: None,
+            router: RouterKind::Softmax,
+            shared_intermediate_size: 0,
+            mla_rope: None,
+            expert_groups: None,
+            k3: None,
+        })
+    }
+
+    /// The prefix of the text tensors in the source checkpoint (K3:
+    /// `language_model.`); checkpoint readers strip it.
+    pub fn source_prefix(&self) -> &'static str {
+        if self.k3.is_some() {
+            K3_PREFIX
+        } else {
+            ""
+        }
+    }
+
+    /// Width a routed expert reads and writes: the latent of K3's latent
+    /// MoE, else the hidden size.
+    pub fn expert_hidden(&self) -> usize {
+        self.k3.and_then(|k| k.latent).unwrap_or(self.hidden_size)
+    }
+
+    /// The gated activation of MLPs and experts.
+    pub fn activation(&self) -> Activation {
+        self.k3.map_or(Activation::Silu, |k| k.activation)
+    }
+
+    /// Adapts the tensor naming (MoE block name, expert layout) to what a
+    /// checkpoint actually holds; `HfCheckpoint::open` calls this.
+    pub fn adapt_to_tensor_names<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
+        let Some(layer) = self.moe_layers.iter().position(|&m| m) else {
+            return;
+        };
+        let mut block = None;
+        let mut fused = false;
+        for name in names {
+            for candidate in ["mlp", "block_sparse_moe"] {
+                let prefix = format!("model.layers.{layer}.{candidate}.");
+                if let Some(rest) = name.strip_prefix(&prefix) {
+                    if rest == "gate.weight" || rest.starts_with("experts.") {
+                        block = Some(candidate);
+                        fused |= rest.starts_with("experts.gate_up_proj");
+                    }
+                }
+            }
+        }
+        if let Some(b) = block {
+            self.moe_block = b.to_string();
+        }
+        self.expert_layout = if fused {
+            ExpertLayout::Fused
+        } else {
+            ExpertLayout::PerExpert
+        };
+    }
+
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        self.moe_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn router_name(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.{}.gate.weight", self.moe_block)
+    }
+
+    /// The selection-only bias of a sigmoid router.
+    pub fn router_bias_name(&self, layer: usize) -> String {
+        format!(
+            "model.layers.{layer}.{}.gate.e_score_correction_bias",
+            self.moe_block
+        )
+    }
+
+    /// `model.layers.L.<block>.shared_experts`.
+    pub fn shared_expert_prefix(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.{}.shared_experts", self.moe_block)
+    }
+
+    pub fn attn_kind(&self, layer: usize) -> AttnKind {
+        self.attn_kinds.get(layer).copied().unwrap_or(AttnKind::Gqa)
+    }
+
+    /// State floats of one layer that do not grow with the context (KDA).
+    pub fn state_floats_fixed(&self, layer: usize) -> usize {
+        match (self.attn_kind(layer), &self.kda) {
+            (AttnKind::Kda, Some(k)) => k.state_floats(),
+            _ => 0,
+        }
+    }
+
+    /// State floats of one layer per token of context: K and V rows (GQA)
+    /// or the absorbed latent row (MLA).
+    pub fn state_floats_per_token(&self, layer: usize) -> usize {
+        match (self.attn_kind(layer), &self.mla) {
+            (AttnKind::Gqa, _) => 2 * self.kv_dim(),
+            (AttnKind::Mla, Some(m)) => m.cache_width(),
+            _ => 0,
+        }
+    }
+
+    /// Bytes of one sequence's state for `context` tokens, every layer kind
+    /// counted (f32): what a memory plan should reserve.
+    pub fn state_bytes(&self, context: usize) -> u64 {
+        (0..self.num_layers)
+            .map(|l| {
+                4 * (self.state_floats_fixed(l) as u64
+                    + context as u64 * self.state_floats_per_token(l) as u64)
+            })
+            .sum()
+    }
+
+}
+
+fn read_rope_theta(r: &Reader<'_>, family: Family) -> Result<f64> {
+    // transformers 5.x writes `rope_parameters: {rope_type, rope_theta}`;
+    // 4.x and released checkpoints write `rope_theta` (and `rope_scaling`).
+    let default = match family {
+        Family::Mixtral => 1e6,
+        Family::Qwen3Moe | Family::Olmoe | Family::KimiLinear | Family::DeepseekV3 => 1e4,
+    };
+    let mut theta = r.f64_opt("rope_theta")?;
+    for key in ["rope_parameters", "rope_scaling"] {
+        let Some(v) = r.get(key) else { continue };
+        let Some(obj) = v.as_object() else {
+            return Err(r.err(key, format!("expected an object, found {v}")));
+        };
+        let sub = Reader { obj, path: r.path };
+        let kind = match sub.str_opt("rope_type")? {
+            Some(t) => Some(t),
+            None => sub.str_opt("type")?,
+        };
+        if let Some(kind) = kind {
+            if kind != "default" {
+                return Err(Error::Unsupported(format!(
+                    "{}: key `{key}`: rope_type `{kind}` (only default RoPE)",
+                    r.path.display()
+                )));
+            }
+        }
+        if let Some(f) = sub.f64_opt("partial_rotary_factor")? {
+            if f != 1.0 {
+                return Err(Error::Unsupported(format!(
+                    "{}: key `{key}`: partial_rotary_factor {f}",
+                    r.path.display()
+                )));
+            }
+        }
+        if let Some(t) = sub.f64_opt("rope_theta")? {
+            theta = Some(t);
+        }
+    }
+    let theta = theta.unwrap_or(default);
+    if theta <= 1.0 {
+        return Err(r.err("rope_theta", format!("{theta} must be > 1")));
+    }
+    Ok(theta)
+}
+
+/// The path of `config.json` inside a checkpoint directory.
+pub fn config_path(dir: &Path) -> PathBuf {
+    dir.join("config.json")
+}
+
+#[cfg(test)]
+mod tests;

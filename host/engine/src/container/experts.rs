@@ -1,0 +1,194 @@
+//! The expert banks of a container, validated: record layout, one bank
+//! file per MoE layer, per-layer codebooks. Reading records (direct I/O,
+//! cache, reader threads) is the expert store's job.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use super::manifest::{record, Manifest, MANIFEST_FILE, RECORD_ALIGN};
+use super::{expert_format, plain_file_name};
+use crate::files::read_file;
+use crate::config::{Activation, ModelConfig};
+use crate::error::{Error, Result};
+use crate::quant::{self, Codebooks, ExpertFormat, ExpertShape, LayerCodebooks};
+
+/// One MoE layer's bank: `experts` records of `record_bytes` each.
+pub struct Bank {
+    pub path: PathBuf,
+    pub experts: usize,
+    pub codebooks: Option<LayerCodebooks>,
+}
+
+pub struct ExpertBanks {
+    format: ExpertFormat,
+    shape: ExpertShape,
+    record_bytes: usize,
+    payload_offset: usize,
+    payload_bytes: usize,
+    /// Indexed by decoder layer; `None` for dense layers.
+    banks: Vec<Option<Bank>>,
+    /// The experts' gated activation (SiTU on Kimi K3).
+    activation: Activation,
+}
+
+impl ExpertBanks {
+    pub(super) fn open(dir: &Path, manifest: &Manifest, config: &ModelConfig) -> Result<ExpertBanks> {
+        let mpath = dir.join(MANIFEST_FILE);
+        let e = &manifest.experts;
+        let format = expert_format(&e.format, &mpath)?;
+        let bad = |msg: String| Error::format(&mpath, msg);
+        if e.hidden != config.expert_hidden() as u64 || e.inter != config.moe_intermediate_size as u64 {
+            return Err(bad(format!(
+                "expert shape {}x{} disagrees with the config ({}x{})",
+                e.hidden, e.inter, config.expert_hidden(), config.moe_intermediate_size
+            )));
+        }
+        let shape = ExpertShape {
+            hidden: e.hidden as usize,
+            inter: e.inter as usize,
+        };
+        let payload_bytes = quant::expert_payload_len(format, shape) as u64;
+        if e.payload_bytes != payload_bytes
+            || e.payload_offset < record::HEADER_BYTES
+            || e.record_bytes % RECORD_ALIGN != 0
+            || e.payload_offset + payload_bytes > e.record_bytes
+            || e.record_bytes > 1 << 32
+        {
+            return Err(bad(format!(
+                "expert record layout is inconsistent (record {} bytes, payload {} at {}, expected payload {payload_bytes})",
+                e.record_bytes, e.payload_bytes, e.payload_offset
+            )));
+        }
+        let mut banks: Vec<Option<Bank>> = (0..config.num_layers).map(|_| None).collect();
+        for entry in &e.layers {
+            let layer = entry.layer as usize;
+            if layer >= config.num_layers || !config.is_moe_layer(layer) {
+                return Err(bad(format!("expert bank for layer {layer}, which is not an MoE layer")));
+            }
+            if entry.experts != config.num_experts as u64 {
+                return Err(bad(format!(
+                    "layer {layer} bank holds {} experts, the config says {}",
+                    entry.experts, config.num_experts
+                )));
+            }
+            let path = plain_file_name(dir, &entry.file, &mpath)?;
+            let len = File::open(&path)
+                .and_then(|f| f.metadata())
+                .map_err(|err| Error::io(&path, err))?
+                .len();
+            let expected = entry.experts * e.record_bytes;
+            if len != expected {
+                return Err(Error::format(
+                    &path,
+                    format!("bank is {len} bytes, {expected} expected: truncated or foreign file"),
+                ));
+            }
+            let codebooks = match (&entry.codebooks, format.uses_codebooks()) {
+                (Some(cb), true) => Some(load_codebooks(dir, cb, &mpath)?),
+                (None, false) => None,
+                _ => {
+                    return Err(bad(format!(
+                        "layer {layer}: codebooks present/absent contrary to format {}",
+                        e.format
+                    )))
+                }
+            };
+            // The kernels trust their inputs; everything they will be given
+            // (payload length, codebook presence and stage count) is checked here.
+            let blank = vec![0u8; payload_bytes as usize];
+            quant::check_expert_payload(format, shape, &blank, codebooks.as_ref())
+                .map_err(|err| bad(format!("layer {layer}: {err}")))?;
+            banks[layer] = Some(Bank {
+                path,
+                experts: entry.experts as usize,
+                codebooks,
+            });
+        }
+        for layer in 0..config.num_layers {
+            if config.is_moe_layer(layer) && banks[layer].is_none() {
+                return Err(bad(format!("no expert bank for MoE layer {layer}")));
+            }
+        }
+        Ok(ExpertBanks {
+            format,
+            shape,
+            record_bytes: e.record_bytes as usize,
+            payload_offset: e.payload_offset as usize,
+            payload_bytes: payload_bytes as usize,
+            banks,
+            activation: config.activation(),
+        })
+    }
+
+    pub fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    pub fn format(&self) -> ExpertFormat {
+        self.format
+    }
+
+    pub fn record_bytes(&self) -> usize {
+        self.record_bytes
+    }
+
+    pub fn shape(&self) -> ExpertShape {
+        self.shape
+    }
+
+    /// Where the quantised payload lies inside a record.
+    pub fn payload_range(&self) -> std::ops::Range<usize> {
+        self.payload_offset..self.payload_offset + self.payload_bytes
+    }
+
+    /// The bank of decoder layer `layer`; `None` for a dense layer.
+    pub fn bank(&self, layer: usize) -> Option<&Bank> {
+        self.banks.get(layer).and_then(|b| b.as_ref())
+    }
+
+    /// Decoder layers that have a bank, ascending.
+    pub fn moe_layers(&self) -> Vec<usize> {
+        (0..self.banks.len()).filter(|&l| self.banks[l].is_some()).collect()
+    }
+
+    /// Checks the header of a record just read for (`layer`, `expert`).
+    pub fn check_header(&self, layer: usize, expert: usize, buf: &[u8]) -> Result<()> {
+        let path = self.bank(layer).map(|b| b.path.as_path()).unwrap_or(Path::new(""));
+        let header = record::Header::parse(buf)
+            .ok_or_else(|| Error::format(path, format!("record of expert {expert} has a bad magic number")))?;
+        let expected = record::Header {
+            layer: layer as u32,
+            expert: expert as u32,
+            format: self.format.code(),
+            hidden: self.shape.hidden as u32,
+            inter: self.shape.inter as u32,
+            payload_offset: self.payload_offset as u64,
+            payload_bytes: self.payload_bytes as u64,
+        };
+        if header != expected {
+            return Err(Error::format(
+                path,
+                format!("record of expert {expert} has header {header:?}, expected {expected:?}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn load_codebooks(dir: &Path, cb: &super::manifest::CodebookEntry, mpath: &Path) -> Result<LayerCodebooks> {
+    let path = plain_file_name(dir, &cb.file, mpath)?;
+    let bytes = read_file(&path, 1 << 32)?;
+    let slice = |offset: u64, len: u64| -> Result<&[u8]> {
+        offset
+            .checked_add(len)
+            .filter(|&end| end <= bytes.len() as u64)
+            .map(|end| &bytes[offset as usize..end as usize])
+            .ok_or_else(|| Error::format(&path, "codebook range lies beyond the end of the file"))
+    };
+    let stages = cb.stages as usize;
+    let gate_up = Codebooks::from_bytes(stages, slice(cb.gate_up_offset, cb.gate_up_bytes)?)
+        .map_err(|e| Error::format(&path, e.to_string()))?;
+    let down = Codebooks::from_bytes(stages, slice(cb.down_offset, cb.down_bytes)?)
+        .map_err(|e| Error::format(&path, e.to_string()))?;
+    Ok(LayerCodebooks { gate_up, down })
+}

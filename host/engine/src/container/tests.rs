@@ -1,0 +1,35 @@
+use super::ChatTemplates;
+
+fn config(json: &str) -> ChatTemplates {
+    ChatTemplates::from_tokenizer_config(&serde_json::from_str(json).unwrap())
+}
+
+/// transformers' `get_chat_template`: one template serves everything; of
+/// named ones `tool_use` serves a conversation with tools when there is
+/// one, `default` the rest.
+#[test]
+fn chat_template_choice_follows_transformers() {
+    let one = config(r#"{"chat_template": "T"}"#);
+    assert_eq!(one.choose(false), Ok(Some("T")));
+    assert_eq!(one.choose(true), Ok(Some("T")));
+    let named = config(r#"{"chat_template": [{"name": "tool_use", "template": "U"}, {"name": "default", "template": "D"}]}"#);
+    assert_eq!(named.choose(false), Ok(Some("D")));
+    assert_eq!(named.choose(true), Ok(Some("U")));
+    let default_only = config(r#"{"chat_template": [{"name": "default", "template": "D"}]}"#);
+    assert_eq!(default_only.choose(true), Ok(Some("D")));
+    assert_eq!(config(r#"{"eos_token": "</s>"}"#).choose(false), Ok(None));
+    assert_eq!(config(r#"{"chat_template": null}"#).choose(true), Ok(None));
+    assert!(config(r#"{"chat_template": 3}"#).choose(false).unwrap_err().contains("expected a string or a list"));
+}
+
+/// Regression (the host fell back to the first named template while the
+/// guest refused, so `has_chat_template` said yes to a model that could
+/// not render): named templates without a `default` are an error for a
+/// plain conversation, however many there are.
+#[test]
+fn named_templates_without_default_have_no_template_for_a_plain_chat() {
+    let t = config(r#"{"chat_template": [{"name": "rag", "template": "R"}, {"name": "tool_use", "template": "U"}]}"#);
+    let err = t.choose(false).unwrap_err();
+    assert!(err.contains("without a \"default\" template"), "{err}");
+    assert_eq!(t.choose(true), Ok(Some("U")));
+}

@@ -1,0 +1,93 @@
+//! What a caller may want to know about a container: family, shapes,
+//! formats, sizes and parameter counts, derived from its config and
+//! manifest (`waste info`, the WIT `model-info`, the C ABI).
+
+use crate::config::RouterKind;
+use crate::container::Container;
+
+/// What a caller may want to know about an open model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    /// `model_type` of the source checkpoint.
+    pub family: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub moe_layers: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub max_position_embeddings: usize,
+    pub bos_token: Option<u32>,
+    pub eos_tokens: Vec<u32>,
+    pub trunk_format: String,
+    pub expert_format: String,
+    /// Bytes of one expert record on disk.
+    pub expert_record_bytes: u64,
+    /// Bytes of the resident trunk.
+    pub trunk_bytes: u64,
+    pub has_tokenizer: bool,
+    pub has_chat_template: bool,
+    /// Per decoder layer: mixer, feed-forward kind and state sizes.
+    pub layers: Vec<LayerInfo>,
+    /// `softmax` or `sigmoid+bias`.
+    pub router: String,
+    /// Width of the shared expert MLP of each MoE layer (0 = none).
+    pub shared_expert_width: usize,
+    /// Parameters of the whole model and those one token touches.
+    pub total_params: u64,
+    pub active_params: u64,
+}
+
+/// One decoder layer as `ModelInfo` describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerInfo {
+    /// `GQA`, `MLA` or `KDA`.
+    pub attention: String,
+    /// A routed MoE block (else a dense MLP).
+    pub moe: bool,
+    /// State bytes that do not grow with the context (KDA).
+    pub state_bytes_fixed: u64,
+    /// State bytes per token of context (K/V rows, MLA latent rows).
+    pub state_bytes_per_token: u64,
+}
+
+
+impl ModelInfo {
+    pub fn of(container: &Container) -> ModelInfo {
+        let c = container.config();
+        let e = &container.manifest().experts;
+        ModelInfo {
+            family: c.model_type.clone(),
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            num_layers: c.num_layers,
+            moe_layers: (0..c.num_layers).filter(|&l| c.is_moe_layer(l)).count(),
+            num_experts: c.num_experts,
+            top_k: c.top_k,
+            max_position_embeddings: c.max_position_embeddings,
+            bos_token: c.bos_token_id,
+            eos_tokens: container.eos_tokens().to_vec(),
+            trunk_format: container.manifest().trunk.format.clone(),
+            expert_format: e.format.clone(),
+            expert_record_bytes: e.record_bytes,
+            trunk_bytes: crate::plan::resident_trunk_bytes(c, container.manifest()),
+            has_tokenizer: container.tokenizer_files().iter().any(|(n, _)| n == "tokenizer.json" || n == "tiktoken.model"),
+            has_chat_template: matches!(container.chat_template(false), Ok(Some(_))),
+            layers: (0..c.num_layers)
+                .map(|l| LayerInfo {
+                    attention: c.attn_kind(l).name().to_string(),
+                    moe: c.is_moe_layer(l),
+                    state_bytes_fixed: 4 * c.state_floats_fixed(l) as u64,
+                    state_bytes_per_token: 4 * c.state_floats_per_token(l) as u64,
+                })
+                .collect(),
+            router: match c.router {
+                RouterKind::Softmax => "softmax".to_string(),
+                RouterKind::SigmoidBias { routed_scaling_factor } => format!("sigmoid+bias (scale {routed_scaling_factor})"),
+            },
+            shared_expert_width: c.shared_intermediate_size,
+            total_params: c.total_params(),
+            active_params: c.active_params(),
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! WASTE's native engine: everything heavy below the control component.
+//!
+//! A Hugging Face checkpoint becomes a container ([`convert`]); an opened
+//! container ([`Model`]) keeps its dense trunk resident, leaves the routed
+//! experts on disk behind the [`store`] (direct reads into a bounded cache
+//! carved out of the RAM budget the [`plan`] sets) and runs the forward
+//! pass of [`model`]. Built on the weight formats and kernels of
+//! `waste-kernels`, re-exported here as [`quant`] and [`pool`]; no wasmtime
+//! (the host crate embeds the component on top of this one).
+//!
+//! Layering inside the crate, each module using only those listed before
+//! it: `size`, `error`, `stats`, `files`, `config`, `source`, `container`,
+//! `checkpoint`, `store`, `model`, `plan`, `info`, `synth`, `convert`,
+//! `open_progress`, `open`, `perplexity` (docs/ARCHITECTURE.md says how
+//! this is checked).
+
+pub mod checkpoint;
+pub mod config;
+pub mod container;
+pub mod convert;
+pub mod error;
+pub mod files;
+pub mod info;
+pub mod model;
+mod open;
+mod open_progress;
+mod perplexity;
+pub mod plan;
+pub mod size;
+pub mod source;
+pub mod stats;
+pub mod store;
+pub mod synth;
+
+pub use waste_kernels::{pool, quant, skip};
+
+pub use convert::{convert, ConvertOptions, ConvertProgress, ConvertReport};
+pub use error::{Error, Result};
+pub use info::{LayerInfo, ModelInfo};
+pub use open::{MemoryUse, Model, OpenOptions, OpenProgress};
+pub use perplexity::{Perplexity, PERPLEXITY_CHUNK};
+pub use plan::DEFAULT_CONTEXT;
+pub use stats::StepStats;

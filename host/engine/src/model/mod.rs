@@ -1,0 +1,583 @@
+//! The forward pass of the MoE families (Qwen3-MoE, OLMoE and Mixtral with
+//! GQA and RoPE; Kimi-Linear with KDA and MLA layers), written against `TensorSource` (the trunk) and
+//! `ExpertProvider` (the routed experts) so one code path serves the
+//! unquantised oracle and converted containers.
+
+pub mod attention;
+pub mod attnres;
+pub mod embedding;
+pub mod experts;
+pub mod kda;
+pub mod mla;
+pub mod moe;
+pub mod ops;
+pub mod prefill;
+pub mod rope;
+pub mod state_io;
+
+#[cfg(test)]
+mod tests;
+
+use crate::config::{AttnKind, ModelConfig};
+use crate::error::{Error, Result};
+use crate::quant::QMatrix;
+use crate::stats::StepStats;
+
+use attention::{Attention, AttnScratch, Rope};
+use kda::{Kda, KdaScratch, KdaState};
+use mla::{Mla, MlaScratch};
+use moe::{Mlp, Router};
+use ops::{add_in_place, rms_norm};
+use crate::source::TensorSource;
+use experts::ExpertProvider;
+
+/// A trunk matrix, its shape checked against the config.
+pub(crate) fn load_matrix(
+    cfg: &ModelConfig,
+    src: &dyn TensorSource,
+    name: &str,
+) -> Result<QMatrix> {
+    if !src.has(name) {
+        return Err(Error::Runtime(format!(
+            "weight `{name}` is missing from the model"
+        )));
+    }
+    let m = src.matrix(name)?;
+    if let Some(want) = cfg.trunk_tensor_shape(name) {
+        if want != [m.rows(), m.cols()] {
+            return Err(Error::Runtime(format!(
+                "weight `{name}` has shape [{}, {}], the config implies {want:?}",
+                m.rows(),
+                m.cols()
+            )));
+        }
+    }
+    Ok(m)
+}
+
+pub(crate) fn load_vector(
+    cfg: &ModelConfig,
+    src: &dyn TensorSource,
+    name: &str,
+) -> Result<Vec<f32>> {
+    if !src.has(name) {
+        return Err(Error::Runtime(format!(
+            "weight `{name}` is missing from the model"
+        )));
+    }
+    let v = src.vector(name)?;
+    if let Some(want) = cfg.trunk_tensor_shape(name) {
+        if want != [v.len()] {
+            return Err(Error::Runtime(format!(
+                "weight `{name}` has length {}, the config implies {want:?}",
+                v.len()
+            )));
+        }
+    }
+    Ok(v)
+}
+
+enum FeedForward {
+    Dense(Mlp),
+    /// The routed experts live in the `ExpertProvider`; only the router is trunk.
+    Moe(Router),
+}
+
+/// The token mixer of a layer (`self_attn`). One per layer, built once and
+/// never moved on the hot path, so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Mixer {
+    Gqa(Attention),
+    Mla(Mla),
+    Kda(Kda),
+}
+
+/// `model.layers.L`.
+struct DecoderLayer {
+    input_layernorm: Vec<f32>, // [H]
+    self_attn: Mixer,
+    post_attention_layernorm: Vec<f32>, // [H]
+    mlp: FeedForward,
+    /// The MoE block's shared experts (Kimi), added to the routed output.
+    shared_experts: Option<Mlp>,
+    /// Kimi K3's AttnRes mixes of this layer.
+    attn_res: Option<attnres::LayerRes>,
+    /// Kimi K3's latent projections around the routed experts.
+    latent_moe: Option<moe::LatentMoe>,
+}
+
+/// The forward pass of one model: its resident trunk (the checkpoint's
+/// tensor names as fields) and the code that runs it over a [`State`].
+pub struct Transformer {
+    cfg: ModelConfig,
+    /// On disk when untied (one row read per token), else resident.
+    embed_tokens: embedding::Embedding, // [V, H]
+    layers: Vec<DecoderLayer>,
+    norm: Vec<f32>, // [H]
+    /// `None` when tied: the logits then come from `embed_tokens`.
+    lm_head: Option<QMatrix>, // [V, H]
+    rope: Rope,
+    /// Kimi K3's output AttnRes mix, before `norm`.
+    output_mix: Option<attnres::Mix>,
+    /// Tokens per prefill chunk (1 = token at a time); see [`prefill`].
+    prefill_chunk: usize,
+}
+
+/// The state one layer keeps for a sequence.
+pub enum LayerState {
+    /// GQA: keys and values, `[context, kv_heads * head_dim]` each.
+    Kv { k: Vec<f32>, v: Vec<f32> },
+    /// MLA: the absorbed cache, `[context, kv_lora + rope]`.
+    Latent(Vec<f32>),
+    /// KDA: O(1) in the context.
+    Kda(KdaState),
+}
+
+/// The per-layer state (KV cache, latent cache, KDA state) and position of
+/// one sequence.
+pub struct State {
+    layers: Vec<LayerState>,
+    /// `kv_heads * head_dim` of the GQA layers.
+    kv_dim: usize,
+    /// Per layer: (kind, floats per token, fixed floats), to refuse a state
+    /// made for another model.
+    shape: Vec<(AttnKind, usize, usize)>,
+    position: usize,
+    context: usize,
+    /// A forward pass failed after a KDA layer had advanced its recurrent
+    /// state: that state cannot be rolled back, so it must be reset.
+    poisoned: bool,
+}
+
+fn state_shape(cfg: &ModelConfig) -> Vec<(AttnKind, usize, usize)> {
+    (0..cfg.num_layers)
+        .map(|l| (cfg.attn_kind(l), cfg.state_floats_per_token(l), cfg.state_floats_fixed(l)))
+        .collect()
+}
+
+impl State {
+    pub fn new(cfg: &ModelConfig, context: usize) -> State {
+        let kv_dim = cfg.kv_dim();
+        let layers = (0..cfg.num_layers)
+            .map(|l| {
+                let rows = context.saturating_mul(cfg.state_floats_per_token(l));
+                match (cfg.attn_kind(l), &cfg.kda) {
+                    (AttnKind::Gqa, _) => LayerState::Kv { k: vec![0.0; rows / 2], v: vec![0.0; rows / 2] },
+                    (AttnKind::Kda, Some(d)) => LayerState::Kda(KdaState::new(d)),
+                    _ => LayerState::Latent(vec![0.0; rows]),
+                }
+            })
+            .collect();
+        State { layers, kv_dim, shape: state_shape(cfg), position: 0, context, poisoned: false }
+    }
+
+    /// The per-layer states, in layer order.
+    pub fn layers(&self) -> &[LayerState] {
+        &self.layers
+    }
+
+    pub fn layers_mut(&mut self) -> &mut [LayerState] {
+        &mut self.layers
+    }
+
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// Starts a new sequence; stale cache rows past the position are never
+    /// read, recurrent (KDA) state is cleared.
+    pub fn reset(&mut self) {
+        self.position = 0;
+        self.poisoned = false;
+        for l in &mut self.layers {
+            if let LayerState::Kda(k) = l {
+                k.clear();
+            }
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        let floats: usize = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kv { k, v } => k.len() + v.len(),
+                LayerState::Latent(c) => c.len(),
+                LayerState::Kda(k) => k.s.len() + k.conv.len(),
+            })
+            .sum();
+        floats * std::mem::size_of::<f32>()
+    }
+}
+
+/// The token mixers' buffers.
+struct MixerScratch {
+    attn: AttnScratch,
+    mla: MlaScratch,
+    kda: KdaScratch,
+}
+
+/// Buffers of one forward call, allocated once and reused by every layer.
+struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    y: Vec<f32>,
+    mix: MixerScratch,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    probs: Vec<f32>,
+    picks: Vec<(usize, f32)>,
+    shared_gate: Vec<f32>,
+    shared_up: Vec<f32>,
+    shared_y: Vec<f32>,
+    /// AttnRes: the mixed layer input and the token's block snapshots.
+    mixed: Vec<f32>,
+    bank: attnres::Bank,
+    latent: moe::LatentScratch,
+}
+
+impl Scratch {
+    fn new(cfg: &ModelConfig, context: usize, attn_res: bool) -> Scratch {
+        let h = cfg.hidden_size;
+        Scratch {
+            x: vec![0.0; h],
+            xn: vec![0.0; h],
+            y: vec![0.0; h],
+            mix: MixerScratch {
+                attn: AttnScratch::new(cfg, context),
+                mla: MlaScratch::new(cfg, context),
+                kda: KdaScratch::new(cfg),
+            },
+            gate: vec![0.0; cfg.intermediate_size],
+            up: vec![0.0; cfg.intermediate_size],
+            probs: vec![0.0; cfg.num_experts],
+            picks: Vec::with_capacity(cfg.top_k + 1),
+            shared_gate: vec![0.0; cfg.shared_intermediate_size],
+            shared_up: vec![0.0; cfg.shared_intermediate_size],
+            shared_y: vec![0.0; if cfg.shared_intermediate_size > 0 { h } else { 0 }],
+            mixed: vec![0.0; if attn_res { h } else { 0 }],
+            bank: attnres::Bank::new(cfg),
+            latent: moe::LatentScratch::new(cfg),
+        }
+    }
+
+    /// Floats held; a pick `(usize, f32)` counts as 16 bytes.
+    fn floats(&self) -> usize {
+        let m = &self.mix;
+        [
+            &self.x,
+            &self.xn,
+            &self.y,
+            &self.gate,
+            &self.up,
+            &self.probs,
+            &self.shared_gate,
+            &self.shared_up,
+            &self.shared_y,
+            &self.mixed,
+        ]
+        .iter()
+        .map(|b| b.len())
+        .sum::<usize>()
+            + m.attn.floats()
+            + m.mla.floats()
+            + m.kda.floats()
+            + self.picks.capacity() * std::mem::size_of::<(usize, f32)>() / 4
+            + self.bank.floats()
+            + self.latent.floats()
+    }
+}
+
+impl Transformer {
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource) -> Result<Transformer> {
+        let embed_tokens = embedding::load(cfg, src)?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let p = format!("model.layers.{l}");
+            layers.push(DecoderLayer {
+                input_layernorm: load_vector(cfg, src, &format!("{p}.input_layernorm.weight"))?,
+                self_attn: match cfg.attn_kind(l) {
+                    AttnKind::Gqa => Mixer::Gqa(Attention::load(cfg, src, l)?),
+                    AttnKind::Mla => Mixer::Mla(Mla::load(cfg, src, l)?),
+                    AttnKind::Kda => Mixer::Kda(Kda::load(cfg, src, l)?),
+                },
+                post_attention_layernorm: load_vector(
+                    cfg,
+                    src,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                )?,
+                mlp: if cfg.is_moe_layer(l) {
+                    FeedForward::Moe(Router::load(cfg, src, l)?)
+                } else {
+                    FeedForward::Dense(Mlp::load(cfg, src, l)?)
+                },
+                shared_experts: if cfg.is_moe_layer(l) && cfg.shared_intermediate_size > 0 {
+                    Some(Mlp::load_at(cfg, src, &cfg.shared_expert_prefix(l))?)
+                } else {
+                    None
+                },
+                attn_res: attnres::load_layer_res(cfg, src, l)?,
+                latent_moe: moe::LatentMoe::load_for(cfg, src, l)?,
+            });
+        }
+        let norm = load_vector(cfg, src, "model.norm.weight")?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(load_matrix(cfg, src, "lm_head.weight")?)
+        };
+        Ok(Transformer {
+            cfg: cfg.clone(),
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope: Rope::new(cfg),
+            output_mix: attnres::load_output_mix(cfg, src)?,
+            prefill_chunk: prefill::DEFAULT_PREFILL_CHUNK,
+        })
+    }
+
+    /// Tokens per prefill chunk, 1..=`MAX_PREFILL_CHUNK`; 1 runs a prompt
+    /// token at a time. The logits do not depend on it, only how often
+    /// experts are read.
+    pub fn set_prefill_chunk(&mut self, tokens: usize) -> Result<()> {
+        prefill::check_chunk(tokens)?;
+        self.prefill_chunk = tokens;
+        Ok(())
+    }
+
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Appends `tokens` at `state.position()`; returns logits of the last
+    /// token (`[V]`) or, with `all_positions`, of every token (`[T*V]`).
+    /// On error the state's position is left where it was.
+    pub fn forward(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        experts: &dyn ExpertProvider,
+        all_positions: bool,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        if tokens.is_empty() {
+            return Err(Error::Arg("forward needs at least one token".into()));
+        }
+        if state.shape != state_shape(cfg) || state.kv_dim != cfg.kv_dim() {
+            return Err(Error::Arg(
+                "the state was created for a different model".into(),
+            ));
+        }
+        if state.poisoned {
+            return Err(Error::Runtime(
+                "an earlier forward pass failed midway through a recurrent (KDA) layer; reset the state".into(),
+            ));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            return Err(Error::Arg(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                cfg.vocab_size
+            )));
+        }
+        let start = state.position;
+        if start + tokens.len() > state.context {
+            return Err(Error::Runtime(format!(
+                "context full: {} tokens at position {start} exceed the context of {}",
+                tokens.len(),
+                state.context
+            )));
+        }
+        let result = self.forward_tokens(state, tokens, experts, all_positions, stats);
+        if result.is_err() {
+            state.position = start;
+            state.poisoned = self.cfg.kda.is_some();
+        }
+        result
+    }
+
+    /// The embedding row of `tok` into `x`.
+    fn embed(&self, tok: u32, x: &mut [f32], stats: &mut StepStats) -> Result<()> {
+        self.embed_tokens.row(tok as usize, x)?;
+        if self.embed_tokens.resident().is_none() {
+            stats.embedding_rows_read += 1;
+        }
+        Ok(())
+    }
+
+    /// The token mixer of layer `l` for one token at `pos`, `x += attn(norm(
+    /// in))`, then the feed-forward input `xn = norm(in')`; with AttnRes
+    /// (K3) `x` is the block's partial sum P and each input a depth mix of
+    /// the bank and P.
+    #[allow(clippy::too_many_arguments)]
+    fn mixer_step(
+        &self,
+        l: usize,
+        pos: usize,
+        layer_state: &mut LayerState,
+        x: &mut [f32],
+        bank: &mut attnres::Bank,
+        mixed: &mut [f32],
+        xn: &mut [f32],
+        mix: &mut MixerScratch,
+        y: &mut [f32],
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let layer = &self.layers[l];
+        let res = layer.attn_res.as_ref();
+        match res {
+            Some(r) => {
+                r.before_attention(bank, x, mixed);
+                rms_norm(mixed, &layer.input_layernorm, cfg.rms_norm_eps, xn);
+            }
+            None => rms_norm(x, &layer.input_layernorm, cfg.rms_norm_eps, xn),
+        }
+        match (&layer.self_attn, layer_state) {
+            (Mixer::Gqa(a), LayerState::Kv { k, v }) => a.forward(cfg, &self.rope, xn, pos, k, v, &mut mix.attn, y)?,
+            (Mixer::Mla(a), LayerState::Latent(c)) => a.forward(xn, pos, c, &mut mix.mla, y)?,
+            (Mixer::Kda(a), LayerState::Kda(st)) => a.forward(xn, pos, st, &mut mix.kda, y),
+            _ => {
+                return Err(Error::Arg(format!(
+                    "layer {l}: the state was created for a different model"
+                )))
+            }
+        }
+        add_in_place(x, y);
+        match res {
+            Some(r) => {
+                r.before_mlp(bank, x, mixed);
+                rms_norm(mixed, &layer.post_attention_layernorm, cfg.rms_norm_eps, xn);
+            }
+            None => rms_norm(x, &layer.post_attention_layernorm, cfg.rms_norm_eps, xn),
+        }
+        Ok(())
+    }
+
+    /// The logits of a token whose final hidden state is `x` (and AttnRes
+    /// bank `bank`) into `out`.
+    fn head_row(
+        &self,
+        bank: &attnres::Bank,
+        x: &[f32],
+        mixed: &mut [f32],
+        xn: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        match &self.output_mix {
+            Some(m) => {
+                m.apply(bank, x, mixed);
+                rms_norm(mixed, &self.norm, cfg.rms_norm_eps, xn);
+            }
+            None => rms_norm(x, &self.norm, cfg.rms_norm_eps, xn),
+        }
+        // Tied embeddings are always resident (`embedding::load`).
+        let head = match (&self.lm_head, self.embed_tokens.resident()) {
+            (Some(h), _) | (None, Some(h)) => h,
+            (None, None) => return Err(Error::Runtime("no LM head: tied embeddings are not resident".into())),
+        };
+        head.matvec(xn, out);
+        Ok(())
+    }
+
+    /// Runs the router of the MoE layer after `layer` on this layer's MoE
+    /// input and asks for its top `n` to be read speculatively.
+    #[allow(clippy::too_many_arguments)]
+    fn lookahead(
+        &self,
+        layer: usize,
+        x: &[f32],
+        n: usize,
+        probs: &mut [f32],
+        spec: &mut Vec<(usize, f32)>,
+        experts: &dyn ExpertProvider,
+        stats: &mut StepStats,
+    ) {
+        let next = self.layers.iter().enumerate().skip(layer + 1).find_map(|(l, d)| match &d.mlp {
+            FeedForward::Moe(r) => Some((l, r)),
+            _ => None,
+        });
+        if let Some((l, router)) = next {
+            router.predict(x, probs, n, spec);
+            let ids: Vec<usize> = spec.iter().map(|p| p.0).collect();
+            experts.prefetch(l, &ids, stats);
+        }
+    }
+
+    fn forward_tokens(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        experts: &dyn ExpertProvider,
+        all_positions: bool,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>> {
+        if tokens.len() > 1 && self.prefill_chunk > 1 {
+            return self.forward_chunked(state, tokens, experts, all_positions, stats);
+        }
+        let cfg = &self.cfg;
+        let v = cfg.vocab_size;
+        let mut s = Scratch::new(cfg, state.context, self.output_mix.is_some());
+        // Router lookahead runs in decode only: in prefill it moved bytes
+        // that the next token's own routing reads anyway.
+        let lookahead = if tokens.len() == 1 { experts.lookahead() } else { 0 };
+        let mut spec = Vec::new();
+        let n_out = if all_positions { tokens.len() } else { 1 };
+        let mut logits = vec![0.0f32; n_out * v];
+
+        for (i, &tok) in tokens.iter().enumerate() {
+            let pos = state.position;
+            self.embed(tok, &mut s.x, stats)?;
+            s.bank.clear();
+            for (l, layer) in self.layers.iter().enumerate() {
+                self.mixer_step(
+                    l,
+                    pos,
+                    &mut state.layers[l],
+                    &mut s.x,
+                    &mut s.bank,
+                    &mut s.mixed,
+                    &mut s.xn,
+                    &mut s.mix,
+                    &mut s.y,
+                )?;
+                match &layer.mlp {
+                    FeedForward::Dense(mlp) => mlp.forward(&s.xn, &mut s.gate, &mut s.up, &mut s.y),
+                    FeedForward::Moe(router) => {
+                        router.route(&s.xn, &mut s.probs, &mut s.picks);
+                        if lookahead > 0 {
+                            self.lookahead(l, &s.xn, lookahead, &mut s.probs, &mut spec, experts, stats);
+                        }
+                        match &layer.latent_moe {
+                            Some(lat) => lat.forward(l, &s.xn, &s.picks, experts, &mut s.latent, &mut s.y, stats)?,
+                            None => experts.forward_experts(l, &s.xn, &s.picks, &mut s.y, stats)?,
+                        }
+                    }
+                }
+                if let Some(shared) = &layer.shared_experts {
+                    shared.forward(&s.xn, &mut s.shared_gate, &mut s.shared_up, &mut s.shared_y);
+                    add_in_place(&mut s.y, &s.shared_y);
+                }
+                add_in_place(&mut s.x, &s.y);
+            }
+            state.position = pos + 1;
+
+            let last = i + 1 == tokens.len();
+            if all_positions || last {
+                let row = if all_positions { i } else { 0 };
+                self.head_row(&s.bank, &s.x, &mut s.mixed, &mut s.xn, &mut logits[row * v..(row + 1) * v])?;
+            }
+        }
+        Ok(logits)
+    }
+}

@@ -1,0 +1,468 @@
+//! Saving a session's model state to a file and back.
+//!
+//! A `State` is seen here as a list of named f32 buffers of two kinds: a
+//! *sequence* buffer holds one row per token (a KV or latent-KV cache; only
+//! the rows below the position are written), a *fixed* buffer is written
+//! whole (a linear-attention state, a convolution ring). `State::buffers` and
+//! `State::buffers_mut` are the only code that knows the fields of `State`;
+//! a new kind of layer state only has to be listed there.
+//!
+//! File layout (little-endian):
+//! `MAGIC` (8 bytes), format version (u32), header length (u32), the JSON
+//! header, then every buffer's data in header order, then an FNV-1a 64
+//! checksum (u64) of everything before it. The header records the model
+//! identity and every shape the data depends on, so a file from another
+//! model, another layout or another shape is refused before anything is
+//! copied.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::{LayerState, State};
+use crate::config::AttnKind;
+use crate::error::{Error, Result};
+use crate::files::Fnv;
+
+pub const MAGIC: &[u8; 8] = b"WASTESES";
+pub const FORMAT_VERSION: u32 = 1;
+/// A header larger than this is not one of ours.
+const MAX_HEADER_BYTES: u32 = 64 << 20;
+
+/// How a buffer grows with the sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BufferKind {
+    /// `row_len` floats per token; rows `[0, position)` are live.
+    Sequence,
+    /// Written whole, whatever the position.
+    Fixed,
+}
+
+/// One buffer of a `State`, borrowed.
+pub struct StateBuffer<'a> {
+    pub name: String,
+    pub kind: BufferKind,
+    /// Floats per row (`Sequence`) or in total (`Fixed`).
+    pub row_len: usize,
+    pub data: &'a [f32],
+}
+
+pub struct StateBufferMut<'a> {
+    pub name: String,
+    pub kind: BufferKind,
+    pub row_len: usize,
+    pub data: &'a mut [f32],
+}
+
+impl State {
+    /// Every buffer of the state, in a fixed order.
+    pub fn buffers(&self) -> Vec<StateBuffer<'_>> {
+        let mut out = Vec::with_capacity(2 * self.layers.len());
+        for (l, layer) in self.layers.iter().enumerate() {
+            for (name, kind, row_len, data) in layer_buffers(l, layer, self.kv_dim, &self.shape[l])
+            {
+                out.push(StateBuffer {
+                    name,
+                    kind,
+                    row_len,
+                    data,
+                });
+            }
+        }
+        out
+    }
+
+    /// `buffers`, writable, in the same order.
+    pub fn buffers_mut(&mut self) -> Vec<StateBufferMut<'_>> {
+        let kv_dim = self.kv_dim;
+        let mut out = Vec::with_capacity(2 * self.layers.len());
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            let width = self.shape[l].1;
+            match layer {
+                LayerState::Kv { k, v } => {
+                    out.push(StateBufferMut {
+                        name: format!("layers.{l}.k"),
+                        kind: BufferKind::Sequence,
+                        row_len: kv_dim,
+                        data: k,
+                    });
+                    out.push(StateBufferMut {
+                        name: format!("layers.{l}.v"),
+                        kind: BufferKind::Sequence,
+                        row_len: kv_dim,
+                        data: v,
+                    });
+                }
+                LayerState::Latent(c) => {
+                    out.push(StateBufferMut {
+                        name: format!("layers.{l}.latent"),
+                        kind: BufferKind::Sequence,
+                        row_len: width,
+                        data: c,
+                    });
+                }
+                LayerState::Kda(st) => {
+                    let (n_s, n_c) = (st.s.len(), st.conv.len());
+                    out.push(StateBufferMut {
+                        name: format!("layers.{l}.kda_state"),
+                        kind: BufferKind::Fixed,
+                        row_len: n_s,
+                        data: &mut st.s,
+                    });
+                    out.push(StateBufferMut {
+                        name: format!("layers.{l}.kda_conv"),
+                        kind: BufferKind::Fixed,
+                        row_len: n_c,
+                        data: &mut st.conv,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    fn set_position(&mut self, position: usize) {
+        self.position = position;
+    }
+}
+
+type Buf<'a> = (String, BufferKind, usize, &'a [f32]);
+
+/// The buffers of one layer's state: GQA k and v, MLA latent rows, KDA
+/// recurrent matrices and conv ring.
+fn layer_buffers<'a>(
+    l: usize,
+    layer: &'a LayerState,
+    kv_dim: usize,
+    shape: &(AttnKind, usize, usize),
+) -> Vec<Buf<'a>> {
+    match layer {
+        LayerState::Kv { k, v } => vec![
+            (
+                format!("layers.{l}.k"),
+                BufferKind::Sequence,
+                kv_dim,
+                k.as_slice(),
+            ),
+            (
+                format!("layers.{l}.v"),
+                BufferKind::Sequence,
+                kv_dim,
+                v.as_slice(),
+            ),
+        ],
+        LayerState::Latent(c) => vec![(
+            format!("layers.{l}.latent"),
+            BufferKind::Sequence,
+            shape.1,
+            c.as_slice(),
+        )],
+        LayerState::Kda(st) => vec![
+            (
+                format!("layers.{l}.kda_state"),
+                BufferKind::Fixed,
+                st.s.len(),
+                st.s.as_slice(),
+            ),
+            (
+                format!("layers.{l}.kda_conv"),
+                BufferKind::Fixed,
+                st.conv.len(),
+                st.conv.as_slice(),
+            ),
+        ],
+    }
+}
+
+/// The tokens behind a `State`: every token evaluated into it, plus the last
+/// sampled token of a generation, held until the next evaluation (it was
+/// never evaluated, and its logits would be read by no one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transcript {
+    tokens: Vec<u32>,
+    pending: Option<u32>,
+}
+
+impl Transcript {
+    /// What to evaluate to append `tokens`: the held token first.
+    pub fn feed(&self, tokens: &[u32]) -> Vec<u32> {
+        self.pending
+            .iter()
+            .copied()
+            .chain(tokens.iter().copied())
+            .collect()
+    }
+
+    /// Records that `fed` (a `feed` result) is now in the state.
+    pub fn committed(&mut self, fed: &[u32]) {
+        self.pending = None;
+        self.tokens.extend_from_slice(fed);
+    }
+
+    /// Holds `token` for the next evaluation.
+    pub fn hold(&mut self, token: u32) {
+        self.pending = Some(token);
+    }
+
+    pub fn pending(&self) -> Option<u32> {
+        self.pending
+    }
+
+    /// Tokens in the state (the held one excluded).
+    pub fn evaluated(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The last `n` tokens of the sequence, the held one included.
+    pub fn recent(&self, n: usize) -> Vec<u32> {
+        let all = self.tokens.len() + self.pending.is_some() as usize;
+        let skip = all.saturating_sub(n);
+        self.tokens
+            .iter()
+            .copied()
+            .chain(self.pending)
+            .skip(skip)
+            .collect()
+    }
+
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.pending = None;
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct BufferHeader {
+    name: String,
+    kind: BufferKind,
+    row_len: usize,
+    /// Rows written (`Sequence`: the position; `Fixed`: 1).
+    rows: usize,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    model_identity: String,
+    family: String,
+    vocab_size: usize,
+    position: usize,
+    context: usize,
+    transcript: Transcript,
+    buffers: Vec<BufferHeader>,
+}
+
+/// What a session file must match to be loaded.
+pub struct SessionShape<'a> {
+    pub model_identity: &'a str,
+    pub family: &'a str,
+    pub vocab_size: usize,
+}
+
+/// Writes `state` and `transcript` to `path` (through a temporary file in
+/// the same directory, renamed into place, so a failed save never leaves a
+/// half-written file under the name).
+pub fn save_session(
+    path: &Path,
+    shape: &SessionShape,
+    state: &State,
+    transcript: &Transcript,
+) -> Result<()> {
+    if transcript.tokens.len() != state.position() {
+        return Err(Error::Runtime(format!(
+            "session inconsistent: {} tokens recorded for a state at position {}",
+            transcript.tokens.len(),
+            state.position()
+        )));
+    }
+    let buffers = state.buffers();
+    let header = Header {
+        model_identity: shape.model_identity.to_string(),
+        family: shape.family.to_string(),
+        vocab_size: shape.vocab_size,
+        position: state.position(),
+        context: state.context(),
+        transcript: transcript.clone(),
+        buffers: buffers
+            .iter()
+            .map(|b| BufferHeader {
+                name: b.name.clone(),
+                kind: b.kind,
+                row_len: b.row_len,
+                rows: match b.kind {
+                    BufferKind::Sequence => state.position(),
+                    BufferKind::Fixed => 1,
+                },
+            })
+            .collect(),
+    };
+    let json = serde_json::to_vec(&header)
+        .map_err(|e| Error::Runtime(format!("encoding the session header: {e}")))?;
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&json);
+    for (b, h) in buffers.iter().zip(&header.buffers) {
+        let floats = &b.data[..h.rows * h.row_len];
+        bytes.reserve(floats.len() * 4);
+        for f in floats {
+            bytes.extend_from_slice(&f.to_le_bytes());
+        }
+    }
+    let mut sum = Fnv::new();
+    sum.update(&bytes);
+    bytes.extend_from_slice(&sum.finish().to_le_bytes());
+
+    let tmp = path.with_extension("tmp-save");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()
+    };
+    write().map_err(|e| Error::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}
+
+/// Reads a session file into `state` (a fresh state of the session's model)
+/// and returns its transcript. Nothing in `state` changes unless the whole
+/// file is valid and matches `shape` and the state's layout.
+pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Result<Transcript> {
+    let bad = |msg: String| Error::format(path, msg);
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    if bytes.len() < 8 + 4 + 4 + 8 || &bytes[..8] != MAGIC {
+        return Err(bad("not a waste session file".into()));
+    }
+    let (body, tail) = bytes.split_at(bytes.len() - 8);
+    let mut sum = Fnv::new();
+    sum.update(body);
+    if sum.finish().to_le_bytes() != tail {
+        return Err(bad(
+            "checksum mismatch: the file is truncated or damaged".into()
+        ));
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap_or([0; 4]));
+    let version = u32_at(8);
+    if version != FORMAT_VERSION {
+        return Err(bad(format!(
+            "session format version {version}; this waste reads version {FORMAT_VERSION}"
+        )));
+    }
+    let header_len = u32_at(12);
+    if header_len > MAX_HEADER_BYTES || 16 + header_len as usize > body.len() {
+        return Err(bad("the header length is out of range".into()));
+    }
+    let header: Header = serde_json::from_slice(&body[16..16 + header_len as usize])
+        .map_err(|e| bad(format!("malformed header: {e}")))?;
+    if header.model_identity != shape.model_identity {
+        return Err(bad(format!(
+            "saved from another model ({} {}, this session's model is {} {})",
+            header.family, header.model_identity, shape.family, shape.model_identity
+        )));
+    }
+    if header.vocab_size != shape.vocab_size {
+        return Err(bad(format!(
+            "vocabulary of {} entries, the model has {}",
+            header.vocab_size, shape.vocab_size
+        )));
+    }
+    if header.position > state.context() {
+        return Err(bad(format!(
+            "holds {} tokens, more than this session's context of {}",
+            header.position,
+            state.context()
+        )));
+    }
+    if header.transcript.tokens.len() != header.position {
+        return Err(bad(format!(
+            "{} tokens recorded for a position of {}",
+            header.transcript.tokens.len(),
+            header.position
+        )));
+    }
+    if let Some(&t) = header
+        .transcript
+        .tokens
+        .iter()
+        .chain(&header.transcript.pending)
+        .find(|&&t| t as usize >= shape.vocab_size)
+    {
+        return Err(bad(format!(
+            "token {t} is outside the vocabulary of {}",
+            shape.vocab_size
+        )));
+    }
+    // Check every shape before copying anything.
+    let mut buffers = state.buffers_mut();
+    if buffers.len() != header.buffers.len() {
+        return Err(bad(format!(
+            "{} state buffers, this model has {}",
+            header.buffers.len(),
+            buffers.len()
+        )));
+    }
+    let mut expected = 16 + header_len as usize;
+    for (b, h) in buffers.iter().zip(&header.buffers) {
+        let rows = match b.kind {
+            BufferKind::Sequence => header.position,
+            BufferKind::Fixed => 1,
+        };
+        if b.name != h.name || b.kind != h.kind || b.row_len != h.row_len || h.rows != rows {
+            return Err(bad(format!(
+                "buffer {} ({:?}, {} x {}) does not fit this model's {} ({:?}, {} x {})",
+                h.name, h.kind, h.rows, h.row_len, b.name, b.kind, rows, b.row_len
+            )));
+        }
+        if rows * h.row_len > b.data.len() {
+            return Err(bad(format!(
+                "buffer {} is larger than this session's state",
+                h.name
+            )));
+        }
+        expected += rows * h.row_len * 4;
+    }
+    if expected != body.len() {
+        return Err(bad(format!(
+            "{} bytes of data, the header describes {expected}",
+            body.len()
+        )));
+    }
+    let mut at = 16 + header_len as usize;
+    for (b, h) in buffers.iter_mut().zip(&header.buffers) {
+        let n = h.rows * h.row_len;
+        for (dst, src) in b.data[..n]
+            .iter_mut()
+            .zip(body[at..at + n * 4].chunks_exact(4))
+        {
+            *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+        }
+        at += n * 4;
+    }
+    drop(buffers);
+    state.set_position(header.position);
+    Ok(header.transcript)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transcript_holds_the_pending_token_in_front() {
+        let mut t = Transcript::default();
+        let fed = t.feed(&[1, 2]);
+        t.committed(&fed);
+        t.hold(3);
+        assert_eq!(t.feed(&[4]), vec![3, 4]);
+        assert_eq!(t.recent(2), vec![2, 3]);
+        assert_eq!(t.recent(10), vec![1, 2, 3]);
+        let fed = t.feed(&[]);
+        t.committed(&fed);
+        assert_eq!(t.evaluated(), &[1, 2, 3]);
+        assert_eq!(t.pending(), None);
+    }
+}

@@ -1,0 +1,588 @@
+//! The memory planner: what a model needs in RAM before it is opened, and
+//! how a budget is split between the fixed parts and the expert cache.
+//!
+//! Everything the engine allocates is counted: the resident trunk, the
+//! state of one session's context, the scratch of one forward pass, and the
+//! expert cache (whose slots are also the I/O buffers: records are read
+//! straight into them). Sizes are in bytes.
+
+use std::path::Path;
+
+use crate::config::ModelConfig;
+use crate::container::manifest::{Manifest, TensorEntry};
+use crate::container::Container;
+use crate::error::{Error, Result};
+pub use crate::size::{fmt_bytes, parse_size};
+use crate::model::embedding::EMBED_TOKENS;
+
+/// How the budget of a plan was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetSource {
+    /// Given by the caller.
+    Given,
+    /// Chosen automatically: the floor plus this many working sets (0 = the
+    /// floor alone, when not even one working set fits under 7/8 of usable RAM).
+    Auto { working_sets: u32 },
+}
+
+/// Default context when the caller does not choose one: the model's own
+/// maximum, capped so a small machine can hold the KV cache.
+pub const DEFAULT_CONTEXT: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryPlan {
+    pub context: usize,
+    /// The resident trunk: every trunk tensor but an untied embedding table.
+    pub trunk: u64,
+    /// The untied embedding table, left on disk (one row read per token);
+    /// not part of any total.
+    pub embedding_on_disk: u64,
+    /// One session's state: GQA keys and values, MLA latent rows, KDA
+    /// recurrent state and conv rings.
+    pub state: u64,
+    /// Buffers of one forward pass (an upper estimate).
+    pub scratch: u64,
+    pub record_bytes: u64,
+    pub top_k: usize,
+    pub moe_layers: usize,
+    pub experts_per_layer: usize,
+    /// top_k x record x 2: the least cache the store can run with.
+    pub min_cache: u64,
+    /// trunk + state + scratch + min_cache.
+    pub floor: u64,
+    /// top_k x record x MoE layers: what one token reads when nothing is cached.
+    pub working_set: u64,
+    /// floor + 3 working sets.
+    pub recommended: u64,
+    /// Every expert record of the model.
+    pub all_experts: u64,
+    pub usable_ram: u64,
+    pub budget: u64,
+    pub budget_source: BudgetSource,
+    /// The cache the budget buys.
+    pub cache_slots: usize,
+    pub cache_bytes: u64,
+}
+
+impl MemoryPlan {
+    /// Everything planned: trunk + state + scratch + cache.
+    pub fn total(&self) -> u64 {
+        self.trunk + self.state + self.scratch + self.cache_bytes
+    }
+}
+
+/// Bytes of one session's state for `context` tokens, each layer as what
+/// it keeps: GQA keys and values per token, the MLA latent row per token,
+/// the KDA state and conv rings once (what `model::State::new` allocates).
+pub fn state_bytes(cfg: &ModelConfig, context: usize) -> u64 {
+    cfg.state_bytes(context)
+}
+
+/// Whether trunk tensor `name` stays on disk rather than in RAM: the
+/// embedding table of a model whose LM head is not tied to it (the rule of
+/// `model::embedding::load`).
+fn stays_on_disk(cfg: &ModelConfig, t: &TensorEntry) -> bool {
+    !cfg.tie_word_embeddings && t.name == EMBED_TOKENS && t.shape.len() == 2
+}
+
+/// Bytes trunk tensor `t` holds in RAM once open: none for an untied
+/// embedding table, for MLA's `kv_b_proj` what the layer keeps
+/// (`model::mla::kv_b_resident_bytes`: its stored form since it stopped
+/// expanding a quantised one to f32), its stored bytes otherwise.
+pub fn resident_tensor_bytes(cfg: &ModelConfig, t: &TensorEntry) -> u64 {
+    if stays_on_disk(cfg, t) {
+        return 0;
+    }
+    let fmt = crate::quant::TrunkFormat::parse(&t.format);
+    match (&t.shape[..], fmt) {
+        ([rows, cols], Some(fmt)) if t.name.ends_with(crate::model::mla::KV_B_SUFFIX) => {
+            crate::model::mla::kv_b_resident_bytes(fmt, *rows as usize, *cols as usize) as u64
+        }
+        _ => t.bytes,
+    }
+}
+
+/// Bytes of the trunk held in RAM once open (sum of
+/// [`resident_tensor_bytes`]).
+pub fn resident_trunk_bytes(cfg: &ModelConfig, manifest: &Manifest) -> u64 {
+    manifest.trunk.tensors.iter().map(|t| resident_tensor_bytes(cfg, t)).sum()
+}
+
+/// Bytes of the trunk left on disk (the untied embedding table).
+pub fn on_disk_trunk_bytes(cfg: &ModelConfig, manifest: &Manifest) -> u64 {
+    manifest.trunk.tensors.iter().filter(|t| stays_on_disk(cfg, t)).map(|t| t.bytes).sum()
+}
+
+/// The buffers of one forward pass, sized by the constructors that allocate
+/// them: the model's own for a full prefill chunk (token scratch, GQA / MLA
+/// / KDA scratch, the chunk's per-token buffers, logits:
+/// [`crate::model::prefill::forward_buffer_floats`]), and the expert
+/// provider's for the largest expert format (one token's gate/up tables and
+/// the kernel scratch, which the store allocates once per call and uses one
+/// expert at a time), its per-pick outputs for every token of a chunk
+/// (`store::batch`) and per-expert bookkeeping. Rounded up to a MiB, plus a
+/// MiB for the small per-call lists (picks, slots).
+pub fn scratch_bytes(cfg: &ModelConfig, context: usize) -> u64 {
+    use crate::quant::{gate_up_tables_peak_bytes, ExpertFormat, ExpertScratch, ExpertShape};
+    let chunk = crate::model::prefill::MAX_PREFILL_CHUNK;
+    let model = 4 * crate::model::prefill::forward_buffer_floats(cfg, context, chunk);
+    let shape = ExpertShape {
+        hidden: cfg.expert_hidden(),
+        inter: cfg.moe_intermediate_size,
+    };
+    let kernels = ExpertFormat::ALL
+        .into_iter()
+        .map(|f| gate_up_tables_peak_bytes(f, shape.hidden) + ExpertScratch::new(f, shape).bytes())
+        .max()
+        .unwrap_or(0);
+    let outputs = 4 * (chunk * cfg.top_k + 1) * shape.hidden;
+    // store::batch: a use count and a held slot per expert of the layer.
+    let per_expert = 32 * cfg.num_experts;
+    let bytes = (model + kernels + outputs + per_expert) as u64;
+    bytes.div_ceil(1 << 20) * (1 << 20) + (1 << 20)
+}
+
+/// The plan for the container at `path`, read from its manifest (the trunk
+/// is not loaded). `context`: tokens of state (`None`: min(model maximum, 4096)).
+pub fn plan_path(path: &Path, context: Option<usize>, budget: Option<u64>) -> Result<MemoryPlan> {
+    let container = Container::open(path)?;
+    plan(&container, context, budget)
+}
+
+/// As [`plan_path`], for a machine whose usable RAM is `usable_ram` instead
+/// of this one's (`None`: this machine's, see [`usable_ram`]): what the
+/// automatic budget would be there.
+pub fn plan_path_for_ram(
+    path: &Path,
+    context: Option<usize>,
+    budget: Option<u64>,
+    usable_ram: Option<u64>,
+) -> Result<MemoryPlan> {
+    let container = Container::open(path)?;
+    plan_for_ram(&container, context, budget, usable_ram)
+}
+
+pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Result<usize> {
+    match context {
+        Some(0) => Err(Error::Arg("the context must be at least 1 token".into())),
+        Some(n) if n > cfg.max_position_embeddings => Err(Error::Arg(format!(
+            "a context of {n} tokens exceeds the model's maximum of {}",
+            cfg.max_position_embeddings
+        ))),
+        Some(n) => Ok(n),
+        None => Ok(cfg.max_position_embeddings.min(DEFAULT_CONTEXT)),
+    }
+}
+
+pub fn plan(container: &Container, context: Option<usize>, budget: Option<u64>) -> Result<MemoryPlan> {
+    plan_for_ram(container, context, budget, None)
+}
+
+/// As [`plan`], with the usable RAM given (`None`: this machine's).
+pub fn plan_for_ram(
+    container: &Container,
+    context: Option<usize>,
+    budget: Option<u64>,
+    usable_ram: Option<u64>,
+) -> Result<MemoryPlan> {
+    let cfg = container.config();
+    let context = resolve_context(cfg, context)?;
+    let m = container.manifest();
+    let record = m.experts.record_bytes;
+    let moe_layers = m.experts.layers.len();
+    let experts = cfg.num_experts;
+    let usable = usable_ram.unwrap_or_else(self::usable_ram);
+    plan_from(PlanInput {
+        context,
+        trunk: resident_trunk_bytes(cfg, m),
+        embedding_on_disk: on_disk_trunk_bytes(cfg, m),
+        state: state_bytes(cfg, context),
+        scratch: scratch_bytes(cfg, context),
+        record_bytes: record,
+        top_k: cfg.top_k,
+        moe_layers,
+        experts,
+        usable_ram: usable,
+        budget,
+    })
+}
+
+/// The sizes a plan is made of.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanInput {
+    pub context: usize,
+    pub trunk: u64,
+    pub embedding_on_disk: u64,
+    pub state: u64,
+    pub scratch: u64,
+    pub record_bytes: u64,
+    pub top_k: usize,
+    pub moe_layers: usize,
+    pub experts: usize,
+    pub usable_ram: u64,
+    pub budget: Option<u64>,
+}
+
+pub fn plan_from(i: PlanInput) -> Result<MemoryPlan> {
+    let record = i.record_bytes.max(1);
+    let fixed = i.trunk + i.state + i.scratch;
+    let min_cache = 2 * i.top_k as u64 * record;
+    let floor = fixed + min_cache;
+    let working_set = i.top_k as u64 * record * i.moe_layers as u64;
+    let all_experts = i.moe_layers as u64 * i.experts as u64 * record;
+    let (budget, source) = match i.budget {
+        Some(b) => {
+            if b < floor {
+                return Err(Error::Budget {
+                    budget: b,
+                    floor,
+                    detail: format!(
+                        "trunk {}, state {}, scratch {}, minimum expert cache {}",
+                        fmt_bytes(i.trunk),
+                        fmt_bytes(i.state),
+                        fmt_bytes(i.scratch),
+                        fmt_bytes(min_cache)
+                    ),
+                });
+            }
+            (b, BudgetSource::Given)
+        }
+        None => {
+            let cap = i.usable_ram / 8 * 7;
+            let pick = [3u32, 2, 1]
+                .into_iter()
+                .find(|&n| floor + n as u64 * working_set <= cap);
+            match pick {
+                Some(n) => (floor + n as u64 * working_set, BudgetSource::Auto { working_sets: n }),
+                None => (floor, BudgetSource::Auto { working_sets: 0 }),
+            }
+        }
+    };
+    // More slots than records would never be filled.
+    let max_slots = (i.moe_layers * i.experts).max(2 * i.top_k);
+    let cache_slots = (((budget - fixed) / record) as usize).min(max_slots);
+    Ok(MemoryPlan {
+        context: i.context,
+        trunk: i.trunk,
+        embedding_on_disk: i.embedding_on_disk,
+        state: i.state,
+        scratch: i.scratch,
+        record_bytes: i.record_bytes,
+        top_k: i.top_k,
+        moe_layers: i.moe_layers,
+        experts_per_layer: i.experts,
+        min_cache,
+        floor,
+        working_set,
+        recommended: floor + 3 * working_set,
+        all_experts,
+        usable_ram: i.usable_ram,
+        budget,
+        budget_source: source,
+        cache_slots,
+        cache_bytes: cache_slots as u64 * record,
+    })
+}
+
+/// RAM this process may use: physical RAM capped by the smallest finite
+/// memory limit on its cgroup path.
+pub fn usable_ram() -> u64 {
+    let physical = physical_ram().unwrap_or(u64::MAX);
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| cgroup_limit(Path::new("/sys/fs/cgroup"), &text));
+    physical.min(cgroup.unwrap_or(u64::MAX))
+}
+
+fn physical_ram() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The smallest finite memory limit on the cgroup path of a process whose
+/// `/proc/PID/cgroup` reads `proc_cgroup`, with the cgroup file systems
+/// mounted under `root`: cgroup v2 `memory.max` and `memory.high` (and v1
+/// `memory.limit_in_bytes` under `root/memory`), walked from the process's
+/// group up to the root. A path that does not exist under `root` (a cgroup
+/// namespace shows the process at `/`) is walked as far as it exists.
+pub fn cgroup_limit(root: &Path, proc_cgroup: &str) -> Option<u64> {
+    let mut best: Option<u64> = None;
+    let mut take = |v: Option<u64>| {
+        if let Some(v) = v {
+            best = Some(best.map_or(v, |b| b.min(v)));
+        }
+    };
+    for line in proc_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/');
+        if id == "0" && controllers.is_empty() {
+            for dir in ancestors(&root.join(rel), root) {
+                take(read_limit(&dir.join("memory.max")));
+                take(read_limit(&dir.join("memory.high")));
+            }
+        } else if controllers.split(',').any(|c| c == "memory") {
+            let base = root.join("memory");
+            for dir in ancestors(&base.join(rel), &base) {
+                take(read_limit(&dir.join("memory.limit_in_bytes")));
+            }
+        }
+    }
+    best
+}
+
+/// `dir` and its parents down to `stop` inclusive.
+fn ancestors(dir: &Path, stop: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut d = Some(dir);
+    while let Some(p) = d {
+        if !p.starts_with(stop) {
+            break;
+        }
+        out.push(p.to_path_buf());
+        if p == stop {
+            break;
+        }
+        d = p.parent();
+    }
+    out
+}
+
+/// A limit file's value; `max` and v1's "unlimited" (a huge page-rounded
+/// number) read as no limit.
+fn read_limit(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: u64 = text.trim().parse().ok()?;
+    (v < 1 << 60).then_some(v)
+}
+
+/// Peak resident set size of this process (`VmHWM`), when the OS reports it.
+pub fn peak_rss() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::State;
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    fn fixture(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("waste-cg-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn cgroup_v2_takes_the_smallest_of_max_and_high_up_the_path() {
+        let root = fixture("v2");
+        write(&root, "memory.max", "max\n");
+        write(&root, "user.slice/memory.max", "8000000000\n");
+        write(&root, "user.slice/memory.high", "max\n");
+        write(&root, "user.slice/app.scope/memory.max", "max\n");
+        write(&root, "user.slice/app.scope/memory.high", "6000000000\n");
+        assert_eq!(cgroup_limit(&root, "0::/user.slice/app.scope\n"), Some(6_000_000_000));
+        write(&root, "user.slice/memory.max", "5000000000\n");
+        assert_eq!(cgroup_limit(&root, "0::/user.slice/app.scope\n"), Some(5_000_000_000));
+        assert_eq!(cgroup_limit(&root, "0::/\n"), None, "root says max");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn cgroup_v1_reads_limit_in_bytes_of_the_memory_controller() {
+        let root = fixture("v1");
+        // This machine's layout: cgroup v1 with a memory controller path.
+        write(&root, "memory/memory.limit_in_bytes", "9223372036854771712\n");
+        write(
+            &root,
+            "memory/process_api/memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        write(&root, "memory/process_api/job1/memory.limit_in_bytes", "4294967296\n");
+        let proc = "9:name=systemd:/\n4:memory:/process_api/job1\n1:cpu:/\n0::/\n";
+        assert_eq!(cgroup_limit(&root, proc), Some(4_294_967_296));
+        assert_eq!(
+            cgroup_limit(&root, "4:memory:/process_api\n"),
+            None,
+            "unlimited is no limit"
+        );
+        // A namespaced view (the path is missing) still finds the root limit.
+        write(&root, "memory/memory.limit_in_bytes", "3000000000\n");
+        assert_eq!(cgroup_limit(&root, "4:cpu,memory:/not/here\n"), Some(3_000_000_000));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    fn input(budget: Option<u64>, usable: u64) -> PlanInput {
+        PlanInput {
+            context: 64,
+            trunk: 100,
+            embedding_on_disk: 1000,
+            state: 20,
+            scratch: 30,
+            record_bytes: 10,
+            top_k: 2,
+            moe_layers: 4,
+            experts: 8,
+            usable_ram: usable,
+            budget,
+        }
+    }
+
+    #[test]
+    fn plan_floor_working_sets_and_auto_budget() {
+        let p = plan_from(input(Some(400), 0)).unwrap();
+        assert_eq!((p.min_cache, p.floor, p.working_set, p.recommended), (40, 190, 80, 430));
+        assert_eq!((p.cache_slots, p.cache_bytes), (25, 250));
+        assert_eq!(p.total(), 400);
+        // 7/8 of 400 = 350: floor + 2 working sets (350) fits, + 3 (430) does not.
+        let p = plan_from(input(None, 400)).unwrap();
+        assert_eq!(
+            (p.budget, p.budget_source),
+            (350, BudgetSource::Auto { working_sets: 2 })
+        );
+        let p = plan_from(input(None, 100)).unwrap();
+        assert_eq!(
+            (p.budget, p.budget_source),
+            (190, BudgetSource::Auto { working_sets: 0 })
+        );
+        let e = plan_from(input(Some(189), 0)).unwrap_err().to_string();
+        assert!(e.contains("floor of 190 B") && e.contains("waste plan"), "{e}");
+        // A budget above the whole model caps the cache at every record.
+        assert_eq!(plan_from(input(Some(10_000), 0)).unwrap().cache_slots, 32);
+    }
+
+    fn fixture_config(family: &str) -> ModelConfig {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures")
+            .join(format!("tiny-{family}/config.json"));
+        ModelConfig::from_file(&path).unwrap()
+    }
+
+    /// Regression: the planner sized every layer as GQA keys and values.
+    /// Kimi-Linear keeps a latent row per token in its MLA layers and a
+    /// fixed KDA state (delta-rule matrices and conv rings) in the others.
+    #[test]
+    fn plan_state_of_kimi_linear_is_latent_rows_plus_fixed_kda_state() {
+        let cfg = fixture_config("kimi_linear");
+        // Layers: KDA KDA MLA KDA MLA; KDA 2 heads x 16, conv 4; MLA kv_lora 16 + rope 8.
+        let kda = 2 * 16 * 16 + 3 * (4 - 1) * (2 * 16);
+        let mla_per_token = 16 + 8;
+        for ctx in [1usize, 100, 512] {
+            let want = 4 * (3 * kda + 2 * mla_per_token * ctx) as u64;
+            assert_eq!(state_bytes(&cfg, ctx), want, "context {ctx}");
+            assert_eq!(State::new(&cfg, ctx).bytes() as u64, want, "what the engine allocates");
+        }
+    }
+
+    /// DeepSeek-V3: every layer MLA with q-LoRA, the absorbed latent cache
+    /// only (kv_lora + rope floats per token), no K/V heads.
+    #[test]
+    fn plan_state_of_deepseek_v3_is_the_latent_cache() {
+        let cfg = fixture_config("deepseek_v3");
+        for ctx in [1usize, 100, 2048] {
+            let want = 4 * (4 * (16 + 8) * ctx) as u64;
+            assert_eq!(state_bytes(&cfg, ctx), want, "context {ctx}");
+            assert_eq!(State::new(&cfg, ctx).bytes() as u64, want);
+        }
+        // GQA models keep K and V rows: unchanged.
+        let q = fixture_config("qwen3_moe");
+        assert_eq!(state_bytes(&q, 10), 2 * q.num_layers as u64 * 10 * q.kv_dim() as u64 * 4);
+    }
+
+    /// The model's buffers of one forward pass, written out from the config
+    /// (not from the constructors): the token scratch with GQA, MLA and KDA
+    /// scratch, a chunk of `chunk` tokens, one row of logits. No AttnRes or
+    /// latent MoE (K3 is checked by the bound below only).
+    fn forward_floats_by_hand(cfg: &ModelConfig, ctx: usize, chunk: usize) -> usize {
+        let h = cfg.hidden_size;
+        let picks = 4 * (cfg.top_k + 1);
+        let attn = 2 * cfg.q_dim() + 2 * cfg.kv_dim() + ctx + 2 * (cfg.head_dim / 2);
+        let mla = cfg.mla.map_or(0, |m| {
+            let ql = m.q_lora_rank.unwrap_or(0);
+            m.num_heads * m.qk_head_dim()
+                + m.cache_width()
+                + 2 * m.kv_lora_rank
+                + ctx
+                + m.num_heads * m.v_head_dim
+                + 2 * ql
+                + 2 * m.qk_rope_head_dim
+        });
+        let kda = cfg.kda.map_or(0, |k| 9 * k.qkv_dim() + 2 * k.head_dim + k.num_heads);
+        let shared = 2 * cfg.shared_intermediate_size
+            + if cfg.shared_intermediate_size > 0 { h } else { 0 };
+        let token = 3 * h + attn + mla + kda + 2 * cfg.intermediate_size + cfg.num_experts
+            + shared
+            + picks;
+        let chunk = if chunk > 1 { chunk * (3 * h + picks) } else { 0 };
+        token + chunk + cfg.vocab_size
+    }
+
+    /// Regression: the estimate counted GQA scores per head and left out
+    /// the MLA and KDA scratch. Now the model's part is built from the
+    /// forward pass's own constructors; it must equal the hand count for
+    /// Kimi-Linear (fixture and released shapes) and DeepSeek-V3, and the
+    /// whole figure must cover it plus the rvq3 / rvq4p kernels' tables
+    /// and scratch and a chunk's per-pick outputs.
+    #[test]
+    fn scratch_covers_the_forward_pass_buffers_of_kimi_linear_and_deepseek() {
+        use crate::model::prefill::{forward_buffer_floats, MAX_PREFILL_CHUNK};
+        let released = ModelConfig::from_json_str(
+            &crate::synth::like_config("kimi-linear-48b", None).unwrap().to_string(),
+            Path::new("config.json"),
+        )
+        .unwrap();
+        let configs = [
+            ("kimi_linear", fixture_config("kimi_linear")),
+            ("deepseek_v3", fixture_config("deepseek_v3")),
+            ("kimi-linear-48b", released),
+        ];
+        for (name, cfg) in &configs {
+            for ctx in [1usize, 64, 4096] {
+                for chunk in [1, MAX_PREFILL_CHUNK] {
+                    assert_eq!(
+                        forward_buffer_floats(cfg, ctx, chunk),
+                        forward_floats_by_hand(cfg, ctx, chunk),
+                        "{name}: context {ctx}, chunk {chunk}"
+                    );
+                }
+                let (h, i) = (cfg.expert_hidden(), cfg.moe_intermediate_size);
+                let rvq3 = 4 * (h / 8 * 3 * 256 + 2 * i + i / 8 * 3 * 256);
+                let rvq4p = 4 * (h / 8 * 4 * 64 + 2 * i + i / 8 * 4 * 64) + (h / 8 + i / 8) * 256;
+                let outputs = 4 * MAX_PREFILL_CHUNK * cfg.top_k * h;
+                let need = 4 * forward_floats_by_hand(cfg, ctx, MAX_PREFILL_CHUNK)
+                    + rvq3.max(rvq4p)
+                    + outputs;
+                let got = scratch_bytes(cfg, ctx);
+                assert!(got >= need as u64, "{name}: context {ctx}: {got} < {need}");
+                // An estimate, not a blanket: within a few MiB of the count.
+                assert!(got <= need as u64 + (4 << 20), "{name}: context {ctx}: {got} vs {need}");
+            }
+        }
+        // K3 (AttnRes banks, latent MoE): the figure covers the model's part.
+        let k3 = fixture_config("kimi_k3");
+        let model = 4 * forward_buffer_floats(&k3, 512, MAX_PREFILL_CHUNK) as u64;
+        assert!(scratch_bytes(&k3, 512) > model);
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("1.5G"), Some(1_500_000_000));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("800 MB"), Some(800_000_000));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("-1G"), None);
+    }
+}

@@ -1,0 +1,458 @@
+//! The expert store: routed experts read from their banks with one direct
+//! positional read per record, by reader threads serving a request queue,
+//! into the slots of a bounded cache carved out of the RAM budget.
+//!
+//! Placement never changes the result: each of a layer's experts is
+//! computed from the same bytes into its own row, whether they came from the
+//! cache, a read-ahead, a speculative lookahead read or a synchronous read,
+//! and the rows are summed in router order, whatever order they landed in.
+
+pub mod cache;
+pub mod io;
+mod pin;
+mod readers;
+pub mod trace;
+mod usage;
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use cache::{simulate, CacheCore, CachePolicy, SimResult};
+use io::{slot_buffers, AlignedBuf, BankFile};
+pub use pin::{Payload, Pinned};
+pub use usage::USAGE_FILE;
+
+use crate::container::ExpertBanks;
+use crate::error::{Error, Result};
+
+/// How the store moves bytes. None of it changes a logit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreOptions {
+    /// Records the cache holds (also the I/O buffers: reads land in slots).
+    pub cache_slots: usize,
+    /// Keep records after use; `false` reads every use (the plain path).
+    pub keep: bool,
+    pub policy: CachePolicy,
+    /// Reader threads; 0 reads on the calling thread.
+    pub readers: usize,
+    /// Request a layer's whole top-k before consuming the first record.
+    pub read_ahead: bool,
+    /// Bypass the page cache when the file system allows it.
+    pub direct_io: bool,
+    /// Experts of the next MoE layer read speculatively in decode; 0 = off.
+    pub lookahead: usize,
+    /// Back the slots with transparent huge pages where the kernel allows
+    /// (see [`io::slot_buffers`]).
+    pub huge_pages: bool,
+    /// Seed of the eviction sampler.
+    pub seed: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            cache_slots: 0,
+            keep: true,
+            policy: CachePolicy::default(),
+            readers: 2,
+            read_ahead: true,
+            direct_io: true,
+            // On: 1.12-1.24x decode tok/s at a cold budget, 0.96-1.12x at
+            // warmer ones (docs/PERFORMANCE.md, "Router lookahead").
+            lookahead: 6,
+            huge_pages: true,
+            seed: 0x5EED,
+        }
+    }
+}
+
+/// Aggregate counters of a store since open (or the last reset).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StoreStats {
+    pub hits: u64,
+    pub misses: u64,
+    /// Records read (demand, speculative and preload).
+    pub reads: u64,
+    pub bytes_read: u64,
+    /// Time the forward pass waited for records.
+    pub io_wait: Duration,
+    /// Sum over reads of the time each `pread` took.
+    pub read_time: Duration,
+    /// System CPU time the reader threads spent in their reads (Linux).
+    pub reader_sys_time: Duration,
+    pub prefetch_issued: u64,
+    /// Speculative reads that a later demand used.
+    pub prefetch_used: u64,
+    pub preloaded: u64,
+    pub direct_io: bool,
+    /// The cache slots are advised to use transparent huge pages.
+    pub huge_pages: bool,
+    pub cache_slots: usize,
+    pub cache_bytes: u64,
+    pub record_bytes: u64,
+}
+
+impl StoreStats {
+    /// Bytes of the records a forward pass actually used after reading
+    /// them: demand reads, and speculative reads that a demand then hit.
+    /// `bytes_read` less this is speculation that never paid (or has not
+    /// yet).
+    pub fn useful_bytes(&self) -> u64 {
+        (self.misses + self.prefetch_used) * self.record_bytes
+    }
+
+    pub fn hit_rate(&self) -> f64 {
+        let total = self.hits + self.misses;
+        if total == 0 {
+            0.0
+        } else {
+            self.hits as f64 / total as f64
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Status {
+    Empty,
+    Loading,
+    Ready,
+    Failed(String),
+}
+
+/// The store's bookkeeping of slots, reads and counters, under one lock.
+struct Ledger {
+    core: CacheCore,
+    status: Vec<Status>,
+    /// Loaded by a speculative read and not yet used by a demand.
+    speculative: Vec<bool>,
+    in_flight: usize,
+    /// A read of the slot is queued or running.
+    reading: Vec<bool>,
+    stats: StoreStats,
+    /// Demand uses per (MoE layer index, expert), for the learned hotlist.
+    usage: Vec<u64>,
+}
+
+pub(crate) struct Shared {
+    banks: ExpertBanks,
+    files: Vec<Option<BankFile>>,
+    bufs: Vec<Mutex<AlignedBuf>>,
+    state: Mutex<Ledger>,
+    ready: Condvar,
+    queue: readers::Queue,
+    /// Speculative reads issued by `prefetch` and not yet queued: they go to
+    /// the readers only after the current layer's demand reads, so that a
+    /// guess at the next layer never delays a record needed now.
+    pending: Mutex<Vec<readers::Request>>,
+    /// Decoder layer -> index among MoE layers.
+    moe_index: Vec<Option<usize>>,
+    experts: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Ledger> {
+        // A panic while holding the lock cannot leave the bookkeeping half
+        // updated in a way that matters more than losing the model would.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads record (`layer`, `expert`) into slot `slot` and checks it.
+    fn load(&self, layer: usize, expert: usize, slot: usize) -> Result<Duration> {
+        let file = self.files[layer]
+            .as_ref()
+            .ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
+        let record = self.banks.record_bytes();
+        let mut buf = self.bufs[slot].lock().unwrap_or_else(|p| p.into_inner());
+        let started = Instant::now();
+        let bytes = &mut buf.as_mut_slice()[..record];
+        let path = &self.banks.bank(layer).map(|b| b.path.clone()).unwrap_or_default();
+        file.read_at(bytes, (expert * record) as u64)
+            .map_err(|e| Error::io(path, e))?;
+        let took = started.elapsed();
+        self.banks.check_header(layer, expert, bytes)?;
+        Ok(took)
+    }
+
+    /// Records the outcome of a read of `slot` (and the system time it
+    /// cost the reading thread) and drops the reader's pin.
+    fn finish(&self, slot: usize, result: Result<Duration>, sys: Duration) {
+        let mut st = self.lock();
+        st.stats.reader_sys_time += sys;
+        match result {
+            Ok(took) => {
+                st.status[slot] = Status::Ready;
+                st.stats.read_time += took;
+            }
+            Err(e) => {
+                st.status[slot] = Status::Failed(e.to_string());
+                st.core.forget(slot);
+            }
+        }
+        st.in_flight -= 1;
+        st.reading[slot] = false;
+        st.core.unpin(slot);
+        drop(st);
+        self.ready.notify_all();
+    }
+
+    /// Queues the speculative reads `prefetch` held back.
+    fn flush_pending(&self) {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        for r in pending {
+            self.queue.push(r, true);
+        }
+    }
+}
+
+pub struct ExpertStore {
+    shared: Arc<Shared>,
+    options: StoreOptions,
+    threads: Vec<JoinHandle<()>>,
+    direct_io: bool,
+    top_k: usize,
+}
+
+impl ExpertStore {
+    /// Opens every bank and allocates `options.cache_slots` record buffers
+    /// (at least `top_k`: reads land in slots).
+    pub fn open(banks: ExpertBanks, top_k: usize, options: StoreOptions) -> Result<ExpertStore> {
+        let record = banks.record_bytes();
+        let layers = banks.moe_layers();
+        let slots = options.cache_slots;
+        if slots < top_k.max(1) {
+            return Err(Error::Arg(format!(
+                "an expert cache of {slots} records cannot hold one layer's top-{top_k}"
+            )));
+        }
+        let n_layers = layers.last().map_or(0, |l| l + 1);
+        let mut files: Vec<Option<BankFile>> = (0..n_layers).map(|_| None).collect();
+        let mut moe_index = vec![None; n_layers];
+        let mut direct_io = options.direct_io && !layers.is_empty();
+        let mut experts = 0;
+        for (i, &l) in layers.iter().enumerate() {
+            let bank = banks
+                .bank(l)
+                .ok_or_else(|| Error::Runtime(format!("layer {l} has no bank")))?;
+            let file = BankFile::open(&bank.path, options.direct_io, record)?;
+            direct_io &= file.direct();
+            files[l] = Some(file);
+            moe_index[l] = Some(i);
+            experts = bank.experts;
+        }
+        let bufs: Vec<_> = slot_buffers(slots, record, options.huge_pages)?
+            .into_iter()
+            .map(Mutex::new)
+            .collect();
+        let huge_pages = bufs.first().is_some_and(|b| b.lock().unwrap_or_else(|p| p.into_inner()).huge());
+        let stats = StoreStats {
+            direct_io,
+            huge_pages,
+            cache_slots: slots,
+            cache_bytes: (slots * record) as u64,
+            record_bytes: record as u64,
+            ..StoreStats::default()
+        };
+        let state = Ledger {
+            core: CacheCore::new(slots, options.policy, options.seed),
+            status: vec![Status::Empty; slots],
+            speculative: vec![false; slots],
+            in_flight: 0,
+            reading: vec![false; slots],
+            stats,
+            usage: vec![0; layers.len() * experts],
+        };
+        let shared = Arc::new(Shared {
+            banks,
+            files,
+            bufs,
+            state: Mutex::new(state),
+            ready: Condvar::new(),
+            queue: readers::Queue::default(),
+            pending: Mutex::new(Vec::new()),
+            moe_index,
+            experts,
+        });
+        let threads = (0..options.readers)
+            .map(|i| readers::spawn(shared.clone(), i))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Runtime(format!("starting a reader thread: {e}")))?;
+        Ok(ExpertStore {
+            shared,
+            options,
+            threads,
+            direct_io,
+            top_k,
+        })
+    }
+
+    pub fn options(&self) -> &StoreOptions {
+        &self.options
+    }
+
+    /// Whether every bank is read with the page cache bypassed.
+    pub fn direct_io(&self) -> bool {
+        self.direct_io
+    }
+
+    pub fn record_bytes(&self) -> usize {
+        self.shared.banks.record_bytes()
+    }
+
+    /// Bytes of record buffers allocated (the cache).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.shared
+            .bufs
+            .iter()
+            .map(|b| b.lock().unwrap_or_else(|p| p.into_inner()).len() as u64)
+            .sum()
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        self.shared.lock().stats
+    }
+
+    pub fn reset_stats(&self) {
+        let mut st = self.shared.lock();
+        let keep = st.stats;
+        st.stats = StoreStats {
+            direct_io: keep.direct_io,
+            huge_pages: keep.huge_pages,
+            cache_slots: keep.cache_slots,
+            cache_bytes: keep.cache_bytes,
+            record_bytes: keep.record_bytes,
+            ..StoreStats::default()
+        };
+    }
+
+    /// The bank files' descriptors, for checks of how they were opened.
+    pub fn bank_files(&self) -> impl Iterator<Item = &std::fs::File> {
+        self.shared.files.iter().flatten().map(BankFile::file)
+    }
+
+    pub fn banks(&self) -> &ExpertBanks {
+        &self.shared.banks
+    }
+
+    fn key_index(&self, layer: usize, expert: usize) -> Option<usize> {
+        let i = (*self.shared.moe_index.get(layer)?)?;
+        Some(i * self.shared.experts + expert)
+    }
+
+    /// Demand uses per MoE layer and expert since open.
+    pub fn usage(&self) -> Vec<u64> {
+        self.shared.lock().usage.clone()
+    }
+
+    /// Saves the demand-use counts, added to those already in `path`.
+    pub fn save_usage(&self, path: &std::path::Path) -> Result<()> {
+        let counts = self.usage();
+        let layers = self.shared.banks.moe_layers().len();
+        usage::save(path, layers, self.shared.experts, &counts)
+    }
+
+    /// Reads the hottest experts of the usage file at `path` into the
+    /// cache, as many as fit; returns how many. No file: nothing to do.
+    pub fn preload_usage(&self, path: &std::path::Path) -> Result<usize> {
+        if !path.is_file() || !self.options.keep {
+            return Ok(0);
+        }
+        let layers = self.shared.banks.moe_layers();
+        let counts = usage::load(path, layers.len(), self.shared.experts)?;
+        let mut order: Vec<usize> = (0..counts.len()).filter(|&i| counts[i] > 0).collect();
+        order.sort_by(|&a, &b| counts[b].cmp(&counts[a]).then(a.cmp(&b)));
+        order.truncate(self.shared.bufs.len());
+        for &i in &order {
+            let (layer, expert) = (layers[i / self.shared.experts], i % self.shared.experts);
+            let slot = {
+                let mut st = self.shared.lock();
+                let Some(slot) = st.core.insert((layer as u32, expert as u32)) else {
+                    break;
+                };
+                st.status[slot] = Status::Loading;
+                st.reading[slot] = true;
+                st.in_flight += 1;
+                slot
+            };
+            let result = self.shared.load(layer, expert, slot);
+            let ok = result.is_ok();
+            self.shared.finish(slot, result, Duration::ZERO);
+            let mut st = self.shared.lock();
+            if ok {
+                st.stats.preloaded += 1;
+                st.stats.reads += 1;
+                st.stats.bytes_read += self.record_bytes() as u64;
+            }
+        }
+        Ok(order.len())
+    }
+
+    /// Measures raw random-read bandwidth of whole records with this
+    /// store's I/O mode and buffers: `reads` records at pseudo-random
+    /// (layer, expert) positions, spread over `threads` threads. Returns
+    /// (bytes, seconds).
+    pub fn measure_random_reads(&self, reads: usize, threads: usize, seed: u64) -> Result<(u64, f64)> {
+        let huge = self.stats().huge_pages;
+        self.measure_random_reads_with(reads, threads, seed, huge)
+    }
+
+    /// [`Self::measure_random_reads`] into buffers backed by huge pages
+    /// (`huge`, where the kernel allows) or by ordinary 4 KiB pages.
+    pub fn measure_random_reads_with(&self, reads: usize, threads: usize, seed: u64, huge: bool) -> Result<(u64, f64)> {
+        let layers = self.shared.banks.moe_layers();
+        let record = self.record_bytes();
+        let threads = threads.max(1);
+        let started = Instant::now();
+        let results: Vec<Result<u64>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let layers = &layers;
+                    let shared = &self.shared;
+                    s.spawn(move || -> Result<u64> {
+                        let mut buf = slot_buffers(1, record, huge)?.pop().ok_or_else(|| Error::Runtime("no buffer".into()))?;
+                        let mut rng = seed ^ ((t as u64 + 1) * 0x9E37_79B9_7F4A_7C15) | 1;
+                        let mut bytes = 0;
+                        for _ in (t..reads).step_by(threads) {
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            let layer = layers[(rng % layers.len() as u64) as usize];
+                            let expert = ((rng >> 20) % shared.experts as u64) as usize;
+                            let file = shared.files[layer]
+                                .as_ref()
+                                .ok_or_else(|| Error::Runtime("no bank".into()))?;
+                            file.read_at(&mut buf.as_mut_slice()[..record], (expert * record) as u64)
+                                .map_err(|e| Error::Runtime(format!("random read: {e}")))?;
+                            bytes += record as u64;
+                        }
+                        Ok(bytes)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Runtime("reader panicked".into())))
+                })
+                .collect()
+        });
+        let seconds = started.elapsed().as_secs_f64();
+        let mut total = 0;
+        for r in results {
+            total += r?;
+        }
+        Ok((total, seconds))
+    }
+}
+
+impl Drop for ExpertStore {
+    fn drop(&mut self) {
+        self.shared.queue.shut_down();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

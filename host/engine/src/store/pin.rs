@@ -1,0 +1,367 @@
+//! Pinning records for a computation: the store's side of a routed-expert
+//! step. [`ExpertStore::pin`] acquires a slot for each expert (a hit, or a
+//! miss whose read it issues), and the [`Pinned`] it returns hands each
+//! record's payload to the caller once it is in RAM — in landing order when
+//! reader threads read ahead, else in the given order — and unpins them all
+//! when dropped. The arithmetic lives with the router, in
+//! `model::experts`; nothing here looks inside a payload.
+
+use std::ops::Deref;
+use std::sync::MutexGuard;
+use std::time::{Duration, Instant};
+
+use super::io::AlignedBuf;
+use super::{readers, ExpertStore, Ledger, Status};
+use crate::error::{Error, Result};
+use crate::stats::StepStats;
+
+/// The records of one computation's experts, pinned in the cache until
+/// dropped (whatever happened in between).
+pub struct Pinned<'s> {
+    store: &'s ExpertStore,
+    layer: usize,
+    experts: Vec<usize>,
+    /// Per expert: its slot, and whether its read is still to be issued
+    /// (no read-ahead) or done here (no reader threads).
+    slots: Vec<usize>,
+    pending: Vec<bool>,
+}
+
+/// A record's payload, in RAM, held while the caller computes from it.
+pub struct Payload<'p> {
+    buf: MutexGuard<'p, AlignedBuf>,
+    range: std::ops::Range<usize>,
+}
+
+impl Deref for Payload<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buf.as_slice()[self.range.clone()]
+    }
+}
+
+impl ExpertStore {
+    /// Pins the records of `experts` (distinct) of decoder layer `layer`,
+    /// issuing the reads of those not cached; `uses[i]` is how many tokens
+    /// will use `experts[i]` (the learned hotlist counts each), empty for
+    /// one each. With reader threads and read-ahead, every read is queued
+    /// before this returns, so the caller's own work (building lookup
+    /// tables) overlaps the disk.
+    pub fn pin(&self, layer: usize, experts: &[usize], uses: &[u64], stats: &mut StepStats) -> Result<Pinned<'_>> {
+        let bank = self.shared.banks.bank(layer).ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
+        if let Some(&bad) = experts.iter().find(|&&e| e >= bank.experts) {
+            return Err(Error::Runtime(format!("layer {layer}: expert {bad} out of range")));
+        }
+        if experts.len() > self.shared.bufs.len() {
+            return Err(Error::Runtime(format!(
+                "{} experts routed, the cache holds {}",
+                experts.len(),
+                self.shared.bufs.len()
+            )));
+        }
+        let mut pinned = Pinned {
+            store: self,
+            layer,
+            experts: Vec::with_capacity(experts.len()),
+            slots: Vec::with_capacity(experts.len()),
+            pending: Vec::with_capacity(experts.len()),
+        };
+        let mut failure = None;
+        {
+            let mut st = self.shared.lock();
+            for (i, &e) in experts.iter().enumerate() {
+                let (guard, r) = self.acquire(st, layer, e, stats);
+                st = guard;
+                match r {
+                    Ok((slot, must_read)) => {
+                        // One acquire counts one use; the hotlist counts
+                        // every token's.
+                        if let (Some(&n), Some(k)) = (uses.get(i), self.key_index(layer, e)) {
+                            st.usage[k] += n.saturating_sub(1);
+                        }
+                        pinned.experts.push(e);
+                        pinned.slots.push(slot);
+                        pinned.pending.push(must_read);
+                    }
+                    Err(err) => {
+                        failure = Some(err);
+                        break;
+                    }
+                }
+            }
+        }
+        let threaded = self.options.readers > 0;
+        if failure.is_none() && threaded && self.options.read_ahead {
+            // Every read is in the queue before the first record is used.
+            for i in 0..pinned.slots.len() {
+                if std::mem::take(&mut pinned.pending[i]) {
+                    self.enqueue(layer, pinned.experts[i], pinned.slots[i], false);
+                }
+            }
+        }
+        self.shared.flush_pending();
+        if threaded && !(failure.is_none() && self.options.read_ahead) {
+            // A speculative read of a record now needed moves to the front.
+            for &slot in &pinned.slots {
+                self.shared.queue.promote(slot);
+            }
+        }
+        match failure {
+            // Dropping `pinned` releases what was acquired.
+            Some(e) => Err(e),
+            None => Ok(pinned),
+        }
+    }
+
+    /// Pins a slot holding (`layer`, `expert`), inserting it (the `bool`
+    /// is then `true`: it must be read) on a miss; waits for a pin to drop
+    /// when every slot is pinned.
+    fn acquire<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, Ledger>,
+        layer: usize,
+        expert: usize,
+        step: &mut StepStats,
+    ) -> (MutexGuard<'a, Ledger>, Result<(usize, bool)>) {
+        let key = (layer as u32, expert as u32);
+        loop {
+            if let Some(i) = self.key_index(layer, expert) {
+                st.usage[i] += 1;
+            }
+            if self.options.keep {
+                if let Some(slot) = st.core.lookup(key) {
+                    if std::mem::take(&mut st.speculative[slot]) {
+                        st.stats.prefetch_used += 1;
+                    }
+                    st.stats.hits += 1;
+                    step.experts_hit += 1;
+                    return (st, Ok((slot, false)));
+                }
+            }
+            if let Some(slot) = st.core.insert(key) {
+                st.status[slot] = Status::Loading;
+                st.speculative[slot] = false;
+                st.stats.misses += 1;
+                st.stats.reads += 1;
+                st.stats.bytes_read += self.record_bytes() as u64;
+                step.experts_missed += 1;
+                step.bytes_read += self.record_bytes() as u64;
+                return (st, Ok((slot, true)));
+            }
+            if st.in_flight == 0 {
+                let n = st.core.len();
+                return (
+                    st,
+                    Err(Error::Runtime(format!(
+                        "every one of the {n} expert cache slots is in use: too small a cache for this many concurrent sessions"
+                    ))),
+                );
+            }
+            if let Some(i) = self.key_index(layer, expert) {
+                st.usage[i] -= 1;
+            }
+            // Held-back speculative reads hold pins: let them run.
+            self.shared.flush_pending();
+            st = self.shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Waits until `slot` has been read; the error of a failed read.
+    fn wait_ready(&self, slot: usize, io_wait: &mut Duration) -> Result<()> {
+        let started = Instant::now();
+        let mut st = self.shared.lock();
+        while st.status[slot] == Status::Loading {
+            st = self.shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        let waited = started.elapsed();
+        *io_wait += waited;
+        st.stats.io_wait += waited;
+        match &st.status[slot] {
+            Status::Ready => Ok(()),
+            Status::Failed(msg) => Err(Error::Runtime(msg.clone())),
+            other => Err(Error::Runtime(format!(
+                "expert slot {slot} is {other:?} after its read"
+            ))),
+        }
+    }
+
+    /// Index into `left` of the first pick (in router order) whose record
+    /// is in RAM, waiting for the next read to land when none is; the error
+    /// of a failed read.
+    fn next_ready(&self, left: &[usize], slots: &[usize], io_wait: &mut Duration) -> Result<usize> {
+        let mut st = self.shared.lock();
+        let mut waited = None;
+        let found = loop {
+            let ready = left
+                .iter()
+                .position(|&j| st.status[slots[j]] != Status::Loading);
+            if let Some(i) = ready {
+                break i;
+            }
+            waited.get_or_insert_with(Instant::now);
+            st = self.shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+        };
+        if let Some(started) = waited {
+            let w = started.elapsed();
+            *io_wait += w;
+            st.stats.io_wait += w;
+        }
+        let slot = slots[left[found]];
+        match &st.status[slot] {
+            Status::Ready => Ok(found),
+            Status::Failed(msg) => Err(Error::Runtime(msg.clone())),
+            other => Err(Error::Runtime(format!(
+                "expert slot {slot} is {other:?} after its read"
+            ))),
+        }
+    }
+
+    /// Unpins the records one call acquired, whatever happened to it.
+    fn release(&self, slots: impl IntoIterator<Item = usize>) {
+        let mut st = self.shared.lock();
+        for slot in slots {
+            if st.status[slot] == Status::Loading && !st.reading[slot] {
+                // An error came before this record's read was issued.
+                st.status[slot] = Status::Empty;
+                st.core.forget(slot);
+            }
+            st.core.unpin(slot);
+            if !self.options.keep {
+                st.core.forget(slot);
+            }
+        }
+        drop(st);
+        self.shared.ready.notify_all();
+    }
+
+    /// Hands a read of `slot` to the readers (which then own one pin).
+    fn enqueue(&self, layer: usize, expert: usize, slot: usize, speculative: bool) {
+        {
+            let mut st = self.shared.lock();
+            st.core.pin(slot);
+            st.in_flight += 1;
+            st.reading[slot] = true;
+        }
+        self.shared
+            .queue
+            .push(readers::Request { layer, expert, slot }, speculative);
+    }
+
+    /// Reads on the calling thread (no reader threads).
+    fn read_here(&self, layer: usize, expert: usize, slot: usize, io_wait: &mut Duration) -> Result<()> {
+        {
+            let mut st = self.shared.lock();
+            st.core.pin(slot);
+            st.in_flight += 1;
+            st.reading[slot] = true;
+        }
+        let started = Instant::now();
+        let result = self.shared.load(layer, expert, slot);
+        self.shared.finish(slot, result, Duration::ZERO);
+        let took = started.elapsed();
+        *io_wait += took;
+        self.shared.lock().stats.io_wait += took;
+        self.wait_ready(slot, &mut Duration::default())
+    }
+
+    /// Experts of the next MoE layer to read speculatively in decode
+    /// (router lookahead); 0 = none (no cache to keep them, or no readers
+    /// to read them ahead).
+    pub fn lookahead(&self) -> usize {
+        if self.options.keep && self.options.readers > 0 {
+            self.options.lookahead
+        } else {
+            0
+        }
+    }
+
+    /// Starts speculative reads of `experts` of `layer` (a hint: records
+    /// already cached, out of range, or for which no slot can be spared are
+    /// skipped). They reach the readers after the current layer's demand
+    /// reads. Only which bytes move may change, never a result.
+    pub fn prefetch(&self, layer: usize, experts: &[usize], stats: &mut StepStats) {
+        let Some(bank) = self.shared.banks.bank(layer) else {
+            return;
+        };
+        let mut issued = Vec::new();
+        {
+            let mut st = self.shared.lock();
+            for &expert in experts {
+                let key = (layer as u32, expert as u32);
+                // Room for a whole demand top-k always stays unpinned.
+                if expert >= bank.experts || st.core.contains(key) || st.core.evictable() <= 2 * self.top_k {
+                    continue;
+                }
+                let Some(slot) = st.core.insert(key) else { break };
+                st.status[slot] = Status::Loading;
+                st.speculative[slot] = true;
+                st.reading[slot] = true;
+                st.in_flight += 1;
+                st.stats.prefetch_issued += 1;
+                st.stats.reads += 1;
+                st.stats.bytes_read += self.record_bytes() as u64;
+                stats.bytes_read += self.record_bytes() as u64;
+                issued.push(readers::Request { layer, expert, slot });
+            }
+        }
+        // The insert's pin is the reader's; the reads are queued once this
+        // layer's demand reads are (`flush_pending`).
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(issued);
+    }
+}
+
+impl<'s> Pinned<'s> {
+    /// Whether records are handed out as their reads land (reader threads
+    /// reading ahead) rather than in the order they were pinned.
+    pub fn lands_in_any_order(&self) -> bool {
+        self.store.options.readers > 0 && self.store.options.read_ahead
+    }
+
+    /// Index into `left` (indices into the pinned experts) of the first one,
+    /// in that order, whose record is in RAM, waiting for the next read to
+    /// land when none is; the error of a failed read. Only when
+    /// [`lands_in_any_order`](Self::lands_in_any_order).
+    pub fn next_landed(&self, left: &[usize], io_wait: &mut Duration) -> Result<usize> {
+        self.store.next_ready(left, &self.slots, io_wait)
+    }
+
+    /// Makes sure pinned expert `i`'s record is in RAM: issues its read if
+    /// that was left for now (or reads it here, without reader threads)
+    /// and waits for it.
+    pub fn wait(&mut self, i: usize, io_wait: &mut Duration) -> Result<()> {
+        let store = self.store;
+        let (expert, slot) = (self.experts[i], self.slots[i]);
+        let threaded = store.options.readers > 0;
+        if std::mem::take(&mut self.pending[i]) {
+            if !threaded {
+                return store.read_here(self.layer, expert, slot, io_wait);
+            }
+            store.enqueue(self.layer, expert, slot, false);
+        }
+        // Also for a hit: another session may still be reading that slot.
+        store.wait_ready(slot, io_wait)
+    }
+
+    /// The store the records are pinned in.
+    pub fn store(&self) -> &'s ExpertStore {
+        self.store
+    }
+
+    /// The payload of pinned expert `i`, which [`wait`](Self::wait) or
+    /// [`next_landed`](Self::next_landed) has seen land.
+    pub fn payload(&self, i: usize) -> Payload<'s> {
+        let buf = self.store.shared.bufs[self.slots[i]].lock().unwrap_or_else(|p| p.into_inner());
+        Payload { buf, range: self.store.shared.banks.payload_range() }
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        self.store.release(self.slots.iter().copied());
+    }
+}

@@ -1,0 +1,202 @@
+//! Store-level bit-identity of the mechanisms that only move bytes: huge-page
+//! slots, records computed as they land, speculative reads held back until
+//! a layer's demand reads are queued. Each variant must give exactly the
+//! plain path's outputs (no cache, no reader threads, 4 KiB-page buffers,
+//! records computed in router order).
+
+use std::path::PathBuf;
+
+use super::{ExpertStore, StoreOptions};
+use crate::container::Container;
+use crate::model::experts::ExpertProvider;
+use crate::stats::StepStats;
+use crate::synth::{preset, synth};
+
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn next(rng: &mut u64) -> u64 {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    *rng
+}
+
+/// `steps` decode-like passes over every MoE layer with pseudo-random
+/// inputs and routing; with `guess`, each layer first asks for a read of
+/// some of the next layer's experts (half of them right), as lookahead
+/// does. Returns every output, bit for bit.
+fn run(
+    store: &ExpertStore,
+    layers: &[usize],
+    experts: usize,
+    top_k: usize,
+    hidden: usize,
+    guess: bool,
+) -> Vec<u32> {
+    let mut rng = 0x1234_5678_9ABC_DEF1u64;
+    // The wrong guesses draw from their own sequence: `rng` must give every
+    // variant the same inputs.
+    let mut wrong = 0x0F1E_2D3C_4B5A_6978u64;
+    let mut bits = Vec::new();
+    let mut stats = StepStats::default();
+    let steps = 6;
+    let mut routes = Vec::new();
+    for _ in 0..steps * layers.len() {
+        let mut picks: Vec<(usize, f32)> = Vec::new();
+        while picks.len() < top_k {
+            // A hot subset, so that a cache of one working set both hits
+            // and evicts.
+            let e = (next(&mut rng) % experts.min(top_k + 4) as u64) as usize;
+            if picks.iter().all(|p| p.0 != e) {
+                picks.push((e, (next(&mut rng) % 1000) as f32 / 1000.0));
+            }
+        }
+        routes.push(picks);
+    }
+    for (i, picks) in routes.iter().enumerate() {
+        let layer = layers[i % layers.len()];
+        let x: Vec<f32> = (0..hidden)
+            .map(|_| (next(&mut rng) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        if guess {
+            if let Some(following) = routes.get(i + 1) {
+                let next_layer = layers[(i + 1) % layers.len()];
+                let mut ids: Vec<usize> = following.iter().take(top_k / 2).map(|p| p.0).collect();
+                ids.extend((0..top_k / 2).map(|_| (next(&mut wrong) % experts as u64) as usize));
+                store.prefetch(next_layer, &ids, &mut stats);
+            }
+        }
+        let mut out = vec![0.0f32; hidden];
+        store
+            .forward_experts(layer, &x, picks, &mut out, &mut stats)
+            .unwrap();
+        bits.extend(out.iter().map(|v| v.to_bits()));
+    }
+    bits
+}
+
+#[test]
+fn huge_pages_landing_order_and_held_back_prefetch_are_bit_identical_to_the_plain_path() {
+    let dir = Dir(std::env::temp_dir().join(format!("waste-store-ident-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir.0);
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = dir.0.join("olmoe.waste");
+    synth(&path, &preset("olmoe-trace").unwrap(), &mut |_, _| {}).unwrap();
+    let container = Container::open(&path).unwrap();
+    let cfg = container.config().clone();
+    let banks = container.expert_banks().unwrap();
+    let (layers, hidden) = (banks.moe_layers(), banks.shape().hidden);
+    let experts = banks.bank(layers[0]).unwrap().experts;
+    let top_k = cfg.top_k;
+    let open =
+        |o: StoreOptions| ExpertStore::open(container.expert_banks().unwrap(), top_k, o).unwrap();
+    let plain = StoreOptions {
+        cache_slots: top_k,
+        keep: false,
+        readers: 0,
+        read_ahead: false,
+        huge_pages: false,
+        ..StoreOptions::default()
+    };
+    let want = run(&open(plain.clone()), &layers, experts, top_k, hidden, false);
+    // One working set: evictions all the time, some hits.
+    let small = StoreOptions {
+        cache_slots: layers.len() * top_k,
+        keep: true,
+        ..StoreOptions::default()
+    };
+    let variants = [
+        (
+            "huge pages, no cache, no readers",
+            StoreOptions {
+                huge_pages: true,
+                ..plain.clone()
+            },
+            false,
+        ),
+        (
+            "huge pages, cache, 2 readers, as they land",
+            small.clone(),
+            false,
+        ),
+        (
+            "4 KiB pages, cache, 2 readers, as they land",
+            StoreOptions {
+                huge_pages: false,
+                ..small.clone()
+            },
+            false,
+        ),
+        (
+            "1 reader, held-back prefetch",
+            StoreOptions {
+                readers: 1,
+                ..small.clone()
+            },
+            true,
+        ),
+        ("2 readers, held-back prefetch", small.clone(), true),
+        (
+            "no read-ahead, prefetch",
+            StoreOptions {
+                read_ahead: false,
+                ..small.clone()
+            },
+            true,
+        ),
+        (
+            "big cache, held-back prefetch",
+            StoreOptions {
+                cache_slots: 4 * layers.len() * top_k,
+                ..small.clone()
+            },
+            true,
+        ),
+    ];
+    for (name, options, guess) in variants {
+        let store = open(options.clone());
+        let got = run(&store, &layers, experts, top_k, hidden, guess);
+        assert!(
+            got == want,
+            "{name}: outputs differ bitwise from the plain path"
+        );
+        let s = store.stats();
+        if guess {
+            assert!(
+                s.prefetch_issued > 0 && s.prefetch_used > 0,
+                "{name}: prefetch never paid ({s:?})"
+            );
+            assert!(
+                s.useful_bytes() <= s.bytes_read,
+                "{name}: useful bytes above bytes read"
+            );
+        }
+        if options.keep {
+            assert!(s.hits > 0 && s.misses > 0, "{name}: cache unused ({s:?})");
+        }
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .unwrap_or_default();
+        if options.huge_pages
+            && cfg!(target_os = "linux")
+            && !thp.contains("[never]")
+            && !thp.is_empty()
+        {
+            assert!(
+                s.huge_pages,
+                "{name}: huge-page advice refused though THP is {}",
+                thp.trim()
+            );
+        } else if !options.huge_pages {
+            assert!(
+                !s.huge_pages,
+                "{name}: huge pages reported without being asked for"
+            );
+        }
+    }
+}

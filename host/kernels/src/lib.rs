@@ -1,0 +1,12 @@
+//! WASTE's weight formats and kernels: the bottom layer of the native side.
+//!
+//! [`quant`] holds every stored format (trunk f32/q8/q4, experts
+//! f32/q8/q4/rvq2/rvq3/rvq4p), the quantisers, the RVQ codebook fit and the
+//! kernels that compute straight from the stored bytes, chosen at run time
+//! per ISA. [`pool`] is the compute pool every parallel kernel runs in. No
+//! file I/O, no model knowledge, no wasmtime: the engine crate builds on
+//! this one.
+
+pub mod pool;
+pub mod quant;
+pub mod skip;

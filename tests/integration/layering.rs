@@ -1,0 +1,280 @@
+//! The layering of every crate's modules: no two sibling modules of a crate,
+//! at any depth, import each other, directly or around a circle (Cargo
+//! enforces the same between crates). docs/ARCHITECTURE.md lists the order
+//! each crate's modules are meant to read in.
+//!
+//! Each file is a module path (`src/model/kda.rs` is `model::kda`). Every
+//! path it names (`crate::a::b`, `super::b`, `super::super::c::d`,
+//! `self::x`, and the items of `{..}` groups after them) is resolved
+//! against it; a path from inside sibling `a` into sibling `b` of the same
+//! parent is an edge `a -> b` of that parent's graph. A module and its own
+//! parent or children are not siblings (mod.rs declaring its children and a
+//! child using its parent's helpers is the normal shape). Test code is left
+//! out: files named `tests*.rs` and each file's trailing `#[cfg(test)]`
+//! module. Names in comments count: a doc comment that points at a module
+//! is a dependency of the reader's understanding too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The crates' source roots, named for the messages.
+const CRATES: &[(&str, &str)] = &[
+    ("waste-kernels", "host/kernels/src"),
+    ("waste-engine", "host/engine/src"),
+    ("waste-host", "host/src"),
+    ("waste-cli", "cli/src"),
+    ("waste-server", "server/src"),
+    ("waste-ffi", "ffi/src"),
+    ("waste-guest", "guest/src"),
+];
+
+type ModPath = Vec<String>;
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The module a file is: `a.rs` and `a/mod.rs` are `a`, `a/b.rs` is `a::b`;
+/// the crate root and binaries are `[]`.
+fn module_of(src: &Path, file: &Path) -> ModPath {
+    let rel = file.strip_prefix(src).unwrap();
+    let mut parts: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+    let last = parts.pop().unwrap();
+    if parts.first().is_some_and(|p| p == "bin") {
+        return Vec::new();
+    }
+    match last.trim_end_matches(".rs") {
+        "mod" => {}
+        "lib" | "main" if parts.is_empty() => {}
+        name => parts.push(name.to_string()),
+    }
+    parts
+}
+
+/// The code of a file without its inline test module (by convention the
+/// last item of a file, `#[cfg(test)] mod tests { .. }`); a declaration
+/// `#[cfg(test)] mod tests;` is kept (its file is skipped by name).
+fn non_test_code(text: &str) -> &str {
+    const MARK: &str = "#[cfg(test)]\nmod ";
+    let mut from = 0;
+    while let Some(at) = text[from..].find(MARK) {
+        let at = from + at;
+        let (_, after) = ident_at(&text[at + MARK.len()..]);
+        if after.trim_start().starts_with('{') {
+            return &text[..at];
+        }
+        from = at + MARK.len();
+    }
+    text
+}
+
+fn ident_at(s: &str) -> (&str, &str) {
+    let end = s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(s.len());
+    (&s[..end], &s[end..])
+}
+
+/// The module-like part of a path after its prefix: lowercase segments
+/// (`a::b::Item` gives `[a, b]`), or, for a `{..}` group, each item's.
+fn tails(rest: &str) -> Vec<ModPath> {
+    if let Some(group) = rest.strip_prefix('{') {
+        let end = group.find('}').unwrap_or(group.len());
+        return group[..end].split(',').flat_map(|item| tails(item.trim())).collect();
+    }
+    let mut path = Vec::new();
+    let mut s = rest;
+    loop {
+        let (id, after) = ident_at(s);
+        if id.is_empty() || !id.starts_with(|c: char| c.is_ascii_lowercase()) {
+            break;
+        }
+        path.push(id.to_string());
+        match after.strip_prefix("::") {
+            Some(next) if next.starts_with('{') => {
+                let base = path.clone();
+                return tails(next)
+                    .into_iter()
+                    .map(|t| base.iter().cloned().chain(t).collect())
+                    .chain(std::iter::once(base.clone()))
+                    .collect();
+            }
+            Some(next) => s = next,
+            None => break,
+        }
+    }
+    vec![path]
+}
+
+/// Every module path `code` (in module `at`) names, resolved to absolute.
+fn named_paths(code: &str, at: &ModPath) -> Vec<ModPath> {
+    let mut out = Vec::new();
+    let bytes = code.as_bytes();
+    let mut i = 0;
+    while i < code.len() {
+        let starts_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
+        let rest = &code[i..];
+        let base: Option<(ModPath, &str)> = if !starts_word {
+            None
+        } else if let Some(r) = rest.strip_prefix("crate::") {
+            Some((Vec::new(), r))
+        } else if let Some(r) = rest.strip_prefix("self::") {
+            Some((at.clone(), r))
+        } else if rest.starts_with("super::") {
+            let mut r = rest;
+            let mut up = 0;
+            while let Some(next) = r.strip_prefix("super::") {
+                up += 1;
+                r = next;
+            }
+            Some((at[..at.len().saturating_sub(up)].to_vec(), r))
+        } else {
+            None
+        };
+        match base {
+            Some((base, r)) => {
+                for t in tails(r) {
+                    out.push(base.iter().cloned().chain(t).collect());
+                }
+                i = code.len() - r.len();
+            }
+            None => i += rest.chars().next().map_or(1, char::len_utf8),
+        }
+    }
+    out
+}
+
+/// Per parent module, the graph of its children: child -> the siblings
+/// whose code it names.
+fn sibling_graphs(src: &Path) -> BTreeMap<ModPath, BTreeMap<String, BTreeSet<String>>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let modules: BTreeSet<ModPath> = files.iter().map(|f| module_of(src, f)).collect();
+    let mut graphs: BTreeMap<ModPath, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for m in &modules {
+        if let Some((name, parent)) = m.split_last() {
+            graphs.entry(parent.to_vec()).or_default().entry(name.clone()).or_default();
+        }
+    }
+    for f in &files {
+        if f.file_name().is_some_and(|n| n.to_string_lossy().starts_with("tests")) {
+            continue;
+        }
+        let at = module_of(src, f);
+        let text = std::fs::read_to_string(f).unwrap();
+        for target in named_paths(non_test_code(&text), &at) {
+            let common = at.iter().zip(&target).take_while(|(a, b)| a == b).count();
+            if common >= at.len() || common >= target.len() {
+                continue; // the same module, an ancestor or a descendant
+            }
+            let parent = at[..common].to_vec();
+            let (from, to) = (&at[common], &target[common]);
+            let mut sibling = parent.clone();
+            sibling.push(to.clone());
+            if modules.contains(&sibling) {
+                graphs.entry(parent).or_default().entry(from.clone()).or_default().insert(to.clone());
+            }
+        }
+    }
+    graphs
+}
+
+/// A cycle through the graph, if there is one.
+fn find_cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        g: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(n.to_string(), 1);
+        path.push(n.to_string());
+        for m in g.get(n).into_iter().flatten() {
+            match state.get(m.as_str()).copied().unwrap_or(0) {
+                1 => {
+                    let start = path.iter().position(|p| p == m).unwrap();
+                    let mut cycle = path[start..].to_vec();
+                    cycle.push(m.clone());
+                    return Some(cycle);
+                }
+                0 => {
+                    if let Some(c) = visit(m, g, state, path) {
+                        return Some(c);
+                    }
+                }
+                _ => {}
+            }
+        }
+        path.pop();
+        state.insert(n.to_string(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for n in g.keys() {
+        if state.get(n.as_str()).copied().unwrap_or(0) == 0 {
+            if let Some(c) = visit(n, g, &mut state, &mut Vec::new()) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
+
+fn circles(src: &Path) -> Vec<String> {
+    sibling_graphs(src)
+        .iter()
+        .filter_map(|(parent, g)| {
+            let c = find_cycle(g)?;
+            let at = if parent.is_empty() { "crate".to_string() } else { format!("crate::{}", parent.join("::")) };
+            Some(format!("under {at}: {}", c.join(" -> ")))
+        })
+        .collect()
+}
+
+#[test]
+fn no_crate_has_an_import_circle_between_its_modules() {
+    let mut found = Vec::new();
+    for (name, dir) in CRATES {
+        let src = root().join(dir);
+        assert!(sibling_graphs(&src).get(&Vec::new()).is_some_and(|g| g.len() > 1), "{name}: no modules under {dir}");
+        found.extend(circles(&src).into_iter().map(|c| format!("{name}: {c}")));
+    }
+    assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
+}
+
+/// The checker itself: a circle of top-level modules, one among the
+/// submodules of a module, `super::` chains, groups, and test code left out.
+#[test]
+fn the_layering_check_sees_circles_at_every_depth() {
+    let dir = crate::common::TempDir::new("layering");
+    let src = dir.path();
+    let write = |name: &str, text: &str| {
+        let p = src.join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    write("lib.rs", "mod a; mod b; mod c;");
+    write("a.rs", "use crate::b::X;");
+    write("b/mod.rs", "mod x; mod y;");
+    // `super::x` here is `b::x` (a sibling), `super::super::c` is `crate::c`.
+    write("b/y.rs", "use super::x::Z;\nuse super::super::c::Y;");
+    write("b/x.rs", "use crate::b::{y::W, Q};");
+    write("c.rs", "#[cfg(test)]\nmod more_tests;\nfn f() { crate::a::g() }\n#[cfg(test)]\nmod tests { use crate::b; }");
+    let found = circles(src);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found.iter().any(|c| c.starts_with("under crate: ")), "{found:?}");
+    assert!(found.iter().any(|c| c.starts_with("under crate::b: ")), "{found:?}");
+    write("b/x.rs", "fn z() {}");
+    write("c.rs", "fn f() {}\n#[cfg(test)]\nmod tests { use crate::a; }");
+    assert_eq!(circles(src), Vec::<String>::new());
+}

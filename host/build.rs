@@ -48,7 +48,9 @@ fn main() {
         .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
         .env("CARGO_PROFILE_RELEASE_PANIC", "unwind");
     // Flags meant for the host build must not leak into the wasm build.
-    for var in ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "RUSTC_WORKSPACE_WRAPPER"] {
+    for var in
+        ["CARGO_ENCODED_RUSTFLAGS", "RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "RUSTC_WORKSPACE_WRAPPER"]
+    {
         cmd.env_remove(var);
     }
     let status = cmd.status().unwrap_or_else(|e| panic!("could not run cargo to build the guest: {e}"));
@@ -64,7 +66,9 @@ fn main() {
     let cwasm = out_dir.join("waste_guest.cwasm");
     let precompiled = match precompile_skip_reason() {
         Some(reason) => {
-            println!("cargo:warning=not precompiling the control component ({reason}); `waste` compiles it at every start");
+            println!(
+                "cargo:warning=not precompiling the control component ({reason}); `waste` compiles it at every start"
+            );
             Vec::new()
         }
         None => precompile(&wasm),

@@ -17,9 +17,9 @@ use serde_json::json;
 use waste_host::{ChatMessage, GenerateParams, Session};
 
 use crate::errors::usage;
+use crate::open::ModelArgs;
 use crate::output;
 use crate::render::Renderer;
-use crate::open::ModelArgs;
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -61,9 +61,7 @@ pub fn template_vars(flags: &[String]) -> Result<Option<String>> {
             bail!(usage(format!("--template-var {flag:?}: expected NAME=JSON")));
         };
         let value: serde_json::Value = serde_json::from_str(json).map_err(|e| {
-            usage(format!(
-                "--template-var {flag:?}: the value is not JSON ({e}); quote strings: {name}='\"text\"'"
-            ))
+            usage(format!("--template-var {flag:?}: the value is not JSON ({e}); quote strings: {name}='\"text\"'"))
         })?;
         if map.insert(name.to_string(), value).is_some() {
             bail!(usage(format!("--template-var {name}: given twice")));
@@ -100,10 +98,7 @@ struct Chat {
 
 pub fn chat(a: ChatArgs) -> Result<()> {
     if !(a.temperature.is_finite() && a.temperature >= 0.0) {
-        bail!(usage(format!(
-            "--temp {}: the temperature must be a number >= 0",
-            a.temperature
-        )));
+        bail!(usage(format!("--temp {}: the temperature must be a number >= 0", a.temperature)));
     }
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         bail!(usage(format!("--top-p {}: must be in (0, 1]", a.top_p)));
@@ -182,10 +177,7 @@ fn repl_lines(chat: &mut Chat) -> Result<()> {
 
 impl Chat {
     fn opening(&self) -> Vec<ChatMessage> {
-        self.system
-            .iter()
-            .map(|s| ChatMessage::new("system", s.clone()))
-            .collect()
+        self.system.iter().map(|s| ChatMessage::new("system", s.clone())).collect()
     }
 
     /// One input line; false to leave. Errors of a turn or a command are
@@ -254,11 +246,7 @@ impl Chat {
         let model = self.session.model();
         let s = model.store_stats();
         let uses = s.hits + s.misses;
-        let rate = if uses == 0 {
-            0.0
-        } else {
-            100.0 * s.hits as f64 / uses as f64
-        };
+        let rate = if uses == 0 { 0.0 } else { 100.0 * s.hits as f64 / uses as f64 };
         println!(
             "turns {} | position {} / {} context | last prompt {} tokens evaluated | replays {} | experts {} hit / {} miss = {:.0}% | {:.1} MB read",
             self.turns,
@@ -277,14 +265,8 @@ impl Chat {
     /// beside it: the template renders both, so a restored conversation needs
     /// them to go on rendering the history the session already holds.
     fn save(&self, path: &Path) -> Result<()> {
-        self.session
-            .save_state(path)
-            .with_context(|| format!("saving the session to {}", path.display()))?;
-        let messages: Vec<_> = self
-            .messages
-            .iter()
-            .map(|m| json!({"role": m.role, "content": m.content}))
-            .collect();
+        self.session.save_state(path).with_context(|| format!("saving the session to {}", path.display()))?;
+        let messages: Vec<_> = self.messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect();
         let vars = match &self.template_vars {
             Some(text) => serde_json::from_str(text).context("the template variables are not JSON")?,
             None => serde_json::Value::Null,
@@ -300,9 +282,7 @@ impl Chat {
             .with_context(|| format!("reading {} (written by /save next to the session file)", side.display()))?;
         let value: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", side.display()))?;
-        let list = value["messages"]
-            .as_array()
-            .with_context(|| format!("{}: no messages list", side.display()))?;
+        let list = value["messages"].as_array().with_context(|| format!("{}: no messages list", side.display()))?;
         let mut messages = Vec::new();
         for m in list {
             let (Some(role), Some(content)) = (m["role"].as_str(), m["content"].as_str()) else {
@@ -316,17 +296,14 @@ impl Chat {
             serde_json::Value::Null => None,
             vars @ serde_json::Value::Object(_) => {
                 let text = vars.to_string();
-                waste_host::check_template_vars(&text)
-                    .with_context(|| format!("{}: template_vars", side.display()))?;
+                waste_host::check_template_vars(&text).with_context(|| format!("{}: template_vars", side.display()))?;
                 Some(text)
             }
             _ => bail!("{}: template_vars is not a JSON object", side.display()),
         };
         // The session file is checked against the model before anything
         // changes: a failed load leaves the conversation as it was.
-        self.session
-            .load_state(path)
-            .with_context(|| format!("loading the session from {}", path.display()))?;
+        self.session.load_state(path).with_context(|| format!("loading the session from {}", path.display()))?;
         self.messages = messages;
         self.template_vars = template_vars;
         Ok(())
@@ -372,11 +349,7 @@ impl Chat {
         let _ = std::io::stdout().flush();
         self.turns += 1;
         self.messages.push(ChatMessage::new("assistant", completion.text));
-        eprintln!(
-            "{} (stop: {})",
-            output::stats_line(&r.totals, r.seconds()),
-            completion.stop_reason.as_str()
-        );
+        eprintln!("{} (stop: {})", output::stats_line(&r.totals, r.seconds()), completion.stop_reason.as_str());
         Ok(())
     }
 }

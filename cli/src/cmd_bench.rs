@@ -87,10 +87,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let policy = CachePolicy::parse(&a.policy)
         .ok_or_else(|| usage(format!("--policy {:?}: expected frequency or lru", a.policy)))?;
     let budgets: Vec<Option<u64>> = match &a.sweep {
-        Some(list) => list
-            .iter()
-            .map(|s| budget_arg(&Some(s.clone())))
-            .collect::<Result<_>>()?,
+        Some(list) => list.iter().map(|s| budget_arg(&Some(s.clone()))).collect::<Result<_>>()?,
         None => vec![budget_arg(&a.budget)?],
     };
     if a.route_trace.is_some() && a.lookahead.as_ref().is_some_and(|l| l.iter().any(|&n| n > 0)) {
@@ -156,8 +153,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             cpus: None,
             prefill_chunk: chunk,
         };
-        let model = crate::render::open_model(&a.model, &options)
-            .with_context(|| format!("opening {}", a.model.display()))?;
+        let model =
+            crate::render::open_model(&a.model, &options).with_context(|| format!("opening {}", a.model.display()))?;
         say_budget(model.memory_plan());
         // Raw bandwidth with the store's own buffers, and with 4 KiB-page and
         // huge-page buffers side by side (alternating which goes first). Each
@@ -213,7 +210,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                     let (_, step) = model.forward(&mut state, &[(rng % vocab) as u32], false)?;
                     embedding_rows_read += step.embedding_rows_read as u64;
                 }
-                if a.prefill > 0 { a.prefill.min(ctx) } else { n }
+                if a.prefill > 0 {
+                    a.prefill.min(ctx)
+                } else {
+                    n
+                }
             }
         };
         let secs = started.elapsed().as_secs_f64();

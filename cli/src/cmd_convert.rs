@@ -48,8 +48,8 @@ pub struct ConvertArgs {
 pub fn convert(a: ConvertArgs) -> Result<()> {
     let experts = ExpertFormat::parse(&a.experts)
         .ok_or_else(|| usage(format!("--experts {:?}: expected f32, q8, q4, rvq3, rvq2 or rvq4p", a.experts)))?;
-    let trunk = TrunkFormat::parse(&a.trunk)
-        .ok_or_else(|| usage(format!("--trunk {:?}: expected f32, q8 or q4", a.trunk)))?;
+    let trunk =
+        TrunkFormat::parse(&a.trunk).ok_or_else(|| usage(format!("--trunk {:?}: expected f32, q8 or q4", a.trunk)))?;
     if a.verify && a.reclaim {
         return Err(usage("--verify reads the source checkpoint, which --reclaim deletes; run them separately"));
     }

@@ -60,7 +60,11 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         say_budget(&p);
         println!("context        {} tokens", p.context);
         if p.embedding_on_disk > 0 {
-            println!("trunk          {} resident (+ {} embedding table on disk)", fmt_bytes(p.trunk), fmt_bytes(p.embedding_on_disk));
+            println!(
+                "trunk          {} resident (+ {} embedding table on disk)",
+                fmt_bytes(p.trunk),
+                fmt_bytes(p.embedding_on_disk)
+            );
         } else {
             println!("trunk          {}", fmt_bytes(p.trunk));
         }
@@ -73,11 +77,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             fmt_bytes(p.record_bytes)
         );
         println!("floor          {}", fmt_bytes(p.floor));
-        println!(
-            "working set    {} (one token, {} MoE layers)",
-            fmt_bytes(p.working_set),
-            p.moe_layers
-        );
+        println!("working set    {} (one token, {} MoE layers)", fmt_bytes(p.working_set), p.moe_layers);
         println!("recommended    {} (floor + 3 working sets)", fmt_bytes(p.recommended));
         println!("all experts    {}", fmt_bytes(p.all_experts));
         println!("usable RAM     {}", fmt_bytes(p.usable_ram));

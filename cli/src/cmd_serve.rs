@@ -36,12 +36,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PLUGIN.wasm")]
     pub sampler: Option<std::path::PathBuf>,
     /// An option for the sampler plugin: NAME=VALUE (repeatable), e.g. tau=5.
-    #[arg(
-        long = "sampler-opt",
-        value_name = "NAME=VALUE",
-        requires = "sampler",
-        allow_negative_numbers = true
-    )]
+    #[arg(long = "sampler-opt", value_name = "NAME=VALUE", requires = "sampler", allow_negative_numbers = true)]
     pub sampler_opt: Vec<String>,
 }
 
@@ -58,24 +53,14 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     let model_id = match a.model_id {
         Some(id) => id,
         None => {
-            let path =
-                std::fs::canonicalize(&a.model.model).unwrap_or_else(|_| a.model.model.clone());
-            let name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "model".into());
+            let path = std::fs::canonicalize(&a.model.model).unwrap_or_else(|_| a.model.model.clone());
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
             name.strip_suffix(".waste").unwrap_or(&name).to_string()
         }
     };
     let model: Arc<Model> = crate::render::open_model(
         &a.model.model,
-        &OpenOptions {
-            context: a.model.ctx,
-            budget,
-            threads,
-            cpus,
-            ..OpenOptions::default()
-        },
+        &OpenOptions { context: a.model.ctx, budget, threads, cpus, ..OpenOptions::default() },
     )
     .with_context(|| format!("opening {}", a.model.model.display()))?;
     let engine = Engine::new()?;

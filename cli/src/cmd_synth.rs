@@ -78,7 +78,9 @@ fn synth_like(a: &SynthArgs, like: &str) -> Result<()> {
         bail!(usage(format!("--like {like:?}: expected one of {}", LIKE.join(", "))));
     }
     if like == "kimi-k3" && !a.manifest_only {
-        bail!(usage(format!("--like {like} writes a manifest-only container (its experts are terabytes): pass --manifest-only")));
+        bail!(usage(format!(
+            "--like {like} writes a manifest-only container (its experts are terabytes): pass --manifest-only"
+        )));
     }
     let experts = waste_host::quant::ExpertFormat::parse(&a.experts)
         .ok_or_else(|| usage(format!("--experts {:?}: expected rvq3, rvq4p, rvq2, q8 or q4", a.experts)))?;
@@ -87,7 +89,8 @@ fn synth_like(a: &SynthArgs, like: &str) -> Result<()> {
     if a.num_experts == Some(0) {
         bail!(usage("--num-experts must be at least 1"));
     }
-    let options = LikeOptions { experts, trunk, seed: a.seed, num_experts: a.num_experts, manifest_only: a.manifest_only };
+    let options =
+        LikeOptions { experts, trunk, seed: a.seed, num_experts: a.num_experts, manifest_only: a.manifest_only };
     let started = Instant::now();
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let r = waste_host::synth::synth_like(&a.out, like, &options, &mut |done, total| {

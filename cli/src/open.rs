@@ -80,7 +80,8 @@ pub fn thread_args(args: &ModelArgs) -> Result<(Option<usize>, Option<waste_host
 pub fn sampler_plugin(path: &std::path::Path, opts: &[String]) -> Result<waste_host::plugin::SamplerPlugin> {
     let mut options = Vec::new();
     for item in opts {
-        let parsed = item.split_once('=').and_then(|(k, v)| Some((k.trim().to_string(), v.trim().parse::<f32>().ok()?)));
+        let parsed =
+            item.split_once('=').and_then(|(k, v)| Some((k.trim().to_string(), v.trim().parse::<f32>().ok()?)));
         options.push(parsed.ok_or_else(|| usage(format!("--sampler-opt {item:?}: expected NAME=NUMBER, e.g. tau=5")))?);
     }
     waste_host::plugin::SamplerPlugin::load(path, options, Default::default())

@@ -55,10 +55,7 @@ impl Renderer {
         self.totals.direct_io = Some(event.stats.direct_io);
         if self.live && self.last_draw.is_none_or(|t| t.elapsed() >= REDRAW) {
             self.last_draw = Some(Instant::now());
-            eprint!(
-                "\r\x1b[K{}",
-                status_text(&self.totals, self.seconds(), self.direct_io)
-            );
+            eprint!("\r\x1b[K{}", status_text(&self.totals, self.seconds(), self.direct_io));
             self.drawn = true;
         }
         written
@@ -88,11 +85,7 @@ impl Drop for Renderer {
 /// cache, where disk MB/s may be partly page-cache hits.
 pub fn status_text(t: &RunTotals, seconds: f64, direct_io: bool) -> String {
     let uses = t.experts_hit + t.experts_missed;
-    let hit = if uses == 0 {
-        0.0
-    } else {
-        100.0 * t.experts_hit as f64 / uses as f64
-    };
+    let hit = if uses == 0 { 0.0 } else { 100.0 * t.experts_hit as f64 / uses as f64 };
     let per_s = |v: f64| if seconds > 0.0 { v / seconds } else { 0.0 };
     format!(
         "{} tokens | {:.1} tok/s | cache {:.0}% | disk {:.1} MB/s {}",
@@ -144,17 +137,9 @@ mod tests {
 
     #[test]
     fn status_text_reports_rates_and_survives_zero_time() {
-        let t = RunTotals {
-            tokens: 10,
-            experts_hit: 9,
-            experts_missed: 1,
-            bytes_read: 20_000_000,
-            direct_io: Some(true),
-        };
-        assert_eq!(
-            status_text(&t, 2.0, true),
-            "10 tokens | 5.0 tok/s | cache 90% | disk 10.0 MB/s direct"
-        );
+        let t =
+            RunTotals { tokens: 10, experts_hit: 9, experts_missed: 1, bytes_read: 20_000_000, direct_io: Some(true) };
+        assert_eq!(status_text(&t, 2.0, true), "10 tokens | 5.0 tok/s | cache 90% | disk 10.0 MB/s direct");
         assert_eq!(
             crate::output::stats_line(&t, 2.0),
             "[10 tokens, 2.00 s, 5.00 tok/s | experts 9 hit / 1 miss = 90% | 20.0 MB read, direct_io on]"

@@ -48,37 +48,19 @@ pub struct waste_convert_report {
 /// Progress of a conversion: units done and in all (one per trunk tensor
 /// and one per expert); `what` (`what_len` bytes, not NUL-terminated) lives
 /// for the call only.
-pub type waste_progress_callback = Option<
-    unsafe extern "C" fn(
-        user: *mut c_void,
-        done: u64,
-        total: u64,
-        what: *const c_char,
-        what_len: usize,
-    ),
->;
+pub type waste_progress_callback =
+    Option<unsafe extern "C" fn(user: *mut c_void, done: u64, total: u64, what: *const c_char, what_len: usize)>;
 
 #[no_mangle]
-pub unsafe extern "C" fn waste_convert_options_default(
-    out: *mut waste_convert_options,
-) -> waste_result {
+pub unsafe extern "C" fn waste_convert_options_default(out: *mut waste_convert_options) -> waste_result {
     if out.is_null() {
         return WASTE_NULL_ARG;
     }
     let d = ConvertOptions::default();
-    let none = waste_str {
-        ptr: std::ptr::null(),
-        len: 0,
-    };
+    let none = waste_str { ptr: std::ptr::null(), len: 0 };
     // SAFETY: checked non-NULL.
     unsafe {
-        *out = waste_convert_options {
-            experts: none,
-            trunk: none,
-            seed: d.seed,
-            jobs: d.jobs,
-            reclaim: d.reclaim,
-        }
+        *out = waste_convert_options { experts: none, trunk: none, seed: d.seed, jobs: d.jobs, reclaim: d.reclaim }
     };
     WASTE_OK
 }
@@ -94,15 +76,7 @@ impl Progress {
         if let Some(f) = self.f {
             // SAFETY: the caller's function with its own `user`, on the
             // thread that called us; `what` lives for the call.
-            unsafe {
-                f(
-                    self.user,
-                    done,
-                    total,
-                    what.as_ptr() as *const c_char,
-                    what.len(),
-                )
-            }
+            unsafe { f(self.user, done, total, what.as_ptr() as *const c_char, what.len()) }
         }
     }
 }
@@ -138,26 +112,20 @@ pub unsafe extern "C" fn waste_convert(
                 let c = &*options;
                 if let Some(name) = crate::opt_str("experts", c.experts)? {
                     o.experts = ExpertFormat::parse(&name).ok_or_else(|| {
-                        (
-                            WASTE_ARG,
-                            format!("experts {name:?}: expected f32, q8, q4, rvq3, rvq2 or rvq4p"),
-                        )
+                        (WASTE_ARG, format!("experts {name:?}: expected f32, q8, q4, rvq3, rvq2 or rvq4p"))
                     })?;
                 }
                 if let Some(name) = crate::opt_str("trunk", c.trunk)? {
-                    o.trunk = TrunkFormat::parse(&name).ok_or_else(|| {
-                        (WASTE_ARG, format!("trunk {name:?}: expected f32, q8 or q4"))
-                    })?;
+                    o.trunk = TrunkFormat::parse(&name)
+                        .ok_or_else(|| (WASTE_ARG, format!("trunk {name:?}: expected f32, q8 or q4")))?;
                 }
                 o.seed = c.seed;
                 o.jobs = c.jobs.max(1);
                 o.reclaim = c.reclaim;
             }
             let p = Progress { f: progress, user };
-            let r = waste_host::convert(src, dst, &o, &mut |e: &ConvertProgress| {
-                p.report(e.done, e.total, &e.what)
-            })
-            .map_err(host)?;
+            let r = waste_host::convert(src, dst, &o, &mut |e: &ConvertProgress| p.report(e.done, e.total, &e.what))
+                .map_err(host)?;
             if !report.is_null() {
                 *report = waste_convert_report {
                     trunk_bytes: r.trunk_bytes,
@@ -200,27 +168,15 @@ pub unsafe extern "C" fn waste_synth(
             let dst = Path::new(str_arg("out", out, out_len)?);
             let name = crate::opt_str("shape", shape)?.ok_or_else(|| null("shape"))?;
             let mut spec = waste_host::synth::preset(&name).ok_or_else(|| {
-                (
-                    WASTE_ARG,
-                    format!(
-                        "shape {name:?}: expected one of {}",
-                        waste_host::synth::PRESETS.join(", ")
-                    ),
-                )
+                (WASTE_ARG, format!("shape {name:?}: expected one of {}", waste_host::synth::PRESETS.join(", ")))
             })?;
             if let Some(f) = crate::opt_str("experts", experts)? {
-                spec.format = ExpertFormat::parse(&f).ok_or_else(|| {
-                    (
-                        WASTE_ARG,
-                        format!("experts {f:?}: expected rvq3, rvq2, q8 or q4"),
-                    )
-                })?;
+                spec.format = ExpertFormat::parse(&f)
+                    .ok_or_else(|| (WASTE_ARG, format!("experts {f:?}: expected rvq3, rvq2, q8 or q4")))?;
             }
             spec.seed = seed;
             let p = Progress { f: progress, user };
-            let r =
-                waste_host::synth::synth(dst, &spec, &mut |done, total| p.report(done, total, ""))
-                    .map_err(host)?;
+            let r = waste_host::synth::synth(dst, &spec, &mut |done, total| p.report(done, total, "")).map_err(host)?;
             if !report.is_null() {
                 *report = waste_convert_report {
                     trunk_bytes: r.trunk_bytes,
@@ -251,8 +207,7 @@ pub struct waste_matrix_error {
 }
 
 /// Receives one [`waste_matrix_error`] per expert matrix; it lives for the call.
-pub type waste_matrix_callback =
-    Option<unsafe extern "C" fn(user: *mut c_void, row: *const waste_matrix_error)>;
+pub type waste_matrix_callback = Option<unsafe extern "C" fn(user: *mut c_void, row: *const waste_matrix_error)>;
 
 /// Decodes every expert record of the container at `out` back and reports
 /// its error against the checkpoint at `src` (`waste convert --verify`):
@@ -283,8 +238,7 @@ pub unsafe extern "C" fn waste_convert_verify(
             let dst = Path::new(str_arg("out", out, out_len)?);
             let p = Progress { f: progress, user };
             let rows =
-                waste_host::convert::verify(src, dst, &mut |done, total| p.report(done, total, ""))
-                    .map_err(host)?;
+                waste_host::convert::verify(src, dst, &mut |done, total| p.report(done, total, "")).map_err(host)?;
             if let Some(f) = row {
                 for r in &rows {
                     let mut matrix = [0 as c_char; 8];

@@ -90,18 +90,13 @@ pub extern "C" fn waste_strerror(code: waste_result) -> *const c_char {
 #[no_mangle]
 pub extern "C" fn waste_version() -> *const c_char {
     static VERSION: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
-    VERSION
-        .get_or_init(|| std::ffi::CString::new(waste_host::VERSION).unwrap_or_default())
-        .as_ptr()
+    VERSION.get_or_init(|| std::ffi::CString::new(waste_host::VERSION).unwrap_or_default()).as_ptr()
 }
 
 /// The bundled control component (a wasm32-wasip2 component) for hosts that
 /// load it with their own wasmtime binding: `*bytes` points at static data.
 #[no_mangle]
-pub unsafe extern "C" fn waste_component_bytes(
-    bytes: *mut *const u8,
-    len: *mut usize,
-) -> waste_result {
+pub unsafe extern "C" fn waste_component_bytes(bytes: *mut *const u8, len: *mut usize) -> waste_result {
     if bytes.is_null() || len.is_null() {
         return WASTE_NULL_ARG;
     }
@@ -153,10 +148,7 @@ pub(crate) fn code_of(e: &Error) -> waste_result {
 
 /// Runs `f`, records its failure in `slot` and turns a panic into
 /// `WASTE_PANIC`.
-pub(crate) fn guard(
-    slot: &ErrorSlot,
-    f: impl FnOnce() -> Result<(), (waste_result, String)>,
-) -> waste_result {
+pub(crate) fn guard(slot: &ErrorSlot, f: impl FnOnce() -> Result<(), (waste_result, String)>) -> waste_result {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => {
             slot.set(String::new());
@@ -233,10 +225,7 @@ pub(crate) unsafe fn copy_out<T: Copy>(
     if data.len() > cap {
         return Err((
             WASTE_BUFFER_TOO_SMALL,
-            format!(
-                "the output needs {} elements, the buffer holds {cap}",
-                data.len()
-            ),
+            format!("the output needs {} elements, the buffer holds {cap}", data.len()),
         ));
     }
     if !data.is_empty() {
@@ -264,10 +253,7 @@ pub unsafe extern "C" fn waste_ctx_open(out: *mut *mut waste_ctx) -> waste_resul
         Ok(())
     });
     if let Some(engine) = made {
-        let ctx = Box::new(waste_ctx {
-            engine,
-            error: Arc::new(slot),
-        });
+        let ctx = Box::new(waste_ctx { engine, error: Arc::new(slot) });
         // SAFETY: checked non-NULL.
         unsafe { *out = Box::into_raw(ctx) };
     }
@@ -287,11 +273,7 @@ pub unsafe extern "C" fn waste_ctx_close(ctx: *mut waste_ctx) {
 /// into `buf` (NUL-terminated, truncated to `cap`) and returns its full
 /// length in bytes, without the NUL. `buf` may be NULL when `cap` is 0.
 #[no_mangle]
-pub unsafe extern "C" fn waste_ctx_last_error(
-    ctx: *const waste_ctx,
-    buf: *mut c_char,
-    cap: usize,
-) -> usize {
+pub unsafe extern "C" fn waste_ctx_last_error(ctx: *const waste_ctx, buf: *mut c_char, cap: usize) -> usize {
     if ctx.is_null() {
         return 0;
     }

@@ -157,11 +157,7 @@ pub unsafe extern "C" fn waste_open_options_default(out: *mut waste_open_options
         cpus: std::ptr::null(),
         n_cpus: 0,
         cache: d.cache,
-        cache_policy: if d.cache_policy == CachePolicy::Frequency {
-            1
-        } else {
-            0
-        },
+        cache_policy: if d.cache_policy == CachePolicy::Frequency { 1 } else { 0 },
         readers: d.readers,
         read_ahead: d.read_ahead,
         direct_io: d.direct_io,
@@ -237,17 +233,7 @@ pub unsafe extern "C" fn waste_model_open(
     out: *mut *mut waste_model,
 ) -> waste_result {
     // SAFETY: forwarded caller pointers.
-    unsafe {
-        open_model(
-            ctx,
-            path,
-            path_len,
-            options,
-            None,
-            std::ptr::null_mut(),
-            out,
-        )
-    }
+    unsafe { open_model(ctx, path, path_len, options, None, std::ptr::null_mut(), out) }
 }
 
 /// The stage a [`waste_open_progress`] reports.
@@ -334,12 +320,7 @@ unsafe fn open_model(
             o.cache_policy = match c.cache_policy {
                 0 => CachePolicy::Lru,
                 1 => CachePolicy::Frequency,
-                n => {
-                    return Err((
-                        WASTE_ARG,
-                        format!("cache_policy {n}: expected 0 (LRU) or 1 (frequency)"),
-                    ))
-                }
+                n => return Err((WASTE_ARG, format!("cache_policy {n}: expected 0 (LRU) or 1 (frequency)"))),
             };
             o.readers = c.readers;
             o.read_ahead = c.read_ahead;
@@ -358,9 +339,7 @@ unsafe fn open_model(
             };
             match *p {
                 OpenProgress::Trunk { loaded, total } => (e.loaded, e.total) = (loaded, total),
-                OpenProgress::PreloadStarted => {
-                    e.stage = waste_open_stage::WASTE_OPEN_PRELOAD_STARTED
-                }
+                OpenProgress::PreloadStarted => e.stage = waste_open_stage::WASTE_OPEN_PRELOAD_STARTED,
                 OpenProgress::Preloaded { records, bytes } => {
                     e.stage = waste_open_stage::WASTE_OPEN_PRELOADED;
                     (e.records, e.bytes) = (records, bytes);
@@ -397,9 +376,7 @@ unsafe fn open_model(
 pub unsafe extern "C" fn waste_model_close(model: *mut waste_model) {
     if !model.is_null() {
         // SAFETY: `model` came from waste_model_open and is closed once.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            drop(unsafe { Box::from_raw(model) })
-        }));
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unsafe { Box::from_raw(model) })));
     }
 }
 
@@ -417,10 +394,7 @@ pub(crate) unsafe fn with_model(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn waste_model_get_info(
-    model: *const waste_model,
-    out: *mut waste_model_info,
-) -> waste_result {
+pub unsafe extern "C" fn waste_model_get_info(model: *const waste_model, out: *mut waste_model_info) -> waste_result {
     // SAFETY: forwarded caller pointers.
     unsafe {
         with_model(model, |m| {

@@ -56,13 +56,7 @@ pub unsafe extern "C" fn waste_session_set_sampler(
                 }
                 let name = str_arg("option name", o.name.ptr, o.name.len)?;
                 if !o.value.is_finite() {
-                    return Err((
-                        WASTE_ARG,
-                        format!(
-                            "sampler option {name:?}: {} is not a finite number",
-                            o.value
-                        ),
-                    ));
+                    return Err((WASTE_ARG, format!("sampler option {name:?}: {} is not a finite number", o.value)));
                 }
                 opts.push((name.to_string(), o.value));
             }

@@ -218,9 +218,7 @@ pub struct waste_session {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn waste_generate_params_default(
-    out: *mut waste_generate_params,
-) -> waste_result {
+pub unsafe extern "C" fn waste_generate_params_default(out: *mut waste_generate_params) -> waste_result {
     if out.is_null() {
         return WASTE_NULL_ARG;
     }
@@ -254,10 +252,7 @@ pub unsafe extern "C" fn waste_session_open(
         // SAFETY: a non-NULL model is a live handle.
         let model = unsafe { &*model };
         let session = ctx.engine.session(model.model.clone()).map_err(host)?;
-        let s = Box::new(waste_session {
-            session,
-            error: ctx.error.clone(),
-        });
+        let s = Box::new(waste_session { session, error: ctx.error.clone() });
         // SAFETY: checked non-NULL.
         unsafe { *out = Box::into_raw(s) };
         Ok(())
@@ -268,9 +263,7 @@ pub unsafe extern "C" fn waste_session_open(
 pub unsafe extern "C" fn waste_session_close(session: *mut waste_session) {
     if !session.is_null() {
         // SAFETY: `session` came from waste_session_open and is closed once.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            drop(unsafe { Box::from_raw(session) })
-        }));
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(unsafe { Box::from_raw(session) })));
     }
 }
 
@@ -326,9 +319,7 @@ pub unsafe extern "C" fn waste_session_tokenize(
 ) -> waste_result {
     // SAFETY: forwarded caller pointers.
     unsafe {
-        with_session_out(session, tokens, cap, out_len, |s| {
-            s.tokenize(str_arg("text", text, text_len)?).map_err(host)
-        })
+        with_session_out(session, tokens, cap, out_len, |s| s.tokenize(str_arg("text", text, text_len)?).map_err(host))
     }
 }
 
@@ -345,8 +336,7 @@ pub unsafe extern "C" fn waste_session_tokenize_markup(
     // SAFETY: forwarded caller pointers.
     unsafe {
         with_session_out(session, tokens, cap, out_len, |s| {
-            s.tokenize_markup(str_arg("text", text, text_len)?)
-                .map_err(host)
+            s.tokenize_markup(str_arg("text", text, text_len)?).map_err(host)
         })
     }
 }
@@ -364,16 +354,12 @@ pub unsafe extern "C" fn waste_session_detokenize(
     // SAFETY: forwarded caller pointers.
     unsafe {
         with_session_out(session, text as *mut u8, cap, out_len, |s| {
-            s.detokenize(slice_arg("tokens", tokens, n_tokens)?)
-                .map_err(host)
+            s.detokenize(slice_arg("tokens", tokens, n_tokens)?).map_err(host)
         })
     }
 }
 
-pub(crate) unsafe fn opt_str(
-    name: &str,
-    s: waste_str,
-) -> Result<Option<String>, (waste_result, String)> {
+pub(crate) unsafe fn opt_str(name: &str, s: waste_str) -> Result<Option<String>, (waste_result, String)> {
     if s.ptr.is_null() {
         return Ok(None);
     }
@@ -411,20 +397,11 @@ pub(crate) unsafe fn chat_args(
     vars: waste_str,
 ) -> Result<(Vec<ChatMessage>, Option<String>, Option<String>), (waste_result, String)> {
     // SAFETY: pointers and lengths from the caller.
-    unsafe {
-        Ok((
-            messages_arg(messages, n_messages)?,
-            opt_str("tools", tools)?,
-            opt_str("vars", vars)?,
-        ))
-    }
+    unsafe { Ok((messages_arg(messages, n_messages)?, opt_str("tools", tools)?, opt_str("vars", vars)?)) }
 }
 
 /// An absent optional string, for the calls without template variables.
-const NO_STR: waste_str = waste_str {
-    ptr: std::ptr::null(),
-    len: 0,
-};
+const NO_STR: waste_str = waste_str { ptr: std::ptr::null(), len: 0 };
 
 /// The conversation through the model's chat template, as prompt tokens.
 /// `tools`: a JSON array of tool definitions, `ptr` NULL = none.
@@ -476,13 +453,8 @@ pub unsafe extern "C" fn waste_session_apply_chat_template_vars(
     unsafe {
         with_session_out(session, tokens, cap, out_len, |s| {
             let (msgs, tools, vars) = chat_args(messages, n_messages, tools, vars)?;
-            s.apply_chat_template_with_vars(
-                &msgs,
-                tools.as_deref(),
-                add_generation_prompt,
-                vars.as_deref(),
-            )
-            .map_err(host)
+            s.apply_chat_template_with_vars(&msgs, tools.as_deref(), add_generation_prompt, vars.as_deref())
+                .map_err(host)
         })
     }
 }
@@ -520,11 +492,8 @@ pub unsafe extern "C" fn waste_session_generate(
             let cb = callback.map(|f| Callback { f, user });
             let hook = move |e: &waste_host::TokenEvent| -> bool {
                 let Some(cb) = &cb else { return true };
-                let top: Vec<waste_top_logprob> = e
-                    .top_logprobs
-                    .iter()
-                    .map(|&(token, logprob)| waste_top_logprob { token, logprob })
-                    .collect();
+                let top: Vec<waste_top_logprob> =
+                    e.top_logprobs.iter().map(|&(token, logprob)| waste_top_logprob { token, logprob }).collect();
                 let ev = waste_token_event::new(e, &top);
                 // The enclosing unsafe block covers this call: the caller's
                 // function, given its own `user`; `ev` lives for the call.
@@ -533,16 +502,10 @@ pub unsafe extern "C" fn waste_session_generate(
             let c = s.generate(prompt, &p, hook).map_err(host)?;
             let reason = waste_stop_reason::from(c.stop_reason);
             if !out.is_null() {
-                *out = waste_completion {
-                    n_tokens: c.tokens.len(),
-                    stop_reason: reason,
-                };
+                *out = waste_completion { n_tokens: c.tokens.len(), stop_reason: reason };
             }
             if reason == waste_stop_reason::WASTE_STOP_CANCELLED {
-                return Err((
-                    WASTE_CANCELLED,
-                    format!("cancelled by the callback after {} tokens", c.tokens.len()),
-                ));
+                return Err((WASTE_CANCELLED, format!("cancelled by the callback after {} tokens", c.tokens.len())));
             }
             Ok(())
         })
@@ -565,9 +528,7 @@ pub unsafe extern "C" fn waste_session_eval(
     // SAFETY: forwarded caller pointers.
     unsafe {
         with_session_out(session, logits, cap, out_len, |s| {
-            let (l, _) = s
-                .eval(slice_arg("tokens", tokens, n_tokens)?, all_positions)
-                .map_err(host)?;
+            let (l, _) = s.eval(slice_arg("tokens", tokens, n_tokens)?, all_positions).map_err(host)?;
             Ok(l)
         })
     }
@@ -588,12 +549,7 @@ pub unsafe extern "C" fn waste_session_perplexity(
             if perplexity.is_null() {
                 return Err(null("perplexity"));
             }
-            let r = s
-                .perplexity(
-                    str_arg("text", text, text_len)?,
-                    (window != 0).then_some(window),
-                )
-                .map_err(host)?;
+            let r = s.perplexity(str_arg("text", text, text_len)?, (window != 0).then_some(window)).map_err(host)?;
             *perplexity = r.perplexity();
             Ok(())
         })
@@ -608,12 +564,7 @@ pub unsafe extern "C" fn waste_session_save_state(
     path_len: usize,
 ) -> waste_result {
     // SAFETY: forwarded caller pointers.
-    unsafe {
-        with_session(session, |s| {
-            s.save_state(Path::new(str_arg("path", path, path_len)?))
-                .map_err(host)
-        })
-    }
+    unsafe { with_session(session, |s| s.save_state(Path::new(str_arg("path", path, path_len)?)).map_err(host)) }
 }
 
 /// Replaces the conversation with one saved for the same model.
@@ -624,12 +575,7 @@ pub unsafe extern "C" fn waste_session_load_state(
     path_len: usize,
 ) -> waste_result {
     // SAFETY: forwarded caller pointers.
-    unsafe {
-        with_session(session, |s| {
-            s.load_state(Path::new(str_arg("path", path, path_len)?))
-                .map_err(host)
-        })
-    }
+    unsafe { with_session(session, |s| s.load_state(Path::new(str_arg("path", path, path_len)?)).map_err(host)) }
 }
 
 /// Forgets the conversation (position 0).
@@ -646,10 +592,7 @@ pub unsafe extern "C" fn waste_session_reset(session: *mut waste_session) -> was
 
 /// Tokens held in the session's state.
 #[no_mangle]
-pub unsafe extern "C" fn waste_session_position(
-    session: *mut waste_session,
-    position: *mut usize,
-) -> waste_result {
+pub unsafe extern "C" fn waste_session_position(session: *mut waste_session, position: *mut usize) -> waste_result {
     // SAFETY: forwarded caller pointers.
     unsafe {
         with_session(session, |s| {
@@ -710,13 +653,8 @@ pub unsafe extern "C" fn waste_session_render_chat_template_vars(
     unsafe {
         with_session_out(session, text as *mut u8, cap, out_len, |s| {
             let (msgs, tools, vars) = chat_args(messages, n_messages, tools, vars)?;
-            s.render_chat_template_with_vars(
-                &msgs,
-                tools.as_deref(),
-                add_generation_prompt,
-                vars.as_deref(),
-            )
-            .map_err(host)
+            s.render_chat_template_with_vars(&msgs, tools.as_deref(), add_generation_prompt, vars.as_deref())
+                .map_err(host)
         })
     }
 }

@@ -6,10 +6,7 @@ use std::ffi::c_char;
 use std::path::Path;
 
 use crate::waste_result::{self, *};
-use crate::{
-    copy_out, guard, host, null, slice_arg, str_arg, waste_ctx, waste_layer_info, waste_model,
-    with_model,
-};
+use crate::{copy_out, guard, host, null, slice_arg, str_arg, waste_ctx, waste_layer_info, waste_model, with_model};
 
 /// Counters of one forward step (see [`waste_model_replay_routing`]).
 #[repr(C)]
@@ -77,12 +74,9 @@ pub unsafe extern "C" fn waste_model_get_layer(
                 return Err(null("out"));
             }
             let layers = &m.model.info().layers;
-            let l = layers.get(index).ok_or_else(|| {
-                (
-                    WASTE_ARG,
-                    format!("layer {index}: the model has {} layers", layers.len()),
-                )
-            })?;
+            let l = layers
+                .get(index)
+                .ok_or_else(|| (WASTE_ARG, format!("layer {index}: the model has {} layers", layers.len())))?;
             *out = waste_layer_info {
                 attention: m.layer_attention[index].as_ptr(),
                 moe: l.moe,
@@ -134,12 +128,9 @@ pub unsafe extern "C" fn waste_model_replay_routing(
     // SAFETY: forwarded caller pointers.
     unsafe {
         with_model(model, |m| {
-            let n = n_layers.checked_mul(per_layer).ok_or_else(|| {
-                (
-                    WASTE_ARG,
-                    format!("{n_layers} x {per_layer} expert ids overflow"),
-                )
-            })?;
+            let n = n_layers
+                .checked_mul(per_layer)
+                .ok_or_else(|| (WASTE_ARG, format!("{n_layers} x {per_layer} expert ids overflow")))?;
             let ids = slice_arg("experts", experts, n)?;
             let routing: Vec<Vec<u32>> = if per_layer == 0 {
                 vec![Vec::new(); n_layers]
@@ -148,10 +139,7 @@ pub unsafe extern "C" fn waste_model_replay_routing(
             };
             let num_experts = m.model.info().num_experts;
             if let Some(&bad) = ids.iter().find(|&&e| e as usize >= num_experts) {
-                return Err((
-                    WASTE_ARG,
-                    format!("expert id {bad}: the model has {num_experts} experts per layer"),
-                ));
+                return Err((WASTE_ARG, format!("expert id {bad}: the model has {num_experts} experts per layer")));
             }
             let s = m.model.replay_routing(&routing).map_err(host)?;
             if !out.is_null() {
@@ -234,11 +222,7 @@ pub unsafe extern "C" fn waste_model_measure_random_reads(
             if reads == 0 {
                 return Err((WASTE_ARG, "reads 0: expected at least 1".into()));
             }
-            let (b, s) = m
-                .model
-                .expert_store()
-                .measure_random_reads(reads, readers.max(1), seed)
-                .map_err(host)?;
+            let (b, s) = m.model.expert_store().measure_random_reads(reads, readers.max(1), seed).map_err(host)?;
             *bytes = b;
             *seconds = s;
             Ok(())
@@ -281,10 +265,7 @@ pub unsafe extern "C" fn waste_model_replay_trace(
             }
             let mut total = waste_host::StepStats::default();
             for i in 0..steps {
-                let s = m
-                    .model
-                    .replay_routing(&trace.steps[i % trace.steps.len()])
-                    .map_err(host)?;
+                let s = m.model.replay_routing(&trace.steps[i % trace.steps.len()]).map_err(host)?;
                 total.add(&s);
             }
             if !out.is_null() {

@@ -34,13 +34,8 @@ fn open_model(ctx: *mut waste_ctx, path: &str) -> (waste_result, *mut waste_mode
 fn expect(ctx: *const waste_ctx, r: waste_result, want: waste_result, mentions: &str) {
     assert_eq!(r, want, "detail: {}", last_error(ctx));
     let e = last_error(ctx);
-    assert!(
-        e.contains(mentions),
-        "error detail {e:?} should mention {mentions:?}"
-    );
-    let s = unsafe { CStr::from_ptr(waste_strerror(r)) }
-        .to_str()
-        .unwrap();
+    assert!(e.contains(mentions), "error detail {e:?} should mention {mentions:?}");
+    let s = unsafe { CStr::from_ptr(waste_strerror(r)) }.to_str().unwrap();
     assert!(!s.is_empty());
 }
 
@@ -49,83 +44,32 @@ fn every_entry_point_reports_null_arguments_bad_paths_and_budget_under_floor() {
     unsafe {
         // Handles that are NULL have no context to hold a detail.
         assert_eq!(waste_ctx_open(null_mut()), WASTE_NULL_ARG);
-        assert_eq!(
-            waste_plan(null(), null(), 0, 0, 0, null_mut()),
-            WASTE_NULL_ARG
-        );
-        assert_eq!(
-            waste_model_open(null(), null(), 0, null(), null_mut()),
-            WASTE_NULL_ARG
-        );
+        assert_eq!(waste_plan(null(), null(), 0, 0, 0, null_mut()), WASTE_NULL_ARG);
+        assert_eq!(waste_model_open(null(), null(), 0, null(), null_mut()), WASTE_NULL_ARG);
         assert_eq!(waste_model_get_info(null(), null_mut()), WASTE_NULL_ARG);
         assert_eq!(waste_model_memory_plan(null(), null_mut()), WASTE_NULL_ARG);
         assert_eq!(waste_model_store_stats(null(), null_mut()), WASTE_NULL_ARG);
         assert_eq!(waste_model_reset_store_stats(null()), WASTE_NULL_ARG);
         assert_eq!(waste_model_save_usage(null()), WASTE_NULL_ARG);
+        assert_eq!(waste_session_open(null(), null(), null_mut()), WASTE_NULL_ARG);
+        assert_eq!(waste_session_tokenize(null_mut(), null(), 0, null_mut(), 0, null_mut()), WASTE_NULL_ARG);
+        assert_eq!(waste_session_tokenize_markup(null_mut(), null(), 0, null_mut(), 0, null_mut()), WASTE_NULL_ARG);
+        assert_eq!(waste_session_detokenize(null_mut(), null(), 0, null_mut(), 0, null_mut()), WASTE_NULL_ARG);
+        let no = waste_str { ptr: null(), len: 0 };
         assert_eq!(
-            waste_session_open(null(), null(), null_mut()),
+            waste_session_apply_chat_template(null_mut(), null(), 0, no, true, null_mut(), 0, null_mut()),
             WASTE_NULL_ARG
         );
-        assert_eq!(
-            waste_session_tokenize(null_mut(), null(), 0, null_mut(), 0, null_mut()),
-            WASTE_NULL_ARG
-        );
-        assert_eq!(
-            waste_session_tokenize_markup(null_mut(), null(), 0, null_mut(), 0, null_mut()),
-            WASTE_NULL_ARG
-        );
-        assert_eq!(
-            waste_session_detokenize(null_mut(), null(), 0, null_mut(), 0, null_mut()),
-            WASTE_NULL_ARG
-        );
-        let no = waste_str {
-            ptr: null(),
-            len: 0,
-        };
-        assert_eq!(
-            waste_session_apply_chat_template(
-                null_mut(),
-                null(),
-                0,
-                no,
-                true,
-                null_mut(),
-                0,
-                null_mut()
-            ),
-            WASTE_NULL_ARG
-        );
-        assert_eq!(
-            waste_session_generate(null_mut(), null(), 0, null(), None, null_mut(), null_mut()),
-            WASTE_NULL_ARG
-        );
-        assert_eq!(
-            waste_session_eval(null_mut(), null(), 0, false, null_mut(), 0, null_mut()),
-            WASTE_NULL_ARG
-        );
-        assert_eq!(
-            waste_session_perplexity(null_mut(), null(), 0, 0, null_mut()),
-            WASTE_NULL_ARG
-        );
-        assert_eq!(
-            waste_session_save_state(null_mut(), null(), 0),
-            WASTE_NULL_ARG
-        );
-        assert_eq!(
-            waste_session_load_state(null_mut(), null(), 0),
-            WASTE_NULL_ARG
-        );
+        assert_eq!(waste_session_generate(null_mut(), null(), 0, null(), None, null_mut(), null_mut()), WASTE_NULL_ARG);
+        assert_eq!(waste_session_eval(null_mut(), null(), 0, false, null_mut(), 0, null_mut()), WASTE_NULL_ARG);
+        assert_eq!(waste_session_perplexity(null_mut(), null(), 0, 0, null_mut()), WASTE_NULL_ARG);
+        assert_eq!(waste_session_save_state(null_mut(), null(), 0), WASTE_NULL_ARG);
+        assert_eq!(waste_session_load_state(null_mut(), null(), 0), WASTE_NULL_ARG);
         assert_eq!(waste_session_reset(null_mut()), WASTE_NULL_ARG);
-        assert_eq!(
-            waste_session_position(null_mut(), null_mut()),
-            WASTE_NULL_ARG
-        );
+        assert_eq!(waste_session_position(null_mut(), null_mut()), WASTE_NULL_ARG);
         assert_eq!(waste_open_options_default(null_mut()), WASTE_NULL_ARG);
         assert_eq!(waste_generate_params_default(null_mut()), WASTE_NULL_ARG);
-        assert_eq!(
-            waste_component_bytes(null_mut(), null_mut()),
-            WASTE_NULL_ARG
-        );
+        assert_eq!(waste_component_bytes(null_mut(), null_mut()), WASTE_NULL_ARG);
         assert_eq!(waste_ctx_last_error(null(), null_mut(), 0), 0);
         waste_ctx_close(null_mut());
         waste_model_close(null_mut());
@@ -144,45 +88,19 @@ fn every_entry_point_reports_null_arguments_bad_paths_and_budget_under_floor() {
         // Bad paths and bad text.
         let (r, m) = open_model(ctx, "/nonexistent/model.waste");
         // The library classifies a missing container as a format error.
-        expect(
-            ctx,
-            r,
-            WASTE_FORMAT,
-            "/nonexistent/model.waste: does not exist",
-        );
+        expect(ctx, r, WASTE_FORMAT, "/nonexistent/model.waste: does not exist");
         assert!(m.is_null());
         let mut plan = waste_memory_plan::default();
         let bad = "/nonexistent/x.waste";
-        expect(
-            ctx,
-            waste_plan(ctx, bad.as_ptr() as *const _, bad.len(), 0, 0, &mut plan),
-            WASTE_FORMAT,
-            bad,
-        );
+        expect(ctx, waste_plan(ctx, bad.as_ptr() as *const _, bad.len(), 0, 0, &mut plan), WASTE_FORMAT, bad);
         let not_utf8 = [0xffu8, 0xfe];
-        let r = waste_model_open(
-            ctx,
-            not_utf8.as_ptr() as *const _,
-            2,
-            null(),
-            &mut null_mut(),
-        );
+        let r = waste_model_open(ctx, not_utf8.as_ptr() as *const _, 2, null(), &mut null_mut());
         expect(ctx, r, WASTE_UTF8, "UTF-8");
         // A budget under the floor, from plan and from open.
-        assert_eq!(
-            waste_plan(ctx, path.as_ptr() as *const _, path.len(), 0, 0, &mut plan),
-            WASTE_OK
-        );
+        assert_eq!(waste_plan(ctx, path.as_ptr() as *const _, path.len(), 0, 0, &mut plan), WASTE_OK);
         assert_eq!(last_error(ctx), "");
         let under = plan.floor - 1;
-        let r = waste_plan(
-            ctx,
-            path.as_ptr() as *const _,
-            path.len(),
-            0,
-            under,
-            &mut plan,
-        );
+        let r = waste_plan(ctx, path.as_ptr() as *const _, path.len(), 0, under, &mut plan);
         expect(ctx, r, WASTE_RAM_BUDGET, "floor");
         let mut opts = std::mem::zeroed::<waste_open_options>();
         waste_open_options_default(&mut opts);
@@ -202,24 +120,10 @@ fn every_entry_point_reports_null_arguments_bad_paths_and_budget_under_floor() {
         let mut s = null_mut();
         assert_eq!(waste_session_open(ctx, model, &mut s), WASTE_OK);
         let text = "And God said";
-        let r = waste_session_tokenize(
-            s,
-            text.as_ptr() as *const _,
-            text.len(),
-            null_mut(),
-            0,
-            null_mut(),
-        );
+        let r = waste_session_tokenize(s, text.as_ptr() as *const _, text.len(), null_mut(), 0, null_mut());
         expect(ctx, r, WASTE_NULL_ARG, "out_len");
         let mut n = 0usize;
-        let r = waste_session_tokenize(
-            s,
-            text.as_ptr() as *const _,
-            text.len(),
-            null_mut(),
-            0,
-            &mut n,
-        );
+        let r = waste_session_tokenize(s, text.as_ptr() as *const _, text.len(), null_mut(), 0, &mut n);
         expect(ctx, r, WASTE_BUFFER_TOO_SMALL, "buffer");
         assert!(n > 0);
         let r = waste_session_eval(s, null(), 0, false, null_mut(), 0, &mut n);
@@ -228,18 +132,8 @@ fn every_entry_point_reports_null_arguments_bad_paths_and_budget_under_floor() {
         expect(ctx, r, WASTE_NULL_ARG, "tokens");
         let st = "/nonexistent/dir/state.bin";
         let dir = "/nonexistent/dir/";
-        expect(
-            ctx,
-            waste_session_save_state(s, st.as_ptr() as *const _, st.len()),
-            WASTE_IO,
-            dir,
-        );
-        expect(
-            ctx,
-            waste_session_load_state(s, st.as_ptr() as *const _, st.len()),
-            WASTE_IO,
-            st,
-        );
+        expect(ctx, waste_session_save_state(s, st.as_ptr() as *const _, st.len()), WASTE_IO, dir);
+        expect(ctx, waste_session_load_state(s, st.as_ptr() as *const _, st.len()), WASTE_IO, st);
         let mut params = std::mem::zeroed::<waste_generate_params>();
         waste_generate_params_default(&mut params);
         params.top_p = 5.0;
@@ -247,18 +141,8 @@ fn every_entry_point_reports_null_arguments_bad_paths_and_budget_under_floor() {
         expect(ctx, r, WASTE_ARG, "top");
         let r = waste_session_perplexity(s, text.as_ptr() as *const _, text.len(), 0, null_mut());
         expect(ctx, r, WASTE_NULL_ARG, "perplexity");
-        expect(
-            ctx,
-            waste_model_get_info(model, null_mut()),
-            WASTE_NULL_ARG,
-            "out",
-        );
-        expect(
-            ctx,
-            waste_session_position(s, null_mut()),
-            WASTE_NULL_ARG,
-            "position",
-        );
+        expect(ctx, waste_model_get_info(model, null_mut()), WASTE_NULL_ARG, "out");
+        expect(ctx, waste_session_position(s, null_mut()), WASTE_NULL_ARG, "position");
         waste_session_close(s);
         waste_model_close(model);
         waste_ctx_close(ctx);
@@ -286,14 +170,7 @@ unsafe fn run(ctx: *mut waste_ctx, model: *mut waste_model) -> (Vec<u32>, Vec<f3
         let mut prompt = vec![0u32; 64];
         let mut n = 0;
         assert_eq!(
-            waste_session_tokenize(
-                s,
-                text.as_ptr() as *const _,
-                text.len(),
-                prompt.as_mut_ptr(),
-                64,
-                &mut n
-            ),
+            waste_session_tokenize(s, text.as_ptr() as *const _, text.len(), prompt.as_mut_ptr(), 64, &mut n),
             WASTE_OK
         );
         prompt.truncate(n);
@@ -317,15 +194,7 @@ unsafe fn run(ctx: *mut waste_ctx, model: *mut waste_model) -> (Vec<u32>, Vec<f3
         let mut logits = vec![0f32; 1 << 16];
         let mut nl = 0;
         assert_eq!(
-            waste_session_eval(
-                s,
-                prompt.as_ptr(),
-                1,
-                false,
-                logits.as_mut_ptr(),
-                logits.len(),
-                &mut nl
-            ),
+            waste_session_eval(s, prompt.as_ptr(), 1, false, logits.as_mut_ptr(), logits.len(), &mut nl),
             WASTE_OK
         );
         logits.truncate(nl);

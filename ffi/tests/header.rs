@@ -6,8 +6,7 @@ use std::path::Path;
 #[test]
 fn committed_header_matches_cbindgen() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let config =
-        cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("read cbindgen.toml");
+    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("read cbindgen.toml");
     let bindings = cbindgen::Builder::new()
         .with_crate(crate_dir)
         .with_config(config)

@@ -29,23 +29,14 @@ fn last_error(ctx: *const waste_ctx) -> String {
 fn expect(ctx: *const waste_ctx, r: waste_result, want: waste_result, mentions: &str) {
     assert_eq!(r, want, "detail: {}", last_error(ctx));
     let e = last_error(ctx);
-    assert!(
-        e.contains(mentions),
-        "error detail {e:?} should mention {mentions:?}"
-    );
+    assert!(e.contains(mentions), "error detail {e:?} should mention {mentions:?}");
 }
 
 fn s(text: &str) -> waste_str {
-    waste_str {
-        ptr: text.as_ptr() as *const c_char,
-        len: text.len(),
-    }
+    waste_str { ptr: text.as_ptr() as *const c_char, len: text.len() }
 }
 
-const NONE: waste_str = waste_str {
-    ptr: null(),
-    len: 0,
-};
+const NONE: waste_str = waste_str { ptr: null(), len: 0 };
 
 struct Open {
     ctx: *mut waste_ctx,
@@ -64,11 +55,7 @@ impl Open {
             assert_eq!(r, WASTE_OK, "{}", last_error(ctx));
             let mut session = null_mut();
             assert_eq!(waste_session_open(ctx, model, &mut session), WASTE_OK);
-            Open {
-                ctx,
-                model,
-                session,
-            }
+            Open { ctx, model, session }
         }
     }
 
@@ -90,11 +77,7 @@ impl Open {
         ids
     }
 
-    fn generate(
-        &self,
-        prompt: &[u32],
-        params: &waste_generate_params,
-    ) -> (waste_result, Vec<Event>) {
+    fn generate(&self, prompt: &[u32], params: &waste_generate_params) -> (waste_result, Vec<Event>) {
         let mut events: Vec<Event> = Vec::new();
         let r = unsafe {
             waste_session_generate(
@@ -133,16 +116,9 @@ unsafe extern "C" fn record(user: *mut c_void, ev: *const waste_token_event) -> 
     let top = if e.n_top == 0 {
         Vec::new()
     } else {
-        unsafe { std::slice::from_raw_parts(e.top, e.n_top) }
-            .iter()
-            .map(|t| (t.token, t.logprob))
-            .collect()
+        unsafe { std::slice::from_raw_parts(e.top, e.n_top) }.iter().map(|t| (t.token, t.logprob)).collect()
     };
-    v.push(Event {
-        token: e.token,
-        logprob: e.logprob,
-        top,
-    });
+    v.push(Event { token: e.token, logprob: e.logprob, top });
     true
 }
 
@@ -163,25 +139,14 @@ fn plugin(name: &str) -> PathBuf {
     let crate_name = format!("waste-sampler-{name}");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root())
-        .args([
-            "build",
-            "--release",
-            "-p",
-            &crate_name,
-            "--target",
-            "wasm32-wasip2",
-            "--target-dir",
-        ])
+        .args(["build", "--release", "-p", &crate_name, "--target", "wasm32-wasip2", "--target-dir"])
         .arg(&target)
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .status()
         .expect("run cargo");
-    assert!(
-        status.success(),
-        "building {crate_name} for wasm32-wasip2 failed"
-    );
+    assert!(status.success(), "building {crate_name} for wasm32-wasip2 failed");
     let wasm = target.join(format!("wasm32-wasip2/release/waste_sampler_{name}.wasm"));
     assert!(wasm.is_file(), "{} is missing", wasm.display());
     wasm
@@ -193,23 +158,11 @@ unsafe fn set_sampler(
     opts: &[(&str, f32)],
     limits: Option<waste_sampler_limits>,
 ) -> waste_result {
-    let options: Vec<waste_sampler_option> = opts
-        .iter()
-        .map(|&(n, v)| waste_sampler_option {
-            name: s(n),
-            value: v,
-        })
-        .collect();
+    let options: Vec<waste_sampler_option> =
+        opts.iter().map(|&(n, v)| waste_sampler_option { name: s(n), value: v }).collect();
     let l = limits.as_ref().map_or(null(), |l| l as *const _);
     unsafe {
-        waste_session_set_sampler(
-            o.session,
-            path.as_ptr() as *const _,
-            path.len(),
-            options.as_ptr(),
-            options.len(),
-            l,
-        )
+        waste_session_set_sampler(o.session, path.as_ptr() as *const _, path.len(), options.as_ptr(), options.len(), l)
     }
 }
 
@@ -222,12 +175,7 @@ fn sampler_plugin_through_c_draws_as_the_rust_api_and_reports_its_failures() {
     let p = params(1.0, 5, 12);
     let tau = [("tau", 3.0), ("eta", 0.1)];
     unsafe {
-        assert_eq!(
-            set_sampler(&o, mirostat.to_str().unwrap(), &tau, None),
-            WASTE_OK,
-            "{}",
-            last_error(o.ctx)
-        );
+        assert_eq!(set_sampler(&o, mirostat.to_str().unwrap(), &tau, None), WASTE_OK, "{}", last_error(o.ctx));
     }
     let (r, via_c) = o.generate(&prompt, &p);
     assert_eq!(r, WASTE_OK, "{}", last_error(o.ctx));
@@ -246,9 +194,7 @@ fn sampler_plugin_through_c_draws_as_the_rust_api_and_reports_its_failures() {
         ..Default::default()
     };
     let opts: Vec<(String, f32)> = tau.iter().map(|&(n, v)| (n.to_string(), v)).collect();
-    rs.set_sampler(Some(
-        SamplerPlugin::load(&mirostat, opts, PluginLimits::default()).unwrap(),
-    ));
+    rs.set_sampler(Some(SamplerPlugin::load(&mirostat, opts, PluginLimits::default()).unwrap()));
     let want = rs.generate(&prompt, &gp, |_| true).unwrap();
     let got: Vec<u32> = via_c.iter().map(|e| e.token).collect();
     assert_eq!(got, want.tokens);
@@ -263,80 +209,35 @@ fn sampler_plugin_through_c_draws_as_the_rust_api_and_reports_its_failures() {
     let (r, builtin) = o.generate(&prompt, &p);
     assert_eq!(r, WASTE_OK);
     let want = rs.generate(&prompt, &gp, |_| true).unwrap();
-    assert_eq!(
-        builtin.iter().map(|e| e.token).collect::<Vec<_>>(),
-        want.tokens
-    );
+    assert_eq!(builtin.iter().map(|e| e.token).collect::<Vec<_>>(), want.tokens);
 
     unsafe {
         // Bad arguments.
-        assert_eq!(
-            waste_session_set_sampler(null_mut(), null(), 0, null(), 0, null()),
-            WASTE_NULL_ARG
-        );
+        assert_eq!(waste_session_set_sampler(null_mut(), null(), 0, null(), 0, null()), WASTE_NULL_ARG);
         assert_eq!(waste_session_clear_sampler(null_mut()), WASTE_NULL_ARG);
         let r = waste_session_set_sampler(o.session, null(), 0, null(), 0, null());
         expect(o.ctx, r, WASTE_NULL_ARG, "path");
         let mp = mirostat.to_str().unwrap();
-        let r = waste_session_set_sampler(
-            o.session,
-            mp.as_ptr() as *const _,
-            mp.len(),
-            null(),
-            2,
-            null(),
-        );
+        let r = waste_session_set_sampler(o.session, mp.as_ptr() as *const _, mp.len(), null(), 2, null());
         expect(o.ctx, r, WASTE_NULL_ARG, "options");
-        let nameless = [waste_sampler_option {
-            name: NONE,
-            value: 1.0,
-        }];
-        let r = waste_session_set_sampler(
-            o.session,
-            mp.as_ptr() as *const _,
-            mp.len(),
-            nameless.as_ptr(),
-            1,
-            null(),
-        );
+        let nameless = [waste_sampler_option { name: NONE, value: 1.0 }];
+        let r = waste_session_set_sampler(o.session, mp.as_ptr() as *const _, mp.len(), nameless.as_ptr(), 1, null());
         expect(o.ctx, r, WASTE_NULL_ARG, "option name");
-        expect(
-            o.ctx,
-            set_sampler(&o, mp, &[("tau", f32::NAN)], None),
-            WASTE_ARG,
-            "tau",
-        );
+        expect(o.ctx, set_sampler(&o, mp, &[("tau", f32::NAN)], None), WASTE_ARG, "tau");
         let missing = "/nonexistent/plugin.wasm";
-        expect(
-            o.ctx,
-            set_sampler(&o, missing, &[], None),
-            WASTE_IO,
-            missing,
-        );
+        expect(o.ctx, set_sampler(&o, missing, &[], None), WASTE_IO, missing);
         let not_a_plugin = bible().join("manifest.json");
         let np = not_a_plugin.to_str().unwrap();
-        expect(
-            o.ctx,
-            set_sampler(&o, np, &[], None),
-            WASTE_FORMAT,
-            "manifest.json",
-        );
+        expect(o.ctx, set_sampler(&o, np, &[], None), WASTE_FORMAT, "manifest.json");
 
         // A plugin that traps fails its generation only.
         let bp = misbehave.to_str().unwrap();
         assert_eq!(set_sampler(&o, bp, &[("mode", 1.0)], None), WASTE_OK);
         let (r, _) = o.generate(&prompt, &p);
         expect(o.ctx, r, WASTE_GUEST, "trapped");
-        assert!(
-            last_error(o.ctx).contains("waste_sampler_misbehave.wasm"),
-            "{}",
-            last_error(o.ctx)
-        );
+        assert!(last_error(o.ctx).contains("waste_sampler_misbehave.wasm"), "{}", last_error(o.ctx));
         // One that loops runs out of the fuel the caller gave it.
-        let tight = waste_sampler_limits {
-            fuel_per_call: 1_000_000,
-            memory_bytes: 0,
-        };
+        let tight = waste_sampler_limits { fuel_per_call: 1_000_000, memory_bytes: 0 };
         assert_eq!(set_sampler(&o, bp, &[("mode", 2.0)], Some(tight)), WASTE_OK);
         let (r, _) = o.generate(&prompt, &p);
         expect(o.ctx, r, WASTE_GUEST, "fuel limit of 1000000");
@@ -351,19 +252,10 @@ fn sampler_plugin_through_c_draws_as_the_rust_api_and_reports_its_failures() {
 /// log-softmax of `row`, its `k` largest entries, most likely first.
 fn top_k_logprobs(row: &[f32], k: usize) -> Vec<(u32, f32)> {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let log_z = row
-        .iter()
-        .map(|&l| (l as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
-        + max;
+    let log_z = row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
     let mut order: Vec<usize> = (0..row.len()).collect();
     order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-    order
-        .iter()
-        .take(k)
-        .map(|&i| (i as u32, (row[i] as f64 - log_z) as f32))
-        .collect()
+    order.iter().take(k).map(|&i| (i as u32, (row[i] as f64 - log_z) as f32)).collect()
 }
 
 #[test]
@@ -393,9 +285,7 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         let (r, events) = o.generate(&prompt, &p);
         assert_eq!(r, WASTE_OK, "{}", last_error(o.ctx));
         assert_eq!(events.len(), 4);
-        assert!(events
-            .iter()
-            .all(|e| e.top.len() == 3 && e.top[0].0 == e.token));
+        assert!(events.iter().all(|e| e.top.len() == 3 && e.top[0].0 == e.token));
         let first = &events[0];
         for ((gt, gl), (wt, wl)) in first.top.iter().zip(&want_top) {
             assert_eq!(gt, wt);
@@ -409,48 +299,20 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         // The transcript: prompt, then every generated token.
         let mut t = vec![0u32; 64];
         let mut n = 0;
-        assert_eq!(
-            waste_session_tokens(o.session, t.as_mut_ptr(), t.len(), &mut n),
-            WASTE_OK
-        );
+        assert_eq!(waste_session_tokens(o.session, t.as_mut_ptr(), t.len(), &mut n), WASTE_OK);
         t.truncate(n);
-        let want: Vec<u32> = prompt
-            .iter()
-            .copied()
-            .chain(events.iter().map(|e| e.token))
-            .collect();
+        let want: Vec<u32> = prompt.iter().copied().chain(events.iter().map(|e| e.token)).collect();
         assert_eq!(t, want);
-        expect(
-            o.ctx,
-            waste_session_tokens(o.session, null_mut(), 0, &mut n),
-            WASTE_BUFFER_TOO_SMALL,
-            "buffer",
-        );
+        expect(o.ctx, waste_session_tokens(o.session, null_mut(), 0, &mut n), WASTE_BUFFER_TOO_SMALL, "buffer");
         assert_eq!(n, want.len());
-        expect(
-            o.ctx,
-            waste_session_tokens(o.session, null_mut(), 0, null_mut()),
-            WASTE_NULL_ARG,
-            "out_len",
-        );
-        assert_eq!(
-            waste_session_tokens(null_mut(), null_mut(), 0, &mut n),
-            WASTE_NULL_ARG
-        );
+        expect(o.ctx, waste_session_tokens(o.session, null_mut(), 0, null_mut()), WASTE_NULL_ARG, "out_len");
+        assert_eq!(waste_session_tokens(null_mut(), null_mut(), 0, &mut n), WASTE_NULL_ARG);
 
         // The chat template as text: bible-moe's ChatML template rendered
         // by hand; its tokens are that text as markup.
         let msgs = [
-            waste_chat_message {
-                role: s("system"),
-                content: s("Be brief."),
-                extra: NONE,
-            },
-            waste_chat_message {
-                role: s("user"),
-                content: s("And God said"),
-                extra: NONE,
-            },
+            waste_chat_message { role: s("system"), content: s("Be brief."), extra: NONE },
+            waste_chat_message { role: s("user"), content: s("And God said"), extra: NONE },
         ];
         let mut text = vec![0u8; 512];
         let mut n = 0;
@@ -498,67 +360,18 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         assert_eq!(r, WASTE_OK);
         markup.truncate(nm);
         assert_eq!(ids, markup);
-        let r = waste_session_render_chat_template(
-            o.session,
-            msgs.as_ptr(),
-            2,
-            NONE,
-            true,
-            null_mut(),
-            4,
-            &mut n,
-        );
+        let r = waste_session_render_chat_template(o.session, msgs.as_ptr(), 2, NONE, true, null_mut(), 4, &mut n);
         expect(o.ctx, r, WASTE_BUFFER_TOO_SMALL, "buffer");
         assert_eq!(n, rendered.len());
-        let roleless = [waste_chat_message {
-            role: NONE,
-            content: s("x"),
-            extra: NONE,
-        }];
-        let r = waste_session_render_chat_template(
-            o.session,
-            roleless.as_ptr(),
-            1,
-            NONE,
-            true,
-            null_mut(),
-            0,
-            &mut n,
-        );
+        let roleless = [waste_chat_message { role: NONE, content: s("x"), extra: NONE }];
+        let r = waste_session_render_chat_template(o.session, roleless.as_ptr(), 1, NONE, true, null_mut(), 0, &mut n);
         expect(o.ctx, r, WASTE_NULL_ARG, "role");
-        let r = waste_session_render_chat_template(
-            o.session,
-            null(),
-            1,
-            NONE,
-            true,
-            null_mut(),
-            0,
-            &mut n,
-        );
+        let r = waste_session_render_chat_template(o.session, null(), 1, NONE, true, null_mut(), 0, &mut n);
         expect(o.ctx, r, WASTE_NULL_ARG, "messages");
-        let r = waste_session_render_chat_template(
-            o.session,
-            msgs.as_ptr(),
-            2,
-            NONE,
-            true,
-            null_mut(),
-            0,
-            null_mut(),
-        );
+        let r = waste_session_render_chat_template(o.session, msgs.as_ptr(), 2, NONE, true, null_mut(), 0, null_mut());
         expect(o.ctx, r, WASTE_NULL_ARG, "out_len");
         assert_eq!(
-            waste_session_render_chat_template(
-                null_mut(),
-                null(),
-                0,
-                NONE,
-                true,
-                null_mut(),
-                0,
-                null_mut()
-            ),
+            waste_session_render_chat_template(null_mut(), null(), 0, NONE, true, null_mut(), 0, null_mut()),
             WASTE_NULL_ARG
         );
 
@@ -594,10 +407,9 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
             assert_eq!(r, WASTE_OK, "{}", last_error(o.ctx));
             assert_eq!(&got[..ni], &ids[..]);
         }
-        for (vars, mentions) in [
-            ("[true]", "expected a JSON object"),
-            ("{\"messages\": []}", "set by the renderer itself"),
-        ] {
+        for (vars, mentions) in
+            [("[true]", "expected a JSON object"), ("{\"messages\": []}", "set by the renderer itself")]
+        {
             let r = waste_session_render_chat_template_vars(
                 o.session,
                 msgs.as_ptr(),
@@ -634,10 +446,7 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         assert_eq!(info.n_eos_tokens, ri.eos_tokens.len());
         let mut eos = vec![0u32; 8];
         let mut ne = 0;
-        assert_eq!(
-            waste_model_eos_tokens(o.model, eos.as_mut_ptr(), 8, &mut ne),
-            WASTE_OK
-        );
+        assert_eq!(waste_model_eos_tokens(o.model, eos.as_mut_ptr(), 8, &mut ne), WASTE_OK);
         eos.truncate(ne);
         assert_eq!(eos, ri.eos_tokens);
         let mut moe = 0;
@@ -652,37 +461,13 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
             moe += li.moe as usize;
         }
         assert_eq!(moe, info.moe_layers);
-        assert_eq!(
-            info.state_bytes_per_token,
-            ri.layers
-                .iter()
-                .map(|l| l.state_bytes_per_token)
-                .sum::<u64>()
-        );
+        assert_eq!(info.state_bytes_per_token, ri.layers.iter().map(|l| l.state_bytes_per_token).sum::<u64>());
         let mut li = std::mem::zeroed::<waste_layer_info>();
-        expect(
-            o.ctx,
-            waste_model_get_layer(o.model, ri.layers.len(), &mut li),
-            WASTE_ARG,
-            "layers",
-        );
-        expect(
-            o.ctx,
-            waste_model_get_layer(o.model, 0, null_mut()),
-            WASTE_NULL_ARG,
-            "out",
-        );
+        expect(o.ctx, waste_model_get_layer(o.model, ri.layers.len(), &mut li), WASTE_ARG, "layers");
+        expect(o.ctx, waste_model_get_layer(o.model, 0, null_mut()), WASTE_NULL_ARG, "out");
         assert_eq!(waste_model_get_layer(null(), 0, &mut li), WASTE_NULL_ARG);
-        expect(
-            o.ctx,
-            waste_model_eos_tokens(o.model, null_mut(), 0, null_mut()),
-            WASTE_NULL_ARG,
-            "out_len",
-        );
-        assert_eq!(
-            waste_model_eos_tokens(null(), null_mut(), 0, &mut ne),
-            WASTE_NULL_ARG
-        );
+        expect(o.ctx, waste_model_eos_tokens(o.model, null_mut(), 0, null_mut()), WASTE_NULL_ARG, "out_len");
+        assert_eq!(waste_model_eos_tokens(null(), null_mut(), 0, &mut ne), WASTE_NULL_ARG);
 
         // Memory as the bench reports it: what is held equals the plan.
         let mut used = waste_memory_use::default();
@@ -690,31 +475,17 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         let mut plan = waste_memory_plan::default();
         assert_eq!(waste_model_memory_plan(o.model, &mut plan), WASTE_OK);
         assert_eq!(used.total, plan.total);
-        assert_eq!(
-            used.trunk + used.state + used.scratch + used.cache,
-            used.total
-        );
-        expect(
-            o.ctx,
-            waste_model_memory_used(o.model, null_mut()),
-            WASTE_NULL_ARG,
-            "out",
-        );
+        assert_eq!(used.trunk + used.state + used.scratch + used.cache, used.total);
+        expect(o.ctx, waste_model_memory_used(o.model, null_mut()), WASTE_NULL_ARG, "out");
         assert_eq!(waste_model_memory_used(null(), &mut used), WASTE_NULL_ARG);
         let mut rss = 0u64;
         assert_eq!(waste_peak_rss(&mut rss), WASTE_OK);
-        assert!(
-            rss > used.trunk,
-            "peak RSS {rss} under the trunk's {}",
-            used.trunk
-        );
+        assert!(rss > used.trunk, "peak RSS {rss} under the trunk's {}", used.trunk);
         assert_eq!(waste_peak_rss(null_mut()), WASTE_NULL_ARG);
 
         // Routing replay: one use per routed expert, counted as hit or miss.
         let (layers, k) = (info.moe_layers, info.top_k);
-        let routing: Vec<u32> = (0..layers * k)
-            .map(|i| (i % info.num_experts) as u32)
-            .collect();
+        let routing: Vec<u32> = (0..layers * k).map(|i| (i % info.num_experts) as u32).collect();
         let mut st = waste_step_stats::default();
         let r = waste_model_replay_routing(o.model, routing.as_ptr(), layers, k, &mut st);
         assert_eq!(r, WASTE_OK, "{}", last_error(o.ctx));
@@ -726,50 +497,27 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         expect(o.ctx, r, WASTE_ARG, "expert id");
         let r = waste_model_replay_routing(o.model, null(), layers, k, &mut st);
         expect(o.ctx, r, WASTE_NULL_ARG, "experts");
-        assert_eq!(
-            waste_model_replay_routing(null(), null(), 0, 0, null_mut()),
-            WASTE_NULL_ARG
-        );
+        assert_eq!(waste_model_replay_routing(null(), null(), 0, 0, null_mut()), WASTE_NULL_ARG);
 
         // A recorded trace, cycled; a malformed, missing or foreign one.
         let dir = std::env::temp_dir().join(format!("waste-ffi-trace-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let row = |e: usize| {
-            format!(
-                "[{}]",
-                (0..k)
-                    .map(|j| ((e + j) % info.num_experts).to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            )
+            format!("[{}]", (0..k).map(|j| ((e + j) % info.num_experts).to_string()).collect::<Vec<_>>().join(","))
         };
-        let line = |e: usize| {
-            format!(
-                "{{\"layers\": [{}]}}\n",
-                (0..layers).map(|_| row(e)).collect::<Vec<_>>().join(",")
-            )
-        };
+        let line =
+            |e: usize| format!("{{\"layers\": [{}]}}\n", (0..layers).map(|_| row(e)).collect::<Vec<_>>().join(","));
         let trace = dir.join("trace.jsonl");
         std::fs::write(&trace, format!("{}{}", line(0), line(1))).unwrap();
         let tp = trace.to_str().unwrap();
         let r = waste_model_replay_trace(o.model, tp.as_ptr() as *const _, tp.len(), 3, &mut st);
         assert_eq!(r, WASTE_OK, "{}", last_error(o.ctx));
-        assert_eq!(
-            (st.experts_hit + st.experts_missed) as usize,
-            3 * layers * k
-        );
+        assert_eq!((st.experts_hit + st.experts_missed) as usize, 3 * layers * k);
         let r = waste_model_replay_trace(o.model, tp.as_ptr() as *const _, tp.len(), 0, &mut st);
         expect(o.ctx, r, WASTE_ARG, "steps 0");
         let foreign = dir.join("foreign.jsonl");
-        let alien = format!(
-            "[{}]",
-            vec![(info.num_experts + 5).to_string(); k].join(",")
-        );
-        std::fs::write(
-            &foreign,
-            format!("{{\"layers\": [{}]}}\n", vec![alien; layers].join(",")),
-        )
-        .unwrap();
+        let alien = format!("[{}]", vec![(info.num_experts + 5).to_string(); k].join(","));
+        std::fs::write(&foreign, format!("{{\"layers\": [{}]}}\n", vec![alien; layers].join(","))).unwrap();
         let fp = foreign.to_str().unwrap();
         let r = waste_model_replay_trace(o.model, fp.as_ptr() as *const _, fp.len(), 1, &mut st);
         expect(o.ctx, r, WASTE_ARG, "experts per layer");
@@ -779,20 +527,11 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         let r = waste_model_replay_trace(o.model, gp.as_ptr() as *const _, gp.len(), 1, &mut st);
         expect(o.ctx, r, WASTE_FORMAT, "layers");
         let missing = "/nonexistent/trace.jsonl";
-        let r = waste_model_replay_trace(
-            o.model,
-            missing.as_ptr() as *const _,
-            missing.len(),
-            1,
-            &mut st,
-        );
+        let r = waste_model_replay_trace(o.model, missing.as_ptr() as *const _, missing.len(), 1, &mut st);
         expect(o.ctx, r, WASTE_IO, missing);
         let r = waste_model_replay_trace(o.model, null(), 0, 1, &mut st);
         expect(o.ctx, r, WASTE_NULL_ARG, "path");
-        assert_eq!(
-            waste_model_replay_trace(null(), null(), 0, 0, null_mut()),
-            WASTE_NULL_ARG
-        );
+        assert_eq!(waste_model_replay_trace(null(), null(), 0, 0, null_mut()), WASTE_NULL_ARG);
         let _ = std::fs::remove_dir_all(&dir);
 
         // Raw record reads, as `waste bench --raw-reads` measures them.
@@ -807,48 +546,26 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         expect(o.ctx, r, WASTE_NULL_ARG, "bytes");
         let r = waste_model_measure_random_reads(o.model, 1, 1, 42, &mut bytes, null_mut());
         expect(o.ctx, r, WASTE_NULL_ARG, "seconds");
-        assert_eq!(
-            waste_model_measure_random_reads(null(), 1, 1, 0, &mut bytes, &mut secs),
-            WASTE_NULL_ARG
-        );
+        assert_eq!(waste_model_measure_random_reads(null(), 1, 1, 0, &mut bytes, &mut secs), WASTE_NULL_ARG);
 
         // Start-up costs, as `waste version --json` reports them.
         let (mut c, mut i) = (0f64, 0f64);
         assert_eq!(waste_ctx_timings(o.ctx, &mut c, &mut i), WASTE_OK);
         assert!(c > 0.0 && i > 0.0, "compile {c} ms, instantiate {i} ms");
-        expect(
-            o.ctx,
-            waste_ctx_timings(o.ctx, null_mut(), &mut i),
-            WASTE_NULL_ARG,
-            "compile_ms",
-        );
-        expect(
-            o.ctx,
-            waste_ctx_timings(o.ctx, &mut c, null_mut()),
-            WASTE_NULL_ARG,
-            "instantiate_ms",
-        );
+        expect(o.ctx, waste_ctx_timings(o.ctx, null_mut(), &mut i), WASTE_NULL_ARG, "compile_ms");
+        expect(o.ctx, waste_ctx_timings(o.ctx, &mut c, null_mut()), WASTE_NULL_ARG, "instantiate_ms");
         assert_eq!(waste_ctx_timings(null(), &mut c, &mut i), WASTE_NULL_ARG);
     }
 }
 
-unsafe extern "C" fn progress(
-    user: *mut c_void,
-    done: u64,
-    total: u64,
-    _what: *const c_char,
-    _len: usize,
-) {
+unsafe extern "C" fn progress(user: *mut c_void, done: u64, total: u64, _what: *const c_char, _len: usize) {
     let v = unsafe { &mut *(user as *mut Vec<(u64, u64)>) };
     v.push((done, total));
 }
 
 unsafe extern "C" fn matrix_row(user: *mut c_void, row: *const waste_matrix_error) {
     let (v, r) = unsafe { (&mut *(user as *mut Vec<(usize, usize, String, f64)>), &*row) };
-    let name = unsafe { CStr::from_ptr(r.matrix.as_ptr()) }
-        .to_str()
-        .unwrap()
-        .to_string();
+    let name = unsafe { CStr::from_ptr(r.matrix.as_ptr()) }.to_str().unwrap().to_string();
     v.push((r.layer, r.expert, name, r.max_abs));
 }
 
@@ -876,10 +593,7 @@ fn open_with_progress_reports_the_whole_trunk() {
             &mut model,
         );
         assert_eq!(r, WASTE_OK, "{}", last_error(ctx));
-        let trunk: Vec<_> = seen
-            .iter()
-            .filter(|e| e.stage == waste_open_stage::WASTE_OPEN_TRUNK)
-            .collect();
+        let trunk: Vec<_> = seen.iter().filter(|e| e.stage == waste_open_stage::WASTE_OPEN_TRUNK).collect();
         assert!(trunk.len() >= 2, "{seen:?}");
         assert!(trunk.windows(2).all(|w| w[0].loaded <= w[1].loaded));
         let last = trunk.last().unwrap();
@@ -888,15 +602,8 @@ fn open_with_progress_reports_the_whole_trunk() {
         assert_eq!((last.loaded, last.total), (used.trunk, used.trunk));
         waste_model_close(model);
         // Without a callback it opens as waste_model_open does; errors as there.
-        let r = waste_model_open_with_progress(
-            ctx,
-            p.as_ptr() as *const _,
-            p.len(),
-            null(),
-            None,
-            null_mut(),
-            &mut model,
-        );
+        let r =
+            waste_model_open_with_progress(ctx, p.as_ptr() as *const _, p.len(), null(), None, null_mut(), &mut model);
         assert_eq!(r, WASTE_OK);
         waste_model_close(model);
         let missing = "/nonexistent/model.waste";
@@ -911,15 +618,8 @@ fn open_with_progress_reports_the_whole_trunk() {
         );
         expect(ctx, r, WASTE_FORMAT, missing);
         assert!(model.is_null());
-        let r = waste_model_open_with_progress(
-            ctx,
-            p.as_ptr() as *const _,
-            p.len(),
-            null(),
-            None,
-            null_mut(),
-            null_mut(),
-        );
+        let r =
+            waste_model_open_with_progress(ctx, p.as_ptr() as *const _, p.len(), null(), None, null_mut(), null_mut());
         expect(ctx, r, WASTE_NULL_ARG, "out");
         assert_eq!(
             waste_model_open_with_progress(null(), null(), 0, null(), None, null_mut(), null_mut()),
@@ -932,18 +632,11 @@ fn open_with_progress_reports_the_whole_trunk() {
 #[test]
 fn convert_through_c_gives_the_transformers_greedy_tokens_and_synth_reports_bad_shapes() {
     let fixture = root().join("tests/fixtures/tiny-qwen3_moe");
-    let reference: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture.join("reference.json")).expect("fixture reference"),
-    )
-    .unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        reference[k]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("reference.json")).expect("fixture reference"))
+            .unwrap();
+    let ids =
+        |k: &str| -> Vec<u32> { reference[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
     let tmp = std::env::temp_dir().join(format!("waste-ffi-convert-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).unwrap();
@@ -993,20 +686,13 @@ fn convert_through_c_gives_the_transformers_greedy_tokens_and_synth_reports_bad_
         );
         assert_eq!(r, WASTE_OK, "{}", last_error(ctx));
         let cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap())
-                .unwrap();
-        let experts = cfg
-            .get("num_experts")
-            .or(cfg.get("num_local_experts"))
-            .and_then(|v| v.as_u64())
-            .unwrap() as usize;
+            serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap()).unwrap();
+        let experts =
+            cfg.get("num_experts").or(cfg.get("num_local_experts")).and_then(|v| v.as_u64()).unwrap() as usize;
         assert_eq!(nrows, report.moe_layers * experts * 3);
         assert_eq!(rows.len(), nrows);
         assert!(
-            rows.iter().all(
-                |(_, _, m, max_abs)| ["gate", "up", "down"].contains(&m.as_str())
-                    && *max_abs == 0.0
-            ),
+            rows.iter().all(|(_, _, m, max_abs)| ["gate", "up", "down"].contains(&m.as_str()) && *max_abs == 0.0),
             "{rows:?}"
         );
         let missing_out = "/nonexistent/out.waste";
@@ -1048,17 +734,7 @@ fn convert_through_c_gives_the_transformers_greedy_tokens_and_synth_reports_bad_
         );
         expect(ctx, r, WASTE_NULL_ARG, "out");
         assert_eq!(
-            waste_convert_verify(
-                null(),
-                null(),
-                0,
-                null(),
-                0,
-                None,
-                None,
-                null_mut(),
-                null_mut()
-            ),
+            waste_convert_verify(null(), null(), 0, null(), 0, None, None, null_mut(), null_mut()),
             WASTE_NULL_ARG
         );
 
@@ -1084,108 +760,30 @@ fn convert_through_c_gives_the_transformers_greedy_tokens_and_synth_reports_bad_
         expect(ctx, conv(src, &bad), WASTE_ARG, "rvq3");
         let missing = "/nonexistent/checkpoint";
         let r = conv(missing, &opts);
-        assert!(
-            r == WASTE_IO || r == WASTE_FORMAT,
-            "{r:?}: {}",
-            last_error(ctx)
-        );
+        assert!(r == WASTE_IO || r == WASTE_FORMAT, "{r:?}: {}", last_error(ctx));
         assert!(last_error(ctx).contains(missing), "{}", last_error(ctx));
-        let r = waste_convert(
-            ctx,
-            null(),
-            0,
-            dst.as_ptr() as *const _,
-            dst.len(),
-            null(),
-            None,
-            null_mut(),
-            null_mut(),
-        );
+        let r =
+            waste_convert(ctx, null(), 0, dst.as_ptr() as *const _, dst.len(), null(), None, null_mut(), null_mut());
         expect(ctx, r, WASTE_NULL_ARG, "src");
-        let r = waste_convert(
-            ctx,
-            src.as_ptr() as *const _,
-            src.len(),
-            null(),
-            0,
-            null(),
-            None,
-            null_mut(),
-            null_mut(),
-        );
+        let r =
+            waste_convert(ctx, src.as_ptr() as *const _, src.len(), null(), 0, null(), None, null_mut(), null_mut());
         expect(ctx, r, WASTE_NULL_ARG, "out");
-        assert_eq!(
-            waste_convert(
-                null(),
-                null(),
-                0,
-                null(),
-                0,
-                null(),
-                None,
-                null_mut(),
-                null_mut()
-            ),
-            WASTE_NULL_ARG
-        );
+        assert_eq!(waste_convert(null(), null(), 0, null(), 0, null(), None, null_mut(), null_mut()), WASTE_NULL_ARG);
         assert_eq!(waste_convert_options_default(null_mut()), WASTE_NULL_ARG);
 
         // Synth: a bad shape, a bad format and an existing destination.
         let synth = |shape: waste_str, experts: waste_str, out: &str| {
-            waste_synth(
-                ctx,
-                out.as_ptr() as *const _,
-                out.len(),
-                shape,
-                experts,
-                1,
-                None,
-                null_mut(),
-                null_mut(),
-            )
+            waste_synth(ctx, out.as_ptr() as *const _, out.len(), shape, experts, 1, None, null_mut(), null_mut())
         };
         let fresh = tmp.join("synth.waste");
         let fresh = fresh.to_str().unwrap();
-        expect(
-            ctx,
-            synth(s("huge"), NONE, fresh),
-            WASTE_ARG,
-            "expected one of",
-        );
+        expect(ctx, synth(s("huge"), NONE, fresh), WASTE_ARG, "expected one of");
         expect(ctx, synth(NONE, NONE, fresh), WASTE_NULL_ARG, "shape");
         expect(ctx, synth(s("small"), s("f32"), fresh), WASTE_ARG, "f32");
-        expect(
-            ctx,
-            synth(s("small"), NONE, dst),
-            WASTE_ARG,
-            "already exists",
-        );
-        let r = waste_synth(
-            ctx,
-            null(),
-            0,
-            s("small"),
-            NONE,
-            1,
-            None,
-            null_mut(),
-            null_mut(),
-        );
+        expect(ctx, synth(s("small"), NONE, dst), WASTE_ARG, "already exists");
+        let r = waste_synth(ctx, null(), 0, s("small"), NONE, 1, None, null_mut(), null_mut());
         expect(ctx, r, WASTE_NULL_ARG, "out");
-        assert_eq!(
-            waste_synth(
-                null(),
-                null(),
-                0,
-                NONE,
-                NONE,
-                0,
-                None,
-                null_mut(),
-                null_mut()
-            ),
-            WASTE_NULL_ARG
-        );
+        assert_eq!(waste_synth(null(), null(), 0, NONE, NONE, 0, None, null_mut(), null_mut()), WASTE_NULL_ARG);
         waste_ctx_close(ctx);
     }
 
@@ -1193,10 +791,7 @@ fn convert_through_c_gives_the_transformers_greedy_tokens_and_synth_reports_bad_
     let o = Open::new(&out);
     let (r, events) = o.generate(&ids("prompt_ids"), &params(0.0, 0, 16));
     assert_eq!(r, WASTE_OK, "{}", last_error(o.ctx));
-    assert_eq!(
-        events.iter().map(|e| e.token).collect::<Vec<_>>(),
-        ids("greedy_ids")
-    );
+    assert_eq!(events.iter().map(|e| e.token).collect::<Vec<_>>(), ids("greedy_ids"));
     drop(o);
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -20,14 +20,10 @@ const REPEATS: usize = 5;
 fn logits(step: usize) -> Vec<f32> {
     let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ (step as u64) << 17;
     let mut next = || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (state >> 40) as f32 / (1u64 << 24) as f32
     };
-    let mut v: Vec<f32> = (0..VOCAB)
-        .map(|_| (next() + next() + next() + next() - 2.0) * 8.0)
-        .collect();
+    let mut v: Vec<f32> = (0..VOCAB).map(|_| (next() + next() + next() + next() - 2.0) * 8.0).collect();
     for k in 0..12 {
         let id = (k * 7919 + step * 104729) % VOCAB;
         v[id] = 14.0 + k as f32 * 0.3;
@@ -47,25 +43,25 @@ struct Case {
 
 /// One token's sampling work; (token, its logprob, top logprobs reported).
 fn per_token(raw: &[f32], c: &Case, recent: &[u32], rng: &mut sampling::Rng) -> (usize, f32, usize) {
-        let sp = sampling::SamplingParams {
-            temperature: c.temperature,
-            top_k: c.top_k,
-            top_p: c.top_p,
-            min_p: c.min_p,
-            repetition_penalty: if c.penalties { 1.1 } else { 1.0 },
-            presence_penalty: if c.penalties { 0.5 } else { 0.0 },
-            frequency_penalty: if c.penalties { 0.5 } else { 0.0 },
-            top_logprobs: c.top_logprobs,
-            seed: 7,
-            ..sampling::SamplingParams::default()
-        };
-        let adjusted = sampling::adjust(raw, &sp, recent);
-        let token = sampling::sample(&adjusted, &sp, rng);
-        drop(adjusted);
-        let lse = sampling::log_sum_exp(raw);
-        let lp = (raw[token] as f64 - lse) as f32;
-        let top = sampling::top_logprobs(raw, lse, sp.top_logprobs as usize);
-        (token, lp, top.len())
+    let sp = sampling::SamplingParams {
+        temperature: c.temperature,
+        top_k: c.top_k,
+        top_p: c.top_p,
+        min_p: c.min_p,
+        repetition_penalty: if c.penalties { 1.1 } else { 1.0 },
+        presence_penalty: if c.penalties { 0.5 } else { 0.0 },
+        frequency_penalty: if c.penalties { 0.5 } else { 0.0 },
+        top_logprobs: c.top_logprobs,
+        seed: 7,
+        ..sampling::SamplingParams::default()
+    };
+    let adjusted = sampling::adjust(raw, &sp, recent);
+    let token = sampling::sample(&adjusted, &sp, rng);
+    drop(adjusted);
+    let lse = sampling::log_sum_exp(raw);
+    let lp = (raw[token] as f64 - lse) as f32;
+    let top = sampling::top_logprobs(raw, lse, sp.top_logprobs as usize);
+    (token, lp, top.len())
 }
 
 /// How far the fast passes are from the exact definitions on the bench's
@@ -102,7 +98,9 @@ fn numerics(inputs: &[Vec<f32>]) {
             mass[3] = mass[3].max(((total - exact_total) / exact_total).abs());
         }
     }
-    println!("log_sum_exp: relative change {lse_libm:.1e} vs libm; f32 logprobs differing from libm's: {flips} of {values}");
+    println!(
+        "log_sum_exp: relative change {lse_libm:.1e} vs libm; f32 logprobs differing from libm's: {flips} of {values}"
+    );
     println!(
         "masses (T 1, 0.8, 0.3) vs exact: worst relative change {:.1e} (mass >= 1e-30), {:.1e} (>= 1e-6), {:.1e} (>= 1e-3); total {:.1e}",
         mass[0], mass[1], mass[2], mass[3]
@@ -114,15 +112,7 @@ fn main() {
     numerics(&inputs);
     let recent: Vec<u32> = (0..64u32).map(|i| (i * 2503) % VOCAB as u32).collect();
     let cases = [
-        Case {
-            name: "greedy",
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            penalties: false,
-            top_logprobs: 0,
-        },
+        Case { name: "greedy", temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, penalties: false, top_logprobs: 0 },
         Case {
             name: "temp 0.8, top-k 40, top-p 0.95",
             temperature: 0.8,

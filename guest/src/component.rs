@@ -184,7 +184,12 @@ impl Guest for Component {
         let template = chat_template(tools.is_some())?;
         let tok = tokenizer()?;
         let segments = template
-            .render_segments_with_vars(&chat_messages(messages), tools.as_deref(), add_generation_prompt, vars.as_deref())
+            .render_segments_with_vars(
+                &chat_messages(messages),
+                tools.as_deref(),
+                add_generation_prompt,
+                vars.as_deref(),
+            )
             .map_err(Error::ChatTemplate)?;
         Ok(tok.encode_segments(&segments))
     }

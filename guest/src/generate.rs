@@ -94,9 +94,7 @@ pub fn validate(params: &GenerateParams, vocab_size: u32) -> Result<(), String> 
         return Err("max-tokens must be at least 1".into());
     }
     if let Some(&bad) = params.stop_tokens.iter().find(|&&t| t >= vocab_size) {
-        return Err(format!(
-            "stop token {bad} is outside the vocabulary of {vocab_size}"
-        ));
+        return Err(format!("stop token {bad} is outside the vocabulary of {vocab_size}"));
     }
     StopGate::new(&params.stop_strings).map(|_| ())
 }
@@ -118,11 +116,7 @@ pub fn generate(
     let sp = &params.sampling;
     let mut gate = StopGate::new(&params.stop_strings)?;
     let window = sp.penalty_last_n as usize;
-    let mut recent = if window > 0 {
-        host.recent_tokens(sp.penalty_last_n)
-    } else {
-        Vec::new()
-    };
+    let mut recent = if window > 0 { host.recent_tokens(sp.penalty_last_n) } else { Vec::new() };
     recent.extend_from_slice(prompt);
     let mut rng = Rng::new(sp.seed);
     let mut stream = Utf8Stream::default();
@@ -137,10 +131,7 @@ pub fn generate(
     loop {
         let raw = &evaluation.logits;
         if raw.len() != vocab_size as usize {
-            return Err(format!(
-                "the host returned {} logits for a vocabulary of {vocab_size}",
-                raw.len()
-            ));
+            return Err(format!("the host returned {} logits for a vocabulary of {vocab_size}", raw.len()));
         }
         if recent.len() > window {
             recent.drain(..recent.len() - window);
@@ -149,9 +140,7 @@ pub fn generate(
         let token = if params.use_plugin {
             let t = host.plugin_sample(&adjusted, &recent)?;
             if t >= vocab_size {
-                return Err(format!(
-                    "the sampler plugin chose token {t}, outside the vocabulary of {vocab_size}"
-                ));
+                return Err(format!("the sampler plugin chose token {t}, outside the vocabulary of {vocab_size}"));
             }
             t
         } else {
@@ -192,13 +181,7 @@ pub fn generate(
         completion.text.push_str(&text);
         completion.logprobs.push(token_logprob);
         completion.top_logprobs.push(top.clone());
-        let event = TokenEvent {
-            token,
-            text,
-            logprob: token_logprob,
-            top_logprobs: top,
-            stats: evaluation.stats,
-        };
+        let event = TokenEvent { token, text, logprob: token_logprob, top_logprobs: top, stats: evaluation.stats };
         if !host.emit(event) {
             completion.stop_reason = StopReason::Cancelled;
             break;

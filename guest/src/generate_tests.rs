@@ -39,11 +39,7 @@ impl ModelHost for Counting {
         let last = *self.evaluated.last().ok_or("nothing to evaluate")?;
         let mut logits = vec![0.0; self.vocab];
         logits[(last as usize + 1) % self.vocab] = 10.0;
-        Ok(Evaluation {
-            logits,
-            position: self.evaluated.len() as u32,
-            stats: StepStats::default(),
-        })
+        Ok(Evaluation { logits, position: self.evaluated.len() as u32, stats: StepStats::default() })
     }
     fn emit(&mut self, event: TokenEvent) -> bool {
         self.emitted.push(event);
@@ -57,12 +53,7 @@ impl ModelHost for Counting {
         self.plugin_calls += 1;
         self.plugin_recent.push(recent.to_vec());
         // A "plugin" that always picks the least likely token.
-        Ok(logits
-            .iter()
-            .enumerate()
-            .min_by(|a, b| a.1.total_cmp(b.1))
-            .unwrap()
-            .0 as u32)
+        Ok(logits.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32)
     }
 }
 
@@ -77,13 +68,7 @@ fn greedy(max_tokens: u32) -> GenerateParams {
     }
 }
 
-fn run(
-    host: &mut Counting,
-    eos: &[u32],
-    ctx: u32,
-    prompt: &[u32],
-    p: &GenerateParams,
-) -> Result<Completion, String> {
+fn run(host: &mut Counting, eos: &[u32], ctx: u32, prompt: &[u32], p: &GenerateParams) -> Result<Completion, String> {
     let vocab = host.vocab as u32;
     generate(host, None, eos, vocab, ctx, prompt, p)
 }

@@ -41,8 +41,7 @@ use exp::{combine_lanes, exp_sum, max_and_nan};
 mod mass;
 pub use mass::exp32_nonpos;
 use mass::{
-    block_sums, bucket_mass, inv_temperature, mass_each, next_at_least, next_in_bucket, total_key,
-    Kept, BLOCK,
+    block_sums, bucket_mass, inv_temperature, mass_each, next_at_least, next_in_bucket, total_key, Kept, BLOCK,
 };
 
 /// Most alternatives a token may report (OpenAI's `top_logprobs` limit).
@@ -102,10 +101,7 @@ impl SamplingParams {
     /// `vocab_size` bounds the token ids of the logit bias.
     pub fn validate(&self, vocab_size: u32) -> Result<(), String> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!(
-                "temperature must be a finite number >= 0, got {}",
-                self.temperature
-            ));
+            return Err(format!("temperature must be a finite number >= 0, got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top-p must be in (0, 1], got {}", self.top_p));
@@ -114,45 +110,32 @@ impl SamplingParams {
             return Err(format!("min-p must be in [0, 1], got {}", self.min_p));
         }
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return Err(format!(
-                "repetition penalty must be a finite number > 0, got {}",
-                self.repetition_penalty
-            ));
+            return Err(format!("repetition penalty must be a finite number > 0, got {}", self.repetition_penalty));
         }
-        for (name, v) in [
-            ("presence", self.presence_penalty),
-            ("frequency", self.frequency_penalty),
-        ] {
+        for (name, v) in [("presence", self.presence_penalty), ("frequency", self.frequency_penalty)] {
             if !(v >= -PENALTY_RANGE && v <= PENALTY_RANGE) {
-                return Err(format!(
-                    "{name} penalty must be in [-{PENALTY_RANGE}, {PENALTY_RANGE}], got {v}"
-                ));
+                return Err(format!("{name} penalty must be in [-{PENALTY_RANGE}, {PENALTY_RANGE}], got {v}"));
             }
         }
         for &(token, bias) in &self.logit_bias {
             if token >= vocab_size {
-                return Err(format!(
-                    "logit bias: token {token} is outside the vocabulary of {vocab_size}"
-                ));
+                return Err(format!("logit bias: token {token} is outside the vocabulary of {vocab_size}"));
             }
             if !(bias >= -BIAS_RANGE && bias <= BIAS_RANGE) {
-                return Err(format!("logit bias of token {token} must be in [-{BIAS_RANGE}, {BIAS_RANGE}], got {bias}"));
+                return Err(format!(
+                    "logit bias of token {token} must be in [-{BIAS_RANGE}, {BIAS_RANGE}], got {bias}"
+                ));
             }
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
-            return Err(format!(
-                "top-logprobs must be at most {MAX_TOP_LOGPROBS}, got {}",
-                self.top_logprobs
-            ));
+            return Err(format!("top-logprobs must be at most {MAX_TOP_LOGPROBS}, got {}", self.top_logprobs));
         }
         Ok(())
     }
 
     fn penalties_active(&self) -> bool {
         self.penalty_last_n > 0
-            && (self.repetition_penalty != 1.0
-                || self.presence_penalty != 0.0
-                || self.frequency_penalty != 0.0)
+            && (self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0)
     }
 }
 
@@ -232,9 +215,7 @@ pub fn top_logprobs(logits: &[f32], lse: f64, n: usize) -> Vec<(u32, f32)> {
         return Vec::new();
     }
     let ids = top_ids(logits, n);
-    ids.into_iter()
-        .map(|i| (i, (logits[i as usize] as f64 - lse) as f32))
-        .collect()
+    ids.into_iter().map(|i| (i, (logits[i as usize] as f64 - lse) as f32)).collect()
 }
 
 /// The order of every ranking here: descending logit under
@@ -288,12 +269,8 @@ fn top_ids(logits: &[f32], n: usize) -> Vec<u32> {
         }
         return best.into_iter().map(rank_id).collect();
     }
-    let mut ranks: Vec<u64> = logits
-        .iter()
-        .enumerate()
-        .filter(|(_, v)| !v.is_nan())
-        .map(|(i, &v)| rank(v, i))
-        .collect();
+    let mut ranks: Vec<u64> =
+        logits.iter().enumerate().filter(|(_, v)| !v.is_nan()).map(|(i, &v)| rank(v, i)).collect();
     if n < ranks.len() {
         ranks.select_nth_unstable_by(n - 1, |a, b| b.cmp(a));
         ranks.truncate(n);
@@ -360,10 +337,7 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
     if max == f64::NEG_INFINITY {
         return order[0] as usize;
     }
-    let probs: Vec<f64> = order
-        .iter()
-        .map(|&i| exp_nonpos((logits[i as usize] as f64 - max) * inv_t))
-        .collect();
+    let probs: Vec<f64> = order.iter().map(|&i| exp_nonpos((logits[i as usize] as f64 - max) * inv_t)).collect();
     let total: f64 = probs.iter().sum();
     let mut keep = probs.len();
     if params.top_p < 1.0 {
@@ -382,10 +356,7 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> usize {
         // HF MinPLogitsWarper: drop p < min_p * p_max; probs[0] is p_max
         // (relative 1 after the top-k path's own max).
         let threshold = params.min_p as f64 * probs[0];
-        let above = probs[..keep]
-            .iter()
-            .take_while(|&&p| p >= threshold)
-            .count();
+        let above = probs[..keep].iter().take_while(|&&p| p >= threshold).count();
         keep = above.max(1);
     }
     let kept = &probs[..keep];
@@ -440,13 +411,7 @@ fn sample_without_top_k(logits: &[f32], params: &SamplingParams, rng: &mut Rng) 
 /// One draw from the (unnormalised) masses `p` of the `kept` tokens, walking
 /// the ids in order: the blocks' kept masses (`block_sums`) first, then the
 /// ids of the block the draw lands in. `fallback` when nothing is kept.
-fn draw_in_id_order(
-    logits: &[f32],
-    p: &[f32],
-    kept: Kept,
-    rng: &mut Rng,
-    fallback: usize,
-) -> usize {
+fn draw_in_id_order(logits: &[f32], p: &[f32], kept: Kept, rng: &mut Rng, fallback: usize) -> usize {
     let blocks = block_sums(logits, p, kept);
     let total = blocks.iter().fold(0.0f64, |a, &b| a + b);
     if !(total > 0.0) {

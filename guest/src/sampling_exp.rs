@@ -61,12 +61,7 @@ pub fn exp_nonpos(x: f64) -> f64 {
     let b2 = a(8) + C[10] * r2;
     let p = (b0 + b1 * r4) + b2 * (r4 * r4);
     // k is in [-1010, 1]: 2^k is a normal f64, its exponent field k + 1023.
-    let scale = f64::from_bits(
-        kf.to_bits()
-            .wrapping_sub(SHIFT.to_bits())
-            .wrapping_add(1023)
-            << 52,
-    );
+    let scale = f64::from_bits(kf.to_bits().wrapping_sub(SHIFT.to_bits()).wrapping_add(1023) << 52);
     let y = p * scale;
     if ok {
         y
@@ -163,10 +158,7 @@ pub(crate) mod simd {
         let xc = v128_bitselect(x, cut, ok);
         let kf = f64x2_add(f64x2_mul(xc, f64x2_splat(LOG2_E)), f64x2_splat(SHIFT));
         let k = f64x2_sub(kf, f64x2_splat(SHIFT));
-        let r = f64x2_sub(
-            f64x2_sub(xc, f64x2_mul(k, f64x2_splat(LN2_HI))),
-            f64x2_mul(k, f64x2_splat(LN2_LO)),
-        );
+        let r = f64x2_sub(f64x2_sub(xc, f64x2_mul(k, f64x2_splat(LN2_HI))), f64x2_mul(k, f64x2_splat(LN2_LO)));
         let r2 = f64x2_mul(r, r);
         let r4 = f64x2_mul(r2, r2);
         // No closure: it would not inherit simd128 (see above).
@@ -178,17 +170,8 @@ pub(crate) mod simd {
         let b0 = f64x2_add(a0, f64x2_mul(a1, r2));
         let b1 = f64x2_add(a2, f64x2_mul(a3, r2));
         let b2 = f64x2_add(a4, f64x2_mul(f64x2_splat(C[10]), r2));
-        let p = f64x2_add(
-            f64x2_add(b0, f64x2_mul(b1, r4)),
-            f64x2_mul(b2, f64x2_mul(r4, r4)),
-        );
-        let bits = i64x2_shl(
-            i64x2_add(
-                i64x2_sub(kf, i64x2_splat(SHIFT.to_bits() as i64)),
-                i64x2_splat(1023),
-            ),
-            52,
-        );
+        let p = f64x2_add(f64x2_add(b0, f64x2_mul(b1, r4)), f64x2_mul(b2, f64x2_mul(r4, r4)));
+        let bits = i64x2_shl(i64x2_add(i64x2_sub(kf, i64x2_splat(SHIFT.to_bits() as i64)), i64x2_splat(1023)), 52);
         v128_and(f64x2_mul(p, bits), ok)
     }
 
@@ -213,12 +196,8 @@ pub(crate) mod simd {
         assert!(chunk.len() >= 8);
         // SAFETY: `chunk` holds at least 8 f32 (32 bytes); wasm loads need no
         // alignment.
-        let (a, b) = unsafe {
-            (
-                v128_load(chunk.as_ptr() as *const v128),
-                v128_load(chunk.as_ptr().add(4) as *const v128),
-            )
-        };
+        let (a, b) =
+            unsafe { (v128_load(chunk.as_ptr() as *const v128), v128_load(chunk.as_ptr().add(4) as *const v128)) };
         [
             shifted(f64x2_promote_low_f32x4(a), max, inv_t),
             shifted(promote_high(a), max, inv_t),

@@ -223,19 +223,13 @@ pub mod scalar {
     }
 
     pub fn block_sums(logits: &[f32], rel: &[f32], kept: Kept) -> Vec<f64> {
-        (0..logits.len())
-            .step_by(BLOCK)
-            .map(|start| block_sum(logits, rel, kept, start))
-            .collect()
+        (0..logits.len()).step_by(BLOCK).map(|start| block_sum(logits, rel, kept, start)).collect()
     }
 
     pub fn mass_each(logits: &[f32], max: f32, inv_t: f32, out: &mut [f32]) -> f64 {
         let mut acc = [0.0f64; 8];
         let n = logits.len() - logits.len() % 8;
-        for (c, o) in logits[..n]
-            .chunks_exact(8)
-            .zip(out[..n].chunks_exact_mut(8))
-        {
+        for (c, o) in logits[..n].chunks_exact(8).zip(out[..n].chunks_exact_mut(8)) {
             for j in 0..8 {
                 o[j] = exp32_nonpos((c[j] - max) * inv_t);
                 acc[j] += o[j] as f64;
@@ -261,10 +255,7 @@ pub mod scalar {
     }
 
     pub fn next_at_least(values: &[f32], from: usize, floor: f32) -> usize {
-        values
-            .get(from..)
-            .and_then(|v| v.iter().position(|&x| x >= floor))
-            .map_or(values.len(), |p| from + p)
+        values.get(from..).and_then(|v| v.iter().position(|&x| x >= floor)).map_or(values.len(), |p| from + p)
     }
 
     pub fn next_in_bucket(logits: &[f32], from: usize, bucket: u32) -> usize {
@@ -277,10 +268,7 @@ pub mod scalar {
 
 #[cfg(target_arch = "wasm32")]
 mod simd {
-    use super::{
-        combine_lanes, exp32_nonpos, scalar, Kept, BLOCK, EXP32_CUT, LN2_HI, LN2_LO, LOG2_E, P,
-        SHIFT,
-    };
+    use super::{combine_lanes, exp32_nonpos, scalar, Kept, BLOCK, EXP32_CUT, LN2_HI, LN2_LO, LOG2_E, P, SHIFT};
     use crate::sampling::exp::simd::promote_high;
     use core::arch::wasm32::*;
 
@@ -297,26 +285,14 @@ mod simd {
         let xc = v128_bitselect(x, cut, ok);
         let kf = f32x4_add(f32x4_mul(xc, f32x4_splat(LOG2_E)), f32x4_splat(SHIFT));
         let k = f32x4_sub(kf, f32x4_splat(SHIFT));
-        let r = f32x4_sub(
-            f32x4_sub(xc, f32x4_mul(k, f32x4_splat(LN2_HI))),
-            f32x4_mul(k, f32x4_splat(LN2_LO)),
-        );
+        let r = f32x4_sub(f32x4_sub(xc, f32x4_mul(k, f32x4_splat(LN2_HI))), f32x4_mul(k, f32x4_splat(LN2_LO)));
         let r2 = f32x4_mul(r, r);
         let u0 = f32x4_add(f32x4_splat(P[5]), f32x4_mul(f32x4_splat(P[4]), r));
         let u1 = f32x4_add(f32x4_splat(P[3]), f32x4_mul(f32x4_splat(P[2]), r));
         let u2 = f32x4_add(f32x4_splat(P[1]), f32x4_mul(f32x4_splat(P[0]), r));
-        let p = f32x4_add(
-            f32x4_add(u0, f32x4_mul(u1, r2)),
-            f32x4_mul(u2, f32x4_mul(r2, r2)),
-        );
+        let p = f32x4_add(f32x4_add(u0, f32x4_mul(u1, r2)), f32x4_mul(u2, f32x4_mul(r2, r2)));
         let y = f32x4_add(f32x4_add(f32x4_mul(p, r2), r), f32x4_splat(1.0));
-        let scale = i32x4_shl(
-            i32x4_add(
-                i32x4_sub(kf, i32x4_splat(SHIFT.to_bits() as i32)),
-                i32x4_splat(127),
-            ),
-            23,
-        );
+        let scale = i32x4_shl(i32x4_add(i32x4_sub(kf, i32x4_splat(SHIFT.to_bits() as i32)), i32x4_splat(127)), 23);
         v128_and(f32x4_mul(y, scale), ok)
     }
 
@@ -366,10 +342,7 @@ mod simd {
     #[inline]
     #[target_feature(enable = "simd128")]
     fn keys(v: v128) -> v128 {
-        v128_xor(
-            v128_xor(v, u32x4_shr(i32x4_shr(v, 31), 1)),
-            u32x4_splat(0x8000_0000),
-        )
+        v128_xor(v128_xor(v, u32x4_shr(i32x4_shr(v, 31), 1)), u32x4_splat(0x8000_0000))
     }
 
     #[target_feature(enable = "simd128")]
@@ -484,14 +457,8 @@ mod simd {
         let mut i = from;
         while i + 16 <= values.len() {
             let hit = v128_or(
-                v128_or(
-                    f32x4_ge(load4(values, i), f),
-                    f32x4_ge(load4(values, i + 4), f),
-                ),
-                v128_or(
-                    f32x4_ge(load4(values, i + 8), f),
-                    f32x4_ge(load4(values, i + 12), f),
-                ),
+                v128_or(f32x4_ge(load4(values, i), f), f32x4_ge(load4(values, i + 4), f)),
+                v128_or(f32x4_ge(load4(values, i + 8), f), f32x4_ge(load4(values, i + 12), f)),
             );
             if v128_any_true(hit) {
                 break;

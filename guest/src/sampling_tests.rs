@@ -1,13 +1,7 @@
 use super::*;
 
 fn params(temperature: f32, top_k: u32, top_p: f32) -> SamplingParams {
-    SamplingParams {
-        temperature,
-        top_k,
-        top_p,
-        seed: 7,
-        ..SamplingParams::default()
-    }
+    SamplingParams { temperature, top_k, top_p, seed: 7, ..SamplingParams::default() }
 }
 
 fn draw_many(logits: &[f32], p: &SamplingParams, n: usize) -> Vec<usize> {
@@ -18,34 +12,25 @@ fn draw_many(logits: &[f32], p: &SamplingParams, n: usize) -> Vec<usize> {
 #[test]
 fn greedy_picks_lowest_index_on_ties() {
     assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
-    assert_eq!(
-        sample(&[0.0, 2.0, 1.0], &params(0.0, 0, 1.0), &mut Rng::new(1)),
-        1
-    );
+    assert_eq!(sample(&[0.0, 2.0, 1.0], &params(0.0, 0, 1.0), &mut Rng::new(1)), 1);
 }
 
 #[test]
 fn top_k_one_is_greedy() {
     let logits = [0.3, 0.1, 2.0, 1.9];
-    assert!(draw_many(&logits, &params(1.5, 1, 1.0), 100)
-        .iter()
-        .all(|&t| t == 2));
+    assert!(draw_many(&logits, &params(1.5, 1, 1.0), 100).iter().all(|&t| t == 2));
 }
 
 #[test]
 fn tiny_top_p_is_greedy() {
     let logits = [0.3, 0.1, 2.0, 1.9];
-    assert!(draw_many(&logits, &params(1.0, 0, 1e-6), 100)
-        .iter()
-        .all(|&t| t == 2));
+    assert!(draw_many(&logits, &params(1.0, 0, 1e-6), 100).iter().all(|&t| t == 2));
 }
 
 #[test]
 fn top_k_never_leaves_the_k_best() {
     let logits = [5.0, 4.0, 3.0, 2.0, 1.0, 0.0];
-    assert!(draw_many(&logits, &params(5.0, 3, 1.0), 1000)
-        .iter()
-        .all(|&t| t < 3));
+    assert!(draw_many(&logits, &params(5.0, 3, 1.0), 1000).iter().all(|&t| t < 3));
 }
 
 #[test]
@@ -53,10 +38,7 @@ fn frequencies_follow_the_distribution() {
     // softmax([ln 1, ln 3]) = [0.25, 0.75]
     let logits = [0.0f32, 3.0f32.ln()];
     let n = 20_000;
-    let ones = draw_many(&logits, &params(1.0, 0, 1.0), n)
-        .iter()
-        .filter(|&&t| t == 1)
-        .count();
+    let ones = draw_many(&logits, &params(1.0, 0, 1.0), n).iter().filter(|&&t| t == 1).count();
     let freq = ones as f64 / n as f64;
     assert!((freq - 0.75).abs() < 0.015, "frequency {freq}");
 }
@@ -75,17 +57,11 @@ fn top_p_keeps_exactly_the_nucleus() {
 #[test]
 fn top_p_over_a_large_vocabulary_matches_a_full_sort() {
     // The floor pre-filter must keep the same nucleus as sorting everything.
-    let logits: Vec<f32> = (0..5000u32)
-        .map(|i| ((i.wrapping_mul(2654435761) >> 7) % 1000) as f32 / 120.0)
-        .collect();
+    let logits: Vec<f32> = (0..5000u32).map(|i| ((i.wrapping_mul(2654435761) >> 7) % 1000) as f32 / 120.0).collect();
     for top_p in [0.3f32, 0.9, 0.999] {
         let p = params(1.0, 0, top_p);
         let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-        order.sort_by(|&a, &b| {
-            logits[b as usize]
-                .total_cmp(&logits[a as usize])
-                .then(a.cmp(&b))
-        });
+        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
         let max = logits[order[0] as usize] as f64;
         let probs: Vec<f64> = logits.iter().map(|&l| (l as f64 - max).exp()).collect();
         let total: f64 = probs.iter().sum();
@@ -102,11 +78,7 @@ fn top_p_over_a_large_vocabulary_matches_a_full_sort() {
         assert!(draws.iter().all(|t| nucleus.contains(t)), "top-p {top_p}");
         if nucleus.len() > 3 {
             let distinct: std::collections::HashSet<_> = draws.iter().collect();
-            assert!(
-                distinct.len() > 3,
-                "top-p {top_p}: only {} distinct",
-                distinct.len()
-            );
+            assert!(distinct.len() > 3, "top-p {top_p}: only {} distinct", distinct.len());
         }
     }
 }
@@ -197,76 +169,16 @@ fn nonsense_parameters_are_errors() {
         ("NaN temperature", params(f32::NAN, 0, 1.0)),
         ("top-p 0", params(1.0, 0, 0.0)),
         ("top-p 1.5", params(1.0, 0, 1.5)),
-        (
-            "min-p",
-            SamplingParams {
-                min_p: 1.5,
-                ..ok.clone()
-            },
-        ),
-        (
-            "min-p NaN",
-            SamplingParams {
-                min_p: f32::NAN,
-                ..ok.clone()
-            },
-        ),
-        (
-            "repetition 0",
-            SamplingParams {
-                repetition_penalty: 0.0,
-                ..ok.clone()
-            },
-        ),
-        (
-            "repetition inf",
-            SamplingParams {
-                repetition_penalty: f32::INFINITY,
-                ..ok.clone()
-            },
-        ),
-        (
-            "presence",
-            SamplingParams {
-                presence_penalty: 2.5,
-                ..ok.clone()
-            },
-        ),
-        (
-            "frequency",
-            SamplingParams {
-                frequency_penalty: -3.0,
-                ..ok.clone()
-            },
-        ),
-        (
-            "bias token",
-            SamplingParams {
-                logit_bias: vec![(10, 1.0)],
-                ..ok.clone()
-            },
-        ),
-        (
-            "bias value",
-            SamplingParams {
-                logit_bias: vec![(1, 101.0)],
-                ..ok.clone()
-            },
-        ),
-        (
-            "bias NaN",
-            SamplingParams {
-                logit_bias: vec![(1, f32::NAN)],
-                ..ok.clone()
-            },
-        ),
-        (
-            "top logprobs",
-            SamplingParams {
-                top_logprobs: 21,
-                ..ok.clone()
-            },
-        ),
+        ("min-p", SamplingParams { min_p: 1.5, ..ok.clone() }),
+        ("min-p NaN", SamplingParams { min_p: f32::NAN, ..ok.clone() }),
+        ("repetition 0", SamplingParams { repetition_penalty: 0.0, ..ok.clone() }),
+        ("repetition inf", SamplingParams { repetition_penalty: f32::INFINITY, ..ok.clone() }),
+        ("presence", SamplingParams { presence_penalty: 2.5, ..ok.clone() }),
+        ("frequency", SamplingParams { frequency_penalty: -3.0, ..ok.clone() }),
+        ("bias token", SamplingParams { logit_bias: vec![(10, 1.0)], ..ok.clone() }),
+        ("bias value", SamplingParams { logit_bias: vec![(1, 101.0)], ..ok.clone() }),
+        ("bias NaN", SamplingParams { logit_bias: vec![(1, f32::NAN)], ..ok.clone() }),
+        ("top logprobs", SamplingParams { top_logprobs: 21, ..ok.clone() }),
     ];
     for (what, p) in bad {
         assert!(p.validate(10).is_err(), "{what} was accepted");
@@ -344,15 +256,12 @@ fn exp_passes_match_the_definition() {
         let max = max as f64;
         for inv_t in [1.0, 1.25] {
             let mut lanes = [0.0f64; 8];
-            let each: Vec<f64> = logits
-                .iter()
-                .map(|&l| exp_nonpos((l as f64 - max) * inv_t))
-                .collect();
+            let each: Vec<f64> = logits.iter().map(|&l| exp_nonpos((l as f64 - max) * inv_t)).collect();
             for (i, e) in each.iter().enumerate() {
                 lanes[i % 8] += e;
             }
-            let want = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            let want =
+                ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
             let sum = exp::exp_sum(&logits, max, inv_t);
             assert_eq!(sum.to_bits(), want.to_bits(), "len {len}");
         }
@@ -362,16 +271,10 @@ fn exp_passes_match_the_definition() {
 
 #[test]
 fn log_sum_exp_matches_a_plain_f64_reference() {
-    let logits: Vec<f32> = (0..100_003u32)
-        .map(|i| ((i.wrapping_mul(2654435761) >> 9) % 4000) as f32 / 97.0 - 20.0)
-        .collect();
+    let logits: Vec<f32> =
+        (0..100_003u32).map(|i| ((i.wrapping_mul(2654435761) >> 9) % 4000) as f32 / 97.0 - 20.0).collect();
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let want = max
-        + logits
-            .iter()
-            .map(|&l| (l as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
+    let want = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
     let got = log_sum_exp(&logits);
     assert!((got - want).abs() <= 1e-12 * want.abs(), "{got} vs {want}");
     assert!(log_sum_exp(&[1.0, f32::NAN]).is_nan());
@@ -388,8 +291,7 @@ fn lane_sum_is_fixed_interleaved_order() {
     for (i, x) in v.iter().enumerate() {
         lanes[i % 8] += x;
     }
-    let want = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    let want = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
     assert_eq!(lane_sum(&v).to_bits(), want.to_bits());
     assert_eq!(lane_sum(&[]), 0.0);
 }
@@ -427,14 +329,8 @@ fn total_key_orders_like_total_cmp() {
 
 /// The reference: sort every non-NaN id by `by_logit_desc` and take `n`.
 fn top_ids_by_full_sort(logits: &[f32], n: usize) -> Vec<u32> {
-    let mut ids: Vec<u32> = (0..logits.len() as u32)
-        .filter(|&i| !logits[i as usize].is_nan())
-        .collect();
-    ids.sort_by(|&a, &b| {
-        logits[b as usize]
-            .total_cmp(&logits[a as usize])
-            .then(a.cmp(&b))
-    });
+    let mut ids: Vec<u32> = (0..logits.len() as u32).filter(|&i| !logits[i as usize].is_nan()).collect();
+    ids.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
     ids.truncate(n);
     ids
 }
@@ -443,9 +339,7 @@ fn top_ids_by_full_sort(logits: &[f32], n: usize) -> Vec<u32> {
 fn top_ids_match_a_full_sort() {
     // Heavy ties, both zeros, infinities and NaN; and the worst case for the
     // one-pass buffer (ascending logits: every id enters it).
-    let mut tied: Vec<f32> = (0..5000u32)
-        .map(|i| ((i.wrapping_mul(2654435761) >> 11) % 50) as f32 - 25.0)
-        .collect();
+    let mut tied: Vec<f32> = (0..5000u32).map(|i| ((i.wrapping_mul(2654435761) >> 11) % 50) as f32 - 25.0).collect();
     tied[7] = -0.0;
     tied[8] = 0.0;
     tied[9] = f32::NAN;
@@ -454,15 +348,8 @@ fn top_ids_match_a_full_sort() {
     let ascending: Vec<f32> = (0..3000).map(|i| i as f32 * 0.5).collect();
     let zeros = vec![0.0f32; 300];
     for logits in [&tied, &ascending, &zeros] {
-        for n in [
-            1, 2, 5, 40, 255, 256, 257, 1000, 2999, 3000, 4999, 5000, 6000,
-        ] {
-            assert_eq!(
-                top_ids(logits, n),
-                top_ids_by_full_sort(logits, n),
-                "n {n} of {}",
-                logits.len()
-            );
+        for n in [1, 2, 5, 40, 255, 256, 257, 1000, 2999, 3000, 4999, 5000, 6000] {
+            assert_eq!(top_ids(logits, n), top_ids_by_full_sort(logits, n), "n {n} of {}", logits.len());
         }
     }
 }
@@ -470,10 +357,7 @@ fn top_ids_match_a_full_sort() {
 /// The reference nucleus: every eligible id sorted by rank, the shortest
 /// prefix whose mass reaches the target; its last rank (0: all kept).
 fn nucleus_by_full_sort(logits: &[f32], rel: &[f32], floor: f32, target: f64) -> u64 {
-    let mut ranks: Vec<u64> = (0..logits.len())
-        .filter(|&i| rel[i] >= floor)
-        .map(|i| rank(logits[i], i))
-        .collect();
+    let mut ranks: Vec<u64> = (0..logits.len()).filter(|&i| rel[i] >= floor).map(|i| rank(logits[i], i)).collect();
     ranks.sort_unstable_by(|a, b| b.cmp(a));
     let mut acc = 0.0;
     for &r in &ranks {
@@ -491,23 +375,9 @@ fn nucleus_matches_a_full_sort() {
     let hash = |i: u32| (i.wrapping_mul(2654435761) >> 8) as f32 / (1u32 << 24) as f32;
     let shapes: Vec<(&str, Vec<f32>)> = vec![
         ("flat", (0..n).map(|i| hash(i) * 4.0).collect()),
-        (
-            "peaked",
-            (0..n)
-                .map(|i| {
-                    if i % 997 == 0 {
-                        20.0 - hash(i)
-                    } else {
-                        hash(i) * 8.0 - 4.0
-                    }
-                })
-                .collect(),
-        ),
+        ("peaked", (0..n).map(|i| if i % 997 == 0 { 20.0 - hash(i) } else { hash(i) * 8.0 - 4.0 }).collect()),
         // Few distinct values: one sub-bucket holds thousands of ties.
-        (
-            "quantised",
-            (0..n).map(|i| (hash(i) * 6.0).floor() * 0.5).collect(),
-        ),
+        ("quantised", (0..n).map(|i| (hash(i) * 6.0).floor() * 0.5).collect()),
         ("wide", (0..n).map(|i| (hash(i) - 0.5) * 200.0).collect()),
     ];
     let mut checked = 0;
@@ -554,14 +424,7 @@ fn exp32_nonpos_matches_libm_closely() {
             }
         }
     }
-    for x in [
-        -1e-38f32,
-        -1e-20,
-        -1e-7,
-        -0.0,
-        0.0,
-        f32::from_bits(0x8000_0001),
-    ] {
+    for x in [-1e-38f32, -1e-20, -1e-7, -0.0, 0.0, f32::from_bits(0x8000_0001)] {
         check(x);
     }
     assert!(worst < 2.5e-7, "worst relative error {worst:e}");
@@ -587,10 +450,7 @@ fn mass_passes_match_the_definition() {
             .collect();
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         for inv_t in [1.0f32, 1.25, 40.0] {
-            let each: Vec<f32> = logits
-                .iter()
-                .map(|&l| exp32_nonpos((l - max) * inv_t))
-                .collect();
+            let each: Vec<f32> = logits.iter().map(|&l| exp32_nonpos((l - max) * inv_t)).collect();
             let mut lanes = [0.0f64; 8];
             for (i, e) in each.iter().enumerate() {
                 lanes[i % 8] += *e as f64;
@@ -610,9 +470,7 @@ fn mass_passes_match_the_definition() {
                 assert_eq!(mass::next_at_least(&logits, from, floor), want);
             }
             let bucket = total_key(-0.0) >> 20;
-            let want = (from..len)
-                .find(|&i| total_key(logits[i]) >> 20 == bucket)
-                .unwrap_or(len);
+            let want = (from..len).find(|&i| total_key(logits[i]) >> 20 == bucket).unwrap_or(len);
             assert_eq!(mass::next_in_bucket(&logits, from, bucket), want);
         }
         assert_eq!(argmax(&logits), mass::scalar::argmax(&logits), "len {len}");
@@ -664,9 +522,7 @@ fn top_p_among_tied_logits_keeps_the_lowest_ids() {
 
 #[test]
 fn block_sums_follow_the_kept_set() {
-    let logits: Vec<f32> = (0..1000u32)
-        .map(|i| ((i.wrapping_mul(2654435761) >> 20) % 16) as f32)
-        .collect();
+    let logits: Vec<f32> = (0..1000u32).map(|i| ((i.wrapping_mul(2654435761) >> 20) % 16) as f32).collect();
     let rel: Vec<f32> = logits.iter().map(|&l| exp32_nonpos(l - 15.0)).collect();
     for cut in [None, Some((total_key(7.0), 500)), Some((total_key(7.0), 0))] {
         let kept = Kept { floor: 1e-3, cut };

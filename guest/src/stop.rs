@@ -27,49 +27,30 @@ pub const MAX_STOPS: usize = 64;
 impl StopGate {
     pub fn new(stops: &[String]) -> Result<StopGate, String> {
         if stops.len() > MAX_STOPS {
-            return Err(format!(
-                "at most {MAX_STOPS} stop strings, got {}",
-                stops.len()
-            ));
+            return Err(format!("at most {MAX_STOPS} stop strings, got {}", stops.len()));
         }
         for s in stops {
             if s.is_empty() {
                 return Err("a stop string is empty".into());
             }
             if s.len() > MAX_STOP_BYTES {
-                return Err(format!(
-                    "a stop string is {} bytes long, more than the {MAX_STOP_BYTES} allowed",
-                    s.len()
-                ));
+                return Err(format!("a stop string is {} bytes long, more than the {MAX_STOP_BYTES} allowed", s.len()));
             }
         }
-        Ok(StopGate {
-            stops: stops.to_vec(),
-            held: String::new(),
-        })
+        Ok(StopGate { stops: stops.to_vec(), held: String::new() })
     }
 
     pub fn push(&mut self, text: &str) -> Gated {
         if self.stops.is_empty() {
-            return Gated {
-                text: text.to_string(),
-                stopped: false,
-            };
+            return Gated { text: text.to_string(), stopped: false };
         }
         self.held.push_str(text);
         // The earliest stop string wins: everything from it on is dropped.
-        let hit = self
-            .stops
-            .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min();
+        let hit = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
         if let Some(at) = hit {
             let out = self.held[..at].to_string();
             self.held.clear();
-            return Gated {
-                text: out,
-                stopped: true,
-            };
+            return Gated { text: out, stopped: true };
         }
         // Hold the longest suffix that is a proper prefix of a stop string.
         let keep_from = self
@@ -83,10 +64,7 @@ impl StopGate {
             .unwrap_or(self.held.len());
         let out = self.held[..keep_from].to_string();
         self.held.drain(..keep_from);
-        Gated {
-            text: out,
-            stopped: false,
-        }
+        Gated { text: out, stopped: false }
     }
 
     /// The end of the stream: what was held back could not complete a stop
@@ -107,34 +85,10 @@ mod tests {
     #[test]
     fn stop_string_split_across_pieces_fires_and_is_not_emitted() {
         let mut g = gate(&["\nUser:"]);
-        assert_eq!(
-            g.push("Hello"),
-            Gated {
-                text: "Hello".into(),
-                stopped: false
-            }
-        );
-        assert_eq!(
-            g.push(" there\nU"),
-            Gated {
-                text: " there".into(),
-                stopped: false
-            }
-        );
-        assert_eq!(
-            g.push("se"),
-            Gated {
-                text: "".into(),
-                stopped: false
-            }
-        );
-        assert_eq!(
-            g.push("r: more"),
-            Gated {
-                text: "".into(),
-                stopped: true
-            }
-        );
+        assert_eq!(g.push("Hello"), Gated { text: "Hello".into(), stopped: false });
+        assert_eq!(g.push(" there\nU"), Gated { text: " there".into(), stopped: false });
+        assert_eq!(g.push("se"), Gated { text: "".into(), stopped: false });
+        assert_eq!(g.push("r: more"), Gated { text: "".into(), stopped: true });
     }
 
     #[test]
@@ -150,38 +104,20 @@ mod tests {
     #[test]
     fn text_before_the_stop_in_the_same_piece_is_emitted() {
         let mut g = gate(&["END", "STOP"]);
-        assert_eq!(
-            g.push("one STOP two END"),
-            Gated {
-                text: "one ".into(),
-                stopped: true
-            }
-        );
+        assert_eq!(g.push("one STOP two END"), Gated { text: "one ".into(), stopped: true });
     }
 
     #[test]
     fn multibyte_text_is_held_on_character_boundaries() {
         let mut g = gate(&["€x"]);
         assert_eq!(g.push("é€").text, "é");
-        assert_eq!(
-            g.push("x"),
-            Gated {
-                text: "".into(),
-                stopped: true
-            }
-        );
+        assert_eq!(g.push("x"), Gated { text: "".into(), stopped: true });
     }
 
     #[test]
     fn no_stops_passes_everything_through() {
         let mut g = gate(&[]);
-        assert_eq!(
-            g.push("abc"),
-            Gated {
-                text: "abc".into(),
-                stopped: false
-            }
-        );
+        assert_eq!(g.push("abc"), Gated { text: "abc".into(), stopped: false });
     }
 
     #[test]

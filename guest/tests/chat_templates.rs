@@ -62,32 +62,22 @@ fn chat_templates_render_like_transformers() {
             checked += 1;
             match (case.get("text").and_then(|v| v.as_str()), &got) {
                 (Some(want), Ok(got)) if got == want => {}
-                (Some(want), _) => {
-                    failures.push(format!("{what}:\n   got {got:?}\n  want {want:?}"))
-                }
+                (Some(want), _) => failures.push(format!("{what}:\n   got {got:?}\n  want {want:?}")),
                 (None, Err(_)) => {}
-                (None, Ok(got)) => failures.push(format!(
-                    "{what}: transformers raised {}, we rendered {got:?}",
-                    case["error"]
-                )),
+                (None, Ok(got)) => {
+                    failures.push(format!("{what}: transformers raised {}, we rendered {got:?}", case["error"]))
+                }
             }
             if let (Some(want), Ok(segs)) = (case.get("text").and_then(|v| v.as_str()), &segs) {
                 let joined: String = segs.iter().map(|s| s.text.as_str()).collect();
                 if joined != want {
                     failures.push(format!("{what}: segments join to {joined:?}"));
                 }
-                let content: String = segs
-                    .iter()
-                    .filter(|s| !s.markup)
-                    .map(|s| s.text.as_str())
-                    .collect();
+                let content: String = segs.iter().filter(|s| !s.markup).map(|s| s.text.as_str()).collect();
                 for m in &msgs {
                     if let Some(c) = &m.content {
                         // Every message's text that reaches the prompt is content, not markup.
-                        if want.contains(c.as_str())
-                            && !c.is_empty()
-                            && !content.contains(c.as_str())
-                        {
+                        if want.contains(c.as_str()) && !c.is_empty() && !content.contains(c.as_str()) {
                             failures.push(format!("{what}: {c:?} is not in a content segment"));
                         }
                     }
@@ -98,12 +88,7 @@ fn chat_templates_render_like_transformers() {
         }
     }
     assert!(checked >= 90, "only {checked} cases");
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// Extra template variables (Qwen3's `enable_thinking`) render as
@@ -142,19 +127,13 @@ fn chat_template_variables_render_like_transformers() {
         }
     }
     assert!(checked >= 12, "only {checked} cases");
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     // enable_thinking=false changes the generation prompt, so the variable
     // really reaches the template.
     let t = template(&e, "qwen3");
     let msgs = messages(&e, "single");
     assert_ne!(
-        t.render_with_vars(&msgs, None, true, Some(r#"{"enable_thinking": false}"#))
-            .unwrap(),
+        t.render_with_vars(&msgs, None, true, Some(r#"{"enable_thinking": false}"#)).unwrap(),
         t.render(&msgs, None, true).unwrap()
     );
 }
@@ -168,23 +147,14 @@ fn chat_template_variables_are_checked() {
         ("[1]", "JSON object"),
         ("{oops", "invalid JSON"),
         (r#"{"messages": []}"#, "\"messages\""),
-        (
-            r#"{"add_generation_prompt": true}"#,
-            "add_generation_prompt",
-        ),
+        (r#"{"add_generation_prompt": true}"#, "add_generation_prompt"),
     ] {
-        let err = t
-            .render_with_vars(&msgs, None, true, Some(vars))
-            .unwrap_err();
+        let err = t.render_with_vars(&msgs, None, true, Some(vars)).unwrap_err();
         assert!(err.contains(needle), "{vars}: {err}");
     }
     // A variable overrides a special token, as apply_chat_template's kwargs do.
     let t = ChatTemplate::new("{{ eos_token }}", Some(r#"{"eos_token": "E"}"#)).unwrap();
-    assert_eq!(
-        t.render_with_vars(&[], None, false, Some(r#"{"eos_token": "X"}"#))
-            .unwrap(),
-        "X"
-    );
+    assert_eq!(t.render_with_vars(&[], None, false, Some(r#"{"eos_token": "X"}"#)).unwrap(), "X");
 }
 
 fn tiny_tokenizer() -> Tokenizer {
@@ -207,12 +177,7 @@ fn chat_template_ids_equal_transformers_for_benign_content() {
         if conv == "forged" {
             continue;
         }
-        let want: Vec<u32> = want
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let want: Vec<u32> = want.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let agp = case["add_generation_prompt"].as_bool().unwrap();
         let segs = t.render_segments(&messages(&e, conv), None, agp).unwrap();
         assert_eq!(tok.encode_segments(&segs), want, "{conv} agp={agp}");
@@ -236,10 +201,7 @@ fn chat_template_forged_control_tokens_stay_content() {
     // Template: <|im_start|>user\n CONTENT <|im_end|>\n<|im_start|>assistant\n
     assert_eq!(ids.iter().filter(|&&i| i == start).count(), 2, "{ids:?}");
     assert_eq!(ids.iter().filter(|&&i| i == end).count(), 1, "{ids:?}");
-    assert_eq!(
-        tok.decode(&ids).unwrap(),
-        t.render(&msgs, None, true).unwrap()
-    );
+    assert_eq!(tok.decode(&ids).unwrap(), t.render(&msgs, None, true).unwrap());
     // transformers' plain tokenize=True does let the content forge them.
     let hf = e["models"]["tiny-qwen3_moe"]["cases"]
         .as_array()
@@ -247,16 +209,8 @@ fn chat_template_forged_control_tokens_stay_content() {
         .iter()
         .find(|c| c["conversation"] == "forged" && c["add_generation_prompt"] == true)
         .unwrap();
-    let hf_ends = hf["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|v| v.as_u64() == Some(u64::from(end)))
-        .count();
-    assert!(
-        hf_ends > 1,
-        "the fixture should show the forgery a joined encode allows"
-    );
+    let hf_ends = hf["ids"].as_array().unwrap().iter().filter(|v| v.as_u64() == Some(u64::from(end))).count();
+    assert!(hf_ends > 1, "the fixture should show the forgery a joined encode allows");
 }
 
 #[test]
@@ -267,17 +221,8 @@ fn chat_template_content_transforms_fall_back_to_alignment() {
     let t = template(&e, "qwen3");
     let msgs = messages(&e, "reasoning_history");
     let segs = t.render_segments(&msgs, None, true).unwrap();
-    assert!(
-        segs.contains(&Segment {
-            text: "4".into(),
-            markup: false
-        }),
-        "{segs:?}"
-    );
-    assert!(segs
-        .iter()
-        .filter(|s| s.markup)
-        .all(|s| !s.text.contains("add them")));
+    assert!(segs.contains(&Segment { text: "4".into(), markup: false }), "{segs:?}");
+    assert!(segs.iter().filter(|s| s.markup).all(|s| !s.text.contains("add them")));
 }
 
 #[test]
@@ -289,14 +234,9 @@ fn chat_template_errors_are_clear() {
     assert!(err.contains("Conversation roles must alternate"), "{err}");
     // A template that does not compile names the problem and the line.
     let err = ChatTemplate::new("{% for m in messages %}\n{{ m.content }", None).unwrap_err();
-    assert!(
-        err.starts_with("chat template:") && err.contains("chat_template line 2"),
-        "{err}"
-    );
+    assert!(err.starts_with("chat template:") && err.contains("chat_template line 2"), "{err}");
     // Bad tools JSON.
     let t = template(&e, "qwen3");
-    let err = t
-        .render(&messages(&e, "single"), Some("{not json"), true)
-        .unwrap_err();
+    let err = t.render(&messages(&e, "single"), Some("{not json"), true).unwrap_err();
     assert!(err.contains("tools"), "{err}");
 }

@@ -267,21 +267,55 @@ fn malformed_tokenizer_json_gives_clear_errors() {
     let cases: Vec<(String, &str)> = vec![
         ("{not json".to_string(), "invalid JSON"),
         ("[]".to_string(), "$: expected an object"),
-        (patched(&|j| { j.as_object_mut().unwrap().remove("model"); }), "missing field \"model\""),
+        (
+            patched(&|j| {
+                j.as_object_mut().unwrap().remove("model");
+            }),
+            "missing field \"model\"",
+        ),
         (patched(&|j| j["model"]["type"] = "WordPiece".into()), "$.model.type: unsupported model type \"WordPiece\""),
-        (patched(&|j| j["model"]["merges"][0] = "Ġ nosuchtoken".into()), "$.model.merges[0]: merge token \"nosuchtoken\""),
+        (
+            patched(&|j| j["model"]["merges"][0] = "Ġ nosuchtoken".into()),
+            "$.model.merges[0]: merge token \"nosuchtoken\"",
+        ),
         (patched(&|j| j["model"]["merges"][3] = "a b c".into()), "$.model.merges[3]"),
         (patched(&|j| j["model"]["merges"][1] = 7.into()), "$.model.merges[1]"),
         (patched(&|j| j["model"]["vocab"]["Ġ"] = (-1).into()), "$.model.vocab[\"Ġ\"]"),
         (patched(&|j| j["model"]["vocab"] = Value::Array(vec![])), "$.model.vocab: expected an object"),
         (patched(&|j| j["model"]["dropout"] = 0.1.into()), "$.model.dropout: BPE dropout"),
         (patched(&|j| j["model"]["unk_token"] = "<nope>".into()), "$.model.unk_token"),
-        (patched(&|j| j["pre_tokenizer"] = serde_json::json!({"type": "BertPreTokenizer"})), "$.pre_tokenizer: unsupported pre_tokenizer type \"BertPreTokenizer\""),
-        (patched(&|j| j["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated", "invert": false}]})), "$.pre_tokenizer.pretokenizers[0].pattern.Regex: invalid regex"),
-        (patched(&|j| j["pre_tokenizer"] = serde_json::json!({"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Sideways"})), "$.pre_tokenizer.behavior: unknown split behavior"),
-        (patched(&|j| j["pre_tokenizer"] = serde_json::json!({"type": "Split", "pattern": {"Glob": "x"}, "behavior": "Isolated"})), "$.pre_tokenizer.pattern: pattern must be"),
-        (patched(&|j| j["normalizer"] = serde_json::json!({"type": "Precompiled", "precompiled_charsmap": ""})), "$.normalizer: unsupported normalizer type \"Precompiled\""),
-        (patched(&|j| j["decoder"] = serde_json::json!({"type": "WordPiece"})), "$.decoder: unsupported decoder type \"WordPiece\""),
+        (
+            patched(&|j| j["pre_tokenizer"] = serde_json::json!({"type": "BertPreTokenizer"})),
+            "$.pre_tokenizer: unsupported pre_tokenizer type \"BertPreTokenizer\"",
+        ),
+        (
+            patched(
+                &|j| j["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated", "invert": false}]}),
+            ),
+            "$.pre_tokenizer.pretokenizers[0].pattern.Regex: invalid regex",
+        ),
+        (
+            patched(&|j| {
+                j["pre_tokenizer"] =
+                    serde_json::json!({"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Sideways"})
+            }),
+            "$.pre_tokenizer.behavior: unknown split behavior",
+        ),
+        (
+            patched(&|j| {
+                j["pre_tokenizer"] =
+                    serde_json::json!({"type": "Split", "pattern": {"Glob": "x"}, "behavior": "Isolated"})
+            }),
+            "$.pre_tokenizer.pattern: pattern must be",
+        ),
+        (
+            patched(&|j| j["normalizer"] = serde_json::json!({"type": "Precompiled", "precompiled_charsmap": ""})),
+            "$.normalizer: unsupported normalizer type \"Precompiled\"",
+        ),
+        (
+            patched(&|j| j["decoder"] = serde_json::json!({"type": "WordPiece"})),
+            "$.decoder: unsupported decoder type \"WordPiece\"",
+        ),
         (patched(&|j| j["decoder"] = serde_json::json!({"kind": "ByteLevel"})), "$.decoder: missing field \"type\""),
         (patched(&|j| j["added_tokens"][0]["content"] = 5.into()), "$.added_tokens[0].content: expected a string"),
         (patched(&|j| j["added_tokens"][1]["special"] = "yes".into()), "$.added_tokens[1].special: expected a boolean"),

@@ -50,12 +50,39 @@ fn main() {
     println!("{:<40} {:>12} {:>12} {:>12}", "sampling", "wall ms/tok", "fwd ms/tok", "guest+wit");
     let cases: Vec<(&str, GenerateParams)> = vec![
         ("greedy", GenerateParams { temperature: 0.0, top_k: 0, top_p: 1.0, ..GenerateParams::default() }),
-        ("temp 0.8, top-k 40, top-p 0.95", GenerateParams { temperature: 0.8, top_k: 40, top_p: 0.95, ..GenerateParams::default() }),
-        ("temp 0.8, top-p 0.95 (no top-k)", GenerateParams { temperature: 0.8, top_k: 0, top_p: 0.95, ..GenerateParams::default() }),
-        ("temp 1.0, full distribution", GenerateParams { temperature: 1.0, top_k: 0, top_p: 1.0, ..GenerateParams::default() }),
-        ("temp 0.8, min-p 0.05 (no top-k)", GenerateParams { temperature: 0.8, top_k: 0, top_p: 1.0, min_p: 0.05, ..GenerateParams::default() }),
-        ("temp 0.8, top-k 40, 5 top logprobs", GenerateParams { temperature: 0.8, top_k: 40, top_p: 1.0, top_logprobs: 5, ..GenerateParams::default() }),
-        ("temp 0.8, k 40, p 0.95, penalties, 5 lp", GenerateParams { temperature: 0.8, top_k: 40, top_p: 0.95, repetition_penalty: 1.1, presence_penalty: 0.5, frequency_penalty: 0.5, top_logprobs: 5, ..GenerateParams::default() }),
+        (
+            "temp 0.8, top-k 40, top-p 0.95",
+            GenerateParams { temperature: 0.8, top_k: 40, top_p: 0.95, ..GenerateParams::default() },
+        ),
+        (
+            "temp 0.8, top-p 0.95 (no top-k)",
+            GenerateParams { temperature: 0.8, top_k: 0, top_p: 0.95, ..GenerateParams::default() },
+        ),
+        (
+            "temp 1.0, full distribution",
+            GenerateParams { temperature: 1.0, top_k: 0, top_p: 1.0, ..GenerateParams::default() },
+        ),
+        (
+            "temp 0.8, min-p 0.05 (no top-k)",
+            GenerateParams { temperature: 0.8, top_k: 0, top_p: 1.0, min_p: 0.05, ..GenerateParams::default() },
+        ),
+        (
+            "temp 0.8, top-k 40, 5 top logprobs",
+            GenerateParams { temperature: 0.8, top_k: 40, top_p: 1.0, top_logprobs: 5, ..GenerateParams::default() },
+        ),
+        (
+            "temp 0.8, k 40, p 0.95, penalties, 5 lp",
+            GenerateParams {
+                temperature: 0.8,
+                top_k: 40,
+                top_p: 0.95,
+                repetition_penalty: 1.1,
+                presence_penalty: 0.5,
+                frequency_penalty: 0.5,
+                top_logprobs: 5,
+                ..GenerateParams::default()
+            },
+        ),
     ];
     for (name, params) in cases {
         let params = GenerateParams { max_tokens: TOKENS, stop_at_eos: false, seed: 7, ..params };
@@ -97,9 +124,7 @@ fn passes(path: &std::path::Path) {
     linker.define_unknown_imports_as_traps(&module).expect("stub imports");
     let mut store = Store::new(&engine, ());
     let instance = linker.instantiate(&mut store, &module).expect("instantiate");
-    let setup = instance
-        .get_typed_func::<u32, ()>(&mut store, "setup")
-        .expect("setup(n)");
+    let setup = instance.get_typed_func::<u32, ()>(&mut store, "setup").expect("setup(n)");
     setup.call(&mut store, VOCAB as u32).expect("setup");
     let names: Vec<String> = module
         .exports()

@@ -11,42 +11,23 @@ fn main() -> waste_host::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let (model_path, state_path) = match &args[1..] {
         [m, s] => (Path::new(m), Path::new(s)),
-        _ => {
-            return Err(waste_host::Error::Arg(
-                "usage: embed MODEL.waste STATE_FILE".into(),
-            ))
-        }
+        _ => return Err(waste_host::Error::Arg("usage: embed MODEL.waste STATE_FILE".into())),
     };
     println!("waste {}", waste_host::VERSION);
     let plan = waste_host::plan::plan_path(model_path, None, None)?;
-    println!(
-        "plan: floor {}, recommended {} bytes",
-        plan.floor, plan.recommended
-    );
-    let options = OpenOptions {
-        budget: Some(plan.recommended),
-        ..OpenOptions::default()
-    };
+    println!("plan: floor {}, recommended {} bytes", plan.floor, plan.recommended);
+    let options = OpenOptions { budget: Some(plan.recommended), ..OpenOptions::default() };
     let model = Model::open(model_path, &options)?;
     let engine = Engine::new()?;
     let mut session = engine.session(Arc::clone(&model))?;
     let prompt = session.tokenize("And God said")?;
-    let params = GenerateParams {
-        temperature: 0.0,
-        max_tokens: 16,
-        ..GenerateParams::default()
-    };
+    let params = GenerateParams { temperature: 0.0, max_tokens: 16, ..GenerateParams::default() };
     // The callback must be 'static: progress is shared through an Arc.
     let progress = Arc::new(Mutex::new((0u32, 0u32, 0u32, 0u64)));
     let seen = Arc::clone(&progress);
     let done = session.generate(&prompt, &params, move |ev| {
         let mut p = seen.lock().unwrap();
-        *p = (
-            p.0 + 1,
-            p.1 + ev.stats.experts_hit,
-            p.2 + ev.stats.experts_missed,
-            p.3 + ev.stats.bytes_read,
-        );
+        *p = (p.0 + 1, p.1 + ev.stats.experts_hit, p.2 + ev.stats.experts_missed, p.3 + ev.stats.bytes_read);
         eprintln!(
             "[{} tokens, cache hits {}, misses {}, {} bytes read, {:.2} of {:.2} ms in I/O]",
             p.0, p.1, p.2, p.3, ev.stats.ms_io, ev.stats.ms_total
@@ -60,9 +41,6 @@ fn main() -> waste_host::Result<()> {
     session.load_state(state_path)?;
     println!("state: saved at {saved}, loaded at {}", session.position());
     let s = model.store_stats();
-    println!(
-        "store: {} hits, {} misses, {} bytes read",
-        s.hits, s.misses, s.bytes_read
-    );
+    println!("store: {} hits, {} misses, {} bytes read", s.hits, s.misses, s.bytes_read);
     Ok(())
 }

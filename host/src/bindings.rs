@@ -67,8 +67,11 @@ impl From<wit_control::StopReason> for StopReason {
 
 impl From<wit_control::Completion> for Completion {
     fn from(c: wit_control::Completion) -> Self {
-        let (logprobs, top_logprobs) =
-            c.logprobs.into_iter().map(|l| (l.logprob, l.top.into_iter().map(|t| (t.token, t.logprob)).collect())).unzip();
+        let (logprobs, top_logprobs) = c
+            .logprobs
+            .into_iter()
+            .map(|l| (l.logprob, l.top.into_iter().map(|t| (t.token, t.logprob)).collect()))
+            .unzip();
         Completion { tokens: c.tokens, text: c.text, stop_reason: c.stop_reason.into(), logprobs, top_logprobs }
     }
 }

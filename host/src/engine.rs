@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-
 use crate::component::{CompiledGuest, HostState, ModelSlot};
 use crate::session::Session;
 use waste_engine::model::state_io::Transcript;

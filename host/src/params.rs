@@ -92,8 +92,8 @@ pub const RESERVED_TEMPLATE_VARS: [&str; 3] = ["messages", "tools", "add_generat
 /// before they reach the guest,
 /// so a caller's mistake is [`Error::Arg`] rather than a component error.
 pub fn check_template_vars(vars: &str) -> Result<()> {
-    let value: serde_json::Value = serde_json::from_str(vars)
-        .map_err(|e| Error::Arg(format!("template variables: invalid JSON: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(vars).map_err(|e| Error::Arg(format!("template variables: invalid JSON: {e}")))?;
     let serde_json::Value::Object(map) = value else {
         return Err(Error::Arg(format!("template variables: expected a JSON object, got {vars}")));
     };

@@ -29,10 +29,7 @@ impl Default for PluginLimits {
     fn default() -> Self {
         // A sort of a 160k-entry vocabulary costs a few tens of millions of
         // instructions; a thousand times the cost of a plain softmax.
-        PluginLimits {
-            fuel_per_call: 2_000_000_000,
-            memory_bytes: 256 << 20,
-        }
+        PluginLimits { fuel_per_call: 2_000_000_000, memory_bytes: 256 << 20 }
     }
 }
 
@@ -44,10 +41,7 @@ struct PluginState {
 
 impl WasiView for PluginState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
     }
 }
 
@@ -66,34 +60,17 @@ pub struct SamplerPlugin {
 impl SamplerPlugin {
     /// Compiles the component at `path`. `options` reach the plugin's
     /// `begin` with every generation.
-    pub fn load(
-        path: &Path,
-        options: Vec<(String, f32)>,
-        limits: PluginLimits,
-    ) -> Result<SamplerPlugin> {
+    pub fn load(path: &Path, options: Vec<(String, f32)>, limits: PluginLimits) -> Result<SamplerPlugin> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         let mut config = Config::new();
         config.consume_fuel(true);
-        let engine = wasmtime::Engine::new(&config)
-            .map_err(|e| Error::format(path, format!("sampler plugin engine: {e:#}")))?;
-        let component = Component::new(&engine, &bytes).map_err(|e| {
-            Error::format(
-                path,
-                format!("not a loadable sampler plugin component: {e:#}"),
-            )
-        })?;
+        let engine =
+            wasmtime::Engine::new(&config).map_err(|e| Error::format(path, format!("sampler plugin engine: {e:#}")))?;
+        let component = Component::new(&engine, &bytes)
+            .map_err(|e| Error::format(path, format!("not a loadable sampler plugin component: {e:#}")))?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| Error::Runtime(format!("{e:#}")))?;
-        let plugin = SamplerPlugin {
-            path: path.to_path_buf(),
-            limits,
-            options,
-            engine,
-            component,
-            linker,
-            live: None,
-        };
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| Error::Runtime(format!("{e:#}")))?;
+        let plugin = SamplerPlugin { path: path.to_path_buf(), limits, options, engine, component, linker, live: None };
         // Instantiate once now so a component of the wrong world fails here.
         let mut p = plugin;
         p.instantiate().map_err(|e| Error::format(path, e))?;
@@ -109,18 +86,12 @@ impl SamplerPlugin {
         let state = PluginState {
             wasi: WasiCtxBuilder::new().build(),
             table: ResourceTable::new(),
-            limits: StoreLimitsBuilder::new()
-                .memory_size(self.limits.memory_bytes)
-                .trap_on_grow_failure(true)
-                .build(),
+            limits: StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).trap_on_grow_failure(true).build(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
-        store
-            .set_fuel(self.limits.fuel_per_call)
-            .map_err(|e| e.to_string())?;
-        let b = Bindings::instantiate(&mut store, &self.component, &self.linker)
-            .map_err(|e| self.explain(&e))?;
+        store.set_fuel(self.limits.fuel_per_call).map_err(|e| e.to_string())?;
+        let b = Bindings::instantiate(&mut store, &self.component, &self.linker).map_err(|e| self.explain(&e))?;
         self.live = Some((store, b));
         Ok(())
     }
@@ -133,15 +104,11 @@ impl SamplerPlugin {
         let memory_hit = format!("{e:?}").contains("forcing trap when growing memory");
         match e.downcast_ref::<Trap>() {
             Some(Trap::OutOfFuel) => {
-                format!(
-                    "sampler plugin {name} ran out of its fuel limit of {} per call",
-                    self.limits.fuel_per_call
-                )
+                format!("sampler plugin {name} ran out of its fuel limit of {} per call", self.limits.fuel_per_call)
             }
-            _ if memory_hit => format!(
-                "sampler plugin {name} exceeded its memory limit of {} bytes",
-                self.limits.memory_bytes
-            ),
+            _ if memory_hit => {
+                format!("sampler plugin {name} exceeded its memory limit of {} bytes", self.limits.memory_bytes)
+            }
             _ => format!("sampler plugin {name} trapped: {e:#}"),
         }
     }
@@ -149,39 +116,24 @@ impl SamplerPlugin {
     /// Starts a generation on a fresh instance.
     pub(crate) fn begin(&mut self, temperature: f32, seed: u64) -> std::result::Result<(), String> {
         self.instantiate()?;
-        let params = SamplerParams {
-            temperature,
-            seed,
-            options: self.options.clone(),
-        };
+        let params = SamplerParams { temperature, seed, options: self.options.clone() };
         self.call(|b, s| b.waste_engine_sampler().call_begin(s, &params))
     }
 
     /// Draws one token.
-    pub(crate) fn sample(
-        &mut self,
-        logits: &[f32],
-        recent: &[u32],
-    ) -> std::result::Result<u32, String> {
+    pub(crate) fn sample(&mut self, logits: &[f32], recent: &[u32]) -> std::result::Result<u32, String> {
         self.call(|b, s| b.waste_engine_sampler().call_sample(s, logits, recent))
     }
 
     fn call<R>(
         &mut self,
-        f: impl FnOnce(
-            &Bindings,
-            &mut Store<PluginState>,
-        ) -> wasmtime::Result<std::result::Result<R, String>>,
+        f: impl FnOnce(&Bindings, &mut Store<PluginState>) -> wasmtime::Result<std::result::Result<R, String>>,
     ) -> std::result::Result<R, String> {
         let name = self.path.display().to_string();
         let Some((store, b)) = self.live.as_mut() else {
-            return Err(format!(
-                "sampler plugin {name} is not running (an earlier call failed)"
-            ));
+            return Err(format!("sampler plugin {name} is not running (an earlier call failed)"));
         };
-        store
-            .set_fuel(self.limits.fuel_per_call)
-            .map_err(|e| e.to_string())?;
+        store.set_fuel(self.limits.fuel_per_call).map_err(|e| e.to_string())?;
         match f(b, store) {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(msg)) => Err(format!("sampler plugin {name}: {msg}")),

@@ -153,7 +153,9 @@ impl Session {
             check_template_vars(v)?;
         }
         let msgs: Vec<_> = messages.iter().map(wit_control::ChatMessage::from).collect();
-        self.call(|b, s| b.waste_engine_control().call_apply_chat_template(s, &msgs, tools, add_generation_prompt, vars))
+        self.call(|b, s| {
+            b.waste_engine_control().call_apply_chat_template(s, &msgs, tools, add_generation_prompt, vars)
+        })
     }
 
     /// The same rendering as text, as transformers'
@@ -181,7 +183,9 @@ impl Session {
             check_template_vars(v)?;
         }
         let msgs: Vec<_> = messages.iter().map(wit_control::ChatMessage::from).collect();
-        self.call(|b, s| b.waste_engine_control().call_render_chat_template(s, &msgs, tools, add_generation_prompt, vars))
+        self.call(|b, s| {
+            b.waste_engine_control().call_render_chat_template(s, &msgs, tools, add_generation_prompt, vars)
+        })
     }
 
     /// Continues from the current state with `prompt`, sampling up to

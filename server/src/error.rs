@@ -10,10 +10,7 @@ pub enum Error {
     #[error(transparent)]
     Host(#[from] waste_host::Error),
     #[error("binding {addr}: {source}")]
-    Bind {
-        addr: String,
-        source: std::io::Error,
-    },
+    Bind { addr: String, source: std::io::Error },
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("the engine thread: {0}")]
@@ -75,9 +72,7 @@ impl ApiError {
     pub fn overloaded(limit: usize) -> Self {
         ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
-            message: format!(
-                "the server is busy: {limit} requests are already queued or running; retry later"
-            ),
+            message: format!("the server is busy: {limit} requests are already queued or running; retry later"),
             kind: "server_error",
             param: None,
             code: Some("server_overloaded"),
@@ -103,9 +98,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, axum::Json(self.body())).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
     }

@@ -115,51 +115,33 @@ async fn stats(State(state): State<Shared>) -> Json<Value> {
 }
 
 fn unknown_model(id: &str) -> ApiError {
-    ApiError::not_found(
-        format!("the model {id:?} does not exist"),
-        "model_not_found",
-    )
+    ApiError::not_found(format!("the model {id:?} does not exist"), "model_not_found")
 }
 
 async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.parse::<u64>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
     if declared.is_some_and(|n| n > state.body_limit as u64) {
         return Err(ApiError::too_large(state.body_limit));
     }
-    axum::body::to_bytes(body, state.body_limit)
-        .await
-        .map_err(|_| ApiError::too_large(state.body_limit))
+    axum::body::to_bytes(body, state.body_limit).await.map_err(|_| ApiError::too_large(state.body_limit))
 }
 
 fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 fn next_id(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{prefix}-{}-{}",
-        now(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("{prefix}-{}-{}", now(), COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
 async fn chat(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    handle(state, headers, body, true)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    handle(state, headers, body, true).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn completions(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    handle(state, headers, body, false)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    handle(state, headers, body, false).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// What the answers of one request share.
@@ -173,12 +155,7 @@ struct Reply {
     include_usage: bool,
 }
 
-async fn handle(
-    state: Shared,
-    headers: HeaderMap,
-    body: Body,
-    chat: bool,
-) -> Result<Response, ApiError> {
+async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Result<Response, ApiError> {
     let bytes = read_body(&state, &headers, body).await?;
     let req: Request = request::parse(&bytes, chat, state.context)?;
     if let Some(m) = &req.model {
@@ -196,12 +173,7 @@ async fn handle(
         tools: req.tools_enabled,
         include_usage: req.include_usage,
     };
-    state.worker.submit(Job {
-        prompt: req.prompt,
-        params: req.params,
-        want_texts: req.logprobs,
-        events: tx,
-    })?;
+    state.worker.submit(Job { prompt: req.prompt, params: req.params, want_texts: req.logprobs, events: tx })?;
     // Waiting for the prompt lets its errors be HTTP errors, streaming or not.
     match rx.recv().await {
         Some(Event::Started) => {}
@@ -210,35 +182,20 @@ async fn handle(
     }
     if req.stream {
         let stream = futures_util::stream::unfold(
-            SseState {
-                rx,
-                reply,
-                streamed: String::new(),
-                role_sent: false,
-                done: false,
-            },
+            SseState { rx, reply, streamed: String::new(), role_sent: false, done: false },
             sse_next,
         );
         let mut response = Response::new(Body::from_stream(stream));
         let h = response.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Ok(response);
     }
     loop {
         match rx.recv().await {
             Some(Event::Started) | Some(Event::Token(..)) => {}
-            Some(Event::Done {
-                completion,
-                prompt_tokens,
-                texts,
-            }) => {
-                return Ok(
-                    Json(full_answer(&reply, completion, prompt_tokens, &texts)).into_response()
-                )
+            Some(Event::Done { completion, prompt_tokens, texts }) => {
+                return Ok(Json(full_answer(&reply, completion, prompt_tokens, &texts)).into_response())
             }
             Some(Event::Failed(e)) => return Err(e),
             None => return Err(ApiError::internal("the engine thread dropped the request")),
@@ -258,11 +215,8 @@ fn usage(prompt: usize, completion: usize) -> Value {
 }
 
 fn chat_logprob(t: &TokenTexts, logprob: f32) -> Value {
-    let top: Vec<Value> = t
-        .top
-        .iter()
-        .map(|(s, lp)| json!({"token": s, "logprob": lp, "bytes": s.as_bytes()}))
-        .collect();
+    let top: Vec<Value> =
+        t.top.iter().map(|(s, lp)| json!({"token": s, "logprob": lp, "bytes": s.as_bytes()})).collect();
     json!({"token": t.token, "logprob": logprob, "bytes": t.token.as_bytes(), "top_logprobs": top})
 }
 
@@ -273,10 +227,8 @@ fn text_logprobs(texts: &[&TokenTexts], logprobs: &[f32], start_offset: usize) -
         offsets.push(offset);
         offset += t.token.len();
     }
-    let top: Vec<Value> = texts
-        .iter()
-        .map(|t| Value::Object(t.top.iter().map(|(s, lp)| (s.clone(), json!(lp))).collect()))
-        .collect();
+    let top: Vec<Value> =
+        texts.iter().map(|t| Value::Object(t.top.iter().map(|(s, lp)| (s.clone(), json!(lp))).collect())).collect();
     json!({
         "tokens": texts.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
         "token_logprobs": logprobs,
@@ -285,12 +237,7 @@ fn text_logprobs(texts: &[&TokenTexts], logprobs: &[f32], start_offset: usize) -
     })
 }
 
-fn full_answer(
-    r: &Reply,
-    c: waste_host::Completion,
-    prompt_tokens: usize,
-    texts: &[TokenTexts],
-) -> Value {
+fn full_answer(r: &Reply, c: waste_host::Completion, prompt_tokens: usize, texts: &[TokenTexts]) -> Value {
     let mut finish = finish_reason(c.stop_reason);
     let logprobs = if !r.logprobs {
         Value::Null
@@ -371,11 +318,7 @@ async fn sse_next(mut st: SseState) -> Option<(Result<String, Infallible>, SseSt
     let mut out = String::new();
     if st.reply.chat && !st.role_sent {
         // The role comes first, as in OpenAI's streams.
-        out.push_str(&data(&st.reply.chunk(
-            json!({"role": "assistant", "content": ""}),
-            Value::Null,
-            None,
-        )));
+        out.push_str(&data(&st.reply.chunk(json!({"role": "assistant", "content": ""}), Value::Null, None)));
         st.role_sent = true;
     }
     loop {
@@ -388,39 +331,21 @@ async fn sse_next(mut st: SseState) -> Option<(Result<String, Infallible>, SseSt
                 }
                 let logprobs = match (&texts, st.reply.logprobs, st.reply.chat) {
                     (Some(t), true, true) => json!({"content": [chat_logprob(t, ev.logprob)]}),
-                    (Some(t), true, false) => {
-                        text_logprobs(&[t], &[ev.logprob], st.streamed.len() - ev.text.len())
-                    }
+                    (Some(t), true, false) => text_logprobs(&[t], &[ev.logprob], st.streamed.len() - ev.text.len()),
                     _ => Value::Null,
                 };
                 if ev.text.is_empty() && logprobs.is_null() {
                     continue;
                 }
-                out.push_str(&data(&st.reply.chunk(
-                    st.reply.content(&ev.text),
-                    logprobs,
-                    None,
-                )));
+                out.push_str(&data(&st.reply.chunk(st.reply.content(&ev.text), logprobs, None)));
                 return Some((Ok(out), st));
             }
-            Some(Event::Done {
-                completion,
-                prompt_tokens,
-                ..
-            }) => {
+            Some(Event::Done { completion, prompt_tokens, .. }) => {
                 let mut finish = finish_reason(completion.stop_reason);
-                let calls = if st.reply.tools {
-                    tools::parse(&completion.text, &st.reply.id)
-                } else {
-                    None
-                };
+                let calls = if st.reply.tools { tools::parse(&completion.text, &st.reply.id) } else { None };
                 if let Some((content, calls)) = calls {
                     if let Some(text) = content {
-                        out.push_str(&data(&st.reply.chunk(
-                            json!({"content": text}),
-                            Value::Null,
-                            None,
-                        )));
+                        out.push_str(&data(&st.reply.chunk(json!({"content": text}), Value::Null, None)));
                     }
                     let calls: Vec<Value> = calls
                         .as_array()
@@ -435,27 +360,15 @@ async fn sse_next(mut st: SseState) -> Option<(Result<String, Infallible>, SseSt
                                 .collect()
                         })
                         .unwrap_or_default();
-                    out.push_str(&data(&st.reply.chunk(
-                        json!({"tool_calls": calls}),
-                        Value::Null,
-                        None,
-                    )));
+                    out.push_str(&data(&st.reply.chunk(json!({"tool_calls": calls}), Value::Null, None)));
                     finish = "tool_calls";
                 } else {
                     // Text the engine held back (a possible stop string that
                     // was not one) or, with tools, everything.
-                    let sent = if st.reply.tools {
-                        ""
-                    } else {
-                        st.streamed.as_str()
-                    };
+                    let sent = if st.reply.tools { "" } else { st.streamed.as_str() };
                     let rest = completion.text.strip_prefix(sent).unwrap_or("");
                     if !rest.is_empty() {
-                        out.push_str(&data(&st.reply.chunk(
-                            st.reply.content(rest),
-                            Value::Null,
-                            None,
-                        )));
+                        out.push_str(&data(&st.reply.chunk(st.reply.content(rest), Value::Null, None)));
                     }
                 }
                 let empty = if st.reply.chat { json!({}) } else { json!("") };
@@ -477,9 +390,7 @@ async fn sse_next(mut st: SseState) -> Option<(Result<String, Infallible>, SseSt
                 return Some((Ok(out), st));
             }
             None => {
-                out.push_str(&data(
-                    &ApiError::internal("the engine thread dropped the request").body(),
-                ));
+                out.push_str(&data(&ApiError::internal("the engine thread dropped the request").body()));
                 out.push_str("data: [DONE]\n\n");
                 st.done = true;
                 return Some((Ok(out), st));

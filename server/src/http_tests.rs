@@ -9,7 +9,8 @@ use waste_host::{Completion, StopReason, TokenEvent};
 
 use super::*;
 
-const CALL: &str = "Let me look.\n<tool_call>\n{\"name\": \"verse\", \"arguments\": {\"book\": \"Genesis\"}}\n</tool_call>";
+const CALL: &str =
+    "Let me look.\n<tool_call>\n{\"name\": \"verse\", \"arguments\": {\"book\": \"Genesis\"}}\n</tool_call>";
 
 fn reply(chat: bool, tools: bool) -> Reply {
     Reply {
@@ -34,13 +35,7 @@ fn completion(text: &str, tokens: usize, stop_reason: StopReason) -> Completion 
 }
 
 fn event(text: &str) -> TokenEvent {
-    TokenEvent {
-        token: 0,
-        text: text.into(),
-        logprob: 0.0,
-        top_logprobs: Vec::new(),
-        stats: Default::default(),
-    }
+    TokenEvent { token: 0, text: text.into(), logprob: 0.0, top_logprobs: Vec::new(), stats: Default::default() }
 }
 
 /// Runs the SSE stream over `pieces` (one token each) and the completion;
@@ -50,19 +45,8 @@ async fn stream(reply: Reply, pieces: &[&str], done: Completion) -> Vec<Value> {
     for p in pieces {
         tx.send(Event::Token(event(p), None)).unwrap();
     }
-    tx.send(Event::Done {
-        completion: done,
-        prompt_tokens: 7,
-        texts: Vec::new(),
-    })
-    .unwrap();
-    let st = SseState {
-        rx,
-        reply,
-        streamed: String::new(),
-        role_sent: false,
-        done: false,
-    };
+    tx.send(Event::Done { completion: done, prompt_tokens: 7, texts: Vec::new() }).unwrap();
+    let st = SseState { rx, reply, streamed: String::new(), role_sent: false, done: false };
     let (mut next, mut text) = (Some(st), String::new());
     while let Some(state) = next.take() {
         if let Some((chunk, after)) = sse_next(state).await {
@@ -73,9 +57,7 @@ async fn stream(reply: Reply, pieces: &[&str], done: Completion) -> Vec<Value> {
     text.split("\n\n")
         .filter(|e| !e.is_empty())
         .map(|e| {
-            let payload = e
-                .strip_prefix("data: ")
-                .unwrap_or_else(|| panic!("not an SSE data event: {e:?}"));
+            let payload = e.strip_prefix("data: ").unwrap_or_else(|| panic!("not an SSE data event: {e:?}"));
             serde_json::from_str(payload).unwrap_or_else(|_| Value::String(payload.into()))
         })
         .collect()
@@ -83,12 +65,7 @@ async fn stream(reply: Reply, pieces: &[&str], done: Completion) -> Vec<Value> {
 
 #[test]
 fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
-    let v = full_answer(
-        &reply(true, true),
-        completion(CALL, 20, StopReason::Eos),
-        7,
-        &[],
-    );
+    let v = full_answer(&reply(true, true), completion(CALL, 20, StopReason::Eos), 7, &[]);
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls");
     assert_eq!(choice["message"]["content"], "Let me look.");
@@ -96,8 +73,7 @@ fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0]["type"], "function");
     assert_eq!(calls[0]["function"]["name"], "verse");
-    let args: Value =
-        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
     assert_eq!(args["book"], "Genesis");
     assert_eq!(v["usage"]["completion_tokens"], 20);
     assert_eq!(v["usage"]["total_tokens"], 27);
@@ -105,12 +81,7 @@ fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
 
 #[test]
 fn tool_call_text_without_tools_in_the_request_stays_text() {
-    let v = full_answer(
-        &reply(true, false),
-        completion(CALL, 20, StopReason::Eos),
-        7,
-        &[],
-    );
+    let v = full_answer(&reply(true, false), completion(CALL, 20, StopReason::Eos), 7, &[]);
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(v["choices"][0]["message"]["content"], CALL);
     assert!(v["choices"][0]["message"].get("tool_calls").is_none());
@@ -125,29 +96,15 @@ async fn streamed_tool_call_is_one_tool_calls_delta_then_finish_then_usage() {
         "\"arguments\": {\"book\": \"Genesis\"}}\n</tool_call>",
     ];
     assert_eq!(pieces.concat(), CALL);
-    let events = stream(
-        reply(true, true),
-        &pieces,
-        completion(CALL, 4, StopReason::Eos),
-    )
-    .await;
+    let events = stream(reply(true, true), &pieces, completion(CALL, 4, StopReason::Eos)).await;
     assert_eq!(events.last().unwrap(), "[DONE]");
     let chunks = &events[..events.len() - 1];
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     // With tools, text is held back until the end: no raw tag is streamed.
-    let content: String = chunks
-        .iter()
-        .filter_map(|c| {
-            c["choices"].get(0)?["delta"]["content"]
-                .as_str()
-                .map(str::to_string)
-        })
-        .collect();
+    let content: String =
+        chunks.iter().filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str().map(str::to_string)).collect();
     assert_eq!(content, "Let me look.");
-    let calls: Vec<&Value> = chunks
-        .iter()
-        .filter_map(|c| c["choices"].get(0)?["delta"].get("tool_calls"))
-        .collect();
+    let calls: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"].get(0)?["delta"].get("tool_calls")).collect();
     assert_eq!(calls.len(), 1, "{chunks:?}");
     assert_eq!(calls[0][0]["index"], 0);
     assert_eq!(calls[0][0]["function"]["name"], "verse");
@@ -162,28 +119,17 @@ async fn streamed_tool_call_is_one_tool_calls_delta_then_finish_then_usage() {
     assert_eq!(usage["usage"]["completion_tokens"], 4);
     assert_eq!(usage["usage"]["prompt_tokens"], 7);
     // Every chunk but the usage chunk says `usage: null`, as OpenAI's do.
-    assert!(chunks[..chunks.len() - 1]
-        .iter()
-        .all(|c| c["usage"].is_null()));
+    assert!(chunks[..chunks.len() - 1].iter().all(|c| c["usage"].is_null()));
 }
 
 #[tokio::test]
 async fn streamed_text_with_tools_but_no_call_is_sent_whole_at_the_end() {
-    let events = stream(
-        reply(true, true),
-        &["In the ", "beginning"],
-        completion("In the beginning", 2, StopReason::Length),
-    )
-    .await;
+    let events =
+        stream(reply(true, true), &["In the ", "beginning"], completion("In the beginning", 2, StopReason::Length))
+            .await;
     let chunks = &events[..events.len() - 1];
-    let content: String = chunks
-        .iter()
-        .filter_map(|c| {
-            c["choices"].get(0)?["delta"]["content"]
-                .as_str()
-                .map(str::to_string)
-        })
-        .collect();
+    let content: String =
+        chunks.iter().filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str().map(str::to_string)).collect();
     assert_eq!(content, "In the beginning");
     let finishes: Vec<&Value> = chunks
         .iter()

@@ -60,15 +60,9 @@ pub fn serve(
         api_key: options.api_key,
         body_limit: options.body_limit,
         context,
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
         let addr = format!("{}:{}", options.host, options.port);
         let listener = tokio::net::TcpListener::bind((options.host.as_str(), options.port))

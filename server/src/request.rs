@@ -117,19 +117,12 @@ fn content(v: Option<&Value>, i: usize) -> Result<Option<String>, ApiError> {
 fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match field(o, "messages") {
         Some(Value::Array(list)) if !list.is_empty() => list,
-        None => {
-            return Err(ApiError::bad_request(
-                "`messages` is required",
-                Some("messages"),
-            ))
-        }
+        None => return Err(ApiError::bad_request("`messages` is required", Some("messages"))),
         Some(_) => return Err(bad("messages", "a non-empty list of messages")),
     };
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
-        let m = m
-            .as_object()
-            .ok_or_else(|| bad(&format!("messages[{i}]"), "an object"))?;
+        let m = m.as_object().ok_or_else(|| bad(&format!("messages[{i}]"), "an object"))?;
         let role = match m.get("role") {
             Some(Value::String(r)) if !r.is_empty() => r.clone(),
             _ => return Err(bad(&format!("messages[{i}].role"), "a non-empty string")),
@@ -140,16 +133,8 @@ fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
             .filter(|(k, v)| *k != "role" && *k != "content" && !v.is_null())
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let extra = if extra.is_empty() {
-            None
-        } else {
-            Some(Value::Object(extra).to_string())
-        };
-        out.push(ChatMessage {
-            role,
-            content,
-            extra,
-        });
+        let extra = if extra.is_empty() { None } else { Some(Value::Object(extra).to_string()) };
+        out.push(ChatMessage { role, content, extra });
     }
     Ok(out)
 }
@@ -160,12 +145,7 @@ fn tools(o: &Obj) -> Result<(Option<String>, bool), ApiError> {
         Some(Value::String(s)) if s == "none" => true,
         Some(Value::String(s)) if s == "auto" || s == "required" => false,
         Some(Value::Object(_)) => false,
-        Some(_) => {
-            return Err(bad(
-                "tool_choice",
-                "\"none\", \"auto\", \"required\" or an object",
-            ))
-        }
+        Some(_) => return Err(bad("tool_choice", "\"none\", \"auto\", \"required\" or an object")),
     };
     match field(o, "tools") {
         None => Ok((None, false)),
@@ -213,12 +193,9 @@ fn raw_field(body: &[u8], key: &str) -> Option<String> {
 /// Parses a request body. `chat` selects the chat shape (messages) over the
 /// completions shape (prompt); `context` bounds max_tokens' default.
 pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("the request body is not valid JSON: {e}"), None)
-    })?;
-    let o = value
-        .as_object()
-        .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object", None))?;
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}"), None))?;
+    let o = value.as_object().ok_or_else(|| ApiError::bad_request("the request body must be a JSON object", None))?;
     let model = match field(o, "model") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),
@@ -226,41 +203,21 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
     };
     if let Some(n) = field(o, "n") {
         if n.as_u64() != Some(1) {
-            return Err(ApiError::bad_request(
-                "only `n` = 1 is supported",
-                Some("n"),
-            ));
+            return Err(ApiError::bad_request("only `n` = 1 is supported", Some("n")));
         }
     }
     let (prompt, tools_enabled) = if chat {
         let (tools, enabled) = tools(o)?;
         let tools = tools.map(|sorted| raw_field(body, "tools").unwrap_or(sorted));
-        (
-            Prompt::Chat {
-                messages: messages(o)?,
-                tools,
-                template_vars: template_vars(o, body)?,
-            },
-            enabled,
-        )
+        (Prompt::Chat { messages: messages(o)?, tools, template_vars: template_vars(o, body)? }, enabled)
     } else {
         let text = match field(o, "prompt") {
             Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-                a[0].as_str().unwrap_or_default().to_string()
-            }
+            Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
             Some(Value::Array(a)) if a.len() > 1 => {
-                return Err(ApiError::bad_request(
-                    "only one prompt per request is supported",
-                    Some("prompt"),
-                ))
+                return Err(ApiError::bad_request("only one prompt per request is supported", Some("prompt")))
             }
-            None => {
-                return Err(ApiError::bad_request(
-                    "`prompt` is required",
-                    Some("prompt"),
-                ))
-            }
+            None => return Err(ApiError::bad_request("`prompt` is required", Some("prompt"))),
             Some(_) => return Err(bad("prompt", "a string")),
         };
         (Prompt::Text(text), false)
@@ -273,10 +230,7 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         let on = boolean(o, "logprobs")?;
         let top = integer(o, "top_logprobs", 0, 20)?;
         if top.is_some() && !on {
-            return Err(ApiError::bad_request(
-                "`top_logprobs` needs `logprobs` set to true",
-                Some("top_logprobs"),
-            ));
+            return Err(ApiError::bad_request("`top_logprobs` needs `logprobs` set to true", Some("top_logprobs")));
         }
         (on, top.unwrap_or(0))
     } else {
@@ -288,24 +242,19 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
     let stream = boolean(o, "stream")?;
     let include_usage = match field(o, "stream_options") {
         None => false,
-        Some(Value::Object(so)) => boolean(so, "include_usage")
-            .map_err(|_| bad("stream_options.include_usage", "a boolean"))?,
+        Some(Value::Object(so)) => {
+            boolean(so, "include_usage").map_err(|_| bad("stream_options.include_usage", "a boolean"))?
+        }
         Some(_) => return Err(bad("stream_options", "an object")),
     };
     let seed = match field(o, "seed") {
         None => fresh_seed(),
         // Negative seeds are legal in OpenAI's API; their bit pattern is the seed.
-        Some(v) => v
-            .as_i64()
-            .map(|s| s as u64)
-            .or_else(|| v.as_u64())
-            .ok_or_else(|| bad("seed", "an integer"))?,
+        Some(v) => v.as_i64().map(|s| s as u64).or_else(|| v.as_u64()).ok_or_else(|| bad("seed", "an integer"))?,
     };
     let params = GenerateParams {
         temperature: number(o, "temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32,
-        top_p: number(o, "top_p", 0.0, 1.0)?
-            .map(|p| p.max(f64::MIN_POSITIVE))
-            .unwrap_or(1.0) as f32,
+        top_p: number(o, "top_p", 0.0, 1.0)?.map(|p| p.max(f64::MIN_POSITIVE)).unwrap_or(1.0) as f32,
         top_k: integer(o, "top_k", 0, u32::MAX as u64)?.unwrap_or(0) as u32,
         min_p: number(o, "min_p", 0.0, 1.0)?.unwrap_or(0.0) as f32,
         presence_penalty: number(o, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
@@ -317,15 +266,7 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         stop_strings: stop_strings(o)?,
         ..GenerateParams::default()
     };
-    Ok(Request {
-        model,
-        prompt,
-        params,
-        stream,
-        include_usage,
-        logprobs,
-        tools_enabled,
-    })
+    Ok(Request { model, prompt, params, stream, include_usage, logprobs, tools_enabled })
 }
 
 /// A seed for a request that gives none: different per request, as
@@ -333,14 +274,9 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
 fn fresh_seed() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    nanos
-        ^ COUNTER
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    nanos ^ COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 #[cfg(test)]
@@ -379,7 +315,9 @@ mod tests {
             panic!("no template variables");
         };
         assert_eq!(vars, r#"{"enable_thinking": false, "a": {"z": 1, "b": 2}}"#);
-        let none = parse(br#"{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": null}"#, true, 256).unwrap();
+        let none =
+            parse(br#"{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": null}"#, true, 256)
+                .unwrap();
         assert!(matches!(none.prompt, Prompt::Chat { template_vars: None, .. }));
     }
 

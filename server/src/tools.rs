@@ -42,10 +42,7 @@ pub fn parse(text: &str, id: &str) -> Option<(Option<String>, Value)> {
         rest = after;
     }
     let before = text[..first].trim();
-    Some((
-        (!before.is_empty()).then(|| before.to_string()),
-        Value::Array(calls),
-    ))
+    Some(((!before.is_empty()).then(|| before.to_string()), Value::Array(calls)))
 }
 
 #[cfg(test)]
@@ -54,7 +51,8 @@ mod tests {
 
     #[test]
     fn hermes_tool_call_is_parsed_with_leading_text() {
-        let out = "Let me check.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let out =
+            "Let me check.\n<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
         let (content, calls) = parse(out, "x").unwrap();
         assert_eq!(content.as_deref(), Some("Let me check."));
         assert_eq!(calls[0]["function"]["name"], "weather");

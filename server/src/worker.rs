@@ -93,68 +93,47 @@ impl Vocab {
     }
 
     fn texts(&mut self, token: u32, top: &[(u32, f32)]) -> TokenTexts {
-        TokenTexts {
-            token: self.text(token),
-            top: top.iter().map(|&(id, lp)| (self.text(id), lp)).collect(),
-        }
+        TokenTexts { token: self.text(token), top: top.iter().map(|&(id, lp)| (self.text(id), lp)).collect() }
     }
 }
 
 impl Worker {
     /// Starts the engine thread; returns once its sessions exist. The
     /// generating session draws through `sampler` when one is given.
-    pub fn start(
-        engine: Engine,
-        model: Arc<Model>,
-        limit: usize,
-        sampler: Option<SamplerPlugin>,
-    ) -> Result<Worker> {
+    pub fn start(engine: Engine, model: Arc<Model>, limit: usize, sampler: Option<SamplerPlugin>) -> Result<Worker> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let pending = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&pending);
         let counters = Arc::new(Counters::default());
         let tally = Arc::clone(&counters);
-        std::thread::Builder::new()
-            .name("waste-engine".into())
-            .spawn(move || {
-                let sessions = engine
-                    .session(Arc::clone(&model))
-                    .and_then(|s| Ok((s, engine.session(Arc::clone(&model))?)));
-                let (mut session, vocab) = match sessions {
-                    Ok(mut s) => {
-                        s.0.set_sampler(sampler);
-                        let _ = ready_tx.send(Ok(()));
-                        s
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e.into()));
-                        return;
-                    }
-                };
-                let vocab = Arc::new(Mutex::new(Vocab {
-                    session: vocab,
-                    cache: HashMap::new(),
-                }));
-                for job in rx {
-                    // A client gone while queued costs nothing.
-                    if job.events.is_closed() {
-                        tally.dropped_queued.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        run_job(&mut session, &vocab, &model, &tally, job);
-                    }
-                    counter.fetch_sub(1, Ordering::SeqCst);
+        std::thread::Builder::new().name("waste-engine".into()).spawn(move || {
+            let sessions =
+                engine.session(Arc::clone(&model)).and_then(|s| Ok((s, engine.session(Arc::clone(&model))?)));
+            let (mut session, vocab) = match sessions {
+                Ok(mut s) => {
+                    s.0.set_sampler(sampler);
+                    let _ = ready_tx.send(Ok(()));
+                    s
                 }
-            })?;
-        ready_rx
-            .recv()
-            .map_err(|_| Error::Worker("the engine thread ended while starting".into()))??;
-        Ok(Worker {
-            jobs: Mutex::new(tx),
-            pending,
-            limit,
-            counters,
-        })
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e.into()));
+                    return;
+                }
+            };
+            let vocab = Arc::new(Mutex::new(Vocab { session: vocab, cache: HashMap::new() }));
+            for job in rx {
+                // A client gone while queued costs nothing.
+                if job.events.is_closed() {
+                    tally.dropped_queued.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    run_job(&mut session, &vocab, &model, &tally, job);
+                }
+                counter.fetch_sub(1, Ordering::SeqCst);
+            }
+        })?;
+        ready_rx.recv().map_err(|_| Error::Worker("the engine thread ended while starting".into()))??;
+        Ok(Worker { jobs: Mutex::new(tx), pending, limit, counters })
     }
 
     /// Requests queued or running now.
@@ -177,11 +156,7 @@ impl Worker {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::overloaded(self.limit));
         }
-        let sent = self
-            .jobs
-            .lock()
-            .map_err(|_| ApiError::internal("the job queue's lock is poisoned"))?
-            .send(job);
+        let sent = self.jobs.lock().map_err(|_| ApiError::internal("the job queue's lock is poisoned"))?.send(job);
         if sent.is_err() {
             self.pending.fetch_sub(1, Ordering::SeqCst);
             return Err(ApiError::internal("the engine thread has stopped"));
@@ -197,10 +172,7 @@ fn host_error(e: waste_host::Error) -> ApiError {
     }
 }
 
-fn prompt_tokens(
-    session: &mut Session,
-    prompt: &Prompt,
-) -> std::result::Result<Vec<u32>, ApiError> {
+fn prompt_tokens(session: &mut Session, prompt: &Prompt) -> std::result::Result<Vec<u32>, ApiError> {
     match prompt {
         Prompt::Chat { messages, tools, template_vars } => {
             match session.model().chat_template(tools.is_some()) {
@@ -213,12 +185,12 @@ fn prompt_tokens(
             // A template that rejects the conversation (raise_exception,
             // a field it cannot read) is the request's fault, not the
             // server's: the template is fixed, the messages are not.
-            session
-                .apply_chat_template_with_vars(messages, tools.as_deref(), true, template_vars.as_deref())
-                .map_err(|e| match e {
+            session.apply_chat_template_with_vars(messages, tools.as_deref(), true, template_vars.as_deref()).map_err(
+                |e| match e {
                     e @ waste_host::Error::ChatTemplate(_) => ApiError::bad_request(e.to_string(), Some("messages")),
                     other => host_error(other),
-                })
+                },
+            )
         }
         Prompt::Text(text) => {
             let mut tokens: Vec<u32> = session.model().info().bos_token.into_iter().collect();
@@ -228,27 +200,14 @@ fn prompt_tokens(
     }
 }
 
-fn run_job(
-    session: &mut Session,
-    vocab: &Arc<Mutex<Vocab>>,
-    model: &Arc<Model>,
-    counters: &Counters,
-    job: Job,
-) {
+fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>, counters: &Counters, job: Job) {
     session.reset();
     let tokens = match prompt_tokens(session, &job.prompt) {
-        Ok(t) if t.is_empty() => Err(ApiError::bad_request(
-            "the prompt encodes to no tokens",
-            Some("prompt"),
-        )),
+        Ok(t) if t.is_empty() => Err(ApiError::bad_request("the prompt encodes to no tokens", Some("prompt"))),
         Ok(t) if t.len() >= model.context() => Err(ApiError {
             code: Some("context_length_exceeded"),
             ..ApiError::bad_request(
-                format!(
-                    "the prompt is {} tokens; this model's context is {} tokens",
-                    t.len(),
-                    model.context()
-                ),
+                format!("the prompt is {} tokens; this model's context is {} tokens", t.len(), model.context()),
                 Some("messages"),
             )
         }),
@@ -275,14 +234,7 @@ fn run_job(
     // Returning false (the receiver is gone: the client disconnected) stops
     // the generation before the next token.
     let result = session.generate(&tokens, &job.params, move |ev| {
-        let texts = if want {
-            words
-                .lock()
-                .ok()
-                .map(|mut v| v.texts(ev.token, &ev.top_logprobs))
-        } else {
-            None
-        };
+        let texts = if want { words.lock().ok().map(|mut v| v.texts(ev.token, &ev.top_logprobs)) } else { None };
         let ok = tx.send(Event::Token(ev.clone(), texts)).is_ok();
         if ok {
             sent.fetch_add(1, Ordering::Relaxed);
@@ -296,33 +248,20 @@ fn run_job(
             if completion.stop_reason == StopReason::Cancelled {
                 let delivered = delivered.load(Ordering::Relaxed);
                 counters.cancelled.fetch_add(1, Ordering::Relaxed);
-                counters
-                    .max_tokens_after_disconnect
-                    .fetch_max(generated.saturating_sub(delivered), Ordering::Relaxed);
+                counters.max_tokens_after_disconnect.fetch_max(generated.saturating_sub(delivered), Ordering::Relaxed);
                 if let Ok(mut last) = counters.last_cancelled.lock() {
-                    *last = Some(Cancelled {
-                        generated,
-                        delivered,
-                        max_tokens: job.params.max_tokens,
-                    });
+                    *last = Some(Cancelled { generated, delivered, max_tokens: job.params.max_tokens });
                 }
             } else {
                 counters.completed.fetch_add(1, Ordering::Relaxed);
             }
             let texts = match (want, vocab.lock()) {
-                (true, Ok(mut v)) => completion
-                    .tokens
-                    .iter()
-                    .zip(&completion.top_logprobs)
-                    .map(|(&t, top)| v.texts(t, top))
-                    .collect(),
+                (true, Ok(mut v)) => {
+                    completion.tokens.iter().zip(&completion.top_logprobs).map(|(&t, top)| v.texts(t, top)).collect()
+                }
                 _ => Vec::new(),
             };
-            Event::Done {
-                completion,
-                prompt_tokens,
-                texts,
-            }
+            Event::Done { completion, prompt_tokens, texts }
         }
         Err(e) => {
             counters.failed.fetch_add(1, Ordering::Relaxed);

@@ -6,10 +6,7 @@ use std::path::PathBuf;
 use crate::common::*;
 
 fn model() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/bible-moe.waste")
-        .to_string_lossy()
-        .into_owned()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/bible-moe.waste").to_string_lossy().into_owned()
 }
 
 fn chat(script: &str, extra: &[&str]) -> std::process::Output {
@@ -22,28 +19,12 @@ fn chat(script: &str, extra: &[&str]) -> std::process::Output {
 /// (turns, position, last prompt, replays) from each `/stats` line.
 fn stats_lines(out: &str) -> Vec<(u64, u64, u64, u64)> {
     let num = |line: &str, key: &str| -> u64 {
-        let at = line
-            .find(key)
-            .unwrap_or_else(|| panic!("{key:?} missing in {line:?}"))
-            + key.len();
-        line[at..]
-            .trim_start()
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
+        let at = line.find(key).unwrap_or_else(|| panic!("{key:?} missing in {line:?}")) + key.len();
+        line[at..].trim_start().split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
     };
     out.lines()
         .filter(|l| l.starts_with("turns "))
-        .map(|l| {
-            (
-                num(l, "turns"),
-                num(l, "position"),
-                num(l, "last prompt"),
-                num(l, "replays"),
-            )
-        })
+        .map(|l| (num(l, "turns"), num(l, "position"), num(l, "last prompt"), num(l, "replays")))
         .collect()
 }
 
@@ -63,20 +44,9 @@ fn chat_two_turns_evaluate_only_the_new_tokens() {
     assert_eq!((t1, t2), (1, 2));
     assert_eq!((r1, r2), (0, 0), "the session should continue, not replay");
     // The second turn evaluated its own tokens only, on top of the first.
-    assert!(
-        prompt2 < p1,
-        "second prompt {prompt2} tokens, first turn ended at {p1}"
-    );
-    assert!(
-        p2 > p1 + prompt2,
-        "position {p2} after {p1} + {prompt2} + a reply"
-    );
-    assert_eq!(
-        stderr(&o).matches(" tokens, ").count(),
-        2,
-        "one stats line per turn: {}",
-        stderr(&o)
-    );
+    assert!(prompt2 < p1, "second prompt {prompt2} tokens, first turn ended at {p1}");
+    assert!(p2 > p1 + prompt2, "position {p2} after {p1} + {prompt2} + a reply");
+    assert_eq!(stderr(&o).matches(" tokens, ").count(), 2, "one stats line per turn: {}", stderr(&o));
 }
 
 #[test]
@@ -94,36 +64,24 @@ fn chat_save_and_load_continue_the_same_conversation() {
     let file = tmp.path().join("conv.bin");
     let f = file.to_str().unwrap();
     let plain = chat("Hello\nAnd again\n", &[]);
-    let restored = chat(
-        &format!("Hello\n/save {f}\n/reset\n/load {f}\nAnd again\n"),
-        &[],
-    );
+    let restored = chat(&format!("Hello\n/save {f}\n/reset\n/load {f}\nAnd again\n"), &[]);
     assert_ok(&plain);
     assert_ok(&restored);
     let out = stdout(&restored);
     assert!(out.contains("saved ") && out.contains("loaded "), "{out}");
     let replies: String = out
         .lines()
-        .filter(|l| {
-            !(l.starts_with("saved ") || l.starts_with("loaded ") || l == &"conversation reset")
-        })
+        .filter(|l| !(l.starts_with("saved ") || l.starts_with("loaded ") || l == &"conversation reset"))
         .map(|l| format!("{l}\n"))
         .collect();
-    assert_eq!(
-        replies,
-        stdout(&plain),
-        "a restored conversation goes on as the original"
-    );
+    assert_eq!(replies, stdout(&plain), "a restored conversation goes on as the original");
 }
 
 #[test]
 fn chat_help_unknown_command_and_bad_files_keep_the_repl_going() {
     let tmp = TempDir::new("chat-errors");
     let missing = tmp.path().join("nope.bin");
-    let script = format!(
-        "/help\n/bogus\n/save\n/load {}\nHello\n/stats\n",
-        missing.display()
-    );
+    let script = format!("/help\n/bogus\n/save\n/load {}\nHello\n/stats\n", missing.display());
     let o = chat(&script, &[]);
     assert_ok(&o);
     let (out, err) = (stdout(&o), stderr(&o));
@@ -142,10 +100,7 @@ fn chat_system_message_is_part_of_the_prompt() {
     let o = chat("Hello\n/stats\n", &["--system", "You are terse."]);
     let plain = chat("Hello\n/stats\n", &[]);
     assert_ok(&o);
-    assert!(
-        stats_lines(&stdout(&o))[0].2 > stats_lines(&stdout(&plain))[0].2,
-        "the system turn adds tokens"
-    );
+    assert!(stats_lines(&stdout(&o))[0].2 > stats_lines(&stdout(&plain))[0].2, "the system turn adds tokens");
 }
 
 #[test]
@@ -158,8 +113,7 @@ fn chat_without_a_template_is_a_clear_error() {
         std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
     }
     let cfg = dir.join("tokenizer_config.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     v.as_object_mut().unwrap().remove("chat_template");
     std::fs::write(&cfg, v.to_string()).unwrap();
     let o = waste_with_stdin(&["chat", dir.to_str().unwrap()], Some("Hello\n"));
@@ -171,12 +125,7 @@ fn chat_without_a_template_is_a_clear_error() {
 
 #[test]
 fn chat_usage_errors_exit_2() {
-    for bad in [
-        &["--temp", "-1"][..],
-        &["--top-p", "0"],
-        &["-n", "0"],
-        &["--system"],
-    ] {
+    for bad in [&["--temp", "-1"][..], &["--top-p", "0"], &["-n", "0"], &["--system"]] {
         // Usage errors come before stdin is read: give it none.
         let m = model();
         let mut args = vec!["chat", m.as_str()];
@@ -253,17 +202,13 @@ fn chat_load_restores_the_template_variables_of_the_saved_conversation() {
     assert!(saved.contains("saved "), "{saved}");
     // No flag this time: the variables must come from the saved file.
     let restored = run(&format!("/load {f}\nAnd again\n/stats\n"), &[]);
-    assert!(
-        restored.contains(r#"(template variables {"enable_thinking":false})"#),
-        "{restored}"
-    );
+    assert!(restored.contains(r#"(template variables {"enable_thinking":false})"#), "{restored}");
     let (c, r) = (stats_lines(&continuous), stats_lines(&restored));
     assert_eq!(c.len(), 1, "{continuous}");
     assert_eq!(r.len(), 1, "{restored}");
     assert_eq!(r[0].1, c[0].1, "position after the second turn");
     assert_eq!(r[0].2, c[0].2, "prompt tokens of the second turn");
 }
-
 
 /// `kill -SIG pid` (the test binary has no libc binding of its own).
 fn signal(pid: u32, sig: &str) {
@@ -303,9 +248,7 @@ fn chat_ctrl_c_cancels_the_reply_and_the_repl_goes_on() {
     stdin.write_all(b"In the beginning\n").unwrap();
     stdin.flush().unwrap();
     let mut first = [0u8; 1];
-    stdout
-        .read_exact(&mut first)
-        .expect("the first reply's text");
+    stdout.read_exact(&mut first).expect("the first reply's text");
     signal(pid, "STOP");
     signal(pid, "INT");
     signal(pid, "CONT");
@@ -319,23 +262,9 @@ fn chat_ctrl_c_cancels_the_reply_and_the_repl_goes_on() {
     assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
     let stats: Vec<&str> = err.lines().filter(|l| l.contains(" tokens, ")).collect();
     assert_eq!(stats.len(), 2, "one stats line per turn: {err}");
-    assert!(
-        stats[0].ends_with("(stop: cancelled)"),
-        "first turn: {}",
-        stats[0]
-    );
-    let tokens: u32 = stats[0]
-        .trim_start_matches('[')
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(
-        tokens < 200,
-        "the cancelled reply ran to the end: {}",
-        stats[0]
-    );
+    assert!(stats[0].ends_with("(stop: cancelled)"), "first turn: {}", stats[0]);
+    let tokens: u32 = stats[0].trim_start_matches('[').split(' ').next().unwrap().parse().unwrap();
+    assert!(tokens < 200, "the cancelled reply ran to the end: {}", stats[0]);
     assert!(!stats[1].contains("cancelled"), "second turn: {}", stats[1]);
     // Two replies, each ended by its own newline, the second not empty.
     let replies: Vec<&str> = out.split_terminator('\n').collect();

@@ -6,20 +6,14 @@ use std::path::PathBuf;
 use crate::common::*;
 
 fn model() -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/bible-moe.waste")
-        .to_string_lossy()
-        .into_owned()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/bible-moe.waste").to_string_lossy().into_owned()
 }
 
 fn fails_cleanly(args: &[&str], code: i32, needle: &str) {
     let o = waste(args);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
-    assert!(
-        err.to_lowercase().contains(&needle.to_lowercase()),
-        "{args:?}: stderr lacks {needle:?}: {err}"
-    );
+    assert!(err.to_lowercase().contains(&needle.to_lowercase()), "{args:?}: stderr lacks {needle:?}: {err}");
     assert!(!err.contains("panicked"), "{args:?}: {err}");
 }
 
@@ -36,21 +30,9 @@ fn every_reporting_command_speaks_json() {
     assert!(json_of(&["version", "--json"])["version"].is_string());
     assert!(json_of(&["info", m, "--json"])["vocab_size"].as_u64().unwrap() > 0);
     assert!(json_of(&["plan", m, "--json"])["budget"].as_u64().unwrap() > 0);
-    assert!(!json_of(&["tokenize", m, "In the beginning", "--json"])["tokens"]
-        .as_array()
-        .unwrap()
-        .is_empty());
-    assert_eq!(
-        json_of(&["eval", m, "--tokens", "5,6,7", "--json", "--top", "3"])["top"]
-            .as_array()
-            .unwrap()
-            .len(),
-        3
-    );
-    assert_eq!(
-        json_of(&["detokenize", m, "5", "6", "--json"])["tokens"],
-        serde_json::json!([5, 6])
-    );
+    assert!(!json_of(&["tokenize", m, "In the beginning", "--json"])["tokens"].as_array().unwrap().is_empty());
+    assert_eq!(json_of(&["eval", m, "--tokens", "5,6,7", "--json", "--top", "3"])["top"].as_array().unwrap().len(), 3);
+    assert_eq!(json_of(&["detokenize", m, "5", "6", "--json"])["tokens"], serde_json::json!([5, 6]));
     let bench = waste(&["bench", m, "--tokens", "4", "--ctx", "128", "--json"]);
     assert!(bench.status.success(), "{}", stderr(&bench));
     let last = stdout(&bench).lines().last().unwrap_or_default().to_string();
@@ -61,18 +43,9 @@ fn every_reporting_command_speaks_json() {
 #[test]
 fn sizes_accept_suffixes_and_reject_nonsense() {
     let m = model();
-    assert_eq!(
-        json_of(&["plan", &m, "--budget", "1.5G", "--json"])["budget"],
-        1_500_000_000u64
-    );
-    assert_eq!(
-        json_of(&["plan", &m, "--budget", "512M", "--json"])["budget"],
-        512_000_000u64
-    );
-    assert_eq!(
-        json_of(&["plan", &m, "--budget", "4G", "--json"])["budget"],
-        4_000_000_000u64
-    );
+    assert_eq!(json_of(&["plan", &m, "--budget", "1.5G", "--json"])["budget"], 1_500_000_000u64);
+    assert_eq!(json_of(&["plan", &m, "--budget", "512M", "--json"])["budget"], 512_000_000u64);
+    assert_eq!(json_of(&["plan", &m, "--budget", "4G", "--json"])["budget"], 4_000_000_000u64);
     fails_cleanly(&["plan", &m, "--budget", "lots"], 2, "--budget");
     fails_cleanly(&["run", &m, "hi", "--budget", "-1G"], 2, "");
 }
@@ -125,30 +98,14 @@ fn tokenize_and_eval_read_the_text_from_file_argument_or_stdin() {
     let f = file.to_str().unwrap();
     let direct = stdout(&waste(&["tokenize", &m, "In the beginning", "--json"]));
     assert_eq!(stdout(&waste(&["tokenize", &m, "--file", f, "--json"])), direct);
-    assert_eq!(
-        stdout(&waste_with_stdin(&["tokenize", &m, "--json"], Some("In the beginning"))),
-        direct
-    );
-    assert_eq!(
-        stdout(&waste_with_stdin(
-            &["tokenize", &m, "-", "--json"],
-            Some("In the beginning")
-        )),
-        direct
-    );
+    assert_eq!(stdout(&waste_with_stdin(&["tokenize", &m, "--json"], Some("In the beginning"))), direct);
+    assert_eq!(stdout(&waste_with_stdin(&["tokenize", &m, "-", "--json"], Some("In the beginning"))), direct);
     let e_direct = stdout(&waste(&["eval", &m, "In the beginning", "--json"]));
     assert_eq!(stdout(&waste(&["eval", &m, "--file", f, "--json"])), e_direct);
-    assert_eq!(
-        stdout(&waste_with_stdin(&["eval", &m, "--json"], Some("In the beginning"))),
-        e_direct
-    );
+    assert_eq!(stdout(&waste_with_stdin(&["eval", &m, "--json"], Some("In the beginning"))), e_direct);
     fails_cleanly(&["eval", &m, "--file", f, "--tokens", "1"], 2, "cannot be used with");
     fails_cleanly(&["tokenize", &m, "x", "--file", f], 2, "cannot be used with");
-    fails_cleanly(
-        &["tokenize", &m, "--file", "/nonexistent/t.txt"],
-        1,
-        "/nonexistent/t.txt",
-    );
+    fails_cleanly(&["tokenize", &m, "--file", "/nonexistent/t.txt"], 1, "/nonexistent/t.txt");
     fails_cleanly(&["eval", &m], 2, "no prompt");
 }
 
@@ -167,10 +124,7 @@ fn runtime_errors_are_one_line_with_exit_1() {
         let o = waste(args);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
-        assert!(
-            err.starts_with("error: ") && err.contains("/nonexistent/m.waste"),
-            "{args:?}: {err}"
-        );
+        assert!(err.starts_with("error: ") && err.contains("/nonexistent/m.waste"), "{args:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
     }
 }

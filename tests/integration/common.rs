@@ -79,15 +79,7 @@ pub fn stderr(o: &Output) -> String {
 pub fn convert(family: &str, experts: &str, trunk: &str, dir: &Path) -> PathBuf {
     let out = dir.join(format!("{family}-{experts}-{trunk}.waste"));
     let src = fixture(family);
-    let o = waste(&[
-        "convert",
-        src.to_str().unwrap(),
-        out.to_str().unwrap(),
-        "--experts",
-        experts,
-        "--trunk",
-        trunk,
-    ]);
+    let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", experts, "--trunk", trunk]);
     assert!(o.status.success(), "convert {family} failed: {}", stderr(&o));
     out
 }
@@ -103,11 +95,9 @@ pub struct Reference {
 
 pub fn reference(family: &str) -> Reference {
     let dir = fixture(family);
-    let json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
-    let ids = |key: &str| -> Vec<u32> {
-        json[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
-    };
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+    let ids =
+        |key: &str| -> Vec<u32> { json[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
     let shape = ids("logits_shape");
     let bytes = std::fs::read(dir.join("reference_logits.f32")).unwrap();
     let logits: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
@@ -148,12 +138,7 @@ pub fn argmax(x: &[f32]) -> usize {
 /// The greedy next token as the bit-identity tests pick it: the largest
 /// logit by `total_cmp`, the last of equal ones.
 pub fn greedy_next(logits: &[f32]) -> u32 {
-    logits
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map(|(i, _)| i as u32)
-        .unwrap()
+    logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap()
 }
 
 /// Per position of `reference`'s prompt, max |ours - reference| / max
@@ -164,15 +149,9 @@ pub fn compare_positions(logits: &[f32], reference: &Reference) -> (f32, f32) {
     let n = reference.prompt_ids.len();
     let (mut worst, mut agree) = (0.0f32, 0usize);
     for p in 0..n {
-        let (ours, theirs) = (
-            &logits[p * v..(p + 1) * v],
-            &reference.logits[p * v..(p + 1) * v],
-        );
+        let (ours, theirs) = (&logits[p * v..(p + 1) * v], &reference.logits[p * v..(p + 1) * v]);
         let scale = theirs.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        let diff = ours
-            .iter()
-            .zip(theirs)
-            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        let diff = ours.iter().zip(theirs).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
         worst = worst.max(diff / scale);
         agree += usize::from(argmax(ours) == argmax(theirs));
     }
@@ -185,21 +164,13 @@ pub fn layer_pattern(info: &serde_json::Value) -> Vec<String> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|l| {
-            format!(
-                "{}/{}",
-                l["attention"].as_str().unwrap(),
-                l["ffn"].as_str().unwrap()
-            )
-        })
+        .map(|l| format!("{}/{}", l["attention"].as_str().unwrap(), l["ffn"].as_str().unwrap()))
         .collect()
 }
 
 /// A session on `container` opened with the default options.
 pub fn open_session(engine: &waste_host::Engine, container: &Path) -> waste_host::Session {
-    engine
-        .session(waste_host::Model::open(container, &waste_host::OpenOptions::default()).unwrap())
-        .unwrap()
+    engine.session(waste_host::Model::open(container, &waste_host::OpenOptions::default()).unwrap()).unwrap()
 }
 
 /// A copy of the shipped bible-moe model with Qwen3's real chat template
@@ -212,13 +183,11 @@ pub fn bible_moe_with_qwen3_template(tmp: &TempDir) -> PathBuf {
         let e = e.unwrap();
         std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
     }
-    let qwen3: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(fixtures().join("chat_templates/qwen3/tokenizer_config.json")).unwrap(),
-    )
-    .unwrap();
+    let qwen3: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("chat_templates/qwen3/tokenizer_config.json")).unwrap())
+            .unwrap();
     let cfg = dir.join("tokenizer_config.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     v["chat_template"] = qwen3["chat_template"].clone();
     std::fs::write(&cfg, v.to_string()).unwrap();
     dir

@@ -44,10 +44,8 @@ fn deepseek_v3_info_counts_parameters() {
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(j["family"], "deepseek_v3");
-    let reference: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(fixture("deepseek_v3").join("reference.json")).unwrap(),
-    )
-    .unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture("deepseek_v3").join("reference.json")).unwrap()).unwrap();
     // Two MoE layers of 16 experts: 2 x 16 e_score_correction_bias floats.
     assert_eq!(
         j["total_params"].as_u64().unwrap(),

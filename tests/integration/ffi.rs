@@ -14,22 +14,14 @@ fn root() -> PathBuf {
 /// cargo puts libwaste.so after `cargo build --release -p waste-ffi`.
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf();
+    let dir = exe.parent().and_then(Path::parent).expect("target dir").to_path_buf();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let o = Command::new(cargo)
         .args(["build", "--release", "-p", "waste-ffi"])
         .current_dir(root())
         .output()
         .expect("run cargo build -p waste-ffi");
-    assert!(
-        o.status.success(),
-        "building waste-ffi failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "building waste-ffi failed:\n{}", String::from_utf8_lossy(&o.stderr));
     assert!(
         dir.join("libwaste.so").is_file() || dir.join("libwaste.dylib").is_file(),
         "no libwaste in {}",
@@ -43,11 +35,7 @@ fn lib_dir() -> PathBuf {
 /// its three alternatives. Returns the alternatives line.
 fn check_chat_turn(out: &str) -> String {
     use waste_host::{ChatMessage, Engine, Model, OpenOptions};
-    let model = Model::open(
-        &root().join("examples/bible-moe.waste"),
-        &OpenOptions::default(),
-    )
-    .unwrap();
+    let model = Model::open(&root().join("examples/bible-moe.waste"), &OpenOptions::default()).unwrap();
     let engine = Engine::new().unwrap();
     let mut s = engine.session(model).unwrap();
     let msgs = [ChatMessage::new("user", "And God said")];
@@ -84,11 +72,7 @@ fn c_example_plans_opens_streams_and_reloads_state() {
         .arg(&exe)
         .output()
         .expect("run cc");
-    assert!(
-        o.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&o.stderr));
     let o = Command::new(&exe)
         .arg(root().join("examples/bible-moe.waste"))
         .arg(tmp.path().join("state.bin"))
@@ -102,10 +86,7 @@ fn c_example_plans_opens_streams_and_reloads_state() {
     assert!(out.contains("generated 16 tokens"), "{out}");
     check_chat_turn(&out);
     assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
-    assert!(
-        err.contains("[16 tokens, cache hits"),
-        "progress lines missing: {err}"
-    );
+    assert!(err.contains("[16 tokens, cache hits"), "progress lines missing: {err}");
 }
 
 #[test]
@@ -116,22 +97,14 @@ fn component_subcommand_writes_the_bundled_component() {
     assert!(o.status.success(), "{}", crate::common::stderr(&o));
     let bytes = std::fs::read(&out).expect("component written");
     // A component (not a core module): magic, then version 0x0d and layer 1.
-    assert_eq!(
-        &bytes[..8],
-        b"\0asm\x0d\x00\x01\x00",
-        "not a wasm component"
-    );
+    assert_eq!(&bytes[..8], b"\0asm\x0d\x00\x01\x00", "not a wasm component");
     let o = crate::common::waste(&["component"]);
     assert_eq!(o.status.code(), Some(2), "a missing --out is a usage error");
 }
 
 /// False (after a loud SKIP naming `test`) when python3 cannot run.
 fn python3_present(test: &str) -> bool {
-    let present = Command::new("python3")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+    let present = Command::new("python3").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
     if !present {
         crate::common::report_skip(&format!("SKIP {test}: python3 is missing"));
     }
@@ -163,17 +136,11 @@ fn python_example_plans_opens_streams_and_reloads_state() {
         .expect("run python3");
     let out = String::from_utf8_lossy(&o.stdout);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        o.status.success(),
-        "the Python example failed:\n{out}\n{err}"
-    );
+    assert!(o.status.success(), "the Python example failed:\n{out}\n{err}");
     assert!(out.contains("generated 16 tokens"), "{out}");
     check_chat_turn(&out);
     assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
-    assert!(
-        err.contains("[16 tokens, cache hits"),
-        "progress lines missing: {err}"
-    );
+    assert!(err.contains("[16 tokens, cache hits"), "progress lines missing: {err}");
 }
 
 /// Regression: the Python binding could not pass chat-template variables
@@ -208,16 +175,7 @@ fn rust_example_plans_opens_streams_and_reloads_state() {
     let tmp = TempDir::new("ffi-rs");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let o = Command::new(cargo)
-        .args([
-            "run",
-            "--quiet",
-            "--release",
-            "-p",
-            "waste-host",
-            "--example",
-            "embed",
-            "--",
-        ])
+        .args(["run", "--quiet", "--release", "-p", "waste-host", "--example", "embed", "--"])
         .arg(root().join("examples/bible-moe.waste"))
         .arg(tmp.path().join("state.bin"))
         .current_dir(root())
@@ -228,8 +186,5 @@ fn rust_example_plans_opens_streams_and_reloads_state() {
     assert!(o.status.success(), "the Rust example failed:\n{out}\n{err}");
     assert!(out.contains("generated 16 tokens"), "{out}");
     assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
-    assert!(
-        err.contains("[16 tokens, cache hits"),
-        "progress lines missing: {err}"
-    );
+    assert!(err.contains("[16 tokens, cache hits"), "progress lines missing: {err}");
 }

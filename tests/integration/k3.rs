@@ -29,24 +29,14 @@ fn kimi_k3_info_counts_latent_moe_and_attnres_parameters() {
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let pattern = layer_pattern(&j);
-    assert_eq!(
-        pattern,
-        ["KDA/dense", "KDA/moe", "MLA/moe", "KDA/moe", "MLA/moe"]
-    );
+    assert_eq!(pattern, ["KDA/dense", "KDA/moe", "MLA/moe", "KDA/moe", "MLA/moe"]);
     let reference: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fixture("kimi_k3").join("reference.json")).unwrap())
-            .unwrap();
+        serde_json::from_slice(&std::fs::read(fixture("kimi_k3").join("reference.json")).unwrap()).unwrap();
     // The fixture stores A_log padded (3 KDA layers); the engine counts the heads.
     let padding = 3 * (reference["a_log_stored"].as_u64().unwrap() - 3);
-    assert_eq!(
-        j["total_params"].as_u64().unwrap(),
-        reference["num_parameters"].as_u64().unwrap() - padding
-    );
+    assert_eq!(j["total_params"].as_u64().unwrap(), reference["num_parameters"].as_u64().unwrap() - padding);
     // 4 MoE layers x 9 routed experts not taken x 3 matrices of 32 x 24.
-    assert_eq!(
-        j["total_params"].as_u64().unwrap() - j["active_params"].as_u64().unwrap(),
-        4 * 9 * 3 * 32 * 24
-    );
+    assert_eq!(j["total_params"].as_u64().unwrap() - j["active_params"].as_u64().unwrap(), 4 * 9 * 3 * 32 * 24);
 }
 
 /// The AttnRes bank is rebuilt for every token, so what a session carries
@@ -74,10 +64,7 @@ fn kimi_k3_saved_state_continues_bit_identically() {
     let (got, _) = b.eval(tail, true).unwrap();
     assert!(got == want, "restored K3 state diverges in prefill");
     for (&t, want) in reference.greedy_ids[..4].iter().zip(&want_steps) {
-        assert!(
-            &b.eval(&[t], false).unwrap().0 == want,
-            "restored K3 state diverges in decode"
-        );
+        assert!(&b.eval(&[t], false).unwrap().0 == want, "restored K3 state diverges in decode");
     }
     // And the continuation is the reference's: tail rows are its last rows.
     let v = reference.vocab;
@@ -89,10 +76,7 @@ fn kimi_k3_saved_state_continues_bit_identically() {
         logits: reference.logits[head.len() * v..].to_vec(),
     };
     let (err, agree) = compare_positions(&got, &tail_ref);
-    assert!(
-        err <= 1e-4 && agree == 1.0,
-        "restored session vs reference: {err} / {agree}"
-    );
+    assert!(err <= 1e-4 && agree == 1.0, "restored session vs reference: {err} / {agree}");
 }
 
 /// Where the release pads `A_log` beyond the head count, only zeros may sit
@@ -107,22 +91,9 @@ fn kimi_k3_nonzero_a_log_padding_is_refused() {
         let f = f.unwrap().path();
         std::fs::copy(&f, src.join(f.file_name().unwrap())).unwrap();
     }
-    poke_f32(
-        &src.join("model.safetensors"),
-        "language_model.model.layers.3.self_attn.A_log",
-        5,
-        0.25,
-    );
+    poke_f32(&src.join("model.safetensors"), "language_model.model.layers.3.self_attn.A_log", 5, 0.25);
     let out = tmp.path().join("bad.waste");
-    let o = waste(&[
-        "convert",
-        src.to_str().unwrap(),
-        out.to_str().unwrap(),
-        "--experts",
-        "f32",
-        "--trunk",
-        "f32",
-    ]);
+    let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", "f32", "--trunk", "f32"]);
     let msg = if o.status.success() {
         match Model::open(&out, &OpenOptions::default()) {
             Ok(_) => panic!("a non-zero A_log padding was accepted"),
@@ -131,10 +102,7 @@ fn kimi_k3_nonzero_a_log_padding_is_refused() {
     } else {
         stderr(&o)
     };
-    assert!(
-        msg.contains("model.layers.3.self_attn.A_log") && msg.contains("padding is not zero"),
-        "{msg}"
-    );
+    assert!(msg.contains("model.layers.3.self_attn.A_log") && msg.contains("padding is not zero"), "{msg}");
 }
 
 /// Overwrites element `index` of an f32 tensor in a safetensors file.
@@ -165,23 +133,14 @@ fn kimi_k3_q8_experts_stay_close() {
     let n = reference.prompt_ids.len();
     let mean = (0..n)
         .map(|p| {
-            let (ours, theirs) = (
-                &logits[p * v..(p + 1) * v],
-                &reference.logits[p * v..(p + 1) * v],
-            );
+            let (ours, theirs) = (&logits[p * v..(p + 1) * v], &reference.logits[p * v..(p + 1) * v]);
             let scale = theirs.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-            ours.iter()
-                .zip(theirs)
-                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()))
-                / scale
+            ours.iter().zip(theirs).fold(0.0f32, |m, (a, b)| m.max((a - b).abs())) / scale
         })
         .sum::<f32>()
         / n as f32;
     eprintln!("kimi_k3 experts q8 trunk f32: max rel err {err:.4} mean {mean:.4} top-1 {agree:.3}");
-    assert!(
-        mean <= Q8_MEAN_REL_ERR && agree >= Q8_MIN_TOP1,
-        "q8: mean {mean} (max {err}) / top-1 {agree}"
-    );
+    assert!(mean <= Q8_MEAN_REL_ERR && agree >= Q8_MIN_TOP1, "q8: mean {mean} (max {err}) / top-1 {agree}");
 }
 
 // Measured mean 0.050, top-1 0.925 (max 0.79: a single routing flip moves

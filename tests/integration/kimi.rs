@@ -24,27 +24,16 @@ fn kimi_linear_info_shows_layer_pattern_and_state() {
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(j["family"], "kimi_linear");
     let pattern = layer_pattern(&j);
-    assert_eq!(
-        pattern,
-        ["KDA/dense", "KDA/moe", "MLA/moe", "KDA/moe", "MLA/moe"]
-    );
-    assert_eq!(
-        (j["experts"].as_u64(), j["top_k"].as_u64()),
-        (Some(8), Some(2))
-    );
+    assert_eq!(pattern, ["KDA/dense", "KDA/moe", "MLA/moe", "KDA/moe", "MLA/moe"]);
+    assert_eq!((j["experts"].as_u64(), j["top_k"].as_u64()), (Some(8), Some(2)));
     // MLA caches kv_lora 16 + rope 8 floats per token; KDA keeps 2 heads of
     // 16x16 plus 3 conv rows of q, k, v (3 x 3 x 32 floats), whatever the context.
     assert_eq!(j["layer_pattern"][2]["state_bytes_per_token"], 4 * (16 + 8));
     assert_eq!(j["layer_pattern"][0]["state_bytes_per_token"], 0);
-    assert_eq!(
-        j["layer_pattern"][0]["state_bytes_fixed"],
-        4 * (2 * 16 * 16 + 3 * 3 * 32)
-    );
+    assert_eq!(j["layer_pattern"][0]["state_bytes_fixed"], 4 * (2 * 16 * 16 + 3 * 3 * 32));
     assert_eq!(j["state_bytes_per_token"], 2 * 4 * (16 + 8));
-    let reference: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(fixture("kimi_linear").join("reference.json")).unwrap(),
-    )
-    .unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture("kimi_linear").join("reference.json")).unwrap()).unwrap();
     // torch counts parameters only; e_score_correction_bias is a buffer (8 per MoE layer).
     assert_eq!(
         j["total_params"].as_u64().unwrap(),
@@ -56,10 +45,7 @@ fn kimi_linear_info_shows_layer_pattern_and_state() {
     let o = waste(&["info", container.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
-    assert!(
-        text.contains("layer pattern KDA/dense KDA/MoE MLA/MoE KDA/MoE MLA/MoE"),
-        "{text}"
-    );
+    assert!(text.contains("layer pattern KDA/dense KDA/MoE MLA/MoE KDA/MoE MLA/MoE"), "{text}");
 }
 
 /// Saving and restoring a session carries the KDA matrices, the conv rings
@@ -90,11 +76,7 @@ fn kimi_linear_saved_state_continues_bit_identically() {
 #[test]
 fn kimi_linear_quantised_formats_stay_within_stated_error() {
     // (experts, trunk, max relative logit error, min top-1 agreement)
-    let cases = [
-        ("q8", "q8", BOUND_Q8),
-        ("q4", "q4", BOUND_Q4),
-        ("rvq3", "q4", BOUND_RVQ3),
-    ];
+    let cases = [("q8", "q8", BOUND_Q8), ("q4", "q4", BOUND_Q4), ("rvq3", "q4", BOUND_RVQ3)];
     let tmp = TempDir::new("kimi-quantised");
     let reference = reference("kimi_linear");
     let mut failures = Vec::new();
@@ -106,9 +88,7 @@ fn kimi_linear_quantised_formats_stay_within_stated_error() {
         let (worst, agree) = compare_positions(&logits, &reference);
         eprintln!("kimi_linear experts {experts:<4} trunk {trunk:<3} max rel err {worst:.4} top-1 {agree:.3}");
         if worst > max_err || agree < min_agree {
-            failures.push(format!(
-                "{experts}/{trunk}: {worst} (bound {max_err}), top-1 {agree} (bound {min_agree})"
-            ));
+            failures.push(format!("{experts}/{trunk}: {worst} (bound {max_err}), top-1 {agree} (bound {min_agree})"));
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");

@@ -122,7 +122,8 @@ fn named_paths(code: &str, at: &ModPath) -> Vec<ModPath> {
     let bytes = code.as_bytes();
     let mut i = 0;
     while i < code.len() {
-        let starts_word = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
+        let starts_word =
+            i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
         let rest = &code[i..];
         let base: Option<(ModPath, &str)> = if !starts_word {
             None

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use waste_guest::generate::{self as native, Evaluation, ModelHost, StepStats, TokenEvent};
 use waste_guest::sampling::SamplingParams;
-use waste_host::synth::{preset, synth};
 use waste_host::model::State;
+use waste_host::synth::{preset, synth};
 use waste_host::{Engine, GenerateParams, Model, OpenOptions};
 
 use crate::common::TempDir;
@@ -28,16 +28,9 @@ struct NativeHost {
 
 impl ModelHost for NativeHost {
     fn evaluate(&mut self, tokens: &[u32]) -> Result<Evaluation, String> {
-        let (logits, _) = self
-            .model
-            .forward(&mut self.state, tokens, false)
-            .map_err(|e| e.to_string())?;
+        let (logits, _) = self.model.forward(&mut self.state, tokens, false).map_err(|e| e.to_string())?;
         self.seen.extend_from_slice(tokens);
-        Ok(Evaluation {
-            logits,
-            position: self.seen.len() as u32,
-            stats: StepStats::default(),
-        })
+        Ok(Evaluation { logits, position: self.seen.len() as u32, stats: StepStats::default() })
     }
 
     fn emit(&mut self, _event: TokenEvent) -> bool {
@@ -86,12 +79,7 @@ fn component_and_native_guest_draw_the_same_tokens_and_logprobs() {
     synth(&path, &spec, &mut |_, _| {}).expect("synthesise the container");
     let model = Model::open(&path, &OpenOptions::default()).expect("open");
     let engine = Engine::new().expect("engine");
-    let base = GenerateParams {
-        max_tokens: 12,
-        stop_at_eos: false,
-        top_logprobs: 3,
-        ..GenerateParams::default()
-    };
+    let base = GenerateParams { max_tokens: 12, stop_at_eos: false, top_logprobs: 3, ..GenerateParams::default() };
     let cases = [
         ("greedy", GenerateParams { temperature: 0.0, top_p: 1.0, ..base.clone() }),
         ("top-p 0.95, no top-k", GenerateParams { temperature: 0.8, top_p: 0.95, ..base.clone() }),
@@ -120,11 +108,7 @@ fn component_and_native_guest_draw_the_same_tokens_and_logprobs() {
             let params = GenerateParams { seed, ..params.clone() };
             let mut session = engine.session(model.clone()).expect("session");
             let component = session.generate(&prompt, &params, |_| true).expect("component generate");
-            let mut host = NativeHost {
-                model: model.clone(),
-                state: model.new_state(),
-                seen: Vec::new(),
-            };
+            let mut host = NativeHost { model: model.clone(), state: model.new_state(), seen: Vec::new() };
             let ran = native::generate(
                 &mut host,
                 None,

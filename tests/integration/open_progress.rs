@@ -15,8 +15,7 @@ fn bible() -> PathBuf {
 
 fn open_recording(path: &Path) -> (std::sync::Arc<Model>, Vec<OpenProgress>) {
     let mut events = Vec::new();
-    let model =
-        Model::open_with_progress(path, &OpenOptions::default(), &mut |p| events.push(*p)).unwrap();
+    let model = Model::open_with_progress(path, &OpenOptions::default(), &mut |p| events.push(*p)).unwrap();
     (model, events)
 }
 
@@ -42,38 +41,15 @@ fn open_progress_trunk_bytes_rise_monotonically_to_the_trunk_size() {
             .collect();
         let total = model.memory_used().trunk;
         assert!(total > 0);
-        assert_eq!(
-            trunk.first(),
-            Some(&(0, total)),
-            "{}: starts at 0",
-            path.display()
-        );
-        assert_eq!(
-            trunk.last(),
-            Some(&(total, total)),
-            "{}: ends at the total",
-            path.display()
-        );
-        assert!(
-            trunk.iter().all(|&(_, t)| t == total),
-            "one total throughout"
-        );
-        assert!(
-            trunk.windows(2).all(|w| w[0].0 < w[1].0),
-            "strictly rising: {trunk:?}"
-        );
+        assert_eq!(trunk.first(), Some(&(0, total)), "{}: starts at 0", path.display());
+        assert_eq!(trunk.last(), Some(&(total, total)), "{}: ends at the total", path.display());
+        assert!(trunk.iter().all(|&(_, t)| t == total), "one total throughout");
+        assert!(trunk.windows(2).all(|w| w[0].0 < w[1].0), "strictly rising: {trunk:?}");
         // One event per tensor: a bar that moves, not a jump at the end.
         let tensors = model.info().num_layers;
-        assert!(
-            trunk.len() > tensors,
-            "{} events for {tensors} layers",
-            trunk.len()
-        );
+        assert!(trunk.len() > tensors, "{} events for {tensors} layers", trunk.len());
         // Every trunk event comes before any preload event.
-        let last_trunk = events
-            .iter()
-            .rposition(|e| matches!(e, OpenProgress::Trunk { .. }))
-            .unwrap();
+        let last_trunk = events.iter().rposition(|e| matches!(e, OpenProgress::Trunk { .. })).unwrap();
         assert_eq!(last_trunk, trunk.len() - 1);
         // Without a usage file there is no preload to report.
         assert_eq!(events.len(), trunk.len(), "{events:?}");
@@ -89,11 +65,7 @@ fn open_progress_reports_the_hotlist_preload() {
         let model = Model::open(&dir, &OpenOptions::default()).unwrap();
         let mut session = Engine::new().unwrap().session(model.clone()).unwrap();
         let prompt = session.tokenize("In the beginning").unwrap();
-        let params = GenerateParams {
-            temperature: 0.0,
-            max_tokens: 8,
-            ..GenerateParams::default()
-        };
+        let params = GenerateParams { temperature: 0.0, max_tokens: 8, ..GenerateParams::default() };
         session.generate(&prompt, &params, |_| true).unwrap();
         model.save_usage().unwrap();
     }
@@ -109,43 +81,22 @@ fn open_progress_reports_the_hotlist_preload() {
     assert_eq!(bytes, records as u64 * model.info().expert_record_bytes);
     // With the cache off nothing is preloaded, and nothing is reported.
     let mut off = Vec::new();
-    Model::open_with_progress(
-        &dir,
-        &OpenOptions {
-            cache: false,
-            ..OpenOptions::default()
-        },
-        &mut |p| off.push(*p),
-    )
-    .unwrap();
-    assert!(
-        off.iter().all(|e| matches!(e, OpenProgress::Trunk { .. })),
-        "{off:?}"
-    );
+    Model::open_with_progress(&dir, &OpenOptions { cache: false, ..OpenOptions::default() }, &mut |p| off.push(*p))
+        .unwrap();
+    assert!(off.iter().all(|e| matches!(e, OpenProgress::Trunk { .. })), "{off:?}");
 }
 
 #[test]
 fn token_event_direct_io_agrees_with_the_store() {
     for direct in [true, false] {
-        let model = Model::open(
-            &bible(),
-            &OpenOptions {
-                direct_io: direct,
-                ..OpenOptions::default()
-            },
-        )
-        .unwrap();
+        let model = Model::open(&bible(), &OpenOptions { direct_io: direct, ..OpenOptions::default() }).unwrap();
         let expected = model.expert_store().direct_io();
         if !direct {
             assert!(!expected, "direct I/O off was asked for");
         }
         let mut session = Engine::new().unwrap().session(model).unwrap();
         let prompt = session.tokenize("In the beginning").unwrap();
-        let params = GenerateParams {
-            temperature: 0.0,
-            max_tokens: 4,
-            ..GenerateParams::default()
-        };
+        let params = GenerateParams { temperature: 0.0, max_tokens: 4, ..GenerateParams::default() };
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = seen.clone();
         session
@@ -156,10 +107,7 @@ fn token_event_direct_io_agrees_with_the_store() {
             .unwrap();
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 4);
-        assert!(
-            seen.iter().all(|&d| d == expected),
-            "asked {direct}, store {expected}, events {seen:?}"
-        );
+        assert!(seen.iter().all(|&d| d == expected), "asked {direct}, store {expected}, events {seen:?}");
     }
 }
 
@@ -169,29 +117,13 @@ fn token_event_direct_io_agrees_with_the_store() {
 fn open_progress_bar_is_drawn_on_a_tty_only() {
     let model = bible();
     let waste = waste_bin();
-    let piped = waste_with_stdin(
-        &[
-            "run",
-            model.to_str().unwrap(),
-            "In the beginning",
-            "-n",
-            "2",
-        ],
-        None,
-    );
+    let piped = waste_with_stdin(&["run", model.to_str().unwrap(), "In the beginning", "-n", "2"], None);
     assert!(piped.status.success(), "{}", stderr(&piped));
-    assert!(
-        !stderr(&piped).contains("opening"),
-        "a bar on a pipe: {:?}",
-        stderr(&piped)
-    );
+    assert!(!stderr(&piped).contains("opening"), "a bar on a pipe: {:?}", stderr(&piped));
     assert!(!stderr(&piped).contains('\r'), "{:?}", stderr(&piped));
     let tmp = TempDir::new("open-progress-tty");
     let log = tmp.path().join("tty.log");
-    let command = format!(
-        "{waste} run {} 'In the beginning' -n 2 > /dev/null",
-        model.display()
-    );
+    let command = format!("{waste} run {} 'In the beginning' -n 2 > /dev/null", model.display());
     let ran = std::process::Command::new("script")
         .args(["-q", "-e", "-c", &command, log.to_str().unwrap()])
         .stdin(std::process::Stdio::null())
@@ -199,19 +131,14 @@ fn open_progress_bar_is_drawn_on_a_tty_only() {
         .status();
     match ran {
         Err(e) => {
-            report_skip(&format!("SKIP open_progress_bar_is_drawn_on_a_tty_only: `script` (util-linux) is not available: {e}"));
+            report_skip(&format!(
+                "SKIP open_progress_bar_is_drawn_on_a_tty_only: `script` (util-linux) is not available: {e}"
+            ));
             return;
         }
-        Ok(s) => assert!(
-            s.success(),
-            "script {s:?}: {}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        ),
+        Ok(s) => assert!(s.success(), "script {s:?}: {}", std::fs::read_to_string(&log).unwrap_or_default()),
     }
     let tty = String::from_utf8_lossy(&std::fs::read(&log).unwrap()).into_owned();
-    assert!(
-        tty.contains("opening trunk"),
-        "no bar on the terminal: {tty:?}"
-    );
+    assert!(tty.contains("opening trunk"), "no bar on the terminal: {tty:?}");
     assert!(tty.contains("MiB"), "the bar counts bytes: {tty:?}");
 }

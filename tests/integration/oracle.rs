@@ -35,7 +35,15 @@ fn compare(engine_logits: &[f32], reference: &Reference) -> Comparison {
 }
 
 fn greedy() -> GenerateParams {
-    GenerateParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0, max_tokens: 16, stop_at_eos: false, ..GenerateParams::default() }
+    GenerateParams {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+        max_tokens: 16,
+        stop_at_eos: false,
+        ..GenerateParams::default()
+    }
 }
 
 /// Converts a fixture with an f32 trunk and f32 experts and holds it to the
@@ -96,12 +104,8 @@ fn oracle_mixtral_f32_matches_transformers() {
 #[test]
 fn quantised_formats_stay_within_stated_error() {
     // (experts, trunk, max relative logit error, min top-1 agreement)
-    let cases = [
-        ("q8", "q8", 0.25f32, 0.9f32),
-        ("q4", "q4", 0.6, 0.5),
-        ("rvq3", "q4", 0.6, 0.4),
-        ("rvq2", "q4", 0.65, 0.25),
-    ];
+    let cases =
+        [("q8", "q8", 0.25f32, 0.9f32), ("q4", "q4", 0.6, 0.5), ("rvq3", "q4", 0.6, 0.4), ("rvq2", "q4", 0.65, 0.25)];
     let tmp = TempDir::new("quantised");
     let mut table = String::new();
     let mut failures = Vec::new();
@@ -119,7 +123,10 @@ fn quantised_formats_stay_within_stated_error() {
                 c.max_rel_error, c.top1_agreement
             ));
             if c.max_rel_error > max_err || c.top1_agreement < min_agree {
-                failures.push(format!("{family} {experts}/{trunk}: max rel error {} (bound {max_err}), top-1 {} (bound {min_agree})", c.max_rel_error, c.top1_agreement));
+                failures.push(format!(
+                    "{family} {experts}/{trunk}: max rel error {} (bound {max_err}), top-1 {} (bound {min_agree})",
+                    c.max_rel_error, c.top1_agreement
+                ));
             }
         }
     }

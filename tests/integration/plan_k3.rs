@@ -34,13 +34,7 @@ fn near(what: &str, ours: f64, published: f64, tolerance: f64) {
 fn k3_manifest_only_plan_reproduces_the_published_arithmetic() {
     let tmp = TempDir::new("k3-plan");
     let out = tmp.path().join("k3.waste");
-    let o = waste(&[
-        "synth",
-        out.to_str().unwrap(),
-        "--like",
-        "kimi-k3",
-        "--manifest-only",
-    ]);
+    let o = waste(&["synth", out.to_str().unwrap(), "--like", "kimi-k3", "--manifest-only"]);
     assert!(o.status.success(), "{}", stderr(&o));
 
     // Terabytes long, megabytes written.
@@ -50,37 +44,22 @@ fn k3_manifest_only_plan_reproduces_the_published_arithmetic() {
         len += m.len();
         blocks += m.blocks() * 512;
     }
-    assert!(
-        len > 1_000_000_000_000,
-        "files hold the model's length: {len}"
-    );
-    assert!(
-        blocks < 64 << 20,
-        "nothing but the manifest and codebooks is written: {blocks} bytes"
-    );
+    assert!(len > 1_000_000_000_000, "files hold the model's length: {len}");
+    assert!(blocks < 64 << 20, "nothing but the manifest and codebooks is written: {blocks} bytes");
 
     let p = json_of(&["plan", out.to_str().unwrap(), "--ram", "64GiB", "--json"]);
     let f = |k: &str| p[k].as_u64().unwrap_or_else(|| panic!("{k} in {p}")) as f64;
     assert_eq!(p["context"], 4096);
-    assert_eq!(
-        (p["top_k"].as_u64(), p["moe_layers"].as_u64()),
-        (Some(16), Some(92))
-    );
+    assert_eq!((p["top_k"].as_u64(), p["moe_layers"].as_u64()), (Some(16), Some(92)));
     // The embedding table (163840 x 7168, 8-bit with a scale per 128) is on disk.
-    assert_eq!(
-        f("embedding_on_disk"),
-        (163_840 * (7168 + 7168 / 128 * 2)) as f64
-    );
+    assert_eq!(f("embedding_on_disk"), (163_840 * (7168 + 7168 / 128 * 2)) as f64);
     // State: 69 KDA layers (96 x 128 x 128 delta-rule state plus 3 conv
     // rings of 3 x 12288) and 24 MLA layers of 512 + 64 latent floats per token.
     let kda = 96 * 128 * 128 + 3 * 3 * 96 * 128;
     assert_eq!(f("state"), (4 * (69 * kda + 24 * 576 * 4096)) as f64);
     assert_eq!(f("working_set"), 16.0 * 92.0 * f("record_bytes"));
     assert_eq!(f("recommended"), f("floor") + 3.0 * f("working_set"));
-    assert_eq!(
-        p["budget_source"]["auto_working_sets"], 1,
-        "floor + 2 working sets exceed 7/8 of 64 GiB"
-    );
+    assert_eq!(p["budget_source"]["auto_working_sets"], 1, "floor + 2 working sets exceed 7/8 of 64 GiB");
 
     // Our MLA keeps `kv_b_proj` in its stored 4-bit groups (until it
     // stopped dequantising it to f32 at load, 24 x 24576 x 512 floats, 0.98
@@ -89,10 +68,8 @@ fn k3_manifest_only_plan_reproduces_the_published_arithmetic() {
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
     let tensors = manifest["trunk"]["tensors"].as_array().unwrap();
-    let kv_b: Vec<&serde_json::Value> = tensors
-        .iter()
-        .filter(|t| t["name"].as_str().unwrap().ends_with(".kv_b_proj.weight"))
-        .collect();
+    let kv_b: Vec<&serde_json::Value> =
+        tensors.iter().filter(|t| t["name"].as_str().unwrap().ends_with(".kv_b_proj.weight")).collect();
     assert_eq!(kv_b.len(), 24, "one kv_b_proj per MLA layer");
     for t in &kv_b {
         assert_eq!(t["format"], "q4", "{t}");
@@ -119,16 +96,10 @@ fn k3_manifest_only_plan_reproduces_the_published_arithmetic() {
     assert!(text.contains("B active per token"), "{text}");
     let i = json_of(&["info", out.to_str().unwrap(), "--json"]);
     let total = i["total_params"].as_u64().unwrap();
-    assert!(
-        (2_775_000_000_000..2_785_000_000_000).contains(&total),
-        "{total}"
-    );
+    assert!((2_775_000_000_000..2_785_000_000_000).contains(&total), "{total}");
     // Active: the whole trunk but 880 of 896 experts per MoE layer.
     let per_expert = 3 * 3584 * 3072u64;
-    assert_eq!(
-        total - i["active_params"].as_u64().unwrap(),
-        92 * (896 - 16) * per_expert
-    );
+    assert_eq!(total - i["active_params"].as_u64().unwrap(), 92 * (896 - 16) * per_expert);
     assert_eq!(i["family"], "kimi_k3");
 }
 
@@ -139,13 +110,7 @@ fn synth_like_needs_manifest_only_and_a_known_model() {
     let o = waste(&["synth", out.to_str().unwrap(), "--like", "kimi-k3"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--manifest-only"), "{}", stderr(&o));
-    let o = waste(&[
-        "synth",
-        out.to_str().unwrap(),
-        "--like",
-        "gpt-9",
-        "--manifest-only",
-    ]);
+    let o = waste(&["synth", out.to_str().unwrap(), "--like", "gpt-9", "--manifest-only"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let o = waste(&["plan", out.to_str().unwrap(), "--ram", "lots"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
@@ -162,18 +127,7 @@ fn bench_runs_lookahead_settings_side_by_side() {
     let o = waste(&["synth", out.to_str().unwrap(), "--shape", "olmoe-trace"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let m = out.to_str().unwrap();
-    let rows = json_of(&[
-        "bench",
-        m,
-        "--tokens",
-        "3",
-        "--ctx",
-        "16",
-        "--lookahead",
-        "0,6",
-        "--no-preload",
-        "--json",
-    ]);
+    let rows = json_of(&["bench", m, "--tokens", "3", "--ctx", "16", "--lookahead", "0,6", "--no-preload", "--json"]);
     let rows = rows.as_array().expect("one row per setting");
     assert_eq!(rows.len(), 2);
     for (row, la) in rows.iter().zip([0, 6]) {
@@ -181,21 +135,10 @@ fn bench_runs_lookahead_settings_side_by_side() {
         assert_eq!(row["embedding_rows_read"], 3, "{row}");
     }
     assert_eq!(rows[0]["prefetch_issued"], 0);
-    assert!(
-        rows[1]["prefetch_issued"].as_u64().unwrap() > 0,
-        "{}",
-        rows[1]
-    );
+    assert!(rows[1]["prefetch_issued"].as_u64().unwrap() > 0, "{}", rows[1]);
     let trace = tmp.path().join("t.jsonl");
     std::fs::write(&trace, "{\"tok\": 1, \"layers\": []}\n").unwrap();
-    let o = waste(&[
-        "bench",
-        m,
-        "--route-trace",
-        trace.to_str().unwrap(),
-        "--lookahead",
-        "6",
-    ]);
+    let o = waste(&["bench", m, "--route-trace", trace.to_str().unwrap(), "--lookahead", "6"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--route-trace"), "{}", stderr(&o));
 }

@@ -39,12 +39,7 @@ fn prompt(family: &str) -> Vec<u32> {
 }
 
 fn options(chunk: usize) -> OpenOptions {
-    OpenOptions {
-        context: Some(CONTEXT),
-        preload: false,
-        prefill_chunk: chunk,
-        ..OpenOptions::default()
-    }
+    OpenOptions { context: Some(CONTEXT), preload: false, prefill_chunk: chunk, ..OpenOptions::default() }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -69,30 +64,18 @@ fn chunked_prefill_logits_are_bit_identical_on_every_fixture_and_format() {
             ("chunk 64, cache", options(64)),
             (
                 "chunk 64, smallest cache, no readers",
-                OpenOptions {
-                    budget: Some(floor),
-                    readers: 0,
-                    cache: false,
-                    ..options(64)
-                },
+                OpenOptions { budget: Some(floor), readers: 0, cache: false, ..options(64) },
             ),
             (
                 "chunk 3, smallest cache, no read-ahead",
-                OpenOptions {
-                    budget: Some(floor),
-                    read_ahead: false,
-                    ..options(3)
-                },
+                OpenOptions { budget: Some(floor), read_ahead: false, ..options(3) },
             ),
         ];
         for (what, o) in variants {
             let m = Model::open(&path, &o).unwrap();
             let mut state = m.new_state();
             let (got, _) = m.forward(&mut state, &prompt, true).unwrap();
-            assert!(
-                bits(&got) == want,
-                "{family} {experts}/{trunk} {what}: all-position logits differ"
-            );
+            assert!(bits(&got) == want, "{family} {experts}/{trunk} {what}: all-position logits differ");
             let mut state = m.new_state();
             let (last, _) = m.forward(&mut state, &prompt, false).unwrap();
             assert!(
@@ -108,11 +91,7 @@ fn chunked_prefill_logits_are_bit_identical_on_every_fixture_and_format() {
 #[test]
 fn decode_after_chunked_prefill_gives_the_same_tokens() {
     let tmp = TempDir::new("prefill-decode");
-    for (family, experts, trunk) in [
-        ("kimi_linear", "f32", "f32"),
-        ("kimi_k3", "q8", "f32"),
-        ("olmoe", "q8", "q8"),
-    ] {
+    for (family, experts, trunk) in [("kimi_linear", "f32", "f32"), ("kimi_k3", "q8", "f32"), ("olmoe", "q8", "q8")] {
         let path = convert(family, experts, trunk, tmp.path());
         let prompt = prompt(family);
         let run = |chunk: usize| {
@@ -127,19 +106,11 @@ fn decode_after_chunked_prefill_gives_the_same_tokens() {
             }
             out
         };
-        assert!(
-            run(1) == run(64),
-            "{family}: decode after a chunked prefill differs"
-        );
+        assert!(run(1) == run(64), "{family}: decode after a chunked prefill differs");
         let generate = |chunk: usize| {
             let m = Model::open(&path, &options(chunk)).unwrap();
             let mut s = engine().session(m).unwrap();
-            let p = GenerateParams {
-                temperature: 0.0,
-                max_tokens: 6,
-                stop_at_eos: false,
-                ..GenerateParams::default()
-            };
+            let p = GenerateParams { temperature: 0.0, max_tokens: 6, stop_at_eos: false, ..GenerateParams::default() };
             let seen = Arc::new(Mutex::new(0usize));
             let count = seen.clone();
             let c = s
@@ -153,10 +124,7 @@ fn decode_after_chunked_prefill_gives_the_same_tokens() {
         };
         let (plain, chunked) = (generate(1), generate(5));
         assert_eq!(plain.len(), 6);
-        assert_eq!(
-            plain, chunked,
-            "{family}: a session's tokens differ after a chunked prefill"
-        );
+        assert_eq!(plain, chunked, "{family}: a session's tokens differ after a chunked prefill");
     }
 }
 
@@ -174,16 +142,7 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
     let floor = plan_path(&path, Some(CONTEXT), None).unwrap().floor;
     let prompt = prompt("olmoe")[..40].to_vec();
     let open = |chunk: usize| {
-        Model::open(
-            &path,
-            &OpenOptions {
-                budget: Some(floor),
-                cache: false,
-                readers: 0,
-                ..options(chunk)
-            },
-        )
-        .unwrap()
+        Model::open(&path, &OpenOptions { budget: Some(floor), cache: false, readers: 0, ..options(chunk) }).unwrap()
     };
     let plain = open(1);
     let info = plain.info().clone();
@@ -191,22 +150,11 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
     let (_, step) = plain.forward(&mut state, &prompt, false).unwrap();
     let uses = (prompt.len() * info.top_k * info.moe_layers) as u64;
     let s = plain.store_stats();
-    assert_eq!(
-        (s.reads, s.misses, step.experts_missed as u64),
-        (uses, uses, uses)
-    );
+    assert_eq!((s.reads, s.misses, step.experts_missed as u64), (uses, uses, uses));
     // One chunk holds the whole prompt: reads = distinct (layer, expert)
     // pairs the prompt routes to, which the plain run's usage counts show.
-    let distinct = plain
-        .expert_store()
-        .usage()
-        .iter()
-        .filter(|&&n| n > 0)
-        .count() as u64;
-    assert!(
-        distinct < uses,
-        "the fixture routes {distinct} distinct of {uses} uses"
-    );
+    let distinct = plain.expert_store().usage().iter().filter(|&&n| n > 0).count() as u64;
+    assert!(distinct < uses, "the fixture routes {distinct} distinct of {uses} uses");
     let one = open(64);
     let mut state = one.new_state();
     let (_, step) = one.forward(&mut state, &prompt, false).unwrap();
@@ -221,18 +169,12 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
     let mut state = three.new_state();
     three.forward(&mut state, &prompt, false).unwrap();
     let r3 = three.store_stats().reads;
-    assert!(
-        distinct < r3 && r3 < uses,
-        "chunk 3 read {r3}, one chunk {distinct}, plain {uses}"
-    );
+    assert!(distinct < r3 && r3 < uses, "chunk 3 read {r3}, one chunk {distinct}, plain {uses}");
     // Decode is one token: every use is a read.
     let before = one.store_stats().reads;
     let mut state = one.new_state();
     one.forward(&mut state, &prompt[..1], false).unwrap();
-    assert_eq!(
-        one.store_stats().reads - before,
-        (info.top_k * info.moe_layers) as u64
-    );
+    assert_eq!(one.store_stats().reads - before, (info.top_k * info.moe_layers) as u64);
 }
 
 #[test]
@@ -246,14 +188,7 @@ fn prefill_chunk_outside_1_to_64_is_refused() {
             Ok(_) => panic!("chunk {bad} was accepted"),
         }
     }
-    let o = waste(&[
-        "bench",
-        path.to_str().unwrap(),
-        "--prefill",
-        "4",
-        "--chunk",
-        "1,0",
-    ]);
+    let o = waste(&["bench", path.to_str().unwrap(), "--prefill", "4", "--chunk", "1,0"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--chunk 0"), "{}", stderr(&o));
 }

@@ -22,14 +22,9 @@ impl Drop for Server {
 }
 
 fn python_has_openai() -> Result<(), String> {
-    match Command::new("python3")
-        .args(["-c", "import openai"])
-        .output()
-    {
+    match Command::new("python3").args(["-c", "import openai"]).output() {
         Err(e) => Err(format!("python3 is not available ({e})")),
-        Ok(o) if !o.status.success() => {
-            Err("the openai Python package is not installed (pip install openai)".into())
-        }
+        Ok(o) if !o.status.success() => Err("the openai Python package is not installed (pip install openai)".into()),
         Ok(_) => Ok(()),
     }
 }
@@ -38,14 +33,7 @@ fn python_has_openai() -> Result<(), String> {
 /// its listening address.
 fn start(model: &Path, args: &[&str]) -> (Server, String) {
     let mut child = Command::new(waste_bin())
-        .args([
-            "serve",
-            model.to_str().unwrap(),
-            "--port",
-            "0",
-            "--api-key",
-            KEY,
-        ])
+        .args(["serve", model.to_str().unwrap(), "--port", "0", "--api-key", KEY])
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -94,10 +82,7 @@ fn server_answers_the_openai_client() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     drop(server);
-    assert!(
-        out.status.success(),
-        "test_openai.py failed:\n{stdout}\n{stderr}"
-    );
+    assert!(out.status.success(), "test_openai.py failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("all server checks passed"), "{stdout}");
 }
 
@@ -108,12 +93,7 @@ fn more(test: &str, mode: &str, model: &Path, args: &[&str]) {
         report_skip(&format!("SKIP {test}: {why}"));
         return;
     }
-    let id = model
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .trim_end_matches(".waste")
-        .to_string();
+    let id = model.file_name().unwrap().to_string_lossy().trim_end_matches(".waste").to_string();
     let (server, url) = start(model, args);
     let out = Command::new("python3")
         .arg(root().join("tests/server/test_server_more.py"))
@@ -123,44 +103,23 @@ fn more(test: &str, mode: &str, model: &Path, args: &[&str]) {
     drop(server);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "test_server_more.py {mode} failed:\n{stdout}\n{stderr}"
-    );
-    assert!(
-        stdout.contains(&format!("all {mode} checks passed")),
-        "{stdout}"
-    );
+    assert!(out.status.success(), "test_server_more.py {mode} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("all {mode} checks passed")), "{stdout}");
 }
 
 #[test]
 fn server_queue_limit_answers_503_with_retry_after() {
-    more(
-        "server_queue_limit_answers_503_with_retry_after",
-        "queue",
-        &bible(),
-        &["--queue", "1"],
-    );
+    more("server_queue_limit_answers_503_with_retry_after", "queue", &bible(), &["--queue", "1"]);
 }
 
 #[test]
 fn server_client_disconnect_stops_the_generation_within_one_token() {
-    more(
-        "server_client_disconnect_stops_the_generation_within_one_token",
-        "cancel",
-        &bible(),
-        &[],
-    );
+    more("server_client_disconnect_stops_the_generation_within_one_token", "cancel", &bible(), &[]);
 }
 
 #[test]
 fn server_stream_finish_reason_and_usage() {
-    more(
-        "server_stream_finish_reason_and_usage",
-        "stream",
-        &bible(),
-        &[],
-    );
+    more("server_stream_finish_reason_and_usage", "stream", &bible(), &[]);
 }
 
 /// bible-moe with Kimi's chat template, which renders `tools` (and is short
@@ -177,23 +136,14 @@ fn server_tools_are_rendered_by_the_models_template() {
         std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
     }
     let kimi: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            root().join("tests/fixtures/chat_templates/kimi/tokenizer_config.json"),
-        )
-        .unwrap(),
+        &std::fs::read_to_string(root().join("tests/fixtures/chat_templates/kimi/tokenizer_config.json")).unwrap(),
     )
     .unwrap();
     let cfg_path = dir.join("tokenizer_config.json");
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["chat_template"] = kimi["chat_template"].clone();
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-    more(
-        "server_tools_are_rendered_by_the_models_template",
-        "tools",
-        &dir,
-        &[],
-    );
+    more("server_tools_are_rendered_by_the_models_template", "tools", &dir, &[]);
 }
 
 /// A tool call end to end (tests/server/test_tool_calls.py): the tiny
@@ -209,10 +159,9 @@ fn server_parses_the_models_tool_call() {
         report_skip(&format!("SKIP server_parses_the_models_tool_call: {why}"));
         return;
     }
-    let expected: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("tests/server/tool_call_expected.json")).unwrap(),
-    )
-    .unwrap();
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("tests/server/tool_call_expected.json")).unwrap())
+            .unwrap();
     let tmp = TempDir::new("server-tool-call");
     let src = tmp.path().join("tiny-qwen3_moe");
     std::fs::create_dir(&src).unwrap();
@@ -222,46 +171,27 @@ fn server_parses_the_models_tool_call() {
     }
     let edit = |file: &str, f: &dyn Fn(&mut serde_json::Value)| {
         let path = src.join(file);
-        let mut v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         f(&mut v);
         std::fs::write(&path, v.to_string()).unwrap();
     };
     let qwen3: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            root().join("tests/fixtures/chat_templates/qwen3/tokenizer_config.json"),
-        )
-        .unwrap(),
+        &std::fs::read_to_string(root().join("tests/fixtures/chat_templates/qwen3/tokenizer_config.json")).unwrap(),
     )
     .unwrap();
     edit("tokenizer_config.json", &|v| {
         v["chat_template"] = qwen3["chat_template"].clone();
         v["model_max_length"] = 2048.into();
     });
-    edit("config.json", &|v| {
-        v["max_position_embeddings"] = 2048.into()
-    });
+    edit("config.json", &|v| v["max_position_embeddings"] = 2048.into());
     let model = tmp.path().join("qwen3-tools.waste");
-    let o = waste(&[
-        "convert",
-        src.to_str().unwrap(),
-        model.to_str().unwrap(),
-        "--experts",
-        "f32",
-        "--trunk",
-        "f32",
-    ]);
+    let o = waste(&["convert", src.to_str().unwrap(), model.to_str().unwrap(), "--experts", "f32", "--trunk", "f32"]);
     assert!(o.status.success(), "convert failed: {}", stderr(&o));
 
     // Our tokenizer must agree with transformers' on the call's text, or
     // the script would not spell what the test expects.
     let call_text = expected["call_text"].as_str().unwrap();
-    let call_ids: Vec<u64> = expected["call_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap())
-        .collect();
+    let call_ids: Vec<u64> = expected["call_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
     let o = waste(&["tokenize", model.to_str().unwrap(), call_text, "--json"]);
     assert!(o.status.success(), "tokenize failed: {}", stderr(&o));
     let ours: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
@@ -273,18 +203,11 @@ fn server_parses_the_models_tool_call() {
         .iter()
         .map(|v| v.as_u64().unwrap())
         .collect();
-    assert_eq!(
-        ours, call_ids,
-        "tokenize --json disagrees with transformers"
-    );
+    assert_eq!(ours, call_ids, "tokenize --json disagrees with transformers");
 
     let end = expected["end_of_turn_id"].as_u64().unwrap();
-    let opts: Vec<String> = call_ids
-        .iter()
-        .chain(std::iter::once(&end))
-        .enumerate()
-        .map(|(i, id)| format!("t{i}={id}"))
-        .collect();
+    let opts: Vec<String> =
+        call_ids.iter().chain(std::iter::once(&end)).enumerate().map(|(i, id)| format!("t{i}={id}")).collect();
     let wasm = crate::plugins::plugin("script");
     let mut args = vec!["--sampler".to_string(), wasm.to_str().unwrap().to_string()];
     for o in &opts {
@@ -301,10 +224,7 @@ fn server_parses_the_models_tool_call() {
     drop(server);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "test_tool_calls.py failed:\n{stdout}\n{stderr}"
-    );
+    assert!(out.status.success(), "test_tool_calls.py failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("all tool-call checks passed"), "{stdout}");
 }
 
@@ -318,21 +238,9 @@ fn server_sampler_errors_exit_before_listening() {
     let toml = root().join("Cargo.toml");
     let cases: [(&[&str], i32, &str); 4] = [
         (&["--sampler-opt", "t0=1"], 2, "--sampler"),
-        (
-            &["--sampler", "/nonexistent/p.wasm"],
-            1,
-            "/nonexistent/p.wasm",
-        ),
-        (
-            &["--sampler", "/nonexistent/p.wasm", "--sampler-opt", "t0"],
-            2,
-            "NAME=NUMBER",
-        ),
-        (
-            &["--sampler", toml.to_str().unwrap()],
-            1,
-            "not a loadable sampler plugin",
-        ),
+        (&["--sampler", "/nonexistent/p.wasm"], 1, "/nonexistent/p.wasm"),
+        (&["--sampler", "/nonexistent/p.wasm", "--sampler-opt", "t0"], 2, "NAME=NUMBER"),
+        (&["--sampler", toml.to_str().unwrap()], 1, "not a loadable sampler plugin"),
     ];
     for (args, code, says) in cases {
         let mut all = vec!["serve", model, "--port", "0"];
@@ -378,8 +286,7 @@ fn server_chat_template_kwargs_reach_the_template() {
         std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
     }
     let qwen3: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("tests/fixtures/chat_templates/qwen3/tokenizer_config.json"))
-            .unwrap(),
+        &std::fs::read_to_string(root().join("tests/fixtures/chat_templates/qwen3/tokenizer_config.json")).unwrap(),
     )
     .unwrap();
     let cfg_path = dir.join("tokenizer_config.json");

@@ -3,9 +3,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use waste_host::{
-    Engine, Error, GenerateParams, Model, OpenOptions, Session, StopReason, TokenEvent,
-};
+use waste_host::{Engine, Error, GenerateParams, Model, OpenOptions, Session, StopReason, TokenEvent};
 
 use crate::common::*;
 
@@ -32,21 +30,13 @@ fn session(family: &str) -> Session {
 }
 
 fn session_ctx(family: &str, context: Option<usize>) -> Session {
-    let options = OpenOptions {
-        context,
-        ..OpenOptions::default()
-    };
+    let options = OpenOptions { context, ..OpenOptions::default() };
     let model = Model::open(&container(family), &options).unwrap();
     engine().session(model).unwrap()
 }
 
 fn greedy(n: u32) -> GenerateParams {
-    GenerateParams {
-        temperature: 0.0,
-        max_tokens: n,
-        stop_at_eos: false,
-        ..GenerateParams::default()
-    }
+    GenerateParams { temperature: 0.0, max_tokens: n, stop_at_eos: false, ..GenerateParams::default() }
 }
 
 fn sampled(n: u32, seed: u64) -> GenerateParams {
@@ -66,11 +56,7 @@ fn sampled(n: u32, seed: u64) -> GenerateParams {
 }
 
 /// Runs a generation and returns it with the events it streamed.
-fn generate(
-    s: &mut Session,
-    prompt: &[u32],
-    p: &GenerateParams,
-) -> (waste_host::Completion, Vec<TokenEvent>) {
+fn generate(s: &mut Session, prompt: &[u32], p: &GenerateParams) -> (waste_host::Completion, Vec<TokenEvent>) {
     let events = Arc::new(Mutex::new(Vec::new()));
     let sink = events.clone();
     let c = s.generate(prompt, p, move |e| {
@@ -100,10 +86,7 @@ fn turn_two_logits_equal_one_prefill_of_the_whole_conversation() {
     assert_eq!(a.position(), whole.len());
     let mut b = session("qwen3_moe");
     let (reference, _) = b.eval(&whole, false).unwrap();
-    assert_eq!(
-        logits, reference,
-        "turn 2 differs from a single prefill of the concatenation"
-    );
+    assert_eq!(logits, reference, "turn 2 differs from a single prefill of the concatenation");
 }
 
 #[test]
@@ -182,11 +165,7 @@ fn state_from_another_model_or_shape_is_rejected() {
     std::fs::write(&junk, b"not a state file at all, clearly").unwrap();
     let err = b.load_state(&junk).unwrap_err().to_string();
     assert!(err.contains("not a waste session file"), "{err}");
-    assert_eq!(
-        b.position(),
-        0,
-        "a failed load must leave the session alone"
-    );
+    assert_eq!(b.position(), 0, "a failed load must leave the session alone");
 }
 
 #[test]
@@ -211,10 +190,7 @@ fn stop_string_split_across_tokens_fires_and_is_not_emitted() {
     }
     let (stop, at) = found.expect("a token boundary to split a stop string across");
     a.reset();
-    let p = GenerateParams {
-        stop_strings: vec![stop.clone()],
-        ..greedy(24)
-    };
+    let p = GenerateParams { stop_strings: vec![stop.clone()], ..greedy(24) };
     let (stopped, events) = generate(&mut a, &prompt, &p);
     assert_eq!(stopped.stop_reason, StopReason::StopString);
     assert_eq!(stopped.text, free.text[..at], "stop {stop:?}");
@@ -228,16 +204,9 @@ fn stop_tokens_and_cancellation_end_the_generation() {
     let prompt = a.tokenize("And God said").unwrap();
     let (free, _) = generate(&mut a, &prompt, &greedy(6));
     a.reset();
-    let p = GenerateParams {
-        stop_tokens: vec![free.tokens[2]],
-        ..greedy(6)
-    };
+    let p = GenerateParams { stop_tokens: vec![free.tokens[2]], ..greedy(6) };
     let (c, _) = generate(&mut a, &prompt, &p);
-    let first = free
-        .tokens
-        .iter()
-        .position(|&t| t == free.tokens[2])
-        .unwrap();
+    let first = free.tokens.iter().position(|&t| t == free.tokens[2]).unwrap();
     assert_eq!(c.tokens, free.tokens[..=first]);
     assert_eq!(c.stop_reason, StopReason::StopToken);
 
@@ -259,31 +228,19 @@ fn stop_tokens_and_cancellation_end_the_generation() {
 fn logprobs_match_the_raw_distribution() {
     let mut a = session("qwen3_moe");
     let prompt = a.tokenize("And God said").unwrap();
-    let p = GenerateParams {
-        top_logprobs: 5,
-        ..sampled(3, 4)
-    };
+    let p = GenerateParams { top_logprobs: 5, ..sampled(3, 4) };
     let (c, events) = generate(&mut a, &prompt, &p);
     let mut b = session("qwen3_moe");
     let (logits, _) = b.eval(&prompt, false).unwrap();
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max
-        + logits
-            .iter()
-            .map(|&l| (l as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
+    let lse = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
     let lp = |t: u32| (logits[t as usize] as f64 - lse) as f32;
     assert_eq!(c.logprobs[0], lp(c.tokens[0]));
     assert_eq!(events[0].logprob, c.logprobs[0]);
     let top = &c.top_logprobs[0];
     assert_eq!(top.len(), 5);
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    order.sort_by(|&x, &y| {
-        logits[y as usize]
-            .total_cmp(&logits[x as usize])
-            .then(x.cmp(&y))
-    });
+    order.sort_by(|&x, &y| logits[y as usize].total_cmp(&logits[x as usize]).then(x.cmp(&y)));
     for (i, &(id, l)) in top.iter().enumerate() {
         assert_eq!(id, order[i]);
         assert_eq!(l, lp(id));
@@ -303,10 +260,7 @@ fn same_seed_same_tokens_and_logit_bias_steers() {
     assert_eq!(x.tokens, y.tokens);
     assert_ne!(x.tokens, z.tokens);
     a.reset();
-    let p = GenerateParams {
-        logit_bias: vec![(42, 100.0)],
-        ..greedy(4)
-    };
+    let p = GenerateParams { logit_bias: vec![(42, 100.0)], ..greedy(4) };
     let (forced, _) = generate(&mut a, &prompt, &p);
     assert_eq!(forced.tokens, vec![42; 4]);
 }
@@ -317,50 +271,17 @@ fn out_of_range_sampling_parameters_are_argument_errors() {
     let prompt = a.tokenize("And God said").unwrap();
     let vocab = a.model().info().vocab_size as u32;
     let bad = [
-        GenerateParams {
-            temperature: -1.0,
-            ..greedy(2)
-        },
-        GenerateParams {
-            top_p: 0.0,
-            ..greedy(2)
-        },
-        GenerateParams {
-            min_p: 2.0,
-            ..greedy(2)
-        },
-        GenerateParams {
-            repetition_penalty: 0.0,
-            ..greedy(2)
-        },
-        GenerateParams {
-            presence_penalty: 3.0,
-            ..greedy(2)
-        },
-        GenerateParams {
-            frequency_penalty: f32::NAN,
-            ..greedy(2)
-        },
-        GenerateParams {
-            logit_bias: vec![(vocab, 1.0)],
-            ..greedy(2)
-        },
-        GenerateParams {
-            top_logprobs: 21,
-            ..greedy(2)
-        },
-        GenerateParams {
-            stop_strings: vec![String::new()],
-            ..greedy(2)
-        },
-        GenerateParams {
-            stop_tokens: vec![vocab],
-            ..greedy(2)
-        },
-        GenerateParams {
-            max_tokens: 0,
-            ..greedy(2)
-        },
+        GenerateParams { temperature: -1.0, ..greedy(2) },
+        GenerateParams { top_p: 0.0, ..greedy(2) },
+        GenerateParams { min_p: 2.0, ..greedy(2) },
+        GenerateParams { repetition_penalty: 0.0, ..greedy(2) },
+        GenerateParams { presence_penalty: 3.0, ..greedy(2) },
+        GenerateParams { frequency_penalty: f32::NAN, ..greedy(2) },
+        GenerateParams { logit_bias: vec![(vocab, 1.0)], ..greedy(2) },
+        GenerateParams { top_logprobs: 21, ..greedy(2) },
+        GenerateParams { stop_strings: vec![String::new()], ..greedy(2) },
+        GenerateParams { stop_tokens: vec![vocab], ..greedy(2) },
+        GenerateParams { max_tokens: 0, ..greedy(2) },
     ];
     for p in bad {
         match a.generate(&prompt, &p, |_| true) {
@@ -368,9 +289,5 @@ fn out_of_range_sampling_parameters_are_argument_errors() {
             other => panic!("{p:?} gave {other:?}"),
         }
     }
-    assert_eq!(
-        a.position(),
-        0,
-        "a rejected request must not touch the state"
-    );
+    assert_eq!(a.position(), 0, "a rejected request must not touch the state");
 }

@@ -21,12 +21,7 @@ fn synthetic(dir: &TempDir, shape: &str) -> PathBuf {
 }
 
 fn options(budget: u64) -> OpenOptions {
-    OpenOptions {
-        context: Some(64),
-        budget: Some(budget),
-        preload: false,
-        ..OpenOptions::default()
-    }
+    OpenOptions { context: Some(64), budget: Some(budget), preload: false, ..OpenOptions::default() }
 }
 
 /// Greedy decode: every step's logits, bit for bit.
@@ -52,66 +47,18 @@ fn cache_readers_read_ahead_and_lookahead_are_bit_identical_to_the_plain_path() 
     // A cache of 1.5 working sets: records are evicted all the time, yet
     // some survive (below one working set nothing would).
     let small = plan.floor + plan.working_set * 3 / 2;
-    let plain = OpenOptions {
-        cache: false,
-        readers: 0,
-        read_ahead: false,
-        lookahead: 0,
-        ..options(plan.floor)
-    };
+    let plain = OpenOptions { cache: false, readers: 0, read_ahead: false, lookahead: 0, ..options(plan.floor) };
     let prompt = [3, 17, 42, 5, 99];
     let (want_tokens, want_logits) = decode(&Model::open(&path, &plain).unwrap(), &prompt, 10);
     let variants: Vec<(&str, OpenOptions)> = vec![
         ("cache, 2 readers, read-ahead", options(small)),
-        (
-            "cache, synchronous reads",
-            OpenOptions {
-                readers: 0,
-                ..options(small)
-            },
-        ),
-        (
-            "cache, no read-ahead",
-            OpenOptions {
-                read_ahead: false,
-                ..options(small)
-            },
-        ),
-        (
-            "cache, 1 reader",
-            OpenOptions {
-                readers: 1,
-                ..options(small)
-            },
-        ),
-        (
-            "no cache, 2 readers",
-            OpenOptions {
-                cache: false,
-                ..options(small)
-            },
-        ),
-        (
-            "lru",
-            OpenOptions {
-                cache_policy: CachePolicy::Lru,
-                ..options(small)
-            },
-        ),
-        (
-            "lookahead 6",
-            OpenOptions {
-                lookahead: 6,
-                ..options(small)
-            },
-        ),
-        (
-            "lookahead 8, big cache",
-            OpenOptions {
-                lookahead: 8,
-                ..options(plan.floor + 3 * plan.working_set)
-            },
-        ),
+        ("cache, synchronous reads", OpenOptions { readers: 0, ..options(small) }),
+        ("cache, no read-ahead", OpenOptions { read_ahead: false, ..options(small) }),
+        ("cache, 1 reader", OpenOptions { readers: 1, ..options(small) }),
+        ("no cache, 2 readers", OpenOptions { cache: false, ..options(small) }),
+        ("lru", OpenOptions { cache_policy: CachePolicy::Lru, ..options(small) }),
+        ("lookahead 6", OpenOptions { lookahead: 6, ..options(small) }),
+        ("lookahead 8, big cache", OpenOptions { lookahead: 8, ..options(plan.floor + 3 * plan.working_set) }),
     ];
     for (name, opts) in variants {
         let model = Model::open(&path, &opts).unwrap();
@@ -132,18 +79,10 @@ fn cache_readers_read_ahead_and_lookahead_are_bit_identical_to_the_plain_path() 
 #[test]
 fn direct_io_is_on_for_a_container_on_this_machine() {
     let dir = TempDir::new("stream-direct");
-    let fs = std::process::Command::new("stat")
-        .args(["-f", "-c", "%T"])
-        .arg(dir.path())
-        .output();
-    let fs = fs
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let fs = std::process::Command::new("stat").args(["-f", "-c", "%T"]).arg(dir.path()).output();
+    let fs = fs.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
     if fs == "tmpfs" {
-        report_skip(&format!(
-            "SKIP direct_io_is_on: {} is tmpfs, which refuses O_DIRECT",
-            dir.path().display()
-        ));
+        report_skip(&format!("SKIP direct_io_is_on: {} is tmpfs, which refuses O_DIRECT", dir.path().display()));
         return;
     }
     let path = synthetic(&dir, "olmoe-trace");
@@ -156,14 +95,7 @@ fn direct_io_is_on_for_a_container_on_this_machine() {
         n += 1;
     }
     assert_eq!(n, 16);
-    let buffered = Model::open(
-        &path,
-        &OpenOptions {
-            direct_io: false,
-            ..options(plan.floor)
-        },
-    )
-    .unwrap();
+    let buffered = Model::open(&path, &OpenOptions { direct_io: false, ..options(plan.floor) }).unwrap();
     assert!(!buffered.store_stats().direct_io);
     assert!(buffered.expert_store().bank_files().all(|f| !fd_is_direct(f)));
 }
@@ -188,34 +120,15 @@ fn planned_equals_used_after_open() {
     let path = synthetic(&dir, "olmoe-trace");
     for budget in [None, Some(4_000_000), Some(6_500_000)] {
         let plan = plan_path(&path, Some(64), budget).unwrap();
-        let model = Model::open(
-            &path,
-            &OpenOptions {
-                context: Some(64),
-                budget,
-                ..OpenOptions::default()
-            },
-        )
-        .unwrap();
+        let model = Model::open(&path, &OpenOptions { context: Some(64), budget, ..OpenOptions::default() }).unwrap();
         assert_eq!(model.memory_plan(), &plan);
         assert_eq!(model.memory_used().total(), plan.total(), "budget {budget:?}");
         assert!(plan.total() <= plan.budget);
     }
-    let o = waste(&[
-        "plan",
-        path.to_str().unwrap(),
-        "--budget",
-        "4M",
-        "--ctx",
-        "64",
-        "--json",
-    ]);
+    let o = waste(&["plan", path.to_str().unwrap(), "--budget", "4M", "--ctx", "64", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(
-        v["total"].as_u64(),
-        Some(plan_path(&path, Some(64), Some(4_000_000)).unwrap().total())
-    );
+    assert_eq!(v["total"].as_u64(), Some(plan_path(&path, Some(64), Some(4_000_000)).unwrap().total()));
 }
 
 /// Runtime memory outside the budget: the binary, thread stacks, the
@@ -227,37 +140,15 @@ fn peak_rss_stays_under_budget_plus_overhead_on_a_container_six_times_larger() {
     let dir = TempDir::new("stream-rss");
     let path = synthetic(&dir, "small");
     let budget: u64 = 48_000_000;
-    let size: u64 = std::fs::read_dir(&path)
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .sum();
+    let size: u64 = std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
     assert!(size > 6 * budget, "container {size} bytes");
-    let o = waste(&[
-        "bench",
-        path.to_str().unwrap(),
-        "--budget",
-        "48M",
-        "--tokens",
-        "24",
-        "--ctx",
-        "256",
-        "--json",
-    ]);
+    let o = waste(&["bench", path.to_str().unwrap(), "--budget", "48M", "--tokens", "24", "--ctx", "256", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let peak = v["peak_rss"].as_u64().expect("VmHWM reported");
-    println!(
-        "peak RSS {peak} with budget {budget} (+{} MB)",
-        (peak as i64 - budget as i64) / 1_000_000
-    );
-    assert!(
-        v["misses"].as_u64().unwrap() > v["cache_slots"].as_u64().unwrap(),
-        "every slot was filled"
-    );
-    assert!(
-        peak <= budget + RSS_OVERHEAD,
-        "peak RSS {peak} > budget {budget} + {RSS_OVERHEAD}"
-    );
+    println!("peak RSS {peak} with budget {budget} (+{} MB)", (peak as i64 - budget as i64) / 1_000_000);
+    assert!(v["misses"].as_u64().unwrap() > v["cache_slots"].as_u64().unwrap(), "every slot was filled");
+    assert!(peak <= budget + RSS_OVERHEAD, "peak RSS {peak} > budget {budget} + {RSS_OVERHEAD}");
 }
 
 /// Regression: the trunk file was memory-mapped and its tensors copied out,
@@ -300,9 +191,7 @@ fn peak_rss_counts_the_trunk_once() {
 }
 
 fn shared_trace(name: &str) -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/data")
-        .join(name);
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(name);
     if p.is_file() {
         Some(p)
     } else {
@@ -349,47 +238,21 @@ fn second_run_after_learn_has_fewer_misses() {
 
 #[test]
 fn trace_simulator_agrees_with_the_engine_cache_on_the_shared_traces() {
-    for (file, shape) in [
-        ("trace_olmoe_299.jsonl", "olmoe-trace"),
-        ("trace_kimi_linear_300.jsonl", "kimi-trace"),
-    ] {
+    for (file, shape) in [("trace_olmoe_299.jsonl", "olmoe-trace"), ("trace_kimi_linear_300.jsonl", "kimi-trace")] {
         let Some(trace_path) = shared_trace(file) else { return };
         let trace = read_route_trace(&trace_path).unwrap();
         let dir = TempDir::new("stream-sim");
         let path = synthetic(&dir, shape);
         let plan = plan_path(&path, Some(64), None).unwrap();
-        for (policy, sets) in [
-            (CachePolicy::Frequency, 1),
-            (CachePolicy::Lru, 1),
-            (CachePolicy::Frequency, 3),
-        ] {
+        for (policy, sets) in [(CachePolicy::Frequency, 1), (CachePolicy::Lru, 1), (CachePolicy::Frequency, 3)] {
             let budget = plan.floor + sets * plan.working_set;
-            let model = Model::open(
-                &path,
-                &OpenOptions {
-                    cache_policy: policy,
-                    ..options(budget)
-                },
-            )
-            .unwrap();
+            let model = Model::open(&path, &OpenOptions { cache_policy: policy, ..options(budget) }).unwrap();
             for step in &trace.steps {
                 model.replay_routing(step).unwrap();
             }
             let s = model.store_stats();
-            let layers: Vec<u32> = model
-                .expert_store()
-                .banks()
-                .moe_layers()
-                .iter()
-                .map(|&l| l as u32)
-                .collect();
-            let sim = simulate(
-                &trace.steps,
-                &layers,
-                s.cache_slots,
-                policy,
-                StoreOptions::default().seed,
-            );
+            let layers: Vec<u32> = model.expert_store().banks().moe_layers().iter().map(|&l| l as u32).collect();
+            let sim = simulate(&trace.steps, &layers, s.cache_slots, policy, StoreOptions::default().seed);
             println!(
                 "{file} {policy:?} {} slots: engine {}/{} sim {}/{}",
                 s.cache_slots, s.hits, s.misses, sim.hits, sim.misses

@@ -28,15 +28,8 @@ fn synth_like_kimi_linear_has_the_real_trunk_and_expert_count_option() {
     assert!(text.contains("KDA/dense KDA/MoE KDA/MoE MLA/MoE"), "{text}");
 
     let few = tmp.path().join("few.waste");
-    let o = waste(&[
-        "synth",
-        few.to_str().unwrap(),
-        "--like",
-        "kimi-linear-48b",
-        "--num-experts",
-        "16",
-        "--manifest-only",
-    ]);
+    let o =
+        waste(&["synth", few.to_str().unwrap(), "--like", "kimi-linear-48b", "--num-experts", "16", "--manifest-only"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&waste(&["info", few.to_str().unwrap()]));
     assert!(text.contains("16 per MoE layer, top-8"), "{text}");
@@ -61,7 +54,20 @@ fn bench_runs_thread_counts_side_by_side_after_a_warmup() {
     assert!(o.status.success(), "{}", stderr(&o));
     let m = out.to_str().unwrap();
     let args = |warmup: &'static str| {
-        vec!["bench", m, "--tokens", "3", "--ctx", "32", "--threads", "1,2", "--warmup", warmup, "--no-preload", "--json"]
+        vec![
+            "bench",
+            m,
+            "--tokens",
+            "3",
+            "--ctx",
+            "32",
+            "--threads",
+            "1,2",
+            "--warmup",
+            warmup,
+            "--no-preload",
+            "--json",
+        ]
     };
     let rows = json_of(&args("4"));
     let rows = rows.as_array().expect("one row per thread count");

@@ -10,10 +10,7 @@ use waste_host::{Engine, Model, OpenOptions};
 use crate::common::*;
 
 fn logits(container: &std::path::Path, threads: usize, tokens: &[u32]) -> Vec<u32> {
-    let options = OpenOptions {
-        threads: Some(threads),
-        ..OpenOptions::default()
-    };
+    let options = OpenOptions { threads: Some(threads), ..OpenOptions::default() };
     let model = Model::open(container, &options).unwrap();
     assert_eq!(model.pool().threads(), threads);
     let engine = Engine::new().unwrap();
@@ -68,13 +65,8 @@ fn large_matrix_logits_do_not_depend_on_thread_count() {
     synth(&out, &spec, &mut |_, _| {}).unwrap();
     let tokens = [1u32, 5, 9, 200, 17];
     let one = logits(&out, 1, &tokens);
-    assert!(one
-        .iter()
-        .any(|&b| f32::from_bits(b).is_finite() && f32::from_bits(b) != 0.0));
-    assert!(
-        logits(&out, 2, &tokens) == one,
-        "logits differ between 1 and 2 threads"
-    );
+    assert!(one.iter().any(|&b| f32::from_bits(b).is_finite() && f32::from_bits(b) != 0.0));
+    assert!(logits(&out, 2, &tokens) == one, "logits differ between 1 and 2 threads");
 }
 
 /// Measured on the fixtures (random weights, the worst case for
@@ -95,10 +87,7 @@ fn rvq4p_containers_stay_within_stated_error() {
         let (mut worst, mut agree) = (0f32, 0usize);
         let positions = reference.logits.len() / v;
         for p in 0..positions {
-            let (g, r) = (
-                &got[p * v..(p + 1) * v],
-                &reference.logits[p * v..(p + 1) * v],
-            );
+            let (g, r) = (&got[p * v..(p + 1) * v], &reference.logits[p * v..(p + 1) * v]);
             let scale = r.iter().fold(0f32, |m, x| m.max(x.abs()));
             let diff = g.iter().zip(r).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
             worst = worst.max(diff / scale);
@@ -106,9 +95,7 @@ fn rvq4p_containers_stay_within_stated_error() {
             agree += usize::from(am(g) == am(r));
         }
         let top1 = agree as f32 / positions as f32;
-        table.push_str(&format!(
-            "{family:<10} rvq4p/q4  max rel err {worst:.4}  top-1 {top1:.3}\n"
-        ));
+        table.push_str(&format!("{family:<10} rvq4p/q4  max rel err {worst:.4}  top-1 {top1:.3}\n"));
         // The rvq3/q4 bounds of oracle.rs: a broken layout or kernel gives
         // errors of order 1 and top-1 near 1/vocab.
         assert!(worst <= 0.6 && top1 >= 0.4, "{family}: {worst} {top1}");
@@ -118,28 +105,16 @@ fn rvq4p_containers_stay_within_stated_error() {
 
 #[test]
 fn cpu_lists_are_checked() {
-    assert_eq!(
-        CpuSet::parse("0-2,6-8").unwrap().cpus(),
-        &[0, 1, 2, 6, 7, 8]
-    );
+    assert_eq!(CpuSet::parse("0-2,6-8").unwrap().cpus(), &[0, 1, 2, 6, 7, 8]);
     assert!(CpuSet::parse("2-1").is_err());
     let tmp = TempDir::new("threads-cli");
     let m = convert("qwen3_moe", "rvq4p", "q8", tmp.path());
     let m = m.to_str().unwrap();
     for (args, what) in [
-        (
-            vec!["eval", m, "--tokens", "1,2", "--cpus", "1-0"],
-            "runs backwards",
-        ),
-        (
-            vec!["eval", m, "--tokens", "1,2", "--cpus", "0,,1"],
-            "not a CPU number",
-        ),
+        (vec!["eval", m, "--tokens", "1,2", "--cpus", "1-0"], "runs backwards"),
+        (vec!["eval", m, "--tokens", "1,2", "--cpus", "0,,1"], "not a CPU number"),
         (vec!["run", m, "hi", "--cpus", "x"], "not a CPU number"),
-        (
-            vec!["eval", m, "--tokens", "1,2", "--threads", "0"],
-            "--threads",
-        ),
+        (vec!["eval", m, "--tokens", "1,2", "--threads", "0"], "--threads"),
     ] {
         let o = waste(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
@@ -152,16 +127,7 @@ fn cpu_lists_are_checked() {
     let a = tmp.path().join("a.f32");
     let b = tmp.path().join("b.f32");
     for (path, threads) in [(&a, "1"), (&b, "2")] {
-        let mut args = vec![
-            "eval",
-            m,
-            "--tokens",
-            "1,2,3",
-            "--threads",
-            threads,
-            "--logits",
-            path.to_str().unwrap(),
-        ];
+        let mut args = vec!["eval", m, "--tokens", "1,2,3", "--threads", threads, "--logits", path.to_str().unwrap()];
         let cpus = first.to_string();
         if cfg!(target_os = "linux") {
             args.extend(["--cpus", &cpus]);

@@ -41,43 +41,22 @@ impl Mirostat {
             return Err(format!("mirostat: eta must be in (0, 1], got {eta}"));
         }
         if !(temperature.is_finite() && temperature > 0.0) {
-            return Err(format!(
-                "mirostat: temperature must be > 0, got {temperature}"
-            ));
+            return Err(format!("mirostat: temperature must be > 0, got {temperature}"));
         }
-        Ok(Mirostat {
-            tau,
-            eta,
-            mu: 2.0 * tau,
-            temperature,
-            last_surprise: 0.0,
-            rng: Rng(seed),
-        })
+        Ok(Mirostat { tau, eta, mu: 2.0 * tau, temperature, last_surprise: 0.0, rng: Rng(seed) })
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, String> {
-        let mut order: Vec<u32> = (0..logits.len() as u32)
-            .filter(|&i| !logits[i as usize].is_nan())
-            .collect();
+        let mut order: Vec<u32> = (0..logits.len() as u32).filter(|&i| !logits[i as usize].is_nan()).collect();
         if order.is_empty() {
             return Err("mirostat: no finite logits".into());
         }
-        order.sort_unstable_by(|&a, &b| {
-            logits[b as usize]
-                .total_cmp(&logits[a as usize])
-                .then(a.cmp(&b))
-        });
+        order.sort_unstable_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
         let max = logits[order[0] as usize] as f64;
-        let probs: Vec<f64> = order
-            .iter()
-            .map(|&i| ((logits[i as usize] as f64 - max) / self.temperature).exp())
-            .collect();
+        let probs: Vec<f64> =
+            order.iter().map(|&i| ((logits[i as usize] as f64 - max) / self.temperature).exp()).collect();
         let total: f64 = probs.iter().sum();
-        let keep = probs
-            .iter()
-            .take_while(|&&p| -(p / total).log2() <= self.mu)
-            .count()
-            .max(1);
+        let keep = probs.iter().take_while(|&&p| -(p / total).log2() <= self.mu).count().max(1);
         let kept_total: f64 = probs[..keep].iter().sum();
         let mut draw = self.rng.next_f64() * kept_total;
         let mut pick = keep - 1;
@@ -111,18 +90,9 @@ mod component {
 
     impl Guest for Plugin {
         fn begin(params: SamplerParams) -> Result<(), String> {
-            let opt = |name: &str, default: f64| {
-                params
-                    .options
-                    .iter()
-                    .find(|o| o.0 == name)
-                    .map_or(default, |o| o.1 as f64)
-            };
-            let t = if params.temperature > 0.0 {
-                params.temperature as f64
-            } else {
-                1.0
-            };
+            let opt =
+                |name: &str, default: f64| params.options.iter().find(|o| o.0 == name).map_or(default, |o| o.1 as f64);
+            let t = if params.temperature > 0.0 { params.temperature as f64 } else { 1.0 };
             let m = super::Mirostat::new(opt("tau", 5.0), opt("eta", 0.1), t, params.seed)?;
             STATE.with(|s| *s.borrow_mut() = Some(m));
             Ok(())

@@ -29,11 +29,7 @@ mod component {
 
     impl Guest for Plugin {
         fn begin(params: SamplerParams) -> Result<(), String> {
-            let mode = params
-                .options
-                .iter()
-                .find(|o| o.0 == "mode")
-                .map_or(0, |o| o.1 as u32);
+            let mode = params.options.iter().find(|o| o.0 == "mode").map_or(0, |o| o.1 as u32);
             MODE.with(|m| m.set(mode));
             Ok(())
         }

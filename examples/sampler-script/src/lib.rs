@@ -27,11 +27,7 @@ impl Script {
                 .strip_prefix('t')
                 .and_then(|n| n.parse().ok())
                 .ok_or_else(|| format!("script: unknown option {name:?} (expected t0, t1, ...)"))?;
-            if !(value.is_finite()
-                && *value >= 0.0
-                && value.fract() == 0.0
-                && *value < 16_777_216.0)
-            {
+            if !(value.is_finite() && *value >= 0.0 && value.fract() == 0.0 && *value < 16_777_216.0) {
                 return Err(format!("script: {name} = {value} is not a token id"));
             }
             if slots.len() <= index {
@@ -53,10 +49,7 @@ impl Script {
         if let Some(&t) = self.tokens.get(self.next) {
             self.next += 1;
             if t as usize >= logits.len() {
-                return Err(format!(
-                    "script: token {t} is outside the vocabulary ({} entries)",
-                    logits.len()
-                ));
+                return Err(format!("script: token {t} is outside the vocabulary ({} entries)", logits.len()));
             }
             return Ok(t);
         }

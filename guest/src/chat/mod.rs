@@ -33,8 +33,8 @@ mod strftime;
 mod tojson;
 
 use crate::tokenizer::Segment;
-use strftime::strftime_now;
 pub use strftime::strftime;
+use strftime::strftime_now;
 use tojson::tojson;
 
 /// Message fields treated as content (never markup).
@@ -44,15 +44,8 @@ const CONTENT_FIELDS: &[&str] = &["content", "reasoning_content"];
 const MARK_OPEN: char = '\u{F0000}';
 const MARK_CLOSE: char = '\u{F0001}';
 /// Special-token variables transformers passes to the template.
-const SPECIAL_KEYS: &[&str] = &[
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-];
+const SPECIAL_KEYS: &[&str] =
+    &["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChatMessage {
@@ -81,65 +74,42 @@ fn json_err(what: &str, e: impl std::fmt::Display) -> String {
 fn token_text(v: &serde_json::Value) -> Option<String> {
     match v {
         serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Object(o) => {
-            o.get("content").and_then(|c| c.as_str()).map(str::to_owned)
-        }
+        serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_owned),
         _ => None,
     }
 }
 
 impl ChatTemplate {
-    pub fn new(
-        source: impl Into<String>,
-        tokenizer_config: Option<&str>,
-    ) -> Result<ChatTemplate, String> {
+    pub fn new(source: impl Into<String>, tokenizer_config: Option<&str>) -> Result<ChatTemplate, String> {
         let mut specials = Vec::new();
         if let Some(cfg) = tokenizer_config {
-            let v: serde_json::Value = serde_json::from_str(cfg)
-                .map_err(|e| json_err("tokenizer_config.json: invalid JSON", e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(cfg).map_err(|e| json_err("tokenizer_config.json: invalid JSON", e))?;
             for key in SPECIAL_KEYS {
                 if let Some(t) = v.get(*key).and_then(token_text) {
                     specials.push((key.to_string(), Value::from(t)));
                 }
             }
-            if let Some(list) = v
-                .get("additional_special_tokens")
-                .and_then(|l| l.as_array())
-            {
-                let list: Vec<Value> = list
-                    .iter()
-                    .filter_map(token_text)
-                    .map(Value::from)
-                    .collect();
+            if let Some(list) = v.get("additional_special_tokens").and_then(|l| l.as_array()) {
+                let list: Vec<Value> = list.iter().filter_map(token_text).map(Value::from).collect();
                 specials.push(("additional_special_tokens".into(), Value::from(list)));
             }
         }
-        let t = ChatTemplate {
-            source: source.into(),
-            specials,
-        };
+        let t = ChatTemplate { source: source.into(), specials };
         // Compile once now so a broken template is reported when loaded.
-        t.env()
-            .template_from_str(&t.source)
-            .map_err(|e| format!("chat template: {}", describe(&e)))?;
+        t.env().template_from_str(&t.source).map_err(|e| format!("chat template: {}", describe(&e)))?;
         Ok(t)
     }
 
     fn env(&self) -> Environment<'static> {
         let mut env = Environment::new();
-        let syntax = minijinja::syntax::SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build();
+        let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build();
         if let Ok(syntax) = syntax {
             env.set_syntax(syntax);
         }
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
-            Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("the template raised: {msg}"),
-            ))
+            Err(Error::new(ErrorKind::InvalidOperation, format!("the template raised: {msg}")))
         });
         env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
         env.add_filter("tojson", tojson);
@@ -154,19 +124,12 @@ impl ChatTemplate {
         vars: &[(String, Value)],
     ) -> Result<String, String> {
         // As transformers: the caller's variables override the special tokens.
-        let mut ctx: Vec<(String, Value)> = self
-            .specials
-            .iter()
-            .filter(|(k, _)| !vars.iter().any(|(v, _)| v == k))
-            .cloned()
-            .collect();
+        let mut ctx: Vec<(String, Value)> =
+            self.specials.iter().filter(|(k, _)| !vars.iter().any(|(v, _)| v == k)).cloned().collect();
         ctx.extend(vars.iter().cloned());
         ctx.push(("messages".into(), messages));
         ctx.push(("tools".into(), tools.clone()));
-        ctx.push((
-            "add_generation_prompt".into(),
-            Value::from(add_generation_prompt),
-        ));
+        ctx.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
         self.env()
             .render_str(&self.source, Value::from_pairs(ctx))
             .map_err(|e| format!("chat template: {}", describe(&e)))
@@ -222,23 +185,11 @@ impl ChatTemplate {
         let tools = parse_tools(tools)?;
         let vars = parse_vars(vars)?;
         let mut contents: Vec<String> = Vec::new();
-        let real = self.render_values(
-            messages_value(messages, None)?,
-            &tools,
-            add_generation_prompt,
-            &vars,
-        )?;
-        let marked = self.render_values(
-            messages_value(messages, Some(&mut contents))?,
-            &tools,
-            add_generation_prompt,
-            &vars,
-        )?;
+        let real = self.render_values(messages_value(messages, None)?, &tools, add_generation_prompt, &vars)?;
+        let marked =
+            self.render_values(messages_value(messages, Some(&mut contents))?, &tools, add_generation_prompt, &vars)?;
         if real.contains([MARK_OPEN, MARK_CLOSE]) {
-            return Err(
-                "chat template: the conversation contains the reserved characters U+F0000/U+F0001"
-                    .into(),
-            );
+            return Err("chat template: the conversation contains the reserved characters U+F0000/U+F0001".into());
         }
         // B as alternating markup / marker pieces.
         let mut pieces: Vec<(String, Option<usize>)> = Vec::new();
@@ -249,8 +200,7 @@ impl ChatTemplate {
                 .find(MARK_CLOSE)
                 .ok_or("chat template: a content marker was cut (template sliced the content)")?;
             let idx: usize = after[..close].parse().map_err(|_| {
-                "chat template: a content marker was altered (template transformed the content)"
-                    .to_string()
+                "chat template: a content marker was altered (template transformed the content)".to_string()
             })?;
             if idx >= contents.len() {
                 return Err("chat template: unknown content marker".into());
@@ -260,31 +210,19 @@ impl ChatTemplate {
             rest = &after[close + MARK_CLOSE.len_utf8()..];
         }
         pieces.push((rest.to_string(), None));
-        let substituted: String = pieces
-            .iter()
-            .map(|(t, i)| i.map_or(t.as_str(), |i| contents[i].as_str()))
-            .collect();
+        let substituted: String = pieces.iter().map(|(t, i)| i.map_or(t.as_str(), |i| contents[i].as_str())).collect();
         let segments: Vec<Segment> = if substituted == real {
             pieces
                 .into_iter()
                 .map(|(t, i)| match i {
-                    Some(i) => Segment {
-                        text: contents[i].clone(),
-                        markup: false,
-                    },
-                    None => Segment {
-                        text: t,
-                        markup: true,
-                    },
+                    Some(i) => Segment { text: contents[i].clone(), markup: false },
+                    None => Segment { text: t, markup: true },
                 })
                 .collect()
         } else {
             align(&real, &pieces, &contents)?
         };
-        Ok(segments
-            .into_iter()
-            .filter(|s| !s.text.is_empty())
-            .collect())
+        Ok(segments.into_iter().filter(|s| !s.text.is_empty()).collect())
     }
 }
 
@@ -293,11 +231,7 @@ impl ChatTemplate {
 /// marker the longest substring of its content after which the next markup
 /// piece follows. Greedy, no backtracking: an ambiguity it cannot settle is
 /// an error.
-fn align(
-    real: &str,
-    pieces: &[(String, Option<usize>)],
-    contents: &[String],
-) -> Result<Vec<Segment>, String> {
+fn align(real: &str, pieces: &[(String, Option<usize>)], contents: &[String]) -> Result<Vec<Segment>, String> {
     let fail = || {
         "chat template: the template rewrites message content in a way that cannot be split safely into markup and content".to_string()
     };
@@ -310,10 +244,7 @@ fn align(
                 if !real[pos..].starts_with(text.as_str()) {
                     return Err(fail());
                 }
-                out.push(Segment {
-                    text: text.clone(),
-                    markup: true,
-                });
+                out.push(Segment { text: text.clone(), markup: true });
                 pos += text.len();
             }
             (_, Some(idx)) => {
@@ -327,11 +258,7 @@ fn align(
                 loop {
                     if real.is_char_boundary(end) {
                         let gap = &real[pos..end];
-                        let follows = if is_last {
-                            &real[end..] == next
-                        } else {
-                            real[end..].starts_with(next)
-                        };
+                        let follows = if is_last { &real[end..] == next } else { real[end..].starts_with(next) };
                         if follows && content.contains(gap) {
                             chosen = Some(end);
                             break;
@@ -343,10 +270,7 @@ fn align(
                     end -= 1;
                 }
                 let end = chosen.ok_or_else(fail)?;
-                out.push(Segment {
-                    text: real[pos..end].to_string(),
-                    markup: false,
-                });
+                out.push(Segment { text: real[pos..end].to_string(), markup: false });
                 pos = end;
             }
         }
@@ -362,8 +286,7 @@ fn parse_tools(tools: Option<&str>) -> Result<Value, String> {
     match tools {
         None => Ok(Value::from(())),
         Some(t) => {
-            let v: Value =
-                serde_json::from_str(t).map_err(|e| json_err("tools: invalid JSON", e))?;
+            let v: Value = serde_json::from_str(t).map_err(|e| json_err("tools: invalid JSON", e))?;
             if v.kind() != ValueKind::Seq {
                 return Err("tools: expected a JSON array of tool definitions".into());
             }
@@ -391,16 +314,11 @@ fn parse_vars(vars: Option<&str>) -> Result<Vec<(String, Value)>, String> {
     };
     let mut out = Vec::with_capacity(map.len());
     for (name, val) in map {
-        if matches!(
-            name.as_str(),
-            "messages" | "tools" | "add_generation_prompt"
-        ) {
-            return Err(format!(
-                "template variables: {name:?} is set by the renderer itself"
-            ));
+        if matches!(name.as_str(), "messages" | "tools" | "add_generation_prompt") {
+            return Err(format!("template variables: {name:?} is set by the renderer itself"));
         }
-        let val: Value = serde_json::from_value(val)
-            .map_err(|e| json_err(&format!("template variables: {name}"), e))?;
+        let val: Value =
+            serde_json::from_value(val).map_err(|e| json_err(&format!("template variables: {name}"), e))?;
         out.push((name, val));
     }
     Ok(out)
@@ -408,10 +326,7 @@ fn parse_vars(vars: Option<&str>) -> Result<Vec<(String, Value)>, String> {
 
 /// The messages as template values; with `markers`, content fields become
 /// markers and their texts are collected there.
-fn messages_value(
-    messages: &[ChatMessage],
-    mut markers: Option<&mut Vec<String>>,
-) -> Result<Value, String> {
+fn messages_value(messages: &[ChatMessage], mut markers: Option<&mut Vec<String>>) -> Result<Value, String> {
     let mut list = Vec::with_capacity(messages.len());
     for (n, m) in messages.iter().enumerate() {
         let mut fields: Vec<(String, Value)> = vec![("role".into(), Value::from(m.role.clone()))];
@@ -420,17 +335,15 @@ fn messages_value(
             fields.push(("content".into(), Value::from(c.clone())));
         }
         if let Some(extra) = &m.extra {
-            let v: Value = serde_json::from_str(extra)
-                .map_err(|e| json_err(&format!("message {n}: extra: invalid JSON"), e))?;
+            let v: Value =
+                serde_json::from_str(extra).map_err(|e| json_err(&format!("message {n}: extra: invalid JSON"), e))?;
             if v.kind() != ValueKind::Map {
                 return Err(format!("message {n}: extra: expected a JSON object"));
             }
             for key in v.try_iter().map_err(|e| e.to_string())? {
                 let name = key.as_str().unwrap_or_default().to_string();
                 if name == "role" || name == "content" {
-                    return Err(format!(
-                        "message {n}: extra: {name:?} belongs in the message itself"
-                    ));
+                    return Err(format!("message {n}: extra: {name:?} belongs in the message itself"));
                 }
                 let val = v.get_item(&key).map_err(|e| e.to_string())?;
                 fields.push((name, val));
@@ -458,9 +371,7 @@ fn messages_value(
 /// message for `raise_exception`.
 fn describe(e: &Error) -> String {
     // Name the template instead of minijinja's "<string>".
-    let mut s = e
-        .to_string()
-        .replace("(in <string>:", "(chat_template line ");
+    let mut s = e.to_string().replace("(in <string>:", "(chat_template line ");
     let mut src = std::error::Error::source(e);
     while let Some(inner) = src {
         s.push_str(&format!(": {inner}"));

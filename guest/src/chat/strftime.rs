@@ -6,10 +6,8 @@ use minijinja::{Error, ErrorKind};
 /// transformers' `strftime_now`: the current local time (UTC here: the
 /// guest has no time zone) formatted with the common strftime codes.
 pub(super) fn strftime_now(fmt: &str) -> Result<String, Error> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     strftime(fmt, secs)
 }
 
@@ -27,15 +25,7 @@ const MONTHS: [&str; 12] = [
     "November",
     "December",
 ];
-const DAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
+const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 /// Formats Unix time `secs` (UTC).
 pub fn strftime(fmt: &str, secs: i64) -> Result<String, Error> {
@@ -94,10 +84,7 @@ fn doy_of(y: i64, m: i64, d: i64) -> i64 {
 fn bad_code(c: Option<char>) -> Error {
     Error::new(
         ErrorKind::InvalidOperation,
-        format!(
-            "strftime_now: unsupported format code %{}",
-            c.map(String::from).unwrap_or_default()
-        ),
+        format!("strftime_now: unsupported format code %{}", c.map(String::from).unwrap_or_default()),
     )
 }
 

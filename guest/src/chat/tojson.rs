@@ -26,19 +26,11 @@ pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
             let b = v.get_item(&Value::from(1))?;
             match (a.as_str(), b.as_str()) {
                 (Some(a), Some(b)) => (a.to_string(), b.to_string()),
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be two strings",
-                    ))
-                }
+                _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings")),
             }
         }
         // Python's defaults: ", " and ": ", but "," when indenting.
-        _ => (
-            if indent.is_some() { "," } else { ", " }.to_string(),
-            ": ".to_string(),
-        ),
+        _ => (if indent.is_some() { "," } else { ", " }.to_string(), ": ".to_string()),
     };
     let opts = JsonOpts {
         indent,
@@ -90,11 +82,7 @@ fn python_float(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 {
-            "Infinity".into()
-        } else {
-            "-Infinity".into()
-        };
+        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
     }
     let a = f.abs();
     if a != 0.0 && !(1e-4..1e16).contains(&a) {
@@ -175,12 +163,7 @@ fn write_json(out: &mut String, v: &Value, o: &JsonOpts, depth: usize) -> Result
             newline(out, depth);
             out.push('}');
         }
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("tojson: cannot serialize {}", v.kind()),
-            ))
-        }
+        _ => return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: cannot serialize {}", v.kind()))),
     }
     Ok(())
 }

@@ -60,10 +60,7 @@ impl Bpe {
         let obj = node.object()?;
         match node.opt("type") {
             Some(t) if t.str()? != "BPE" => {
-                return Err(t.error(format!(
-                    "unsupported model type {:?} (only \"BPE\" is implemented)",
-                    t.str()?
-                )));
+                return Err(t.error(format!("unsupported model type {:?} (only \"BPE\" is implemented)", t.str()?)));
             }
             Some(_) => {}
             None if obj.contains_key("merges") => {}
@@ -82,10 +79,7 @@ impl Bpe {
         let mut max_id = 0u64;
         for (k, v) in vmap {
             let id = v.as_u64().filter(|&i| i < MAX_ID).ok_or_else(|| {
-                err(
-                    &format!("{}[{k:?}]", vnode.path()),
-                    format!("expected an id in 0..{MAX_ID}, found {v}"),
-                )
+                err(&format!("{}[{k:?}]", vnode.path()), format!("expected an id in 0..{MAX_ID}, found {v}"))
             })?;
             max_id = max_id.max(id + 1);
             vocab.insert(k.clone(), id as u32);
@@ -113,10 +107,7 @@ impl Bpe {
                     match (parts.next(), parts.next(), parts.next()) {
                         (Some(a), Some(b), None) => (a, b),
                         _ => {
-                            return Err(err(
-                                &here(),
-                                format!("merge {s:?} must be two tokens separated by one space"),
-                            ));
+                            return Err(err(&here(), format!("merge {s:?} must be two tokens separated by one space")));
                         }
                     }
                 }
@@ -127,14 +118,12 @@ impl Bpe {
                 _ => return Err(err(&here(), "merge must be a string \"a b\" or a pair [a, b]")),
             };
             let id_of = |t: &str| {
-                vocab.get(t).copied().ok_or_else(|| {
-                    err(&here(), format!("merge token {t:?} is not in model.vocab"))
-                })
+                vocab.get(t).copied().ok_or_else(|| err(&here(), format!("merge token {t:?} is not in model.vocab")))
             };
             let (ia, ib) = (id_of(a)?, id_of(b)?);
-            let b_rest = b.get(prefix_len..).ok_or_else(|| {
-                err(&here(), format!("merge token {b:?} lacks the continuing_subword_prefix"))
-            })?;
+            let b_rest = b
+                .get(prefix_len..)
+                .ok_or_else(|| err(&here(), format!("merge token {b:?} lacks the continuing_subword_prefix")))?;
             let new_id = id_of(&format!("{a}{b_rest}"))?;
             // Later duplicates override earlier ones, as in HF's HashMap collect.
             merges.insert(pair(ia, ib), (rank, new_id));
@@ -144,9 +133,7 @@ impl Bpe {
         let unk = match node.opt("unk_token") {
             Some(u) => {
                 let s = u.str()?;
-                Some(*vocab.get(s).ok_or_else(|| {
-                    u.error(format!("unk_token {s:?} is not in model.vocab"))
-                })?)
+                Some(*vocab.get(s).ok_or_else(|| u.error(format!("unk_token {s:?} is not in model.vocab")))?)
             }
             None => None,
         };
@@ -281,11 +268,7 @@ impl Bpe {
             .windows(2)
             .enumerate()
             .filter_map(|(pos, w)| {
-                self.merges.get(&pair(w[0].c, w[1].c)).map(|&(rank, new_id)| Merge {
-                    pos,
-                    rank,
-                    new_id,
-                })
+                self.merges.get(&pair(w[0].c, w[1].c)).map(|&(rank, new_id)| Merge { pos, rank, new_id })
             })
             .collect();
         while let Some(top) = queue.pop() {

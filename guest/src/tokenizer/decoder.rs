@@ -56,9 +56,7 @@ impl Decoder {
                 };
                 Decoder::Metaspace { replacement, drop_first }
             }
-            "BPEDecoder" => Decoder::Bpe {
-                suffix: node.opt_str("suffix")?.unwrap_or("</w>").to_string(),
-            },
+            "BPEDecoder" => Decoder::Bpe { suffix: node.opt_str("suffix")?.unwrap_or("</w>").to_string() },
             "Sequence" => {
                 let items = node.req("decoders")?.items()?;
                 let parsed: Result<Vec<_>, _> = items.iter().map(Decoder::parse).collect();
@@ -177,9 +175,7 @@ impl Decoder {
                     })
                     .collect()
             }
-            Decoder::Sequence(items) => {
-                items.iter().fold(tokens, |acc, d| d.decode_chain(acc, mode))
-            }
+            Decoder::Sequence(items) => items.iter().fold(tokens, |acc, d| d.decode_chain(acc, mode)),
         }
     }
 }

@@ -48,31 +48,18 @@ impl std::fmt::Debug for HfTokenizer {
 impl HfTokenizer {
     /// Parses a `tokenizer.json`. Errors name what is wrong and where.
     pub fn from_json(json: &str) -> Result<HfTokenizer, TokenizerError> {
-        let value: serde_json::Value = serde_json::from_str(json)
-            .map_err(|e| TokenizerError(format!("tokenizer.json: invalid JSON: {e}")))?;
+        let value: serde_json::Value =
+            serde_json::from_str(json).map_err(|e| TokenizerError(format!("tokenizer.json: invalid JSON: {e}")))?;
         let root = Node::root(&value);
         root.object()?;
 
         let model = Bpe::parse(&root.req("model")?)?;
-        let normalizer = root
-            .opt("normalizer")
-            .map(|n| Normalizer::parse(&n))
-            .transpose()?;
-        let pre_tokenizer = root
-            .opt("pre_tokenizer")
-            .map(|n| PreTokenizer::parse(&n))
-            .transpose()?;
-        let decoder = root
-            .opt("decoder")
-            .map(|n| Decoder::parse(&n))
-            .transpose()?;
+        let normalizer = root.opt("normalizer").map(|n| Normalizer::parse(&n)).transpose()?;
+        let pre_tokenizer = root.opt("pre_tokenizer").map(|n| PreTokenizer::parse(&n)).transpose()?;
+        let decoder = root.opt("decoder").map(|n| Decoder::parse(&n)).transpose()?;
 
         let tokens = match root.opt("added_tokens") {
-            Some(n) => n
-                .items()?
-                .iter()
-                .map(AddedToken::parse)
-                .collect::<Result<Vec<_>, _>>()?,
+            Some(n) => n.items()?.iter().map(AddedToken::parse).collect::<Result<Vec<_>, _>>()?,
             None => Vec::new(),
         };
         let mut tk = HfTokenizer {
@@ -107,11 +94,7 @@ impl HfTokenizer {
             if t.content.is_empty() || self.added_r.values().any(|v| *v == t) {
                 continue;
             }
-            let id = match self
-                .added
-                .get(&t.content)
-                .or_else(|| self.model.vocab.get(&t.content))
-            {
+            let id = match self.added.get(&t.content).or_else(|| self.model.vocab.get(&t.content)) {
                 Some(&id) => id,
                 None => match self.added.values().max() {
                     None => model_len,
@@ -139,12 +122,7 @@ impl HfTokenizer {
                 self.raw_trie.insert(&t.content, id);
             }
         }
-        let max_added = self
-            .added
-            .values()
-            .map(|&i| i as usize + 1)
-            .max()
-            .unwrap_or(0);
+        let max_added = self.added.values().map(|&i| i as usize + 1).max().unwrap_or(0);
         self.vocab_size = self.model.vocab_r.len().max(max_added);
     }
 
@@ -187,9 +165,7 @@ impl HfTokenizer {
             // text: a special token matched there is allowed only when the
             // whole raw piece is.
             let piece_allowed = allow(s, e);
-            for (tok2, s2, e2) in
-                self.split_added(&self.norm_trie, &normalized, &|_, _| piece_allowed)
-            {
+            for (tok2, s2, e2) in self.split_added(&self.norm_trie, &normalized, &|_, _| piece_allowed) {
                 if let Some(id) = tok2 {
                     ids.push(id);
                     continue;
@@ -197,10 +173,7 @@ impl HfTokenizer {
                 if s2 == e2 {
                     continue;
                 }
-                let piece = Piece {
-                    text: normalized[s2..e2].to_string(),
-                    at_start: s == 0 && s2 == 0,
-                };
+                let piece = Piece { text: normalized[s2..e2].to_string(), at_start: s == 0 && s2 == 0 };
                 match &self.pre_tokenizer {
                     Some(pt) => {
                         for word in pt.apply(vec![piece]) {
@@ -297,16 +270,11 @@ impl HfTokenizer {
     }
 
     pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.added
-            .get(token)
-            .or_else(|| self.model.vocab.get(token))
-            .copied()
+        self.added.get(token).or_else(|| self.model.vocab.get(token)).copied()
     }
 
     /// Whether `id` is an added token marked `"special": true`.
     pub fn is_special(&self, id: u32) -> bool {
-        self.added_r
-            .get(&id)
-            .is_some_and(|t| self.special.contains(&t.content))
+        self.added_r.get(&id).is_some_and(|t| self.special.contains(&t.content))
     }
 }

@@ -46,33 +46,23 @@ impl<'a> Node<'a> {
     }
 
     pub fn object(&self) -> Result<&'a Map<String, Value>, TokenizerError> {
-        self.value
-            .as_object()
-            .ok_or_else(|| self.error(format!("expected an object, found {}", self.kind())))
+        self.value.as_object().ok_or_else(|| self.error(format!("expected an object, found {}", self.kind())))
     }
 
     pub fn array(&self) -> Result<&'a Vec<Value>, TokenizerError> {
-        self.value
-            .as_array()
-            .ok_or_else(|| self.error(format!("expected an array, found {}", self.kind())))
+        self.value.as_array().ok_or_else(|| self.error(format!("expected an array, found {}", self.kind())))
     }
 
     pub fn str(&self) -> Result<&'a str, TokenizerError> {
-        self.value
-            .as_str()
-            .ok_or_else(|| self.error(format!("expected a string, found {}", self.kind())))
+        self.value.as_str().ok_or_else(|| self.error(format!("expected a string, found {}", self.kind())))
     }
 
     pub fn bool(&self) -> Result<bool, TokenizerError> {
-        self.value
-            .as_bool()
-            .ok_or_else(|| self.error(format!("expected a boolean, found {}", self.kind())))
+        self.value.as_bool().ok_or_else(|| self.error(format!("expected a boolean, found {}", self.kind())))
     }
 
     pub fn u64(&self) -> Result<u64, TokenizerError> {
-        self.value.as_u64().ok_or_else(|| {
-            self.error(format!("expected a non-negative integer, found {}", self.kind()))
-        })
+        self.value.as_u64().ok_or_else(|| self.error(format!("expected a non-negative integer, found {}", self.kind())))
     }
 
     pub fn get(&self, key: &str) -> Option<Node<'a>> {

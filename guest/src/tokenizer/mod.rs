@@ -66,15 +66,10 @@ impl Tokenizer {
     /// tokens of `tokenizer_config.json` and Kimi's pre-tokenizer pattern.
     /// `Ok(None)` when neither file is there.
     pub fn from_files(files: &[(String, Vec<u8>)]) -> Result<Option<Tokenizer>, TokenizerError> {
-        let get = |name: &str| {
-            files
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, b)| b.as_slice())
-        };
+        let get = |name: &str| files.iter().find(|(n, _)| n == name).map(|(_, b)| b.as_slice());
         if let Some(bytes) = get("tokenizer.json") {
-            let json = std::str::from_utf8(bytes)
-                .map_err(|e| TokenizerError(format!("tokenizer.json: not UTF-8: {e}")))?;
+            let json =
+                std::str::from_utf8(bytes).map_err(|e| TokenizerError(format!("tokenizer.json: not UTF-8: {e}")))?;
             return Tokenizer::from_json(json).map(Some);
         }
         let Some(ranks) = get("tiktoken.model") else {
@@ -82,8 +77,7 @@ impl Tokenizer {
         };
         let config = get("tokenizer_config.json")
             .map(|b| {
-                std::str::from_utf8(b)
-                    .map_err(|e| TokenizerError(format!("tokenizer_config.json: not UTF-8: {e}")))
+                std::str::from_utf8(b).map_err(|e| TokenizerError(format!("tokenizer_config.json: not UTF-8: {e}")))
             })
             .transpose()?;
         TiktokenTokenizer::from_kimi_files(ranks, config, tiktoken::KIMI_PATTERN)

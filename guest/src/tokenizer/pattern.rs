@@ -30,9 +30,7 @@ impl Pattern {
             return Ok(Pattern { re, literal: None });
         }
         let keys: Vec<&str> = obj.keys().map(|k| k.as_str()).collect();
-        Err(node.error(format!(
-            "pattern must be {{\"String\": ..}} or {{\"Regex\": ..}}, found keys {keys:?}"
-        )))
+        Err(node.error(format!("pattern must be {{\"String\": ..}} or {{\"Regex\": ..}}, found keys {keys:?}")))
     }
 
     pub fn regex(pattern: &str, node: &Node) -> Result<Pattern, TokenizerError> {

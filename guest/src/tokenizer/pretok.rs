@@ -6,8 +6,7 @@ use super::pattern::Pattern;
 use super::TokenizerError;
 
 /// GPT-2's pattern, used by `ByteLevel { use_regex: true }`.
-pub(crate) const GPT2_PATTERN: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+pub(crate) const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// A piece of text on its way to the model.
 #[derive(Debug, Clone)]
@@ -51,11 +50,8 @@ impl PreTokenizer {
         Ok(match tag {
             "ByteLevel" => {
                 let add_prefix_space = node.opt_bool("add_prefix_space", true)?;
-                let regex = if node.opt_bool("use_regex", true)? {
-                    Some(Pattern::regex(GPT2_PATTERN, node)?)
-                } else {
-                    None
-                };
+                let regex =
+                    if node.opt_bool("use_regex", true)? { Some(Pattern::regex(GPT2_PATTERN, node)?) } else { None };
                 PreTokenizer::ByteLevel { add_prefix_space, regex }
             }
             "Split" => {
@@ -64,9 +60,7 @@ impl PreTokenizer {
                 let invert = node.opt_bool("invert", false)?;
                 PreTokenizer::Split { pattern, behavior, invert }
             }
-            "Digits" => {
-                PreTokenizer::Digits { individual: node.opt_bool("individual_digits", false)? }
-            }
+            "Digits" => PreTokenizer::Digits { individual: node.opt_bool("individual_digits", false)? },
             "Metaspace" => {
                 let replacement = parse_replacement(node)?;
                 let prepend = match node.opt("prepend_scheme") {
@@ -128,8 +122,7 @@ impl PreTokenizer {
                 out
             }
             PreTokenizer::Digits { individual } => {
-                let behavior =
-                    if *individual { Behavior::Isolated } else { Behavior::Contiguous };
+                let behavior = if *individual { Behavior::Isolated } else { Behavior::Contiguous };
                 let mut out = Vec::with_capacity(pieces.len());
                 for p in pieces {
                     let spans = char_matches(&p.text, char::is_numeric);
@@ -178,9 +171,7 @@ impl PreTokenizer {
                 }
                 out
             }
-            PreTokenizer::Sequence(items) => {
-                items.iter().fold(pieces, |acc, pt| pt.apply(acc))
-            }
+            PreTokenizer::Sequence(items) => items.iter().fold(pieces, |acc, pt| pt.apply(acc)),
         }
     }
 }
@@ -230,12 +221,7 @@ fn char_matches(text: &str, f: impl Fn(char) -> bool) -> Vec<(usize, usize, bool
 }
 
 /// `NormalizedString::split` followed by the removal of empty pieces.
-fn split_piece(
-    piece: &Piece,
-    spans: Vec<(usize, usize, bool)>,
-    behavior: Behavior,
-    out: &mut Vec<Piece>,
-) {
+fn split_piece(piece: &Piece, spans: Vec<(usize, usize, bool)>, behavior: Behavior, out: &mut Vec<Piece>) {
     // (start, end, remove)
     let mut cuts: Vec<(usize, usize, bool)> = Vec::with_capacity(spans.len());
     match behavior {
@@ -286,9 +272,7 @@ pub(crate) fn byte_to_char_table() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut n = 0u32;
     for b in 0..256u32 {
-        let printable = (0x21..=0x7e).contains(&b)
-            || (0xa1..=0xac).contains(&b)
-            || (0xae..=0xff).contains(&b);
+        let printable = (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
         let cp = if printable {
             b
         } else {

@@ -92,44 +92,26 @@ pub fn parse_ranks(data: &[u8], file: &str) -> Result<HashMap<Vec<u8>, u32>, Tok
         }
         let mut fields = line.split_whitespace();
         let (Some(tok), Some(rank), None) = (fields.next(), fields.next(), fields.next()) else {
-            return Err(err(
-                file,
-                format!("line {line_no}: expected \"<base64 token> <rank>\", found {line:?}"),
-            ));
+            return Err(err(file, format!("line {line_no}: expected \"<base64 token> <rank>\", found {line:?}")));
         };
-        let bytes = base64_decode(tok)
-            .ok_or_else(|| err(file, format!("line {line_no}: {tok:?} is not valid base64")))?;
-        let rank: u64 = rank.parse().map_err(|_| {
-            err(
-                file,
-                format!("line {line_no}: rank {rank:?} is not a non-negative integer"),
-            )
-        })?;
+        let bytes =
+            base64_decode(tok).ok_or_else(|| err(file, format!("line {line_no}: {tok:?} is not valid base64")))?;
+        let rank: u64 = rank
+            .parse()
+            .map_err(|_| err(file, format!("line {line_no}: rank {rank:?} is not a non-negative integer")))?;
         if rank >= MAX_ID {
-            return Err(err(
-                file,
-                format!("line {line_no}: rank {rank} is above the supported {MAX_ID}"),
-            ));
+            return Err(err(file, format!("line {line_no}: rank {rank} is above the supported {MAX_ID}")));
         }
         let rank = rank as u32;
         if let Some(prev) = seen_ranks.insert(rank, line_no) {
-            return Err(err(
-                file,
-                format!("line {line_no}: rank {rank} already given on line {prev}"),
-            ));
+            return Err(err(file, format!("line {line_no}: rank {rank} already given on line {prev}")));
         }
         if ranks.insert(bytes, rank).is_some() {
-            return Err(err(
-                file,
-                format!("line {line_no}: token {tok:?} listed twice"),
-            ));
+            return Err(err(file, format!("line {line_no}: token {tok:?} listed twice")));
         }
     }
     if let Some(b) = (0..=255u8).find(|b| !ranks.contains_key(&[*b][..])) {
-        return Err(err(
-            file,
-            format!("byte 0x{b:02x} has no rank (every single byte needs one)"),
-        ));
+        return Err(err(file, format!("byte 0x{b:02x} has no rank (every single byte needs one)")));
     }
     Ok(ranks)
 }
@@ -137,29 +119,18 @@ pub fn parse_ranks(data: &[u8], file: &str) -> Result<HashMap<Vec<u8>, u32>, Tok
 /// Special tokens from tokenizer_config.json's `added_tokens_decoder`
 /// (`{"<id>": {"content": .., ..}}`), completed as Kimi does with
 /// `<|reserved_token_N|>` for the unnamed reserved ids.
-pub fn kimi_special_tokens(
-    config_json: Option<&str>,
-    num_base: u32,
-) -> Result<Vec<(String, u32)>, TokenizerError> {
+pub fn kimi_special_tokens(config_json: Option<&str>, num_base: u32) -> Result<Vec<(String, u32)>, TokenizerError> {
     const FILE: &str = "tokenizer_config.json";
     let mut named: HashMap<u32, String> = HashMap::new();
     if let Some(json) = config_json {
-        let v: serde_json::Value =
-            serde_json::from_str(json).map_err(|e| err(FILE, format!("invalid JSON: {e}")))?;
+        let v: serde_json::Value = serde_json::from_str(json).map_err(|e| err(FILE, format!("invalid JSON: {e}")))?;
         if let Some(dec) = v.get("added_tokens_decoder") {
-            let obj = dec
-                .as_object()
-                .ok_or_else(|| err(FILE, "$.added_tokens_decoder: expected an object"))?;
+            let obj = dec.as_object().ok_or_else(|| err(FILE, "$.added_tokens_decoder: expected an object"))?;
             for (k, t) in obj {
                 let path = format!("$.added_tokens_decoder[{k:?}]");
-                let id: u64 = k
-                    .parse()
-                    .map_err(|_| err(FILE, format!("{path}: key is not a token id")))?;
+                let id: u64 = k.parse().map_err(|_| err(FILE, format!("{path}: key is not a token id")))?;
                 if id >= MAX_ID {
-                    return Err(err(
-                        FILE,
-                        format!("{path}: id {id} is above the supported {MAX_ID}"),
-                    ));
+                    return Err(err(FILE, format!("{path}: id {id} is above the supported {MAX_ID}")));
                 }
                 let content = t
                     .get("content")
@@ -173,14 +144,7 @@ pub fn kimi_special_tokens(
         }
     }
     let mut out: Vec<(String, u32)> = (num_base..num_base + KIMI_RESERVED_SPECIAL)
-        .map(|i| {
-            (
-                named
-                    .remove(&i)
-                    .unwrap_or_else(|| format!("<|reserved_token_{i}|>")),
-                i,
-            )
-        })
+        .map(|i| (named.remove(&i).unwrap_or_else(|| format!("<|reserved_token_{i}|>")), i))
         .collect();
     let mut rest: Vec<(String, u32)> = named.into_iter().map(|(i, s)| (s, i)).collect();
     rest.sort_by_key(|&(_, i)| i);
@@ -198,18 +162,8 @@ impl TiktokenTokenizer {
         let pattern = fancy_regex::RegexBuilder::new(pattern)
             .backtrack_limit(BACKTRACK_LIMIT)
             .build()
-            .map_err(|e| {
-                err(
-                    "tiktoken pre-tokenizer pattern",
-                    format!("cannot compile {pattern:?}: {e}"),
-                )
-            })?;
-        let max_id = ranks
-            .values()
-            .chain(specials.iter().map(|(_, i)| i))
-            .copied()
-            .max()
-            .unwrap_or(0);
+            .map_err(|e| err("tiktoken pre-tokenizer pattern", format!("cannot compile {pattern:?}: {e}")))?;
+        let max_id = ranks.values().chain(specials.iter().map(|(_, i)| i)).copied().max().unwrap_or(0);
         let mut decoder: Vec<Option<Vec<u8>>> = vec![None; max_id as usize + 1];
         for (bytes, &id) in &ranks {
             decoder[id as usize] = Some(bytes.clone());
@@ -218,24 +172,14 @@ impl TiktokenTokenizer {
         let mut special_trie = Trie::default();
         for (content, id) in specials {
             if decoder[id as usize].is_some() {
-                return Err(err(
-                    "tokenizer_config.json",
-                    format!("special token {content:?} reuses id {id}"),
-                ));
+                return Err(err("tokenizer_config.json", format!("special token {content:?} reuses id {id}")));
             }
             decoder[id as usize] = Some(content.as_bytes().to_vec());
             special_trie.insert(&content, id);
             special.insert(content, id);
         }
         let special_ids = special.values().copied().collect();
-        Ok(TiktokenTokenizer {
-            ranks,
-            decoder,
-            special,
-            special_ids,
-            special_trie,
-            pattern,
-        })
+        Ok(TiktokenTokenizer { ranks, decoder, special, special_ids, special_trie, pattern })
     }
 
     /// Kimi's layout: `tiktoken.model` plus the specials of
@@ -336,10 +280,7 @@ impl TiktokenTokenizer {
     }
 
     pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.special
-            .get(token)
-            .or_else(|| self.ranks.get(token.as_bytes()))
-            .copied()
+        self.special.get(token).or_else(|| self.ranks.get(token.as_bytes())).copied()
     }
 
     pub fn is_special(&self, id: u32) -> bool {
@@ -413,9 +354,7 @@ mod tests {
     /// tiktoken's own quadratic loop, kept as the reference for the heap.
     fn reference_merge(ranks: &HashMap<Vec<u8>, u32>, piece: &[u8]) -> Vec<(usize, usize)> {
         let get = |b: &[u8]| ranks.get(b).copied().unwrap_or(u32::MAX);
-        let mut parts: Vec<(usize, u32)> = (0..piece.len() - 1)
-            .map(|i| (i, get(&piece[i..i + 2])))
-            .collect();
+        let mut parts: Vec<(usize, u32)> = (0..piece.len() - 1).map(|i| (i, get(&piece[i..i + 2]))).collect();
         parts.push((piece.len() - 1, u32::MAX));
         parts.push((piece.len(), u32::MAX));
         let rank3 = |parts: &Vec<(usize, u32)>, i: usize| {
@@ -461,9 +400,7 @@ mod tests {
         let mut next_rank = 256;
         for _ in 0..300 {
             let len = 2 + (xorshift(&mut seed) % 5) as usize;
-            let tok: Vec<u8> = (0..len)
-                .map(|_| alphabet[(xorshift(&mut seed) % 6) as usize])
-                .collect();
+            let tok: Vec<u8> = (0..len).map(|_| alphabet[(xorshift(&mut seed) % 6) as usize]).collect();
             ranks.entry(tok).or_insert_with(|| {
                 next_rank += 1;
                 next_rank
@@ -471,14 +408,8 @@ mod tests {
         }
         for _ in 0..2000 {
             let len = 1 + (xorshift(&mut seed) % 40) as usize;
-            let piece: Vec<u8> = (0..len)
-                .map(|_| alphabet[(xorshift(&mut seed) % 6) as usize])
-                .collect();
-            assert_eq!(
-                byte_pair_merge(&ranks, &piece),
-                reference_merge(&ranks, &piece),
-                "{piece:?}"
-            );
+            let piece: Vec<u8> = (0..len).map(|_| alphabet[(xorshift(&mut seed) % 6) as usize]).collect();
+            assert_eq!(byte_pair_merge(&ranks, &piece), reference_merge(&ranks, &piece), "{piece:?}");
         }
     }
 
@@ -493,11 +424,7 @@ mod tests {
 
     #[test]
     fn kimi_pattern_compiles() {
-        let t = TiktokenTokenizer::new(
-            (0..=255u8).map(|b| (vec![b], b as u32)).collect(),
-            vec![],
-            KIMI_PATTERN,
-        );
+        let t = TiktokenTokenizer::new((0..=255u8).map(|b| (vec![b], b as u32)).collect(), vec![], KIMI_PATTERN);
         assert!(t.is_ok(), "{:?}", t.err());
     }
 }

@@ -30,8 +30,8 @@ pub use decode::{e4m3_to_f32, e8m0_to_f32, FP4_VALUES, MXFP4_GROUP};
 
 use crate::config::{ExpertLayout, ModelConfig};
 use crate::error::{Error, Result};
-use crate::source::TensorSource;
 use crate::quant::QMatrix;
+use crate::source::TensorSource;
 
 /// A safetensors header larger than this is refused before it is read.
 const MAX_HEADER_BYTES: u64 = 256 << 20;

@@ -17,8 +17,8 @@ mod k3;
 mod kimi;
 mod tensors;
 
-pub use deepseek::{MlaRope, Yarn};
 pub use crate::quant::Activation;
+pub use deepseek::{MlaRope, Yarn};
 pub use k3::{K3Params, K3_PREFIX};
 
 /// The model families this engine runs: three with the GQA + RoPE attention
@@ -241,9 +241,7 @@ impl Reader<'_> {
                 .as_u64()
                 .and_then(|n| usize::try_from(n).ok())
                 .map(Some)
-                .ok_or_else(|| {
-                    self.err(key, format!("expected a non-negative integer, found {v}"))
-                }),
+                .ok_or_else(|| self.err(key, format!("expected a non-negative integer, found {v}"))),
         }
     }
 
@@ -265,20 +263,14 @@ impl Reader<'_> {
     fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.err(key, format!("expected true or false, found {v}"))),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.err(key, format!("expected true or false, found {v}"))),
         }
     }
 
     fn str_opt(&self, key: &str) -> Result<Option<&str>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.err(key, format!("expected a string, found {v}"))),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.err(key, format!("expected a string, found {v}"))),
         }
     }
 
@@ -305,9 +297,7 @@ impl Reader<'_> {
                 .map(|v| {
                     v.as_u64()
                         .and_then(|n| usize::try_from(n).ok())
-                        .ok_or_else(|| {
-                            self.err(key, format!("expected a list of integers, found {v}"))
-                        })
+                        .ok_or_else(|| self.err(key, format!("expected a list of integers, found {v}")))
                 })
                 .collect(),
             Some(v) => Err(self.err(key, format!("expected a list of integers, found {v}"))),
@@ -342,19 +332,14 @@ impl ModelConfig {
 
     /// `path` is only used to name the file in errors.
     pub fn from_json_str(json: &str, path: &Path) -> Result<ModelConfig> {
-        let value: Value = serde_json::from_str(json)
-            .map_err(|e| Error::format(path, format!("malformed JSON: {e}")))?;
+        let value: Value =
+            serde_json::from_str(json).map_err(|e| Error::format(path, format!("malformed JSON: {e}")))?;
         let Some(obj) = value.as_object() else {
-            return Err(Error::format(
-                path,
-                "expected a JSON object at the top level",
-            ));
+            return Err(Error::format(path, "expected a JSON object at the top level"));
         };
         let r = Reader { obj, path };
 
-        let model_type = r
-            .str_opt("model_type")?
-            .ok_or_else(|| r.err("model_type", "missing"))?;
+        let model_type = r.str_opt("model_type")?.ok_or_else(|| r.err("model_type", "missing"))?;
         if model_type == "kimi_k3" {
             return k3::parse(&r);
         }
@@ -366,38 +351,27 @@ impl ModelConfig {
             "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
             other => {
                 return Err(Error::Unsupported(format!(
-                    "{}: model_type `{other}` (supported: qwen3_moe, olmoe, mixtral, kimi_linear, deepseek_v3, kimi_k2)",
-                    path.display()
-                )))
+                "{}: model_type `{other}` (supported: qwen3_moe, olmoe, mixtral, kimi_linear, deepseek_v3, kimi_k2)",
+                path.display()
+            )))
             }
         };
         if let Some(act) = r.str_opt("hidden_act")? {
             if act != "silu" {
-                return Err(Error::Unsupported(format!(
-                    "{}: hidden_act `{act}` (only silu)",
-                    path.display()
-                )));
+                return Err(Error::Unsupported(format!("{}: hidden_act `{act}` (only silu)", path.display())));
             }
         }
 
         let vocab_size = r.bounded("vocab_size", r.usize_req("vocab_size")?, MAX_VOCAB)?;
         let hidden_size = r.bounded("hidden_size", r.usize_req("hidden_size")?, MAX_HIDDEN)?;
-        let num_layers = r.bounded(
-            "num_hidden_layers",
-            r.usize_req("num_hidden_layers")?,
-            MAX_LAYERS,
-        )?;
+        let num_layers = r.bounded("num_hidden_layers", r.usize_req("num_hidden_layers")?, MAX_LAYERS)?;
         if family == Family::KimiLinear {
             return kimi::parse(&r, vocab_size, hidden_size, num_layers);
         }
         if family == Family::DeepseekV3 {
             return deepseek::parse(&r, model_type, vocab_size, hidden_size, num_layers);
         }
-        let num_heads = r.bounded(
-            "num_attention_heads",
-            r.usize_req("num_attention_heads")?,
-            MAX_HEADS,
-        )?;
+        let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
         let num_kv_heads = r.usize_opt("num_key_value_heads")?.unwrap_or(num_heads);
         let num_kv_heads = r.bounded("num_key_value_heads", num_kv_heads, MAX_HEADS)?;
         if num_heads % num_kv_heads != 0 {
@@ -422,10 +396,7 @@ impl ModelConfig {
         };
         let head_dim = r.bounded("head_dim", head_dim, MAX_HEAD_DIM)?;
         if head_dim % 2 != 0 {
-            return Err(r.err(
-                "head_dim",
-                format!("{head_dim} is odd; rotate_half RoPE needs an even head_dim"),
-            ));
+            return Err(r.err("head_dim", format!("{head_dim} is odd; rotate_half RoPE needs an even head_dim")));
         }
 
         let rope_theta = read_rope_theta(&r, family)?;
@@ -440,43 +411,27 @@ impl ModelConfig {
         // configuration_*.py `attribute_map` aliases num_experts and
         // num_local_experts; which one is written depends on the family and
         // the transformers version (the Qwen3 fixture has num_local_experts).
-        let experts_key = if r.get("num_experts").is_some() {
-            "num_experts"
-        } else {
-            "num_local_experts"
-        };
+        let experts_key = if r.get("num_experts").is_some() { "num_experts" } else { "num_local_experts" };
         let num_experts = r.bounded(experts_key, r.usize_req(experts_key)?, MAX_EXPERTS)?;
         let top_k = r.usize_req("num_experts_per_tok")?;
         if top_k == 0 || top_k > num_experts {
-            return Err(r.err(
-                "num_experts_per_tok",
-                format!("{top_k} is outside 1..={num_experts}"),
-            ));
+            return Err(r.err("num_experts_per_tok", format!("{top_k} is outside 1..={num_experts}")));
         }
 
         let (moe_intermediate_size, intermediate_size, moe_layers) = match family {
             Family::Qwen3Moe => {
-                let moe = r.bounded(
-                    "moe_intermediate_size",
-                    r.usize_req("moe_intermediate_size")?,
-                    MAX_INTER,
-                )?;
+                let moe = r.bounded("moe_intermediate_size", r.usize_req("moe_intermediate_size")?, MAX_INTER)?;
                 let step = r.usize_opt("decoder_sparse_step")?.unwrap_or(1);
                 let step = r.bounded("decoder_sparse_step", step, MAX_LAYERS)?;
                 let mlp_only = r.usize_list("mlp_only_layers")?;
                 // modeling_qwen3_moe.py: `(layer_idx not in config.mlp_only_layers) and
                 // (config.num_experts > 0 and (layer_idx + 1) % config.decoder_sparse_step == 0)`
-                let layers: Vec<bool> = (0..num_layers)
-                    .map(|l| !mlp_only.contains(&l) && (l + 1) % step == 0)
-                    .collect();
+                let layers: Vec<bool> =
+                    (0..num_layers).map(|l| !mlp_only.contains(&l) && (l + 1) % step == 0).collect();
                 let dense = if layers.iter().all(|&m| m) {
                     r.usize_opt("intermediate_size")?.unwrap_or(0)
                 } else {
-                    r.bounded(
-                        "intermediate_size",
-                        r.usize_req("intermediate_size")?,
-                        MAX_INTER,
-                    )?
+                    r.bounded("intermediate_size", r.usize_req("intermediate_size")?, MAX_INTER)?
                 };
                 if dense > MAX_INTER {
                     return Err(r.err("intermediate_size", format!("{dense} exceeds {MAX_INTER}")));
@@ -484,11 +439,7 @@ impl ModelConfig {
                 (moe, dense, layers)
             }
             Family::Olmoe | Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => {
-                let i = r.bounded(
-                    "intermediate_size",
-                    r.usize_req("intermediate_size")?,
-                    MAX_INTER,
-                )?;
+                let i = r.bounded("intermediate_size", r.usize_req("intermediate_size")?, MAX_INTER)?;
                 (i, 0, vec![true; num_layers])
             }
         };
@@ -521,26 +472,18 @@ impl ModelConfig {
         }
         let clip_qkv = match family {
             Family::Olmoe => match r.f64_opt("clip_qkv")? {
-                Some(c) if c <= 0.0 => {
-                    return Err(r.err("clip_qkv", format!("{c} is not positive")))
-                }
+                Some(c) if c <= 0.0 => return Err(r.err("clip_qkv", format!("{c} is not positive"))),
                 c => c.map(|c| c as f32),
             },
             _ => None,
         };
 
-        let max_position_embeddings =
-            r.usize_opt("max_position_embeddings")?
-                .unwrap_or(match family {
-                    Family::Qwen3Moe => 32768,
-                    Family::Olmoe => 4096,
-                    Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => 4096 * 32,
-                });
-        let max_position_embeddings = r.bounded(
-            "max_position_embeddings",
-            max_position_embeddings,
-            MAX_POSITIONS,
-        )?;
+        let max_position_embeddings = r.usize_opt("max_position_embeddings")?.unwrap_or(match family {
+            Family::Qwen3Moe => 32768,
+            Family::Olmoe => 4096,
+            Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => 4096 * 32,
+        });
+        let max_position_embeddings = r.bounded("max_position_embeddings", max_position_embeddings, MAX_POSITIONS)?;
 
         let bos_token_id = match r.get("bos_token_id") {
             None => None,
@@ -632,11 +575,7 @@ impl ModelConfig {
         if let Some(b) = block {
             self.moe_block = b.to_string();
         }
-        self.expert_layout = if fused {
-            ExpertLayout::Fused
-        } else {
-            ExpertLayout::PerExpert
-        };
+        self.expert_layout = if fused { ExpertLayout::Fused } else { ExpertLayout::PerExpert };
     }
 
     pub fn is_moe_layer(&self, layer: usize) -> bool {
@@ -657,10 +596,7 @@ impl ModelConfig {
 
     /// The selection-only bias of a sigmoid router.
     pub fn router_bias_name(&self, layer: usize) -> String {
-        format!(
-            "model.layers.{layer}.{}.gate.e_score_correction_bias",
-            self.moe_block
-        )
+        format!("model.layers.{layer}.{}.gate.e_score_correction_bias", self.moe_block)
     }
 
     /// `model.layers.L.<block>.shared_experts`.
@@ -694,13 +630,9 @@ impl ModelConfig {
     /// counted (f32): what a memory plan should reserve.
     pub fn state_bytes(&self, context: usize) -> u64 {
         (0..self.num_layers)
-            .map(|l| {
-                4 * (self.state_floats_fixed(l) as u64
-                    + context as u64 * self.state_floats_per_token(l) as u64)
-            })
+            .map(|l| 4 * (self.state_floats_fixed(l) as u64 + context as u64 * self.state_floats_per_token(l) as u64))
             .sum()
     }
-
 }
 
 fn read_rope_theta(r: &Reader<'_>, family: Family) -> Result<f64> {

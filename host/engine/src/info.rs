@@ -51,7 +51,6 @@ pub struct LayerInfo {
     pub state_bytes_per_token: u64,
 }
 
-
 impl ModelInfo {
     pub fn of(container: &Container) -> ModelInfo {
         let c = container.config();
@@ -71,7 +70,10 @@ impl ModelInfo {
             expert_format: e.format.clone(),
             expert_record_bytes: e.record_bytes,
             trunk_bytes: crate::plan::resident_trunk_bytes(c, container.manifest()),
-            has_tokenizer: container.tokenizer_files().iter().any(|(n, _)| n == "tokenizer.json" || n == "tiktoken.model"),
+            has_tokenizer: container
+                .tokenizer_files()
+                .iter()
+                .any(|(n, _)| n == "tokenizer.json" || n == "tiktoken.model"),
             has_chat_template: matches!(container.chat_template(false), Ok(Some(_))),
             layers: (0..c.num_layers)
                 .map(|l| LayerInfo {
@@ -83,7 +85,9 @@ impl ModelInfo {
                 .collect(),
             router: match c.router {
                 RouterKind::Softmax => "softmax".to_string(),
-                RouterKind::SigmoidBias { routed_scaling_factor } => format!("sigmoid+bias (scale {routed_scaling_factor})"),
+                RouterKind::SigmoidBias { routed_scaling_factor } => {
+                    format!("sigmoid+bias (scale {routed_scaling_factor})")
+                }
             },
             shared_expert_width: c.shared_intermediate_size,
             total_params: c.total_params(),

@@ -88,7 +88,6 @@ impl MemoryUse {
     }
 }
 
-
 /// A converted container, opened: the trunk resident, the experts on disk.
 /// Shared by any number of sessions.
 pub struct Model {
@@ -148,7 +147,10 @@ impl Model {
             let before = experts.stats().preloaded;
             experts.preload_usage(&usage)?;
             let records = experts.stats().preloaded - before;
-            progress(&OpenProgress::Preloaded { records: records as usize, bytes: records * experts.record_bytes() as u64 });
+            progress(&OpenProgress::Preloaded {
+                records: records as usize,
+                bytes: records * experts.record_bytes() as u64,
+            });
         }
         let info = ModelInfo::of(&container);
         Ok(Arc::new(Model { container, transformer, experts, info, context, plan, pool }))

@@ -7,8 +7,8 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use crate::error::Result;
-use crate::source::TensorSource;
 use crate::quant::QMatrix;
+use crate::source::TensorSource;
 
 /// One step of opening a model, reported to the caller's callback in order:
 /// `Trunk` events with `loaded` rising to `total`, then, when the container
@@ -58,11 +58,7 @@ impl<'a> CountingSource<'a> {
             inner,
             sizes,
             total,
-            state: RefCell::new(Counting {
-                loaded: 0,
-                seen: Default::default(),
-                progress,
-            }),
+            state: RefCell::new(Counting { loaded: 0, seen: Default::default(), progress }),
         }
     }
 
@@ -73,10 +69,7 @@ impl<'a> CountingSource<'a> {
         let mut st = self.state.borrow_mut();
         if st.seen.insert(name.to_string()) {
             st.loaded = (st.loaded + bytes).min(self.total);
-            let event = OpenProgress::Trunk {
-                loaded: st.loaded,
-                total: self.total,
-            };
+            let event = OpenProgress::Trunk { loaded: st.loaded, total: self.total };
             (st.progress)(&event);
         }
     }
@@ -86,10 +79,7 @@ impl<'a> CountingSource<'a> {
     pub fn finish(self) {
         let st = self.state.into_inner();
         if st.loaded < self.total {
-            (st.progress)(&OpenProgress::Trunk {
-                loaded: self.total,
-                total: self.total,
-            });
+            (st.progress)(&OpenProgress::Trunk { loaded: self.total, total: self.total });
         }
     }
 }

@@ -82,4 +82,3 @@ impl Perplexity {
 
 /// Tokens per prefill call of a perplexity run (the host's `Session::perplexity`).
 pub const PERPLEXITY_CHUNK: usize = 64;
-

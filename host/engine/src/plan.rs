@@ -12,8 +12,8 @@ use crate::config::ModelConfig;
 use crate::container::manifest::{Manifest, TensorEntry};
 use crate::container::Container;
 use crate::error::{Error, Result};
-pub use crate::size::{fmt_bytes, parse_size};
 use crate::model::embedding::EMBED_TOKENS;
+pub use crate::size::{fmt_bytes, parse_size};
 
 /// How the budget of a plan was chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,10 +126,7 @@ pub fn scratch_bytes(cfg: &ModelConfig, context: usize) -> u64 {
     use crate::quant::{gate_up_tables_peak_bytes, ExpertFormat, ExpertScratch, ExpertShape};
     let chunk = crate::model::prefill::MAX_PREFILL_CHUNK;
     let model = 4 * crate::model::prefill::forward_buffer_floats(cfg, context, chunk);
-    let shape = ExpertShape {
-        hidden: cfg.expert_hidden(),
-        inter: cfg.moe_intermediate_size,
-    };
+    let shape = ExpertShape { hidden: cfg.expert_hidden(), inter: cfg.moe_intermediate_size };
     let kernels = ExpertFormat::ALL
         .into_iter()
         .map(|f| gate_up_tables_peak_bytes(f, shape.hidden) + ExpertScratch::new(f, shape).bytes())
@@ -249,9 +246,7 @@ pub fn plan_from(i: PlanInput) -> Result<MemoryPlan> {
         }
         None => {
             let cap = i.usable_ram / 8 * 7;
-            let pick = [3u32, 2, 1]
-                .into_iter()
-                .find(|&n| floor + n as u64 * working_set <= cap);
+            let pick = [3u32, 2, 1].into_iter().find(|&n| floor + n as u64 * working_set <= cap);
             match pick {
                 Some(n) => (floor + n as u64 * working_set, BudgetSource::Auto { working_sets: n }),
                 None => (floor, BudgetSource::Auto { working_sets: 0 }),
@@ -405,19 +400,11 @@ mod tests {
         let root = fixture("v1");
         // This machine's layout: cgroup v1 with a memory controller path.
         write(&root, "memory/memory.limit_in_bytes", "9223372036854771712\n");
-        write(
-            &root,
-            "memory/process_api/memory.limit_in_bytes",
-            "9223372036854771712\n",
-        );
+        write(&root, "memory/process_api/memory.limit_in_bytes", "9223372036854771712\n");
         write(&root, "memory/process_api/job1/memory.limit_in_bytes", "4294967296\n");
         let proc = "9:name=systemd:/\n4:memory:/process_api/job1\n1:cpu:/\n0::/\n";
         assert_eq!(cgroup_limit(&root, proc), Some(4_294_967_296));
-        assert_eq!(
-            cgroup_limit(&root, "4:memory:/process_api\n"),
-            None,
-            "unlimited is no limit"
-        );
+        assert_eq!(cgroup_limit(&root, "4:memory:/process_api\n"), None, "unlimited is no limit");
         // A namespaced view (the path is missing) still finds the root limit.
         write(&root, "memory/memory.limit_in_bytes", "3000000000\n");
         assert_eq!(cgroup_limit(&root, "4:cpu,memory:/not/here\n"), Some(3_000_000_000));
@@ -448,15 +435,9 @@ mod tests {
         assert_eq!(p.total(), 400);
         // 7/8 of 400 = 350: floor + 2 working sets (350) fits, + 3 (430) does not.
         let p = plan_from(input(None, 400)).unwrap();
-        assert_eq!(
-            (p.budget, p.budget_source),
-            (350, BudgetSource::Auto { working_sets: 2 })
-        );
+        assert_eq!((p.budget, p.budget_source), (350, BudgetSource::Auto { working_sets: 2 }));
         let p = plan_from(input(None, 100)).unwrap();
-        assert_eq!(
-            (p.budget, p.budget_source),
-            (190, BudgetSource::Auto { working_sets: 0 })
-        );
+        assert_eq!((p.budget, p.budget_source), (190, BudgetSource::Auto { working_sets: 0 }));
         let e = plan_from(input(Some(189), 0)).unwrap_err().to_string();
         assert!(e.contains("floor of 190 B") && e.contains("waste plan"), "{e}");
         // A budget above the whole model caps the cache at every record.
@@ -520,11 +501,8 @@ mod tests {
                 + 2 * m.qk_rope_head_dim
         });
         let kda = cfg.kda.map_or(0, |k| 9 * k.qkv_dim() + 2 * k.head_dim + k.num_heads);
-        let shared = 2 * cfg.shared_intermediate_size
-            + if cfg.shared_intermediate_size > 0 { h } else { 0 };
-        let token = 3 * h + attn + mla + kda + 2 * cfg.intermediate_size + cfg.num_experts
-            + shared
-            + picks;
+        let shared = 2 * cfg.shared_intermediate_size + if cfg.shared_intermediate_size > 0 { h } else { 0 };
+        let token = 3 * h + attn + mla + kda + 2 * cfg.intermediate_size + cfg.num_experts + shared + picks;
         let chunk = if chunk > 1 { chunk * (3 * h + picks) } else { 0 };
         token + chunk + cfg.vocab_size
     }
@@ -561,9 +539,7 @@ mod tests {
                 let rvq3 = 4 * (h / 8 * 3 * 256 + 2 * i + i / 8 * 3 * 256);
                 let rvq4p = 4 * (h / 8 * 4 * 64 + 2 * i + i / 8 * 4 * 64) + (h / 8 + i / 8) * 256;
                 let outputs = 4 * MAX_PREFILL_CHUNK * cfg.top_k * h;
-                let need = 4 * forward_floats_by_hand(cfg, ctx, MAX_PREFILL_CHUNK)
-                    + rvq3.max(rvq4p)
-                    + outputs;
+                let need = 4 * forward_floats_by_hand(cfg, ctx, MAX_PREFILL_CHUNK) + rvq3.max(rvq4p) + outputs;
                 let got = scratch_bytes(cfg, ctx);
                 assert!(got >= need as u64, "{name}: context {ctx}: {got} < {need}");
                 // An estimate, not a blanket: within a few MiB of the count.

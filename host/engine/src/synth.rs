@@ -83,21 +83,8 @@ pub fn preset(name: &str) -> Option<SynthSpec> {
             ..base
         },
         "olmoe-trace" => base,
-        "kimi-trace" => SynthSpec {
-            experts: 256,
-            layers: 27,
-            dense_layers: 1,
-            ..base
-        },
-        "small" => SynthSpec {
-            hidden: 512,
-            inter: 1024,
-            experts: 64,
-            layers: 8,
-            vocab: 1024,
-            head_dim: 64,
-            ..base
-        },
+        "kimi-trace" => SynthSpec { experts: 256, layers: 27, dense_layers: 1, ..base },
+        "small" => SynthSpec { hidden: 512, inter: 1024, experts: 64, layers: 8, vocab: 1024, head_dim: 64, ..base },
         _ => return None,
     })
 }
@@ -184,9 +171,7 @@ pub fn synth(out: &Path, spec: &SynthSpec, progress: &mut dyn FnMut(u64, u64)) -
 
 fn check_expert_format(format: ExpertFormat) -> Result<()> {
     if format == ExpertFormat::F32 {
-        Err(Error::Arg(
-            "synthetic experts must be rvq3, rvq4p, rvq2, q8 or q4, not f32".into(),
-        ))
+        Err(Error::Arg("synthetic experts must be rvq3, rvq4p, rvq2, q8 or q4, not f32".into()))
     } else {
         Ok(())
     }
@@ -275,9 +260,7 @@ fn write_codebooks(
     let stages = format.stages().unwrap_or(3);
     let mut rng = seeded(seed, 77, layer as u64);
     let mut book = |pos: &mut u64| -> Result<(u64, u64)> {
-        let vals: Vec<u8> = (0..stages * format.entries() * 8)
-            .flat_map(|_| rng.uniform(0.3).to_le_bytes())
-            .collect();
+        let vals: Vec<u8> = (0..stages * format.entries() * 8).flat_map(|_| rng.uniform(0.3).to_le_bytes()).collect();
         let at = align_up(*pos, TENSOR_ALIGN);
         f.write_all_at(&vals, at).map_err(|e| Error::io(path, e))?;
         *pos = at + vals.len() as u64;
@@ -367,8 +350,7 @@ fn write_matrix(
             let w: Vec<f32> = (0..n * cols).map(|_| rng.uniform(a)).collect();
             let bytes = quant::quantize_trunk(fmt, &w, n, cols);
             let (scales, data) = bytes.split_at(n * scales_per_row);
-            file.write_all_at(scales, offset + (r0 * scales_per_row) as u64)
-                .map_err(|e| Error::io(path, e))?;
+            file.write_all_at(scales, offset + (r0 * scales_per_row) as u64).map_err(|e| Error::io(path, e))?;
             file.write_all_at(data, offset + (rows * scales_per_row + r0 * data_per_row) as u64)
                 .map_err(|e| Error::io(path, e))
         })
@@ -441,9 +423,7 @@ pub fn synth_like(
 ) -> Result<SynthReport> {
     let config = like_config(like, options.num_experts)?;
     if like == "kimi-k3" && !options.manifest_only {
-        return Err(Error::Arg(
-            "kimi-k3 is written manifest-only (its experts are terabytes)".into(),
-        ));
+        return Err(Error::Arg("kimi-k3 is written manifest-only (its experts are terabytes)".into()));
     }
     let mode = if options.manifest_only { " --manifest-only" } else { "" };
     synth_config_as(out, config, options, &format!("synth --like {like}{mode}"), progress)

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use half::f16;
 use waste_kernels::pool::Pool;
 use waste_kernels::quant::{
-    build_gate_up_tables, expert_forward, expert_payload_len, force_isa, isa, Codebooks,
-    ExpertFormat, ExpertScratch, ExpertShape, Isa, LayerCodebooks,
+    build_gate_up_tables, expert_forward, expert_payload_len, force_isa, isa, Codebooks, ExpertFormat, ExpertScratch,
+    ExpertShape, Isa, LayerCodebooks,
 };
 
 const WORKING_SET: usize = 256 << 20;
@@ -70,11 +70,7 @@ fn matrix_layout(fmt: ExpertFormat, rows: usize, cols: usize) -> (usize, usize) 
 
 fn payload(fmt: ExpertFormat, s: ExpertShape, rng: &mut Rng) -> Vec<u8> {
     let mut out = Vec::with_capacity(expert_payload_len(fmt, s));
-    for (rows, cols) in [
-        (s.inter, s.hidden),
-        (s.inter, s.hidden),
-        (s.hidden, s.inter),
-    ] {
+    for (rows, cols) in [(s.inter, s.hidden), (s.inter, s.hidden), (s.hidden, s.inter)] {
         let (len, scales) = matrix_layout(fmt, rows, cols);
         let mut m = vec![0u8; len];
         if fmt == ExpertFormat::F32 {
@@ -83,36 +79,24 @@ fn payload(fmt: ExpertFormat, s: ExpertShape, rng: &mut Rng) -> Vec<u8> {
             }
         } else {
             rng.fill(&mut m[scales..]);
-            let sc = f16::from_f32(if fmt.uses_codebooks() { 0.02 } else { 0.002 })
-                .to_bits()
-                .to_le_bytes();
+            let sc = f16::from_f32(if fmt.uses_codebooks() { 0.02 } else { 0.002 }).to_bits().to_le_bytes();
             for c in m[..scales].chunks_exact_mut(2) {
                 c.copy_from_slice(&sc);
             }
         }
         out.extend_from_slice(&m);
     }
-    assert_eq!(
-        out.len(),
-        expert_payload_len(fmt, s),
-        "{}: layout",
-        fmt.name()
-    );
+    assert_eq!(out.len(), expert_payload_len(fmt, s), "{}: layout", fmt.name());
     out
 }
 
 fn codebooks(fmt: ExpertFormat, rng: &mut Rng) -> Option<LayerCodebooks> {
     let stages = fmt.stages()?;
     let mut book = || {
-        let bytes: Vec<u8> = (0..stages * fmt.entries() * 8)
-            .flat_map(|_| (rng.unit() * 0.5).to_le_bytes())
-            .collect();
+        let bytes: Vec<u8> = (0..stages * fmt.entries() * 8).flat_map(|_| (rng.unit() * 0.5).to_le_bytes()).collect();
         Codebooks::from_bytes(stages, &bytes).expect("codebooks")
     };
-    Some(LayerCodebooks {
-        gate_up: book(),
-        down: book(),
-    })
+    Some(LayerCodebooks { gate_up: book(), down: book() })
 }
 
 /// Best seconds per expert over `REPEATS` passes of `tokens` tokens.
@@ -177,10 +161,7 @@ fn read_bandwidth(pool: &Pool) -> f64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     // Positional words filter shapes and formats (`kernels k3 rvq3`).
     let want = |name: &str, all: &[&str]| {
         let named: Vec<&String> = args.iter().filter(|a| all.contains(&a.as_str())).collect();
@@ -188,45 +169,14 @@ fn main() {
     };
     let quick = std::env::args().any(|a| a == "--quick");
     let tokens = if quick { 2 } else { 8 };
-    let shapes = [
-        (
-            "kimi-linear",
-            ExpertShape {
-                hidden: 2304,
-                inter: 1024,
-            },
-        ),
-        (
-            "k3",
-            ExpertShape {
-                hidden: 3584,
-                inter: 3072,
-            },
-        ),
-    ];
-    let formats = [
-        ExpertFormat::F32,
-        ExpertFormat::Q8,
-        ExpertFormat::Q4,
-        ExpertFormat::Rvq3,
-        ExpertFormat::Rvq4p,
-    ];
+    let shapes =
+        [("kimi-linear", ExpertShape { hidden: 2304, inter: 1024 }), ("k3", ExpertShape { hidden: 3584, inter: 3072 })];
+    let formats = [ExpertFormat::F32, ExpertFormat::Q8, ExpertFormat::Q4, ExpertFormat::Rvq3, ExpertFormat::Rvq4p];
     let best_isa = isa();
-    println!(
-        "kernel level: {} (supported: {:?})",
-        best_isa.name(),
-        Isa::supported()
-    );
-    let pools: Vec<Pool> = [1, 2]
-        .iter()
-        .map(|&n| Pool::new(Some(n), None).expect("pool"))
-        .collect();
+    println!("kernel level: {} (supported: {:?})", best_isa.name(), Isa::supported());
+    let pools: Vec<Pool> = [1, 2].iter().map(|&n| Pool::new(Some(n), None).expect("pool")).collect();
     for p in &pools {
-        println!(
-            "memory read bandwidth, {} thread(s): {:.1} GB/s",
-            p.threads(),
-            read_bandwidth(p) / 1e9
-        );
+        println!("memory read bandwidth, {} thread(s): {:.1} GB/s", p.threads(), read_bandwidth(p) / 1e9);
     }
     println!();
     println!(
@@ -240,9 +190,7 @@ fn main() {
         if !want(name, &shape_names) {
             continue;
         }
-        let xs: Vec<Vec<f32>> = (0..4)
-            .map(|_| (0..s.hidden).map(|_| rng.unit()).collect())
-            .collect();
+        let xs: Vec<Vec<f32>> = (0..4).map(|_| (0..s.hidden).map(|_| rng.unit()).collect()).collect();
         for fmt in formats {
             if !want(fmt.name(), &format_names) {
                 continue;
@@ -252,10 +200,7 @@ fn main() {
             let experts: Vec<Vec<u8>> = (0..n).map(|_| payload(fmt, s, &mut rng)).collect();
             let cb = codebooks(fmt, &mut rng);
             let mut levels = vec![best_isa];
-            if matches!(
-                fmt,
-                ExpertFormat::Rvq3 | ExpertFormat::Rvq4p | ExpertFormat::Q4
-            ) {
+            if matches!(fmt, ExpertFormat::Rvq3 | ExpertFormat::Rvq4p | ExpertFormat::Q4) {
                 levels.push(Isa::Scalar);
             }
             if matches!(fmt, ExpertFormat::Rvq3 | ExpertFormat::Rvq4p) && best_isa == Isa::Avx512 {

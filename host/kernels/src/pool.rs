@@ -62,14 +62,9 @@ impl CpuSet {
             if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(bad(format!("{s:?} is not a CPU number")));
             }
-            let n: usize = s
-                .parse()
-                .map_err(|_| bad(format!("{s:?} is out of range")))?;
+            let n: usize = s.parse().map_err(|_| bad(format!("{s:?} is out of range")))?;
             if n >= MAX_CPU {
-                return Err(bad(format!(
-                    "CPU {n} is out of range (at most {})",
-                    MAX_CPU - 1
-                )));
+                return Err(bad(format!("CPU {n} is out of range (at most {})", MAX_CPU - 1)));
             }
             Ok(n)
         };
@@ -133,9 +128,7 @@ impl fmt::Display for CpuSet {
 #[cfg(target_os = "linux")]
 pub fn bind_current_thread(cpus: &CpuSet) -> Result<()> {
     if cpus.is_empty() {
-        return Err(Error::Arg(
-            "cannot bind a thread to an empty CPU set".into(),
-        ));
+        return Err(Error::Arg("cannot bind a thread to an empty CPU set".into()));
     }
     // SAFETY: cpu_set_t is plain bits; zeroed is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -156,9 +149,7 @@ pub fn bind_current_thread(cpus: &CpuSet) -> Result<()> {
 /// Pins the calling thread to `cpus`: not available on this platform.
 #[cfg(not(target_os = "linux"))]
 pub fn bind_current_thread(cpus: &CpuSet) -> Result<()> {
-    Err(Error::Unsupported(format!(
-        "binding threads to CPUs ({cpus}) is implemented on Linux only"
-    )))
+    Err(Error::Unsupported(format!("binding threads to CPUs ({cpus}) is implemented on Linux only")))
 }
 
 /// The CPUs the calling thread may run on (Linux), for tests and reports.
@@ -167,27 +158,19 @@ pub fn current_affinity() -> Result<CpuSet> {
     // SAFETY: zeroed cpu_set_t is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: pid 0 is the calling thread; `set` has the size passed.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if rc != 0 {
-        return Err(Error::Runtime(format!(
-            "sched_getaffinity: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(Error::Runtime(format!("sched_getaffinity: {}", std::io::Error::last_os_error())));
     }
     // SAFETY: c < CPU_SETSIZE.
-    let cpus = (0..MAX_CPU)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect();
+    let cpus = (0..MAX_CPU).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
     Ok(CpuSet { cpus })
 }
 
 /// The CPUs the calling thread may run on: not available on this platform.
 #[cfg(not(target_os = "linux"))]
 pub fn current_affinity() -> Result<CpuSet> {
-    Err(Error::Unsupported(
-        "reading thread affinity is implemented on Linux only".into(),
-    ))
+    Err(Error::Unsupported("reading thread affinity is implemented on Linux only".into()))
 }
 
 /// Distinguishes pools in the per-thread "already bound" marker.
@@ -208,10 +191,7 @@ pub struct Pool {
 
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pool")
-            .field("threads", &self.threads)
-            .field("cpus", &self.cpus)
-            .finish()
+        f.debug_struct("Pool").field("threads", &self.threads).field("cpus", &self.cpus).finish()
     }
 }
 
@@ -241,20 +221,13 @@ impl Pool {
             .map_err(|e| Error::Runtime(format!("starting {threads} compute threads: {e}")))?;
         if let Some(c) = cpus {
             let results: Vec<Result<()>> = inner.broadcast(|ctx| {
-                let one = CpuSet {
-                    cpus: vec![c.cpus()[ctx.index() % c.len()]],
-                };
+                let one = CpuSet { cpus: vec![c.cpus()[ctx.index() % c.len()]] };
                 bind_current_thread(&one)
             });
             results.into_iter().collect::<Result<()>>()?;
         }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Ok(Pool {
-            inner,
-            threads,
-            cpus: cpus.cloned(),
-            id,
-        })
+        Ok(Pool { inner, threads, cpus: cpus.cloned(), id })
     }
 
     pub fn threads(&self) -> usize {
@@ -281,36 +254,19 @@ impl Pool {
     /// `sum_i f(chunk_i)` over `0..len` cut into fixed chunks of `chunk`
     /// items: partial sums per chunk, added in chunk order, so the result
     /// is the same for every thread count.
-    pub fn sum_chunks(
-        &self,
-        len: usize,
-        chunk: usize,
-        f: impl Fn(Range<usize>) -> f64 + Sync,
-    ) -> f64 {
+    pub fn sum_chunks(&self, len: usize, chunk: usize, f: impl Fn(Range<usize>) -> f64 + Sync) -> f64 {
         let chunk = chunk.max(1);
         let parts: Vec<f64> = self.inner.install(|| {
-            (0..len.div_ceil(chunk))
-                .into_par_iter()
-                .map(|i| f(i * chunk..((i + 1) * chunk).min(len)))
-                .collect()
+            (0..len.div_ceil(chunk)).into_par_iter().map(|i| f(i * chunk..((i + 1) * chunk).min(len))).collect()
         });
         parts.into_iter().fold(0.0, |a, b| a + b)
     }
 
     /// `f(i, chunk_i)` for fixed chunks of `out`; each chunk is written by
     /// one call, so the result is the same for every thread count.
-    pub fn for_chunks<T: Send>(
-        &self,
-        out: &mut [T],
-        chunk: usize,
-        f: impl Fn(usize, &mut [T]) + Sync,
-    ) {
+    pub fn for_chunks<T: Send>(&self, out: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync) {
         let chunk = chunk.max(1);
-        self.inner.install(|| {
-            out.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(i, c)| f(i, c))
-        });
+        self.inner.install(|| out.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c)));
     }
 }
 
@@ -325,10 +281,7 @@ mod tests {
         assert_eq!(p("0-2,6-8").unwrap(), vec![0, 1, 2, 6, 7, 8]);
         assert_eq!(p("3,1,1-2").unwrap(), vec![1, 2, 3]);
         assert_eq!(p("5-5").unwrap(), vec![5]);
-        assert_eq!(
-            CpuSet::parse("0-2,6-8,10").unwrap().to_string(),
-            "0-2,6-8,10"
-        );
+        assert_eq!(CpuSet::parse("0-2,6-8,10").unwrap().to_string(), "0-2,6-8,10");
         for bad in [
             "",
             ",",
@@ -353,14 +306,8 @@ mod tests {
 
     #[test]
     fn sums_do_not_depend_on_thread_count() {
-        let v: Vec<f64> = (0..10_001)
-            .map(|i| 1.0 / (1.0 + i as f64) * if i % 3 == 0 { -1e6 } else { 1.0 })
-            .collect();
-        let run = |n| {
-            Pool::new(Some(n), None)
-                .unwrap()
-                .sum_chunks(v.len(), 64, |r| v[r].iter().sum())
-        };
+        let v: Vec<f64> = (0..10_001).map(|i| 1.0 / (1.0 + i as f64) * if i % 3 == 0 { -1e6 } else { 1.0 }).collect();
+        let run = |n| Pool::new(Some(n), None).unwrap().sum_chunks(v.len(), 64, |r| v[r].iter().sum());
         let one = run(1);
         for n in [2, 3, 5] {
             assert_eq!(run(n).to_bits(), one.to_bits(), "{n} threads");
@@ -385,9 +332,7 @@ mod tests {
     #[test]
     fn binding_covers_pool_threads_and_caller() {
         let mine = current_affinity().unwrap();
-        let first = CpuSet {
-            cpus: vec![mine.cpus()[0]],
-        };
+        let first = CpuSet { cpus: vec![mine.cpus()[0]] };
         // Bind from a fresh thread so the test harness thread stays free.
         std::thread::spawn(move || {
             let pool = Pool::new(Some(2), Some(&first)).unwrap();
@@ -400,13 +345,7 @@ mod tests {
         .unwrap();
         // A CPU this process may not use is an error, not a no-op.
         let outside = (0..MAX_CPU).find(|c| !mine.cpus().contains(c)).unwrap();
-        let e = Pool::new(
-            Some(1),
-            Some(&CpuSet {
-                cpus: vec![outside],
-            }),
-        )
-        .unwrap_err();
+        let e = Pool::new(Some(1), Some(&CpuSet { cpus: vec![outside] })).unwrap_err();
         assert!(e.to_string().contains("binding"), "{e}");
     }
 

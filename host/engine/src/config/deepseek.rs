@@ -16,8 +16,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{
-    AttnKind, ExpertLayout, Family, MlaDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS,
-    MAX_HEADS, MAX_HEAD_DIM, MAX_INTER, MAX_POSITIONS,
+    AttnKind, ExpertLayout, Family, MlaDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS,
+    MAX_HEAD_DIM, MAX_INTER, MAX_POSITIONS,
 };
 use crate::error::{Error, Result};
 
@@ -65,9 +65,7 @@ fn read_rope(r: &Reader<'_>, dim: usize, max_pos: usize) -> Result<MlaRope> {
     let mut theta = r.f64_opt("rope_theta")?;
     let mut yarn = None;
     let mut softmax_scale_factor = 1.0;
-    let key = ["rope_parameters", "rope_scaling"]
-        .into_iter()
-        .find(|k| r.get(k).is_some());
+    let key = ["rope_parameters", "rope_scaling"].into_iter().find(|k| r.get(k).is_some());
     if let Some(key) = key {
         let Some(Value::Object(obj)) = r.get(key) else {
             return Err(r.err(key, "expected an object"));
@@ -87,15 +85,12 @@ fn read_rope(r: &Reader<'_>, dim: usize, max_pos: usize) -> Result<MlaRope> {
                     .usize_opt("original_max_position_embeddings")?
                     .ok_or_else(|| r.err(key, "YaRN needs `original_max_position_embeddings`"))?;
                 let orig = sub.bounded("original_max_position_embeddings", orig, MAX_POSITIONS)?;
-                let factor = sub
-                    .f64_opt("factor")?
-                    .unwrap_or(max_pos as f64 / orig as f64);
+                let factor = sub.f64_opt("factor")?.unwrap_or(max_pos as f64 / orig as f64);
                 if !(factor > 0.0 && factor < 1e6) {
                     return Err(r.err(key, format!("`factor` {factor} is not a positive factor")));
                 }
-                let nonzero = |k: &str, d: f64| -> Result<f64> {
-                    Ok(sub.f64_opt(k)?.filter(|&v| v != 0.0).unwrap_or(d))
-                };
+                let nonzero =
+                    |k: &str, d: f64| -> Result<f64> { Ok(sub.f64_opt(k)?.filter(|&v| v != 0.0).unwrap_or(d)) };
                 let mscale = sub.f64_opt("mscale")?.unwrap_or(0.0);
                 let mscale_all_dim = sub.f64_opt("mscale_all_dim")?.unwrap_or(0.0);
                 let attention_factor = match sub.f64_opt("attention_factor")? {
@@ -118,13 +113,7 @@ fn read_rope(r: &Reader<'_>, dim: usize, max_pos: usize) -> Result<MlaRope> {
                     truncate: sub.bool_opt("truncate")?.unwrap_or(true),
                 });
             }
-            other => {
-                return Err(unsupported(
-                    r,
-                    key,
-                    format!("rope_type `{other}` (default and yarn only)"),
-                ))
-            }
+            other => return Err(unsupported(r, key, format!("rope_type `{other}` (default and yarn only)"))),
         }
         if let Some(f) = sub.f64_opt("partial_rotary_factor")? {
             if f != 1.0 {
@@ -139,13 +128,7 @@ fn read_rope(r: &Reader<'_>, dim: usize, max_pos: usize) -> Result<MlaRope> {
     if dim % 2 != 0 {
         return Err(r.err("qk_rope_head_dim", format!("{dim} must be even for RoPE")));
     }
-    Ok(MlaRope {
-        theta,
-        dim,
-        interleave: r.bool_opt("rope_interleave")?.unwrap_or(true),
-        yarn,
-        softmax_scale_factor,
-    })
+    Ok(MlaRope { theta, dim, interleave: r.bool_opt("rope_interleave")?.unwrap_or(true), yarn, softmax_scale_factor })
 }
 
 pub(super) fn parse(
@@ -155,11 +138,7 @@ pub(super) fn parse(
     hidden_size: usize,
     num_layers: usize,
 ) -> Result<ModelConfig> {
-    let num_heads = r.bounded(
-        "num_attention_heads",
-        r.usize_req("num_attention_heads")?,
-        MAX_HEADS,
-    )?;
+    let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     if let Some(kv) = r.usize_opt("num_key_value_heads")? {
         if kv != num_heads {
             return Err(unsupported(
@@ -182,25 +161,15 @@ pub(super) fn parse(
         v_head_dim: head("v_head_dim")?,
         q_lora_rank,
     };
-    let max_position_embeddings = r.bounded(
-        "max_position_embeddings",
-        r.usize_opt("max_position_embeddings")?.unwrap_or(4096),
-        MAX_POSITIONS,
-    )?;
+    let max_position_embeddings =
+        r.bounded("max_position_embeddings", r.usize_opt("max_position_embeddings")?.unwrap_or(4096), MAX_POSITIONS)?;
     let rope = read_rope(r, mla.qk_rope_head_dim, max_position_embeddings)?;
 
     // MoE.
-    let num_experts = r.bounded(
-        "n_routed_experts",
-        r.usize_req("n_routed_experts")?,
-        MAX_EXPERTS,
-    )?;
+    let num_experts = r.bounded("n_routed_experts", r.usize_req("n_routed_experts")?, MAX_EXPERTS)?;
     let top_k = r.usize_opt("num_experts_per_tok")?.unwrap_or(8);
     if top_k == 0 || top_k > num_experts {
-        return Err(r.err(
-            "num_experts_per_tok",
-            format!("{top_k} is outside 1..={num_experts}"),
-        ));
+        return Err(r.err("num_experts_per_tok", format!("{top_k} is outside 1..={num_experts}")));
     }
     if let Some(f) = r.usize_opt("moe_layer_freq")? {
         if f != 1 {
@@ -223,40 +192,27 @@ pub(super) fn parse(
     }
     let scale = r.f64_opt("routed_scaling_factor")?.unwrap_or(2.5);
     if !(scale > 0.0 && scale < 1e6) {
-        return Err(r.err(
-            "routed_scaling_factor",
-            format!("{scale} is not a positive factor"),
-        ));
+        return Err(r.err("routed_scaling_factor", format!("{scale} is not a positive factor")));
     }
     let n_group = r.usize_opt("n_group")?.unwrap_or(1).max(1);
     let topk_group = r.usize_opt("topk_group")?.unwrap_or(n_group);
     if num_experts % n_group != 0 {
-        return Err(r.err(
-            "n_group",
-            format!("{n_group} groups do not divide {num_experts} experts"),
-        ));
+        return Err(r.err("n_group", format!("{n_group} groups do not divide {num_experts} experts")));
     }
     if topk_group == 0 || topk_group > n_group {
-        return Err(r.err(
-            "topk_group",
-            format!("{topk_group} is outside 1..={n_group}"),
-        ));
+        return Err(r.err("topk_group", format!("{topk_group} is outside 1..={n_group}")));
     }
     let expert_groups = if n_group > 1 {
         // A group's score is the sum of its two best experts.
         if num_experts / n_group < 2 {
-            return Err(r.err(
-                "n_group",
-                format!("{n_group} groups of {num_experts} experts leave fewer than 2 per group"),
-            ));
+            return Err(
+                r.err("n_group", format!("{n_group} groups of {num_experts} experts leave fewer than 2 per group"))
+            );
         }
         if top_k > topk_group * (num_experts / n_group) {
             return Err(r.err(
                 "num_experts_per_tok",
-                format!(
-                    "{top_k} exceeds the {topk_group} kept groups of {} experts",
-                    num_experts / n_group
-                ),
+                format!("{top_k} exceeds the {topk_group} kept groups of {} experts", num_experts / n_group),
             ));
         }
         Some((n_group, topk_group))
@@ -303,9 +259,7 @@ pub(super) fn parse(
         attn_kinds: vec![AttnKind::Mla; num_layers],
         mla: Some(mla),
         kda: None,
-        router: RouterKind::SigmoidBias {
-            routed_scaling_factor: scale as f32,
-        },
+        router: RouterKind::SigmoidBias { routed_scaling_factor: scale as f32 },
         shared_intermediate_size: moe_intermediate_size * n_shared,
         mla_rope: Some(rope),
         expert_groups,
@@ -322,12 +276,7 @@ pub(super) fn attention_names(cfg: &ModelConfig, p: &str) -> Vec<String> {
     };
     let mut names: Vec<String> = q
         .iter()
-        .chain(&[
-            "kv_a_proj_with_mqa.weight",
-            "kv_a_layernorm.weight",
-            "kv_b_proj.weight",
-            "o_proj.weight",
-        ])
+        .chain(&["kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"])
         .map(|t| format!("{a}.{t}"))
         .collect();
     if cfg.attention_bias {
@@ -371,19 +320,12 @@ pub(super) fn attention_params(cfg: &ModelConfig) -> u64 {
 
 /// A config whose dense-layer count disagrees with the checkpoint fails
 /// naming the layer and the tensor.
-pub(super) fn check_layer_tensors(
-    cfg: &ModelConfig,
-    names: &HashSet<&str>,
-    file: &Path,
-) -> Result<()> {
+pub(super) fn check_layer_tensors(cfg: &ModelConfig, names: &HashSet<&str>, file: &Path) -> Result<()> {
     for l in 0..cfg.num_layers {
         let router = cfg.router_name(l);
         let dense = format!("model.layers.{l}.mlp.gate_proj.weight");
-        let (moe, has_router, has_dense) = (
-            cfg.is_moe_layer(l),
-            names.contains(router.as_str()),
-            names.contains(dense.as_str()),
-        );
+        let (moe, has_router, has_dense) =
+            (cfg.is_moe_layer(l), names.contains(router.as_str()), names.contains(dense.as_str()));
         if (moe && !has_router && has_dense) || (!moe && has_router) {
             return Err(Error::format(
                 file,

@@ -38,27 +38,16 @@ pub struct K3Params {
 }
 
 fn unsupported(r: &Reader<'_>, key: &str, what: impl std::fmt::Display) -> Error {
-    Error::Unsupported(format!(
-        "{}: key `text_config.{key}`: {what}",
-        r.path.display()
-    ))
+    Error::Unsupported(format!("{}: key `text_config.{key}`: {what}", r.path.display()))
 }
 
 pub(super) fn parse(r: &Reader<'_>) -> Result<ModelConfig> {
     let text: &Map<String, Value> = match r.get("text_config") {
         Some(Value::Object(o)) => o,
         Some(v) => return Err(r.err("text_config", format!("expected an object, found {v}"))),
-        None => {
-            return Err(r.err(
-                "text_config",
-                "missing (kimi_k3 nests the text model there)",
-            ))
-        }
+        None => return Err(r.err("text_config", "missing (kimi_k3 nests the text model there)")),
     };
-    let t = Reader {
-        obj: text,
-        path: r.path,
-    };
+    let t = Reader { obj: text, path: r.path };
     let lac = match t.get("linear_attn_config") {
         Some(Value::Object(obj)) => Some(Reader { obj, path: r.path }),
         _ => None,
@@ -67,28 +56,14 @@ pub(super) fn parse(r: &Reader<'_>) -> Result<ModelConfig> {
     let activation = match t.str_opt("hidden_act")? {
         None | Some("silu") => Activation::Silu,
         Some("situ") => {
-            let beta = t
-                .f64_opt("activation_situ_beta")?
-                .filter(|&b| b != 0.0)
-                .unwrap_or(1.0);
-            let linear_beta = t
-                .f64_opt("activation_situ_linear_beta")?
-                .filter(|&b| b != 0.0);
+            let beta = t.f64_opt("activation_situ_beta")?.filter(|&b| b != 0.0).unwrap_or(1.0);
+            let linear_beta = t.f64_opt("activation_situ_linear_beta")?.filter(|&b| b != 0.0);
             if beta <= 0.0 || linear_beta.is_some_and(|b| b <= 0.0) {
                 return Err(t.err("activation_situ_beta", "SiTU betas must be positive"));
             }
-            Activation::Situ {
-                beta: beta as f32,
-                linear_beta: linear_beta.map(|b| b as f32),
-            }
+            Activation::Situ { beta: beta as f32, linear_beta: linear_beta.map(|b| b as f32) }
         }
-        Some(other) => {
-            return Err(unsupported(
-                &t,
-                "hidden_act",
-                format!("`{other}` (silu or situ)"),
-            ))
-        }
+        Some(other) => return Err(unsupported(&t, "hidden_act", format!("`{other}` (silu or situ)"))),
     };
     let q_lora_rank = match t.usize_opt("q_lora_rank")? {
         None => None,
@@ -106,10 +81,7 @@ pub(super) fn parse(r: &Reader<'_>) -> Result<ModelConfig> {
     if let Some(l) = &lac {
         if let Some(lb) = l.f64_opt("gate_lower_bound")? {
             if lb >= 0.0 {
-                return Err(t.err(
-                    "linear_attn_config",
-                    format!("`gate_lower_bound` {lb} must be negative"),
-                ));
+                return Err(t.err("linear_attn_config", format!("`gate_lower_bound` {lb} must be negative")));
             }
             lower_bound = Some(lb as f32);
         }
@@ -128,35 +100,20 @@ pub(super) fn parse(r: &Reader<'_>) -> Result<ModelConfig> {
     // The Kimi-Linear reader refuses what it does not run; K3 runs these.
     // Group-limited routing (K3.md §5 step 4) only applies with more than
     // one group and fewer kept than exist; it is read here.
-    let group_key = ["num_expert_group", "n_group"]
-        .into_iter()
-        .find(|k| t.get(k).is_some());
+    let group_key = ["num_expert_group", "n_group"].into_iter().find(|k| t.get(k).is_some());
     let n_group = match group_key {
         Some(k) => t.usize_opt(k)?.unwrap_or(1).max(1),
         None => 1,
     };
     let topk_group = t.usize_opt("topk_group")?.unwrap_or(n_group).max(1);
     let mut rest = text.clone();
-    for k in [
-        "q_lora_rank",
-        "hidden_act",
-        "num_expert_group",
-        "n_group",
-        "topk_group",
-    ] {
+    for k in ["q_lora_rank", "hidden_act", "num_expert_group", "n_group", "topk_group"] {
         rest.remove(k);
     }
-    let kr = Reader {
-        obj: &rest,
-        path: r.path,
-    };
+    let kr = Reader { obj: &rest, path: r.path };
     let vocab = kr.bounded("vocab_size", kr.usize_req("vocab_size")?, MAX_VOCAB)?;
     let hidden = kr.bounded("hidden_size", kr.usize_req("hidden_size")?, MAX_HIDDEN)?;
-    let layers = kr.bounded(
-        "num_hidden_layers",
-        kr.usize_req("num_hidden_layers")?,
-        MAX_LAYERS,
-    )?;
+    let layers = kr.bounded("num_hidden_layers", kr.usize_req("num_hidden_layers")?, MAX_LAYERS)?;
     let mut cfg = kimi::parse(&kr, vocab, hidden, layers)?;
     cfg.model_type = "kimi_k3".to_string();
     if n_group > 1 && topk_group < n_group {
@@ -174,10 +131,7 @@ pub(super) fn parse(r: &Reader<'_>) -> Result<ModelConfig> {
         if cfg.top_k > topk_group * per {
             return Err(t.err(
                 "topk_group",
-                format!(
-                    "top-k {} exceeds the {topk_group} kept groups of {per} experts",
-                    cfg.top_k
-                ),
+                format!("top-k {} exceeds the {topk_group} kept groups of {per} experts", cfg.top_k),
             ));
         }
         cfg.expert_groups = Some((n_group, topk_group));
@@ -222,11 +176,7 @@ fn attention_rests(cfg: &ModelConfig, k: &K3Params, kind: AttnKind) -> Vec<&'sta
                 Some(_) => vec!["q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"],
                 None => vec!["q_proj.weight"],
             };
-            v.extend([
-                "kv_a_proj_with_mqa.weight",
-                "kv_a_layernorm.weight",
-                "kv_b_proj.weight",
-            ]);
+            v.extend(["kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight"]);
             if k.mla_output_gate {
                 v.push("g_proj.weight");
             }
@@ -244,12 +194,7 @@ pub(super) fn trunk_tensor_names(cfg: &ModelConfig, k: &K3Params) -> Vec<String>
         let p = format!("model.layers.{l}");
         names.push(format!("{p}.input_layernorm.weight"));
         if k.attn_res_block.is_some() {
-            for t in [
-                "self_attention_res_proj",
-                "self_attention_res_norm",
-                "mlp_res_proj",
-                "mlp_res_norm",
-            ] {
+            for t in ["self_attention_res_proj", "self_attention_res_norm", "mlp_res_proj", "mlp_res_norm"] {
                 names.push(format!("{p}.{t}.weight"));
             }
         }
@@ -295,11 +240,7 @@ pub(super) fn trunk_tensor_names(cfg: &ModelConfig, k: &K3Params) -> Vec<String>
 /// `[H]`. `A_log` has no fixed shape: the release pads it (`[128]` for 96
 /// heads), the KDA loader takes the first `num_heads` values and checks
 /// that the rest are zero.
-pub(super) fn tensor_shape(
-    cfg: &ModelConfig,
-    k: &K3Params,
-    name: &str,
-) -> Option<Option<Vec<usize>>> {
+pub(super) fn tensor_shape(cfg: &ModelConfig, k: &K3Params, name: &str) -> Option<Option<Vec<usize>>> {
     let h = cfg.hidden_size;
     if let Some(rest) = name.strip_prefix("model.") {
         if rest == "output_attn_res_proj.weight" || rest == "output_attn_res_norm.weight" {
@@ -343,9 +284,7 @@ pub(super) fn tensor_shape(
         }
     }
     let l = k.latent?;
-    let moe = rest
-        .strip_prefix(cfg.moe_block.as_str())?
-        .strip_prefix('.')?;
+    let moe = rest.strip_prefix(cfg.moe_block.as_str())?.strip_prefix('.')?;
     if !cfg.is_moe_layer(layer) {
         return None;
     }
@@ -381,10 +320,9 @@ mod tests {
     use serde_json::json;
 
     fn fixture_json() -> serde_json::Value {
-        let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/tiny-kimi_k3/config.json");
-        let text = std::fs::read_to_string(&p)
-            .unwrap_or_else(|e| panic!("fixture file missing: {}: {e}", p.display()));
+        let p =
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-kimi_k3/config.json");
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("fixture file missing: {}: {e}", p.display()));
         serde_json::from_str(&text).unwrap()
     }
 
@@ -402,29 +340,13 @@ mod tests {
         assert_eq!(c.moe_layers, vec![false, true, true, true, true]);
         let k = c.k3.unwrap();
         assert_eq!(k.attn_res_block, Some(2));
-        assert_eq!(
-            k.activation,
-            Activation::Situ {
-                beta: 2.0,
-                linear_beta: Some(3.0)
-            }
-        );
+        assert_eq!(k.activation, Activation::Situ { beta: 2.0, linear_beta: Some(3.0) });
         assert_eq!((k.latent, k.latent_norm), (Some(32), true));
-        assert_eq!(
-            (
-                k.kda_gate_lower_bound,
-                k.kda_full_rank_gate,
-                k.mla_output_gate
-            ),
-            (Some(-5.0), true, true)
-        );
+        assert_eq!((k.kda_gate_lower_bound, k.kda_full_rank_gate, k.mla_output_gate), (Some(-5.0), true, true));
         assert_eq!(c.expert_hidden(), 32);
         assert_eq!(c.mla.unwrap().q_lora_rank, Some(40));
         assert_eq!(c.kda.unwrap().num_heads, 3);
-        assert_eq!(
-            (c.num_experts, c.top_k, c.shared_intermediate_size),
-            (12, 3, 24)
-        );
+        assert_eq!((c.num_experts, c.top_k, c.shared_intermediate_size), (12, 3, 24));
         let names = c.trunk_tensor_names();
         for n in [
             "model.layers.0.self_attn.g_proj.weight",
@@ -440,10 +362,7 @@ mod tests {
         assert!(!names.iter().any(|x| x.contains("g_a_proj")));
         assert!(names.iter().all(|n| !c.is_expert_tensor(n)));
         assert!(c.is_expert_tensor("model.layers.1.block_sparse_moe.experts.3.w2.weight"));
-        assert_eq!(
-            c.canonical_shape("model.layers.3.mlp_res_proj.weight", &[1, 64]),
-            vec![64]
-        );
+        assert_eq!(c.canonical_shape("model.layers.3.mlp_res_proj.weight", &[1, 64]), vec![64]);
         assert_eq!(
             c.trunk_tensor_shape("model.layers.1.block_sparse_moe.routed_expert_up_proj.weight"),
             Some(vec![64, 32])
@@ -458,14 +377,8 @@ mod tests {
         )
         .unwrap();
         let padded = reference["a_log_stored"].as_u64().unwrap() - 3;
-        assert_eq!(
-            c.total_params(),
-            reference["num_parameters"].as_u64().unwrap() - 3 * padded
-        );
-        assert_eq!(
-            c.total_params() - c.active_params(),
-            4 * (12 - 3) * 3 * 32 * 24
-        );
+        assert_eq!(c.total_params(), reference["num_parameters"].as_u64().unwrap() - 3 * padded);
+        assert_eq!(c.total_params() - c.active_params(), 4 * (12 - 3) * 3 * 32 * 24);
     }
 
     #[test]
@@ -473,46 +386,28 @@ mod tests {
         let mut v = fixture_json();
         v.as_object_mut().unwrap().remove("text_config");
         let e = parse(&v).unwrap_err().to_string();
-        assert!(
-            e.contains("text_config") && e.contains("/x/config.json"),
-            "{e}"
-        );
+        assert!(e.contains("text_config") && e.contains("/x/config.json"), "{e}");
         let mut v = fixture_json();
         v["text_config"]["hidden_act"] = "gelu".into();
         assert!(matches!(parse(&v), Err(Error::Unsupported(_))));
         let mut v = fixture_json();
         v["text_config"]["linear_attn_config"]["gate_lower_bound"] = json!(1.0);
-        assert!(parse(&v)
-            .unwrap_err()
-            .to_string()
-            .contains("gate_lower_bound"));
+        assert!(parse(&v).unwrap_err().to_string().contains("gate_lower_bound"));
         let mut v = fixture_json();
         v["text_config"]["num_expert_group"] = json!(4);
         v["text_config"]["topk_group"] = json!(2);
         assert_eq!(parse(&v).unwrap().expert_groups, Some((4, 2)));
         v["text_config"]["num_expert_group"] = json!(5);
-        assert!(parse(&v)
-            .unwrap_err()
-            .to_string()
-            .contains("num_expert_group"));
+        assert!(parse(&v).unwrap_err().to_string().contains("num_expert_group"));
         let mut v = fixture_json();
         v["text_config"]["activation_situ_beta"] = json!(0.0);
         let c = parse(&v).unwrap();
-        assert_eq!(
-            c.activation(),
-            Activation::Situ {
-                beta: 1.0,
-                linear_beta: Some(3.0)
-            }
-        );
+        assert_eq!(c.activation(), Activation::Situ { beta: 1.0, linear_beta: Some(3.0) });
     }
 
     #[test]
     fn situ_matches_its_formula() {
-        let a = Activation::Situ {
-            beta: 2.0,
-            linear_beta: Some(3.0),
-        };
+        let a = Activation::Situ { beta: 2.0, linear_beta: Some(3.0) };
         let (g, u) = (1.5f64, -4.0f64);
         let want = 2.0 * (g / 2.0).tanh() / (1.0 + (-g).exp()) * 3.0 * (u / 3.0).tanh();
         assert!((a.apply(g as f32, u as f32) as f64 - want).abs() < 1e-6);

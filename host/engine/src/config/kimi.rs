@@ -19,48 +19,31 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{
-    AttnKind, ExpertLayout, Family, KdaDims, MlaDims, ModelConfig, QkNorm, Reader, RouterKind,
-    MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
+    AttnKind, ExpertLayout, Family, KdaDims, MlaDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS,
+    MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
 };
 use crate::error::{Error, Result};
 
 /// The first of `keys` present in the config.
 fn first_key<'k>(r: &Reader<'_>, keys: &[&'k str]) -> &'k str {
-    keys.iter()
-        .copied()
-        .find(|k| r.get(k).is_some())
-        .unwrap_or(keys[0])
+    keys.iter().copied().find(|k| r.get(k).is_some()).unwrap_or(keys[0])
 }
 
 fn unsupported(r: &Reader<'_>, key: &str, what: impl std::fmt::Display) -> Error {
     Error::Unsupported(format!("{}: key `{key}`: {what}", r.path.display()))
 }
 
-pub(super) fn parse(
-    r: &Reader<'_>,
-    vocab_size: usize,
-    hidden_size: usize,
-    num_layers: usize,
-) -> Result<ModelConfig> {
+pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_layers: usize) -> Result<ModelConfig> {
     let lac = match r.get("linear_attn_config") {
         None => None,
         Some(Value::Object(obj)) => Some(Reader { obj, path: r.path }),
-        Some(v) => {
-            return Err(r.err(
-                "linear_attn_config",
-                format!("expected an object, found {v}"),
-            ))
-        }
+        Some(v) => return Err(r.err("linear_attn_config", format!("expected an object, found {v}"))),
     };
 
     let attn_kinds = layer_kinds(r, lac.as_ref(), num_layers)?;
 
     // MLA.
-    let num_heads = r.bounded(
-        "num_attention_heads",
-        r.usize_req("num_attention_heads")?,
-        MAX_HEADS,
-    )?;
+    let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     if let Some(kv) = r.usize_opt("num_key_value_heads")? {
         if kv != num_heads {
             return Err(unsupported(
@@ -71,11 +54,7 @@ pub(super) fn parse(
         }
     }
     if r.usize_opt("q_lora_rank")?.is_some() {
-        return Err(unsupported(
-            r,
-            "q_lora_rank",
-            "a low-rank query (Kimi-Linear has none)",
-        ));
+        return Err(unsupported(r, "q_lora_rank", "a low-rank query (Kimi-Linear has none)"));
     }
     if r.bool_opt("mla_use_nope")? == Some(false) {
         return Err(unsupported(r, "mla_use_nope", "false (RoPE on MLA layers)"));
@@ -85,16 +64,8 @@ pub(super) fn parse(
         Some(MlaDims {
             num_heads,
             kv_lora_rank: dim("kv_lora_rank")?,
-            qk_nope_head_dim: r.bounded(
-                "qk_nope_head_dim",
-                r.usize_req("qk_nope_head_dim")?,
-                MAX_HEAD_DIM,
-            )?,
-            qk_rope_head_dim: r.bounded(
-                "qk_rope_head_dim",
-                r.usize_req("qk_rope_head_dim")?,
-                MAX_HEAD_DIM,
-            )?,
+            qk_nope_head_dim: r.bounded("qk_nope_head_dim", r.usize_req("qk_nope_head_dim")?, MAX_HEAD_DIM)?,
+            qk_rope_head_dim: r.bounded("qk_rope_head_dim", r.usize_req("qk_rope_head_dim")?, MAX_HEAD_DIM)?,
             v_head_dim: r.bounded("v_head_dim", r.usize_req("v_head_dim")?, MAX_HEAD_DIM)?,
             q_lora_rank: None,
         })
@@ -107,12 +78,9 @@ pub(super) fn parse(
         let pick = |lac_key: &str, key: &str, default: usize, max: usize| -> Result<usize> {
             if let Some(l) = &lac {
                 if let Some(v) = l.usize_opt(lac_key)? {
-                    return l.bounded(lac_key, v, max).map_err(|_| {
-                        r.err(
-                            "linear_attn_config",
-                            format!("`{lac_key}` {v} is outside 1..={max}"),
-                        )
-                    });
+                    return l
+                        .bounded(lac_key, v, max)
+                        .map_err(|_| r.err("linear_attn_config", format!("`{lac_key}` {v} is outside 1..={max}")));
                 }
             }
             r.bounded(key, r.usize_opt(key)?.unwrap_or(default), max)
@@ -123,10 +91,7 @@ pub(super) fn parse(
             conv_kernel: pick("short_conv_kernel_size", "linear_conv_kernel_dim", 4, 64)?,
         };
         if dims.conv_kernel < 2 {
-            return Err(r.err(
-                "linear_conv_kernel_dim",
-                "a short convolution needs a kernel of at least 2",
-            ));
+            return Err(r.err("linear_conv_kernel_dim", "a short convolution needs a kernel of at least 2"));
         }
         Some(dims)
     } else {
@@ -152,18 +117,11 @@ pub(super) fn parse(
     let norm_topk_prob = r.bool_opt(norm_key)?.unwrap_or(true);
     let scale = r.f64_opt("routed_scaling_factor")?.unwrap_or(2.446);
     if !(scale > 0.0 && scale < 1e6) {
-        return Err(r.err(
-            "routed_scaling_factor",
-            format!("{scale} is not a positive factor"),
-        ));
+        return Err(r.err("routed_scaling_factor", format!("{scale} is not a positive factor")));
     }
     if let Some(f) = r.str_opt("moe_router_activation_func")? {
         if f != "sigmoid" {
-            return Err(unsupported(
-                r,
-                "moe_router_activation_func",
-                format!("`{f}` (only sigmoid)"),
-            ));
+            return Err(unsupported(r, "moe_router_activation_func", format!("`{f}` (only sigmoid)")));
         }
     }
     let group_key = first_key(r, &["num_expert_group", "n_group"]);
@@ -183,11 +141,7 @@ pub(super) fn parse(
         return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
     }
     let pos_key = first_key(r, &["model_max_length", "max_position_embeddings"]);
-    let max_position_embeddings = r.bounded(
-        pos_key,
-        r.usize_opt(pos_key)?.unwrap_or(1 << 20),
-        MAX_POSITIONS,
-    )?;
+    let max_position_embeddings = r.bounded(pos_key, r.usize_opt(pos_key)?.unwrap_or(1 << 20), MAX_POSITIONS)?;
     let bos_token_id = match r.get("bos_token_id") {
         None => None,
         Some(v) => Some(r.token_id("bos_token_id", v)?),
@@ -225,9 +179,7 @@ pub(super) fn parse(
         attn_kinds,
         mla,
         kda,
-        router: RouterKind::SigmoidBias {
-            routed_scaling_factor: scale as f32,
-        },
+        router: RouterKind::SigmoidBias { routed_scaling_factor: scale as f32 },
         shared_intermediate_size: moe_intermediate_size * n_shared,
         mla_rope: None,
         expert_groups: None,
@@ -238,16 +190,10 @@ pub(super) fn parse(
 fn layer_kinds(r: &Reader<'_>, lac: Option<&Reader<'_>>, n: usize) -> Result<Vec<AttnKind>> {
     if let Some(v) = r.get("layer_types") {
         let Some(items) = v.as_array() else {
-            return Err(r.err(
-                "layer_types",
-                format!("expected a list of strings, found {v}"),
-            ));
+            return Err(r.err("layer_types", format!("expected a list of strings, found {v}")));
         };
         if items.len() != n {
-            return Err(r.err(
-                "layer_types",
-                format!("{} entries for num_hidden_layers {n}", items.len()),
-            ));
+            return Err(r.err("layer_types", format!("{} entries for num_hidden_layers {n}", items.len())));
         }
         return items
             .iter()
@@ -257,9 +203,7 @@ fn layer_kinds(r: &Reader<'_>, lac: Option<&Reader<'_>>, n: usize) -> Result<Vec
                 Some("full_attention") => Ok(AttnKind::Mla),
                 _ => Err(r.err(
                     "layer_types",
-                    format!(
-                        "entry {i} is {t}; expected \"linear_attention\" or \"full_attention\""
-                    ),
+                    format!("entry {i} is {t}; expected \"linear_attention\" or \"full_attention\""),
                 )),
             })
             .collect();
@@ -267,16 +211,11 @@ fn layer_kinds(r: &Reader<'_>, lac: Option<&Reader<'_>>, n: usize) -> Result<Vec
     if let Some(l) = lac {
         if l.get("kda_layers").is_some() && l.get("full_attn_layers").is_some() {
             let mut kinds: Vec<Option<AttnKind>> = vec![None; n];
-            for (key, kind) in [
-                ("kda_layers", AttnKind::Kda),
-                ("full_attn_layers", AttnKind::Mla),
-            ] {
+            for (key, kind) in [("kda_layers", AttnKind::Kda), ("full_attn_layers", AttnKind::Mla)] {
                 let bad = |msg: String| r.err("linear_attn_config", format!("`{key}`: {msg}"));
                 for one_based in l.usize_list(key).map_err(|e| bad(e.to_string()))? {
                     if one_based == 0 || one_based > n {
-                        return Err(bad(format!(
-                            "layer {one_based} is outside 1..={n} (the lists are 1-based)"
-                        )));
+                        return Err(bad(format!("layer {one_based} is outside 1..={n} (the lists are 1-based)")));
                     }
                     if kinds[one_based - 1].is_some() {
                         return Err(bad(format!("layer {one_based} is listed twice")));
@@ -291,25 +230,14 @@ fn layer_kinds(r: &Reader<'_>, lac: Option<&Reader<'_>>, n: usize) -> Result<Vec
                     k.ok_or_else(|| {
                         r.err(
                             "linear_attn_config",
-                            format!(
-                                "layer {} (1-based) is in neither kda_layers nor full_attn_layers",
-                                i + 1
-                            ),
+                            format!("layer {} (1-based) is in neither kda_layers nor full_attn_layers", i + 1),
                         )
                     })
                 })
                 .collect();
         }
     }
-    Ok((0..n)
-        .map(|i| {
-            if i > 0 && i % 4 == 0 {
-                AttnKind::Mla
-            } else {
-                AttnKind::Kda
-            }
-        })
-        .collect())
+    Ok((0..n).map(|i| if i > 0 && i % 4 == 0 { AttnKind::Mla } else { AttnKind::Kda }).collect())
 }
 
 /// Which layers are MoE: `mlp_layer_types` (transformers), else
@@ -318,10 +246,7 @@ fn layer_kinds(r: &Reader<'_>, lac: Option<&Reader<'_>>, n: usize) -> Result<Vec
 fn mlp_kinds(r: &Reader<'_>, n: usize) -> Result<Vec<bool>> {
     if let Some(v) = r.get("mlp_layer_types") {
         let Some(items) = v.as_array().filter(|a| a.len() == n) else {
-            return Err(r.err(
-                "mlp_layer_types",
-                format!("expected {n} strings, found {v}"),
-            ));
+            return Err(r.err("mlp_layer_types", format!("expected {n} strings, found {v}")));
         };
         return items
             .iter()
@@ -329,10 +254,7 @@ fn mlp_kinds(r: &Reader<'_>, n: usize) -> Result<Vec<bool>> {
             .map(|(i, t)| match t.as_str() {
                 Some("sparse") => Ok(true),
                 Some("dense") => Ok(false),
-                _ => Err(r.err(
-                    "mlp_layer_types",
-                    format!("entry {i} is {t}; expected \"dense\" or \"sparse\""),
-                )),
+                _ => Err(r.err("mlp_layer_types", format!("entry {i} is {t}; expected \"dense\" or \"sparse\""))),
             })
             .collect();
     }
@@ -433,10 +355,7 @@ pub(super) fn attention_shape(cfg: &ModelConfig, kind: AttnKind, rest: &str) -> 
 
 /// Parameters of one KDA or MLA mixer (without the layer norms).
 pub(super) fn attention_params(cfg: &ModelConfig, kind: AttnKind) -> u64 {
-    let p = format!(
-        "model.layers.{}",
-        cfg.attn_kinds.iter().position(|&k| k == kind).unwrap_or(0)
-    );
+    let p = format!("model.layers.{}", cfg.attn_kinds.iter().position(|&k| k == kind).unwrap_or(0));
     attention_names(cfg, kind, &p)
         .iter()
         .filter_map(|n| cfg.trunk_tensor_shape(n))
@@ -444,11 +363,7 @@ pub(super) fn attention_params(cfg: &ModelConfig, kind: AttnKind) -> u64 {
         .sum()
 }
 
-pub(super) fn check_layer_tensors(
-    cfg: &ModelConfig,
-    names: &HashSet<&str>,
-    file: &Path,
-) -> Result<()> {
+pub(super) fn check_layer_tensors(cfg: &ModelConfig, names: &HashSet<&str>, file: &Path) -> Result<()> {
     if cfg.family != Family::KimiLinear {
         return Ok(());
     }
@@ -471,8 +386,7 @@ pub(super) fn check_layer_tensors(
         }
         let router = cfg.router_name(l);
         let dense = format!("model.layers.{l}.mlp.gate_proj.weight");
-        if cfg.is_moe_layer(l) && !names.contains(router.as_str()) && names.contains(dense.as_str())
-        {
+        if cfg.is_moe_layer(l) && !names.contains(router.as_str()) && names.contains(dense.as_str()) {
             return Err(Error::format(
                 file,
                 format!(
@@ -500,8 +414,7 @@ mod tests {
     fn fixture_json() -> serde_json::Value {
         let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/fixtures/tiny-kimi_linear/config.json");
-        let text = std::fs::read_to_string(&p)
-            .unwrap_or_else(|e| panic!("fixture file missing: {}: {e}", p.display()));
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("fixture file missing: {}: {e}", p.display()));
         serde_json::from_str(&text).unwrap()
     }
 
@@ -514,13 +427,7 @@ mod tests {
     fn released_json() -> serde_json::Value {
         let mut v = fixture_json();
         let o = v.as_object_mut().unwrap();
-        for k in [
-            "layer_types",
-            "mlp_layer_types",
-            "linear_head_dim",
-            "linear_num_heads",
-            "linear_conv_kernel_dim",
-        ] {
+        for k in ["layer_types", "mlp_layer_types", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim"] {
             o.remove(k);
         }
         o.insert(
@@ -542,52 +449,22 @@ mod tests {
         assert_eq!(c.family, Family::KimiLinear);
         assert_eq!(c.attn_kinds, vec![Kda, Kda, Mla, Kda, Mla]);
         assert_eq!(c.moe_layers, vec![false, true, true, true, true]);
-        assert_eq!(
-            c.kda,
-            Some(KdaDims {
-                num_heads: 2,
-                head_dim: 16,
-                conv_kernel: 4
-            })
-        );
+        assert_eq!(c.kda, Some(KdaDims { num_heads: 2, head_dim: 16, conv_kernel: 4 }));
         let m = c.mla.unwrap();
         assert_eq!(
-            (
-                m.num_heads,
-                m.kv_lora_rank,
-                m.qk_nope_head_dim,
-                m.qk_rope_head_dim,
-                m.v_head_dim
-            ),
+            (m.num_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim),
             (4, 16, 16, 8, 12)
         );
-        assert_eq!(
-            (c.num_experts, c.top_k, c.shared_intermediate_size),
-            (8, 2, 32)
-        );
-        assert_eq!(
-            c.router,
-            RouterKind::SigmoidBias {
-                routed_scaling_factor: 2.446
-            }
-        );
+        assert_eq!((c.num_experts, c.top_k, c.shared_intermediate_size), (8, 2, 32));
+        assert_eq!(c.router, RouterKind::SigmoidBias { routed_scaling_factor: 2.446 });
         assert_eq!(c.max_position_embeddings, 512);
         assert_eq!(c.state_floats_per_token(2), 16 + 8);
         assert_eq!(c.state_floats_fixed(0), 2 * 16 * 16 + 3 * 3 * 32);
         assert_eq!(c.state_floats_per_token(0), 0);
         assert_eq!(c.state_bytes(10), 9600 + 10 * 192);
-        assert_eq!(
-            c.canonical_shape("model.layers.0.self_attn.q_conv1d.weight", &[32, 1, 4]),
-            vec![128]
-        );
-        assert_eq!(
-            c.canonical_shape("model.layers.0.self_attn.A_log", &[1, 1, 2, 1]),
-            vec![2]
-        );
-        assert_eq!(
-            c.canonical_shape("model.layers.0.self_attn.q_proj.weight", &[32, 64]),
-            vec![32, 64]
-        );
+        assert_eq!(c.canonical_shape("model.layers.0.self_attn.q_conv1d.weight", &[32, 1, 4]), vec![128]);
+        assert_eq!(c.canonical_shape("model.layers.0.self_attn.A_log", &[1, 1, 2, 1]), vec![2]);
+        assert_eq!(c.canonical_shape("model.layers.0.self_attn.q_proj.weight", &[32, 64]), vec![32, 64]);
         assert!(c.total_params() > c.active_params());
     }
 
@@ -610,15 +487,7 @@ mod tests {
     fn bad_layer_lists_are_named() {
         let mut v = released_json();
         v["linear_attn_config"]["kda_layers"] = json!([0, 1, 2, 4]);
-        expect_err(
-            &v,
-            &[
-                "/x/config.json",
-                "linear_attn_config",
-                "kda_layers",
-                "1-based",
-            ],
-        );
+        expect_err(&v, &["/x/config.json", "linear_attn_config", "kda_layers", "1-based"]);
         let mut v = released_json();
         v["linear_attn_config"]["full_attn_layers"] = json!([3, 4, 5]);
         expect_err(&v, &["linear_attn_config", "layer 4", "twice"]);

@@ -9,13 +9,7 @@ impl ModelConfig {
     /// flattened to it when the element counts agree; anything else is kept.
     pub fn canonical_shape(&self, name: &str, stored: &[usize]) -> Vec<usize> {
         match self.trunk_tensor_shape(name) {
-            Some(want)
-                if want.len() == 1
-                    && stored.len() > 1
-                    && stored.iter().product::<usize>() == want[0] =>
-            {
-                want
-            }
+            Some(want) if want.len() == 1 && stored.len() > 1 && stored.iter().product::<usize>() == want[0] => want,
             _ => stored.to_vec(),
         }
     }
@@ -24,11 +18,7 @@ impl ModelConfig {
     /// checkpoint holds (`names`, read from `file`), so a wrong
     /// `layer_types` / `linear_attn_config` / dense-layer count fails with the
     /// layer and the tensor rather than as a missing weight later.
-    pub fn check_layer_tensors(
-        &self,
-        names: &std::collections::HashSet<&str>,
-        file: &Path,
-    ) -> Result<()> {
+    pub fn check_layer_tensors(&self, names: &std::collections::HashSet<&str>, file: &Path) -> Result<()> {
         if self.family == Family::DeepseekV3 {
             return deepseek::check_layer_tensors(self, names, file);
         }
@@ -39,16 +29,10 @@ impl ModelConfig {
     pub fn expert_tensor_names(&self, layer: usize, expert: usize) -> [String; 3] {
         let p = format!("model.layers.{layer}.{}.experts.{expert}", self.moe_block);
         match self.family {
-            Family::Mixtral | Family::KimiLinear => [
-                format!("{p}.w1.weight"),
-                format!("{p}.w3.weight"),
-                format!("{p}.w2.weight"),
-            ],
-            _ => [
-                format!("{p}.gate_proj.weight"),
-                format!("{p}.up_proj.weight"),
-                format!("{p}.down_proj.weight"),
-            ],
+            Family::Mixtral | Family::KimiLinear => {
+                [format!("{p}.w1.weight"), format!("{p}.w3.weight"), format!("{p}.w2.weight")]
+            }
+            _ => [format!("{p}.gate_proj.weight"), format!("{p}.up_proj.weight"), format!("{p}.down_proj.weight")],
         }
     }
 
@@ -65,9 +49,7 @@ impl ModelConfig {
             TensorRole::LmHead
         } else if name.ends_with(".bias") || name.ends_with("norm.weight") {
             TensorRole::Vector
-        } else if name.ends_with(".mlp.gate.weight")
-            || name.ends_with(".block_sparse_moe.gate.weight")
-        {
+        } else if name.ends_with(".mlp.gate.weight") || name.ends_with(".block_sparse_moe.gate.weight") {
             TensorRole::Router
         } else {
             TensorRole::Matrix
@@ -112,9 +94,7 @@ impl ModelConfig {
                         names.push(format!("{p}.self_attn.k_norm.weight"));
                     }
                 }
-                _ if self.family == Family::DeepseekV3 => {
-                    names.extend(deepseek::attention_names(self, &p))
-                }
+                _ if self.family == Family::DeepseekV3 => names.extend(deepseek::attention_names(self, &p)),
                 kind => names.extend(kimi::attention_names(self, kind, &p)),
             }
             names.push(format!("{p}.post_attention_layernorm.weight"));
@@ -210,14 +190,9 @@ impl ModelConfig {
             return deepseek::attention_params(self) + 2 * self.hidden_size as u64;
         }
         if self.attn_kind(layer) != AttnKind::Gqa {
-            return kimi::attention_params(self, self.attn_kind(layer))
-                + 2 * self.hidden_size as u64;
+            return kimi::attention_params(self, self.attn_kind(layer)) + 2 * self.hidden_size as u64;
         }
-        let (h, q, kv) = (
-            self.hidden_size as u64,
-            self.q_dim() as u64,
-            self.kv_dim() as u64,
-        );
+        let (h, q, kv) = (self.hidden_size as u64, self.q_dim() as u64, self.kv_dim() as u64);
         let mut n = 2 * h * q + 2 * h * kv;
         if self.attention_bias {
             n += q + 2 * kv + h;

@@ -10,8 +10,7 @@ fn fixture_config(family: &str) -> PathBuf {
 }
 
 fn qwen_json() -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture_config("qwen3_moe")).unwrap())
-        .unwrap()
+    serde_json::from_str(&std::fs::read_to_string(fixture_config("qwen3_moe")).unwrap()).unwrap()
 }
 
 fn parse(v: &serde_json::Value) -> Result<ModelConfig> {
@@ -22,19 +21,8 @@ fn parse(v: &serde_json::Value) -> Result<ModelConfig> {
 fn fixtures_parse() {
     let q = ModelConfig::from_file(&fixture_config("qwen3_moe")).unwrap();
     assert_eq!(q.family, Family::Qwen3Moe);
-    assert_eq!(
-        (q.hidden_size, q.num_heads, q.num_kv_heads, q.head_dim),
-        (64, 4, 2, 16)
-    );
-    assert_eq!(
-        (
-            q.num_experts,
-            q.top_k,
-            q.moe_intermediate_size,
-            q.intermediate_size
-        ),
-        (8, 2, 32, 96)
-    );
+    assert_eq!((q.hidden_size, q.num_heads, q.num_kv_heads, q.head_dim), (64, 4, 2, 16));
+    assert_eq!((q.num_experts, q.top_k, q.moe_intermediate_size, q.intermediate_size), (8, 2, 32, 96));
     assert_eq!(q.moe_layers, vec![false, true, true, true]);
     assert_eq!(q.rope_theta, 50000.0);
     assert!(q.attention_bias && q.norm_topk_prob && !q.tie_word_embeddings);
@@ -42,65 +30,33 @@ fn fixtures_parse() {
     assert_eq!((q.bos_token_id, q.eos_token_ids.clone()), (None, vec![2]));
     assert_eq!(q.sliding_window, None);
     assert_eq!(q.router_name(1), "model.layers.1.mlp.gate.weight");
-    assert!(q
-        .trunk_tensor_names()
-        .contains(&"model.layers.0.mlp.gate_proj.weight".to_string()));
-    assert!(q
-        .trunk_tensor_names()
-        .contains(&"lm_head.weight".to_string()));
+    assert!(q.trunk_tensor_names().contains(&"model.layers.0.mlp.gate_proj.weight".to_string()));
+    assert!(q.trunk_tensor_names().contains(&"lm_head.weight".to_string()));
     assert!(q.total_params() > q.active_params());
 
     let o = ModelConfig::from_file(&fixture_config("olmoe")).unwrap();
     assert_eq!(o.family, Family::Olmoe);
-    assert_eq!(
-        (o.num_experts, o.moe_intermediate_size, o.num_layers),
-        (8, 48, 3)
-    );
+    assert_eq!((o.num_experts, o.moe_intermediate_size, o.num_layers), (8, 48, 3));
     assert_eq!(o.qk_norm, QkNorm::Full);
     assert!(o.tie_word_embeddings && !o.norm_topk_prob);
-    assert!(!o
-        .trunk_tensor_names()
-        .contains(&"lm_head.weight".to_string()));
-    assert_eq!(
-        o.trunk_tensor_shape("model.layers.0.self_attn.k_norm.weight"),
-        Some(vec![32])
-    );
+    assert!(!o.trunk_tensor_names().contains(&"lm_head.weight".to_string()));
+    assert_eq!(o.trunk_tensor_shape("model.layers.0.self_attn.k_norm.weight"), Some(vec![32]));
 
     let m = ModelConfig::from_file(&fixture_config("mixtral")).unwrap();
     assert_eq!(m.family, Family::Mixtral);
     assert!(m.norm_topk_prob && m.moe_layers.iter().all(|&x| x));
     assert_eq!(m.rope_theta, 250000.0);
-    assert_eq!(
-        m.router_name(0),
-        "model.layers.0.block_sparse_moe.gate.weight"
-    );
-    assert_eq!(
-        m.tensor_role("model.layers.0.block_sparse_moe.gate.weight"),
-        TensorRole::Router
-    );
+    assert_eq!(m.router_name(0), "model.layers.0.block_sparse_moe.gate.weight");
+    assert_eq!(m.tensor_role("model.layers.0.block_sparse_moe.gate.weight"), TensorRole::Router);
     assert!(m.is_expert_tensor("model.layers.3.block_sparse_moe.experts.7.w2.weight"));
     assert!(m.is_expert_tensor("model.layers.3.mlp.experts.gate_up_proj"));
     assert!(!m.is_expert_tensor("model.layers.3.block_sparse_moe.gate.weight"));
-    assert_eq!(
-        m.tensor_role("model.embed_tokens.weight"),
-        TensorRole::Embedding
-    );
+    assert_eq!(m.tensor_role("model.embed_tokens.weight"), TensorRole::Embedding);
     assert_eq!(m.tensor_role("lm_head.weight"), TensorRole::LmHead);
-    assert_eq!(
-        m.tensor_role("model.layers.0.input_layernorm.weight"),
-        TensorRole::Vector
-    );
-    assert_eq!(
-        m.tensor_role("model.layers.0.self_attn.q_proj.weight"),
-        TensorRole::Matrix
-    );
+    assert_eq!(m.tensor_role("model.layers.0.input_layernorm.weight"), TensorRole::Vector);
+    assert_eq!(m.tensor_role("model.layers.0.self_attn.q_proj.weight"), TensorRole::Matrix);
     let names = m.trunk_tensor_names();
-    assert!(
-        names
-            .iter()
-            .all(|n| !m.is_expert_tensor(n) && m.trunk_tensor_shape(n).is_some()),
-        "{names:?}"
-    );
+    assert!(names.iter().all(|n| !m.is_expert_tensor(n) && m.trunk_tensor_shape(n).is_some()), "{names:?}");
 }
 
 fn expect_format(v: &serde_json::Value, key: &str) {
@@ -146,10 +102,7 @@ fn errors_name_file_and_key() {
     let mut v = qwen_json();
     v["model_type"] = "llama4".into();
     let e = parse(&v).unwrap_err();
-    assert!(
-        matches!(e, Error::Unsupported(_)) && e.to_string().contains("llama4"),
-        "{e}"
-    );
+    assert!(matches!(e, Error::Unsupported(_)) && e.to_string().contains("llama4"), "{e}");
 
     let mut v = qwen_json();
     v["rope_parameters"]["rope_type"] = "yarn".into();

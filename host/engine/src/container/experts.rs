@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 
 use super::manifest::{record, Manifest, MANIFEST_FILE, RECORD_ALIGN};
 use super::{expert_format, plain_file_name};
-use crate::files::read_file;
 use crate::config::{Activation, ModelConfig};
 use crate::error::{Error, Result};
+use crate::files::read_file;
 use crate::quant::{self, Codebooks, ExpertFormat, ExpertShape, LayerCodebooks};
 
 /// One MoE layer's bank: `experts` records of `record_bytes` each.
@@ -40,13 +40,13 @@ impl ExpertBanks {
         if e.hidden != config.expert_hidden() as u64 || e.inter != config.moe_intermediate_size as u64 {
             return Err(bad(format!(
                 "expert shape {}x{} disagrees with the config ({}x{})",
-                e.hidden, e.inter, config.expert_hidden(), config.moe_intermediate_size
+                e.hidden,
+                e.inter,
+                config.expert_hidden(),
+                config.moe_intermediate_size
             )));
         }
-        let shape = ExpertShape {
-            hidden: e.hidden as usize,
-            inter: e.inter as usize,
-        };
+        let shape = ExpertShape { hidden: e.hidden as usize, inter: e.inter as usize };
         let payload_bytes = quant::expert_payload_len(format, shape) as u64;
         if e.payload_bytes != payload_bytes
             || e.payload_offset < record::HEADER_BYTES
@@ -72,10 +72,7 @@ impl ExpertBanks {
                 )));
             }
             let path = plain_file_name(dir, &entry.file, &mpath)?;
-            let len = File::open(&path)
-                .and_then(|f| f.metadata())
-                .map_err(|err| Error::io(&path, err))?
-                .len();
+            let len = File::open(&path).and_then(|f| f.metadata()).map_err(|err| Error::io(&path, err))?.len();
             let expected = entry.experts * e.record_bytes;
             if len != expected {
                 return Err(Error::format(
@@ -87,10 +84,7 @@ impl ExpertBanks {
                 (Some(cb), true) => Some(load_codebooks(dir, cb, &mpath)?),
                 (None, false) => None,
                 _ => {
-                    return Err(bad(format!(
-                        "layer {layer}: codebooks present/absent contrary to format {}",
-                        e.format
-                    )))
+                    return Err(bad(format!("layer {layer}: codebooks present/absent contrary to format {}", e.format)))
                 }
             };
             // The kernels trust their inputs; everything they will be given
@@ -98,11 +92,7 @@ impl ExpertBanks {
             let blank = vec![0u8; payload_bytes as usize];
             quant::check_expert_payload(format, shape, &blank, codebooks.as_ref())
                 .map_err(|err| bad(format!("layer {layer}: {err}")))?;
-            banks[layer] = Some(Bank {
-                path,
-                experts: entry.experts as usize,
-                codebooks,
-            });
+            banks[layer] = Some(Bank { path, experts: entry.experts as usize, codebooks });
         }
         for layer in 0..config.num_layers {
             if config.is_moe_layer(layer) && banks[layer].is_none() {

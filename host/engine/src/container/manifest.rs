@@ -44,11 +44,7 @@ impl Manifest {
     /// what the state means changes it.
     pub fn identity(&self) -> String {
         let mut h = Fnv::new();
-        h.update(
-            serde_json::to_string(&self.config)
-                .unwrap_or_default()
-                .as_bytes(),
-        );
+        h.update(serde_json::to_string(&self.config).unwrap_or_default().as_bytes());
         h.update(self.trunk.format.as_bytes());
         for t in &self.trunk.tensors {
             h.update(t.name.as_bytes());

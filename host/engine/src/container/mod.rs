@@ -20,13 +20,13 @@ use std::path::{Path, PathBuf};
 use crate::files::read_file;
 
 pub use experts::ExpertBanks;
-pub use rows::TrunkRows;
 use manifest::{Manifest, TensorEntry, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
+pub use rows::TrunkRows;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::source::{StoredRows, TensorSource};
 use crate::quant::{ExpertFormat, QMatrix, TrunkFormat};
+use crate::source::{StoredRows, TensorSource};
 
 /// A manifest larger than this is not one of ours.
 const MAX_MANIFEST_BYTES: u64 = 256 << 20;
@@ -61,7 +61,11 @@ fn plain_file_name(dir: &Path, name: &str, manifest: &Path) -> Result<PathBuf> {
 impl Container {
     pub fn open(dir: &Path) -> Result<Container> {
         if !dir.is_dir() {
-            let what = if dir.exists() { "is not a directory (a container is a NAME.waste/ directory)" } else { "does not exist" };
+            let what = if dir.exists() {
+                "is not a directory (a container is a NAME.waste/ directory)"
+            } else {
+                "does not exist"
+            };
             return Err(Error::format(dir, what));
         }
         let manifest_path = dir.join(MANIFEST_FILE);
@@ -83,7 +87,8 @@ impl Container {
                 ),
             ));
         }
-        let config_json = serde_json::to_string(&manifest.config).map_err(|e| Error::format(&manifest_path, e.to_string()))?;
+        let config_json =
+            serde_json::to_string(&manifest.config).map_err(|e| Error::format(&manifest_path, e.to_string()))?;
         let mut config = ModelConfig::from_json_str(&config_json, &manifest_path)?;
         // The router's stored name tells which MoE block naming the source used.
         config.adapt_to_tensor_names(manifest.trunk.tensors.iter().map(|t| t.name.as_str()));
@@ -213,7 +218,6 @@ impl Container {
     }
 }
 
-
 fn validate_tensor(t: &TensorEntry, file_len: u64, path: &Path) -> Result<()> {
     let bad = |msg: String| Error::format(path, format!("tensor {}: {msg}", t.name));
     let fmt = TrunkFormat::parse(&t.format).ok_or_else(|| bad(format!("unknown format {:?}", t.format)))?;
@@ -244,7 +248,10 @@ impl TensorSource for Container {
     fn matrix(&self, name: &str) -> Result<QMatrix> {
         let t = self.entry(name)?;
         let [rows, cols] = t.shape[..] else {
-            return Err(Error::format(&self.trunk_path, format!("tensor {name} is not a matrix (shape {:?})", t.shape)));
+            return Err(Error::format(
+                &self.trunk_path,
+                format!("tensor {name} is not a matrix (shape {:?})", t.shape),
+            ));
         };
         let fmt = TrunkFormat::parse(&t.format)
             .ok_or_else(|| Error::format(&self.trunk_path, format!("tensor {name}: unknown format {:?}", t.format)))?;
@@ -274,9 +281,10 @@ impl TensorSource for Container {
         let [rows, cols] = t.shape[..] else { return None };
         let format = TrunkFormat::parse(&t.format)?;
         // An owned handle for the model to keep (reads are positional).
-        let rows = self.trunk.try_clone().map_err(|e| Error::io(&self.trunk_path, e)).and_then(|file| {
-            TrunkRows::new(file, &self.trunk_path, t.offset, format, rows as usize, cols as usize)
-        });
+        let rows =
+            self.trunk.try_clone().map_err(|e| Error::io(&self.trunk_path, e)).and_then(|file| {
+                TrunkRows::new(file, &self.trunk_path, t.offset, format, rows as usize, cols as usize)
+            });
         Some(rows.map(|r| Box::new(r) as Box<dyn StoredRows>))
     }
 }
@@ -315,10 +323,14 @@ impl ChatTemplates {
             Some(serde_json::Value::String(s)) => ChatTemplates::Single(s.clone()),
             Some(serde_json::Value::Array(list)) => ChatTemplates::Named(
                 list.iter()
-                    .filter_map(|t| Some((t.get("name")?.as_str()?.to_owned(), t.get("template")?.as_str()?.to_owned())))
+                    .filter_map(|t| {
+                        Some((t.get("name")?.as_str()?.to_owned(), t.get("template")?.as_str()?.to_owned()))
+                    })
                     .collect(),
             ),
-            Some(_) => ChatTemplates::Invalid("tokenizer_config.json: $.chat_template: expected a string or a list".into()),
+            Some(_) => {
+                ChatTemplates::Invalid("tokenizer_config.json: $.chat_template: expected a string or a list".into())
+            }
         }
     }
 
@@ -333,12 +345,9 @@ impl ChatTemplates {
             ChatTemplates::Single(t) => Ok(Some(t)),
             ChatTemplates::Named(list) => {
                 let named = |name: &str| list.iter().find(|(n, _)| n == name).map(|(_, t)| t.as_str());
-                with_tools
-                    .then(|| named("tool_use"))
-                    .flatten()
-                    .or_else(|| named("default"))
-                    .map(Some)
-                    .ok_or_else(|| "tokenizer_config.json: $.chat_template: a list without a \"default\" template".into())
+                with_tools.then(|| named("tool_use")).flatten().or_else(|| named("default")).map(Some).ok_or_else(
+                    || "tokenizer_config.json: $.chat_template: a list without a \"default\" template".into(),
+                )
             }
             ChatTemplates::Invalid(why) => Err(why.clone()),
         }

@@ -25,7 +25,14 @@ pub struct TrunkRows {
 impl TrunkRows {
     /// `file` is `path` opened for reading; a matrix that does not lie
     /// inside it is refused.
-    pub fn new(file: File, path: &Path, offset: u64, format: TrunkFormat, rows: usize, cols: usize) -> Result<TrunkRows> {
+    pub fn new(
+        file: File,
+        path: &Path,
+        offset: u64,
+        format: TrunkFormat,
+        rows: usize,
+        cols: usize,
+    ) -> Result<TrunkRows> {
         let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         let bytes = format.byte_len(rows, cols) as u64;
         if offset.checked_add(bytes).is_none_or(|end| end > len) {

@@ -12,7 +12,8 @@ fn chat_template_choice_follows_transformers() {
     let one = config(r#"{"chat_template": "T"}"#);
     assert_eq!(one.choose(false), Ok(Some("T")));
     assert_eq!(one.choose(true), Ok(Some("T")));
-    let named = config(r#"{"chat_template": [{"name": "tool_use", "template": "U"}, {"name": "default", "template": "D"}]}"#);
+    let named =
+        config(r#"{"chat_template": [{"name": "tool_use", "template": "U"}, {"name": "default", "template": "D"}]}"#);
     assert_eq!(named.choose(false), Ok(Some("D")));
     assert_eq!(named.choose(true), Ok(Some("U")));
     let default_only = config(r#"{"chat_template": [{"name": "default", "template": "D"}]}"#);

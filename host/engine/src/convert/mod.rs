@@ -43,8 +43,8 @@ use crate::container::manifest::{
     RECORD_ALIGN, TRUNK_FILE,
 };
 use crate::error::{Error, Result};
-use crate::quant::{self, ExpertFormat, ExpertShape, TrunkFormat};
 use crate::files::Fnv;
+use crate::quant::{self, ExpertFormat, ExpertShape, TrunkFormat};
 use files::write_atomic;
 pub use reclaim::{ShardLedger, Unit};
 pub use verify::{verify, MatrixError};

@@ -9,12 +9,12 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::files::{sidecar_path, tmp_path, valid_sidecar, write_sidecar, Sidecar};
-use crate::files::Fnv;
 use super::trunk_format_for;
 use crate::checkpoint::HfCheckpoint;
 use crate::config::ModelConfig;
 use crate::container::manifest::{align_up, TensorEntry, TENSOR_ALIGN};
 use crate::error::{Error, Result};
+use crate::files::Fnv;
 use crate::quant::{self, TrunkFormat, GROUP};
 
 /// f32 values decoded per slice (16 MB).

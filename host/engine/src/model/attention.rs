@@ -92,10 +92,7 @@ impl AttnScratch {
 
     /// Floats held, for the memory plan (`plan::scratch_bytes`).
     pub fn floats(&self) -> usize {
-        [&self.q, &self.k, &self.v, &self.out, &self.scores, &self.cos, &self.sin]
-            .iter()
-            .map(|b| b.len())
-            .sum()
+        [&self.q, &self.k, &self.v, &self.out, &self.scores, &self.cos, &self.sin].iter().map(|b| b.len()).sum()
     }
 }
 
@@ -148,11 +145,7 @@ impl Attention {
         self.q_proj.matvec(x, &mut s.q);
         self.k_proj.matvec(x, &mut s.k);
         self.v_proj.matvec(x, &mut s.v);
-        for (buf, b) in [
-            (&mut s.q, &self.q_proj_bias),
-            (&mut s.k, &self.k_proj_bias),
-            (&mut s.v, &self.v_proj_bias),
-        ] {
+        for (buf, b) in [(&mut s.q, &self.q_proj_bias), (&mut s.k, &self.k_proj_bias), (&mut s.v, &self.v_proj_bias)] {
             if let Some(b) = b {
                 super::ops::add_in_place(buf, b);
             }
@@ -162,10 +155,8 @@ impl Attention {
             QkNorm::PerHead => {
                 // Qwen3: `self.q_norm(self.q_proj(h).view(hidden_shape))`, over head_dim.
                 if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-                    s.q.chunks_exact_mut(d)
-                        .for_each(|h| rms_norm_in_place(h, qn, cfg.rms_norm_eps));
-                    s.k.chunks_exact_mut(d)
-                        .for_each(|h| rms_norm_in_place(h, kn, cfg.rms_norm_eps));
+                    s.q.chunks_exact_mut(d).for_each(|h| rms_norm_in_place(h, qn, cfg.rms_norm_eps));
+                    s.k.chunks_exact_mut(d).for_each(|h| rms_norm_in_place(h, kn, cfg.rms_norm_eps));
                 }
             }
             QkNorm::Full => {
@@ -186,13 +177,8 @@ impl Attention {
         Rope::apply(&mut s.k, d, &s.cos, &s.sin);
 
         let row = pos * kv_dim;
-        let (Some(kc), Some(vc)) = (
-            k_cache.get_mut(row..row + kv_dim),
-            v_cache.get_mut(row..row + kv_dim),
-        ) else {
-            return Err(Error::Runtime(format!(
-                "position {pos} is past the KV cache"
-            )));
+        let (Some(kc), Some(vc)) = (k_cache.get_mut(row..row + kv_dim), v_cache.get_mut(row..row + kv_dim)) else {
+            return Err(Error::Runtime(format!("position {pos} is past the KV cache")));
         };
         kc.copy_from_slice(&s.k);
         vc.copy_from_slice(&s.v);

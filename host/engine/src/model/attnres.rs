@@ -12,8 +12,8 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::source::TensorSource;
 
-use super::ops::dot;
 use super::load_vector;
+use super::ops::dot;
 
 /// One depth mix: `*_res_proj.weight` `[1, H]` read as a vector, times the
 /// weight of the matching `*_res_norm` `[H]` (the norm is never applied as
@@ -35,10 +35,7 @@ impl Mix {
                 cfg.hidden_size
             )));
         }
-        Ok(Mix {
-            query: w.iter().zip(&gamma).map(|(a, b)| a * b).collect(),
-            eps: cfg.rms_norm_eps,
-        })
+        Ok(Mix { query: w.iter().zip(&gamma).map(|(a, b)| a * b).collect(), eps: cfg.rms_norm_eps })
     }
 
     /// `out = sum_j softmax_j(s) V_j` over the bank entries, oldest first,
@@ -59,10 +56,7 @@ impl Mix {
             let ms = v.iter().map(|x| x * x).sum::<f32>() / h as f32;
             *s = dot(v, &self.query) / (ms + self.eps).sqrt();
         }
-        let max = scores[..n]
-            .iter()
-            .copied()
-            .fold(f32::NEG_INFINITY, f32::max);
+        let max = scores[..n].iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0f32;
         for s in scores[..n].iter_mut() {
             *s = (*s - max).exp();
@@ -91,10 +85,7 @@ pub struct Bank {
 impl Bank {
     pub fn new(cfg: &ModelConfig) -> Bank {
         let n = bank_capacity(cfg);
-        Bank {
-            entries: vec![0.0; n * cfg.hidden_size],
-            n: 0,
-        }
+        Bank { entries: vec![0.0; n * cfg.hidden_size], n: 0 }
     }
 
     pub fn clear(&mut self) {
@@ -137,12 +128,7 @@ pub struct LayerRes {
 }
 
 impl LayerRes {
-    pub fn load(
-        cfg: &ModelConfig,
-        src: &dyn TensorSource,
-        layer: usize,
-        block: usize,
-    ) -> Result<LayerRes> {
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize, block: usize) -> Result<LayerRes> {
         let p = format!("model.layers.{layer}");
         Ok(LayerRes {
             boundary: layer.is_multiple_of(block),
@@ -152,12 +138,7 @@ impl LayerRes {
                 &format!("{p}.self_attention_res_proj.weight"),
                 &format!("{p}.self_attention_res_norm.weight"),
             )?,
-            mlp: Mix::load(
-                cfg,
-                src,
-                &format!("{p}.mlp_res_proj.weight"),
-                &format!("{p}.mlp_res_norm.weight"),
-            )?,
+            mlp: Mix::load(cfg, src, &format!("{p}.mlp_res_proj.weight"), &format!("{p}.mlp_res_norm.weight"))?,
         })
     }
 
@@ -198,12 +179,7 @@ pub fn load_output_mix(cfg: &ModelConfig, src: &dyn TensorSource) -> Result<Opti
     if cfg.k3.and_then(|k| k.attn_res_block).is_none() {
         return Ok(None);
     }
-    Ok(Some(Mix::load(
-        cfg,
-        src,
-        "model.output_attn_res_proj.weight",
-        "model.output_attn_res_norm.weight",
-    )?))
+    Ok(Some(Mix::load(cfg, src, "model.output_attn_res_proj.weight", "model.output_attn_res_norm.weight")?))
 }
 
 #[cfg(test)]
@@ -216,14 +192,8 @@ mod tests {
     fn mix_matches_the_formula() {
         let h = 8;
         let query: Vec<f32> = (0..h).map(|i| (i as f32 - 3.0) * 0.3).collect();
-        let m = Mix {
-            query: query.clone(),
-            eps: 1e-5,
-        };
-        let mut bank = Bank {
-            entries: vec![0.0; 2 * h],
-            n: 0,
-        };
+        let m = Mix { query: query.clone(), eps: 1e-5 };
+        let mut bank = Bank { entries: vec![0.0; 2 * h], n: 0 };
         let a: Vec<f32> = (0..h).map(|i| (i as f32).sin() * 3.0).collect();
         let b: Vec<f32> = (0..h).map(|i| (i as f32 * 0.7).cos() * 0.2).collect();
         let p: Vec<f32> = (0..h).map(|i| i as f32 * 0.1 - 0.4).collect();
@@ -236,25 +206,13 @@ mod tests {
             .iter()
             .map(|v| {
                 let ms = v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / h as f64;
-                v.iter()
-                    .zip(&query)
-                    .map(|(&x, &q)| x as f64 * q as f64)
-                    .sum::<f64>()
-                    / (ms + 1e-5).sqrt()
+                v.iter().zip(&query).map(|(&x, &q)| x as f64 * q as f64).sum::<f64>() / (ms + 1e-5).sqrt()
             })
             .collect();
         let z: f64 = s.iter().map(|x| x.exp()).sum();
         for d in 0..h {
-            let want: f64 = cands
-                .iter()
-                .zip(&s)
-                .map(|(v, sj)| sj.exp() / z * v[d] as f64)
-                .sum();
-            assert!(
-                (out[d] as f64 - want).abs() < 1e-5,
-                "{d}: {} vs {want}",
-                out[d]
-            );
+            let want: f64 = cands.iter().zip(&s).map(|(v, sj)| sj.exp() / z * v[d] as f64).sum();
+            assert!((out[d] as f64 - want).abs() < 1e-5, "{d}: {} vs {want}", out[d]);
         }
     }
 
@@ -266,76 +224,26 @@ mod tests {
         use crate::config::Activation;
         use crate::quant::{self, ExpertF32, ExpertFormat, ExpertScratch, ExpertShape};
         let (h, i) = (64, 32);
-        let shape = ExpertShape {
-            hidden: h,
-            inter: i,
-        };
+        let shape = ExpertShape { hidden: h, inter: i };
         let mk = |seed: u64, n: usize| -> Vec<f32> {
             (0..n as u64)
-                .map(|k| {
-                    ((k.wrapping_mul(2654435761) ^ seed.wrapping_mul(97)) % 1000) as f32 / 500.0
-                        - 1.0
-                })
+                .map(|k| ((k.wrapping_mul(2654435761) ^ seed.wrapping_mul(97)) % 1000) as f32 / 500.0 - 1.0)
                 .collect()
         };
         let (gate, up, down) = (mk(1, i * h), mk(2, i * h), mk(3, h * i));
-        let e = ExpertF32 {
-            gate: &gate,
-            up: &up,
-            down: &down,
-        };
+        let e = ExpertF32 { gate: &gate, up: &up, down: &down };
         let x = mk(4, h);
-        let situ = Activation::Situ {
-            beta: 2.0,
-            linear_beta: Some(3.0),
-        };
+        let situ = Activation::Situ { beta: 2.0, linear_beta: Some(3.0) };
         for fmt in ExpertFormat::ALL {
-            let cb = if fmt.uses_codebooks() {
-                quant::fit_layer_codebooks(fmt, shape, &[e], 7)
-            } else {
-                None
-            };
+            let cb = if fmt.uses_codebooks() { quant::fit_layer_codebooks(fmt, shape, &[e], 7) } else { None };
             let payload = quant::encode_expert(fmt, shape, &e, cb.as_ref());
             let tables = quant::build_gate_up_tables(fmt, cb.as_ref(), &x);
             let mut s = ExpertScratch::new(fmt, shape);
             let (mut a, mut b, mut c) = (vec![0.0; h], vec![0.0; h], vec![0.0; h]);
-            quant::expert_forward(
-                fmt,
-                shape,
-                &payload,
-                cb.as_ref(),
-                &tables,
-                &x,
-                &mut a,
-                &mut s,
-            );
-            quant::expert_forward_act(
-                fmt,
-                shape,
-                &payload,
-                cb.as_ref(),
-                &tables,
-                &x,
-                &mut b,
-                &mut s,
-                Activation::Silu,
-            );
-            assert!(
-                a == b,
-                "{}: SiLU through expert_forward_act is not bit-identical",
-                fmt.name()
-            );
-            quant::expert_forward_act(
-                fmt,
-                shape,
-                &payload,
-                cb.as_ref(),
-                &tables,
-                &x,
-                &mut c,
-                &mut s,
-                situ,
-            );
+            quant::expert_forward(fmt, shape, &payload, cb.as_ref(), &tables, &x, &mut a, &mut s);
+            quant::expert_forward_act(fmt, shape, &payload, cb.as_ref(), &tables, &x, &mut b, &mut s, Activation::Silu);
+            assert!(a == b, "{}: SiLU through expert_forward_act is not bit-identical", fmt.name());
+            quant::expert_forward_act(fmt, shape, &payload, cb.as_ref(), &tables, &x, &mut c, &mut s, situ);
             let (g, u, d) = quant::decode_expert(fmt, shape, &payload, cb.as_ref());
             let act: Vec<f64> = (0..i)
                 .map(|r| {
@@ -344,16 +252,9 @@ mod tests {
                     2.0 * (gv / 2.0).tanh() / (1.0 + (-gv).exp()) * 3.0 * (uv / 3.0).tanh()
                 })
                 .collect();
-            let want: Vec<f64> = (0..h)
-                .map(|r| (0..i).map(|k| d[r * i + k] as f64 * act[k]).sum())
-                .collect();
+            let want: Vec<f64> = (0..h).map(|r| (0..i).map(|k| d[r * i + k] as f64 * act[k]).sum()).collect();
             let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-            let err = |y: &[f32]| {
-                y.iter()
-                    .zip(&want)
-                    .fold(0.0f64, |m, (p, q)| m.max((*p as f64 - q).abs()))
-                    / scale
-            };
+            let err = |y: &[f32]| y.iter().zip(&want).fold(0.0f64, |m, (p, q)| m.max((*p as f64 - q).abs())) / scale;
             // The table formats quantise x on the fly, hence their looser bound;
             // SiLU's output (a) is a different function, an order away.
             let bound = if fmt == ExpertFormat::F32 { 1e-5 } else { 0.05 };
@@ -370,19 +271,9 @@ mod tests {
     #[test]
     fn boundary_banks_p_and_restarts_the_block() {
         let h = 4;
-        let m = || Mix {
-            query: vec![0.5; h],
-            eps: 1e-5,
-        };
-        let res = LayerRes {
-            boundary: true,
-            attn: m(),
-            mlp: m(),
-        };
-        let mut bank = Bank {
-            entries: vec![0.0; 2 * h],
-            n: 0,
-        };
+        let m = || Mix { query: vec![0.5; h], eps: 1e-5 };
+        let res = LayerRes { boundary: true, attn: m(), mlp: m() };
+        let mut bank = Bank { entries: vec![0.0; 2 * h], n: 0 };
         let mut p = vec![1.0, 2.0, 3.0, 4.0];
         let mut out = vec![0.0; h];
         res.before_attention(&mut bank, &mut p, &mut out);

@@ -105,11 +105,7 @@ pub(crate) fn load(cfg: &ModelConfig, src: &dyn TensorSource) -> Result<Embeddin
             return Ok(Embedding::OnDisk(DiskRows { rows, reads: AtomicU64::new(0) }));
         }
     }
-    Ok(Embedding::Resident(super::load_matrix(
-        cfg,
-        src,
-        EMBED_TOKENS,
-    )?))
+    Ok(Embedding::Resident(super::load_matrix(cfg, src, EMBED_TOKENS)?))
 }
 
 #[cfg(test)]
@@ -149,11 +145,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         for (family, tied) in [("kimi_linear", false), ("olmoe", true)] {
             let src = fixtures.join(format!("tiny-{family}"));
-            assert!(
-                src.join("config.json").exists(),
-                "fixture missing: {}",
-                src.display()
-            );
+            assert!(src.join("config.json").exists(), "fixture missing: {}", src.display());
             let out = dir.join(format!("{family}.waste"));
             convert(&src, &out, &ConvertOptions::default(), &mut |_| {}).unwrap();
             let c = crate::container::Container::open(&out).unwrap();
@@ -164,20 +156,13 @@ mod tests {
             assert_eq!(on_disk.embed_tokens.resident().is_none(), !tied, "{family}");
             assert!(resident.embed_tokens.resident().is_some());
             let store = |keep| {
-                let options = StoreOptions {
-                    cache_slots: 4 * cfg.top_k,
-                    keep,
-                    readers: 0,
-                    ..StoreOptions::default()
-                };
+                let options = StoreOptions { cache_slots: 4 * cfg.top_k, keep, readers: 0, ..StoreOptions::default() };
                 ExpertStore::open(c.expert_banks().unwrap(), cfg.top_k, options).unwrap()
             };
             let run = |m: &Transformer, stats: &mut StepStats| {
                 let experts = store(false);
                 let mut state = State::new(&cfg, 16);
-                let mut out = m
-                    .forward(&mut state, &[5, 17, 300, 42], &experts, true, stats)
-                    .unwrap();
+                let mut out = m.forward(&mut state, &[5, 17, 300, 42], &experts, true, stats).unwrap();
                 for t in [7u32, 99, 1] {
                     out.extend(m.forward(&mut state, &[t], &experts, false, stats).unwrap());
                 }
@@ -185,16 +170,9 @@ mod tests {
             };
             let (mut a, mut b) = (StepStats::default(), StepStats::default());
             assert_eq!(run(&on_disk, &mut a), run(&resident, &mut b), "{family}");
-            assert_eq!(
-                a.embedding_rows_read,
-                if tied { 0 } else { 7 },
-                "{family}: one row read per token"
-            );
+            assert_eq!(a.embedding_rows_read, if tied { 0 } else { 7 }, "{family}: one row read per token");
             assert_eq!(b.embedding_rows_read, 0);
-            assert_eq!(
-                on_disk.embed_tokens.disk_reads(),
-                a.embedding_rows_read as u64
-            );
+            assert_eq!(on_disk.embed_tokens.disk_reads(), a.embedding_rows_read as u64);
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -183,14 +183,12 @@ impl ExpertProvider for ExpertStore {
         let mut member: Vec<Option<usize>> = vec![None; bank.experts];
         for members in distinct.chunks(group) {
             let counts: Vec<u64> = members.iter().map(|&e| uses[e]).collect();
-            let result = self
-                .pin(layer, members, &counts, stats)
-                .and_then(|mut pinned| {
-                    for (i, &e) in members.iter().enumerate() {
-                        member[e] = Some(i);
-                    }
-                    compute_group(&mut pinned, layer, xs, picks, &member, &mut ys, k_max, stats)
-                });
+            let result = self.pin(layer, members, &counts, stats).and_then(|mut pinned| {
+                for (i, &e) in members.iter().enumerate() {
+                    member[e] = Some(i);
+                }
+                compute_group(&mut pinned, layer, xs, picks, &member, &mut ys, k_max, stats)
+            });
             for &e in members {
                 member[e] = None;
             }

@@ -22,8 +22,8 @@
 
 use crate::config::{KdaDims, ModelConfig};
 use crate::error::{Error, Result};
-use crate::source::TensorSource;
 use crate::quant::QMatrix;
+use crate::source::TensorSource;
 
 use super::ops::{dot, silu};
 use super::{load_matrix, load_vector};
@@ -88,10 +88,7 @@ enum OutputGate {
 /// what we think it is.
 fn a_log_heads(name: &str, stored: Vec<f32>, heads: usize) -> Result<Vec<f32>> {
     if stored.len() < heads {
-        return Err(Error::Runtime(format!(
-            "`{name}` has {} values for {heads} KDA heads",
-            stored.len()
-        )));
+        return Err(Error::Runtime(format!("`{name}` has {} values for {heads} KDA heads", stored.len())));
     }
     if let Some(i) = stored[heads..].iter().position(|&v| v != 0.0) {
         return Err(Error::Runtime(format!(
@@ -120,9 +117,7 @@ pub struct KdaScratch {
 
 impl KdaScratch {
     pub fn new(cfg: &ModelConfig) -> KdaScratch {
-        let (c, d, h) = cfg
-            .kda
-            .map_or((0, 0, 0), |k| (k.qkv_dim(), k.head_dim, k.num_heads));
+        let (c, d, h) = cfg.kda.map_or((0, 0, 0), |k| (k.qkv_dim(), k.head_dim, k.num_heads));
         KdaScratch {
             raw: vec![0.0; 3 * c],
             qkv: vec![0.0; 3 * c],
@@ -146,11 +141,8 @@ impl KdaScratch {
 
 impl Kda {
     pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Kda> {
-        let dims = cfg.kda.ok_or_else(|| {
-            Error::Runtime(format!(
-                "layer {layer} is KDA but the config has no KDA shape"
-            ))
-        })?;
+        let dims =
+            cfg.kda.ok_or_else(|| Error::Runtime(format!("layer {layer} is KDA but the config has no KDA shape")))?;
         let p = format!("model.layers.{layer}.self_attn");
         let m = |n: &str| load_matrix(cfg, src, &format!("{p}.{n}.weight"));
         let mut conv = Vec::with_capacity(3 * dims.qkv_dim() * dims.conv_kernel);
@@ -188,14 +180,7 @@ impl Kda {
     }
 
     /// One token at `pos` (which selects the conv ring slot).
-    pub fn forward(
-        &self,
-        x: &[f32],
-        pos: usize,
-        state: &mut KdaState,
-        s: &mut KdaScratch,
-        out: &mut [f32],
-    ) {
+    pub fn forward(&self, x: &[f32], pos: usize, state: &mut KdaState, s: &mut KdaScratch, out: &mut [f32]) {
         let c = self.dims.qkv_dim();
         let kk = self.dims.conv_kernel;
         self.q_proj.matvec(x, &mut s.raw[..c]);
@@ -335,16 +320,11 @@ mod tests {
     fn kda_recurrence_matches_reference_recurrent_and_chunked() {
         let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/fixtures/tiny-kimi_linear/kda_reference.safetensors");
-        let bytes = std::fs::read(&path)
-            .unwrap_or_else(|e| panic!("fixture file missing: {}: {e}", path.display()));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("fixture file missing: {}: {e}", path.display()));
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let get = |n: &str| -> (Vec<f32>, Vec<usize>) {
             let t = st.tensor(n).unwrap();
-            let v = t
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
+            let v = t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
             (v, t.shape().to_vec())
         };
         let (q, shape) = get("q");
@@ -353,9 +333,7 @@ mod tests {
         let (g, _) = get("g");
         let (beta, _) = get("beta");
         let (mut state, _) = get("initial_state");
-        let [t_len, heads, d] = shape[..] else {
-            panic!("q shape {shape:?}")
-        };
+        let [t_len, heads, d] = shape[..] else { panic!("q shape {shape:?}") };
         let mut out = vec![0.0f32; t_len * heads * d];
         let mut u = vec![0.0f32; d];
         for t in 0..t_len {
@@ -374,25 +352,14 @@ mod tests {
                 );
             }
         }
-        for (o_name, s_name) in [
-            ("out_recurrent", "state_recurrent"),
-            ("out_chunk", "state_chunk"),
-        ] {
+        for (o_name, s_name) in [("out_recurrent", "state_recurrent"), ("out_chunk", "state_chunk")] {
             let (want_o, _) = get(o_name);
             let (want_s, _) = get(s_name);
             let max_o = want_o.iter().fold(0.0f32, |m, x| m.max(x.abs()));
             let max_s = want_s.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-            let diff_o = out
-                .iter()
-                .zip(&want_o)
-                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-            let diff_s = state
-                .iter()
-                .zip(&want_s)
-                .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-            println!(
-                "{o_name}: max |diff| {diff_o:e} (max {max_o}); {s_name}: {diff_s:e} (max {max_s})"
-            );
+            let diff_o = out.iter().zip(&want_o).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            let diff_s = state.iter().zip(&want_s).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            println!("{o_name}: max |diff| {diff_o:e} (max {max_o}); {s_name}: {diff_s:e} (max {max_s})");
             assert!(diff_o <= 1e-5 * max_o.max(1.0), "{o_name}: {diff_o}");
             assert!(diff_s <= 1e-5 * max_s.max(1.0), "{s_name}: {diff_s}");
         }

@@ -11,8 +11,8 @@
 
 use crate::config::{MlaDims, ModelConfig};
 use crate::error::{Error, Result};
-use crate::source::TensorSource;
 use crate::quant::{QMatrix, TrunkFormat};
+use crate::source::TensorSource;
 
 use super::ops::{add_in_place, dot, rms_norm, softmax};
 use super::rope::Rope;
@@ -114,12 +114,7 @@ pub struct MlaScratch {
 impl MlaScratch {
     pub fn new(cfg: &ModelConfig, context: usize) -> MlaScratch {
         let (q, w, r, o) = cfg.mla.map_or((0, 0, 0, 0), |m| {
-            (
-                m.num_heads * m.qk_head_dim(),
-                m.cache_width(),
-                m.kv_lora_rank,
-                m.num_heads * m.v_head_dim,
-            )
+            (m.num_heads * m.qk_head_dim(), m.cache_width(), m.kv_lora_rank, m.num_heads * m.v_head_dim)
         });
         MlaScratch {
             q: vec![0.0; q],
@@ -128,14 +123,7 @@ impl MlaScratch {
             lat: vec![0.0; r],
             scores: vec![0.0; context],
             o: vec![0.0; o],
-            gate: vec![
-                0.0;
-                if cfg.k3.is_some_and(|k| k.mla_output_gate) {
-                    o
-                } else {
-                    0
-                }
-            ],
+            gate: vec![0.0; if cfg.k3.is_some_and(|k| k.mla_output_gate) { o } else { 0 }],
             q_a: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
             q_a_norm: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
             cos: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim / 2)],
@@ -168,11 +156,8 @@ impl MlaScratch {
 
 impl Mla {
     pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Mla> {
-        let dims = cfg.mla.ok_or_else(|| {
-            Error::Runtime(format!(
-                "layer {layer} is MLA but the config has no MLA shape"
-            ))
-        })?;
+        let dims =
+            cfg.mla.ok_or_else(|| Error::Runtime(format!("layer {layer} is MLA but the config has no MLA shape")))?;
         let p = format!("model.layers.{layer}.self_attn");
         let bias = |n: &str| -> Result<Option<Vec<f32>>> {
             if cfg.attention_bias {
@@ -190,8 +175,7 @@ impl Mla {
                 q_b: load_matrix(cfg, src, &format!("{p}.q_b_proj.weight"))?,
             },
         };
-        let scale = (cfg.mla_rope.map_or(1.0, |r| r.softmax_scale_factor)
-            / (dims.qk_head_dim() as f64).sqrt()) as f32;
+        let scale = (cfg.mla_rope.map_or(1.0, |r| r.softmax_scale_factor) / (dims.qk_head_dim() as f64).sqrt()) as f32;
         Ok(Mla {
             dims,
             q,
@@ -219,30 +203,13 @@ impl Mla {
 
     /// One token at `pos`: writes its `[c | k_rope]` row into `cache`
     /// (`[context, lora + rope]`) and `out = o_proj(attn)`.
-    pub fn forward(
-        &self,
-        x: &[f32],
-        pos: usize,
-        cache: &mut [f32],
-        s: &mut MlaScratch,
-        out: &mut [f32],
-    ) -> Result<()> {
+    pub fn forward(&self, x: &[f32], pos: usize, cache: &mut [f32], s: &mut MlaScratch, out: &mut [f32]) -> Result<()> {
         let m = &self.dims;
-        let (r, dn, dr, dv) = (
-            m.kv_lora_rank,
-            m.qk_nope_head_dim,
-            m.qk_rope_head_dim,
-            m.v_head_dim,
-        );
+        let (r, dn, dr, dv) = (m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
         let w = m.cache_width();
         match &self.q {
             QueryProj::Full(q) => q.matvec(x, &mut s.q),
-            QueryProj::LowRank {
-                q_a,
-                q_a_bias,
-                norm,
-                q_b,
-            } => {
+            QueryProj::LowRank { q_a, q_a_bias, norm, q_b } => {
                 q_a.matvec(x, &mut s.q_a);
                 if let Some(b) = q_a_bias {
                     add_in_place(&mut s.q_a, b);
@@ -257,16 +224,9 @@ impl Mla {
             add_in_place(&mut s.ckv, b);
         }
         let Some(row) = cache.get_mut(pos * w..(pos + 1) * w) else {
-            return Err(Error::Runtime(format!(
-                "position {pos} is past the latent cache"
-            )));
+            return Err(Error::Runtime(format!("position {pos} is past the latent cache")));
         };
-        rms_norm(
-            &s.ckv[..r],
-            &self.kv_a_layernorm,
-            KV_A_LAYERNORM_EPS,
-            &mut row[..r],
-        );
+        rms_norm(&s.ckv[..r], &self.kv_a_layernorm, KV_A_LAYERNORM_EPS, &mut row[..r]);
         row[r..].copy_from_slice(&s.ckv[r..]);
         if let Some(rope) = &self.rope {
             rope.angles(pos, &mut s.cos, &mut s.sin);
@@ -341,20 +301,16 @@ mod tests {
     use super::{Mla, MlaScratch, KV_B_SUFFIX};
     use crate::checkpoint::HfCheckpoint;
     use crate::model::experts::DenseExperts;
-    use crate::source::TensorSource;
     use crate::model::{State, Transformer};
     use crate::quant::{quantize_trunk, QMatrix, TrunkFormat};
+    use crate::source::TensorSource;
     use crate::stats::StepStats;
     use safetensors::SafeTensors;
 
     fn fixture(family: &str) -> std::path::PathBuf {
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join(format!("../../tests/fixtures/tiny-{family}"));
-        assert!(
-            dir.join("config.json").exists(),
-            "fixture missing: {}",
-            dir.display()
-        );
+        let dir =
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/tiny-{family}"));
+        assert!(dir.join("config.json").exists(), "fixture missing: {}", dir.display());
         dir
     }
 
@@ -375,13 +331,8 @@ mod tests {
             if self.fmt == TrunkFormat::F32 {
                 return Ok(m);
             }
-            let q = QMatrix::from_byte_vec(
-                self.fmt,
-                rows,
-                cols,
-                quantize_trunk(self.fmt, &m.dequantize(), rows, cols),
-            )
-            .unwrap();
+            let q = QMatrix::from_byte_vec(self.fmt, rows, cols, quantize_trunk(self.fmt, &m.dequantize(), rows, cols))
+                .unwrap();
             Ok(if self.f32_kv_b && name.ends_with(KV_B_SUFFIX) {
                 QMatrix::from_f32(q.dequantize(), rows, cols)
             } else {
@@ -403,15 +354,10 @@ mod tests {
         for family in ["kimi_linear", "deepseek_v3", "kimi_k3"] {
             let ckpt = HfCheckpoint::open(&fixture(family)).unwrap();
             let cfg = ckpt.config().clone();
-            let layer = (0..cfg.num_layers)
-                .find(|&l| cfg.attn_kind(l) == crate::config::AttnKind::Mla)
-                .expect("an MLA layer");
+            let layer =
+                (0..cfg.num_layers).find(|&l| cfg.attn_kind(l) == crate::config::AttnKind::Mla).expect("an MLA layer");
             for fmt in [TrunkFormat::F32, TrunkFormat::Q8, TrunkFormat::Q4] {
-                let src = Stored {
-                    ckpt: &ckpt,
-                    fmt,
-                    f32_kv_b: false,
-                };
+                let src = Stored { ckpt: &ckpt, fmt, f32_kv_b: false };
                 let mla = Mla::load(&cfg, &src, layer).unwrap();
                 let name = format!("model.layers.{layer}.self_attn{KV_B_SUFFIX}");
                 let w = src.matrix(&name).unwrap();
@@ -440,64 +386,31 @@ mod tests {
             let dir = fixture(family);
             let ckpt = HfCheckpoint::open(&dir).unwrap();
             let cfg = ckpt.config().clone();
-            let prompt: Vec<u32> = (0..24u32)
-                .map(|i| (i * 37 + 5) % cfg.vocab_size as u32)
-                .collect();
+            let prompt: Vec<u32> = (0..24u32).map(|i| (i * 37 + 5) % cfg.vocab_size as u32).collect();
             for fmt in [TrunkFormat::Q8, TrunkFormat::Q4] {
                 let run = |f32_kv_b: bool| {
-                    let src = Stored {
-                        ckpt: &ckpt,
-                        fmt,
-                        f32_kv_b,
-                    };
+                    let src = Stored { ckpt: &ckpt, fmt, f32_kv_b };
                     let model = Transformer::load(&cfg, &src).unwrap();
                     let mut st = State::new(&cfg, prompt.len());
-                    model
-                        .forward(
-                            &mut st,
-                            &prompt,
-                            &DenseExperts(&ckpt),
-                            true,
-                            &mut StepStats::default(),
-                        )
-                        .unwrap()
+                    model.forward(&mut st, &prompt, &DenseExperts(&ckpt), true, &mut StepStats::default()).unwrap()
                 };
                 let (before, after) = (run(true), run(false));
                 let exact = {
                     let model = Transformer::load(&cfg, &ckpt).unwrap();
                     let mut st = State::new(&cfg, prompt.len());
-                    model
-                        .forward(
-                            &mut st,
-                            &prompt,
-                            &DenseExperts(&ckpt),
-                            true,
-                            &mut StepStats::default(),
-                        )
-                        .unwrap()
+                    model.forward(&mut st, &prompt, &DenseExperts(&ckpt), true, &mut StepStats::default()).unwrap()
                 };
                 let emax = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let qerr = |l: &[f32]| {
-                    exact
-                        .iter()
-                        .zip(l)
-                        .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
-                        / emax
-                };
+                let qerr = |l: &[f32]| exact.iter().zip(l).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / emax;
                 println!(
                     "{family} {fmt:?}: vs unquantised model: f32 kv_b {:e}, quantised kv_b {:e}",
                     qerr(&before),
                     qerr(&after)
                 );
                 let max = before.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let diff = before
-                    .iter()
-                    .zip(&after)
-                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                let diff = before.iter().zip(&after).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
                 let rel = diff / max;
-                println!(
-                    "{family} {fmt:?}: quantised kv_b vs f32 kv_b, max relative logit diff {rel:e}"
-                );
+                println!("{family} {fmt:?}: quantised kv_b vs f32 kv_b, max relative logit diff {rel:e}");
                 // Only the SIMD row dots' summation order differs.
                 assert!(rel <= 1e-4, "{family} {fmt:?}: {rel}");
             }
@@ -508,21 +421,14 @@ mod tests {
     /// K/V computation (tests/gen_kimi_fixtures.py, `mla_reference`).
     #[test]
     fn absorbed_mla_equals_expanded_reference() {
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/tiny-kimi_linear");
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-kimi_linear");
         let path = dir.join("mla_reference.safetensors");
-        let bytes = std::fs::read(&path)
-            .unwrap_or_else(|e| panic!("fixture file missing: {}: {e}", path.display()));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("fixture file missing: {}: {e}", path.display()));
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
         let layer: usize = meta.metadata().as_ref().unwrap()["layer"].parse().unwrap();
         let get = |n: &str| -> Vec<f32> {
-            st.tensor(n)
-                .unwrap()
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect()
+            st.tensor(n).unwrap().data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
         };
         let (x, want) = (get("x"), get("expanded"));
         let ckpt = HfCheckpoint::open(&dir).unwrap();
@@ -536,25 +442,15 @@ mod tests {
         let mut out = vec![0.0f32; h];
         let mut worst = 0.0f32;
         for t in 0..t_len {
-            mla.forward(&x[t * h..(t + 1) * h], t, &mut cache, &mut s, &mut out)
-                .unwrap();
+            mla.forward(&x[t * h..(t + 1) * h], t, &mut cache, &mut s, &mut out).unwrap();
             let w = &want[t * h..(t + 1) * h];
             let scale = w.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            let diff = out
-                .iter()
-                .zip(w)
-                .fold(0.0f32, |a, (p, q)| a.max((p - q).abs()));
+            let diff = out.iter().zip(w).fold(0.0f32, |a, (p, q)| a.max((p - q).abs()));
             worst = worst.max(diff / scale);
         }
         println!("absorbed vs expanded: max relative diff {worst:e}");
-        assert!(
-            worst <= 1e-5,
-            "absorbed MLA differs from the expanded reference: {worst}"
-        );
+        assert!(worst <= 1e-5, "absorbed MLA differs from the expanded reference: {worst}");
         // Only the latent row is cached: kv_lora + rope floats per token.
-        assert_eq!(
-            cfg.state_floats_per_token(layer),
-            m.kv_lora_rank + m.qk_rope_head_dim
-        );
+        assert_eq!(cfg.state_floats_per_token(layer), m.kv_lora_rank + m.qk_rope_head_dim);
     }
 }

@@ -23,24 +23,18 @@ use crate::error::{Error, Result};
 use crate::quant::QMatrix;
 use crate::stats::StepStats;
 
+use crate::source::TensorSource;
 use attention::{Attention, AttnScratch, Rope};
+use experts::ExpertProvider;
 use kda::{Kda, KdaScratch, KdaState};
 use mla::{Mla, MlaScratch};
 use moe::{Mlp, Router};
 use ops::{add_in_place, rms_norm};
-use crate::source::TensorSource;
-use experts::ExpertProvider;
 
 /// A trunk matrix, its shape checked against the config.
-pub(crate) fn load_matrix(
-    cfg: &ModelConfig,
-    src: &dyn TensorSource,
-    name: &str,
-) -> Result<QMatrix> {
+pub(crate) fn load_matrix(cfg: &ModelConfig, src: &dyn TensorSource, name: &str) -> Result<QMatrix> {
     if !src.has(name) {
-        return Err(Error::Runtime(format!(
-            "weight `{name}` is missing from the model"
-        )));
+        return Err(Error::Runtime(format!("weight `{name}` is missing from the model")));
     }
     let m = src.matrix(name)?;
     if let Some(want) = cfg.trunk_tensor_shape(name) {
@@ -55,23 +49,14 @@ pub(crate) fn load_matrix(
     Ok(m)
 }
 
-pub(crate) fn load_vector(
-    cfg: &ModelConfig,
-    src: &dyn TensorSource,
-    name: &str,
-) -> Result<Vec<f32>> {
+pub(crate) fn load_vector(cfg: &ModelConfig, src: &dyn TensorSource, name: &str) -> Result<Vec<f32>> {
     if !src.has(name) {
-        return Err(Error::Runtime(format!(
-            "weight `{name}` is missing from the model"
-        )));
+        return Err(Error::Runtime(format!("weight `{name}` is missing from the model")));
     }
     let v = src.vector(name)?;
     if let Some(want) = cfg.trunk_tensor_shape(name) {
         if want != [v.len()] {
-            return Err(Error::Runtime(format!(
-                "weight `{name}` has length {}, the config implies {want:?}",
-                v.len()
-            )));
+            return Err(Error::Runtime(format!("weight `{name}` has length {}, the config implies {want:?}", v.len())));
         }
     }
     Ok(v)
@@ -150,9 +135,7 @@ pub struct State {
 }
 
 fn state_shape(cfg: &ModelConfig) -> Vec<(AttnKind, usize, usize)> {
-    (0..cfg.num_layers)
-        .map(|l| (cfg.attn_kind(l), cfg.state_floats_per_token(l), cfg.state_floats_fixed(l)))
-        .collect()
+    (0..cfg.num_layers).map(|l| (cfg.attn_kind(l), cfg.state_floats_per_token(l), cfg.state_floats_fixed(l))).collect()
 }
 
 impl State {
@@ -305,11 +288,7 @@ impl Transformer {
                     AttnKind::Mla => Mixer::Mla(Mla::load(cfg, src, l)?),
                     AttnKind::Kda => Mixer::Kda(Kda::load(cfg, src, l)?),
                 },
-                post_attention_layernorm: load_vector(
-                    cfg,
-                    src,
-                    &format!("{p}.post_attention_layernorm.weight"),
-                )?,
+                post_attention_layernorm: load_vector(cfg, src, &format!("{p}.post_attention_layernorm.weight"))?,
                 mlp: if cfg.is_moe_layer(l) {
                     FeedForward::Moe(Router::load(cfg, src, l)?)
                 } else {
@@ -325,11 +304,7 @@ impl Transformer {
             });
         }
         let norm = load_vector(cfg, src, "model.norm.weight")?;
-        let lm_head = if cfg.tie_word_embeddings {
-            None
-        } else {
-            Some(load_matrix(cfg, src, "lm_head.weight")?)
-        };
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(load_matrix(cfg, src, "lm_head.weight")?) };
         Ok(Transformer {
             cfg: cfg.clone(),
             embed_tokens,
@@ -375,9 +350,7 @@ impl Transformer {
             return Err(Error::Arg("forward needs at least one token".into()));
         }
         if state.shape != state_shape(cfg) || state.kv_dim != cfg.kv_dim() {
-            return Err(Error::Arg(
-                "the state was created for a different model".into(),
-            ));
+            return Err(Error::Arg("the state was created for a different model".into()));
         }
         if state.poisoned {
             return Err(Error::Runtime(
@@ -385,10 +358,7 @@ impl Transformer {
             ));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            return Err(Error::Arg(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                cfg.vocab_size
-            )));
+            return Err(Error::Arg(format!("token id {bad} is outside the vocabulary of {}", cfg.vocab_size)));
         }
         let start = state.position;
         if start + tokens.len() > state.context {
@@ -446,11 +416,7 @@ impl Transformer {
             (Mixer::Gqa(a), LayerState::Kv { k, v }) => a.forward(cfg, &self.rope, xn, pos, k, v, &mut mix.attn, y)?,
             (Mixer::Mla(a), LayerState::Latent(c)) => a.forward(xn, pos, c, &mut mix.mla, y)?,
             (Mixer::Kda(a), LayerState::Kda(st)) => a.forward(xn, pos, st, &mut mix.kda, y),
-            _ => {
-                return Err(Error::Arg(format!(
-                    "layer {l}: the state was created for a different model"
-                )))
-            }
+            _ => return Err(Error::Arg(format!("layer {l}: the state was created for a different model"))),
         }
         add_in_place(x, y);
         match res {

@@ -6,12 +6,12 @@
 use crate::config::{Activation, ModelConfig, RouterKind};
 use crate::error::Result;
 use crate::model::experts::ExpertProvider;
-use crate::stats::StepStats;
-use crate::source::TensorSource;
 use crate::quant::QMatrix;
+use crate::source::TensorSource;
+use crate::stats::StepStats;
 
-use super::{load_matrix, load_vector};
 use super::ops::{rms_norm_in_place, silu, softmax};
+use super::{load_matrix, load_vector};
 
 /// `model.layers.L.mlp` of a dense layer: `down(silu(gate x) * up x)`.
 pub struct Mlp {
@@ -96,14 +96,9 @@ impl Router {
                 *p = 1.0 / (1.0 + (-*p).exp());
             }
             match self.groups {
-                Some((n_group, topk_group)) => grouped_top_k(
-                    |i| probs[i] + bias[i],
-                    probs.len(),
-                    n_group,
-                    topk_group,
-                    self.top_k,
-                    picks,
-                ),
+                Some((n_group, topk_group)) => {
+                    grouped_top_k(|i| probs[i] + bias[i], probs.len(), n_group, topk_group, self.top_k, picks)
+                }
                 None => top_k_by(probs.len(), |i| probs[i] + bias[i], self.top_k, picks),
             }
             for p in picks.iter_mut() {
@@ -167,12 +162,7 @@ pub fn grouped_top_k(
     for (g, _) in &groups {
         kept[*g] = true;
     }
-    top_k_by(
-        n,
-        |i| if kept[i / size] { value(i) } else { f32::NEG_INFINITY },
-        k,
-        picks,
-    );
+    top_k_by(n, |i| if kept[i / size] { value(i) } else { f32::NEG_INFINITY }, k, picks);
 }
 
 /// The k largest values, descending; among equal values the lower index
@@ -244,10 +234,7 @@ pub struct LatentScratch {
 impl LatentScratch {
     pub fn new(cfg: &ModelConfig) -> LatentScratch {
         let l = cfg.k3.and_then(|k| k.latent).unwrap_or(0);
-        LatentScratch {
-            z: vec![0.0; l],
-            y: vec![0.0; l],
-        }
+        LatentScratch { z: vec![0.0; l], y: vec![0.0; l] }
     }
 
     /// Floats held, for the memory plan (`plan::scratch_bytes`).
@@ -272,11 +259,7 @@ impl LatentMoe {
         Ok(LatentMoe {
             down: load_matrix(cfg, src, &format!("{b}.routed_expert_down_proj.weight"))?,
             norm: if latent_norm {
-                Some(load_vector(
-                    cfg,
-                    src,
-                    &format!("{b}.routed_expert_norm.weight"),
-                )?)
+                Some(load_vector(cfg, src, &format!("{b}.routed_expert_norm.weight"))?)
             } else {
                 None
             },

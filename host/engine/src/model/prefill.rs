@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 use crate::stats::StepStats;
 
 use super::attnres::Bank;
-use super::ops::add_in_place;
 use super::experts::ExpertProvider;
+use super::ops::add_in_place;
 use super::{FeedForward, Scratch, State, Transformer};
 
 /// Tokens per prefill chunk unless the caller chooses (1 = token at a time).
@@ -31,9 +31,7 @@ pub fn check_chunk(tokens: usize) -> Result<()> {
     if (1..=MAX_PREFILL_CHUNK).contains(&tokens) {
         Ok(())
     } else {
-        Err(Error::Arg(format!(
-            "prefill chunk of {tokens} tokens: expected 1 to {MAX_PREFILL_CHUNK}"
-        )))
+        Err(Error::Arg(format!("prefill chunk of {tokens} tokens: expected 1 to {MAX_PREFILL_CHUNK}")))
     }
 }
 
@@ -70,10 +68,7 @@ impl Chunk {
     /// Floats held; a pick `(usize, f32)` counts as 16 bytes.
     fn floats(&self) -> usize {
         let pick = std::mem::size_of::<(usize, f32)>() / 4;
-        [&self.x, &self.xn, &self.y, &self.mixed, &self.z, &self.zy]
-            .iter()
-            .map(|b| b.len())
-            .sum::<usize>()
+        [&self.x, &self.xn, &self.y, &self.mixed, &self.z, &self.zy].iter().map(|b| b.len()).sum::<usize>()
             + self.banks.iter().map(Bank::floats).sum::<usize>()
             + self.picks.iter().map(|p| p.capacity() * pick).sum::<usize>()
     }
@@ -88,11 +83,7 @@ impl Chunk {
 /// provider's own buffers are not included.
 pub fn forward_buffer_floats(cfg: &ModelConfig, context: usize, tokens: usize) -> usize {
     let attn_res = cfg.k3.and_then(|k| k.attn_res_block).is_some();
-    let chunk = if tokens > 1 {
-        Chunk::new(cfg, tokens.min(MAX_PREFILL_CHUNK), attn_res).floats()
-    } else {
-        0
-    };
+    let chunk = if tokens > 1 { Chunk::new(cfg, tokens.min(MAX_PREFILL_CHUNK), attn_res).floats() } else { 0 };
     Scratch::new(cfg, context, attn_res).floats() + chunk + cfg.vocab_size
 }
 
@@ -146,16 +137,7 @@ impl Transformer {
         let h = self.cfg.hidden_size;
         let n = toks.len();
         let start = state.position;
-        let Chunk {
-            x,
-            xn,
-            y,
-            mixed,
-            banks,
-            picks,
-            z,
-            zy,
-        } = c;
+        let Chunk { x, xn, y, mixed, banks, picks, z, zy } = c;
         let (x, xn, y) = (&mut x[..n * h], &mut xn[..n * h], &mut y[..n * h]);
         let (banks, picks) = (&mut banks[..n], &mut picks[..n]);
         for (i, &tok) in toks.iter().enumerate() {
@@ -165,11 +147,7 @@ impl Transformer {
         for (l, layer) in self.layers.iter().enumerate() {
             for (i, bank) in banks.iter_mut().enumerate() {
                 let r = i * h..(i + 1) * h;
-                let mixed: &mut [f32] = if mixed.is_empty() {
-                    &mut []
-                } else {
-                    &mut mixed[r.clone()]
-                };
+                let mixed: &mut [f32] = if mixed.is_empty() { &mut [] } else { &mut mixed[r.clone()] };
                 self.mixer_step(
                     l,
                     start + i,
@@ -196,16 +174,7 @@ impl Transformer {
                     match &layer.latent_moe {
                         Some(lat) => {
                             let w = n * self.cfg.k3.and_then(|k| k.latent).unwrap_or(0);
-                            lat.forward_batch(
-                                l,
-                                xn,
-                                picks,
-                                experts,
-                                &mut z[..w],
-                                &mut zy[..w],
-                                y,
-                                stats,
-                            )?
+                            lat.forward_batch(l, xn, picks, experts, &mut z[..w], &mut zy[..w], y, stats)?
                         }
                         None => experts.forward_experts_batch(l, xn, picks, y, stats)?,
                     }
@@ -214,12 +183,7 @@ impl Transformer {
             if let Some(shared) = &layer.shared_experts {
                 for i in 0..n {
                     let r = i * h..(i + 1) * h;
-                    shared.forward(
-                        &xn[r.clone()],
-                        &mut s.shared_gate,
-                        &mut s.shared_up,
-                        &mut s.shared_y,
-                    );
+                    shared.forward(&xn[r.clone()], &mut s.shared_gate, &mut s.shared_up, &mut s.shared_y);
                     add_in_place(&mut y[r], &s.shared_y);
                 }
             }
@@ -248,41 +212,19 @@ mod tests {
     /// same position, on every family's checkpoint.
     #[test]
     fn chunked_prefill_on_the_f32_checkpoints_is_bit_identical() {
-        for family in [
-            "qwen3_moe",
-            "olmoe",
-            "mixtral",
-            "kimi_linear",
-            "deepseek_v3",
-            "kimi_k3",
-        ] {
-            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../tests/fixtures")
-                .join(format!("tiny-{family}"));
-            assert!(
-                dir.join("config.json").is_file(),
-                "fixture missing: {}",
-                dir.display()
-            );
+        for family in ["qwen3_moe", "olmoe", "mixtral", "kimi_linear", "deepseek_v3", "kimi_k3"] {
+            let dir =
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(format!("tiny-{family}"));
+            assert!(dir.join("config.json").is_file(), "fixture missing: {}", dir.display());
             let ckpt = HfCheckpoint::open(&dir).unwrap();
             let cfg = ckpt.config().clone();
             let mut model = Transformer::load(&cfg, &ckpt).unwrap();
             let experts = DenseExperts(&ckpt);
-            let prompt: Vec<u32> = (0..70u32)
-                .map(|i| (i * 37 + 5) % cfg.vocab_size as u32)
-                .collect();
+            let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 5) % cfg.vocab_size as u32).collect();
             let mut run = |chunk: usize| {
                 model.set_prefill_chunk(chunk).unwrap();
                 let mut state = State::new(&cfg, 80);
-                let logits = model
-                    .forward(
-                        &mut state,
-                        &prompt,
-                        &experts,
-                        true,
-                        &mut StepStats::default(),
-                    )
-                    .unwrap();
+                let logits = model.forward(&mut state, &prompt, &experts, true, &mut StepStats::default()).unwrap();
                 assert_eq!(state.position(), prompt.len());
                 logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
             };

@@ -23,9 +23,7 @@ impl Rope {
         let half = dim / 2;
         let base = cfg.theta;
         // `base ** (arange(0, dim, 2).float() / dim)` in f32.
-        let pos_freqs: Vec<f32> = (0..half)
-            .map(|i| (base as f32).powf((2 * i) as f32 / dim as f32))
-            .collect();
+        let pos_freqs: Vec<f32> = (0..half).map(|i| (base as f32).powf((2 * i) as f32 / dim as f32)).collect();
         let Some(y) = cfg.yarn else {
             return Rope {
                 inv_freq: pos_freqs.iter().map(|p| 1.0 / p).collect(),
@@ -34,9 +32,7 @@ impl Rope {
             };
         };
         let correction_dim = |rot: f64| -> f64 {
-            (dim as f64
-                * (y.original_max_position_embeddings as f64 / (rot * 2.0 * std::f64::consts::PI))
-                    .ln())
+            (dim as f64 * (y.original_max_position_embeddings as f64 / (rot * 2.0 * std::f64::consts::PI)).ln())
                 / (2.0 * base.ln())
         };
         let (mut low, mut high) = (correction_dim(y.beta_fast), correction_dim(y.beta_slow));
@@ -62,11 +58,7 @@ impl Rope {
                 interp * (1.0 - extrapolation) + extra * extrapolation
             })
             .collect();
-        Rope {
-            inv_freq,
-            attention_factor: y.attention_factor as f32,
-            interleave: cfg.interleave,
-        }
+        Rope { inv_freq, attention_factor: y.attention_factor as f32, interleave: cfg.interleave }
     }
 
     /// The inverse frequencies (one per rotated pair).
@@ -89,11 +81,7 @@ impl Rope {
         let half = self.inv_freq.len();
         tmp.copy_from_slice(x);
         for i in 0..half {
-            let (a, b) = if self.interleave {
-                (tmp[2 * i], tmp[2 * i + 1])
-            } else {
-                (tmp[i], tmp[i + half])
-            };
+            let (a, b) = if self.interleave { (tmp[2 * i], tmp[2 * i + 1]) } else { (tmp[i], tmp[i + half]) };
             x[i] = a * cos[i] - b * sin[i];
             x[i + half] = b * cos[i] + a * sin[i];
         }
@@ -110,17 +98,11 @@ mod tests {
     /// fixture (YaRN factor 4, tests/gen_deepseek_fixtures.py).
     #[test]
     fn yarn_tables_match_transformers() {
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/tiny-deepseek_v3");
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-deepseek_v3");
         let bytes = std::fs::read(dir.join("mla_reference.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let get = |n: &str| -> Vec<f32> {
-            st.tensor(n)
-                .unwrap()
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect()
+            st.tensor(n).unwrap().data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
         };
         let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
         let r = cfg.mla_rope.unwrap();
@@ -139,23 +121,14 @@ mod tests {
             for i in 0..d / 2 {
                 // The reference table is cat(freqs, freqs).
                 for (ours, theirs) in [(c[i], cos_ref[pos * d + i]), (s[i], sin_ref[pos * d + i])] {
-                    assert!(
-                        (ours - theirs).abs() < 1e-6,
-                        "pos {pos} pair {i}: {ours} vs {theirs}"
-                    );
+                    assert!((ours - theirs).abs() < 1e-6, "pos {pos} pair {i}: {ours} vs {theirs}");
                 }
             }
         }
         let scale = get("softmax_scale")[0];
         let ours = (r.softmax_scale_factor / (cfg.mla.unwrap().qk_head_dim() as f64).sqrt()) as f32;
-        assert!(
-            (ours - scale).abs() < 1e-6 * scale,
-            "softmax scale {ours} vs {scale}"
-        );
-        assert!(
-            r.softmax_scale_factor > 1.0,
-            "the fixture's YaRN mscale must scale the softmax"
-        );
+        assert!((ours - scale).abs() < 1e-6 * scale, "softmax scale {ours} vs {scale}");
+        assert!(r.softmax_scale_factor > 1.0, "the fixture's YaRN mscale must scale the softmax");
     }
 
     /// Layer 2 of the fixture (q-LoRA, YaRN RoPE, absorbed latent cache)
@@ -164,19 +137,13 @@ mod tests {
     fn deepseek_absorbed_mla_with_rope_equals_reference() {
         use crate::checkpoint::HfCheckpoint;
         use crate::model::mla::{Mla, MlaScratch};
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/tiny-deepseek_v3");
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-deepseek_v3");
         let bytes = std::fs::read(dir.join("mla_reference.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
         let layer: usize = meta.metadata().as_ref().unwrap()["layer"].parse().unwrap();
         let get = |n: &str| -> Vec<f32> {
-            st.tensor(n)
-                .unwrap()
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect()
+            st.tensor(n).unwrap().data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
         };
         let (x, want) = (get("x"), get("expanded"));
         let ckpt = HfCheckpoint::open(&dir).unwrap();
@@ -189,20 +156,13 @@ mod tests {
         let mut out = vec![0.0f32; h];
         let mut worst = 0.0f32;
         for t in 0..t_len {
-            mla.forward(&x[t * h..(t + 1) * h], t, &mut cache, &mut s, &mut out)
-                .unwrap();
+            mla.forward(&x[t * h..(t + 1) * h], t, &mut cache, &mut s, &mut out).unwrap();
             let w = &want[t * h..(t + 1) * h];
             let scale = w.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            let diff = out
-                .iter()
-                .zip(w)
-                .fold(0.0f32, |a, (p, q)| a.max((p - q).abs()));
+            let diff = out.iter().zip(w).fold(0.0f32, |a, (p, q)| a.max((p - q).abs()));
             worst = worst.max(diff / scale);
         }
         println!("deepseek absorbed vs expanded: max relative diff {worst:e}");
-        assert!(
-            worst <= 1e-5,
-            "DeepSeek MLA differs from the reference: {worst}"
-        );
+        assert!(worst <= 1e-5, "DeepSeek MLA differs from the reference: {worst}");
     }
 }

@@ -61,14 +61,8 @@ impl State {
     pub fn buffers(&self) -> Vec<StateBuffer<'_>> {
         let mut out = Vec::with_capacity(2 * self.layers.len());
         for (l, layer) in self.layers.iter().enumerate() {
-            for (name, kind, row_len, data) in layer_buffers(l, layer, self.kv_dim, &self.shape[l])
-            {
-                out.push(StateBuffer {
-                    name,
-                    kind,
-                    row_len,
-                    data,
-                });
+            for (name, kind, row_len, data) in layer_buffers(l, layer, self.kv_dim, &self.shape[l]) {
+                out.push(StateBuffer { name, kind, row_len, data });
             }
         }
         out
@@ -132,46 +126,16 @@ type Buf<'a> = (String, BufferKind, usize, &'a [f32]);
 
 /// The buffers of one layer's state: GQA k and v, MLA latent rows, KDA
 /// recurrent matrices and conv ring.
-fn layer_buffers<'a>(
-    l: usize,
-    layer: &'a LayerState,
-    kv_dim: usize,
-    shape: &(AttnKind, usize, usize),
-) -> Vec<Buf<'a>> {
+fn layer_buffers<'a>(l: usize, layer: &'a LayerState, kv_dim: usize, shape: &(AttnKind, usize, usize)) -> Vec<Buf<'a>> {
     match layer {
         LayerState::Kv { k, v } => vec![
-            (
-                format!("layers.{l}.k"),
-                BufferKind::Sequence,
-                kv_dim,
-                k.as_slice(),
-            ),
-            (
-                format!("layers.{l}.v"),
-                BufferKind::Sequence,
-                kv_dim,
-                v.as_slice(),
-            ),
+            (format!("layers.{l}.k"), BufferKind::Sequence, kv_dim, k.as_slice()),
+            (format!("layers.{l}.v"), BufferKind::Sequence, kv_dim, v.as_slice()),
         ],
-        LayerState::Latent(c) => vec![(
-            format!("layers.{l}.latent"),
-            BufferKind::Sequence,
-            shape.1,
-            c.as_slice(),
-        )],
+        LayerState::Latent(c) => vec![(format!("layers.{l}.latent"), BufferKind::Sequence, shape.1, c.as_slice())],
         LayerState::Kda(st) => vec![
-            (
-                format!("layers.{l}.kda_state"),
-                BufferKind::Fixed,
-                st.s.len(),
-                st.s.as_slice(),
-            ),
-            (
-                format!("layers.{l}.kda_conv"),
-                BufferKind::Fixed,
-                st.conv.len(),
-                st.conv.as_slice(),
-            ),
+            (format!("layers.{l}.kda_state"), BufferKind::Fixed, st.s.len(), st.s.as_slice()),
+            (format!("layers.{l}.kda_conv"), BufferKind::Fixed, st.conv.len(), st.conv.as_slice()),
         ],
     }
 }
@@ -188,11 +152,7 @@ pub struct Transcript {
 impl Transcript {
     /// What to evaluate to append `tokens`: the held token first.
     pub fn feed(&self, tokens: &[u32]) -> Vec<u32> {
-        self.pending
-            .iter()
-            .copied()
-            .chain(tokens.iter().copied())
-            .collect()
+        self.pending.iter().copied().chain(tokens.iter().copied()).collect()
     }
 
     /// Records that `fed` (a `feed` result) is now in the state.
@@ -219,12 +179,7 @@ impl Transcript {
     pub fn recent(&self, n: usize) -> Vec<u32> {
         let all = self.tokens.len() + self.pending.is_some() as usize;
         let skip = all.saturating_sub(n);
-        self.tokens
-            .iter()
-            .copied()
-            .chain(self.pending)
-            .skip(skip)
-            .collect()
+        self.tokens.iter().copied().chain(self.pending).skip(skip).collect()
     }
 
     pub fn clear(&mut self) {
@@ -263,12 +218,7 @@ pub struct SessionShape<'a> {
 /// Writes `state` and `transcript` to `path` (through a temporary file in
 /// the same directory, renamed into place, so a failed save never leaves a
 /// half-written file under the name).
-pub fn save_session(
-    path: &Path,
-    shape: &SessionShape,
-    state: &State,
-    transcript: &Transcript,
-) -> Result<()> {
+pub fn save_session(path: &Path, shape: &SessionShape, state: &State, transcript: &Transcript) -> Result<()> {
     if transcript.tokens.len() != state.position() {
         return Err(Error::Runtime(format!(
             "session inconsistent: {} tokens recorded for a state at position {}",
@@ -297,8 +247,7 @@ pub fn save_session(
             })
             .collect(),
     };
-    let json = serde_json::to_vec(&header)
-        .map_err(|e| Error::Runtime(format!("encoding the session header: {e}")))?;
+    let json = serde_json::to_vec(&header).map_err(|e| Error::Runtime(format!("encoding the session header: {e}")))?;
     let mut bytes = Vec::new();
     bytes.extend_from_slice(MAGIC);
     bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -341,16 +290,12 @@ pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Res
     let mut sum = Fnv::new();
     sum.update(body);
     if sum.finish().to_le_bytes() != tail {
-        return Err(bad(
-            "checksum mismatch: the file is truncated or damaged".into()
-        ));
+        return Err(bad("checksum mismatch: the file is truncated or damaged".into()));
     }
     let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap_or([0; 4]));
     let version = u32_at(8);
     if version != FORMAT_VERSION {
-        return Err(bad(format!(
-            "session format version {version}; this waste reads version {FORMAT_VERSION}"
-        )));
+        return Err(bad(format!("session format version {version}; this waste reads version {FORMAT_VERSION}")));
     }
     let header_len = u32_at(12);
     if header_len > MAX_HEADER_BYTES || 16 + header_len as usize > body.len() {
@@ -365,10 +310,7 @@ pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Res
         )));
     }
     if header.vocab_size != shape.vocab_size {
-        return Err(bad(format!(
-            "vocabulary of {} entries, the model has {}",
-            header.vocab_size, shape.vocab_size
-        )));
+        return Err(bad(format!("vocabulary of {} entries, the model has {}", header.vocab_size, shape.vocab_size)));
     }
     if header.position > state.context() {
         return Err(bad(format!(
@@ -384,26 +326,15 @@ pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Res
             header.position
         )));
     }
-    if let Some(&t) = header
-        .transcript
-        .tokens
-        .iter()
-        .chain(&header.transcript.pending)
-        .find(|&&t| t as usize >= shape.vocab_size)
+    if let Some(&t) =
+        header.transcript.tokens.iter().chain(&header.transcript.pending).find(|&&t| t as usize >= shape.vocab_size)
     {
-        return Err(bad(format!(
-            "token {t} is outside the vocabulary of {}",
-            shape.vocab_size
-        )));
+        return Err(bad(format!("token {t} is outside the vocabulary of {}", shape.vocab_size)));
     }
     // Check every shape before copying anything.
     let mut buffers = state.buffers_mut();
     if buffers.len() != header.buffers.len() {
-        return Err(bad(format!(
-            "{} state buffers, this model has {}",
-            header.buffers.len(),
-            buffers.len()
-        )));
+        return Err(bad(format!("{} state buffers, this model has {}", header.buffers.len(), buffers.len())));
     }
     let mut expected = 16 + header_len as usize;
     for (b, h) in buffers.iter().zip(&header.buffers) {
@@ -418,26 +349,17 @@ pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Res
             )));
         }
         if rows * h.row_len > b.data.len() {
-            return Err(bad(format!(
-                "buffer {} is larger than this session's state",
-                h.name
-            )));
+            return Err(bad(format!("buffer {} is larger than this session's state", h.name)));
         }
         expected += rows * h.row_len * 4;
     }
     if expected != body.len() {
-        return Err(bad(format!(
-            "{} bytes of data, the header describes {expected}",
-            body.len()
-        )));
+        return Err(bad(format!("{} bytes of data, the header describes {expected}", body.len())));
     }
     let mut at = 16 + header_len as usize;
     for (b, h) in buffers.iter_mut().zip(&header.buffers) {
         let n = h.rows * h.row_len;
-        for (dst, src) in b.data[..n]
-            .iter_mut()
-            .zip(body[at..at + n * 4].chunks_exact(4))
-        {
+        for (dst, src) in b.data[..n].iter_mut().zip(body[at..at + n * 4].chunks_exact(4)) {
             *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
         }
         at += n * 4;

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use crate::checkpoint::HfCheckpoint;
-    use crate::model::experts::DenseExperts;
 use crate::error::Error;
+use crate::model::experts::DenseExperts;
 use crate::source::TensorSource;
 use crate::stats::StepStats;
 
@@ -13,9 +13,7 @@ use super::ops::argmax;
 use super::{State, Transformer};
 
 fn fixture_dir(family: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(format!("tiny-{family}"))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(format!("tiny-{family}"))
 }
 
 /// A missing fixture fails the test, naming the file: a skipped oracle
@@ -37,38 +35,16 @@ fn reference(family: &str) -> Reference {
     let bin_path = dir.join("reference_logits.f32");
     require(&json_path);
     require(&bin_path);
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
     let ids = |k: &str| -> Vec<u32> {
-        json[k]
-            .as_array()
-            .unwrap_or_else(|| panic!("{k} missing"))
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
+        json[k].as_array().unwrap_or_else(|| panic!("{k} missing")).iter().map(|v| v.as_u64().unwrap() as u32).collect()
     };
     let shape = json["logits_shape"].as_array().expect("logits_shape");
-    let shape = [
-        shape[0].as_u64().unwrap() as usize,
-        shape[1].as_u64().unwrap() as usize,
-    ];
+    let shape = [shape[0].as_u64().unwrap() as usize, shape[1].as_u64().unwrap() as usize];
     let bytes = std::fs::read(&bin_path).unwrap();
-    let logits: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    assert_eq!(
-        logits.len(),
-        shape[0] * shape[1],
-        "{} length",
-        bin_path.display()
-    );
-    Reference {
-        prompt_ids: ids("prompt_ids"),
-        greedy_ids: ids("greedy_ids"),
-        shape,
-        logits,
-    }
+    let logits: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    assert_eq!(logits.len(), shape[0] * shape[1], "{} length", bin_path.display());
+    Reference { prompt_ids: ids("prompt_ids"), greedy_ids: ids("greedy_ids"), shape, logits }
 }
 
 /// Returns the worst |diff| / max|logit| over the positions.
@@ -83,9 +59,7 @@ fn oracle(family: &str) -> f32 {
     let experts = DenseExperts(&ckpt);
     let mut state = State::new(&cfg, r.prompt_ids.len() + r.greedy_ids.len() + 4);
     let mut stats = StepStats::default();
-    let got = model
-        .forward(&mut state, &r.prompt_ids, &experts, true, &mut stats)
-        .unwrap();
+    let got = model.forward(&mut state, &r.prompt_ids, &experts, true, &mut stats).unwrap();
     assert_eq!(got.len(), r.logits.len());
     assert!(stats.experts_hit > 0, "no routed expert ran");
 
@@ -94,14 +68,8 @@ fn oracle(family: &str) -> f32 {
     for t in 0..r.shape[0] {
         let (a, b) = (&got[t * v..(t + 1) * v], &r.logits[t * v..(t + 1) * v]);
         let max_abs = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        let diff = a
-            .iter()
-            .zip(b)
-            .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
-        assert!(
-            diff <= 1e-4 * max_abs,
-            "{family} position {t}: max |diff| {diff} > 1e-4 * {max_abs}"
-        );
+        let diff = a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(diff <= 1e-4 * max_abs, "{family} position {t}: max |diff| {diff} > 1e-4 * {max_abs}");
         worst_rel = worst_rel.max(diff / max_abs);
         worst_abs = worst_abs.max(diff);
     }
@@ -112,15 +80,10 @@ fn oracle(family: &str) -> f32 {
     let mut greedy = Vec::new();
     for _ in 0..r.greedy_ids.len() {
         greedy.push(next);
-        let logits = model
-            .forward(&mut state, &[next], &experts, false, &mut stats)
-            .unwrap();
+        let logits = model.forward(&mut state, &[next], &experts, false, &mut stats).unwrap();
         next = argmax(&logits) as u32;
     }
-    assert_eq!(
-        greedy, r.greedy_ids,
-        "{family}: greedy tokens differ from the reference"
-    );
+    assert_eq!(greedy, r.greedy_ids, "{family}: greedy tokens differ from the reference");
     worst_rel
 }
 
@@ -156,46 +119,25 @@ fn state_and_errors() {
     let prompt = [5u32, 17, 300, 42];
 
     let mut a = State::new(&cfg, 8);
-    let all = model
-        .forward(&mut a, &prompt, &experts, false, &mut stats)
-        .unwrap();
+    let all = model.forward(&mut a, &prompt, &experts, false, &mut stats).unwrap();
     assert_eq!(a.position(), 4);
     let mut b = State::new(&cfg, 8);
     let mut last = Vec::new();
     for &t in &prompt {
-        last = model
-            .forward(&mut b, &[t], &experts, false, &mut stats)
-            .unwrap();
+        last = model.forward(&mut b, &[t], &experts, false, &mut stats).unwrap();
     }
     assert_eq!(all, last);
 
-    let err = model
-        .forward(
-            &mut a,
-            &[cfg.vocab_size as u32],
-            &experts,
-            false,
-            &mut stats,
-        )
-        .unwrap_err();
-    assert!(
-        matches!(err, Error::Arg(_)) && err.to_string().contains("vocabulary"),
-        "{err}"
-    );
-    let err = model
-        .forward(&mut a, &[1, 2, 3, 4, 5], &experts, false, &mut stats)
-        .unwrap_err();
+    let err = model.forward(&mut a, &[cfg.vocab_size as u32], &experts, false, &mut stats).unwrap_err();
+    assert!(matches!(err, Error::Arg(_)) && err.to_string().contains("vocabulary"), "{err}");
+    let err = model.forward(&mut a, &[1, 2, 3, 4, 5], &experts, false, &mut stats).unwrap_err();
     assert!(err.to_string().contains("context"), "{err}");
     assert_eq!(a.position(), 4, "a refused call must not move the position");
-    assert!(model
-        .forward(&mut a, &[], &experts, false, &mut stats)
-        .is_err());
+    assert!(model.forward(&mut a, &[], &experts, false, &mut stats).is_err());
 
     a.reset();
     assert_eq!(a.position(), 0);
-    let again = model
-        .forward(&mut a, &prompt, &experts, false, &mut stats)
-        .unwrap();
+    let again = model.forward(&mut a, &prompt, &experts, false, &mut stats).unwrap();
     assert_eq!(again, all);
     assert_eq!(a.bytes(), 2 * cfg.num_layers * 8 * cfg.kv_dim() * 4);
 }
@@ -219,9 +161,7 @@ fn load_names_missing_tensor() {
     require(&dir.join("config.json"));
     let ckpt = HfCheckpoint::open(&dir).unwrap();
     let name = "model.layers.1.self_attn.k_norm.weight";
-    let err = Transformer::load(ckpt.config(), &Without(&ckpt, name))
-        .err()
-        .expect("load must fail");
+    let err = Transformer::load(ckpt.config(), &Without(&ckpt, name)).err().expect("load must fail");
     assert!(err.to_string().contains(name), "{err}");
 }
 

@@ -113,12 +113,7 @@ impl CacheCore {
             self.map.remove(&old);
         }
         self.clock += 1;
-        self.slots[slot] = Slot {
-            key: Some(key),
-            uses: 1,
-            last: self.clock,
-            pins: 1,
-        };
+        self.slots[slot] = Slot { key: Some(key), uses: 1, last: self.clock, pins: 1 };
         self.map.insert(key, slot);
         Some(slot)
     }

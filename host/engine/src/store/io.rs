@@ -243,11 +243,7 @@ impl BankFile {
 
 #[cfg(target_os = "linux")]
 fn open_direct(path: &Path) -> Option<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .ok()
+    OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok()
 }
 
 #[cfg(target_os = "macos")]
@@ -339,13 +335,8 @@ mod tests {
         assert!(buf.as_slice().iter().all(|&x| x == 3));
         let buffered = BankFile::open(&path, false, IO_ALIGN).unwrap();
         assert!(!buffered.direct() && !fd_is_direct(buffered.file()));
-        let fs_type = std::process::Command::new("stat")
-            .args(["-f", "-c", "%T"])
-            .arg(&dir)
-            .output();
-        let fs_type = fs_type
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .unwrap_or_default();
+        let fs_type = std::process::Command::new("stat").args(["-f", "-c", "%T"]).arg(&dir).output();
+        let fs_type = fs_type.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
         std::fs::remove_dir_all(&dir).unwrap();
         if fs_type == "tmpfs" {
             crate::skip::report_skip(&format!(

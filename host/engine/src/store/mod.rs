@@ -11,10 +11,10 @@ pub mod cache;
 pub mod io;
 mod pin;
 mod readers;
-pub mod trace;
-mod usage;
 #[cfg(test)]
 mod tests;
+pub mod trace;
+mod usage;
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -161,16 +161,13 @@ impl Shared {
 
     /// Reads record (`layer`, `expert`) into slot `slot` and checks it.
     fn load(&self, layer: usize, expert: usize, slot: usize) -> Result<Duration> {
-        let file = self.files[layer]
-            .as_ref()
-            .ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
+        let file = self.files[layer].as_ref().ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
         let record = self.banks.record_bytes();
         let mut buf = self.bufs[slot].lock().unwrap_or_else(|p| p.into_inner());
         let started = Instant::now();
         let bytes = &mut buf.as_mut_slice()[..record];
         let path = &self.banks.bank(layer).map(|b| b.path.clone()).unwrap_or_default();
-        file.read_at(bytes, (expert * record) as u64)
-            .map_err(|e| Error::io(path, e))?;
+        file.read_at(bytes, (expert * record) as u64).map_err(|e| Error::io(path, e))?;
         let took = started.elapsed();
         self.banks.check_header(layer, expert, bytes)?;
         Ok(took)
@@ -223,9 +220,7 @@ impl ExpertStore {
         let layers = banks.moe_layers();
         let slots = options.cache_slots;
         if slots < top_k.max(1) {
-            return Err(Error::Arg(format!(
-                "an expert cache of {slots} records cannot hold one layer's top-{top_k}"
-            )));
+            return Err(Error::Arg(format!("an expert cache of {slots} records cannot hold one layer's top-{top_k}")));
         }
         let n_layers = layers.last().map_or(0, |l| l + 1);
         let mut files: Vec<Option<BankFile>> = (0..n_layers).map(|_| None).collect();
@@ -233,19 +228,14 @@ impl ExpertStore {
         let mut direct_io = options.direct_io && !layers.is_empty();
         let mut experts = 0;
         for (i, &l) in layers.iter().enumerate() {
-            let bank = banks
-                .bank(l)
-                .ok_or_else(|| Error::Runtime(format!("layer {l} has no bank")))?;
+            let bank = banks.bank(l).ok_or_else(|| Error::Runtime(format!("layer {l} has no bank")))?;
             let file = BankFile::open(&bank.path, options.direct_io, record)?;
             direct_io &= file.direct();
             files[l] = Some(file);
             moe_index[l] = Some(i);
             experts = bank.experts;
         }
-        let bufs: Vec<_> = slot_buffers(slots, record, options.huge_pages)?
-            .into_iter()
-            .map(Mutex::new)
-            .collect();
+        let bufs: Vec<_> = slot_buffers(slots, record, options.huge_pages)?.into_iter().map(Mutex::new).collect();
         let huge_pages = bufs.first().is_some_and(|b| b.lock().unwrap_or_else(|p| p.into_inner()).huge());
         let stats = StoreStats {
             direct_io,
@@ -279,13 +269,7 @@ impl ExpertStore {
             .map(|i| readers::spawn(shared.clone(), i))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Runtime(format!("starting a reader thread: {e}")))?;
-        Ok(ExpertStore {
-            shared,
-            options,
-            threads,
-            direct_io,
-            top_k,
-        })
+        Ok(ExpertStore { shared, options, threads, direct_io, top_k })
     }
 
     pub fn options(&self) -> &StoreOptions {
@@ -303,11 +287,7 @@ impl ExpertStore {
 
     /// Bytes of record buffers allocated (the cache).
     pub fn allocated_bytes(&self) -> u64 {
-        self.shared
-            .bufs
-            .iter()
-            .map(|b| b.lock().unwrap_or_else(|p| p.into_inner()).len() as u64)
-            .sum()
+        self.shared.bufs.iter().map(|b| b.lock().unwrap_or_else(|p| p.into_inner()).len() as u64).sum()
     }
 
     pub fn stats(&self) -> StoreStats {
@@ -411,7 +391,8 @@ impl ExpertStore {
                     let layers = &layers;
                     let shared = &self.shared;
                     s.spawn(move || -> Result<u64> {
-                        let mut buf = slot_buffers(1, record, huge)?.pop().ok_or_else(|| Error::Runtime("no buffer".into()))?;
+                        let mut buf =
+                            slot_buffers(1, record, huge)?.pop().ok_or_else(|| Error::Runtime("no buffer".into()))?;
                         let mut rng = seed ^ ((t as u64 + 1) * 0x9E37_79B9_7F4A_7C15) | 1;
                         let mut bytes = 0;
                         for _ in (t..reads).step_by(threads) {
@@ -420,9 +401,7 @@ impl ExpertStore {
                             rng ^= rng << 17;
                             let layer = layers[(rng % layers.len() as u64) as usize];
                             let expert = ((rng >> 20) % shared.experts as u64) as usize;
-                            let file = shared.files[layer]
-                                .as_ref()
-                                .ok_or_else(|| Error::Runtime("no bank".into()))?;
+                            let file = shared.files[layer].as_ref().ok_or_else(|| Error::Runtime("no bank".into()))?;
                             file.read_at(&mut buf.as_mut_slice()[..record], (expert * record) as u64)
                                 .map_err(|e| Error::Runtime(format!("random read: {e}")))?;
                             bytes += record as u64;
@@ -433,10 +412,7 @@ impl ExpertStore {
                 .collect();
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::Runtime("reader panicked".into())))
-                })
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Runtime("reader panicked".into()))))
                 .collect()
         });
         let seconds = started.elapsed().as_secs_f64();

@@ -49,7 +49,8 @@ impl ExpertStore {
     /// before this returns, so the caller's own work (building lookup
     /// tables) overlaps the disk.
     pub fn pin(&self, layer: usize, experts: &[usize], uses: &[u64], stats: &mut StepStats) -> Result<Pinned<'_>> {
-        let bank = self.shared.banks.bank(layer).ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
+        let bank =
+            self.shared.banks.bank(layer).ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
         if let Some(&bad) = experts.iter().find(|&&e| e >= bank.experts) {
             return Err(Error::Runtime(format!("layer {layer}: expert {bad} out of range")));
         }
@@ -180,9 +181,7 @@ impl ExpertStore {
         match &st.status[slot] {
             Status::Ready => Ok(()),
             Status::Failed(msg) => Err(Error::Runtime(msg.clone())),
-            other => Err(Error::Runtime(format!(
-                "expert slot {slot} is {other:?} after its read"
-            ))),
+            other => Err(Error::Runtime(format!("expert slot {slot} is {other:?} after its read"))),
         }
     }
 
@@ -193,9 +192,7 @@ impl ExpertStore {
         let mut st = self.shared.lock();
         let mut waited = None;
         let found = loop {
-            let ready = left
-                .iter()
-                .position(|&j| st.status[slots[j]] != Status::Loading);
+            let ready = left.iter().position(|&j| st.status[slots[j]] != Status::Loading);
             if let Some(i) = ready {
                 break i;
             }
@@ -211,9 +208,7 @@ impl ExpertStore {
         match &st.status[slot] {
             Status::Ready => Ok(found),
             Status::Failed(msg) => Err(Error::Runtime(msg.clone())),
-            other => Err(Error::Runtime(format!(
-                "expert slot {slot} is {other:?} after its read"
-            ))),
+            other => Err(Error::Runtime(format!("expert slot {slot} is {other:?} after its read"))),
         }
     }
 
@@ -243,9 +238,7 @@ impl ExpertStore {
             st.in_flight += 1;
             st.reading[slot] = true;
         }
-        self.shared
-            .queue
-            .push(readers::Request { layer, expert, slot }, speculative);
+        self.shared.queue.push(readers::Request { layer, expert, slot }, speculative);
     }
 
     /// Reads on the calling thread (no reader threads).
@@ -307,11 +300,7 @@ impl ExpertStore {
         }
         // The insert's pin is the reader's; the reads are queued once this
         // layer's demand reads are (`flush_pending`).
-        self.shared
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(issued);
+        self.shared.pending.lock().unwrap_or_else(|p| p.into_inner()).extend(issued);
     }
 }
 

@@ -75,14 +75,12 @@ impl Queue {
 }
 
 pub fn spawn(shared: Arc<Shared>, index: usize) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(format!("waste-reader-{index}"))
-        .spawn(move || {
-            let sys = || crate::stats::cpu_times(true).map_or(Duration::ZERO, |t| t.1);
-            while let Some(r) = shared.queue.pop() {
-                let before = sys();
-                let result = shared.load(r.layer, r.expert, r.slot);
-                shared.finish(r.slot, result, sys().saturating_sub(before));
-            }
-        })
+    std::thread::Builder::new().name(format!("waste-reader-{index}")).spawn(move || {
+        let sys = || crate::stats::cpu_times(true).map_or(Duration::ZERO, |t| t.1);
+        while let Some(r) = shared.queue.pop() {
+            let before = sys();
+            let result = shared.load(r.layer, r.expert, r.slot);
+            shared.finish(r.slot, result, sys().saturating_sub(before));
+        }
+    })
 }

@@ -31,14 +31,7 @@ fn next(rng: &mut u64) -> u64 {
 /// inputs and routing; with `guess`, each layer first asks for a read of
 /// some of the next layer's experts (half of them right), as lookahead
 /// does. Returns every output, bit for bit.
-fn run(
-    store: &ExpertStore,
-    layers: &[usize],
-    experts: usize,
-    top_k: usize,
-    hidden: usize,
-    guess: bool,
-) -> Vec<u32> {
+fn run(store: &ExpertStore, layers: &[usize], experts: usize, top_k: usize, hidden: usize, guess: bool) -> Vec<u32> {
     let mut rng = 0x1234_5678_9ABC_DEF1u64;
     // The wrong guesses draw from their own sequence: `rng` must give every
     // variant the same inputs.
@@ -61,9 +54,7 @@ fn run(
     }
     for (i, picks) in routes.iter().enumerate() {
         let layer = layers[i % layers.len()];
-        let x: Vec<f32> = (0..hidden)
-            .map(|_| (next(&mut rng) % 2001) as f32 / 1000.0 - 1.0)
-            .collect();
+        let x: Vec<f32> = (0..hidden).map(|_| (next(&mut rng) % 2001) as f32 / 1000.0 - 1.0).collect();
         if guess {
             if let Some(following) = routes.get(i + 1) {
                 let next_layer = layers[(i + 1) % layers.len()];
@@ -73,9 +64,7 @@ fn run(
             }
         }
         let mut out = vec![0.0f32; hidden];
-        store
-            .forward_experts(layer, &x, picks, &mut out, &mut stats)
-            .unwrap();
+        store.forward_experts(layer, &x, picks, &mut out, &mut stats).unwrap();
         bits.extend(out.iter().map(|v| v.to_bits()));
     }
     bits
@@ -94,8 +83,7 @@ fn huge_pages_landing_order_and_held_back_prefetch_are_bit_identical_to_the_plai
     let (layers, hidden) = (banks.moe_layers(), banks.shape().hidden);
     let experts = banks.bank(layers[0]).unwrap().experts;
     let top_k = cfg.top_k;
-    let open =
-        |o: StoreOptions| ExpertStore::open(container.expert_banks().unwrap(), top_k, o).unwrap();
+    let open = |o: StoreOptions| ExpertStore::open(container.expert_banks().unwrap(), top_k, o).unwrap();
     let plain = StoreOptions {
         cache_slots: top_k,
         keep: false,
@@ -106,97 +94,37 @@ fn huge_pages_landing_order_and_held_back_prefetch_are_bit_identical_to_the_plai
     };
     let want = run(&open(plain.clone()), &layers, experts, top_k, hidden, false);
     // One working set: evictions all the time, some hits.
-    let small = StoreOptions {
-        cache_slots: layers.len() * top_k,
-        keep: true,
-        ..StoreOptions::default()
-    };
+    let small = StoreOptions { cache_slots: layers.len() * top_k, keep: true, ..StoreOptions::default() };
     let variants = [
-        (
-            "huge pages, no cache, no readers",
-            StoreOptions {
-                huge_pages: true,
-                ..plain.clone()
-            },
-            false,
-        ),
-        (
-            "huge pages, cache, 2 readers, as they land",
-            small.clone(),
-            false,
-        ),
-        (
-            "4 KiB pages, cache, 2 readers, as they land",
-            StoreOptions {
-                huge_pages: false,
-                ..small.clone()
-            },
-            false,
-        ),
-        (
-            "1 reader, held-back prefetch",
-            StoreOptions {
-                readers: 1,
-                ..small.clone()
-            },
-            true,
-        ),
+        ("huge pages, no cache, no readers", StoreOptions { huge_pages: true, ..plain.clone() }, false),
+        ("huge pages, cache, 2 readers, as they land", small.clone(), false),
+        ("4 KiB pages, cache, 2 readers, as they land", StoreOptions { huge_pages: false, ..small.clone() }, false),
+        ("1 reader, held-back prefetch", StoreOptions { readers: 1, ..small.clone() }, true),
         ("2 readers, held-back prefetch", small.clone(), true),
-        (
-            "no read-ahead, prefetch",
-            StoreOptions {
-                read_ahead: false,
-                ..small.clone()
-            },
-            true,
-        ),
+        ("no read-ahead, prefetch", StoreOptions { read_ahead: false, ..small.clone() }, true),
         (
             "big cache, held-back prefetch",
-            StoreOptions {
-                cache_slots: 4 * layers.len() * top_k,
-                ..small.clone()
-            },
+            StoreOptions { cache_slots: 4 * layers.len() * top_k, ..small.clone() },
             true,
         ),
     ];
     for (name, options, guess) in variants {
         let store = open(options.clone());
         let got = run(&store, &layers, experts, top_k, hidden, guess);
-        assert!(
-            got == want,
-            "{name}: outputs differ bitwise from the plain path"
-        );
+        assert!(got == want, "{name}: outputs differ bitwise from the plain path");
         let s = store.stats();
         if guess {
-            assert!(
-                s.prefetch_issued > 0 && s.prefetch_used > 0,
-                "{name}: prefetch never paid ({s:?})"
-            );
-            assert!(
-                s.useful_bytes() <= s.bytes_read,
-                "{name}: useful bytes above bytes read"
-            );
+            assert!(s.prefetch_issued > 0 && s.prefetch_used > 0, "{name}: prefetch never paid ({s:?})");
+            assert!(s.useful_bytes() <= s.bytes_read, "{name}: useful bytes above bytes read");
         }
         if options.keep {
             assert!(s.hits > 0 && s.misses > 0, "{name}: cache unused ({s:?})");
         }
-        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-            .unwrap_or_default();
-        if options.huge_pages
-            && cfg!(target_os = "linux")
-            && !thp.contains("[never]")
-            && !thp.is_empty()
-        {
-            assert!(
-                s.huge_pages,
-                "{name}: huge-page advice refused though THP is {}",
-                thp.trim()
-            );
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+        if options.huge_pages && cfg!(target_os = "linux") && !thp.contains("[never]") && !thp.is_empty() {
+            assert!(s.huge_pages, "{name}: huge-page advice refused though THP is {}", thp.trim());
         } else if !options.huge_pages {
-            assert!(
-                !s.huge_pages,
-                "{name}: huge pages reported without being asked for"
-            );
+            assert!(!s.huge_pages, "{name}: huge pages reported without being asked for");
         }
     }
 }

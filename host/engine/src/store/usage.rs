@@ -43,20 +43,11 @@ pub fn load(path: &Path, moe_layers: usize, experts: usize) -> Result<Vec<u64>> 
 
 /// Adds `counts` to those already saved at `path` and writes the sum.
 pub fn save(path: &Path, moe_layers: usize, experts: usize, counts: &[u64]) -> Result<()> {
-    let mut total = if path.is_file() {
-        load(path, moe_layers, experts)?
-    } else {
-        vec![0; moe_layers * experts]
-    };
+    let mut total = if path.is_file() { load(path, moe_layers, experts)? } else { vec![0; moe_layers * experts] };
     for (t, c) in total.iter_mut().zip(counts) {
         *t += c;
     }
-    let f = UsageFile {
-        format: FORMAT.into(),
-        moe_layers,
-        experts,
-        counts: total,
-    };
+    let f = UsageFile { format: FORMAT.into(), moe_layers, experts, counts: total };
     let json = serde_json::to_vec(&f).map_err(|e| Error::Runtime(e.to_string()))?;
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, json).map_err(|e| Error::io(&tmp, e))?;

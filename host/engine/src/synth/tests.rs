@@ -36,7 +36,10 @@ fn synth_kimi_linear_48b_config_has_the_released_shapes() {
     let k = c.kda.unwrap();
     assert_eq!((k.num_heads, k.head_dim, k.conv_kernel), (32, 128, 4));
     let m = c.mla.unwrap();
-    assert_eq!((m.num_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim), (32, 512, 128, 64, 128));
+    assert_eq!(
+        (m.num_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim),
+        (32, 512, 128, 64, 128)
+    );
     assert_eq!((c.num_experts, c.top_k, c.moe_intermediate_size, c.intermediate_size), (256, 8, 1024, 9216));
     assert_eq!(c.shared_intermediate_size, 1024);
     assert!(!c.is_moe_layer(0) && (1..27).all(|l| c.is_moe_layer(l)));
@@ -72,10 +75,7 @@ fn synth_like_kimi_linear_manifest_only_has_full_scale_records() {
     assert_eq!(m.trunk.tensors.iter().map(|t| t.bytes).sum::<u64>(), r.trunk_bytes);
     // kimi-k3 is manifest-only; an unknown model is refused.
     let k3 = tmp.0.join("k3.waste");
-    assert!(matches!(
-        synth_like(&k3, "kimi-k3", &LikeOptions::default(), &mut |_, _| {}),
-        Err(Error::Arg(_))
-    ));
+    assert!(matches!(synth_like(&k3, "kimi-k3", &LikeOptions::default(), &mut |_, _| {}), Err(Error::Arg(_))));
     assert!(matches!(like_config("gpt-9", None), Err(Error::Arg(_))));
 }
 

@@ -2,13 +2,11 @@
 //! that runs on the stored format (tables + gathers for RVQ).
 
 use super::rvq::{self, Codebooks, LayerCodebooks};
-use super::Activation;
 use super::rvq4p::{self, QTables};
 use super::simd::{self, f16_at};
 use super::trunk::{f32_from_le, quantize_into, MatRef};
-use super::{
-    ExpertF32, ExpertFormat, ExpertShape, QuantError, TrunkFormat, VDIM,
-};
+use super::Activation;
+use super::{ExpertF32, ExpertFormat, ExpertShape, QuantError, TrunkFormat, VDIM};
 use rayon::prelude::*;
 
 /// Vectors per rayon task when building tables.
@@ -26,9 +24,9 @@ fn mat_len(fmt: ExpertFormat, rows: usize, cols: usize) -> usize {
     }
     match (fmt.group_format(), fmt.stages()) {
         (Some(t), _) => t.byte_len(rows, cols),
-        (None, Some(st)) => rows
-            .saturating_mul(2)
-            .saturating_add(rows.saturating_mul(cols.div_ceil(VDIM)).saturating_mul(st)),
+        (None, Some(st)) => {
+            rows.saturating_mul(2).saturating_add(rows.saturating_mul(cols.div_ceil(VDIM)).saturating_mul(st))
+        }
         (None, None) => TrunkFormat::F32.byte_len(rows, cols),
     }
 }
@@ -174,12 +172,7 @@ pub(crate) fn rvq_matvec_for_tests(
 
 /// Encode one expert. RVQ formats need the layer's codebooks; panics if
 /// they are missing or the slices do not match `shape`.
-pub fn encode_expert(
-    fmt: ExpertFormat,
-    shape: ExpertShape,
-    e: &ExpertF32,
-    cb: Option<&LayerCodebooks>,
-) -> Vec<u8> {
+pub fn encode_expert(fmt: ExpertFormat, shape: ExpertShape, e: &ExpertF32, cb: Option<&LayerCodebooks>) -> Vec<u8> {
     let (h, i) = (shape.hidden, shape.inter);
     assert!(
         e.gate.len() == i * h && e.up.len() == i * h && e.down.len() == h * i,
@@ -212,12 +205,9 @@ fn encode_rvq(w: &[f32], rows: usize, cols: usize, cb: &Codebooks, buf: &mut [u8
     let n = cols.div_ceil(VDIM) * cb.stages();
     let (scales, codes) = buf.split_at_mut(2 * rows);
     // Encoding is ~2k flops per weight, worth threads even for small rows.
-    scales
-        .par_chunks_mut(2)
-        .zip(codes.par_chunks_mut(n).zip(w.par_chunks(cols)))
-        .for_each(|(s, (c, row))| {
-            s.copy_from_slice(&rvq::encode_row(row, cb, c).to_le_bytes());
-        });
+    scales.par_chunks_mut(2).zip(codes.par_chunks_mut(n).zip(w.par_chunks(cols))).for_each(|(s, (c, row))| {
+        s.copy_from_slice(&rvq::encode_row(row, cb, c).to_le_bytes());
+    });
 }
 
 /// Codes row by row as `encode_rvq` does, then packed into row blocks.
@@ -272,11 +262,7 @@ pub fn decode_expert(
             (None, None) => f32_from_le(bytes).into_owned(),
         }
     };
-    (
-        dec(g, i, h, cb.map(|c| &c.gate_up)),
-        dec(u, i, h, cb.map(|c| &c.gate_up)),
-        dec(d, h, i, cb.map(|c| &c.down)),
-    )
+    (dec(g, i, h, cb.map(|c| &c.gate_up)), dec(u, i, h, cb.map(|c| &c.gate_up)), dec(d, h, i, cb.map(|c| &c.down)))
 }
 
 /// Per token per layer input of the routed experts: for RVQ the gate/up
@@ -300,11 +286,7 @@ impl GateUpTables {
 
 /// Build once per token per layer; shared by every routed expert of the
 /// layer. RVQ formats need the codebooks (panics without them).
-pub fn build_gate_up_tables(
-    fmt: ExpertFormat,
-    cb: Option<&LayerCodebooks>,
-    x: &[f32],
-) -> GateUpTables {
+pub fn build_gate_up_tables(fmt: ExpertFormat, cb: Option<&LayerCodebooks>, x: &[f32]) -> GateUpTables {
     let mut q = QTables::default();
     let data = match codebooks_for(fmt, cb) {
         Some(cb) => {
@@ -359,11 +341,8 @@ impl ExpertScratch {
             Some(st) => shape.inter.div_ceil(VDIM) * st * fmt.entries(),
             None => 0,
         };
-        let down_q = if fmt == ExpertFormat::Rvq4p {
-            QTables::with_len(shape.inter.div_ceil(VDIM))
-        } else {
-            QTables::default()
-        };
+        let down_q =
+            if fmt == ExpertFormat::Rvq4p { QTables::with_len(shape.inter.div_ceil(VDIM)) } else { QTables::default() };
         ExpertScratch {
             fmt,
             shape,
@@ -470,10 +449,7 @@ fn expert_forward_impl(
 ) {
     let (h, i) = (shape.hidden, shape.inter);
     assert!(x.len() == h && out.len() == h, "expert_forward: x/out length != hidden");
-    assert!(
-        tables.fmt == fmt && tables.hidden == h,
-        "expert_forward: tables built for another format or width"
-    );
+    assert!(tables.fmt == fmt && tables.hidden == h, "expert_forward: tables built for another format or width");
     if scratch.fmt != fmt || scratch.shape != shape {
         *scratch = ExpertScratch::new(fmt, shape);
     }

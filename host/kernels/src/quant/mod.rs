@@ -80,12 +80,11 @@ mod tests;
 #[cfg(test)]
 mod tests_kernels;
 
+pub use activation::Activation;
 pub use expert::{
-    build_gate_up_tables, check_expert_payload, decode_expert, encode_expert, expert_forward,
-    expert_forward_act,
+    build_gate_up_tables, check_expert_payload, decode_expert, encode_expert, expert_forward, expert_forward_act,
     expert_payload_len, gate_up_tables_peak_bytes, ExpertScratch, GateUpTables,
 };
-pub use activation::Activation;
 pub use rvq::{fit_layer_codebooks, Codebooks, LayerCodebooks};
 pub use simd::{force_isa, isa, Isa};
 pub use trunk::{quantize_trunk, QMatrix};
@@ -143,9 +142,7 @@ impl TrunkFormat {
         match self {
             TrunkFormat::F32 => rows.saturating_mul(cols).saturating_mul(4),
             TrunkFormat::Q8 => scale_bytes(rows, cols).saturating_add(rows.saturating_mul(cols)),
-            TrunkFormat::Q4 => {
-                scale_bytes(rows, cols).saturating_add(rows.saturating_mul(cols.div_ceil(2)))
-            }
+            TrunkFormat::Q4 => scale_bytes(rows, cols).saturating_add(rows.saturating_mul(cols.div_ceil(2))),
         }
     }
 

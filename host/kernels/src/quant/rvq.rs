@@ -38,10 +38,7 @@ impl Codebooks {
 
     /// `stages x entries x 8` f32 little endian.
     pub fn to_bytes(&self) -> Vec<u8> {
-        self.books
-            .iter()
-            .flat_map(|b| b.entries.iter().flat_map(|v| v.to_le_bytes()))
-            .collect()
+        self.books.iter().flat_map(|b| b.entries.iter().flat_map(|v| v.to_le_bytes())).collect()
     }
 
     /// The entry count (256 or 64) follows from the length; which one a
@@ -51,24 +48,13 @@ impl Codebooks {
         if stages == 0 || stages > MAX_STAGES {
             return Err(QuantError::Codebooks(format!("{stages} stages (1..={MAX_STAGES})")));
         }
-        let per = if bytes.len() == stages * K64 * VDIM * 4 {
-            K64 * VDIM * 4
-        } else {
-            CODEBOOK_ENTRIES * VDIM * 4
-        };
+        let per = if bytes.len() == stages * K64 * VDIM * 4 { K64 * VDIM * 4 } else { CODEBOOK_ENTRIES * VDIM * 4 };
         if bytes.len() != stages * per {
-            return Err(QuantError::Length {
-                what: "codebooks",
-                expected: stages * per,
-                got: bytes.len(),
-            });
+            return Err(QuantError::Length { what: "codebooks", expected: stages * per, got: bytes.len() });
         }
         let mut books = Vec::with_capacity(stages);
         for chunk in bytes.chunks_exact(per) {
-            let e: Vec<f32> = chunk
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
+            let e: Vec<f32> = chunk.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
             if e.iter().any(|v| !v.is_finite()) {
                 return Err(QuantError::Codebooks("non-finite entry".into()));
             }
@@ -114,30 +100,17 @@ pub fn fit_layer_codebooks(
     let mut rng = Rng::new(seed);
     let s1 = rng.next_u64();
     let s2 = rng.next_u64();
-    Some(LayerCodebooks {
-        gate_up: fit(&gu, i, h, stages, entries, s1),
-        down: fit(&dn, h, i, stages, entries, s2),
-    })
+    Some(LayerCodebooks { gate_up: fit(&gu, i, h, stages, entries, s1), down: fit(&dn, h, i, stages, entries, s2) })
 }
 
 /// Fit `stages` codebooks of `entries` entries on sampled, row-normalised
 /// vectors of `mats` (each `[rows, cols]`).
-fn fit(
-    mats: &[&[f32]],
-    rows: usize,
-    cols: usize,
-    stages: usize,
-    entries: usize,
-    seed: u64,
-) -> Codebooks {
+fn fit(mats: &[&[f32]], rows: usize, cols: usize, stages: usize, entries: usize, seed: u64) -> Codebooks {
     let nvec = cols.div_ceil(VDIM);
     let total = mats.len() * rows * nvec;
     let mut rng = Rng::new(seed);
-    let mut idx: Vec<usize> = if total <= FIT_SAMPLE {
-        (0..total).collect()
-    } else {
-        (0..FIT_SAMPLE).map(|_| rng.below(total)).collect()
-    };
+    let mut idx: Vec<usize> =
+        if total <= FIT_SAMPLE { (0..total).collect() } else { (0..FIT_SAMPLE).map(|_| rng.below(total)).collect() };
     // Sorted, vectors of one row are adjacent and its scale is computed once.
     idx.sort_unstable();
     idx.dedup();
@@ -157,10 +130,7 @@ fn fit(
             let row = &mats[grow / rows][(grow % rows) * cols..(grow % rows + 1) * cols];
             let s = rms_scale(row);
             let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
-            run.iter()
-                .filter(move |_| s > 0.0)
-                .map(move |&k| vector(row, k % nvec, inv))
-                .collect::<Vec<_>>()
+            run.iter().filter(move |_| s > 0.0).map(move |&k| vector(row, k % nvec, inv)).collect::<Vec<_>>()
         })
         .collect();
     let mut books = Vec::with_capacity(stages);

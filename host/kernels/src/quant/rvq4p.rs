@@ -44,11 +44,7 @@ const PAR_BLOCKS: usize = 2;
 /// Bytes of an `rvq4p` matrix `[rows, cols]` (saturating).
 pub(crate) fn mat_len(rows: usize, cols: usize) -> usize {
     let blocks = rows.div_ceil(ROWS);
-    rows.saturating_mul(2).saturating_add(
-        blocks
-            .saturating_mul(cols.div_ceil(VDIM))
-            .saturating_mul(VBYTES),
-    )
+    rows.saturating_mul(2).saturating_add(blocks.saturating_mul(cols.div_ceil(VDIM)).saturating_mul(VBYTES))
 }
 
 /// Packs per-row codes `[rows][nvec][4]` (each < 64) into the blocked planes.
@@ -73,12 +69,7 @@ pub(crate) fn row_codes(planes: &[u8], nvec: usize, r: usize, v: usize) -> [u8; 
     let (blk, k) = (r / ROWS, r % ROWS);
     let p = &planes[(blk * nvec + v) * VBYTES..][..VBYTES];
     let (b0, b1, b2) = (p[k], p[ROWS + k], p[2 * ROWS + k]);
-    [
-        b0 & 63,
-        b1 & 63,
-        b2 & 63,
-        b0 >> 6 | (b1 >> 6) << 2 | (b2 >> 6) << 4,
-    ]
+    [b0 & 63, b1 & 63, b2 & 63, b0 >> 6 | (b1 >> 6) << 2 | (b2 >> 6) << 4]
 }
 
 /// Quantised lookup tables of one input: `q[v][s][c]` and one scale per
@@ -91,10 +82,7 @@ pub(crate) struct QTables {
 
 impl QTables {
     pub fn with_len(nvec: usize) -> QTables {
-        QTables {
-            q: vec![0; nvec * TBYTES],
-            scales: vec![0.0; nvec.div_ceil(TBLK)],
-        }
+        QTables { q: vec![0; nvec * TBYTES], scales: vec![0.0; nvec.div_ceil(TBLK)] }
     }
 
     pub fn nvec(&self) -> usize {
@@ -108,13 +96,7 @@ impl QTables {
     pub fn quantize_from(&mut self, t: &[f32]) {
         assert_eq!(t.len(), self.q.len(), "rvq4p tables: length");
         let job = |(tb, (qb, sb)): (&[f32], (&mut [i8], &mut f32))| {
-            let m = tb.iter().fold(0f32, |m, v| {
-                if v.abs() > m || v.is_nan() {
-                    v.abs()
-                } else {
-                    m
-                }
-            });
+            let m = tb.iter().fold(0f32, |m, v| if v.abs() > m || v.is_nan() { v.abs() } else { m });
             if m == 0.0 || !m.is_finite() {
                 qb.fill(0);
                 *sb = if m == 0.0 { 0.0 } else { f32::NAN };
@@ -130,13 +112,9 @@ impl QTables {
         };
         let chunk = TBLK * TBYTES;
         if self.q.len() >= 4 * chunk {
-            t.par_chunks(chunk)
-                .zip(self.q.par_chunks_mut(chunk).zip(self.scales.par_iter_mut()))
-                .for_each(job);
+            t.par_chunks(chunk).zip(self.q.par_chunks_mut(chunk).zip(self.scales.par_iter_mut())).for_each(job);
         } else {
-            t.chunks(chunk)
-                .zip(self.q.chunks_mut(chunk).zip(self.scales.iter_mut()))
-                .for_each(job);
+            t.chunks(chunk).zip(self.q.chunks_mut(chunk).zip(self.scales.iter_mut())).for_each(job);
         }
     }
 }
@@ -156,22 +134,14 @@ pub(crate) fn matvec(isa: Isa, bytes: &[u8], rows: usize, cols: usize, t: &QTabl
     let run = |b0: usize, ys: &mut [f32]| {
         let nb = ys.len().div_ceil(ROWS);
         let mut acc = [0f32; ROWS * PAR_BLOCKS];
-        blocks(
-            isa,
-            &planes[b0 * per..(b0 + nb) * per],
-            t,
-            nvec,
-            &mut acc[..nb * ROWS],
-        );
+        blocks(isa, &planes[b0 * per..(b0 + nb) * per], t, nvec, &mut acc[..nb * ROWS]);
         for (k, yv) in ys.iter_mut().enumerate() {
             *yv = super::simd::f16_at(scales, b0 * ROWS + k) * acc[k];
         }
     };
     let chunk = ROWS * PAR_BLOCKS;
     if rows * cols >= super::trunk::PAR_MIN_WORK && rows > chunk {
-        y.par_chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(i, ys)| run(i * PAR_BLOCKS, ys));
+        y.par_chunks_mut(chunk).enumerate().for_each(|(i, ys)| run(i * PAR_BLOCKS, ys));
     } else {
         for (i, ys) in y.chunks_mut(chunk).enumerate() {
             run(i * PAR_BLOCKS, ys);
@@ -205,10 +175,7 @@ pub(crate) fn blocks(isa: Isa, planes: &[u8], t: &QTables, nvec: usize, acc: &mu
             b += 2;
         }
     }
-    for (pl, o) in planes[b * per..]
-        .chunks_exact(per)
-        .zip(acc[b * ROWS..].as_chunks_mut::<ROWS>().0.iter_mut())
-    {
+    for (pl, o) in planes[b * per..].chunks_exact(per).zip(acc[b * ROWS..].as_chunks_mut::<ROWS>().0.iter_mut()) {
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 | Isa::Avx512 if super::simd::isa_available(Isa::Avx2) => {
@@ -228,13 +195,7 @@ pub(crate) fn blocks(isa: Isa, planes: &[u8], t: &QTables, nvec: usize, acc: &mu
 }
 
 /// The portable reference (module docs, "Arithmetic").
-pub(crate) fn block_scalar(
-    planes: &[u8],
-    q: &[i8],
-    scales: &[f32],
-    nvec: usize,
-    acc: &mut [f32; ROWS],
-) {
+pub(crate) fn block_scalar(planes: &[u8], q: &[i8], scales: &[f32], nvec: usize, acc: &mut [f32; ROWS]) {
     *acc = [0.0; ROWS];
     for (b, &ts) in scales.iter().enumerate() {
         let mut isum = [0i32; ROWS];
@@ -278,12 +239,7 @@ mod x86 {
             ),
         );
         let m = _mm256_set1_epi8(63);
-        [
-            _mm256_and_si256(b0, m),
-            _mm256_and_si256(b1, m),
-            _mm256_and_si256(b2, m),
-            c3,
-        ]
+        [_mm256_and_si256(b0, m), _mm256_and_si256(b1, m), _mm256_and_si256(b2, m), c3]
     }
 
     /// 64-entry byte lookup: four in-lane shuffles, then bits 4 and 5 of
@@ -292,21 +248,11 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     unsafe fn lookup64(t: *const i8, c: __m256i) -> __m256i {
         // SAFETY: the caller guarantees 64 readable bytes at `t`.
-        let tb = |j: usize| {
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(t.add(16 * j) as *const __m128i))
-        };
+        let tb = |j: usize| _mm256_broadcastsi128_si256(_mm_loadu_si128(t.add(16 * j) as *const __m128i));
         let s4 = _mm256_slli_epi16(c, 3);
         let s5 = _mm256_slli_epi16(c, 2);
-        let lo = _mm256_blendv_epi8(
-            _mm256_shuffle_epi8(tb(0), c),
-            _mm256_shuffle_epi8(tb(1), c),
-            s4,
-        );
-        let hi = _mm256_blendv_epi8(
-            _mm256_shuffle_epi8(tb(2), c),
-            _mm256_shuffle_epi8(tb(3), c),
-            s4,
-        );
+        let lo = _mm256_blendv_epi8(_mm256_shuffle_epi8(tb(0), c), _mm256_shuffle_epi8(tb(1), c), s4);
+        let hi = _mm256_blendv_epi8(_mm256_shuffle_epi8(tb(2), c), _mm256_shuffle_epi8(tb(3), c), s4);
         _mm256_blendv_epi8(lo, hi, s5)
     }
 
@@ -333,13 +279,7 @@ mod x86 {
     /// The CPU supports AVX2; `planes.len() == nvec * VBYTES`,
     /// `q.len() == nvec * TBYTES`, `scales.len() == ceil(nvec / TBLK)`.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn block_avx2(
-        planes: &[u8],
-        q: &[i8],
-        scales: &[f32],
-        nvec: usize,
-        out: &mut [f32; ROWS],
-    ) {
+    pub(super) unsafe fn block_avx2(planes: &[u8], q: &[i8], scales: &[f32], nvec: usize, out: &mut [f32; ROWS]) {
         let ones = _mm256_set1_epi8(1);
         let mut acc = [_mm256_setzero_ps(); 4];
         for (b, &ts) in scales.iter().enumerate() {
@@ -433,18 +373,8 @@ mod x86 {
                 hi = _mm512_add_epi16(hi, h);
             }
             // Each 256-bit half has the AVX2 kernel's lane layout.
-            flush(
-                _mm512_castsi512_si256(lo),
-                _mm512_castsi512_si256(hi),
-                ts,
-                &mut acc_a,
-            );
-            flush(
-                _mm512_extracti64x4_epi64(lo, 1),
-                _mm512_extracti64x4_epi64(hi, 1),
-                ts,
-                &mut acc_b,
-            );
+            flush(_mm512_castsi512_si256(lo), _mm512_castsi512_si256(hi), ts, &mut acc_a);
+            flush(_mm512_extracti64x4_epi64(lo, 1), _mm512_extracti64x4_epi64(hi, 1), ts, &mut acc_b);
         }
         for k in 0..4 {
             // SAFETY: 4 x 8 floats fill exactly the 32 of each output.
@@ -464,13 +394,7 @@ mod neon {
     /// kernel: `planes.len() == nvec * VBYTES`, `q.len() == nvec * TBYTES`,
     /// `scales.len() == ceil(nvec / TBLK)`.
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn block_neon(
-        planes: &[u8],
-        q: &[i8],
-        scales: &[f32],
-        nvec: usize,
-        out: &mut [f32; ROWS],
-    ) {
+    pub(super) unsafe fn block_neon(planes: &[u8], q: &[i8], scales: &[f32], nvec: usize, out: &mut [f32; ROWS]) {
         let mut acc = [vdupq_n_f32(0.0); 8];
         for (b, &ts) in scales.iter().enumerate() {
             // i16 sums of rows 0-7, 8-15, 16-23, 24-31.
@@ -481,12 +405,7 @@ mod neon {
                 let t = q.as_ptr().add(v * TBYTES);
                 let tab = |s: usize| -> int8x16x4_t {
                     let o = t.add(s * ENTRIES);
-                    int8x16x4_t(
-                        vld1q_s8(o),
-                        vld1q_s8(o.add(16)),
-                        vld1q_s8(o.add(32)),
-                        vld1q_s8(o.add(48)),
-                    )
+                    int8x16x4_t(vld1q_s8(o), vld1q_s8(o.add(16)), vld1q_s8(o.add(32)), vld1q_s8(o.add(48)))
                 };
                 let tabs = [tab(0), tab(1), tab(2), tab(3)];
                 for h in 0..2 {
@@ -496,10 +415,7 @@ mod neon {
                     let m = vdupq_n_u8(63);
                     let c3 = vorrq_u8(
                         vshrq_n_u8(b0, 6),
-                        vorrq_u8(
-                            vshlq_n_u8(vshrq_n_u8(b1, 6), 2),
-                            vshlq_n_u8(vshrq_n_u8(b2, 6), 4),
-                        ),
+                        vorrq_u8(vshlq_n_u8(vshrq_n_u8(b1, 6), 2), vshlq_n_u8(vshrq_n_u8(b2, 6), 4)),
                     );
                     let r0 = vqtbl4q_s8(tabs[0], vandq_u8(b0, m));
                     let r1 = vqtbl4q_s8(tabs[1], vandq_u8(b1, m));

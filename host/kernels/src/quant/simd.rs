@@ -43,10 +43,7 @@ impl Isa {
 
     /// Every level this CPU can run, best last (always starts with Scalar).
     pub fn supported() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Neon, Isa::Avx2, Isa::Avx512]
-            .into_iter()
-            .filter(|&i| isa_available(i))
-            .collect()
+        [Isa::Scalar, Isa::Neon, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| isa_available(i)).collect()
     }
 }
 
@@ -179,10 +176,7 @@ pub(crate) fn dot_q4(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
 }
 
 fn check_row(scales: &[u8], qlen: usize, cols: usize, want_q: usize) {
-    assert!(
-        scales.len() == 2 * cols.div_ceil(GROUP) && qlen == want_q,
-        "quantised row: inconsistent lengths"
-    );
+    assert!(scales.len() == 2 * cols.div_ceil(GROUP) && qlen == want_q, "quantised row: inconsistent lengths");
 }
 
 /// Rows interleaved by the RVQ row kernel (independent add chains).
@@ -200,14 +194,7 @@ pub(crate) const RVQ_ROWS: usize = 8;
 /// loop, were 1.4-1.6x slower than these scalar loads (docs/PERFORMANCE.md,
 /// "Tried and dropped").
 #[inline]
-pub(crate) fn rvq_rows(
-    table: &[f32],
-    codes: &[u8],
-    n: usize,
-    c0: usize,
-    c1: usize,
-    acc: &mut [f32],
-) {
+pub(crate) fn rvq_rows(table: &[f32], codes: &[u8], n: usize, c0: usize, c1: usize, acc: &mut [f32]) {
     assert!(
         c0 <= c1 && c1 <= n && table.len() >= c1 * CODEBOOK_ENTRIES && codes.len() >= acc.len() * n,
         "rvq_rows: inconsistent lengths"
@@ -235,11 +222,7 @@ pub(crate) fn prefetch(bytes: &[u8]) {
     for line in bytes.chunks(64) {
         // SAFETY: SSE is part of x86-64; a prefetch never faults and the
         // address lies inside `bytes`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                line.as_ptr() as *const i8
-            )
-        };
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr() as *const i8) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;
@@ -251,9 +234,7 @@ pub(crate) fn prefetch(bytes: &[u8]) {
 pub(crate) fn build_tables(x: &[f32], cbt: &[f32], stages: usize, entries: usize, out: &mut [f32]) {
     let nvec = x.len().div_ceil(VDIM);
     assert!(
-        entries.is_multiple_of(16)
-            && cbt.len() == stages * VDIM * entries
-            && out.len() == nvec * stages * entries,
+        entries.is_multiple_of(16) && cbt.len() == stages * VDIM * entries && out.len() == nvec * stages * entries,
         "build_tables: inconsistent lengths"
     );
     #[cfg(target_arch = "x86_64")]
@@ -346,14 +327,7 @@ pub(crate) fn rvq_row_scalar(table: &[f32], codes: &[u8]) -> f32 {
 /// Rows `0..8` of `cp` (stride `n`) hold positions `c0..c1` (`c1 <= n`);
 /// `tp` holds `c1 * 256` floats.
 #[inline(always)]
-unsafe fn rvq_rows8(
-    tp: *const f32,
-    cp: *const u8,
-    n: usize,
-    c0: usize,
-    c1: usize,
-    acc: &mut [f32; RVQ_ROWS],
-) {
+unsafe fn rvq_rows8(tp: *const f32, cp: *const u8, n: usize, c0: usize, c1: usize, acc: &mut [f32; RVQ_ROWS]) {
     const E: usize = CODEBOOK_ENTRIES;
     let mut s = *acc;
     let mut j = c0;
@@ -361,8 +335,7 @@ unsafe fn rvq_rows8(
         let mut w = [0u64; RVQ_ROWS];
         for (r, wr) in w.iter_mut().enumerate() {
             // SAFETY: j + 8 <= c1 <= n keeps the 8 bytes inside row r.
-            *wr =
-                u64::from_le(unsafe { std::ptr::read_unaligned(cp.add(r * n + j) as *const u64) });
+            *wr = u64::from_le(unsafe { std::ptr::read_unaligned(cp.add(r * n + j) as *const u64) });
         }
         for k in 0..8 {
             // SAFETY: j + k < c1, so table j+k lies inside `tp`.
@@ -391,13 +364,7 @@ unsafe fn rvq_rows8(
 /// sequence of IEEE mul/add in every build (no FMA contraction in Rust), so
 /// the AVX2 clone is bit-identical to the scalar one.
 #[inline(always)]
-pub(crate) fn build_tables_generic(
-    x: &[f32],
-    cbt: &[f32],
-    stages: usize,
-    entries: usize,
-    out: &mut [f32],
-) {
+pub(crate) fn build_tables_generic(x: &[f32], cbt: &[f32], stages: usize, entries: usize, out: &mut [f32]) {
     let e = entries;
     for (v, tv) in out.chunks_exact_mut(stages * e).enumerate() {
         let mut xv = [0f32; VDIM];
@@ -458,11 +425,7 @@ pub(crate) mod avx2 {
             i += 32;
         }
         while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(
-                _mm256_loadu_ps(wp.add(i)),
-                _mm256_loadu_ps(xp.add(i)),
-                acc[0],
-            );
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(xp.add(i)), acc[0]);
             i += 8;
         }
         let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
@@ -494,28 +457,15 @@ pub(crate) mod avx2 {
             while i + 16 <= glen {
                 let p = g0 + i;
                 let qa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i));
-                let qb =
-                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p + 8) as *const __m128i));
-                a0 = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(qa),
-                    _mm256_loadu_ps(x.as_ptr().add(p)),
-                    a0,
-                );
-                a1 = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(qb),
-                    _mm256_loadu_ps(x.as_ptr().add(p + 8)),
-                    a1,
-                );
+                let qb = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p + 8) as *const __m128i));
+                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qa), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
+                a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qb), _mm256_loadu_ps(x.as_ptr().add(p + 8)), a1);
                 i += 16;
             }
             if i + 8 <= glen {
                 let p = g0 + i;
                 let qa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i));
-                a0 = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(qa),
-                    _mm256_loadu_ps(x.as_ptr().add(p)),
-                    a0,
-                );
+                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qa), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
                 i += 8;
             }
             let mut ts = 0f32;
@@ -558,16 +508,8 @@ pub(crate) mod avx2 {
                 let v = _mm_unpacklo_epi8(lo, hi);
                 let va = _mm256_sub_epi32(_mm256_cvtepu8_epi32(v), eight);
                 let vb = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)), eight);
-                a0 = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(va),
-                    _mm256_loadu_ps(x.as_ptr().add(p)),
-                    a0,
-                );
-                a1 = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(vb),
-                    _mm256_loadu_ps(x.as_ptr().add(p + 8)),
-                    a1,
-                );
+                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(va), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
+                a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vb), _mm256_loadu_ps(x.as_ptr().add(p + 8)), a1);
                 i += 16;
             }
             let mut ts = 0f32;
@@ -588,13 +530,7 @@ pub(crate) mod avx2 {
     /// # Safety
     /// The CPU supports AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(crate) unsafe fn build_tables(
-        x: &[f32],
-        cbt: &[f32],
-        stages: usize,
-        entries: usize,
-        out: &mut [f32],
-    ) {
+    pub(crate) unsafe fn build_tables(x: &[f32], cbt: &[f32], stages: usize, entries: usize, out: &mut [f32]) {
         super::build_tables_generic(x, cbt, stages, entries, out)
     }
 }

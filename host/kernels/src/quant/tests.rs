@@ -217,13 +217,7 @@ impl Layer {
     }
 }
 
-fn forward(
-    fmt: ExpertFormat,
-    s: ExpertShape,
-    payload: &[u8],
-    cb: Option<&LayerCodebooks>,
-    x: &[f32],
-) -> Vec<f32> {
+fn forward(fmt: ExpertFormat, s: ExpertShape, payload: &[u8], cb: Option<&LayerCodebooks>, x: &[f32]) -> Vec<f32> {
     let tables = build_gate_up_tables(fmt, cb, x);
     let mut scratch = ExpertScratch::new(fmt, s);
     let mut out = vec![f32::NAN; s.hidden];
@@ -334,8 +328,7 @@ fn quantisation_error_table() {
     let mut rng = Rng::new(12);
     let xs: Vec<Vec<f32>> = (0..8).map(|_| gauss(&mut rng, shape.hidden, 1.0)).collect();
     let f32p = encode_expert(ExpertFormat::F32, shape, &views[0], None);
-    let refs: Vec<Vec<f32>> =
-        xs.iter().map(|x| forward(ExpertFormat::F32, shape, &f32p, None, x)).collect();
+    let refs: Vec<Vec<f32>> = xs.iter().map(|x| forward(ExpertFormat::F32, shape, &f32p, None, x)).collect();
     eprintln!("format  weight_rel_err  output_rel_err");
     for (fmt, wmax, omax) in [
         (ExpertFormat::F32, 0.0, 0.0),
@@ -352,11 +345,9 @@ fn quantisation_error_table() {
         let (g, u, d) = decode_expert(fmt, shape, &p, cb.as_ref());
         let orig: Vec<f32> = [&layer.w[0].0[..], &layer.w[0].1[..], &layer.w[0].2[..]].concat();
         let we = rel_err(&[g, u, d].concat(), &orig);
-        let out: Vec<f32> =
-            xs.iter().flat_map(|x| forward(fmt, shape, &p, cb.as_ref(), x)).collect();
+        let out: Vec<f32> = xs.iter().flat_map(|x| forward(fmt, shape, &p, cb.as_ref(), x)).collect();
         let oe = rel_err(&out, &refs.concat());
         eprintln!("{:6}  {:14.4}  {:14.4}", fmt.name(), we, oe);
         assert!(we <= wmax && oe <= omax, "{}: weight {we} output {oe}", fmt.name());
     }
 }
-

@@ -12,41 +12,27 @@ use super::*;
 fn shape() -> ExpertShape {
     // 520 = 65 vectors: two full table blocks and a 1-vector tail; 72 rows
     // = two full row blocks and a short one.
-    ExpertShape {
-        hidden: 520,
-        inter: 72,
-    }
+    ExpertShape { hidden: 520, inter: 72 }
 }
 
 fn layer(s: ExpertShape, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut rng = Rng::new(seed);
     let n = s.hidden * s.inter;
-    (
-        gauss(&mut rng, n, 0.05),
-        gauss(&mut rng, n, 0.05),
-        gauss(&mut rng, n, 0.05),
-    )
+    (gauss(&mut rng, n, 0.05), gauss(&mut rng, n, 0.05), gauss(&mut rng, n, 0.05))
 }
 
 #[test]
 fn rvq4p_codes_pack_and_unpack() {
     let mut rng = Rng::new(20);
     for (rows, nvec) in [(1, 1), (31, 3), (32, 2), (33, 5), (70, 4)] {
-        let codes: Vec<u8> = (0..rows * nvec * STAGES)
-            .map(|_| rng.below(64) as u8)
-            .collect();
+        let codes: Vec<u8> = (0..rows * nvec * STAGES).map(|_| rng.below(64) as u8).collect();
         let mut planes = vec![0xAAu8; rows.div_ceil(ROWS) * nvec * 3 * ROWS];
         rvq4p::pack_codes(&codes, rows, nvec, &mut planes);
         for r in 0..rows.div_ceil(ROWS) * ROWS {
             for v in 0..nvec {
                 let got = rvq4p::row_codes(&planes, nvec, r, v);
-                let want: [u8; 4] = if r < rows {
-                    codes[(r * nvec + v) * STAGES..][..STAGES]
-                        .try_into()
-                        .unwrap()
-                } else {
-                    [0; 4]
-                };
+                let want: [u8; 4] =
+                    if r < rows { codes[(r * nvec + v) * STAGES..][..STAGES].try_into().unwrap() } else { [0; 4] };
                 assert_eq!(got, want, "rows {rows} nvec {nvec} r {r} v {v}");
             }
         }
@@ -75,31 +61,18 @@ fn rvq4p_every_isa_is_bit_identical_to_scalar() {
                 *q = extreme.unwrap_or_else(|| (rng.below(255) as i32 - 127) as i8);
             }
             for (b, s) in t.scales.iter_mut().enumerate() {
-                *s = if b == 1 {
-                    0.0
-                } else {
-                    (rng.unit() as f32 + 0.01) * 0.03
-                };
+                *s = if b == 1 { 0.0 } else { (rng.unit() as f32 + 0.01) * 0.03 };
             }
             for nb in 1..=3 {
-                let planes: Vec<u8> = (0..nb * nvec * 3 * ROWS)
-                    .map(|_| rng.below(256) as u8)
-                    .collect();
+                let planes: Vec<u8> = (0..nb * nvec * 3 * ROWS).map(|_| rng.below(256) as u8).collect();
                 let mut want = vec![0f32; nb * ROWS];
                 rvq4p::blocks(Isa::Scalar, &planes, &t, nvec, &mut want);
                 for &isa in &levels {
                     let mut got = vec![f32::NAN; nb * ROWS];
                     rvq4p::blocks(isa, &planes, &t, nvec, &mut got);
-                    let (gb, wb): (Vec<u32>, Vec<u32>) = (
-                        got.iter().map(|v| v.to_bits()).collect(),
-                        want.iter().map(|v| v.to_bits()).collect(),
-                    );
-                    assert_eq!(
-                        gb,
-                        wb,
-                        "{} nvec {nvec} blocks {nb} extreme {extreme:?}",
-                        isa.name()
-                    );
+                    let (gb, wb): (Vec<u32>, Vec<u32>) =
+                        (got.iter().map(|v| v.to_bits()).collect(), want.iter().map(|v| v.to_bits()).collect());
+                    assert_eq!(gb, wb, "{} nvec {nvec} blocks {nb} extreme {extreme:?}", isa.name());
                 }
             }
         }
@@ -143,11 +116,7 @@ fn rvq4p_scalar_kernel_matches_its_definition() {
 fn rvq4p_matvec_within_table_rounding_bound() {
     let s = shape();
     let (g, u, d) = layer(s, 23);
-    let views = [ExpertF32 {
-        gate: &g,
-        up: &u,
-        down: &d,
-    }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
     let fmt = ExpertFormat::Rvq4p;
     let cb = fit_layer_codebooks(fmt, s, &views, 24).unwrap();
     assert_eq!((cb.gate_up.stages(), cb.gate_up.entries()), (4, 64));
@@ -178,13 +147,7 @@ fn rvq4p_matvec_within_table_rounding_bound() {
             let bound = sc * step * 1.001 + 1e-5 * mag[r];
             let err = (y[r] as f64 - want[r]).abs();
             worst = worst.max(err / bound);
-            assert!(
-                err <= bound,
-                "{} row {r}: {} vs {} (bound {bound})",
-                isa.name(),
-                y[r],
-                want[r]
-            );
+            assert!(err <= bound, "{} row {r}: {} vs {} (bound {bound})", isa.name(), y[r], want[r]);
         }
     }
     eprintln!("rvq4p matvec: worst error / rounding bound = {worst:.3}");
@@ -194,11 +157,7 @@ fn rvq4p_matvec_within_table_rounding_bound() {
 fn rvq4p_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
     let s = shape();
     let (g, u, d) = layer(s, 26);
-    let views = [ExpertF32 {
-        gate: &g,
-        up: &u,
-        down: &d,
-    }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
     let fmt = ExpertFormat::Rvq4p;
     let cb = fit_layer_codebooks(fmt, s, &views, 27).unwrap();
     let payload = encode_expert(fmt, s, &views[0], Some(&cb));
@@ -208,12 +167,7 @@ fn rvq4p_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
     let want = run(Isa::Scalar, 1);
     for &isa in &Isa::supported() {
         for threads in [1, 2, 3] {
-            assert_eq!(
-                run(isa, threads),
-                want,
-                "{} with {threads} threads",
-                isa.name()
-            );
+            assert_eq!(run(isa, threads), want, "{} with {threads} threads", isa.name());
         }
     }
 }
@@ -224,11 +178,7 @@ fn rvq4p_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
 fn rvq4p_nan_activation_stays_nan() {
     let s = shape();
     let (g, u, d) = layer(s, 29);
-    let views = [ExpertF32 {
-        gate: &g,
-        up: &u,
-        down: &d,
-    }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
     let fmt = ExpertFormat::Rvq4p;
     let cb = fit_layer_codebooks(fmt, s, &views, 30).unwrap();
     let payload = encode_expert(fmt, s, &views[0], Some(&cb));
@@ -237,16 +187,7 @@ fn rvq4p_nan_activation_stays_nan() {
     let tables = build_gate_up_tables(fmt, Some(&cb), &x);
     let mut scratch = ExpertScratch::new(fmt, s);
     let mut out = vec![0f32; s.hidden];
-    expert_forward(
-        fmt,
-        s,
-        &payload,
-        Some(&cb),
-        &tables,
-        &x,
-        &mut out,
-        &mut scratch,
-    );
+    expert_forward(fmt, s, &payload, Some(&cb), &tables, &x, &mut out, &mut scratch);
     assert!(out.iter().all(|v| v.is_nan()));
 }
 
@@ -256,11 +197,7 @@ fn rvq4p_nan_activation_stays_nan() {
 fn rvq4p_codebooks_round_trip_through_bytes() {
     let s = shape();
     let (g, u, d) = layer(s, 31);
-    let views = [ExpertF32 {
-        gate: &g,
-        up: &u,
-        down: &d,
-    }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
     let cb = fit_layer_codebooks(ExpertFormat::Rvq4p, s, &views, 32).unwrap();
     let bytes = cb.gate_up.to_bytes();
     assert_eq!(bytes.len(), 4 * 64 * 8 * 4);
@@ -269,19 +206,10 @@ fn rvq4p_codebooks_round_trip_through_bytes() {
     assert_eq!(back.to_bytes(), bytes);
     // A 256-entry codebook set is refused for rvq4p payloads.
     let wide = fit_layer_codebooks(ExpertFormat::Rvq3, s, &views, 33).unwrap();
-    let four = Codebooks::from_bytes(
-        4,
-        &[
-            wide.gate_up.to_bytes(),
-            wide.gate_up.to_bytes()[..256 * 32].to_vec(),
-        ]
-        .concat(),
-    )
-    .unwrap();
-    let layer = LayerCodebooks {
-        gate_up: four.clone(),
-        down: four,
-    };
+    let four =
+        Codebooks::from_bytes(4, &[wide.gate_up.to_bytes(), wide.gate_up.to_bytes()[..256 * 32].to_vec()].concat())
+            .unwrap();
+    let layer = LayerCodebooks { gate_up: four.clone(), down: four };
     let n = expert_payload_len(ExpertFormat::Rvq4p, s);
     assert!(check_expert_payload(ExpertFormat::Rvq4p, s, &vec![0u8; n], Some(&layer)).is_err());
     let payload = encode_expert(ExpertFormat::Rvq4p, s, &views[0], Some(&cb));
@@ -296,21 +224,11 @@ fn rvq4p_codebooks_round_trip_through_bytes() {
 #[test]
 fn rvq_rows_any_chunking_is_bit_identical_to_the_sequential_sum() {
     let mut rng = Rng::new(34);
-    for (rows, n) in [
-        (1, 1),
-        (3, 7),
-        (8, 8),
-        (9, 17),
-        (16, 96),
-        (21, 200),
-        (64, 864),
-        (17, 384),
-    ] {
+    for (rows, n) in [(1, 1), (3, 7), (8, 8), (9, 17), (16, 96), (21, 200), (64, 864), (17, 384)] {
         let table = gauss(&mut rng, n * 256, 1.0);
         let codes: Vec<u8> = (0..rows * n).map(|_| rng.below(256) as u8).collect();
-        let want: Vec<u32> = (0..rows)
-            .map(|r| simd::rvq_row_scalar(&table, &codes[r * n..(r + 1) * n]).to_bits())
-            .collect();
+        let want: Vec<u32> =
+            (0..rows).map(|r| simd::rvq_row_scalar(&table, &codes[r * n..(r + 1) * n]).to_bits()).collect();
         for chunk in [1, 5, 16, 24, n] {
             let mut acc = vec![0f32; rows];
             for c0 in (0..n).step_by(chunk) {
@@ -327,16 +245,9 @@ fn rvq_rows_any_chunking_is_bit_identical_to_the_sequential_sum() {
 /// split into tasks (1024 rows of 2304 in gate/up, 2304 rows in down).
 #[test]
 fn rvq3_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
-    let s = ExpertShape {
-        hidden: 2304,
-        inter: 1024,
-    };
+    let s = ExpertShape { hidden: 2304, inter: 1024 };
     let (g, u, d) = layer(s, 35);
-    let views = [ExpertF32 {
-        gate: &g,
-        up: &u,
-        down: &d,
-    }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
     for fmt in [ExpertFormat::Rvq3, ExpertFormat::Rvq2] {
         let cb = fit_layer_codebooks(fmt, s, &views, 36).unwrap();
         let payload = encode_expert(fmt, s, &views[0], Some(&cb));
@@ -347,13 +258,7 @@ fn rvq3_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
         assert!(want.iter().all(|&b| f32::from_bits(b).is_finite()));
         for &isa in &Isa::supported() {
             for threads in [1, 2, 3] {
-                assert_eq!(
-                    run(isa, threads),
-                    want,
-                    "{} {} with {threads} threads",
-                    fmt.name(),
-                    isa.name()
-                );
+                assert_eq!(run(isa, threads), want, "{} {} with {threads} threads", fmt.name(), isa.name());
             }
         }
     }
@@ -365,16 +270,9 @@ fn rvq3_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
 /// row's f16 scale.
 #[test]
 fn rvq3_matvec_is_the_in_order_table_sum() {
-    let s = ExpertShape {
-        hidden: 264,
-        inter: 200,
-    };
+    let s = ExpertShape { hidden: 264, inter: 200 };
     let (g, u, d) = layer(s, 38);
-    let views = [ExpertF32 {
-        gate: &g,
-        up: &u,
-        down: &d,
-    }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
     let fmt = ExpertFormat::Rvq3;
     let cb = fit_layer_codebooks(fmt, s, &views, 39).unwrap();
     let payload = encode_expert(fmt, s, &views[0], Some(&cb));
@@ -386,12 +284,10 @@ fn rvq3_matvec_is_the_in_order_table_sum() {
     for threads in [1, 2] {
         let mut y = vec![f32::NAN; s.inter];
         let gate = &payload[..2 * s.inter + s.inter * n];
-        pool(threads).install(|| {
-            super::expert::rvq_matvec_for_tests(gate, s.inter, s.hidden, 3, tables.data(), &mut y)
-        });
+        pool(threads)
+            .install(|| super::expert::rvq_matvec_for_tests(gate, s.inter, s.hidden, 3, tables.data(), &mut y));
         for (r, &got) in y.iter().enumerate() {
-            let want = simd::rvq_row_scalar(tables.data(), &codes[r * n..(r + 1) * n])
-                * simd::f16_at(scales, r);
+            let want = simd::rvq_row_scalar(tables.data(), &codes[r * n..(r + 1) * n]) * simd::f16_at(scales, r);
             assert_eq!(got.to_bits(), want.to_bits(), "{threads} threads, row {r}");
         }
     }

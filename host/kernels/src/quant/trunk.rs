@@ -40,17 +40,11 @@ pub(crate) fn quantize_into(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usiz
             let g = cols.div_ceil(GROUP);
             let row_bytes = if fmt == TrunkFormat::Q8 { cols } else { cols.div_ceil(2) };
             let (sc, data) = out.split_at_mut(rows * g * 2);
-            let job = |(sr, (dr, wr)): (&mut [u8], (&mut [u8], &[f32]))| {
-                quantize_row(fmt, wr, sr, dr)
-            };
+            let job = |(sr, (dr, wr)): (&mut [u8], (&mut [u8], &[f32]))| quantize_row(fmt, wr, sr, dr);
             if par {
-                sc.par_chunks_mut(g * 2)
-                    .zip(data.par_chunks_mut(row_bytes).zip(w.par_chunks(cols)))
-                    .for_each(job);
+                sc.par_chunks_mut(g * 2).zip(data.par_chunks_mut(row_bytes).zip(w.par_chunks(cols))).for_each(job);
             } else {
-                sc.chunks_mut(g * 2)
-                    .zip(data.chunks_mut(row_bytes).zip(w.chunks(cols)))
-                    .for_each(job);
+                sc.chunks_mut(g * 2).zip(data.chunks_mut(row_bytes).zip(w.chunks(cols))).for_each(job);
             }
         }
     }
@@ -149,12 +143,7 @@ pub(crate) fn f32_from_le(bytes: &[u8]) -> Cow<'_, [f32]> {
             return Cow::Borrowed(mid);
         }
     }
-    Cow::Owned(
-        bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-    )
+    Cow::Owned(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
 }
 
 /// A borrowed matrix in any group format (lengths already validated).
@@ -295,12 +284,7 @@ impl QMatrix {
 
     /// A matrix from its stored bytes (copied); the length must be exactly
     /// `fmt.byte_len(rows, cols)`.
-    pub fn from_bytes(
-        fmt: TrunkFormat,
-        rows: usize,
-        cols: usize,
-        bytes: &[u8],
-    ) -> Result<QMatrix, QuantError> {
+    pub fn from_bytes(fmt: TrunkFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<QMatrix, QuantError> {
         if rows.checked_mul(cols).and_then(|n| n.checked_mul(4)).is_none() {
             return Err(QuantError::Shape { what: "trunk matrix", rows, cols });
         }
@@ -318,12 +302,7 @@ impl QMatrix {
     /// A quantised matrix that takes `bytes` (its stored form) as its
     /// storage, without copying; the length must be exactly
     /// `fmt.byte_len(rows, cols)`. f32 matrices use `from_f32`.
-    pub fn from_byte_vec(
-        fmt: TrunkFormat,
-        rows: usize,
-        cols: usize,
-        bytes: Vec<u8>,
-    ) -> Result<QMatrix, QuantError> {
+    pub fn from_byte_vec(fmt: TrunkFormat, rows: usize, cols: usize, bytes: Vec<u8>) -> Result<QMatrix, QuantError> {
         if fmt == TrunkFormat::F32 {
             return QMatrix::from_bytes(fmt, rows, cols, &bytes);
         }
@@ -386,7 +365,12 @@ impl QMatrix {
     /// Panics unless `r < rows` and `y.len() == cols`.
     pub fn add_scaled_row(&self, r: usize, a: f32, y: &mut [f32]) {
         let c = self.cols;
-        assert!(r < self.rows && y.len() == c, "QMatrix::add_scaled_row: row {r} of {}, y {} of {c}", self.rows, y.len());
+        assert!(
+            r < self.rows && y.len() == c,
+            "QMatrix::add_scaled_row: row {r} of {}, y {} of {c}",
+            self.rows,
+            y.len()
+        );
         let v = self.view();
         match v.kind {
             Kind::F32(w) => {

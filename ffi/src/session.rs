@@ -388,6 +388,9 @@ pub(crate) unsafe fn messages_arg(
     Ok(msgs)
 }
 
+/// The messages, `tools` and `vars` of a chat-template call.
+pub(crate) type ChatArgs = (Vec<ChatMessage>, Option<String>, Option<String>);
+
 /// The arguments every chat-template call converts: the messages, `tools`
 /// and `vars` (`ptr` NULL = none).
 pub(crate) unsafe fn chat_args(
@@ -395,7 +398,7 @@ pub(crate) unsafe fn chat_args(
     n_messages: usize,
     tools: waste_str,
     vars: waste_str,
-) -> Result<(Vec<ChatMessage>, Option<String>, Option<String>), (waste_result, String)> {
+) -> Result<ChatArgs, (waste_result, String)> {
     // SAFETY: pointers and lengths from the caller.
     unsafe { Ok((messages_arg(messages, n_messages)?, opt_str("tools", tools)?, opt_str("vars", vars)?)) }
 }

@@ -43,7 +43,7 @@ impl ModelHost for Counting {
     }
     fn emit(&mut self, event: TokenEvent) -> bool {
         self.emitted.push(event);
-        self.cancel_after.map_or(true, |n| self.emitted.len() < n)
+        self.cancel_after.is_none_or(|n| self.emitted.len() < n)
     }
     fn recent_tokens(&mut self, n: u32) -> Vec<u32> {
         let all: Vec<u32> = self.evaluated.iter().copied().chain(self.pending).collect();

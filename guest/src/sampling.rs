@@ -113,7 +113,7 @@ impl SamplingParams {
             return Err(format!("repetition penalty must be a finite number > 0, got {}", self.repetition_penalty));
         }
         for (name, v) in [("presence", self.presence_penalty), ("frequency", self.frequency_penalty)] {
-            if !(v >= -PENALTY_RANGE && v <= PENALTY_RANGE) {
+            if !(-PENALTY_RANGE..=PENALTY_RANGE).contains(&v) {
                 return Err(format!("{name} penalty must be in [-{PENALTY_RANGE}, {PENALTY_RANGE}], got {v}"));
             }
         }
@@ -121,7 +121,7 @@ impl SamplingParams {
             if token >= vocab_size {
                 return Err(format!("logit bias: token {token} is outside the vocabulary of {vocab_size}"));
             }
-            if !(bias >= -BIAS_RANGE && bias <= BIAS_RANGE) {
+            if !(-BIAS_RANGE..=BIAS_RANGE).contains(&bias) {
                 return Err(format!(
                     "logit bias of token {token} must be in [-{BIAS_RANGE}, {BIAS_RANGE}], got {bias}"
                 ));
@@ -414,7 +414,8 @@ fn sample_without_top_k(logits: &[f32], params: &SamplingParams, rng: &mut Rng) 
 fn draw_in_id_order(logits: &[f32], p: &[f32], kept: Kept, rng: &mut Rng, fallback: usize) -> usize {
     let blocks = block_sums(logits, p, kept);
     let total = blocks.iter().fold(0.0f64, |a, &b| a + b);
-    if !(total > 0.0) {
+    // NaN included.
+    if total.is_nan() || total <= 0.0 {
         return fallback;
     }
     // The draw within block `b`; the last kept id of the block when rounding
@@ -436,7 +437,7 @@ fn draw_in_id_order(logits: &[f32], p: &[f32], kept: Kept, rng: &mut Rng, fallba
     let mut draw = rng.next_f64() * total;
     let mut last = 0;
     for (b, &m) in blocks.iter().enumerate() {
-        if !(m > 0.0) {
+        if m.is_nan() || m <= 0.0 {
             continue;
         }
         if draw < m {

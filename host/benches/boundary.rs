@@ -94,13 +94,13 @@ fn main() {
             let started = Instant::now();
             let out = session
                 .generate(&[1, 2, 3], &params, move |e| {
-                    *sink.lock().expect("lock") += e.ms_total as f64;
+                    *sink.lock().expect("lock") += e.stats.ms_total as f64;
                     true
                 })
                 .expect("generate");
             let wall = started.elapsed().as_secs_f64() * 1000.0 / out.tokens.len() as f64;
             let fwd = *forward_ms.lock().expect("lock") / out.tokens.len() as f64;
-            if best.map_or(true, |(w, f)| wall - fwd < w - f) {
+            if best.is_none_or(|(w, f)| wall - fwd < w - f) {
                 best = Some((wall, fwd));
             }
         }

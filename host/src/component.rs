@@ -166,6 +166,9 @@ impl wit::Host for HostState {
     }
 }
 
+/// A store with the component instantiated in it, and how long that took.
+pub(crate) type Instance = (Store<HostState>, EngineBindings, Duration);
+
 /// Compiled once per process and shared by every session.
 pub(crate) struct CompiledGuest {
     pub engine: wasmtime::Engine,
@@ -188,15 +191,14 @@ impl CompiledGuest {
 
     /// A fresh instance of the component with `data` as its store's data; on
     /// failure the data comes back with the error (a session keeps its model).
-    pub fn instantiate(
-        &self,
-        data: HostState,
-    ) -> std::result::Result<(Store<HostState>, EngineBindings, Duration), (HostState, Error)> {
+    pub fn instantiate(&self, data: HostState) -> std::result::Result<Instance, (Box<HostState>, Error)> {
         let started = Instant::now();
         let mut store = Store::new(&self.engine, data);
         match EngineBindings::instantiate(&mut store, &self.component, &self.linker) {
             Ok(bindings) => Ok((store, bindings, started.elapsed())),
-            Err(e) => Err((store.into_data(), Error::Guest(format!("instantiating the bundled component: {e:#}")))),
+            Err(e) => {
+                Err((Box::new(store.into_data()), Error::Guest(format!("instantiating the bundled component: {e:#}"))))
+            }
         }
     }
 

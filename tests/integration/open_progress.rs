@@ -77,7 +77,7 @@ fn open_progress_reports_the_hotlist_preload() {
         panic!("the last event is not Preloaded: {events:?}");
     };
     assert!(records > 0, "the usage file names experts used by the run");
-    assert_eq!(records as u64, model.store_stats().preloaded as u64);
+    assert_eq!(records as u64, model.store_stats().preloaded);
     assert_eq!(bytes, records as u64 * model.info().expert_record_bytes);
     // With the cache off nothing is preloaded, and nothing is reported.
     let mut off = Vec::new();

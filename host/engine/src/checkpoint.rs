@@ -593,9 +593,12 @@ fn transpose(m: &[f32], rows: usize, cols: usize, c0: usize, n: usize) -> Vec<f3
     out
 }
 
+/// (shard files, (tensor, shard index) pairs).
+type ShardList = (Vec<PathBuf>, Vec<(String, usize)>);
+
 /// The shard files an index names, sorted, and every (tensor, shard index)
 /// pair of its weight map.
-fn shard_list(index: &Path, dir: &Path) -> Result<(Vec<PathBuf>, Vec<(String, usize)>)> {
+fn shard_list(index: &Path, dir: &Path) -> Result<ShardList> {
     let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| Error::format(index, format!("malformed JSON: {e}")))?;

@@ -34,5 +34,5 @@ pub fn parse_size(s: &str) -> Option<u64> {
         _ => return None,
     };
     let bytes = v * mult;
-    (bytes.is_finite() && bytes >= 0.0 && bytes < 1.8e19).then_some(bytes as u64)
+    (bytes.is_finite() && (0.0..1.8e19).contains(&bytes)).then_some(bytes as u64)
 }

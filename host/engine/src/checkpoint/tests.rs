@@ -1,7 +1,7 @@
 //! Tests of the checkpoint reader (moved from checkpoint.rs; the dtype
 //! decoders are tested in decode.rs).
 
-mod tests {
+mod reader {
     use super::super::*;
     use crate::model::experts::DenseExperts;
     use crate::stats::StepStats;

@@ -125,7 +125,7 @@ fn read_rope(r: &Reader<'_>, dim: usize, max_pos: usize) -> Result<MlaRope> {
     if theta <= 1.0 {
         return Err(r.err("rope_theta", format!("{theta} must be > 1")));
     }
-    if dim % 2 != 0 {
+    if !dim.is_multiple_of(2) {
         return Err(r.err("qk_rope_head_dim", format!("{dim} must be even for RoPE")));
     }
     Ok(MlaRope { theta, dim, interleave: r.bool_opt("rope_interleave")?.unwrap_or(true), yarn, softmax_scale_factor })

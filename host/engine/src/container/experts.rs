@@ -50,7 +50,7 @@ impl ExpertBanks {
         let payload_bytes = quant::expert_payload_len(format, shape) as u64;
         if e.payload_bytes != payload_bytes
             || e.payload_offset < record::HEADER_BYTES
-            || e.record_bytes % RECORD_ALIGN != 0
+            || !e.record_bytes.is_multiple_of(RECORD_ALIGN)
             || e.payload_offset + payload_bytes > e.record_bytes
             || e.record_bytes > 1 << 32
         {
@@ -94,8 +94,8 @@ impl ExpertBanks {
                 .map_err(|err| bad(format!("layer {layer}: {err}")))?;
             banks[layer] = Some(Bank { path, experts: entry.experts as usize, codebooks });
         }
-        for layer in 0..config.num_layers {
-            if config.is_moe_layer(layer) && banks[layer].is_none() {
+        for (layer, bank) in banks.iter().enumerate() {
+            if config.is_moe_layer(layer) && bank.is_none() {
                 return Err(bad(format!("no expert bank for MoE layer {layer}")));
             }
         }

@@ -186,36 +186,6 @@ pub fn top_k_by(n: usize, value: impl Fn(usize) -> f32, k: usize, picks: &mut Ve
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::{grouped_top_k, top_k};
-
-    /// The best single expert sits in a group whose second best is weak:
-    /// group-limited routing must skip it, plain top-k would take it.
-    #[test]
-    fn grouped_top_k_keeps_only_the_best_groups() {
-        // 4 groups of 2; group sums: 1.0, 1.3, 1.5, 0.3 -> keep groups 2 and 1.
-        let v = [0.95, 0.05, 0.7, 0.6, 0.8, 0.7, 0.2, 0.1];
-        let mut p = Vec::new();
-        grouped_top_k(|i| v[i], 8, 4, 2, 3, &mut p);
-        assert_eq!(p.iter().map(|x| x.0).collect::<Vec<_>>(), vec![4, 2, 5]);
-        top_k(&v, 3, &mut p);
-        assert_eq!(p[0].0, 0);
-        // Every group kept: the plain top-k.
-        grouped_top_k(|i| v[i], 8, 4, 4, 3, &mut p);
-        assert_eq!(p.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 4, 2]);
-    }
-
-    #[test]
-    fn top_k_orders_and_breaks_ties_by_index() {
-        let mut p = Vec::new();
-        top_k(&[0.1, 0.4, 0.2, 0.4, f32::NAN, 0.3], 3, &mut p);
-        assert_eq!(p.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 5]);
-        top_k(&[1.0, 2.0], 2, &mut p);
-        assert_eq!(p.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 0]);
-    }
-}
-
 /// `block_sparse_moe` of K3: routed experts on a latent of width L between
 /// a down- and an up-projection, with an RMSNorm on the weighted sum.
 pub struct LatentMoe {
@@ -318,5 +288,35 @@ impl LatentMoe {
             self.up.matvec(yt, out);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{grouped_top_k, top_k};
+
+    /// The best single expert sits in a group whose second best is weak:
+    /// group-limited routing must skip it, plain top-k would take it.
+    #[test]
+    fn grouped_top_k_keeps_only_the_best_groups() {
+        // 4 groups of 2; group sums: 1.0, 1.3, 1.5, 0.3 -> keep groups 2 and 1.
+        let v = [0.95, 0.05, 0.7, 0.6, 0.8, 0.7, 0.2, 0.1];
+        let mut p = Vec::new();
+        grouped_top_k(|i| v[i], 8, 4, 2, 3, &mut p);
+        assert_eq!(p.iter().map(|x| x.0).collect::<Vec<_>>(), vec![4, 2, 5]);
+        top_k(&v, 3, &mut p);
+        assert_eq!(p[0].0, 0);
+        // Every group kept: the plain top-k.
+        grouped_top_k(|i| v[i], 8, 4, 4, 3, &mut p);
+        assert_eq!(p.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 4, 2]);
+    }
+
+    #[test]
+    fn top_k_orders_and_breaks_ties_by_index() {
+        let mut p = Vec::new();
+        top_k(&[0.1, 0.4, 0.2, 0.4, f32::NAN, 0.3], 3, &mut p);
+        assert_eq!(p.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 5]);
+        top_k(&[1.0, 2.0], 2, &mut p);
+        assert_eq!(p.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 0]);
     }
 }

@@ -57,7 +57,7 @@ impl Book {
     /// `entries.len()` is `256 * 8` or `64 * 8`.
     pub fn new(entries: Vec<f32>) -> Book {
         let k = entries.len() / VDIM;
-        assert!(entries.len() % VDIM == 0 && (k == K || k == K64), "codebook size");
+        assert!(entries.len().is_multiple_of(VDIM) && (k == K || k == K64), "codebook size");
         let mut cbt = vec![0f32; k * VDIM];
         let mut norms = vec![0f32; k];
         for c in 0..k {

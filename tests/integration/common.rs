@@ -45,6 +45,15 @@ impl Drop for TempDir {
     }
 }
 
+/// The target directory this test binary was built into (its path is
+/// `TARGET/release/deps/integration-HASH`), wherever `CARGO_TARGET_DIR`
+/// put it: builds the tests start themselves (sampler plugins) go below
+/// it, never into the source tree.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.ancestors().nth(3).expect("TARGET/release/deps/binary").to_path_buf()
+}
+
 /// The `waste` binary under test (tests/bin/waste.rs: the CLI library's
 /// `main`, as cli/src/bin/waste.rs).
 pub fn waste_bin() -> &'static str {

@@ -16,7 +16,7 @@ pub(crate) fn plugin(name: &str) -> PathBuf {
     static LOCK: Mutex<()> = Mutex::new(());
     let _one_build_at_a_time = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let target = root.join("target/plugins");
+    let target = target_dir().join("plugins");
     let crate_name = format!("waste-sampler-{name}");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)

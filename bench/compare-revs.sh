@@ -11,6 +11,11 @@
 # Each round prints the revision's output, then the working tree's, each
 # under a header naming it and the load average. docs/PERFORMANCE.md names
 # the revision its "before" columns came from.
+#
+# OLD_CARGO_ARGS replaces the cargo arguments for the revision, when a
+# bench moved between crates (`-p waste-host --bench kernels` before the
+# host split); OLD_TARGET_DIR its target directory (a directory that
+# already holds a build of the same dependencies saves rebuilding them).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 [ $# -ge 1 ] || { echo "usage: $0 REV [-n ROUNDS] -- CARGO_BENCH_ARGS..." >&2; exit 2; }
@@ -38,7 +43,10 @@ for l in sys.stdin:
 cargo_args=(); bench_args=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do cargo_args+=("$1"); shift; done
 [ "${1:-}" = "--" ] && { shift; bench_args=("$@"); }
-old="$(bench_bin "$tree" "$cache/target-$commit")"
+new_args=("${cargo_args[@]}")
+if [ -n "${OLD_CARGO_ARGS:-}" ]; then read -r -a cargo_args <<< "$OLD_CARGO_ARGS"; fi
+old="$(bench_bin "$tree" "${OLD_TARGET_DIR:-$cache/target-$commit}")"
+cargo_args=("${new_args[@]}")
 new="$(bench_bin "$root" "${CARGO_TARGET_DIR:-$root/target}")"
 [ -x "$old" ] && [ -x "$new" ] || { echo "could not build the bench (old: '$old', new: '$new')" >&2; exit 1; }
 for ((i = 1; i <= rounds; i++)); do

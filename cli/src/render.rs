@@ -121,11 +121,16 @@ pub fn open_model(
             bar.set_length(total);
             bar.set_position(loaded);
         }
-        OpenProgress::PreloadStarted => {
+        // The hotlist preload is reads of its own, shown as such: the bar
+        // starts over for the bytes it reads.
+        OpenProgress::PreloadStarted { bytes, .. } => {
             bar.set_message("preloading hot experts");
-            bar.enable_steady_tick(REDRAW);
+            bar.set_length(bytes);
+            bar.set_position(0);
+            bar.reset_eta();
         }
-        OpenProgress::Preloaded { .. } => bar.disable_steady_tick(),
+        OpenProgress::Preloading { bytes, .. } => bar.set_position(bytes),
+        OpenProgress::Preloaded { .. } => {}
     });
     bar.finish_and_clear();
     result

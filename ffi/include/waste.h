@@ -76,13 +76,18 @@ typedef enum waste_open_stage {
    */
   WASTE_OPEN_TRUNK = 0,
   /**
-   * The hottest experts of the usage file are being read into the cache.
+   * The hottest experts of the usage file, `records` of them (`bytes`),
+   * are being read into the cache.
    */
   WASTE_OPEN_PRELOAD_STARTED = 1,
   /**
    * The preload is done: `records` expert records, `bytes` bytes.
    */
   WASTE_OPEN_PRELOADED = 2,
+  /**
+   * `records` (`bytes`) of the preload read so far.
+   */
+  WASTE_OPEN_PRELOADING = 3,
 } waste_open_stage;
 
 /**

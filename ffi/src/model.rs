@@ -243,10 +243,13 @@ pub enum waste_open_stage {
     /// `loaded` of `total` trunk bytes are resident; the last such event
     /// has `loaded == total`.
     WASTE_OPEN_TRUNK = 0,
-    /// The hottest experts of the usage file are being read into the cache.
+    /// The hottest experts of the usage file, `records` of them (`bytes`),
+    /// are being read into the cache.
     WASTE_OPEN_PRELOAD_STARTED = 1,
     /// The preload is done: `records` expert records, `bytes` bytes.
     WASTE_OPEN_PRELOADED = 2,
+    /// `records` (`bytes`) of the preload read so far.
+    WASTE_OPEN_PRELOADING = 3,
 }
 
 /// Progress of [`waste_model_open_with_progress`].
@@ -339,7 +342,14 @@ unsafe fn open_model(
             };
             match *p {
                 OpenProgress::Trunk { loaded, total } => (e.loaded, e.total) = (loaded, total),
-                OpenProgress::PreloadStarted => e.stage = waste_open_stage::WASTE_OPEN_PRELOAD_STARTED,
+                OpenProgress::PreloadStarted { records, bytes } => {
+                    e.stage = waste_open_stage::WASTE_OPEN_PRELOAD_STARTED;
+                    (e.records, e.bytes) = (records, bytes);
+                }
+                OpenProgress::Preloading { records, bytes } => {
+                    e.stage = waste_open_stage::WASTE_OPEN_PRELOADING;
+                    (e.records, e.bytes) = (records, bytes);
+                }
                 OpenProgress::Preloaded { records, bytes } => {
                     e.stage = waste_open_stage::WASTE_OPEN_PRELOADED;
                     (e.records, e.bytes) = (records, bytes);

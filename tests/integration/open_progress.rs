@@ -71,14 +71,32 @@ fn open_progress_reports_the_hotlist_preload() {
     }
     let (model, events) = open_recording(&dir);
     let n = events.len();
-    assert!(n >= 3, "{events:?}");
-    assert_eq!(events[n - 2], OpenProgress::PreloadStarted, "{events:?}");
+    let record = model.info().expert_record_bytes;
+    // PreloadStarted names what will be read, a Preloading per record
+    // counts up to it (the bar is honest), Preloaded says what landed.
+    let started = events.iter().position(|e| matches!(e, OpenProgress::PreloadStarted { .. })).expect("PreloadStarted");
+    let OpenProgress::PreloadStarted { records: planned, bytes: planned_bytes } = events[started] else {
+        unreachable!()
+    };
+    assert_eq!(planned_bytes, planned as u64 * record);
+    let steps: Vec<usize> = events[started + 1..n - 1]
+        .iter()
+        .map(|e| match *e {
+            OpenProgress::Preloading { records, bytes } => {
+                assert_eq!(bytes, records as u64 * record);
+                records
+            }
+            other => panic!("{other:?} between PreloadStarted and Preloaded: {events:?}"),
+        })
+        .collect();
+    assert_eq!(steps, (1..=planned).collect::<Vec<_>>(), "{events:?}");
     let OpenProgress::Preloaded { records, bytes } = events[n - 1] else {
         panic!("the last event is not Preloaded: {events:?}");
     };
     assert!(records > 0, "the usage file names experts used by the run");
+    assert_eq!(records, planned);
     assert_eq!(records as u64, model.store_stats().preloaded);
-    assert_eq!(bytes, records as u64 * model.info().expert_record_bytes);
+    assert_eq!(bytes, records as u64 * record);
     // With the cache off nothing is preloaded, and nothing is reported.
     let mut off = Vec::new();
     Model::open_with_progress(&dir, &OpenOptions { cache: false, ..OpenOptions::default() }, &mut |p| off.push(*p))

@@ -143,9 +143,15 @@ impl Model {
         let experts = ExpertStore::open(container.expert_banks()?, container.config().top_k, store_options)?;
         let usage = container.dir().join(USAGE_FILE);
         if options.preload && options.cache && usage.is_file() {
-            progress(&OpenProgress::PreloadStarted);
             let before = experts.stats().preloaded;
-            experts.preload_usage(&usage)?;
+            let record = experts.record_bytes() as u64;
+            experts.preload_usage(&usage, &mut |done, total| {
+                progress(&if done == 0 {
+                    OpenProgress::PreloadStarted { records: total, bytes: total as u64 * record }
+                } else {
+                    OpenProgress::Preloading { records: done, bytes: done as u64 * record }
+                })
+            })?;
             let records = experts.stats().preloaded - before;
             progress(&OpenProgress::Preloaded {
                 records: records as usize,

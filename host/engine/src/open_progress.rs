@@ -12,16 +12,19 @@ use crate::source::TensorSource;
 
 /// One step of opening a model, reported to the caller's callback in order:
 /// `Trunk` events with `loaded` rising to `total`, then, when the container
-/// carries a usage file and the cache is on, `PreloadStarted` and `Preloaded`.
+/// carries a usage file and the cache is on, `PreloadStarted` (what will be
+/// read), a `Preloading` per record read, and `Preloaded`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenProgress {
     /// Bytes of trunk tensors loaded so far, of `total` (the trunk's size on
     /// disk, equal to `MemoryUse::trunk` after open). The last `Trunk` event
     /// has `loaded == total`.
     Trunk { loaded: u64, total: u64 },
-    /// The trunk is resident; the hottest experts of the learned hotlist
-    /// are being read into the cache.
-    PreloadStarted,
+    /// The trunk is resident; the hottest experts of the learned hotlist,
+    /// `records` of them (`bytes`), are being read into the cache.
+    PreloadStarted { records: usize, bytes: u64 },
+    /// `records` (`bytes`) of them read so far.
+    Preloading { records: usize, bytes: u64 },
     /// The preload is done: `records` expert records (`bytes` of them) are
     /// now in the cache.
     Preloaded { records: usize, bytes: u64 },

@@ -27,13 +27,16 @@ pub const HUGE_PAGE: usize = 2 << 20;
 
 /// A zero-initialised buffer whose start and length are multiples of
 /// 4 KiB, as direct I/O requires: its own heap allocation, or a slice of a
-/// [`slot_buffers`] arena. Either way its pages are faulted in (zeroed)
-/// when it is made, so it counts in RSS from then on, as the budget says.
+/// [`slot_buffers`] arena. Its pages are faulted in by the first read into
+/// it: the budget counts every buffer from the start, RSS grows as they
+/// are used.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
     /// The arena this buffer is a slice of; `None`: its own allocation.
     arena: Option<Arc<Mapping>>,
+    /// Its pages have been touched (see [`as_mut_slice`](Self::as_mut_slice)).
+    faulted: bool,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively (like a Box<[u8]>);
@@ -51,7 +54,7 @@ impl AlignedBuf {
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or_else(|| Error::Runtime(format!("out of memory allocating {len} bytes")))?;
-        Ok(AlignedBuf { ptr, len, arena: None })
+        Ok(AlignedBuf { ptr, len, arena: None, faulted: false })
     }
 
     /// Whether this buffer is a slice of an arena backed by huge pages.
@@ -73,7 +76,23 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The buffer to read a record into. The first call faults every page
+    /// in with a store to each (a first touch inside a direct read, the
+    /// kernel pinning the pages, cost a reader 9.4 s of system time filling
+    /// an 8 GB cache); doing it here rather than when the cache is made
+    /// keeps opening with a large budget from stalling while gigabytes are
+    /// zeroed (issue 17: 15-20 s at an 18 GB budget), and RSS grows only as
+    /// the cache fills.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if !self.faulted {
+            for offset in (0..self.len).step_by(IO_ALIGN) {
+                // SAFETY: offset < len, inside the buffer we own exclusively
+                // (`&mut self`); volatile so that the store of a zero the page
+                // already holds stays.
+                unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(offset), 0) };
+            }
+            self.faulted = true;
+        }
         // SAFETY: as in as_slice, and `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
@@ -111,6 +130,7 @@ pub fn slot_buffers(count: usize, len: usize, huge: bool) -> Result<Vec<AlignedB
                     ptr: unsafe { NonNull::new_unchecked(arena.ptr.as_ptr().add(i * len)) },
                     len,
                     arena: Some(arena.clone()),
+                    faulted: false,
                 })
                 .collect());
         }
@@ -171,15 +191,8 @@ impl Mapping {
         // leaves ordinary pages, which is only slower.
         let huge = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) } == 0;
         let ptr = NonNull::new(start as *mut u8)?;
-        // Fault every page in now, as a zeroed heap allocation is: a first
-        // touch inside a reader's direct read (the kernel pinning the pages)
-        // costs the decode a huge-page allocation, with compaction when RAM
-        // is fragmented (9.4 s of reader system time filling an 8 GB cache).
-        for offset in (0..len).step_by(IO_ALIGN) {
-            // SAFETY: offset < len, inside the mapping we own; volatile so
-            // that the store of a zero the page already holds stays.
-            unsafe { std::ptr::write_volatile(ptr.as_ptr().add(offset), 0) };
-        }
+        // Pages are faulted in by the first read into each slot
+        // (`AlignedBuf::as_mut_slice`), not here.
         Some(Mapping { ptr, len, huge })
     }
 

@@ -334,8 +334,10 @@ impl ExpertStore {
     }
 
     /// Reads the hottest experts of the usage file at `path` into the
-    /// cache, as many as fit; returns how many. No file: nothing to do.
-    pub fn preload_usage(&self, path: &std::path::Path) -> Result<usize> {
+    /// cache (as many as it holds), through the reader threads when there
+    /// are any; `progress(done, total)` is called with `done == 0` before the
+    /// first read and after every one. Returns the records asked for.
+    pub fn preload_usage(&self, path: &std::path::Path, progress: &mut dyn FnMut(usize, usize)) -> Result<usize> {
         if !path.is_file() || !self.options.keep {
             return Ok(0);
         }
@@ -344,29 +346,55 @@ impl ExpertStore {
         let mut order: Vec<usize> = (0..counts.len()).filter(|&i| counts[i] > 0).collect();
         order.sort_by(|&a, &b| counts[b].cmp(&counts[a]).then(a.cmp(&b)));
         order.truncate(self.shared.bufs.len());
-        for &i in &order {
-            let (layer, expert) = (layers[i / self.shared.experts], i % self.shared.experts);
-            let slot = {
-                let mut st = self.shared.lock();
-                let Some(slot) = st.core.insert((layer as u32, expert as u32)) else {
-                    break;
+        let total = order.len();
+        progress(0, total);
+        let threaded = self.options.readers > 0;
+        // A few reads in flight per reader keep the device busy.
+        let window = (4 * self.options.readers).max(1);
+        let mut done = 0;
+        for batch in order.chunks(window) {
+            let mut issued = Vec::with_capacity(batch.len());
+            for &i in batch {
+                let (layer, expert) = (layers[i / self.shared.experts], i % self.shared.experts);
+                let slot = {
+                    let mut st = self.shared.lock();
+                    let Some(slot) = st.core.insert((layer as u32, expert as u32)) else {
+                        break;
+                    };
+                    st.status[slot] = Status::Loading;
+                    st.reading[slot] = true;
+                    st.in_flight += 1;
+                    slot
                 };
-                st.status[slot] = Status::Loading;
-                st.reading[slot] = true;
-                st.in_flight += 1;
-                slot
-            };
-            let result = self.shared.load(layer, expert, slot);
-            let ok = result.is_ok();
-            self.shared.finish(slot, result, Duration::ZERO);
-            let mut st = self.shared.lock();
-            if ok {
-                st.stats.preloaded += 1;
-                st.stats.reads += 1;
-                st.stats.bytes_read += self.record_bytes() as u64;
+                // The insert's pin is the read's; `finish` drops it.
+                if threaded {
+                    self.shared.queue.push(readers::Request { layer, expert, slot }, false);
+                } else {
+                    let result = self.shared.load(layer, expert, slot);
+                    self.shared.finish(slot, result, Duration::ZERO);
+                }
+                issued.push(slot);
+            }
+            let stop = issued.len() < batch.len();
+            for slot in issued {
+                let mut st = self.shared.lock();
+                while st.status[slot] == Status::Loading {
+                    st = self.shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+                if st.status[slot] == Status::Ready {
+                    st.stats.preloaded += 1;
+                    st.stats.reads += 1;
+                    st.stats.bytes_read += self.record_bytes() as u64;
+                }
+                drop(st);
+                done += 1;
+                progress(done, total);
+            }
+            if stop {
+                break;
             }
         }
-        Ok(order.len())
+        Ok(total)
     }
 
     /// Measures raw random-read bandwidth of whole records with this

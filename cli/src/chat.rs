@@ -6,7 +6,7 @@
 //! SIGINT handler lives here, in the CLI, and only sets a flag that the
 //! per-token callback reads (the library installs no handlers).
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +19,9 @@ use waste_host::{ChatMessage, GenerateParams, Session};
 use crate::errors::usage;
 use crate::open::ModelArgs;
 use crate::output;
+use crate::output::outln;
 use crate::render::Renderer;
+use crate::sampling::SamplingArgs;
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -29,20 +31,22 @@ pub struct ChatArgs {
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
     /// Tokens to generate at most per reply.
-    #[arg(short = 'n', long = "tokens", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 'n', long = "tokens", visible_alias = "n-predict", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: u32,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
-    pub temperature: f32,
-    /// Keep the K most likely tokens; 0 = off.
-    #[arg(long, default_value_t = 40)]
-    pub top_k: u32,
-    /// Keep the smallest set of tokens whose probability reaches P; 1 = off.
-    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
-    pub top_p: f32,
-    /// Seed of the sampler (each turn uses seed + turn number).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Sampling and stopping; each turn uses the seed plus its turn number.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Render the conversation with this Jinja template instead of the
+    /// model's own (llama.cpp's `--chat-template-file`).
+    #[arg(long, value_name = "FILE", visible_alias = "chat-template-file")]
+    pub chat_template: Option<PathBuf>,
+    /// When the conversation outgrows the context, stop with an error
+    /// instead of dropping its oldest turns (the system message always stays).
+    #[arg(long)]
+    pub no_context_shift: bool,
+    /// Say on stderr what the session uses (the seed, the context).
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
     /// A further chat template variable, NAME=JSON (repeatable), e.g.
     /// `--template-var enable_thinking=false` for Qwen3.
     #[arg(long = "template-var", value_name = "NAME=JSON")]
@@ -73,12 +77,13 @@ pub fn template_vars(flags: &[String]) -> Result<Option<String>> {
 }
 
 const HELP: &str = "\
+\"\"\"           start or end a message of several lines
 /reset        forget the conversation (the system message stays)
 /stats        position, context, turns and expert-cache counters
 /save FILE    save the conversation (state, tokens, messages, template variables) to FILE
 /load FILE    restore a conversation saved with /save, template variables included
 /help         this list
-/quit, /exit  leave (so do Ctrl-D and end of input)
+/bye, /quit, /exit  leave (so do Ctrl-D and end of input)
 Ctrl-C cancels the reply being generated.";
 
 struct Chat {
@@ -94,34 +99,46 @@ struct Chat {
     last_prompt: usize,
     replays: u64,
     cancel: Arc<AtomicBool>,
+    /// Drop the oldest turns when the conversation outgrows the context.
+    context_shift: bool,
+    /// A message of several lines being typed (between `"""` lines).
+    pending: Option<String>,
 }
 
 pub fn chat(a: ChatArgs) -> Result<()> {
-    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
-        bail!(usage(format!("--temp {}: the temperature must be a number >= 0", a.temperature)));
-    }
-    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
-        bail!(usage(format!("--top-p {}: must be in (0, 1]", a.top_p)));
-    }
+    let (seed, random_seed) = crate::sampling::seed(a.sampling.seed);
+    let params = a.sampling.params(a.max_tokens, seed)?;
     let template_vars = template_vars(&a.template_vars)?;
-    let (_engine, session) = crate::open::open(&a.model)?;
-    if !session.model().info().has_chat_template {
+    let template = match &a.chat_template {
+        Some(path) => Some(crate::input::read_template(path)?),
+        None => None,
+    };
+    let (_engine, mut session) = crate::open::open(&a.model)?;
+    if let Some(t) = template {
+        session.set_chat_template(Some(t)).with_context(|| {
+            format!(
+                "using the chat template {}",
+                a.chat_template.as_ref().map_or(String::new(), |p| p.display().to_string())
+            )
+        })?;
+    } else if !session.model().info().has_chat_template {
         bail!(
-            "{} has no chat template: `waste chat` needs one (use `waste run` for plain completion)",
+            "{} has no chat template: `waste chat` needs one (give one with --chat-template FILE, or use `waste run` for plain completion)",
             a.model.model.display()
+        );
+    }
+    if a.verbose {
+        eprintln!(
+            "seed {seed}{}; context {} tokens (--ctx; the model allows {}); context shift {}",
+            if random_seed { " (random: --seed repeats it)" } else { "" },
+            session.model().context(),
+            session.model().info().max_position_embeddings,
+            if a.no_context_shift { "off" } else { "on" }
         );
     }
     let cancel = Arc::new(AtomicBool::new(false));
     let flag = cancel.clone();
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
-    let params = GenerateParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        seed: a.seed,
-        max_tokens: a.max_tokens,
-        ..GenerateParams::default()
-    };
     let mut chat = Chat {
         session,
         system: a.system,
@@ -132,6 +149,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         last_prompt: 0,
         replays: 0,
         cancel,
+        context_shift: !a.no_context_shift,
+        pending: None,
     };
     chat.messages = chat.opening();
     if std::io::stdin().is_terminal() {
@@ -147,7 +166,8 @@ fn repl_tty(chat: &mut Chat) -> Result<()> {
     let mut editor = rustyline::DefaultEditor::new().context("starting the line editor")?;
     eprintln!("waste chat: /help lists the commands; Ctrl-D leaves");
     loop {
-        match editor.readline("> ") {
+        let prompt = if chat.pending.is_some() { "... " } else { "> " };
+        match editor.readline(prompt) {
             Ok(line) => {
                 if !line.trim().is_empty() {
                     let _ = editor.add_history_entry(line.as_str());
@@ -181,9 +201,35 @@ impl Chat {
     }
 
     /// One input line; false to leave. Errors of a turn or a command are
-    /// reported and the REPL goes on.
+    /// reported and the REPL goes on. A line starting with `"""` opens a
+    /// message of several lines, closed by a line ending with `"""` (as in
+    /// `ollama run`).
     fn line(&mut self, line: &str) -> bool {
         let text = line.trim_end_matches(['\r', '\n']);
+        const FENCE: &str = "\"\"\"";
+        if let Some(mut buf) = self.pending.take() {
+            match text.strip_suffix(FENCE) {
+                Some(last) => {
+                    buf.push_str(last);
+                    return self.message(buf.trim_end_matches('\n'));
+                }
+                None => {
+                    buf.push_str(text);
+                    buf.push('\n');
+                    self.pending = Some(buf);
+                    return true;
+                }
+            }
+        }
+        if let Some(first) = text.trim_start().strip_prefix(FENCE) {
+            match first.strip_suffix(FENCE) {
+                Some(one_line) => return self.message(one_line),
+                None => {
+                    self.pending = Some(if first.is_empty() { String::new() } else { format!("{first}\n") });
+                    return true;
+                }
+            }
+        }
         if text.trim().is_empty() {
             return true;
         }
@@ -191,7 +237,7 @@ impl Chat {
             Some(cmd) => {
                 let (name, arg) = cmd.split_once(char::is_whitespace).unwrap_or((cmd, ""));
                 match name {
-                    "quit" | "exit" => return false,
+                    "quit" | "exit" | "bye" => return false,
                     _ => self.command(name, arg.trim()),
                 }
             }
@@ -199,6 +245,16 @@ impl Chat {
         };
         if let Err(e) = result {
             output::error_line(&e);
+        }
+        true
+    }
+
+    /// A whole message (from a `"""` block): a turn, never a command.
+    fn message(&mut self, text: &str) -> bool {
+        if !text.trim().is_empty() {
+            if let Err(e) = self.turn(text) {
+                output::error_line(&e);
+            }
         }
         true
     }
@@ -211,22 +267,22 @@ impl Chat {
             Ok(PathBuf::from(arg))
         };
         match name {
-            "help" => println!("{HELP}"),
+            "help" => outln!("{HELP}"),
             "reset" => {
                 self.session.reset();
                 self.messages = self.opening();
-                println!("conversation reset");
+                outln!("conversation reset");
             }
             "stats" => self.stats(),
             "save" => {
                 let path = need_file("save")?;
                 self.save(&path)?;
-                println!("saved {} tokens to {}", self.session.tokens().len(), path.display());
+                outln!("saved {} tokens to {}", self.session.tokens().len(), path.display());
             }
             "load" => {
                 let path = need_file("load")?;
                 self.load(&path)?;
-                println!(
+                outln!(
                     "loaded {} tokens, {} messages from {}{}",
                     self.session.tokens().len(),
                     self.messages.len(),
@@ -247,7 +303,7 @@ impl Chat {
         let s = model.store_stats();
         let uses = s.hits + s.misses;
         let rate = if uses == 0 { 0.0 } else { 100.0 * s.hits as f64 / uses as f64 };
-        println!(
+        outln!(
             "turns {} | position {} / {} context | last prompt {} tokens evaluated | replays {} | experts {} hit / {} miss = {:.0}% | {:.1} MB read",
             self.turns,
             self.session.position(),
@@ -318,9 +374,52 @@ impl Chat {
         result
     }
 
+    fn render(&mut self) -> Result<Vec<u32>> {
+        Ok(self.session.apply_chat_template_with_vars(&self.messages, None, true, self.template_vars.as_deref())?)
+    }
+
+    /// The prompt of this turn, fitted to the context: with room for a reply
+    /// of `max_tokens` (at most half the context), after dropping the oldest
+    /// whole turns when context shift is on (llama.cpp's context shift,
+    /// Ollama's truncation; the system messages stay), else the reason in
+    /// plain words with the way out.
+    fn fitted_prompt(&mut self) -> Result<Vec<u32>> {
+        let context = self.session.model().context();
+        let room = (self.params.max_tokens as usize).min(context / 2).max(1);
+        let mut full = self.render()?;
+        let system = self.messages.iter().take_while(|m| m.role == "system").count();
+        let mut dropped = 0;
+        while full.len() + room > context && self.context_shift && self.messages.len() > system + 1 {
+            // A whole turn: the oldest message and what follows it up to
+            // the next user message (never the one being answered).
+            let next_user = self.messages[system + 1..].iter().position(|m| m.role == "user");
+            let end = next_user.map_or(self.messages.len() - 1, |i| system + 1 + i);
+            dropped += end - system;
+            self.messages.drain(system..end);
+            full = self.render()?;
+        }
+        if dropped > 0 {
+            eprintln!(
+                "[the conversation outgrew the context of {context} tokens: dropped its {dropped} oldest messages{}; \
+                 /reset starts over, --ctx N gives more context]",
+                if system > 0 { " (the system message stays)" } else { "" }
+            );
+        }
+        if full.len() + room > context {
+            let max = self.session.model().info().max_position_embeddings;
+            let what = if self.messages.len() <= system + 1 { "this message" } else { "the conversation" };
+            bail!(
+                "context full: {what} is {} tokens and the reply needs room too, but the context holds {context} \
+                 tokens; /reset starts a new conversation, or restart with --ctx N (this model allows up to {max}){}",
+                full.len(),
+                if self.context_shift { "" } else { "; without --no-context-shift the oldest turns are dropped" }
+            );
+        }
+        Ok(full)
+    }
+
     fn reply(&mut self) -> Result<()> {
-        let full =
-            self.session.apply_chat_template_with_vars(&self.messages, None, true, self.template_vars.as_deref())?;
+        let full = self.fitted_prompt()?;
         let held = self.session.tokens();
         let prompt = if full.len() > held.len() && full.starts_with(&held) {
             full[held.len()..].to_vec()
@@ -345,11 +444,21 @@ impl Chat {
         let mut r = renderer.lock().map_err(|_| anyhow::anyhow!("renderer lock poisoned"))?;
         r.clear();
         let completion = completion?;
-        println!();
-        let _ = std::io::stdout().flush();
+        outln!();
         self.turns += 1;
         self.messages.push(ChatMessage::new("assistant", completion.text));
         eprintln!("{} (stop: {})", output::stats_line(&r.totals, r.seconds()), completion.stop_reason.as_str());
+        if completion.stop_reason == waste_host::StopReason::ContextFull {
+            eprintln!(
+                "[the reply stopped at the end of the context ({} tokens); {}]",
+                self.session.model().context(),
+                if self.context_shift {
+                    "the next turn drops the oldest turns to make room"
+                } else {
+                    "/reset starts over, --ctx N gives more context"
+                }
+            );
+        }
         Ok(())
     }
 }

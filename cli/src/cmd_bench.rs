@@ -13,6 +13,7 @@ use waste_host::{Model, OpenOptions};
 
 use crate::errors::usage;
 use crate::open::{budget_arg, say_budget};
+use crate::output::outln;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -235,7 +236,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "gb_read": s.bytes_read as f64 / 1e9, "gb_per_token": s.bytes_read as f64 / 1e9 / steps as f64,
             "achieved_gb_per_s": s.bytes_read as f64 / 1e9 / secs, "io_wait_s": s.io_wait.as_secs_f64(),
             "read_time_s": s.read_time.as_secs_f64(), "direct_io": s.direct_io, "policy": policy.name(),
-            "readers": a.readers, "lookahead": lookahead, "threads": threads, "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "prefetch_issued": s.prefetch_issued,
+            "readers": a.readers, "lookahead": lookahead, "threads": model.pool().threads(), "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "prefetch_issued": s.prefetch_issued,
             "prefetch_used": s.prefetch_used, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
             "prefill": a.prefill, "chunk": chunk, "reads": s.reads,
@@ -257,7 +258,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     if a.json {
         let out = if rows.len() == 1 { rows.remove(0) } else { json!(rows) };
-        println!("{out}");
+        outln!("{out}");
     } else {
         for r in &rows {
             let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
@@ -265,7 +266,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 .as_f64()
                 .map(|v| format!(", raw random read {v:.2} GB/s"))
                 .unwrap_or_default();
-            println!(
+            outln!(
                 "budget {}, lookahead {}, threads {}: {:.2} tok/s, hit {:.1}% ({} hit / {} miss), {:.3} GB read, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, direct_io {}",
                 fmt_bytes(f("budget") as u64),
                 r["lookahead"],

@@ -5,6 +5,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use crate::output;
+use crate::output::outln;
 
 pub fn verify(src: &Path, out: &Path, json: bool) -> Result<()> {
     let mut bar: Option<indicatif::ProgressBar> = None;
@@ -17,18 +18,23 @@ pub fn verify(src: &Path, out: &Path, json: bool) -> Result<()> {
         bar.finish_and_clear();
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!("{:>5} {:>6} {:<5} {:>12} {:>12} {:>10}", "layer", "expert", "mat", "max_abs", "rms", "relative");
+    outln!("{:>5} {:>6} {:<5} {:>12} {:>12} {:>10}", "layer", "expert", "mat", "max_abs", "rms", "relative");
     for r in &rows {
-        println!(
+        outln!(
             "{:>5} {:>6} {:<5} {:>12.4e} {:>12.4e} {:>10.4e}",
-            r.layer, r.expert, r.matrix, r.max_abs, r.rms, r.relative
+            r.layer,
+            r.expert,
+            r.matrix,
+            r.max_abs,
+            r.rms,
+            r.relative
         );
     }
     let worst = rows.iter().map(|r| r.relative).fold(0f64, f64::max);
     let mean = rows.iter().map(|r| r.relative).sum::<f64>() / rows.len().max(1) as f64;
-    println!("{} matrices: relative error mean {mean:.4e}, worst {worst:.4e}", rows.len());
+    outln!("{} matrices: relative error mean {mean:.4e}, worst {worst:.4e}", rows.len());
     Ok(())
 }

@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::errors::usage;
 use crate::input::{encode, read_prompt};
 use crate::open::{open, ModelArgs};
+use crate::output::outln;
 
 #[derive(Args)]
 pub struct EvalArgs {
@@ -76,12 +77,12 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             .iter()
             .map(|(id, logit, lp, text)| json!({"id": id, "logit": logit, "logprob": lp, "text": text}))
             .collect();
-        println!("{}", json!({"tokens": tokens, "positions": tokens.len(), "vocab_size": vocab, "top": top}));
+        outln!("{}", json!({"tokens": tokens, "positions": tokens.len(), "vocab_size": vocab, "top": top}));
     } else {
-        println!("{} tokens evaluated; most likely next tokens:", tokens.len());
+        outln!("{} tokens evaluated; most likely next tokens:", tokens.len());
         for (id, logit, lp, text) in &top {
             let shown = text.as_deref().map(|t| format!("{t:?}")).unwrap_or_default();
-            println!("{id:>8}  logprob {lp:>9.4}  logit {logit:>9.4}  {shown}");
+            outln!("{id:>8}  logprob {lp:>9.4}  logit {logit:>9.4}  {shown}");
         }
     }
     Ok(())

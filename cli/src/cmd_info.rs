@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::output::outln;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
@@ -46,7 +47,7 @@ pub fn info(a: InfoArgs) -> Result<()> {
         waste_host::container::Container::open(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
     let i = &waste_host::ModelInfo::of(&container);
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "family": i.family, "vocab_size": i.vocab_size, "hidden_size": i.hidden_size,
@@ -66,14 +67,14 @@ pub fn info(a: InfoArgs) -> Result<()> {
             })
         );
     } else {
-        println!("family        {}", i.family);
-        println!("layers        {} ({} MoE)", i.num_layers, i.moe_layers);
-        println!("hidden        {}", i.hidden_size);
-        println!("experts       {} per MoE layer, top-{}, router {}", i.num_experts, i.top_k, i.router);
+        outln!("family        {}", i.family);
+        outln!("layers        {} ({} MoE)", i.num_layers, i.moe_layers);
+        outln!("hidden        {}", i.hidden_size);
+        outln!("experts       {} per MoE layer, top-{}, router {}", i.num_experts, i.top_k, i.router);
         if i.shared_expert_width > 0 {
-            println!("shared expert width {} per MoE layer", i.shared_expert_width);
+            outln!("shared expert width {} per MoE layer", i.shared_expert_width);
         }
-        println!(
+        outln!(
             "parameters    {} total, {} active per token ({} / {})",
             short_count(i.total_params),
             short_count(i.active_params),
@@ -82,12 +83,12 @@ pub fn info(a: InfoArgs) -> Result<()> {
         );
         let pattern: Vec<String> =
             i.layers.iter().map(|l| format!("{}/{}", l.attention, if l.moe { "MoE" } else { "dense" })).collect();
-        println!("layer pattern {}", pattern.join(" "));
+        outln!("layer pattern {}", pattern.join(" "));
         let fixed: u64 = i.layers.iter().map(|l| l.state_bytes_fixed).sum();
         let per_token: u64 = i.layers.iter().map(|l| l.state_bytes_per_token).sum();
-        println!("state         {fixed} bytes fixed + {per_token} bytes per token of context");
+        outln!("state         {fixed} bytes fixed + {per_token} bytes per token of context");
         for (n, l) in i.layers.iter().enumerate() {
-            println!(
+            outln!(
                 "  layer {n:<3} {} {:<5} state {} bytes fixed, {} bytes/token",
                 l.attention,
                 if l.moe { "MoE" } else { "dense" },
@@ -95,12 +96,12 @@ pub fn info(a: InfoArgs) -> Result<()> {
                 l.state_bytes_per_token
             );
         }
-        println!("vocabulary    {}", i.vocab_size);
-        println!("context       {} max", i.max_position_embeddings);
-        println!("trunk         {} ({:.2} MB resident)", i.trunk_format, i.trunk_bytes as f64 / 1e6);
-        println!("experts       {} ({} bytes per record)", i.expert_format, i.expert_record_bytes);
-        println!("tokenizer     {}", if i.has_tokenizer { "yes" } else { "none" });
-        println!("chat template {}", if i.has_chat_template { "yes" } else { "none" });
+        outln!("vocabulary    {}", i.vocab_size);
+        outln!("context       {} max", i.max_position_embeddings);
+        outln!("trunk         {} ({:.2} MB resident)", i.trunk_format, i.trunk_bytes as f64 / 1e6);
+        outln!("experts       {} ({} bytes per record)", i.expert_format, i.expert_record_bytes);
+        outln!("tokenizer     {}", if i.has_tokenizer { "yes" } else { "none" });
+        outln!("chat template {}", if i.has_chat_template { "yes" } else { "none" });
     }
     Ok(())
 }
@@ -111,17 +112,17 @@ pub fn version(a: VersionArgs) -> Result<()> {
         // Compiling the bundled component is what every command pays at
         // start-up; report it so it can be watched.
         let engine = Engine::new()?;
-        println!(
+        outln!(
             "{}",
             json!({
-                "version": waste_host::VERSION, "container_format": format, "wit": "waste:engine@0.1.0",
+                "version": waste_host::VERSION, "container_format": format, "wit": waste_host::WIT_PACKAGE,
                 "component_bytes": waste_host::component_bytes().len(),
                 "component_compile_ms": engine.compile_time().as_secs_f64() * 1000.0,
                 "component_instantiate_ms": engine.measure_instantiate()?.as_secs_f64() * 1000.0,
             })
         );
     } else {
-        println!("waste {} (container format {format}, wit waste:engine@0.1.0)", waste_host::VERSION);
+        outln!("waste {} (container format {format}, wit {})", waste_host::VERSION, waste_host::WIT_PACKAGE);
     }
     Ok(())
 }
@@ -131,6 +132,6 @@ pub fn version(a: VersionArgs) -> Result<()> {
 pub fn component(a: ComponentArgs) -> Result<()> {
     let bytes = waste_host::component_bytes();
     std::fs::write(&a.out, bytes).with_context(|| format!("writing {}", a.out.display()))?;
-    println!("{}: {} bytes (WIT world waste:engine/engine, wit/engine.wit)", a.out.display(), bytes.len());
+    outln!("{}: {} bytes (WIT world waste:engine/engine, wit/engine.wit)", a.out.display(), bytes.len());
     Ok(())
 }

@@ -10,6 +10,7 @@ use waste_host::{Engine, OpenOptions};
 
 use crate::errors::usage;
 use crate::open::ModelArgs;
+use crate::output::outln;
 
 #[derive(Args)]
 pub struct PerplexityArgs {
@@ -43,7 +44,7 @@ pub fn perplexity(a: PerplexityArgs) -> Result<()> {
     let p = session.perplexity(&text, a.window)?;
     let seconds = started.elapsed().as_secs_f64();
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "file": a.file.display().to_string(),
@@ -58,7 +59,7 @@ pub fn perplexity(a: PerplexityArgs) -> Result<()> {
             })
         );
     } else {
-        println!(
+        outln!(
             "perplexity {:.4} (mean nll {:.5} nats) over {} scored tokens of {}, {} windows of {} tokens, {:.1} s",
             p.perplexity(),
             p.mean_nll(),

@@ -9,6 +9,7 @@ use waste_host::plan::{fmt_bytes, parse_size, BudgetSource};
 
 use crate::errors::usage;
 use crate::open::{budget_arg, say_budget};
+use crate::output::outln;
 
 #[derive(Args)]
 pub struct PlanArgs {
@@ -45,7 +46,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             BudgetSource::Given => json!("given"),
             BudgetSource::Auto { working_sets } => json!({"auto_working_sets": working_sets}),
         };
-        println!(
+        outln!(
             "{}",
             json!({
                 "context": p.context, "trunk": p.trunk, "embedding_on_disk": p.embedding_on_disk, "state": p.state, "scratch": p.scratch,
@@ -58,30 +59,30 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         );
     } else {
         say_budget(&p);
-        println!("context        {} tokens", p.context);
+        outln!("context        {} tokens", p.context);
         if p.embedding_on_disk > 0 {
-            println!(
+            outln!(
                 "trunk          {} resident (+ {} embedding table on disk)",
                 fmt_bytes(p.trunk),
                 fmt_bytes(p.embedding_on_disk)
             );
         } else {
-            println!("trunk          {}", fmt_bytes(p.trunk));
+            outln!("trunk          {}", fmt_bytes(p.trunk));
         }
-        println!("state          {}", fmt_bytes(p.state));
-        println!("scratch        {}", fmt_bytes(p.scratch));
-        println!(
+        outln!("state          {}", fmt_bytes(p.state));
+        outln!("scratch        {}", fmt_bytes(p.scratch));
+        outln!(
             "min cache      {} (top-{} x {} record x 2)",
             fmt_bytes(p.min_cache),
             p.top_k,
             fmt_bytes(p.record_bytes)
         );
-        println!("floor          {}", fmt_bytes(p.floor));
-        println!("working set    {} (one token, {} MoE layers)", fmt_bytes(p.working_set), p.moe_layers);
-        println!("recommended    {} (floor + 3 working sets)", fmt_bytes(p.recommended));
-        println!("all experts    {}", fmt_bytes(p.all_experts));
-        println!("usable RAM     {}", fmt_bytes(p.usable_ram));
-        println!(
+        outln!("floor          {}", fmt_bytes(p.floor));
+        outln!("working set    {} (one token, {} MoE layers)", fmt_bytes(p.working_set), p.moe_layers);
+        outln!("recommended    {} (floor + 3 working sets)", fmt_bytes(p.recommended));
+        outln!("all experts    {}", fmt_bytes(p.all_experts));
+        outln!("usable RAM     {}", fmt_bytes(p.usable_ram));
+        outln!(
             "budget         {} -> cache {} ({} records)",
             fmt_bytes(p.budget),
             fmt_bytes(p.cache_bytes),

@@ -13,6 +13,8 @@ use crate::errors::usage;
 use crate::input::{encode, read_prompt};
 use crate::open::{open, sampler_plugin, ModelArgs};
 use crate::output;
+use crate::output::outln;
+use crate::sampling::{seed, SamplingArgs};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -20,55 +22,21 @@ pub struct RunArgs {
     pub model: ModelArgs,
     /// The prompt; `-` or nothing reads it from stdin.
     pub prompt: Option<String>,
+    /// The prompt, as llama.cpp's `-p`.
+    #[arg(short = 'p', long = "prompt", value_name = "TEXT", conflicts_with_all = ["prompt", "file"])]
+    pub prompt_flag: Option<String>,
     /// Read the prompt from a file.
-    #[arg(long, conflicts_with = "prompt")]
+    #[arg(short = 'f', long, conflicts_with = "prompt")]
     pub file: Option<PathBuf>,
     /// Tokens to generate at most.
-    #[arg(short = 'n', long = "tokens", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 'n', long = "tokens", visible_alias = "n-predict", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: u32,
-    /// Sampling temperature; 0 = greedy.
-    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true)]
-    pub temperature: f32,
-    /// Keep the K most likely tokens; 0 = off.
-    #[arg(long, default_value_t = 40)]
-    pub top_k: u32,
-    /// Keep the smallest set of tokens whose probability reaches P; 1 = off.
-    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
-    pub top_p: f32,
-    /// Drop tokens less likely than P times the most likely one; 0 = off.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub min_p: f32,
-    /// Repetition penalty (llama.cpp / HF definition); 1 = off.
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub repeat_penalty: f32,
-    /// Presence penalty in [-2, 2]; 0 = off.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub presence_penalty: f32,
-    /// Frequency penalty in [-2, 2]; 0 = off.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub frequency_penalty: f32,
-    /// Recent tokens (prompt included) the penalties look at; 0 = off.
-    #[arg(long, default_value_t = 64)]
-    pub repeat_last_n: u32,
-    /// Add BIAS to the logit of token ID: ID=BIAS (repeatable; BIAS in [-100, 100]).
-    #[arg(long = "logit-bias", value_name = "ID=BIAS", allow_negative_numbers = true)]
-    pub logit_bias: Vec<String>,
-    /// Stop when this text appears (repeatable); it is not printed.
-    #[arg(long = "stop", value_name = "TEXT")]
-    pub stop: Vec<String>,
-    /// Stop at this token id (repeatable).
-    #[arg(long = "stop-token", value_name = "ID")]
-    pub stop_token: Vec<u32>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Print each token's log-probability and its N most likely alternatives
     /// to stderr as JSON lines (N in 0..=20).
     #[arg(long, value_name = "N")]
     pub logprobs: Option<u32>,
-    /// Seed of the sampler: the same seed gives the same tokens.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Keep generating past the model's end-of-sequence token.
-    #[arg(long)]
-    pub ignore_eos: bool,
     /// Route every draw to a sampler plugin (a wasm32-wasip2 component of the
     /// `sampler-plugin` world, e.g. examples/sampler-mirostat).
     #[arg(long, value_name = "PLUGIN.wasm")]
@@ -85,16 +53,15 @@ pub struct RunArgs {
     /// Encode the prompt as template markup (special-token strings become control tokens).
     #[arg(long)]
     pub markup: bool,
+    /// Say on stderr what the run uses before it starts (the seed, the sampling).
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
-    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
-        bail!(usage(format!("--temp {}: the temperature must be a number >= 0", a.temperature)));
-    }
-    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
-        bail!(usage(format!("--top-p {}: must be in (0, 1]", a.top_p)));
-    }
-    let prompt = read_prompt(a.prompt.as_deref(), a.file.as_deref())?;
+    let (seed, random_seed) = seed(a.sampling.seed);
+    let params = GenerateParams { top_logprobs: a.logprobs.unwrap_or(0), ..a.sampling.params(a.max_tokens, seed)? };
+    let prompt = read_prompt(a.prompt_flag.as_deref().or(a.prompt.as_deref()), a.file.as_deref())?;
     let (_engine, mut session) = open(&a.model)?;
     if let Some(path) = &a.sampler {
         session.set_sampler(Some(sampler_plugin(path, &a.sampler_opt)?));
@@ -110,24 +77,18 @@ pub fn run(a: RunArgs) -> Result<()> {
     if tokens.is_empty() {
         bail!(usage("the prompt encodes to no tokens"));
     }
-    let logit_bias = parse_logit_bias(&a.logit_bias)?;
-    let params = GenerateParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repetition_penalty: a.repeat_penalty,
-        presence_penalty: a.presence_penalty,
-        frequency_penalty: a.frequency_penalty,
-        penalty_last_n: a.repeat_last_n,
-        logit_bias,
-        top_logprobs: a.logprobs.unwrap_or(0),
-        seed: a.seed,
-        max_tokens: a.max_tokens,
-        stop_at_eos: !a.ignore_eos,
-        stop_strings: a.stop.clone(),
-        stop_tokens: a.stop_token.clone(),
-    };
+    if a.verbose {
+        eprintln!(
+            "seed {seed}{}; temp {}, top-k {}, top-p {}, min-p {}; {} prompt tokens, up to {} new",
+            if random_seed { " (random)" } else { "" },
+            params.temperature,
+            params.top_k,
+            params.top_p,
+            params.min_p,
+            tokens.len(),
+            params.max_tokens
+        );
+    }
     let show_logprobs = a.logprobs.is_some();
     let renderer = Arc::new(Mutex::new(crate::render::Renderer::new()));
     let sink = renderer.clone();
@@ -141,7 +102,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         sink.lock().map(|mut r| r.token(event)).unwrap_or(false)
     })?;
     let seconds = started.elapsed().as_secs_f64();
-    println!();
+    outln!();
     if let Some(path) = &a.save_state {
         session.save_state(path).with_context(|| format!("saving the session to {}", path.display()))?;
     }
@@ -150,19 +111,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         r.clear();
         r.totals
     };
-    eprintln!("{} (stop: {})", output::stats_line(&totals, seconds), completion.stop_reason.as_str());
+    // A random seed is printed so the run can be repeated with --seed.
+    let seed_note = if random_seed { format!(", seed {seed}") } else { String::new() };
+    eprintln!("{} (stop: {}{seed_note})", output::stats_line(&totals, seconds), completion.stop_reason.as_str());
     Ok(())
-}
-
-/// `ID=BIAS` pairs of `--logit-bias`.
-fn parse_logit_bias(items: &[String]) -> Result<Vec<(u32, f32)>> {
-    items
-        .iter()
-        .map(|item| {
-            let parsed = item
-                .split_once('=')
-                .and_then(|(id, bias)| Some((id.trim().parse::<u32>().ok()?, bias.trim().parse::<f32>().ok()?)));
-            parsed.ok_or_else(|| usage(format!("--logit-bias {item:?}: expected ID=BIAS, e.g. 42=-5")))
-        })
-        .collect()
 }

@@ -38,6 +38,21 @@ pub struct ServeArgs {
     /// An option for the sampler plugin: NAME=VALUE (repeatable), e.g. tau=5.
     #[arg(long = "sampler-opt", value_name = "NAME=VALUE", requires = "sampler", allow_negative_numbers = true)]
     pub sampler_opt: Vec<String>,
+    /// Render conversations with this Jinja template instead of the model's own.
+    #[arg(long, value_name = "FILE", visible_alias = "chat-template-file")]
+    pub chat_template: Option<std::path::PathBuf>,
+    /// Answer 404 to a request that names another model; by default it is
+    /// answered by this one with an `x-waste-warning` header.
+    #[arg(long)]
+    pub strict_model_name: bool,
+    /// Let browsers call from this origin, e.g. http://localhost:3000
+    /// (repeatable; `*` for any): preflights are answered, answers carry
+    /// Access-Control-Allow-Origin.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
+    /// No log line per request on stderr.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -63,6 +78,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         &OpenOptions { context: a.model.ctx, budget, threads, cpus, ..OpenOptions::default() },
     )
     .with_context(|| format!("opening {}", a.model.model.display()))?;
+    let chat_template = match &a.chat_template {
+        Some(path) => Some(crate::input::read_template(path)?),
+        None => None,
+    };
     let engine = Engine::new()?;
     let options = waste_server::ServeOptions {
         host: a.host,
@@ -72,6 +91,10 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         body_limit: body_limit as usize,
         model_id: model_id.clone(),
         sampler,
+        chat_template,
+        strict_model_name: a.strict_model_name,
+        cors_origins: a.cors_origins,
+        quiet: a.quiet,
     };
     waste_server::serve(engine, model, options, |addr| {
         eprintln!("waste serve: model {model_id:?} listening on http://{addr}");

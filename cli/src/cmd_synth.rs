@@ -9,6 +9,7 @@ use waste_host::plan::fmt_bytes;
 use waste_host::synth::{preset, LikeOptions, LIKE, PRESETS};
 
 use crate::errors::usage;
+use crate::output;
 
 #[derive(Args)]
 pub struct SynthArgs {
@@ -54,14 +55,15 @@ pub fn synth(a: SynthArgs) -> Result<()> {
         .ok_or_else(|| usage(format!("--experts {:?}: expected rvq3, rvq4p, rvq2, q8 or q4", a.experts)))?;
     spec.seed = a.seed;
     let started = Instant::now();
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut bar: Option<indicatif::ProgressBar> = None;
     let r = waste_host::synth::synth(&a.out, &spec, &mut |done, total| {
-        if tty {
-            eprint!("\r{done}/{total}");
-        }
+        bar.get_or_insert_with(|| output::progress_bar(total)).set_position(done);
     })?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     eprintln!(
-        "\rwrote {} in {:.1} s: trunk {}, experts {} ({} MoE layers x {} experts, {} bytes per record)",
+        "wrote {} in {:.1} s: trunk {}, experts {} ({} MoE layers x {} experts, {} bytes per record)",
         a.out.display(),
         started.elapsed().as_secs_f64(),
         fmt_bytes(r.trunk_bytes),
@@ -92,15 +94,16 @@ fn synth_like(a: &SynthArgs, like: &str) -> Result<()> {
     let options =
         LikeOptions { experts, trunk, seed: a.seed, num_experts: a.num_experts, manifest_only: a.manifest_only };
     let started = Instant::now();
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut bar: Option<indicatif::ProgressBar> = None;
     let r = waste_host::synth::synth_like(&a.out, like, &options, &mut |done, total| {
-        if tty {
-            eprint!("\r{done}/{total}");
-        }
+        bar.get_or_insert_with(|| output::progress_bar(total)).set_position(done);
     })?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     let how = if a.manifest_only { "manifest only, sparse files" } else { "random weights" };
     eprintln!(
-        "\rwrote {} ({how}) in {:.1} s: trunk {}, experts {} ({} MoE layers, {} bytes per record)",
+        "wrote {} ({how}) in {:.1} s: trunk {}, experts {} ({} MoE layers, {} bytes per record)",
         a.out.display(),
         started.elapsed().as_secs_f64(),
         fmt_bytes(r.trunk_bytes),

@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::errors::usage;
 use crate::input::{encode, read_prompt};
 use crate::open::{open, ModelArgs};
+use crate::output::outln;
 
 #[derive(Args)]
 pub struct TokenizeArgs {
@@ -44,10 +45,10 @@ pub fn tokenize(a: TokenizeArgs) -> Result<()> {
     let ids = encode(&mut session, &text, a.markup)?;
     let mode = if a.markup { "markup" } else { "content" };
     if a.json {
-        println!("{}", json!({"mode": mode, "tokens": ids}));
+        outln!("{}", json!({"mode": mode, "tokens": ids}));
     } else {
         eprintln!("mode: {mode} ({} tokens)", ids.len());
-        println!("{}", ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
+        outln!("{}", ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","));
     }
     Ok(())
 }
@@ -61,9 +62,9 @@ pub fn detokenize(a: DetokenizeArgs) -> Result<()> {
     let (_engine, mut session) = open(&a.model)?;
     let text = session.detokenize(&ids)?;
     if a.json {
-        println!("{}", json!({"tokens": ids, "text": text}));
+        outln!("{}", json!({"tokens": ids, "text": text}));
     } else {
-        println!("{text}");
+        outln!("{text}");
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 use std::io::{IsTerminal, Read};
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use waste_host::Session;
 
 use crate::errors::usage;
@@ -34,4 +34,20 @@ fn read_stdin() -> Result<String> {
 pub fn encode(session: &mut Session, text: &str, markup: bool) -> Result<Vec<u32>> {
     let tokens = if markup { session.tokenize_markup(text)? } else { session.tokenize(text)? };
     Ok(tokens)
+}
+
+/// The largest chat template file taken (real ones are a few kB).
+const MAX_TEMPLATE_BYTES: u64 = 1 << 20;
+
+/// A `--chat-template` file: bounded, UTF-8.
+pub fn read_template(path: &Path) -> Result<String> {
+    let meta = std::fs::metadata(path).with_context(|| format!("reading the chat template {}", path.display()))?;
+    if !meta.is_file() || meta.len() > MAX_TEMPLATE_BYTES {
+        bail!(usage(format!(
+            "--chat-template {}: expected a Jinja template file of at most {MAX_TEMPLATE_BYTES} bytes",
+            path.display()
+        )));
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("reading the chat template {}", path.display()))?;
+    String::from_utf8(bytes).map_err(|_| usage(format!("--chat-template {}: not UTF-8", path.display())))
 }

@@ -15,11 +15,13 @@ mod cmd_run;
 mod cmd_serve;
 mod cmd_synth;
 mod cmd_tokens;
+mod compat;
 mod errors;
 mod input;
 mod open;
 mod output;
 mod render;
+mod sampling;
 
 use std::process::ExitCode;
 
@@ -67,7 +69,14 @@ enum Command {
 /// The `waste` command line: parses the arguments, runs the command, and
 /// turns its outcome into the exit status (after one error line on stderr).
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args = match compat::rewrite(std::env::args_os().collect()) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         Command::Convert(a) => cmd_convert::convert(a),
         Command::Run(a) => cmd_run::run(a),
@@ -84,6 +93,12 @@ pub fn main() -> ExitCode {
         Command::Component(a) => cmd_info::component(a),
         Command::Serve(a) => cmd_serve::serve(a),
     };
+    // A reader that went away (a pipe to `head`) ends a command quietly,
+    // status 0; a failed write to a file or a device is an error.
+    let result = result.and_then(|()| match output::stdout_error() {
+        Some(e) => Err(anyhow::anyhow!("writing to stdout: {e}")),
+        None => Ok(()),
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

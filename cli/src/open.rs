@@ -13,16 +13,16 @@ use crate::errors::usage;
 
 #[derive(Args)]
 pub struct ModelArgs {
-    /// Container directory (made by `waste convert`).
+    /// Container directory (made by `waste convert`); `-m DIR` works too.
     pub model: PathBuf,
     /// Tokens of context to allocate (default: the model's maximum, at most 4096).
-    #[arg(long)]
+    #[arg(long, short = 'c', visible_alias = "ctx-size")]
     pub ctx: Option<usize>,
     /// RAM budget for everything the model allocates (e.g. 2G, 800M); default: planned from usable RAM.
     #[arg(long)]
     pub budget: Option<String>,
     /// Compute threads (default: one per CPU, or per CPU of --cpus); results do not depend on it.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, short = 't', value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
     /// Bind the compute threads to these CPUs, Linux cpu-list syntax: 0-2,6-8.
     #[arg(long)]

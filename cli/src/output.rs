@@ -1,7 +1,47 @@
-//! What the CLI writes besides the generated text: one-line errors, the
-//! final stats line, progress bars.
+//! What the CLI writes: stdout through `outln!` and `write_stdout` (a closed stdout
+//! ends a command quietly instead of panicking), one-line errors, the final
+//! stats line, progress bars.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::sync::OnceLock;
+
+/// The first failed write to stdout: `BrokenPipe` is a reader that went away
+/// (`waste run ... | head`), after which a command drops what it would
+/// print and ends with status 0; any other error is reported at the end.
+static STDOUT_FAILED: OnceLock<std::io::Error> = OnceLock::new();
+
+/// Writes to stdout (flushing with `flush`, for streamed text); false once
+/// stdout has failed, from then on without trying again.
+pub fn write_stdout(args: std::fmt::Arguments<'_>, flush: bool) -> bool {
+    if STDOUT_FAILED.get().is_some() {
+        return false;
+    }
+    let mut out = std::io::stdout().lock();
+    match out.write_fmt(args).and_then(|_| if flush { out.flush() } else { Ok(()) }) {
+        Ok(()) => true,
+        Err(e) => {
+            let _ = STDOUT_FAILED.set(e);
+            false
+        }
+    }
+}
+
+/// A write to stdout that failed other than by the reader going away.
+pub fn stdout_error() -> Option<&'static std::io::Error> {
+    STDOUT_FAILED.get().filter(|e| e.kind() != std::io::ErrorKind::BrokenPipe)
+}
+
+/// `println!` that never panics: see [`write_stdout`].
+macro_rules! outln {
+    () => {{
+        $crate::output::write_stdout(format_args!("\n"), false);
+    }};
+    ($($arg:tt)*) => {{
+        $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*)), false);
+    }};
+}
+
+pub(crate) use outln;
 
 /// One readable line with the cause chain: `error: open x: y: z`.
 pub fn error_line(e: &anyhow::Error) {

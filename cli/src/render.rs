@@ -8,7 +8,7 @@
 //! file or a pipe) and stderr is still a terminal; the final stats line is
 //! printed either way.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use waste_host::TokenEvent;
@@ -45,8 +45,7 @@ impl Renderer {
     /// Writes the token's text to stdout and updates the totals and the
     /// status line; false when stdout is closed (a pipe to `head`).
     pub fn token(&mut self, event: &TokenEvent) -> bool {
-        let mut out = std::io::stdout().lock();
-        let written = out.write_all(event.text.as_bytes()).and_then(|_| out.flush()).is_ok();
+        let written = crate::output::write_stdout(format_args!("{}", event.text), true);
         self.totals.tokens += 1;
         self.totals.experts_hit += event.stats.experts_hit as u64;
         self.totals.experts_missed += event.stats.experts_missed as u64;

@@ -1,7 +1,8 @@
 """Embedding WASTE from Python: plan, open, stream with progress, save/load,
 then one chat turn through the model's template with top log-probabilities.
 
-WASTE_LIB=target/release/libwaste.so python3 embed.py MODEL.waste STATE_FILE
+WASTE_LIB="${CARGO_TARGET_DIR:-target}/release/libwaste.so" python3 embed.py MODEL.waste STATE_FILE
+(WASTE_LIB names the C library built by `cargo build --release -p waste-ffi`.)
 """
 
 import sys

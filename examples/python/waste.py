@@ -74,7 +74,13 @@ class Completion(C.Structure):
 
 CALLBACK = C.CFUNCTYPE(C.c_bool, C.c_void_p, C.POINTER(TokenEvent))
 
-_lib = C.CDLL(os.environ.get("WASTE_LIB", "libwaste.so"))
+try:
+    _lib = C.CDLL(os.environ.get("WASTE_LIB", "libwaste.so"))
+except OSError as e:
+    raise OSError(
+        f"cannot load the WASTE C library ({e}); set WASTE_LIB to the libwaste.so that "
+        "`cargo build --release -p waste-ffi` writes under $CARGO_TARGET_DIR/release (default target/release)"
+    ) from e
 _lib.waste_strerror.restype = C.c_char_p
 _lib.waste_version.restype = C.c_char_p
 _lib.waste_ctx_last_error.restype = C.c_size_t

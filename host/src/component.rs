@@ -84,13 +84,40 @@ pub(crate) struct HostState {
     /// The native error behind the last failed `evaluate`, so the caller
     /// gets it as it was raised rather than as the guest's error string.
     pub native_error: Option<Error>,
+    /// A chat template the caller chose over the model's own.
+    pub chat_template: Option<String>,
 }
 
 impl HostState {
     pub fn new(slot: Option<ModelSlot>) -> Self {
         let stderr = MemoryOutputPipe::new(GUEST_STDERR_CAPACITY);
         let wasi = WasiCtxBuilder::new().stderr(stderr.clone()).build();
-        HostState { wasi, table: ResourceTable::new(), stderr, slot, on_token: None, sampler: None, native_error: None }
+        HostState {
+            wasi,
+            table: ResourceTable::new(),
+            stderr,
+            slot,
+            on_token: None,
+            sampler: None,
+            native_error: None,
+            chat_template: None,
+        }
+    }
+
+    /// A fresh store data for a new instance, taking over what belongs to
+    /// the session rather than to the instance: the model and its state,
+    /// the sampler plugin, the chosen chat template.
+    pub fn carry_over(&mut self) -> HostState {
+        let mut next = HostState::new(None);
+        next.take_session_from(self);
+        next
+    }
+
+    /// Takes over `other`'s session parts (see [`carry_over`](Self::carry_over)).
+    pub fn take_session_from(&mut self, other: &mut HostState) {
+        self.slot = other.slot.take();
+        self.sampler = other.sampler.take();
+        self.chat_template = other.chat_template.take();
     }
 
     /// What the guest wrote to stderr (a panic message), trimmed.
@@ -127,6 +154,9 @@ impl wit::Host for HostState {
     }
 
     fn chat_template(&mut self, with_tools: bool) -> wasmtime::Result<Result<Option<String>, String>> {
+        if let Some(t) = &self.chat_template {
+            return Ok(Ok(Some(t.clone())));
+        }
         Ok(self.slot()?.model.chat_template(with_tools).map(|t| t.map(str::to_owned)))
     }
 

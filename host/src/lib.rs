@@ -37,7 +37,7 @@ pub use session::Session;
 
 // The engine below, as the front ends use it.
 pub use waste_engine::{
-    checkpoint, config, container, convert, error, info, model, plan, pool, quant, skip, stats, store, synth,
+    checkpoint, config, container, convert, error, files, info, model, plan, pool, quant, skip, stats, store, synth,
 };
 pub use waste_engine::{
     ConvertOptions, ConvertProgress, ConvertReport, Error, LayerInfo, MemoryUse, Model, ModelInfo, OpenOptions,
@@ -50,5 +50,19 @@ pub fn component_bytes() -> &'static [u8] {
     component::GUEST_WASM
 }
 
+/// The WIT package of the bundled component's contract (wit/engine.wit).
+pub const WIT_PACKAGE: &str = "waste:engine@0.2.0";
+
 /// The engine's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[cfg(test)]
+mod tests {
+    /// One statement of the contract's version: the constant is the package
+    /// wit/engine.wit declares.
+    #[test]
+    fn wit_package_is_the_one_the_wit_declares() {
+        let wit = include_str!("../../wit/engine.wit");
+        assert!(wit.contains(&format!("package {};", super::WIT_PACKAGE)), "wit/engine.wit declares another package");
+    }
+}

@@ -255,22 +255,40 @@ impl Session {
             },
             Err(trap) => {
                 let stderr = self.store.data().guest_stderr();
-                let slot = self.store.data_mut().slot.take();
-                match self.guest.instantiate(HostState::new(slot)) {
-                    Ok((store, bindings, _)) => {
-                        self.store = store;
-                        self.bindings = bindings;
-                    }
-                    // The slot goes back to the trapped store: the next
-                    // call traps again and tries again.
-                    Err((data, e)) => {
-                        self.store.data_mut().slot = data.slot;
-                        return Err(e);
-                    }
-                }
+                self.reinstantiate()?;
                 let detail = if stderr.is_empty() { String::new() } else { format!(": {stderr}") };
                 Err(Error::Guest(format!("{trap:#}{detail}")))
             }
         }
+    }
+
+    /// Replaces the component instance with a fresh one, the session's
+    /// model, state, plugin and chosen template carried over (a trapped
+    /// instance cannot be entered again; a new template must be parsed
+    /// anew). When instantiating fails, they go back to the old store, so
+    /// the next call fails (and tries) again rather than losing them.
+    fn reinstantiate(&mut self) -> Result<()> {
+        let data = self.store.data_mut().carry_over();
+        match self.guest.instantiate(data) {
+            Ok((store, bindings, _)) => {
+                self.store = store;
+                self.bindings = bindings;
+                Ok(())
+            }
+            Err((mut data, e)) => {
+                self.store.data_mut().take_session_from(&mut data);
+                Err(e)
+            }
+        }
+    }
+
+    /// Renders later conversations with `template` (Jinja source, rendered
+    /// as the model's own would be) instead of the model's; `None` goes back
+    /// to the model's. A template that does not compile is an error when a
+    /// conversation is first rendered with it.
+    pub fn set_chat_template(&mut self, template: Option<String>) -> Result<()> {
+        self.store.data_mut().chat_template = template;
+        // The component parses the template once per instance.
+        self.reinstantiate()
     }
 }

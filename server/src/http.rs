@@ -1,48 +1,40 @@
-//! Routes, authentication, and the JSON / SSE answers.
+//! Routes and what every request goes through: authentication, CORS, the
+//! one log line per request, `/metrics`. The answers of each API are in
+//! their own modules (`openai`); what they share is `state`.
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
-use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request as HttpRequest, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-use waste_host::StopReason;
 
 use crate::error::ApiError;
-use crate::request::{self, Request};
-use crate::tools;
-use crate::worker::{Event, Job, TokenTexts, Worker};
-
-pub struct AppState {
-    pub worker: Worker,
-    pub model_id: String,
-    pub api_key: Option<String>,
-    pub body_limit: usize,
-    pub context: usize,
-    pub created: u64,
-}
-
-type Shared = Arc<AppState>;
+use crate::openai;
+use crate::state::{record, unknown_model, AppState, LoggedByStream, Shared, Tokens};
 
 pub fn router(state: Shared) -> Router {
     let v1 = Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .merge(v1)
         .fallback(|| async { ApiError::not_found("no such endpoint", "unknown_url") })
+        // Outermost: a preflight is answered before authentication (browsers
+        // send no credentials with it), and every answer is logged.
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), cors))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), log_and_count))
         .with_state(state)
 }
 
@@ -68,6 +60,149 @@ async fn auth(State(state): State<Shared>, request: HttpRequest, next: Next) -> 
         }
     }
     next.run(request).await
+}
+
+/// The allowed value of `Access-Control-Allow-Origin` for `origin`, if any.
+fn allowed_origin(state: &AppState, origin: &str) -> Option<HeaderValue> {
+    if state.cors_origins.iter().any(|o| o == "*") {
+        return Some(HeaderValue::from_static("*"));
+    }
+    state.cors_origins.iter().any(|o| o == origin).then(|| HeaderValue::from_str(origin).ok()).flatten()
+}
+
+/// CORS for the origins given with `--cors-origin`: a preflight (`OPTIONS`
+/// with `Access-Control-Request-Method`) is answered here, and the answers
+/// to an allowed origin carry `Access-Control-Allow-Origin`.
+async fn cors(State(state): State<Shared>, request: HttpRequest, next: Next) -> Response {
+    let origin = request.headers().get(header::ORIGIN).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let allowed = origin.as_deref().and_then(|o| allowed_origin(&state, o));
+    let preflight =
+        request.method() == Method::OPTIONS && request.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    if preflight {
+        let Some(allow) = allowed else {
+            return ApiError {
+                status: StatusCode::FORBIDDEN,
+                message: format!(
+                    "origin {:?} may not call this server (start it with --cors-origin ORIGIN)",
+                    origin.unwrap_or_default()
+                ),
+                kind: "invalid_request_error",
+                param: None,
+                code: Some("origin_not_allowed"),
+            }
+            .into_response();
+        };
+        let asked = request.headers().get(header::ACCESS_CONTROL_REQUEST_HEADERS).cloned();
+        let mut response = StatusCode::NO_CONTENT.into_response();
+        let h = response.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            asked.unwrap_or_else(|| HeaderValue::from_static("authorization, content-type, x-api-key")),
+        );
+        h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+        return response;
+    }
+    let mut response = next.run(request).await;
+    if let Some(allow) = allowed {
+        let h = response.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    response
+}
+
+async fn log_and_count(State(state): State<Shared>, request: HttpRequest, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().to_string();
+    let path = request.uri().path().to_string();
+    let response = next.run(request).await;
+    if response.extensions().get::<LoggedByStream>().is_none() {
+        let tokens = response.extensions().get::<Tokens>().copied();
+        record(&state, &method, &path, response.status().as_u16(), tokens, started, false);
+    }
+    response
+}
+
+/// Prometheus text exposition format (version 0.0.4).
+async fn metrics(State(state): State<Shared>) -> Response {
+    let m = &state.metrics;
+    let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let c = state.worker.counters();
+    let s = state.model.store_stats();
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, rows: &[(String, f64)]| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for (labels, v) in rows {
+            out.push_str(&format!("{name}{labels} {v}\n"));
+        }
+    };
+    let classes = ["2xx", "3xx", "4xx", "5xx"];
+    let answers: Vec<(String, f64)> =
+        classes.iter().zip(&m.answers).map(|(c, a)| (format!("{{code=\"{c}\"}}"), n(a) as f64)).collect();
+    family("waste_http_requests_total", "counter", "HTTP answers by status class.", &answers);
+    family(
+        "waste_prompt_tokens_total",
+        "counter",
+        "Prompt tokens of answered generations.",
+        &[(String::new(), n(&m.prompt_tokens) as f64)],
+    );
+    family(
+        "waste_completion_tokens_total",
+        "counter",
+        "Tokens generated and answered.",
+        &[(String::new(), n(&m.completion_tokens) as f64)],
+    );
+    family(
+        "waste_tokens_generated_total",
+        "counter",
+        "Tokens the engine computed, those of cancelled generations included.",
+        &[(String::new(), n(&c.tokens_generated) as f64)],
+    );
+    let outcomes = [
+        ("completed", &c.completed),
+        ("cancelled", &c.cancelled),
+        ("dropped_queued", &c.dropped_queued),
+        ("failed", &c.failed),
+        ("rejected", &c.rejected),
+    ];
+    let outcomes: Vec<(String, f64)> =
+        outcomes.iter().map(|(o, a)| (format!("{{outcome=\"{o}\"}}"), n(a) as f64)).collect();
+    family("waste_generations_total", "counter", "Generation requests by outcome.", &outcomes);
+    family(
+        "waste_queue_requests",
+        "gauge",
+        "Requests queued or running.",
+        &[(String::new(), state.worker.pending() as f64)],
+    );
+    family(
+        "waste_queue_limit",
+        "gauge",
+        "Requests queued or running at most.",
+        &[(String::new(), state.worker.limit() as f64)],
+    );
+    family(
+        "waste_expert_cache_hits_total",
+        "counter",
+        "Routed-expert uses served from RAM.",
+        &[(String::new(), s.hits as f64)],
+    );
+    family(
+        "waste_expert_cache_misses_total",
+        "counter",
+        "Routed-expert uses read from disk.",
+        &[(String::new(), s.misses as f64)],
+    );
+    family("waste_expert_cache_hit_ratio", "gauge", "Hits over uses since start.", &[(String::new(), s.hit_rate())]);
+    family(
+        "waste_expert_bytes_read_total",
+        "counter",
+        "Bytes read from expert banks.",
+        &[(String::new(), s.bytes_read as f64)],
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
 }
 
 fn model_object(state: &AppState) -> Value {
@@ -113,292 +248,3 @@ async fn stats(State(state): State<Shared>) -> Json<Value> {
         "last_cancelled": last,
     }))
 }
-
-fn unknown_model(id: &str) -> ApiError {
-    ApiError::not_found(format!("the model {id:?} does not exist"), "model_not_found")
-}
-
-async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
-    let declared =
-        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > state.body_limit as u64) {
-        return Err(ApiError::too_large(state.body_limit));
-    }
-    axum::body::to_bytes(body, state.body_limit).await.map_err(|_| ApiError::too_large(state.body_limit))
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-fn next_id(prefix: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    format!("{prefix}-{}-{}", now(), COUNTER.fetch_add(1, Ordering::Relaxed))
-}
-
-async fn chat(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    handle(state, headers, body, true).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-async fn completions(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    handle(state, headers, body, false).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// What the answers of one request share.
-struct Reply {
-    chat: bool,
-    id: String,
-    created: u64,
-    model: String,
-    logprobs: bool,
-    tools: bool,
-    include_usage: bool,
-}
-
-async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Result<Response, ApiError> {
-    let bytes = read_body(&state, &headers, body).await?;
-    let req: Request = request::parse(&bytes, chat, state.context)?;
-    if let Some(m) = &req.model {
-        if *m != state.model_id {
-            return Err(unknown_model(m));
-        }
-    }
-    let (tx, mut rx) = unbounded_channel();
-    let reply = Reply {
-        chat,
-        id: next_id(if chat { "chatcmpl" } else { "cmpl" }),
-        created: now(),
-        model: state.model_id.clone(),
-        logprobs: req.logprobs,
-        tools: req.tools_enabled,
-        include_usage: req.include_usage,
-    };
-    state.worker.submit(Job { prompt: req.prompt, params: req.params, want_texts: req.logprobs, events: tx })?;
-    // Waiting for the prompt lets its errors be HTTP errors, streaming or not.
-    match rx.recv().await {
-        Some(Event::Started) => {}
-        Some(Event::Failed(e)) => return Err(e),
-        _ => return Err(ApiError::internal("the engine thread dropped the request")),
-    }
-    if req.stream {
-        let stream = futures_util::stream::unfold(
-            SseState { rx, reply, streamed: String::new(), role_sent: false, done: false },
-            sse_next,
-        );
-        let mut response = Response::new(Body::from_stream(stream));
-        let h = response.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        return Ok(response);
-    }
-    loop {
-        match rx.recv().await {
-            Some(Event::Started) | Some(Event::Token(..)) => {}
-            Some(Event::Done { completion, prompt_tokens, texts }) => {
-                return Ok(Json(full_answer(&reply, completion, prompt_tokens, &texts)).into_response())
-            }
-            Some(Event::Failed(e)) => return Err(e),
-            None => return Err(ApiError::internal("the engine thread dropped the request")),
-        }
-    }
-}
-
-fn finish_reason(reason: StopReason) -> &'static str {
-    match reason {
-        StopReason::Length | StopReason::ContextFull => "length",
-        _ => "stop",
-    }
-}
-
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
-}
-
-fn chat_logprob(t: &TokenTexts, logprob: f32) -> Value {
-    let top: Vec<Value> =
-        t.top.iter().map(|(s, lp)| json!({"token": s, "logprob": lp, "bytes": s.as_bytes()})).collect();
-    json!({"token": t.token, "logprob": logprob, "bytes": t.token.as_bytes(), "top_logprobs": top})
-}
-
-fn text_logprobs(texts: &[&TokenTexts], logprobs: &[f32], start_offset: usize) -> Value {
-    let mut offset = start_offset;
-    let mut offsets = Vec::with_capacity(texts.len());
-    for t in texts {
-        offsets.push(offset);
-        offset += t.token.len();
-    }
-    let top: Vec<Value> =
-        texts.iter().map(|t| Value::Object(t.top.iter().map(|(s, lp)| (s.clone(), json!(lp))).collect())).collect();
-    json!({
-        "tokens": texts.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": logprobs,
-        "top_logprobs": top,
-        "text_offset": offsets,
-    })
-}
-
-fn full_answer(r: &Reply, c: waste_host::Completion, prompt_tokens: usize, texts: &[TokenTexts]) -> Value {
-    let mut finish = finish_reason(c.stop_reason);
-    let logprobs = if !r.logprobs {
-        Value::Null
-    } else if r.chat {
-        json!({"content": texts.iter().zip(&c.logprobs).map(|(t, &lp)| chat_logprob(t, lp)).collect::<Vec<_>>()})
-    } else {
-        text_logprobs(&texts.iter().collect::<Vec<_>>(), &c.logprobs, 0)
-    };
-    let choice = if r.chat {
-        let mut message = json!({"role": "assistant", "content": c.text});
-        if r.tools {
-            if let Some((content, calls)) = tools::parse(&c.text, &r.id) {
-                message = json!({"role": "assistant", "content": content, "tool_calls": calls});
-                finish = "tool_calls";
-            }
-        }
-        json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish})
-    } else {
-        json!({"index": 0, "text": c.text, "logprobs": logprobs, "finish_reason": finish})
-    };
-    json!({
-        "id": r.id,
-        "object": if r.chat { "chat.completion" } else { "text_completion" },
-        "created": r.created,
-        "model": r.model,
-        "choices": [choice],
-        "usage": usage(prompt_tokens, c.tokens.len()),
-    })
-}
-
-struct SseState {
-    rx: UnboundedReceiver<Event>,
-    reply: Reply,
-    /// Text sent so far (or held back, when tool calls may follow).
-    streamed: String,
-    role_sent: bool,
-    done: bool,
-}
-
-fn data(v: &Value) -> String {
-    format!("data: {v}\n\n")
-}
-
-impl Reply {
-    /// One chunk; `delta` is the chat delta or the completion text.
-    fn chunk(&self, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
-        let choice = if self.chat {
-            json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
-        } else {
-            json!({"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish})
-        };
-        let mut v = json!({
-            "id": self.id,
-            "object": if self.chat { "chat.completion.chunk" } else { "text_completion" },
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-        });
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
-    }
-
-    fn content(&self, text: &str) -> Value {
-        if self.chat {
-            json!({"content": text})
-        } else {
-            json!(text)
-        }
-    }
-}
-
-async fn sse_next(mut st: SseState) -> Option<(Result<String, Infallible>, SseState)> {
-    if st.done {
-        return None;
-    }
-    let mut out = String::new();
-    if st.reply.chat && !st.role_sent {
-        // The role comes first, as in OpenAI's streams.
-        out.push_str(&data(&st.reply.chunk(json!({"role": "assistant", "content": ""}), Value::Null, None)));
-        st.role_sent = true;
-    }
-    loop {
-        match st.rx.recv().await {
-            Some(Event::Started) => {}
-            Some(Event::Token(ev, texts)) => {
-                st.streamed.push_str(&ev.text);
-                if st.reply.tools {
-                    continue;
-                }
-                let logprobs = match (&texts, st.reply.logprobs, st.reply.chat) {
-                    (Some(t), true, true) => json!({"content": [chat_logprob(t, ev.logprob)]}),
-                    (Some(t), true, false) => text_logprobs(&[t], &[ev.logprob], st.streamed.len() - ev.text.len()),
-                    _ => Value::Null,
-                };
-                if ev.text.is_empty() && logprobs.is_null() {
-                    continue;
-                }
-                out.push_str(&data(&st.reply.chunk(st.reply.content(&ev.text), logprobs, None)));
-                return Some((Ok(out), st));
-            }
-            Some(Event::Done { completion, prompt_tokens, .. }) => {
-                let mut finish = finish_reason(completion.stop_reason);
-                let calls = if st.reply.tools { tools::parse(&completion.text, &st.reply.id) } else { None };
-                if let Some((content, calls)) = calls {
-                    if let Some(text) = content {
-                        out.push_str(&data(&st.reply.chunk(json!({"content": text}), Value::Null, None)));
-                    }
-                    let calls: Vec<Value> = calls
-                        .as_array()
-                        .map(|a| {
-                            a.iter()
-                                .enumerate()
-                                .map(|(i, c)| {
-                                    let mut c = c.clone();
-                                    c["index"] = json!(i);
-                                    c
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    out.push_str(&data(&st.reply.chunk(json!({"tool_calls": calls}), Value::Null, None)));
-                    finish = "tool_calls";
-                } else {
-                    // Text the engine held back (a possible stop string that
-                    // was not one) or, with tools, everything.
-                    let sent = if st.reply.tools { "" } else { st.streamed.as_str() };
-                    let rest = completion.text.strip_prefix(sent).unwrap_or("");
-                    if !rest.is_empty() {
-                        out.push_str(&data(&st.reply.chunk(st.reply.content(rest), Value::Null, None)));
-                    }
-                }
-                let empty = if st.reply.chat { json!({}) } else { json!("") };
-                out.push_str(&data(&st.reply.chunk(empty, Value::Null, Some(finish))));
-                if st.reply.include_usage {
-                    let mut u = st.reply.chunk(Value::Null, Value::Null, None);
-                    u["choices"] = json!([]);
-                    u["usage"] = usage(prompt_tokens, completion.tokens.len());
-                    out.push_str(&data(&u));
-                }
-                out.push_str("data: [DONE]\n\n");
-                st.done = true;
-                return Some((Ok(out), st));
-            }
-            Some(Event::Failed(e)) => {
-                out.push_str(&data(&e.body()));
-                out.push_str("data: [DONE]\n\n");
-                st.done = true;
-                return Some((Ok(out), st));
-            }
-            None => {
-                out.push_str(&data(&ApiError::internal("the engine thread dropped the request").body()));
-                out.push_str("data: [DONE]\n\n");
-                st.done = true;
-                return Some((Ok(out), st));
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-#[path = "http_tests.rs"]
-mod tests;

@@ -8,6 +8,7 @@ use tokio::sync::mpsc::unbounded_channel;
 use waste_host::{Completion, StopReason, TokenEvent};
 
 use super::*;
+use crate::state::RequestLog;
 
 const CALL: &str =
     "Let me look.\n<tool_call>\n{\"name\": \"verse\", \"arguments\": {\"book\": \"Genesis\"}}\n</tool_call>";
@@ -18,6 +19,7 @@ fn reply(chat: bool, tools: bool) -> Reply {
         id: "chatcmpl-test".into(),
         created: 1,
         model: "m".into(),
+        system_fingerprint: "fp_test".into(),
         logprobs: false,
         tools,
         include_usage: true,
@@ -46,7 +48,7 @@ async fn stream(reply: Reply, pieces: &[&str], done: Completion) -> Vec<Value> {
         tx.send(Event::Token(event(p), None)).unwrap();
     }
     tx.send(Event::Done { completion: done, prompt_tokens: 7, texts: Vec::new() }).unwrap();
-    let st = SseState { rx, reply, streamed: String::new(), role_sent: false, done: false };
+    let st = SseState { rx, reply, streamed: String::new(), role_sent: false, done: false, log: RequestLog::none() };
     let (mut next, mut text) = (Some(st), String::new());
     while let Some(state) = next.take() {
         if let Some((chunk, after)) = sse_next(state).await {
@@ -65,7 +67,8 @@ async fn stream(reply: Reply, pieces: &[&str], done: Completion) -> Vec<Value> {
 
 #[test]
 fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
-    let v = full_answer(&reply(true, true), completion(CALL, 20, StopReason::Eos), 7, &[]);
+    let v: Value =
+        serde_json::from_str(&full_answer(&reply(true, true), completion(CALL, 20, StopReason::Eos), 7, &[])).unwrap();
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls");
     assert_eq!(choice["message"]["content"], "Let me look.");
@@ -81,7 +84,8 @@ fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
 
 #[test]
 fn tool_call_text_without_tools_in_the_request_stays_text() {
-    let v = full_answer(&reply(true, false), completion(CALL, 20, StopReason::Eos), 7, &[]);
+    let v: Value =
+        serde_json::from_str(&full_answer(&reply(true, false), completion(CALL, 20, StopReason::Eos), 7, &[])).unwrap();
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(v["choices"][0]["message"]["content"], CALL);
     assert!(v["choices"][0]["message"].get("tool_calls").is_none());
@@ -137,4 +141,34 @@ async fn streamed_text_with_tools_but_no_call_is_sent_whole_at_the_end() {
         .filter(|f| !f.is_null())
         .collect();
     assert_eq!(finishes, ["length"]);
+}
+
+/// Regression (the legacy completions listed each token's alternatives in
+/// alphabetical order, serde_json's map order): most likely first, as the
+/// engine reports them, whole and streamed; every answer carries
+/// `system_fingerprint`.
+#[tokio::test]
+async fn legacy_completion_top_logprobs_are_most_likely_first() {
+    let texts =
+        vec![TokenTexts { token: "z".into(), top: vec![("z".into(), -0.1), ("a".into(), -2.5), ("m".into(), -3.0)] }];
+    let mut r = reply(false, false);
+    r.logprobs = true;
+    let text = full_answer(&r, completion("z", 1, StopReason::Length), 7, &texts);
+    let (z, a, m) = (text.find("\"z\":").unwrap(), text.find("\"a\":").unwrap(), text.find("\"m\":").unwrap());
+    assert!(z < a && a < m, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["system_fingerprint"], "fp_test");
+    assert_eq!(v["choices"][0]["logprobs"]["tokens"][0], "z");
+
+    let (tx, rx) = unbounded_channel();
+    tx.send(Event::Token(event("z"), Some(TokenTexts { token: "z".into(), top: texts[0].top.clone() }))).unwrap();
+    tx.send(Event::Done { completion: completion("z", 1, StopReason::Length), prompt_tokens: 7, texts: Vec::new() })
+        .unwrap();
+    let mut r = reply(false, false);
+    r.logprobs = true;
+    let st = SseState { rx, reply: r, streamed: String::new(), role_sent: false, done: false, log: RequestLog::none() };
+    let (chunk, _) = sse_next(st).await.unwrap();
+    let chunk = chunk.unwrap_or_else(|e| match e {});
+    assert!(chunk.find("\"z\":").unwrap() < chunk.find("\"a\":").unwrap(), "{chunk}");
+    assert!(chunk.contains("\"system_fingerprint\":\"fp_test\""), "{chunk}");
 }

@@ -4,7 +4,9 @@
 
 mod error;
 mod http;
+mod openai;
 mod request;
+mod state;
 mod tools;
 mod worker;
 
@@ -28,6 +30,16 @@ pub struct ServeOptions {
     /// A sampler plugin every request's generation draws its tokens from
     /// (the request's own sampling fields still reach it as parameters).
     pub sampler: Option<waste_host::plugin::SamplerPlugin>,
+    /// A Jinja chat template to render conversations with instead of the
+    /// model's own.
+    pub chat_template: Option<String>,
+    /// Answer 404 to a request naming another model, instead of answering
+    /// it with this one and a warning header.
+    pub strict_model_name: bool,
+    /// Origins a browser may call from (`*` for any); none: no CORS.
+    pub cors_origins: Vec<String>,
+    /// No log line per request on stderr.
+    pub quiet: bool,
 }
 
 impl Default for ServeOptions {
@@ -40,6 +52,10 @@ impl Default for ServeOptions {
             body_limit: 4 << 20,
             model_id: "model".into(),
             sampler: None,
+            chat_template: None,
+            strict_model_name: false,
+            cors_origins: Vec::new(),
+            quiet: false,
         }
     }
 }
@@ -53,14 +69,27 @@ pub fn serve(
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     let context = model.context();
-    let worker = worker::Worker::start(engine, model, options.queue_limit.max(1), options.sampler)?;
-    let state = Arc::new(http::AppState {
+    let system_fingerprint = fingerprint(&model);
+    let worker = worker::Worker::start(
+        engine,
+        Arc::clone(&model),
+        options.queue_limit.max(1),
+        options.sampler,
+        options.chat_template,
+    )?;
+    let state = Arc::new(state::AppState {
         worker,
+        model,
         model_id: options.model_id,
         api_key: options.api_key,
         body_limit: options.body_limit,
         context,
         created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        system_fingerprint,
+        strict_model_name: options.strict_model_name,
+        cors_origins: options.cors_origins,
+        quiet: options.quiet,
+        metrics: state::Metrics::default(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
@@ -76,4 +105,12 @@ pub fn serve(
             .await?;
         Ok(())
     })
+}
+
+/// OpenAI's `system_fingerprint`: changes when the engine or the model does.
+fn fingerprint(model: &Model) -> String {
+    let mut h = waste_host::files::Fnv::new();
+    h.update(waste_host::VERSION.as_bytes());
+    h.update(model.identity().as_bytes());
+    format!("fp_{}", &h.hex()[..12])
 }

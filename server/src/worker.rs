@@ -100,7 +100,13 @@ impl Vocab {
 impl Worker {
     /// Starts the engine thread; returns once its sessions exist. The
     /// generating session draws through `sampler` when one is given.
-    pub fn start(engine: Engine, model: Arc<Model>, limit: usize, sampler: Option<SamplerPlugin>) -> Result<Worker> {
+    pub fn start(
+        engine: Engine,
+        model: Arc<Model>,
+        limit: usize,
+        sampler: Option<SamplerPlugin>,
+        chat_template: Option<String>,
+    ) -> Result<Worker> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let pending = Arc::new(AtomicUsize::new(0));
@@ -113,6 +119,10 @@ impl Worker {
             let (mut session, vocab) = match sessions {
                 Ok(mut s) => {
                     s.0.set_sampler(sampler);
+                    if let Err(e) = s.0.set_chat_template(chat_template) {
+                        let _ = ready_tx.send(Err(e.into()));
+                        return;
+                    }
                     let _ = ready_tx.send(Ok(()));
                     s
                 }
@@ -208,7 +218,11 @@ fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>,
             code: Some("context_length_exceeded"),
             ..ApiError::bad_request(
                 format!("the prompt is {} tokens; this model's context is {} tokens", t.len(), model.context()),
-                Some("messages"),
+                // The field that carried the prompt.
+                Some(match job.prompt {
+                    Prompt::Chat { .. } => "messages",
+                    Prompt::Text(_) => "prompt",
+                }),
             )
         }),
         other => other,

@@ -120,16 +120,33 @@ pub fn reference(family: &str) -> Reference {
     }
 }
 
-/// Reports a test that could not run. cargo captures a passing test's
-/// output, so the line is also appended to the file named by `WASTE_SKIP_LOG`
-/// (set by .ci/run), where CI checks it against .ci/allowed-skips.
-pub fn report_skip(message: &str) {
-    eprintln!("{message}");
-    if let Some(path) = std::env::var_os("WASTE_SKIP_LOG") {
-        use std::io::Write;
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-            let _ = writeln!(f, "{message}");
-        }
+/// A test that could not run says so: the one definition, which writes
+/// past cargo's output capture and to `WASTE_SKIP_LOG`.
+pub use waste_host::skip::report_skip;
+
+/// Regression (skips went only to `WASTE_SKIP_LOG`, so outside `.ci/run`
+/// a test that returned early looked like a pass): a skipped test's line
+/// reaches the terminal through cargo's capture of a passing test.
+#[test]
+fn a_skip_is_visible_in_cargo_test_output() {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let o = Command::new(exe)
+        .args(["--exact", "common::skip_probe", "--ignored", "--test-threads", "1"])
+        .env("WASTE_SKIP_PROBE", "1")
+        .env_remove("WASTE_SKIP_LOG")
+        .output()
+        .expect("run the probe");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("1 passed"), "the probe did not run: {}", stdout(&o));
+    assert!(stderr(&o).contains("SKIP skip_probe: printed past the capture"), "stderr: {}", stderr(&o));
+}
+
+/// Run by [`a_skip_is_visible_in_cargo_test_output`] in a child test run.
+#[test]
+#[ignore = "a probe for a_skip_is_visible_in_cargo_test_output, run by it"]
+fn skip_probe() {
+    if std::env::var_os("WASTE_SKIP_PROBE").is_some() {
+        report_skip("SKIP skip_probe: printed past the capture");
     }
 }
 

@@ -10,6 +10,7 @@ mod common;
 mod convert_release;
 mod deepseek;
 mod ffi;
+mod first_hour;
 mod jco;
 mod k3;
 mod kimi;

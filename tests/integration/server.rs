@@ -11,8 +11,15 @@ use std::process::{Child, Command, Stdio};
 
 use crate::common::{report_skip, stderr, stdout, waste, waste_bin, TempDir};
 
-/// Kills the server however the test ends.
-struct Server(Child);
+/// Kills the server however the test ends; holds what it wrote to stderr.
+struct Server(Child, std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Server {
+    /// The server's stderr lines so far.
+    fn log(&self) -> Vec<String> {
+        self.1.lock().unwrap().clone()
+    }
+}
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -40,19 +47,24 @@ fn start(model: &Path, args: &[&str]) -> (Server, String) {
         .spawn()
         .expect("spawn waste serve");
     let stderr = child.stderr.take().unwrap();
-    let server = Server(child);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let server = Server(child, log.clone());
     let mut lines = BufReader::new(stderr).lines();
     let mut url = None;
     for line in lines.by_ref() {
         let line = line.expect("read the server's stderr");
         if let Some(at) = line.find("http://") {
-            url = Some(line[at..].trim().to_string());
+            url = Some(line[at..].split_whitespace().next().unwrap().to_string());
             break;
         }
     }
     let url = url.expect("waste serve printed no listening address");
     // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            log.lock().unwrap().push(line);
+        }
+    });
     (server, url)
 }
 
@@ -73,7 +85,8 @@ fn server_answers_the_openai_client() {
         return;
     }
     let body_limit = "65536";
-    let (server, url) = start(&bible(), &["--max-body", body_limit, "--queue", "64"]);
+    let (server, url) =
+        start(&bible(), &["--max-body", body_limit, "--queue", "64", "--cors-origin", "http://app.test"]);
     let out = Command::new("python3")
         .arg(root().join("tests/server/test_openai.py"))
         .args([url.as_str(), KEY, "bible-moe", body_limit])
@@ -81,9 +94,37 @@ fn server_answers_the_openai_client() {
         .expect("run test_openai.py");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // One log line per request: method, path, status, tokens, ms.
+    let log = server.log();
     drop(server);
     assert!(out.status.success(), "test_openai.py failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("all server checks passed"), "{stdout}");
+    let line = log.iter().find(|l| l.starts_with("POST /v1/chat/completions 200 ") && l.contains(" tokens "));
+    let line = line.unwrap_or_else(|| panic!("no request log line: {:?}", &log[..log.len().min(20)]));
+    assert!(line.ends_with(" ms"), "{line}");
+    assert!(log.iter().any(|l| l.starts_with("POST /v1/chat/completions 200 stream ")), "no streamed request line");
+    assert!(log.iter().any(|l| l.starts_with("POST /v1/chat/completions 401 ")), "no 401 line");
+}
+
+/// `--strict-model-name` answers another model's name with a 404, and
+/// `--quiet` writes no line per request.
+#[test]
+fn server_strict_model_name_refuses_and_quiet_logs_nothing() {
+    let (server, url) = start(&bible(), &["--strict-model-name", "--quiet"]);
+    let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
+    let (status, body) =
+        post_json(&url, "/v1/chat/completions", &serde_json::json!({"model": "nope", "messages": msgs}));
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "model_not_found", "{body}");
+    let (status, body) = post_json(
+        &url,
+        "/v1/chat/completions",
+        &serde_json::json!({"model": "bible-moe", "messages": msgs, "max_tokens": 2}),
+    );
+    assert_eq!(status, 200, "{body}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let log = server.log();
+    assert!(log.iter().all(|l| !l.starts_with("POST ")), "--quiet logged: {log:?}");
 }
 
 /// Runs one mode of tests/server/test_server_more.py against a server on

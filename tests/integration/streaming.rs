@@ -2,7 +2,7 @@
 //! learned hotlist, trace replay. Synthetic containers stand in for models
 //! too large to ship.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use waste_host::plan::plan_path;
 use waste_host::store::io::fd_is_direct;
@@ -190,21 +190,17 @@ fn peak_rss_counts_the_trunk_once() {
     );
 }
 
-fn shared_trace(name: &str) -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(name);
-    if p.is_file() {
-        Some(p)
-    } else {
-        report_skip(&format!("SKIP: routing trace {} is missing", p.display()));
-        None
-    }
+/// A real routing trace, committed under tests/fixtures/traces/ (a
+/// missing one fails the test: it is part of the repository).
+fn committed_trace(name: &str) -> PathBuf {
+    let p = crate::common::fixtures().join("traces").join(name);
+    assert!(p.is_file(), "routing trace {} is missing from the repository", p.display());
+    p
 }
 
 #[test]
 fn second_run_after_learn_has_fewer_misses() {
-    let Some(trace) = shared_trace("trace_olmoe_299.jsonl") else {
-        return;
-    };
+    let trace = committed_trace("trace_olmoe_299.jsonl");
     let dir = TempDir::new("stream-learn");
     let path = synthetic(&dir, "olmoe-trace");
     let plan = plan_path(&path, Some(64), None).unwrap();
@@ -239,7 +235,7 @@ fn second_run_after_learn_has_fewer_misses() {
 #[test]
 fn trace_simulator_agrees_with_the_engine_cache_on_the_shared_traces() {
     for (file, shape) in [("trace_olmoe_299.jsonl", "olmoe-trace"), ("trace_kimi_linear_300.jsonl", "kimi-trace")] {
-        let Some(trace_path) = shared_trace(file) else { return };
+        let trace_path = committed_trace(file);
         let trace = read_route_trace(&trace_path).unwrap();
         let dir = TempDir::new("stream-sim");
         let path = synthetic(&dir, shape);

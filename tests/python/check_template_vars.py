@@ -7,7 +7,7 @@ and requires the same text; `apply_chat_template` must give the same tokens as
 tokenizing nothing but what the model would see (its length is checked against
 the rendering with and without the variable). Prints one line per checked case.
 
-WASTE_LIB=target/release/libwaste.so python3 check_template_vars.py MODEL.waste EXPECTED.json
+WASTE_LIB="${CARGO_TARGET_DIR:-target}/release/libwaste.so" python3 check_template_vars.py MODEL.waste EXPECTED.json
 """
 
 import json

@@ -138,8 +138,10 @@ def test_errors():
     error_shape(s, b, 401, "missing key")
     s, _, b = raw("GET", "/v1/models", key=KEY + "x")
     error_shape(s, b, 401, "wrong key")
-    s, _, b = raw("POST", "/v1/chat/completions", {"model": "nope", "messages": msgs})
-    error_shape(s, b, 404, "unknown model")
+    # Another model's name is answered by this one, with a warning header
+    # (llama-server's behaviour; --strict-model-name makes it a 404).
+    s, h, b = raw("POST", "/v1/chat/completions", {"model": "nope", "messages": msgs, "max_tokens": 2})
+    check(s == 200 and "nope" in h.get("x-waste-warning", ""), f"unknown model: {s} {h} {b[:200]!r}")
     s, _, b = raw("GET", "/v1/nothing")
     error_shape(s, b, 404, "unknown route")
     s, _, b = raw("GET", "/health", key=None)
@@ -217,7 +219,45 @@ def test_load():
     print(f"load: {len(statuses)} requests, statuses {sorted(set(statuses))}", flush=True)
 
 
-for test in (test_models, test_chat, test_completions_and_stop, test_errors, test_load):
+def test_first_hour():
+    """What clients notice: system_fingerprint everywhere, legacy
+    completions' alternatives most likely first, an over-long prompt named
+    by its own field, CORS for the allowed origin, /metrics."""
+    a = chat(temperature=0)
+    check(isinstance(a.system_fingerprint, str) and a.system_fingerprint.startswith("fp_"), f"chat fingerprint {a.system_fingerprint!r}")
+    c = client.completions.create(model=MODEL, prompt="And God said", max_tokens=6, temperature=0.7, seed=3, logprobs=4)
+    check(c.system_fingerprint == a.system_fingerprint, f"completion fingerprint {c.system_fingerprint!r}")
+    for top in c.choices[0].logprobs.top_logprobs:
+        values = list(top.values())
+        check(values == sorted(values, reverse=True), f"legacy top_logprobs not most likely first: {top}")
+    chunks = list(chat(temperature=0, stream=True))
+    check(all(ch.system_fingerprint == a.system_fingerprint for ch in chunks), "chunk fingerprints")
+    long = "and the " * 4000
+    s, _, b = raw("POST", "/v1/completions", {"prompt": long, "max_tokens": 1})
+    check(s == 400 and json.loads(b)["error"]["param"] == "prompt", f"over-long completion prompt: {s} {b[:200]!r}")
+    s, _, b = raw("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": long}], "max_tokens": 1})
+    check(s == 400 and json.loads(b)["error"]["param"] == "messages", f"over-long chat prompt: {s} {b[:200]!r}")
+    # CORS: the server was started with --cors-origin http://app.test.
+    pre = {"Origin": "http://app.test", "Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization, content-type"}
+    s, h, _ = raw("OPTIONS", "/v1/chat/completions", key=None, headers=pre)
+    check(s == 204 and h.get("access-control-allow-origin") == "http://app.test", f"preflight: {s} {h}")
+    check("POST" in h.get("access-control-allow-methods", ""), f"preflight methods: {h}")
+    s, h, _ = raw("OPTIONS", "/v1/chat/completions", key=None, headers={**pre, "Origin": "http://evil.test"})
+    check(s == 403 and "access-control-allow-origin" not in h, f"preflight from another origin: {s} {h}")
+    s, h, _ = raw("GET", "/v1/models", headers={"Origin": "http://app.test"})
+    check(s == 200 and h.get("access-control-allow-origin") == "http://app.test", f"CORS answer: {s} {h}")
+    s, h, b = raw("GET", "/metrics")
+    text = b.decode()
+    check(s == 200 and h.get("content-type", "").startswith("text/plain"), f"metrics: {s} {h}")
+    for name in ("waste_http_requests_total", "waste_completion_tokens_total", "waste_queue_requests",
+                 "waste_expert_cache_hit_ratio", "waste_expert_bytes_read_total"):
+        check(f"# TYPE {name} " in text, f"metrics lack {name}")
+    ok = [l for l in text.splitlines() if l.startswith('waste_http_requests_total{code="2xx"}')]
+    check(ok and float(ok[0].split()[-1]) > 0, f"metrics count no 2xx answers: {ok}")
+
+
+for test in (test_models, test_chat, test_completions_and_stop, test_errors, test_first_hour, test_load):
     try:
         test()
         print("ok", test.__name__, flush=True)

@@ -1,0 +1,109 @@
+//! The sampling and stopping flags `run` and `chat` share, with llama.cpp's
+//! spellings as aliases where the meaning is the same, and the seed: the
+//! user's, or a fresh random one each run (printed, so a run can be
+//! repeated with `--seed`).
+
+use std::hash::{BuildHasher, RandomState};
+
+use anyhow::{bail, Result};
+use clap::Args;
+use waste_host::GenerateParams;
+
+use crate::errors::usage;
+
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long = "temp", visible_alias = "temperature", default_value_t = 0.8, allow_negative_numbers = true)]
+    pub temperature: f32,
+    /// Keep the K most likely tokens; 0 = off.
+    #[arg(long, default_value_t = 40)]
+    pub top_k: u32,
+    /// Keep the smallest set of tokens whose probability reaches P; 1 = off.
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
+    pub top_p: f32,
+    /// Drop tokens less likely than P times the most likely one; 0 = off.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub min_p: f32,
+    /// Repetition penalty (llama.cpp / HF definition); 1 = off.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub repeat_penalty: f32,
+    /// Presence penalty in [-2, 2]; 0 = off.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Frequency penalty in [-2, 2]; 0 = off.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Recent tokens (prompt included) the penalties look at; 0 = off.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: u32,
+    /// Add BIAS to the logit of token ID: ID=BIAS (repeatable; BIAS in [-100, 100]).
+    #[arg(long = "logit-bias", value_name = "ID=BIAS", allow_negative_numbers = true)]
+    pub logit_bias: Vec<String>,
+    /// Stop when this text appears (repeatable); it is not printed.
+    #[arg(long = "stop", short = 'r', visible_alias = "reverse-prompt", value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// Stop at this token id (repeatable).
+    #[arg(long = "stop-token", value_name = "ID")]
+    pub stop_token: Vec<u32>,
+    /// Seed of the sampler: the same seed gives the same tokens. Default: a
+    /// random one, printed at the end (and with --verbose at the start).
+    #[arg(long, short = 's')]
+    pub seed: Option<u64>,
+    /// Keep generating past the model's end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+/// The seed of a run: the user's, or a fresh random one (`true`).
+pub fn seed(given: Option<u64>) -> (u64, bool) {
+    match given {
+        Some(s) => (s, false),
+        // std's RandomState is keyed from the OS's random source.
+        None => (RandomState::new().hash_one(std::process::id()), true),
+    }
+}
+
+impl SamplingArgs {
+    /// The generation parameters, range-checked where a bad value is the
+    /// user's mistake (the component checks the rest); `seed` is resolved
+    /// by the caller (see [`seed`]).
+    pub fn params(&self, max_tokens: u32, seed: u64) -> Result<GenerateParams> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            bail!(usage(format!("--temp {}: the temperature must be a number >= 0", self.temperature)));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!(usage(format!("--top-p {}: must be in (0, 1]", self.top_p)));
+        }
+        Ok(GenerateParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_last_n: self.repeat_last_n,
+            logit_bias: parse_logit_bias(&self.logit_bias)?,
+            top_logprobs: 0,
+            seed,
+            max_tokens,
+            stop_at_eos: !self.ignore_eos,
+            stop_strings: self.stop.clone(),
+            stop_tokens: self.stop_token.clone(),
+        })
+    }
+}
+
+/// `--logit-bias ID=BIAS` flags.
+pub fn parse_logit_bias(items: &[String]) -> Result<Vec<(u32, f32)>> {
+    items
+        .iter()
+        .map(|item| {
+            let parsed = item
+                .split_once('=')
+                .and_then(|(id, bias)| Some((id.trim().parse::<u32>().ok()?, bias.trim().parse::<f32>().ok()?)));
+            parsed.ok_or_else(|| usage(format!("--logit-bias {item:?}: expected ID=BIAS, e.g. 42=-5")))
+        })
+        .collect()
+}

@@ -1,0 +1,439 @@
+//! OpenAI's chat and legacy completions: the request into a job for the
+//! engine thread, its events into the JSON answer or the SSE stream.
+
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use waste_host::StopReason;
+
+use crate::error::ApiError;
+use crate::request::{self, Request};
+use crate::state::{next_id, now, read_body, unknown_model, LoggedByStream, RequestLog, Shared, Tokens};
+use crate::tools;
+use crate::worker::{Event, Job, TokenTexts};
+
+pub async fn chat(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    handle(state, headers, body, true).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn completions(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    handle(state, headers, body, false).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// What the answers of one request share.
+pub(crate) struct Reply {
+    pub chat: bool,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub logprobs: bool,
+    pub tools: bool,
+    pub include_usage: bool,
+}
+
+/// The request named a model this server does not serve: answered anyway
+/// (llama-server's behaviour; Ollama-style clients send their own names),
+/// with this header saying so, unless the server was started with
+/// `--strict-model-name`.
+pub const MODEL_WARNING: &str = "x-waste-warning";
+
+async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Result<Response, ApiError> {
+    let bytes = read_body(&state, &headers, body).await?;
+    let req: Request = request::parse(&bytes, chat, state.context)?;
+    let warning = match &req.model {
+        Some(m) if *m != state.model_id => {
+            if state.strict_model_name {
+                return Err(unknown_model(m));
+            }
+            Some(format!("the model {m:?} is not served here; {:?} answered", state.model_id))
+        }
+        _ => None,
+    };
+    let (tx, mut rx) = unbounded_channel();
+    let reply = Reply {
+        chat,
+        id: next_id(if chat { "chatcmpl" } else { "cmpl" }),
+        created: now(),
+        model: state.model_id.clone(),
+        system_fingerprint: state.system_fingerprint.clone(),
+        logprobs: req.logprobs,
+        tools: req.tools_enabled,
+        include_usage: req.include_usage,
+    };
+    state.worker.submit(Job { prompt: req.prompt, params: req.params, want_texts: req.logprobs, events: tx })?;
+    // Waiting for the prompt lets its errors be HTTP errors, streaming or not.
+    match rx.recv().await {
+        Some(Event::Started) => {}
+        Some(Event::Failed(e)) => return Err(e),
+        _ => return Err(ApiError::internal("the engine thread dropped the request")),
+    }
+    let mut response = if req.stream {
+        let log = RequestLog::streamed(&state, &headers, if chat { "/v1/chat/completions" } else { "/v1/completions" });
+        let stream = futures_util::stream::unfold(
+            SseState { rx, reply, streamed: String::new(), role_sent: false, done: false, log },
+            sse_next,
+        );
+        let mut response = Response::new(Body::from_stream(stream));
+        let h = response.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        response.extensions_mut().insert(LoggedByStream);
+        response
+    } else {
+        loop {
+            match rx.recv().await {
+                Some(Event::Started) | Some(Event::Token(..)) => {}
+                Some(Event::Done { completion, prompt_tokens, texts }) => {
+                    let tokens = Tokens { prompt: prompt_tokens, completion: completion.tokens.len() };
+                    let text = full_answer(&reply, completion, prompt_tokens, &texts);
+                    let mut response = ([(header::CONTENT_TYPE, "application/json")], text).into_response();
+                    response.extensions_mut().insert(tokens);
+                    break response;
+                }
+                Some(Event::Failed(e)) => return Err(e),
+                None => return Err(ApiError::internal("the engine thread dropped the request")),
+            }
+        }
+    };
+    if let Some(w) = warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
+        response.headers_mut().insert(MODEL_WARNING, w);
+    }
+    Ok(response)
+}
+
+fn finish_reason(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::Length | StopReason::ContextFull => "length",
+        _ => "stop",
+    }
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+fn chat_logprob(t: &TokenTexts, logprob: f32) -> Value {
+    let top: Vec<Value> =
+        t.top.iter().map(|(s, lp)| json!({"token": s, "logprob": lp, "bytes": s.as_bytes()})).collect();
+    json!({"token": t.token, "logprob": logprob, "bytes": t.token.as_bytes(), "top_logprobs": top})
+}
+
+/// A token's alternatives as the legacy completions list them: a JSON
+/// object of text -> logprob, most likely first (a JSON object keeps its
+/// order on the wire, and clients read it in that order). Two ids with the
+/// same text keep the more likely one.
+struct InOrder<'a>(&'a [(String, f32)]);
+
+impl Serialize for InOrder<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seen = std::collections::HashSet::new();
+        let mut map = s.serialize_map(None)?;
+        for (text, lp) in self.0 {
+            if seen.insert(text.as_str()) {
+                map.serialize_entry(text, lp)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// The legacy completions' `logprobs` object.
+#[derive(serde::Serialize)]
+struct TextLogprobs<'a> {
+    tokens: Vec<&'a str>,
+    token_logprobs: &'a [f32],
+    top_logprobs: Vec<InOrder<'a>>,
+    text_offset: Vec<usize>,
+}
+
+fn text_logprobs<'a>(texts: &[&'a TokenTexts], logprobs: &'a [f32], start_offset: usize) -> TextLogprobs<'a> {
+    let mut offset = start_offset;
+    let mut offsets = Vec::with_capacity(texts.len());
+    for t in texts {
+        offsets.push(offset);
+        offset += t.token.len();
+    }
+    TextLogprobs {
+        tokens: texts.iter().map(|t| t.token.as_str()).collect(),
+        token_logprobs: logprobs,
+        top_logprobs: texts.iter().map(|t| InOrder(&t.top)).collect(),
+        text_offset: offsets,
+    }
+}
+
+/// One choice of a legacy completion (answer or chunk).
+#[derive(serde::Serialize)]
+struct TextChoice<'a> {
+    index: u32,
+    text: &'a str,
+    logprobs: Option<TextLogprobs<'a>>,
+    finish_reason: Option<&'a str>,
+}
+
+/// A legacy completion, whole or one chunk of its stream.
+#[derive(serde::Serialize)]
+struct TextCompletion<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    system_fingerprint: &'a str,
+    choices: Vec<TextChoice<'a>>,
+    /// Absent, `null` (a chunk before the usage chunk) or the counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Value>,
+}
+
+/// The whole answer of a request that did not stream, as JSON text.
+pub(crate) fn full_answer(r: &Reply, c: waste_host::Completion, prompt_tokens: usize, texts: &[TokenTexts]) -> String {
+    let mut finish = finish_reason(c.stop_reason);
+    if !r.chat {
+        let texts: Vec<&TokenTexts> = texts.iter().collect();
+        let answer = TextCompletion {
+            id: &r.id,
+            object: "text_completion",
+            created: r.created,
+            model: &r.model,
+            system_fingerprint: &r.system_fingerprint,
+            choices: vec![TextChoice {
+                index: 0,
+                text: &c.text,
+                logprobs: r.logprobs.then(|| text_logprobs(&texts, &c.logprobs, 0)),
+                finish_reason: Some(finish),
+            }],
+            usage: Some(usage(prompt_tokens, c.tokens.len())),
+        };
+        return to_json(&answer);
+    }
+    let logprobs = if r.logprobs {
+        json!({"content": texts.iter().zip(&c.logprobs).map(|(t, &lp)| chat_logprob(t, lp)).collect::<Vec<_>>()})
+    } else {
+        Value::Null
+    };
+    let mut message = json!({"role": "assistant", "content": c.text});
+    if r.tools {
+        if let Some((content, calls)) = tools::parse(&c.text, &r.id) {
+            message = json!({"role": "assistant", "content": content, "tool_calls": calls});
+            finish = "tool_calls";
+        }
+    }
+    json!({
+        "id": r.id,
+        "object": "chat.completion",
+        "created": r.created,
+        "model": r.model,
+        "system_fingerprint": r.system_fingerprint,
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
+        "usage": usage(prompt_tokens, c.tokens.len()),
+    })
+    .to_string()
+}
+
+/// JSON text of a value whose maps keep their own order (a `Value` would
+/// sort them).
+fn to_json(v: &impl Serialize) -> String {
+    serde_json::to_string(v)
+        .unwrap_or_else(|e| format!("{{\"error\": {{\"message\": \"serialising the answer: {e}\"}}}}"))
+}
+
+struct SseState {
+    rx: UnboundedReceiver<Event>,
+    reply: Reply,
+    /// Text sent so far (or held back, when tool calls may follow).
+    streamed: String,
+    role_sent: bool,
+    done: bool,
+    /// Written when the stream ends, with its token counts.
+    log: RequestLog,
+}
+
+fn data(json: &str) -> String {
+    format!("data: {json}\n\n")
+}
+
+/// The `logprobs` of one chunk.
+enum ChunkLogprobs<'a> {
+    None,
+    Chat(Value),
+    Text(TextLogprobs<'a>),
+}
+
+impl Reply {
+    /// One chunk; `delta` is the chat delta, or the completion text as a
+    /// JSON string.
+    fn chunk(&self, delta: Value, logprobs: ChunkLogprobs<'_>, finish: Option<&str>) -> String {
+        if !self.chat {
+            let chunk = TextCompletion {
+                id: &self.id,
+                object: "text_completion",
+                created: self.created,
+                model: &self.model,
+                system_fingerprint: &self.system_fingerprint,
+                choices: vec![TextChoice {
+                    index: 0,
+                    text: delta.as_str().unwrap_or(""),
+                    logprobs: match logprobs {
+                        ChunkLogprobs::Text(t) => Some(t),
+                        _ => None,
+                    },
+                    finish_reason: finish,
+                }],
+                usage: self.include_usage.then_some(Value::Null),
+            };
+            return to_json(&chunk);
+        }
+        let logprobs = match logprobs {
+            ChunkLogprobs::Chat(v) => v,
+            _ => Value::Null,
+        };
+        let mut v = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.system_fingerprint,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v.to_string()
+    }
+
+    /// The final usage chunk of a stream with `include_usage`.
+    fn usage_chunk(&self, prompt: usize, completion: usize) -> String {
+        if !self.chat {
+            let chunk = TextCompletion {
+                id: &self.id,
+                object: "text_completion",
+                created: self.created,
+                model: &self.model,
+                system_fingerprint: &self.system_fingerprint,
+                choices: Vec::new(),
+                usage: Some(usage(prompt, completion)),
+            };
+            return to_json(&chunk);
+        }
+        json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.system_fingerprint,
+            "choices": [],
+            "usage": usage(prompt, completion),
+        })
+        .to_string()
+    }
+
+    fn content(&self, text: &str) -> Value {
+        if self.chat {
+            json!({"content": text})
+        } else {
+            json!(text)
+        }
+    }
+}
+
+async fn sse_next(mut st: SseState) -> Option<(Result<String, Infallible>, SseState)> {
+    if st.done {
+        return None;
+    }
+    let mut out = String::new();
+    if st.reply.chat && !st.role_sent {
+        // The role comes first, as in OpenAI's streams.
+        out.push_str(&data(&st.reply.chunk(json!({"role": "assistant", "content": ""}), ChunkLogprobs::None, None)));
+        st.role_sent = true;
+    }
+    loop {
+        match st.rx.recv().await {
+            Some(Event::Started) => {}
+            Some(Event::Token(ev, texts)) => {
+                st.streamed.push_str(&ev.text);
+                if st.reply.tools {
+                    continue;
+                }
+                let offset = st.streamed.len() - ev.text.len();
+                let logprobs = match (&texts, st.reply.logprobs, st.reply.chat) {
+                    (Some(t), true, true) => ChunkLogprobs::Chat(json!({"content": [chat_logprob(t, ev.logprob)]})),
+                    (Some(t), true, false) => {
+                        ChunkLogprobs::Text(text_logprobs(&[t], std::slice::from_ref(&ev.logprob), offset))
+                    }
+                    _ => ChunkLogprobs::None,
+                };
+                if ev.text.is_empty() && matches!(logprobs, ChunkLogprobs::None) {
+                    continue;
+                }
+                let chunk = st.reply.chunk(st.reply.content(&ev.text), logprobs, None);
+                out.push_str(&data(&chunk));
+                return Some((Ok(out), st));
+            }
+            Some(Event::Done { completion, prompt_tokens, .. }) => {
+                let mut finish = finish_reason(completion.stop_reason);
+                let calls = if st.reply.tools { tools::parse(&completion.text, &st.reply.id) } else { None };
+                if let Some((content, calls)) = calls {
+                    if let Some(text) = content {
+                        out.push_str(&data(&st.reply.chunk(json!({"content": text}), ChunkLogprobs::None, None)));
+                    }
+                    let calls: Vec<Value> = calls
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .enumerate()
+                                .map(|(i, c)| {
+                                    let mut c = c.clone();
+                                    c["index"] = json!(i);
+                                    c
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    out.push_str(&data(&st.reply.chunk(json!({"tool_calls": calls}), ChunkLogprobs::None, None)));
+                    finish = "tool_calls";
+                } else {
+                    // Text the engine held back (a possible stop string that
+                    // was not one) or, with tools, everything.
+                    let sent = if st.reply.tools { "" } else { st.streamed.as_str() };
+                    let rest = completion.text.strip_prefix(sent).unwrap_or("");
+                    if !rest.is_empty() {
+                        out.push_str(&data(&st.reply.chunk(st.reply.content(rest), ChunkLogprobs::None, None)));
+                    }
+                }
+                let empty = if st.reply.chat { json!({}) } else { json!("") };
+                out.push_str(&data(&st.reply.chunk(empty, ChunkLogprobs::None, Some(finish))));
+                if st.reply.include_usage {
+                    out.push_str(&data(&st.reply.usage_chunk(prompt_tokens, completion.tokens.len())));
+                }
+                out.push_str("data: [DONE]\n\n");
+                st.done = true;
+                st.log.finish(200, Some((prompt_tokens, completion.tokens.len())));
+                return Some((Ok(out), st));
+            }
+            Some(Event::Failed(e)) => {
+                out.push_str(&data(&e.body().to_string()));
+                out.push_str("data: [DONE]\n\n");
+                st.done = true;
+                st.log.finish(e.status.as_u16(), None);
+                return Some((Ok(out), st));
+            }
+            None => {
+                out.push_str(&data(&ApiError::internal("the engine thread dropped the request").body().to_string()));
+                out.push_str("data: [DONE]\n\n");
+                st.done = true;
+                st.log.finish(500, None);
+                return Some((Ok(out), st));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "http_tests.rs"]
+mod tests;

@@ -1,0 +1,135 @@
+//! What every handler shares: the server's state, its counters, the log
+//! line of a request, the request body read within its limit, ids.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderMap};
+use waste_host::Model;
+
+use crate::error::ApiError;
+use crate::worker::Worker;
+
+pub struct AppState {
+    pub worker: Worker,
+    pub model: Arc<Model>,
+    pub model_id: String,
+    pub api_key: Option<String>,
+    pub body_limit: usize,
+    pub context: usize,
+    pub created: u64,
+    /// `system_fingerprint` of every answer: the engine's version and the
+    /// model's identity, so a client sees when either changed.
+    pub system_fingerprint: String,
+    /// Refuse a request naming another model instead of answering it.
+    pub strict_model_name: bool,
+    /// Origins browsers may call from (`*`: any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
+    /// No log line per request.
+    pub quiet: bool,
+    pub metrics: Metrics,
+}
+
+pub type Shared = Arc<AppState>;
+
+/// Prompt and completion tokens of an answer, for its log line.
+#[derive(Clone, Copy)]
+pub struct Tokens {
+    pub prompt: usize,
+    pub completion: usize,
+}
+
+/// On a streamed answer: its log line is written when the stream ends.
+#[derive(Clone, Copy)]
+pub struct LoggedByStream;
+
+/// The log line of a request whose answer outlives its handler (a stream).
+pub struct RequestLog {
+    state: Option<Shared>,
+    method: &'static str,
+    path: &'static str,
+    started: Instant,
+}
+
+impl RequestLog {
+    pub fn streamed(state: &Shared, _headers: &HeaderMap, path: &'static str) -> RequestLog {
+        RequestLog { state: Some(Arc::clone(state)), method: "POST", path, started: Instant::now() }
+    }
+
+    /// A log that writes nothing (tests).
+    #[cfg(test)]
+    pub fn none() -> RequestLog {
+        RequestLog { state: None, method: "POST", path: "", started: Instant::now() }
+    }
+
+    /// Writes the line once (a later call does nothing).
+    pub fn finish(&mut self, status: u16, tokens: Option<(usize, usize)>) {
+        let Some(state) = self.state.take() else { return };
+        let tokens = tokens.map(|(prompt, completion)| Tokens { prompt, completion });
+        record(&state, self.method, self.path, status, tokens, self.started, true);
+    }
+}
+
+/// Counts an answer and writes its log line (unless quiet).
+pub fn record(
+    state: &AppState,
+    method: &str,
+    path: &str,
+    status: u16,
+    tokens: Option<Tokens>,
+    started: Instant,
+    stream: bool,
+) {
+    state.metrics.count(status, tokens);
+    if state.quiet {
+        return;
+    }
+    let tokens = tokens.map_or(String::new(), |t| format!(" {}+{} tokens", t.prompt, t.completion));
+    let stream = if stream { " stream" } else { "" };
+    eprintln!("{method} {path} {status}{stream}{tokens} {} ms", started.elapsed().as_millis());
+}
+
+/// What `/metrics` counts besides the engine thread's own counters.
+#[derive(Default)]
+pub struct Metrics {
+    /// Answers by status class: 2xx, 3xx, 4xx, 5xx.
+    pub answers: [AtomicU64; 4],
+    pub prompt_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+}
+
+impl Metrics {
+    pub fn count(&self, status: u16, tokens: Option<Tokens>) {
+        if let Some(i) = (status / 100).checked_sub(2).filter(|&i| i < 4) {
+            self.answers[i as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(t) = tokens {
+            self.prompt_tokens.fetch_add(t.prompt as u64, Ordering::Relaxed);
+            self.completion_tokens.fetch_add(t.completion as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+pub fn unknown_model(id: &str) -> ApiError {
+    ApiError::not_found(format!("the model {id:?} does not exist"), "model_not_found")
+}
+
+pub async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > state.body_limit as u64) {
+        return Err(ApiError::too_large(state.body_limit));
+    }
+    axum::body::to_bytes(body, state.body_limit).await.map_err(|_| ApiError::too_large(state.body_limit))
+}
+
+pub fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+pub fn next_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    format!("{prefix}-{}-{}", now(), COUNTER.fetch_add(1, Ordering::Relaxed))
+}

@@ -58,6 +58,9 @@ pub struct CacheCore {
     free: Vec<usize>,
     clock: u64,
     rng: u64,
+    /// One past the highest slot ever handed out: free slots are taken in
+    /// index order, so the slots from here on have never held a record.
+    high_water: usize,
 }
 
 impl CacheCore {
@@ -69,7 +72,13 @@ impl CacheCore {
             free: (0..slots).rev().collect(),
             clock: 0,
             rng: seed | 1,
+            high_water: 0,
         }
+    }
+
+    /// One past the highest slot ever handed out (see the field).
+    pub fn high_water(&self) -> usize {
+        self.high_water
     }
 
     pub fn len(&self) -> usize {
@@ -109,6 +118,7 @@ impl CacheCore {
             Some(s) => s,
             None => self.victim()?,
         };
+        self.high_water = self.high_water.max(slot + 1);
         if let Some(old) = self.slots[slot].key.take() {
             self.map.remove(&old);
         }

@@ -27,9 +27,9 @@ pub const HUGE_PAGE: usize = 2 << 20;
 
 /// A zero-initialised buffer whose start and length are multiples of
 /// 4 KiB, as direct I/O requires: its own heap allocation, or a slice of a
-/// [`slot_buffers`] arena. Its pages are faulted in by the first read into
-/// it: the budget counts every buffer from the start, RSS grows as they
-/// are used.
+/// [`slot_buffers`] arena. An arena slice's pages are faulted in by the
+/// first read into it (a heap buffer's by the allocator's zeroing): the
+/// budget counts every buffer from the start, RSS grows as they are used.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
@@ -54,7 +54,9 @@ impl AlignedBuf {
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or_else(|| Error::Runtime(format!("out of memory allocating {len} bytes")))?;
-        Ok(AlignedBuf { ptr, len, arena: None, faulted: false })
+        // An aligned zeroed allocation is written by the allocator: its
+        // pages are in already.
+        Ok(AlignedBuf { ptr, len, arena: None, faulted: true })
     }
 
     /// Whether this buffer is a slice of an arena backed by huge pages.
@@ -84,17 +86,25 @@ impl AlignedBuf {
     /// zeroed (issue 17: 15-20 s at an 18 GB budget), and RSS grows only as
     /// the cache fills.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        if !self.faulted {
-            for offset in (0..self.len).step_by(IO_ALIGN) {
-                // SAFETY: offset < len, inside the buffer we own exclusively
-                // (`&mut self`); volatile so that the store of a zero the page
-                // already holds stays.
-                unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(offset), 0) };
-            }
-            self.faulted = true;
-        }
+        self.fault_in();
         // SAFETY: as in as_slice, and `&mut self` makes the access exclusive.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Faults every page of the buffer in (once), with a store to each: the
+    /// first read into it does, and idle reader threads do it ahead of the
+    /// slots the cache will use next (`Shared::fault_ahead`).
+    pub fn fault_in(&mut self) {
+        if self.faulted {
+            return;
+        }
+        for offset in (0..self.len).step_by(IO_ALIGN) {
+            // SAFETY: offset < len, inside the buffer we own exclusively
+            // (`&mut self`); volatile so that the store of a zero the page
+            // already holds stays.
+            unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(offset), 0) };
+        }
+        self.faulted = true;
     }
 }
 
@@ -333,6 +343,46 @@ mod tests {
             let last = bufs.pop().unwrap();
             drop(bufs);
             assert!(last.as_slice().iter().all(|&x| x == 3));
+        }
+    }
+
+    /// Pages of `buf` resident in RAM, by `mincore`.
+    #[cfg(target_os = "linux")]
+    fn resident_pages(buf: &AlignedBuf) -> usize {
+        let pages = buf.len().div_ceil(4096);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: the range is the buffer's own (4 KiB aligned, inside its
+        // mapping or allocation); `vec` has one byte per page of it.
+        let r = unsafe { libc::mincore(buf.ptr.as_ptr().cast(), buf.len(), vec.as_mut_ptr()) };
+        assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    /// Regression (opening with a budget far above use stalled while the
+    /// whole slot arena was zeroed, 15-20 s at 18 GB): making the slots
+    /// faults none of their pages; the first read into a slot (or the idle
+    /// readers' fault-ahead) faults that slot alone.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn slots_fault_their_pages_on_first_use_not_when_made() {
+        // The slot arena (heap buffers are written by the allocator).
+        let huge = true;
+        let len = 2_666_496;
+        let mut bufs = slot_buffers(64, len, huge).unwrap();
+        let resident: usize = bufs.iter().map(resident_pages).sum();
+        assert_eq!(resident, 0, "huge {huge}: {resident} pages resident before any use");
+        bufs[3].as_mut_slice()[0] = 1;
+        bufs[10].fault_in();
+        for (i, b) in bufs.iter().enumerate() {
+            let r = resident_pages(b);
+            if i == 3 || i == 10 {
+                assert_eq!(r, b.len() / 4096, "huge {huge}: slot {i} not wholly resident");
+            } else if [2, 4, 9, 11].contains(&i) {
+                // A huge page of a used neighbour may reach into it.
+                assert!(r <= 1024, "huge {huge}: slot {i} has {r} pages resident");
+            } else {
+                assert_eq!(r, 0, "huge {huge}: slot {i}, never used, has {r} pages resident");
+            }
         }
     }
 

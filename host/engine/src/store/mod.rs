@@ -16,6 +16,7 @@ mod tests;
 pub mod trace;
 mod usage;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -150,6 +151,10 @@ pub(crate) struct Shared {
     /// Decoder layer -> index among MoE layers.
     moe_index: Vec<Option<usize>>,
     experts: usize,
+    /// The next slot an idle reader faults in ahead of use, and how far
+    /// ahead of the slots used so far it goes (see `fault_ahead`).
+    next_fault: AtomicUsize,
+    fault_window: usize,
 }
 
 impl Shared {
@@ -193,6 +198,28 @@ impl Shared {
         st.core.unpin(slot);
         drop(st);
         self.ready.notify_all();
+    }
+
+    /// Faults in one slot the cache has not used yet but will next (free
+    /// slots are taken in index order), at most `fault_window` past the
+    /// last one used; `true` while there may be more to do. Readers do
+    /// this when they have no read to do, so a first read into a slot
+    /// rarely pays for its page faults, without faulting the whole cache
+    /// at open (which stalled opening at a large budget) or slots that
+    /// are never used.
+    fn fault_ahead(&self) -> bool {
+        let target = (self.lock().core.high_water() + self.fault_window).min(self.bufs.len());
+        let i = self.next_fault.load(Ordering::Relaxed);
+        if i >= target {
+            return false;
+        }
+        if self.next_fault.compare_exchange(i, i + 1, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            // A slot being read is faulted by its read.
+            if let Ok(mut buf) = self.bufs[i].try_lock() {
+                buf.fault_in();
+            }
+        }
+        true
     }
 
     /// Queues the speculative reads `prefetch` held back.
@@ -264,6 +291,10 @@ impl ExpertStore {
             pending: Mutex::new(Vec::new()),
             moe_index,
             experts,
+            next_fault: AtomicUsize::new(0),
+            // Two tokens' worth of records: enough to keep ahead of the
+            // misses of decode, little to fault for nothing.
+            fault_window: 2 * top_k.max(1) * layers.len().max(1),
         });
         let threads = (0..options.readers)
             .map(|i| readers::spawn(shared.clone(), i))

@@ -60,7 +60,9 @@ impl Queue {
     }
 
     /// The next request, or `None` once shut down.
-    fn pop(&self) -> Option<Request> {
+    /// The next request, doing `idle` work (one unit per call, `true`
+    /// while more remains) whenever none is waiting; `None` at shutdown.
+    fn pop(&self, idle: &dyn Fn() -> bool) -> Option<Request> {
         let mut q = self.lock();
         loop {
             if q.shut_down {
@@ -69,7 +71,13 @@ impl Queue {
             if let Some(r) = q.demand.pop_front().or_else(|| q.speculative.pop_front()) {
                 return Some(r);
             }
-            q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+            drop(q);
+            let more = idle();
+            q = self.lock();
+            let waiting = !q.demand.is_empty() || !q.speculative.is_empty() || q.shut_down;
+            if !more && !waiting {
+                q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
         }
     }
 }
@@ -77,7 +85,7 @@ impl Queue {
 pub fn spawn(shared: Arc<Shared>, index: usize) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name(format!("waste-reader-{index}")).spawn(move || {
         let sys = || crate::stats::cpu_times(true).map_or(Duration::ZERO, |t| t.1);
-        while let Some(r) = shared.queue.pop() {
+        while let Some(r) = shared.queue.pop(&|| shared.fault_ahead()) {
             let before = sys();
             let result = shared.load(r.layer, r.expert, r.slot);
             shared.finish(r.slot, result, sys().saturating_sub(before));

@@ -86,8 +86,8 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
         report.moe_layers,
         report.expert_record_bytes
     );
-    if !report.ignored_tensors.is_empty() {
-        eprintln!("ignored {} unused tensor(s): {}", report.ignored_tensors.len(), report.ignored_tensors.join(", "));
+    for s in &report.skipped {
+        eprintln!("not converted: {s}");
     }
     if report.trunk_reused || !report.reused_banks.is_empty() {
         let layers: Vec<String> = report.reused_banks.iter().map(|l| l.to_string()).collect();

@@ -61,7 +61,9 @@ pub fn info(a: InfoArgs) -> Result<()> {
                 "layer_pattern": i.layers.iter().map(|l| json!({
                     "attention": l.attention, "ffn": if l.moe { "moe" } else { "dense" },
                     "state_bytes_fixed": l.state_bytes_fixed, "state_bytes_per_token": l.state_bytes_per_token,
+                    "window": l.window,
                 })).collect::<Vec<_>>(),
+                "skipped": i.skipped,
                 "state_bytes_fixed": i.layers.iter().map(|l| l.state_bytes_fixed).sum::<u64>(),
                 "state_bytes_per_token": i.layers.iter().map(|l| l.state_bytes_per_token).sum::<u64>(),
             })
@@ -88,8 +90,11 @@ pub fn info(a: InfoArgs) -> Result<()> {
         let per_token: u64 = i.layers.iter().map(|l| l.state_bytes_per_token).sum();
         outln!("state         {fixed} bytes fixed + {per_token} bytes per token of context");
         for (n, l) in i.layers.iter().enumerate() {
+            let window = l.window.map_or(String::new(), |w| {
+                format!(" (window of {w}: at most {} bytes)", w as u64 * l.state_bytes_per_token)
+            });
             outln!(
-                "  layer {n:<3} {} {:<5} state {} bytes fixed, {} bytes/token",
+                "  layer {n:<3} {} {:<5} state {} bytes fixed, {} bytes/token{window}",
                 l.attention,
                 if l.moe { "MoE" } else { "dense" },
                 l.state_bytes_fixed,
@@ -102,6 +107,9 @@ pub fn info(a: InfoArgs) -> Result<()> {
         outln!("experts       {} ({} bytes per record)", i.expert_format, i.expert_record_bytes);
         outln!("tokenizer     {}", if i.has_tokenizer { "yes" } else { "none" });
         outln!("chat template {}", if i.has_chat_template { "yes" } else { "none" });
+        for s in &i.skipped {
+            outln!("not converted {s}");
+        }
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ mod cli_more;
 mod common;
 mod convert_release;
 mod deepseek;
+mod families;
 mod ffi;
 mod first_hour;
 mod jco;

@@ -27,6 +27,19 @@ const CASES: &[(&str, &str, &str)] = &[
     ("kimi_k3", "f32", "f32"),
     ("kimi_k3", "q8", "f32"),
     ("kimi_k3-mxfp4", "rvq3", "q8"),
+    ("qwen2_moe", "f32", "f32"),
+    ("qwen2_moe", "rvq3", "q4"),
+    ("glm4_moe", "f32", "f32"),
+    ("glm4_moe", "q8", "q8"),
+    ("minimax_m2", "f32", "f32"),
+    ("minimax_m2", "q4", "q8"),
+    ("gpt_oss", "f32", "f32"),
+    ("gpt_oss", "rvq3", "q4"),
+    ("gpt_oss-mxfp4", "rvq4p", "q8"),
+    ("qwen3_next", "f32", "f32"),
+    ("qwen3_next", "rvq3", "q4"),
+    ("qwen3_5_moe", "q8", "f32"),
+    ("qwen3_5_moe_text", "f32", "f32"),
 ];
 
 const CONTEXT: usize = 96;
@@ -91,7 +104,13 @@ fn chunked_prefill_logits_are_bit_identical_on_every_fixture_and_format() {
 #[test]
 fn decode_after_chunked_prefill_gives_the_same_tokens() {
     let tmp = TempDir::new("prefill-decode");
-    for (family, experts, trunk) in [("kimi_linear", "f32", "f32"), ("kimi_k3", "q8", "f32"), ("olmoe", "q8", "q8")] {
+    for (family, experts, trunk) in [
+        ("kimi_linear", "f32", "f32"),
+        ("kimi_k3", "q8", "f32"),
+        ("olmoe", "q8", "q8"),
+        ("gpt_oss", "q8", "q8"),
+        ("qwen3_next", "f32", "f32"),
+    ] {
         let path = convert(family, experts, trunk, tmp.path());
         let prompt = prompt(family);
         let run = |chunk: usize| {

@@ -12,9 +12,10 @@
 //! `<base>.weight_packed` + `<base>.weight_scale`, exposed under the logical
 //! name `<base>.weight`. The scale and shape companions never appear as
 //! tensors of their own. A K3 checkpoint's `language_model.` prefix is
-//! stripped (`ModelConfig::source_prefix`).
+//! renamed (`ModelConfig::source_rename`).
 
 mod decode;
+mod gpt_oss;
 #[cfg(test)]
 mod tests;
 
@@ -308,12 +309,12 @@ impl HfCheckpoint {
             return Err(Error::format(dir, "neither model.safetensors nor model.safetensors.index.json found"));
         };
 
-        // K3's text tensors sit under `language_model.`; the rest of the
-        // engine uses the plain names.
-        let prefix = config.source_prefix();
-        let strip = |name: String| match name.strip_prefix(prefix) {
-            Some(plain) if !prefix.is_empty() => plain.to_string(),
-            _ => name,
+        // The text tensors of K3 and of Qwen3.5's release sit under a
+        // prefix of their own; the rest of the engine uses the plain names.
+        let rename = config.source_rename();
+        let strip = |name: String| match rename.and_then(|(from, to)| Some((name.strip_prefix(from)?, to))) {
+            Some((rest, to)) => format!("{to}{rest}"),
+            None => name,
         };
         let mut shards = Vec::with_capacity(shard_files.len());
         let mut raws: HashMap<String, Raw> = HashMap::new();
@@ -527,6 +528,18 @@ impl HfCheckpoint {
         let path = self.shards_of(name).first().map_or(self.dir.clone(), |&s| self.shards[s].path.clone());
         Error::format(path, format!("tensor `{name}` has shape {got:?}, expected {want}"))
     }
+    /// The biases `[gate [I], up [I], down [H]]` of a routed expert, for a
+    /// family whose experts have them (gpt-oss); `None` otherwise.
+    pub fn expert_biases_f32(&self, layer: usize, expert: usize) -> Result<Option<[Vec<f32>; 3]>> {
+        if !self.config.add.expert_bias {
+            return Ok(None);
+        }
+        if !self.config.is_moe_layer(layer) || expert >= self.config.num_experts {
+            return Err(Error::Arg(format!("no routed expert {expert} in layer {layer}")));
+        }
+        self.gpt_oss_biases(layer, expert).map(Some)
+    }
+
     /// One routed expert as `[gate [I,H], up [I,H], down [H,I]]` (nn.Linear
     /// layout), whichever way the checkpoint stores it.
     pub fn expert_f32(&self, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
@@ -536,6 +549,7 @@ impl HfCheckpoint {
         }
         let (h, i) = (cfg.expert_hidden(), cfg.moe_intermediate_size);
         match cfg.expert_layout {
+            ExpertLayout::GptOss => self.gpt_oss_expert(layer, expert),
             ExpertLayout::PerExpert => {
                 let names = cfg.expert_tensor_names(layer, expert);
                 let wants = [[i, h], [i, h], [h, i]];

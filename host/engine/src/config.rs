@@ -12,12 +12,16 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 
+mod additions;
 mod deepseek;
+mod families;
 mod k3;
 mod kimi;
+mod qwen3_next;
 mod tensors;
 
 pub use crate::quant::Activation;
+pub use additions::{Additions, GdnDims};
 pub use deepseek::{MlaRope, Yarn};
 pub use k3::{K3Params, K3_PREFIX};
 
@@ -31,6 +35,18 @@ pub enum Family {
     KimiLinear,
     /// DeepSeek-V3 / Kimi-K2: MLA with q-LoRA and RoPE, grouped sigmoid router.
     DeepseekV3,
+    /// Qwen1.5-MoE / Qwen2-57B: q/k/v biases, a sigmoid-gated shared expert.
+    Qwen2Moe,
+    /// GLM-4.5 / 4.6: partial rotary, DeepSeek's grouped sigmoid router on GQA.
+    Glm4Moe,
+    /// MiniMax-M2: q/k norms over the whole projection, partial rotary.
+    MinimaxM2,
+    /// gpt-oss: attention sinks, alternating sliding windows, YaRN, biased
+    /// clamped-SwiGLU experts.
+    GptOss,
+    /// Qwen3-Next and Qwen3.5 (`qwen3_5_moe`, `qwen3_5_moe_text`): Gated
+    /// DeltaNet layers and gated full attention.
+    Qwen3Next,
 }
 
 impl Family {
@@ -42,6 +58,11 @@ impl Family {
             Family::Mixtral => "mixtral",
             Family::KimiLinear => "kimi_linear",
             Family::DeepseekV3 => "deepseek_v3",
+            Family::Qwen2Moe => "qwen2_moe",
+            Family::Glm4Moe => "glm4_moe",
+            Family::MinimaxM2 => "minimax_m2",
+            Family::GptOss => "gpt_oss",
+            Family::Qwen3Next => "qwen3_next",
         }
     }
 }
@@ -56,6 +77,9 @@ pub enum AttnKind {
     Mla,
     /// Kimi Delta Attention: a recurrent state per head plus short-conv rows.
     Kda,
+    /// Gated DeltaNet (Qwen3-Next, Qwen3.5): the delta rule with one decay
+    /// per head, a causal conv over q, k and v, a gated output norm.
+    Gdn,
 }
 
 impl AttnKind {
@@ -64,6 +88,7 @@ impl AttnKind {
             AttnKind::Gqa => "GQA",
             AttnKind::Mla => "MLA",
             AttnKind::Kda => "KDA",
+            AttnKind::Gdn => "GDN",
         }
     }
 }
@@ -119,6 +144,8 @@ pub enum RouterKind {
     /// (the bias only selects), weights are the sigmoid scores, renormalised
     /// when `norm_topk_prob`, times `routed_scaling_factor`.
     SigmoidBias { routed_scaling_factor: f32 },
+    /// gpt-oss: top-k of `W h + b`, weights the softmax over the k picked.
+    BiasedTopKSoftmax,
 }
 
 /// Where q/k RMSNorms sit, if any.
@@ -155,6 +182,10 @@ pub enum ExpertLayout {
     /// `experts.down_proj` [E, H, I]; a transposed variant is accepted by
     /// the checkpoint reader.
     Fused,
+    /// gpt-oss: `experts.gate_up_proj` `[E, H, 2I]` input-major with gate
+    /// and up interleaved, `experts.down_proj` `[E, I, H]`, their biases,
+    /// or the release's MXFP4 `*_blocks` / `*_scales` (checkpoint/gpt_oss.rs).
+    GptOss,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -206,7 +237,27 @@ pub struct ModelConfig {
     pub expert_groups: Option<(usize, usize)>,
     /// Kimi K3 (`model_type: kimi_k3`, config/k3.rs); None elsewhere.
     pub k3: Option<K3Params>,
+    /// The second wave's additions (config/families.rs, config/qwen3_next.rs).
+    pub add: Additions,
 }
+
+/// Every `model_type` a container can be converted from.
+pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
+    "qwen3_moe",
+    "olmoe",
+    "mixtral",
+    "kimi_linear",
+    "deepseek_v3",
+    "kimi_k2",
+    "kimi_k3",
+    "qwen2_moe",
+    "glm4_moe",
+    "minimax_m2",
+    "gpt_oss",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+];
 
 // Bounds for untrusted configs: generous for any real model, small enough
 // that products of them cannot overflow and allocations stay sane.
@@ -349,13 +400,26 @@ impl ModelConfig {
             "mixtral" => Family::Mixtral,
             "kimi_linear" => Family::KimiLinear,
             "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
+            "qwen2_moe" => Family::Qwen2Moe,
+            "glm4_moe" => Family::Glm4Moe,
+            "minimax_m2" => Family::MinimaxM2,
+            "gpt_oss" => Family::GptOss,
+            "qwen3_next" | "qwen3_5_moe" | "qwen3_5_moe_text" => Family::Qwen3Next,
             other => {
                 return Err(Error::Unsupported(format!(
-                "{}: model_type `{other}` (supported: qwen3_moe, olmoe, mixtral, kimi_linear, deepseek_v3, kimi_k2)",
-                path.display()
-            )))
+                    "{}: model_type `{other}` (supported: {})",
+                    path.display(),
+                    SUPPORTED_MODEL_TYPES.join(", ")
+                )))
             }
         };
+        match family {
+            Family::Qwen2Moe | Family::Glm4Moe | Family::MinimaxM2 | Family::GptOss => {
+                return families::parse(&r, family, model_type)
+            }
+            Family::Qwen3Next => return qwen3_next::parse(&r, model_type),
+            _ => {}
+        }
         if let Some(act) = r.str_opt("hidden_act")? {
             if act != "silu" {
                 return Err(Error::Unsupported(format!("{}: hidden_act `{act}` (only silu)", path.display())));
@@ -402,7 +466,7 @@ impl ModelConfig {
         let rope_theta = read_rope_theta(&r, family)?;
         let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(match family {
             Family::Qwen3Moe => 1e-6,
-            Family::Olmoe | Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => 1e-5,
+            _ => 1e-5,
         });
         if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
             return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
@@ -438,7 +502,7 @@ impl ModelConfig {
                 }
                 (moe, dense, layers)
             }
-            Family::Olmoe | Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => {
+            _ => {
                 let i = r.bounded("intermediate_size", r.usize_req("intermediate_size")?, MAX_INTER)?;
                 (i, 0, vec![true; num_layers])
             }
@@ -446,19 +510,17 @@ impl ModelConfig {
 
         let norm_topk_prob = match family {
             // MixtralTopKRouter always divides by the sum of the picked probabilities.
-            Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => true,
             Family::Qwen3Moe | Family::Olmoe => r.bool_opt("norm_topk_prob")?.unwrap_or(false),
+            _ => true,
         };
         let attention_bias = match family {
             Family::Mixtral => false,
-            Family::Qwen3Moe | Family::Olmoe | Family::KimiLinear | Family::DeepseekV3 => {
-                r.bool_opt("attention_bias")?.unwrap_or(false)
-            }
+            _ => r.bool_opt("attention_bias")?.unwrap_or(false),
         };
         let qk_norm = match family {
             Family::Qwen3Moe => QkNorm::PerHead,
             Family::Olmoe => QkNorm::Full,
-            Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => QkNorm::None,
+            _ => QkNorm::None,
         };
         let sliding_window = match family {
             Family::Mixtral => r.usize_opt("sliding_window")?,
@@ -481,7 +543,7 @@ impl ModelConfig {
         let max_position_embeddings = r.usize_opt("max_position_embeddings")?.unwrap_or(match family {
             Family::Qwen3Moe => 32768,
             Family::Olmoe => 4096,
-            Family::Mixtral | Family::KimiLinear | Family::DeepseekV3 => 4096 * 32,
+            _ => 4096 * 32,
         });
         let max_position_embeddings = r.bounded("max_position_embeddings", max_position_embeddings, MAX_POSITIONS)?;
 
@@ -529,16 +591,22 @@ impl ModelConfig {
             mla_rope: None,
             expert_groups: None,
             k3: None,
+            add: Additions::default(),
         })
     }
 
-    /// The prefix of the text tensors in the source checkpoint (K3:
-    /// `language_model.`); checkpoint readers strip it.
-    pub fn source_prefix(&self) -> &'static str {
+    /// Where the text model's tensors sit in the source checkpoint, as
+    /// (prefix there, prefix here): K3's under `language_model.`, Qwen3.5's
+    /// release under `model.language_model.`; checkpoint readers rename
+    /// them to the plain names and leave everything else as it is (the
+    /// vision tower, MTP layers: tensors no forward pass reads).
+    pub fn source_rename(&self) -> Option<(&'static str, &'static str)> {
         if self.k3.is_some() {
-            K3_PREFIX
+            Some((K3_PREFIX, ""))
+        } else if self.add.vl_wrapper {
+            Some(("model.language_model.", "model."))
         } else {
-            ""
+            None
         }
     }
 
@@ -550,7 +618,20 @@ impl ModelConfig {
 
     /// The gated activation of MLPs and experts.
     pub fn activation(&self) -> Activation {
+        if self.family == Family::GptOss {
+            // `swiglu_alpha`, `swiglu_limit` (config/families.rs accepts only these).
+            return Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 };
+        }
         self.k3.map_or(Activation::Silu, |k| k.activation)
+    }
+
+    /// The routed experts' shape as the kernels see it.
+    pub fn expert_shape(&self) -> crate::quant::ExpertShape {
+        crate::quant::ExpertShape {
+            hidden: self.expert_hidden(),
+            inter: self.moe_intermediate_size,
+            biases: self.add.expert_bias,
+        }
     }
 
     /// Adapts the tensor naming (MoE block name, expert layout) to what a
@@ -575,7 +656,11 @@ impl ModelConfig {
         if let Some(b) = block {
             self.moe_block = b.to_string();
         }
-        self.expert_layout = if fused { ExpertLayout::Fused } else { ExpertLayout::PerExpert };
+        self.expert_layout = match (self.family, fused) {
+            (Family::GptOss, _) => ExpertLayout::GptOss,
+            (_, true) => ExpertLayout::Fused,
+            (_, false) => ExpertLayout::PerExpert,
+        };
     }
 
     pub fn is_moe_layer(&self, layer: usize) -> bool {
@@ -591,17 +676,55 @@ impl ModelConfig {
     }
 
     pub fn router_name(&self, layer: usize) -> String {
-        format!("model.layers.{layer}.{}.gate.weight", self.moe_block)
+        match self.family {
+            Family::GptOss => format!("model.layers.{layer}.mlp.router.weight"),
+            _ => format!("model.layers.{layer}.{}.gate.weight", self.moe_block),
+        }
     }
 
-    /// The selection-only bias of a sigmoid router.
+    /// The router's bias: selection only on a sigmoid router (on the gate,
+    /// or on the block for MiniMax), added to the logits on gpt-oss's.
     pub fn router_bias_name(&self, layer: usize) -> String {
-        format!("model.layers.{layer}.{}.gate.e_score_correction_bias", self.moe_block)
+        match self.family {
+            Family::GptOss => format!("model.layers.{layer}.mlp.router.bias"),
+            _ if self.add.router_bias_on_block => {
+                format!("model.layers.{layer}.{}.e_score_correction_bias", self.moe_block)
+            }
+            _ => format!("model.layers.{layer}.{}.gate.e_score_correction_bias", self.moe_block),
+        }
     }
 
-    /// `model.layers.L.<block>.shared_experts`.
+    /// Whether the router has a bias vector.
+    pub fn router_has_bias(&self) -> bool {
+        !matches!(self.router, RouterKind::Softmax)
+    }
+
+    /// `model.layers.L.<block>.shared_experts`, or the gated
+    /// `shared_expert` of Qwen2-MoE and Qwen3-Next.
     pub fn shared_expert_prefix(&self, layer: usize) -> String {
-        format!("model.layers.{layer}.{}.shared_experts", self.moe_block)
+        let name = if self.add.gated_shared_expert { "shared_expert" } else { "shared_experts" };
+        format!("model.layers.{layer}.{}.{name}", self.moe_block)
+    }
+
+    /// The `[1, H]` gate of a gated shared expert.
+    pub fn shared_expert_gate_name(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.{}.shared_expert_gate.weight", self.moe_block)
+    }
+
+    /// Dims of each GQA head that rotate.
+    pub fn rotary_dim(&self) -> usize {
+        match self.add.rotary_dim {
+            0 => self.head_dim,
+            d => d,
+        }
+    }
+
+    /// The sliding window of layer `layer`, if it has one.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        match self.add.layer_windows.get(layer) {
+            Some(w) => *w,
+            None => self.sliding_window,
+        }
     }
 
     pub fn attn_kind(&self, layer: usize) -> AttnKind {
@@ -610,8 +733,9 @@ impl ModelConfig {
 
     /// State floats of one layer that do not grow with the context (KDA).
     pub fn state_floats_fixed(&self, layer: usize) -> usize {
-        match (self.attn_kind(layer), &self.kda) {
-            (AttnKind::Kda, Some(k)) => k.state_floats(),
+        match (self.attn_kind(layer), &self.kda, &self.add.gdn) {
+            (AttnKind::Kda, Some(k), _) => k.state_floats(),
+            (AttnKind::Gdn, _, Some(g)) => g.state_floats(),
             _ => 0,
         }
     }
@@ -626,11 +750,33 @@ impl ModelConfig {
         }
     }
 
+    /// Rows of per-token state layer `layer` keeps for `context` tokens:
+    /// all of them, or only its sliding window's (a ring).
+    pub fn state_rows(&self, layer: usize, context: usize) -> usize {
+        match (self.attn_kind(layer), self.layer_window(layer)) {
+            (AttnKind::Gqa, Some(w)) => w.min(context),
+            _ => context,
+        }
+    }
+
+    /// Whether a forward pass that fails midway can leave state behind that
+    /// a retry cannot overwrite: a recurrent layer's (KDA, GDN), or a
+    /// windowed layer's ring rows.
+    pub fn has_unrewindable_state(&self) -> bool {
+        (0..self.num_layers).any(|l| {
+            matches!(self.attn_kind(l), AttnKind::Kda | AttnKind::Gdn)
+                || (self.attn_kind(l) == AttnKind::Gqa && self.layer_window(l).is_some())
+        })
+    }
+
     /// Bytes of one sequence's state for `context` tokens, every layer kind
     /// counted (f32): what a memory plan should reserve.
     pub fn state_bytes(&self, context: usize) -> u64 {
         (0..self.num_layers)
-            .map(|l| 4 * (self.state_floats_fixed(l) as u64 + context as u64 * self.state_floats_per_token(l) as u64))
+            .map(|l| {
+                let rows = self.state_rows(l, context) as u64;
+                4 * (self.state_floats_fixed(l) as u64 + rows * self.state_floats_per_token(l) as u64)
+            })
             .sum()
     }
 }
@@ -640,7 +786,7 @@ fn read_rope_theta(r: &Reader<'_>, family: Family) -> Result<f64> {
     // 4.x and released checkpoints write `rope_theta` (and `rope_scaling`).
     let default = match family {
         Family::Mixtral => 1e6,
-        Family::Qwen3Moe | Family::Olmoe | Family::KimiLinear | Family::DeepseekV3 => 1e4,
+        _ => 1e4,
     };
     let mut theta = r.f64_opt("rope_theta")?;
     for key in ["rope_parameters", "rope_scaling"] {

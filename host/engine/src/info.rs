@@ -36,6 +36,9 @@ pub struct ModelInfo {
     /// Parameters of the whole model and those one token touches.
     pub total_params: u64,
     pub active_params: u64,
+    /// What the conversion left out of the source (a vision tower, MTP
+    /// layers), one line each.
+    pub skipped: Vec<String>,
 }
 
 /// One decoder layer as `ModelInfo` describes it.
@@ -49,6 +52,9 @@ pub struct LayerInfo {
     pub state_bytes_fixed: u64,
     /// State bytes per token of context (K/V rows, MLA latent rows).
     pub state_bytes_per_token: u64,
+    /// A sliding-window layer's window: its per-token state stops growing
+    /// there.
+    pub window: Option<usize>,
 }
 
 impl ModelInfo {
@@ -81,6 +87,7 @@ impl ModelInfo {
                     moe: c.is_moe_layer(l),
                     state_bytes_fixed: 4 * c.state_floats_fixed(l) as u64,
                     state_bytes_per_token: 4 * c.state_floats_per_token(l) as u64,
+                    window: c.layer_window(l).filter(|_| c.attn_kind(l) == crate::config::AttnKind::Gqa),
                 })
                 .collect(),
             router: match c.router {
@@ -88,10 +95,12 @@ impl ModelInfo {
                 RouterKind::SigmoidBias { routed_scaling_factor } => {
                     format!("sigmoid+bias (scale {routed_scaling_factor})")
                 }
+                RouterKind::BiasedTopKSoftmax => "top-k of logits+bias, softmax over the picked".to_string(),
             },
             shared_expert_width: c.shared_intermediate_size,
             total_params: c.total_params(),
             active_params: c.active_params(),
+            skipped: container.manifest().skipped.clone(),
         }
     }
 }

@@ -123,10 +123,10 @@ pub fn on_disk_trunk_bytes(cfg: &ModelConfig, manifest: &Manifest) -> u64 {
 /// (`store::batch`) and per-expert bookkeeping. Rounded up to a MiB, plus a
 /// MiB for the small per-call lists (picks, slots).
 pub fn scratch_bytes(cfg: &ModelConfig, context: usize) -> u64 {
-    use crate::quant::{gate_up_tables_peak_bytes, ExpertFormat, ExpertScratch, ExpertShape};
+    use crate::quant::{gate_up_tables_peak_bytes, ExpertFormat, ExpertScratch};
     let chunk = crate::model::prefill::MAX_PREFILL_CHUNK;
     let model = 4 * crate::model::prefill::forward_buffer_floats(cfg, context, chunk);
-    let shape = ExpertShape { hidden: cfg.expert_hidden(), inter: cfg.moe_intermediate_size };
+    let shape = cfg.expert_shape();
     let kernels = ExpertFormat::ALL
         .into_iter()
         .map(|f| gate_up_tables_peak_bytes(f, shape.hidden) + ExpertScratch::new(f, shape).bytes())

@@ -508,7 +508,7 @@ fn synth_config_as(
     }
     drop(trunk_file);
 
-    let shape = ExpertShape { hidden: cfg.expert_hidden(), inter: cfg.moe_intermediate_size };
+    let shape = cfg.expert_shape();
     let layout = RecordLayout::new(experts, shape)?;
     let mut cb = if experts.uses_codebooks() {
         let p = out.join(CODEBOOK_FILE);
@@ -547,12 +547,14 @@ fn synth_config_as(
             format: experts.name().into(),
             hidden: shape.hidden as u64,
             inter: shape.inter as u64,
+            biases: shape.biases,
             record_bytes: layout.record_bytes,
             payload_offset: layout.payload_offset,
             payload_bytes: layout.payload_bytes,
             layers: banks,
         },
         tokenizer_files: Vec::new(),
+        skipped: Vec::new(),
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Runtime(e.to_string()))?;
     let mpath = out.join(MANIFEST_FILE);

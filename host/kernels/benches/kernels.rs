@@ -169,8 +169,7 @@ fn main() {
     };
     let quick = std::env::args().any(|a| a == "--quick");
     let tokens = if quick { 2 } else { 8 };
-    let shapes =
-        [("kimi-linear", ExpertShape { hidden: 2304, inter: 1024 }), ("k3", ExpertShape { hidden: 3584, inter: 3072 })];
+    let shapes = [("kimi-linear", ExpertShape::new(2304, 1024)), ("k3", ExpertShape::new(3584, 3072))];
     let formats = [ExpertFormat::F32, ExpertFormat::Q8, ExpertFormat::Q4, ExpertFormat::Rvq3, ExpertFormat::Rvq4p];
     let best_isa = isa();
     println!("kernel level: {} (supported: {:?})", best_isa.name(), Isa::supported());

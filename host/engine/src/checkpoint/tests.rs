@@ -208,6 +208,47 @@ mod reader {
         assert!(diff <= 1e-4 * max, "fused mixtral: {diff} vs max {max}");
         let _ = std::fs::remove_dir_all(d);
     }
+
+    /// gpt-oss's release experts (MXFP4 `*_blocks` / `*_scales`) decode to
+    /// exactly the f32 tensors transformers multiplies by: reassembled into its
+    /// in-memory layout (`gate_up_proj [E, H, 2I]` with gate and up interleaved,
+    /// `down_proj [E, I, H]`), every layer's bytes hash to the sha256 the
+    /// generator recorded from `convert_moe_packed_tensors`.
+    #[test]
+    fn gpt_oss_mxfp4_experts_decode_bit_exactly_as_transformers() {
+        use sha2::{Digest, Sha256};
+        let dir = fixture("gpt_oss-mxfp4");
+        let ckpt = HfCheckpoint::open(&dir).unwrap();
+        let reference: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+        let cfg = ckpt.config();
+        let (e, h, i) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size);
+        for layer in 0..cfg.num_layers {
+            let mut gate_up = vec![0f32; e * h * 2 * i];
+            let mut down = vec![0f32; e * i * h];
+            for x in 0..e {
+                let [g, u, d] = ckpt.expert_f32(layer, x).unwrap();
+                for j in 0..i {
+                    for c in 0..h {
+                        gate_up[(x * h + c) * 2 * i + 2 * j] = g[j * h + c];
+                        gate_up[(x * h + c) * 2 * i + 2 * j + 1] = u[j * h + c];
+                    }
+                }
+                for r in 0..h {
+                    for c in 0..i {
+                        down[(x * i + c) * h + r] = d[r * i + c];
+                    }
+                }
+            }
+            for (name, values) in [("gate_up_proj", &gate_up), ("down_proj", &down)] {
+                let key = format!("model.layers.{layer}.mlp.experts.{name}");
+                let want = reference["dequantized_experts"][&key]["sha256_f32_le"].as_str().unwrap();
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let got: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+                assert_eq!(got, want, "{key}");
+            }
+        }
+    }
 }
 
 mod kimi_tests {

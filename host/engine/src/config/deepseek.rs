@@ -264,6 +264,7 @@ pub(super) fn parse(
         mla_rope: Some(rope),
         expert_groups,
         k3: None,
+        add: super::Additions::default(),
     })
 }
 

@@ -7,7 +7,7 @@
 //!
 //! The text config is parsed by the Kimi-Linear reader after the keys only
 //! K3 accepts are taken out; the K3 keys land in `ModelConfig::k3`.
-//! Checkpoint readers strip `source_prefix()` so every other part of the
+//! Checkpoint readers strip it (`source_rename()`) so every other part of the
 //! engine sees the plain `model.layers.N.…` names.
 
 use serde_json::{Map, Value};
@@ -183,7 +183,7 @@ fn attention_rests(cfg: &ModelConfig, k: &K3Params, kind: AttnKind) -> Vec<&'sta
             v.push("o_proj.weight");
             v
         }
-        AttnKind::Gqa => Vec::new(),
+        AttnKind::Gqa | AttnKind::Gdn => Vec::new(),
     }
 }
 
@@ -335,7 +335,7 @@ mod tests {
         let c = parse(&fixture_json()).unwrap();
         use AttnKind::{Kda, Mla};
         assert_eq!(c.model_type, "kimi_k3");
-        assert_eq!(c.source_prefix(), K3_PREFIX);
+        assert_eq!(c.source_rename(), Some((K3_PREFIX, "")));
         assert_eq!(c.attn_kinds, vec![Kda, Kda, Mla, Kda, Mla]);
         assert_eq!(c.moe_layers, vec![false, true, true, true, true]);
         let k = c.k3.unwrap();

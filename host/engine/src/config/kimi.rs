@@ -184,6 +184,7 @@ pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_l
         mla_rope: None,
         expert_groups: None,
         k3: None,
+        add: super::Additions::default(),
     })
 }
 
@@ -304,7 +305,7 @@ pub(super) fn attention_names(cfg: &ModelConfig, kind: AttnKind, p: &str) -> Vec
                 names.push(format!("{a}.o_proj.bias"));
             }
         }
-        AttnKind::Gqa => {}
+        AttnKind::Gqa | AttnKind::Gdn => {}
     }
     names
 }
@@ -349,7 +350,7 @@ pub(super) fn attention_shape(cfg: &ModelConfig, kind: AttnKind, rest: &str) -> 
                 _ => return None,
             })
         }
-        AttnKind::Gqa => None,
+        AttnKind::Gqa | AttnKind::Gdn => None,
     }
 }
 

@@ -29,7 +29,7 @@ impl ModelConfig {
     pub fn expert_tensor_names(&self, layer: usize, expert: usize) -> [String; 3] {
         let p = format!("model.layers.{layer}.{}.experts.{expert}", self.moe_block);
         match self.family {
-            Family::Mixtral | Family::KimiLinear => {
+            Family::Mixtral | Family::KimiLinear | Family::MinimaxM2 => {
                 [format!("{p}.w1.weight"), format!("{p}.w3.weight"), format!("{p}.w2.weight")]
             }
             _ => [format!("{p}.gate_proj.weight"), format!("{p}.up_proj.weight"), format!("{p}.down_proj.weight")],
@@ -42,21 +42,39 @@ impl ModelConfig {
         [format!("{p}.gate_up_proj"), format!("{p}.down_proj")]
     }
 
+    /// Every tensor gpt-oss's experts of `layer` may be stored in: the f32
+    /// layout's and the MXFP4 release's (a checkpoint holds one set).
+    pub fn gpt_oss_expert_names(&self, layer: usize) -> Vec<String> {
+        let p = format!("model.layers.{layer}.mlp.experts");
+        ["gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"]
+            .iter()
+            .chain(&["gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks", "down_proj_scales"])
+            .map(|t| format!("{p}.{t}"))
+            .collect()
+    }
+
     pub fn tensor_role(&self, name: &str) -> TensorRole {
         if name == "model.embed_tokens.weight" {
             TensorRole::Embedding
         } else if name == "lm_head.weight" {
             TensorRole::LmHead
-        } else if name.ends_with(".bias") || name.ends_with("norm.weight") {
+        } else if name.ends_with(".bias") || name.ends_with("norm.weight") || name.ends_with(".sinks") {
             TensorRole::Vector
-        } else if name.ends_with(".mlp.gate.weight") || name.ends_with(".block_sparse_moe.gate.weight") {
+        } else if name.ends_with(".mlp.gate.weight")
+            || name.ends_with(".block_sparse_moe.gate.weight")
+            || name.ends_with(".mlp.router.weight")
+            || name.ends_with(".shared_expert_gate.weight")
+        {
+            // Routing and gating decisions, and 1-row matrices: kept f32.
             TensorRole::Router
         } else {
             TensorRole::Matrix
         }
     }
 
-    /// Routed-expert weights in either layout and either block name.
+    /// Routed-expert weights of a decoder layer the forward pass runs, in
+    /// any layout and either block name (an MTP layer's stored after the
+    /// last are not: the converter skips them).
     pub fn is_expert_tensor(&self, name: &str) -> bool {
         let Some(rest) = name.strip_prefix("model.layers.") else {
             return false;
@@ -64,7 +82,7 @@ impl ModelConfig {
         let Some((layer, rest)) = rest.split_once('.') else {
             return false;
         };
-        if layer.parse::<usize>().is_err() {
+        if !layer.parse::<usize>().is_ok_and(|l| l < self.num_layers) {
             return false;
         }
         rest.strip_prefix("mlp.")
@@ -85,7 +103,7 @@ impl ModelConfig {
                 AttnKind::Gqa => {
                     for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
                         names.push(format!("{p}.self_attn.{proj}.weight"));
-                        if self.attention_bias {
+                        if self.has_attn_bias(proj) {
                             names.push(format!("{p}.self_attn.{proj}.bias"));
                         }
                     }
@@ -93,19 +111,26 @@ impl ModelConfig {
                         names.push(format!("{p}.self_attn.q_norm.weight"));
                         names.push(format!("{p}.self_attn.k_norm.weight"));
                     }
+                    if self.add.attention_sinks {
+                        names.push(format!("{p}.self_attn.sinks"));
+                    }
                 }
+                AttnKind::Gdn => names.extend(self.gdn_names(&p)),
                 _ if self.family == Family::DeepseekV3 => names.extend(deepseek::attention_names(self, &p)),
                 kind => names.extend(kimi::attention_names(self, kind, &p)),
             }
             names.push(format!("{p}.post_attention_layernorm.weight"));
             if self.is_moe_layer(l) {
                 names.push(self.router_name(l));
-                if let RouterKind::SigmoidBias { .. } = self.router {
+                if self.router_has_bias() {
                     names.push(self.router_bias_name(l));
                 }
                 if self.shared_intermediate_size > 0 {
                     for proj in ["gate_proj", "up_proj", "down_proj"] {
                         names.push(format!("{}.{proj}.weight", self.shared_expert_prefix(l)));
+                    }
+                    if self.add.gated_shared_expert {
+                        names.push(self.shared_expert_gate_name(l));
                     }
                 }
             } else {
@@ -137,7 +162,12 @@ impl ModelConfig {
         let (layer, rest) = rest.split_once('.')?;
         let layer: usize = layer.parse().ok()?;
         let kind = self.attn_kind(layer);
-        if kind != AttnKind::Gqa {
+        if kind == AttnKind::Gdn {
+            if let Some(rest) = rest.strip_prefix("linear_attn.") {
+                return self.gdn_shape(rest);
+            }
+        }
+        if kind != AttnKind::Gqa && kind != AttnKind::Gdn {
             if let Some(attn) = rest.strip_prefix("self_attn.") {
                 if self.family == Family::DeepseekV3 {
                     return deepseek::attention_shape(self, attn);
@@ -151,19 +181,29 @@ impl ModelConfig {
             .filter(|_| self.is_moe_layer(layer))
         {
             let s = self.shared_intermediate_size;
-            match moe {
-                "gate.e_score_correction_bias" => return Some(vec![self.num_experts]),
-                "shared_experts.gate_proj.weight" | "shared_experts.up_proj.weight" if s > 0 => {
-                    return Some(vec![s, h])
+            let shared = if self.add.gated_shared_expert { "shared_expert." } else { "shared_experts." };
+            if let Some(proj) = moe.strip_prefix(shared).filter(|_| s > 0) {
+                match proj {
+                    "gate_proj.weight" | "up_proj.weight" => return Some(vec![s, h]),
+                    "down_proj.weight" => return Some(vec![h, s]),
+                    _ => {}
                 }
-                "shared_experts.down_proj.weight" if s > 0 => return Some(vec![h, s]),
+            }
+            match moe {
+                "gate.e_score_correction_bias" | "e_score_correction_bias" | "router.bias" => {
+                    return Some(vec![self.num_experts])
+                }
+                "shared_expert_gate.weight" if self.add.gated_shared_expert => return Some(vec![1, h]),
                 _ => {}
             }
         }
         let (q, kv) = (self.q_dim(), self.kv_dim());
+        // Qwen3-Next's q_proj also yields the output gate of every head.
+        let q_rows = if self.add.attn_output_gate { 2 * q } else { q };
         let shape = match rest {
             "input_layernorm.weight" | "post_attention_layernorm.weight" => vec![h],
-            "self_attn.q_proj.weight" => vec![q, h],
+            "self_attn.q_proj.weight" => vec![q_rows, h],
+            "self_attn.sinks" if self.add.attention_sinks => vec![self.num_heads],
             "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kv, h],
             "self_attn.o_proj.weight" => vec![h, q],
             "self_attn.q_proj.bias" => vec![q],
@@ -185,17 +225,33 @@ impl ModelConfig {
         Some(shape)
     }
 
+    /// Whether the attention projection `proj` (`q_proj`, ..., `o_proj`)
+    /// has a bias.
+    pub fn has_attn_bias(&self, proj: &str) -> bool {
+        self.attention_bias || (self.add.qkv_bias && proj != "o_proj")
+    }
+
     fn attention_params(&self, layer: usize) -> u64 {
         if self.family == Family::DeepseekV3 {
             return deepseek::attention_params(self) + 2 * self.hidden_size as u64;
+        }
+        if self.attn_kind(layer) == AttnKind::Gdn {
+            return self.gdn_params() + 2 * self.hidden_size as u64;
         }
         if self.attn_kind(layer) != AttnKind::Gqa {
             return kimi::attention_params(self, self.attn_kind(layer)) + 2 * self.hidden_size as u64;
         }
         let (h, q, kv) = (self.hidden_size as u64, self.q_dim() as u64, self.kv_dim() as u64);
-        let mut n = 2 * h * q + 2 * h * kv;
-        if self.attention_bias {
-            n += q + 2 * kv + h;
+        let q_rows = if self.add.attn_output_gate { 2 * q } else { q };
+        let mut n = h * q_rows + h * q + 2 * h * kv;
+        if self.has_attn_bias("q_proj") {
+            n += q + 2 * kv;
+        }
+        if self.has_attn_bias("o_proj") {
+            n += h;
+        }
+        if self.add.attention_sinks {
+            n += self.num_heads as u64;
         }
         n += match self.qk_norm {
             QkNorm::None => 0,
@@ -217,14 +273,15 @@ impl ModelConfig {
         for l in 0..self.num_layers {
             n += self.attention_params(l);
             n += if self.is_moe_layer(l) {
-                let bias = match self.router {
-                    RouterKind::SigmoidBias { .. } => self.num_experts as u64,
-                    RouterKind::Softmax => 0,
-                };
+                let bias = if self.router_has_bias() { self.num_experts as u64 } else { 0 };
+                let shared_gate = if self.add.gated_shared_expert && self.shared_intermediate_size > 0 { h } else { 0 };
+                // gpt-oss: a bias on each expert's gate, up and down.
+                let expert_bias = if self.add.expert_bias { 2 * self.moe_intermediate_size as u64 + h } else { 0 };
                 self.num_experts as u64 * h
                     + bias
                     + 3 * h * self.shared_intermediate_size as u64
-                    + experts_per_layer * 3 * h * self.moe_intermediate_size as u64
+                    + shared_gate
+                    + experts_per_layer * (3 * h * self.moe_intermediate_size as u64 + expert_bias)
             } else {
                 3 * h * self.intermediate_size as u64
             };
@@ -240,5 +297,54 @@ impl ModelConfig {
     /// Parameters one token touches (top_k routed experts per MoE layer).
     pub fn active_params(&self) -> u64 {
         self.params(self.top_k as u64)
+    }
+}
+
+/// The Gated DeltaNet tensors (`linear_attn.*`).
+impl ModelConfig {
+    /// Names of one GDN layer's tensors; `p` is `model.layers.L`.
+    pub fn gdn_names(&self, p: &str) -> Vec<String> {
+        let projections: &[&str] = if self.add.gdn_fused {
+            &["in_proj_qkvz.weight", "in_proj_ba.weight"]
+        } else {
+            &["in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight"]
+        };
+        projections
+            .iter()
+            .chain(&["conv1d.weight", "A_log", "dt_bias", "norm.weight", "out_proj.weight"])
+            .map(|t| format!("{p}.linear_attn.{t}"))
+            .collect()
+    }
+
+    /// Shape of a GDN tensor by its name after `linear_attn.`; the conv
+    /// kernel `[C, 1, K]` is given 1-D (its canonical, stored shape).
+    fn gdn_shape(&self, rest: &str) -> Option<Vec<usize>> {
+        let g = self.add.gdn?;
+        let h = self.hidden_size;
+        let (k, v, nv) = (g.key_dim(), g.value_dim(), g.value_heads);
+        Some(match rest {
+            "in_proj_qkvz.weight" if self.add.gdn_fused => vec![2 * k + 2 * v, h],
+            "in_proj_ba.weight" if self.add.gdn_fused => vec![2 * nv, h],
+            "in_proj_qkv.weight" if !self.add.gdn_fused => vec![2 * k + v, h],
+            "in_proj_z.weight" if !self.add.gdn_fused => vec![v, h],
+            "in_proj_b.weight" | "in_proj_a.weight" if !self.add.gdn_fused => vec![nv, h],
+            "conv1d.weight" => vec![g.conv_dim() * g.conv_kernel],
+            "A_log" | "dt_bias" => vec![nv],
+            "norm.weight" => vec![g.value_head_dim],
+            "out_proj.weight" => vec![h, v],
+            _ => return None,
+        })
+    }
+
+    fn gdn_params(&self) -> u64 {
+        let Some(g) = self.add.gdn else { return 0 };
+        let (h, k, v, nv) = (self.hidden_size as u64, g.key_dim() as u64, g.value_dim() as u64, g.value_heads as u64);
+        // The projections (fused or not: the same rows), the conv, A_log,
+        // dt_bias, the gated norm, out_proj.
+        h * (2 * k + 2 * v + 2 * nv)
+            + g.conv_dim() as u64 * g.conv_kernel as u64
+            + 2 * nv
+            + g.value_head_dim as u64
+            + v * h
     }
 }

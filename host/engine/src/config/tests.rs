@@ -134,3 +134,35 @@ fn released_layout_keys() {
     assert_eq!(c.sliding_window, Some(16));
     assert_eq!(c.moe_layers, vec![false, true, false, true]);
 }
+
+/// gpt-oss's sliding layers keep a ring of their window (8 in the
+/// fixture) whatever the context; its full layers grow with it; a failed
+/// forward must then poison the state (the ring rows cannot be rolled back).
+#[test]
+fn gpt_oss_state_counts_only_the_window_on_sliding_layers() {
+    let c = ModelConfig::from_file(&fixture_config("gpt_oss")).unwrap();
+    assert_eq!(c.add.layer_windows, vec![Some(8), None, Some(8), None]);
+    let row = 4 * 2 * c.kv_dim() as u64; // k and v, f32
+    for context in [4usize, 8, 1000] {
+        let windowed = 2 * row * context.min(8) as u64;
+        assert_eq!(c.state_bytes(context), windowed + 2 * row * context as u64, "context {context}");
+    }
+    assert!(c.has_unrewindable_state());
+    let q = ModelConfig::from_file(&fixture_config("qwen2_moe")).unwrap();
+    assert!(!q.has_unrewindable_state());
+    assert_eq!(q.state_bytes(10), q.num_layers as u64 * 10 * 2 * 4 * q.kv_dim() as u64);
+}
+
+/// A model_type outside the supported families fails with one line naming
+/// it and every supported one.
+#[test]
+fn unsupported_model_type_names_it_and_the_supported_ones() {
+    let mut v = qwen_json();
+    v["model_type"] = "llama4_text".into();
+    let err = parse(&v).unwrap_err().to_string();
+    assert!(!err.contains('\n'), "{err}");
+    assert!(err.contains("`llama4_text`"), "{err}");
+    for t in SUPPORTED_MODEL_TYPES {
+        assert!(err.contains(t), "{err} does not list {t}");
+    }
+}

@@ -37,16 +37,18 @@ impl ExpertBanks {
         let e = &manifest.experts;
         let format = expert_format(&e.format, &mpath)?;
         let bad = |msg: String| Error::format(&mpath, msg);
-        if e.hidden != config.expert_hidden() as u64 || e.inter != config.moe_intermediate_size as u64 {
+        let shape = config.expert_shape();
+        if e.hidden != shape.hidden as u64 || e.inter != shape.inter as u64 || e.biases != shape.biases {
             return Err(bad(format!(
-                "expert shape {}x{} disagrees with the config ({}x{})",
+                "expert shape {}x{}{} disagrees with the config ({}x{}{})",
                 e.hidden,
                 e.inter,
-                config.expert_hidden(),
-                config.moe_intermediate_size
+                if e.biases { " with biases" } else { "" },
+                shape.hidden,
+                shape.inter,
+                if shape.biases { " with biases" } else { "" },
             )));
         }
-        let shape = ExpertShape { hidden: e.hidden as usize, inter: e.inter as usize };
         let payload_bytes = quant::expert_payload_len(format, shape) as u64;
         if e.payload_bytes != payload_bytes
             || e.payload_offset < record::HEADER_BYTES

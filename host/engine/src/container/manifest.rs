@@ -35,6 +35,10 @@ pub struct Manifest {
     /// Tokenizer and template files copied from the source, by name.
     #[serde(default)]
     pub tokenizer_files: Vec<String>,
+    /// Parts of the source the conversion left out (a vision tower, MTP
+    /// layers), one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 impl Manifest {
@@ -94,6 +98,9 @@ pub struct ExpertIndex {
     pub format: String,
     pub hidden: u64,
     pub inter: u64,
+    /// Each payload ends with the expert's f32 biases (gpt-oss).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub biases: bool,
     pub record_bytes: u64,
     pub payload_offset: u64,
     pub payload_bytes: u64,

@@ -103,7 +103,8 @@ pub(super) fn write_bank(
     let codebooks = if opts.experts.uses_codebooks() {
         let sample: Vec<[Vec<f32>; 3]> =
             sample_experts(experts, shape).into_iter().map(|e| ckpt.expert_f32(layer, e)).collect::<Result<_>>()?;
-        let views: Vec<ExpertF32> = sample.iter().map(|[g, u, d]| ExpertF32 { gate: g, up: u, down: d }).collect();
+        let views: Vec<ExpertF32> =
+            sample.iter().map(|[g, u, d]| ExpertF32 { gate: g, up: u, down: d, biases: None }).collect();
         let seed = opts.seed ^ (layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let cb = quant::fit_layer_codebooks(opts.experts, shape, &views, seed)
             .ok_or_else(|| Error::Runtime(format!("no codebooks were fitted for format {}", opts.experts.name())))?;
@@ -139,7 +140,9 @@ pub(super) fn write_bank(
     let mut bank = Writer::create(&path)?;
     for expert in 0..experts {
         let [gate, up, down] = ckpt.expert_f32(layer, expert)?;
-        let view = ExpertF32 { gate: &gate, up: &up, down: &down };
+        let biases = ckpt.expert_biases_f32(layer, expert)?;
+        let biases = biases.as_ref().map(|[g, u, d]| [g.as_slice(), u.as_slice(), d.as_slice()]);
+        let view = ExpertF32 { gate: &gate, up: &up, down: &down, biases };
         let payload = quant::encode_expert(opts.experts, shape, &view, codebooks.as_ref().map(|(cb, _)| cb));
         let start = bank.position();
         bank.write(&header(layer, expert, opts, layout).to_bytes())?;

@@ -26,6 +26,7 @@ mod bank;
 mod files;
 mod follow;
 pub mod reclaim;
+mod skipped;
 mod trunk;
 pub mod verify;
 
@@ -44,7 +45,7 @@ use crate::container::manifest::{
 };
 use crate::error::{Error, Result};
 use crate::files::Fnv;
-use crate::quant::{self, ExpertFormat, ExpertShape, TrunkFormat};
+use crate::quant::{self, ExpertFormat, TrunkFormat};
 use files::write_atomic;
 pub use reclaim::{ShardLedger, Unit};
 pub use verify::{verify, MatrixError};
@@ -111,6 +112,8 @@ pub struct ConvertReport {
     pub moe_layers: usize,
     /// Checkpoint tensors the engine does not use (e.g. stale rotary buffers).
     pub ignored_tensors: Vec<String>,
+    /// `ignored_tensors` by part, one line each (also in the manifest).
+    pub skipped: Vec<String>,
     /// trunk.bin was reused from an earlier, interrupted run.
     pub trunk_reused: bool,
     /// Layers whose bank was reused from an earlier run.
@@ -338,6 +341,7 @@ fn write_container(
     let known: std::collections::HashSet<&str> = trunk_names.iter().map(String::as_str).collect();
     report.ignored_tensors =
         ckpt.tensor_names().into_iter().filter(|n| !known.contains(n.as_str()) && !cfg.is_expert_tensor(n)).collect();
+    report.skipped = skipped::describe(cfg, &report.ignored_tensors);
     // Small files first: a reclaimed source must not lose them.
     let mut tokenizer_files = Vec::new();
     for name in TOKENIZER_FILES {
@@ -352,7 +356,7 @@ fn write_container(
     let gen_path = ckpt.dir().join("generation_config.json");
     let generation_config = if gen_path.is_file() { Some(read_json(&gen_path)?) } else { None };
 
-    let shape = ExpertShape { hidden: cfg.expert_hidden(), inter: cfg.moe_intermediate_size };
+    let shape = cfg.expert_shape();
     let payload_bytes = quant::expert_payload_len(opts.experts, shape) as u64;
     let record_bytes = align_up(record::HEADER_BYTES + payload_bytes, RECORD_ALIGN);
     let layout = bank::Layout { shape, payload_bytes, record_bytes };
@@ -414,12 +418,14 @@ fn write_container(
             format: opts.experts.name().to_string(),
             hidden: shape.hidden as u64,
             inter: shape.inter as u64,
+            biases: shape.biases,
             record_bytes,
             payload_offset: record::HEADER_BYTES,
             payload_bytes,
             layers: banks,
         },
         tokenizer_files,
+        skipped: report.skipped.clone(),
     };
     let json = serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Runtime(e.to_string()))?;
     write_atomic(&dir.join(MANIFEST_FILE), &json)?;

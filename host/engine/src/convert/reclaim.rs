@@ -35,6 +35,7 @@ pub fn bank_tensor_names(cfg: &ModelConfig, layer: usize) -> Vec<String> {
     match cfg.expert_layout {
         ExpertLayout::PerExpert => (0..cfg.num_experts).flat_map(|e| cfg.expert_tensor_names(layer, e)).collect(),
         ExpertLayout::Fused => cfg.fused_expert_names(layer).into_iter().collect(),
+        ExpertLayout::GptOss => cfg.gpt_oss_expert_names(layer),
     }
 }
 

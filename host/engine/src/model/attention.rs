@@ -1,7 +1,10 @@
 //! Grouped-query attention with rotary embeddings (the HF `rotate_half`
-//! convention), optional q/k RMSNorms, biases and sliding window.
+//! convention, on all of each head or its first `rotary_dim` dims, plain or
+//! YaRN-scaled), optional q/k RMSNorms (plain or zero-centred), biases, a
+//! sliding window per layer held in a ring of that many rows, gpt-oss's
+//! attention sinks and Qwen3-Next's sigmoid output gate.
 
-use crate::config::{ModelConfig, QkNorm};
+use crate::config::{MlaRope, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
 
@@ -9,14 +12,32 @@ use super::ops::{dot, rms_norm_in_place, softmax};
 use super::{load_matrix, load_vector};
 use crate::source::TensorSource;
 
-/// Rotary tables: `inv_freq[i] = theta^(-2i/d)` for i < d/2.
+/// Rotary tables of the GQA layers: `inv_freq[i] = theta^(-2i/rd)` for
+/// i < rd/2 over the rotated dims `rd` of a head, or YaRN's blend of
+/// interpolated and extrapolated frequencies (gpt-oss), whose
+/// `attention_factor` scales cos and sin.
 pub struct Rope {
     inv_freq: Vec<f32>,
+    /// YaRN's `attention_scaling`; None (not 1.0) keeps the plain tables'
+    /// arithmetic exactly as it was.
+    attention_factor: Option<f32>,
 }
 
 impl Rope {
     pub fn new(cfg: &ModelConfig) -> Rope {
-        let d = cfg.head_dim;
+        let d = cfg.rotary_dim();
+        if let Some(yarn) = cfg.add.rope_yarn {
+            // The same `_compute_yarn_parameters` as the MLA rope's.
+            let mla = MlaRope {
+                theta: cfg.rope_theta,
+                dim: d,
+                interleave: false,
+                yarn: Some(yarn),
+                softmax_scale_factor: 1.0,
+            };
+            let r = super::rope::Rope::new(&mla);
+            return Rope { inv_freq: r.inv_freq().to_vec(), attention_factor: Some(yarn.attention_factor as f32) };
+        }
         // compute_default_rope_parameters: `1.0 / (base ** (torch.arange(0, dim, 2,
         // dtype=torch.float) / dim))`, i.e. an f32 exponent and an f32 result.
         let inv_freq = (0..d / 2)
@@ -25,24 +46,31 @@ impl Rope {
                 (1.0 / cfg.rope_theta.powf(e as f64)) as f32
             })
             .collect();
-        Rope { inv_freq }
+        Rope { inv_freq, attention_factor: None }
     }
 
-    /// cos/sin for one position, each `[d/2]` (the HF tables repeat them twice).
+    /// cos/sin for one position, each `[rd/2]` (the HF tables repeat them twice).
     pub fn tables(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
         for ((f, c), s) in self.inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
             // `freqs = position_ids.float() * inv_freq` in f32, then cos/sin.
             let angle = (pos as f32 * f) as f64;
             *c = angle.cos() as f32;
             *s = angle.sin() as f32;
+            if let Some(a) = self.attention_factor {
+                // `cos = emb.cos() * self.attention_scaling`
+                *c *= a;
+                *s *= a;
+            }
         }
     }
 
-    /// `x * cos + rotate_half(x) * sin` on every head of `x`.
+    /// `x * cos + rotate_half(x) * sin` on the first `2 * cos.len()` dims of
+    /// every head of `x`; the rest of each head passes through
+    /// (`torch.cat([q_embed, q_pass], dim=-1)`).
     pub fn apply(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
-        let half = head_dim / 2;
+        let half = cos.len();
         for head in x.chunks_exact_mut(head_dim) {
-            let (a, b) = head.split_at_mut(half);
+            let (a, b) = head[..2 * half].split_at_mut(half);
             for i in 0..half {
                 let (x1, x2) = (a[i], b[i]);
                 a[i] = x1 * cos[i] - x2 * sin[i];
@@ -54,7 +82,9 @@ impl Rope {
 
 /// `model.layers.L.self_attn`.
 pub struct Attention {
-    q_proj: QMatrix, // [heads*d, H]
+    /// `[heads*d, H]`, or `[heads*2d, H]` with an output gate: per head the
+    /// rows are `[query (d) | gate (d)]`.
+    q_proj: QMatrix,
     k_proj: QMatrix, // [kv*d, H]
     v_proj: QMatrix, // [kv*d, H]
     o_proj: QMatrix, // [H, heads*d]
@@ -62,13 +92,24 @@ pub struct Attention {
     k_proj_bias: Option<Vec<f32>>,
     v_proj_bias: Option<Vec<f32>>,
     o_proj_bias: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>, // [d] per head (Qwen3) or [heads*d] (OLMoE)
+    /// `[d]` per head (Qwen3) or `[heads*d]` (OLMoE, MiniMax); stored as
+    /// `1 + w` when the checkpoint's norms are zero-centred.
+    q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>, // [d] or [kv*d]
+    /// gpt-oss: one logit per head that joins each softmax, `[heads]`.
+    sinks: Option<Vec<f32>>,
+    /// Keys visible to a query, itself included; the KV rows are a ring of
+    /// this many.
+    window: Option<usize>,
+    output_gate: bool,
 }
 
 /// Per-call buffers of the attention block.
 pub struct AttnScratch {
     pub q: Vec<f32>,
+    /// The gated q projection, `[heads * 2d]` (empty without an output gate).
+    pub qg: Vec<f32>,
+    pub gate: Vec<f32>,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
     pub out: Vec<f32>,
@@ -79,20 +120,26 @@ pub struct AttnScratch {
 
 impl AttnScratch {
     pub fn new(cfg: &ModelConfig, context: usize) -> AttnScratch {
+        let gated = if cfg.add.attn_output_gate { cfg.q_dim() } else { 0 };
         AttnScratch {
             q: vec![0.0; cfg.q_dim()],
+            qg: vec![0.0; 2 * gated],
+            gate: vec![0.0; gated],
             k: vec![0.0; cfg.kv_dim()],
             v: vec![0.0; cfg.kv_dim()],
             out: vec![0.0; cfg.q_dim()],
             scores: vec![0.0; context],
-            cos: vec![0.0; cfg.head_dim / 2],
-            sin: vec![0.0; cfg.head_dim / 2],
+            cos: vec![0.0; cfg.rotary_dim() / 2],
+            sin: vec![0.0; cfg.rotary_dim() / 2],
         }
     }
 
     /// Floats held, for the memory plan (`plan::scratch_bytes`).
     pub fn floats(&self) -> usize {
-        [&self.q, &self.k, &self.v, &self.out, &self.scores, &self.cos, &self.sin].iter().map(|b| b.len()).sum()
+        [&self.q, &self.qg, &self.gate, &self.k, &self.v, &self.out, &self.scores, &self.cos, &self.sin]
+            .iter()
+            .map(|b| b.len())
+            .sum()
     }
 }
 
@@ -100,7 +147,9 @@ impl Attention {
     pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Attention> {
         let p = format!("model.layers.{layer}.self_attn");
         let bias = |proj: &str| -> Result<Option<Vec<f32>>> {
-            if cfg.attention_bias {
+            // `qkv_bias`: q/k/v only (Qwen2-MoE, GLM); `attention_bias`: all four.
+            let biased = cfg.attention_bias || (cfg.add.qkv_bias && proj != "o_proj");
+            if biased {
                 Ok(Some(load_vector(cfg, src, &format!("{p}.{proj}.bias"))?))
             } else {
                 Ok(None)
@@ -109,9 +158,10 @@ impl Attention {
         let norm = |which: &str| -> Result<Option<Vec<f32>>> {
             match cfg.qk_norm {
                 QkNorm::None => Ok(None),
-                _ => Ok(Some(load_vector(cfg, src, &format!("{p}.{which}.weight"))?)),
+                _ => Ok(Some(super::load_norm(cfg, src, &format!("{p}.{which}.weight"))?)),
             }
         };
+        let sinks = if cfg.add.attention_sinks { Some(load_vector(cfg, src, &format!("{p}.sinks"))?) } else { None };
         Ok(Attention {
             q_proj: load_matrix(cfg, src, &format!("{p}.q_proj.weight"))?,
             k_proj: load_matrix(cfg, src, &format!("{p}.k_proj.weight"))?,
@@ -123,11 +173,29 @@ impl Attention {
             o_proj_bias: bias("o_proj")?,
             q_norm: norm("q_norm")?,
             k_norm: norm("k_norm")?,
+            sinks,
+            window: cfg.layer_window(layer),
+            output_gate: cfg.add.attn_output_gate,
         })
     }
 
+    /// The query projection into `s.q`; with an output gate, the gate into
+    /// `s.gate` (`torch.chunk(q_proj(h).view(heads, 2d), 2, dim=-1)`).
+    fn project_query(&self, d: usize, x: &[f32], s: &mut AttnScratch) {
+        if !self.output_gate {
+            self.q_proj.matvec(x, &mut s.q);
+            return;
+        }
+        self.q_proj.matvec(x, &mut s.qg);
+        for (h, both) in s.qg.chunks_exact(2 * d).enumerate() {
+            s.q[h * d..(h + 1) * d].copy_from_slice(&both[..d]);
+            s.gate[h * d..(h + 1) * d].copy_from_slice(&both[d..]);
+        }
+    }
+
     /// One token at `pos`: writes its k, v into the cache rows of this layer
-    /// and `out = o_proj(attn)` ([H]).
+    /// (row `pos % rows`: a windowed layer's rows are a ring) and `out =
+    /// o_proj(attn)` ([H]).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -142,7 +210,7 @@ impl Attention {
     ) -> Result<()> {
         let d = cfg.head_dim;
         let kv_dim = cfg.kv_dim();
-        self.q_proj.matvec(x, &mut s.q);
+        self.project_query(d, x, s);
         self.k_proj.matvec(x, &mut s.k);
         self.v_proj.matvec(x, &mut s.v);
         for (buf, b) in [(&mut s.q, &self.q_proj_bias), (&mut s.k, &self.k_proj_bias), (&mut s.v, &self.v_proj_bias)] {
@@ -176,18 +244,26 @@ impl Attention {
         Rope::apply(&mut s.q, d, &s.cos, &s.sin);
         Rope::apply(&mut s.k, d, &s.cos, &s.sin);
 
-        let row = pos * kv_dim;
-        let (Some(kc), Some(vc)) = (k_cache.get_mut(row..row + kv_dim), v_cache.get_mut(row..row + kv_dim)) else {
+        let rows = k_cache.len() / kv_dim.max(1);
+        if rows == 0 || (self.window.is_none() && pos >= rows) {
             return Err(Error::Runtime(format!("position {pos} is past the KV cache")));
-        };
-        kc.copy_from_slice(&s.k);
-        vc.copy_from_slice(&s.v);
+        }
+        let row_of = |t: usize| (t % rows) * kv_dim;
+        let row = row_of(pos);
+        k_cache[row..row + kv_dim].copy_from_slice(&s.k);
+        v_cache[row..row + kv_dim].copy_from_slice(&s.v);
 
         // masking_utils: causal `kv <= q`, sliding `kv > q - window`.
-        let first = match cfg.sliding_window {
+        let first = match self.window {
             Some(w) => (pos + 1).saturating_sub(w),
             None => 0,
         };
+        if pos + 1 - first > rows {
+            return Err(Error::Runtime(format!(
+                "layer window of {} keys exceeds its {rows} cache rows",
+                pos + 1 - first
+            )));
+        }
         let group = cfg.num_heads / cfg.num_kv_heads;
         let scale = 1.0 / (d as f32).sqrt();
         let scores = &mut s.scores[..pos + 1 - first];
@@ -195,17 +271,26 @@ impl Attention {
             let q = &s.q[h * d..(h + 1) * d];
             let kvh = h / group; // repeat_kv: query head h reads kv head h / n_rep
             for (t, sc) in (first..=pos).zip(scores.iter_mut()) {
-                let k = &k_cache[t * kv_dim + kvh * d..][..d];
+                let k = &k_cache[row_of(t) + kvh * d..][..d];
                 *sc = dot(q, k) * scale;
             }
-            softmax(scores);
+            match &self.sinks {
+                None => softmax(scores),
+                Some(sinks) => softmax_with_sink(scores, sinks[h]),
+            }
             let o = &mut s.out[h * d..(h + 1) * d];
             o.fill(0.0);
             for (t, &a) in (first..=pos).zip(scores.iter()) {
-                let v = &v_cache[t * kv_dim + kvh * d..][..d];
+                let v = &v_cache[row_of(t) + kvh * d..][..d];
                 for (oi, vi) in o.iter_mut().zip(v) {
                     *oi += a * vi;
                 }
+            }
+        }
+        if self.output_gate {
+            // Qwen3-Next: `attn_output = attn_output * torch.sigmoid(gate)`.
+            for (o, g) in s.out.iter_mut().zip(&s.gate) {
+                *o *= 1.0 / (1.0 + (-g).exp());
             }
         }
         self.o_proj.matvec(&s.out, out);
@@ -213,5 +298,21 @@ impl Attention {
             super::ops::add_in_place(out, b);
         }
         Ok(())
+    }
+}
+
+/// gpt-oss: `softmax(cat([scores, sink]))` with the sink's column dropped:
+/// the visible keys' weights sum to less than one.
+fn softmax_with_sink(scores: &mut [f32], sink: f32) {
+    // `combined_logits - combined_logits.max(dim=-1, keepdim=True).values`
+    let max = scores.iter().copied().fold(sink, f32::max);
+    let mut sum = (sink - max).exp();
+    for v in scores.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in scores.iter_mut() {
+        *v *= inv;
     }
 }

@@ -224,14 +224,14 @@ mod tests {
         use crate::config::Activation;
         use crate::quant::{self, ExpertF32, ExpertFormat, ExpertScratch, ExpertShape};
         let (h, i) = (64, 32);
-        let shape = ExpertShape { hidden: h, inter: i };
+        let shape = ExpertShape::new(h, i);
         let mk = |seed: u64, n: usize| -> Vec<f32> {
             (0..n as u64)
                 .map(|k| ((k.wrapping_mul(2654435761) ^ seed.wrapping_mul(97)) % 1000) as f32 / 500.0 - 1.0)
                 .collect()
         };
         let (gate, up, down) = (mk(1, i * h), mk(2, i * h), mk(3, h * i));
-        let e = ExpertF32 { gate: &gate, up: &up, down: &down };
+        let e = ExpertF32 { gate: &gate, up: &up, down: &down, biases: None };
         let x = mk(4, h);
         let situ = Activation::Situ { beta: 2.0, linear_beta: Some(3.0) };
         for fmt in ExpertFormat::ALL {

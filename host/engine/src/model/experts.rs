@@ -287,13 +287,15 @@ impl ExpertProvider for DenseExperts<'_> {
         let mut act = vec![0.0f32; inter];
         for &(e, weight) in picks {
             let [gate, up, down] = self.0.expert_f32(layer, e)?;
+            let biases = self.0.expert_biases_f32(layer, e)?;
+            let bias = |which: usize, r: usize| biases.as_ref().map_or(0.0, |b| b[which][r]);
             for (r, a) in act.iter_mut().enumerate() {
-                let g = dot(&gate[r * h..(r + 1) * h], x);
-                let u = dot(&up[r * h..(r + 1) * h], x);
+                let g = dot(&gate[r * h..(r + 1) * h], x) + bias(0, r);
+                let u = dot(&up[r * h..(r + 1) * h], x) + bias(1, r);
                 *a = activation.apply(g, u);
             }
             for (r, o) in out.iter_mut().enumerate() {
-                *o += weight * dot(&down[r * inter..(r + 1) * inter], &act);
+                *o += weight * (dot(&down[r * inter..(r + 1) * inter], &act) + bias(2, r));
             }
             stats.experts_hit += 1;
         }

@@ -25,33 +25,8 @@ use crate::error::{Error, Result};
 use crate::quant::QMatrix;
 use crate::source::TensorSource;
 
-use super::ops::{dot, silu};
+use super::delta::{conv_step, delta_step, DeltaState};
 use super::{load_matrix, load_vector};
-
-/// The recurrent part of one KDA layer's state.
-#[derive(Debug, Clone)]
-pub struct KdaState {
-    /// `[heads, d_k, d_v]`: row i is key channel i.
-    pub s: Vec<f32>,
-    /// Ring of the last `K - 1` projected q|k|v rows, `[K - 1, 3C]`; the row
-    /// of position t sits at slot `t % (K - 1)`. Zero before the first token,
-    /// which is the reference's zero left padding.
-    pub conv: Vec<f32>,
-}
-
-impl KdaState {
-    pub fn new(d: &KdaDims) -> KdaState {
-        KdaState {
-            s: vec![0.0; d.num_heads * d.head_dim * d.head_dim],
-            conv: vec![0.0; (d.conv_kernel - 1) * 3 * d.qkv_dim()],
-        }
-    }
-
-    pub fn clear(&mut self) {
-        self.s.fill(0.0);
-        self.conv.fill(0.0);
-    }
-}
 
 /// `model.layers.L.self_attn` of a KDA layer.
 pub struct Kda {
@@ -180,29 +155,14 @@ impl Kda {
     }
 
     /// One token at `pos` (which selects the conv ring slot).
-    pub fn forward(&self, x: &[f32], pos: usize, state: &mut KdaState, s: &mut KdaScratch, out: &mut [f32]) {
+    pub fn forward(&self, x: &[f32], pos: usize, state: &mut DeltaState, s: &mut KdaScratch, out: &mut [f32]) {
         let c = self.dims.qkv_dim();
         let kk = self.dims.conv_kernel;
         self.q_proj.matvec(x, &mut s.raw[..c]);
         self.k_proj.matvec(x, &mut s.raw[c..2 * c]);
         self.v_proj.matvec(x, &mut s.raw[2 * c..]);
 
-        // Causal depthwise conv: tap j of channel ch multiplies the input at
-        // t - (K - 1) + j, so the last tap takes the current token.
-        let ring = kk - 1;
-        for ch in 0..3 * c {
-            let w = &self.conv[ch * kk..(ch + 1) * kk];
-            let mut acc = w[kk - 1] * s.raw[ch];
-            for back in 1..kk {
-                if back <= pos {
-                    let slot = (pos - back) % ring;
-                    acc += w[kk - 1 - back] * state.conv[slot * 3 * c + ch];
-                }
-            }
-            s.qkv[ch] = silu(acc);
-        }
-        let slot = pos % ring;
-        state.conv[slot * 3 * c..(slot + 1) * 3 * c].copy_from_slice(&s.raw);
+        conv_step(&self.conv, kk, &s.raw, &mut state.conv, pos, &mut s.qkv);
 
         self.f_a_proj.matvec(x, &mut s.low);
         self.f_b_proj.matvec(&s.low, &mut s.g);
@@ -261,56 +221,9 @@ impl Kda {
     }
 }
 
-/// The reference `l2norm`: `x / sqrt(sum(x^2) + 1e-6)`.
-fn l2norm(x: &mut [f32]) {
-    let inv = 1.0 / (dot(x, x) + 1e-6).sqrt();
-    x.iter_mut().for_each(|v| *v *= inv);
-}
-
-/// One head, one token of the gated delta rule. `q`, `k` are raw (normalised
-/// here), `g` the log decay per key channel, `st` the `[d_k, d_v]` state.
-#[allow(clippy::too_many_arguments)]
-pub fn delta_step(
-    q: &mut [f32],
-    k: &mut [f32],
-    v: &[f32],
-    g: &[f32],
-    beta: f32,
-    st: &mut [f32],
-    u: &mut [f32],
-    o: &mut [f32],
-) {
-    let dk = k.len();
-    let dv = v.len();
-    l2norm(q);
-    l2norm(k);
-    let scale = 1.0 / (dk as f32).sqrt();
-    q.iter_mut().for_each(|x| *x *= scale);
-    u[..dv].fill(0.0);
-    for i in 0..dk {
-        let decay = g[i].exp();
-        let row = &mut st[i * dv..(i + 1) * dv];
-        for (j, sv) in row.iter_mut().enumerate() {
-            *sv *= decay;
-            u[j] += *sv * k[i];
-        }
-    }
-    for j in 0..dv {
-        u[j] = (v[j] - u[j]) * beta;
-    }
-    o.fill(0.0);
-    for i in 0..dk {
-        let row = &mut st[i * dv..(i + 1) * dv];
-        for (j, sv) in row.iter_mut().enumerate() {
-            *sv += k[i] * u[j];
-            o[j] += *sv * q[i];
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::delta_step;
+    use crate::model::delta::delta_step;
     use safetensors::SafeTensors;
 
     /// The recurrence against transformers' `recurrent_kimi_delta_attention`

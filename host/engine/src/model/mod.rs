@@ -1,12 +1,16 @@
-//! The forward pass of the MoE families (Qwen3-MoE, OLMoE and Mixtral with
-//! GQA and RoPE; Kimi-Linear with KDA and MLA layers), written against `TensorSource` (the trunk) and
+//! The forward pass of the MoE families (GQA with RoPE: Qwen3-MoE, OLMoE,
+//! Mixtral, Qwen2-MoE, GLM-4.5, MiniMax-M2, gpt-oss; MLA: DeepSeek-V3 /
+//! Kimi-K2; KDA and MLA: Kimi-Linear, Kimi K3; Gated DeltaNet and gated
+//! attention: Qwen3-Next, Qwen3.5), written against `TensorSource` (the trunk) and
 //! `ExpertProvider` (the routed experts) so one code path serves the
 //! unquantised oracle and converted containers.
 
 pub mod attention;
 pub mod attnres;
+pub mod delta;
 pub mod embedding;
 pub mod experts;
+pub mod gdn;
 pub mod kda;
 pub mod mla;
 pub mod moe;
@@ -25,8 +29,10 @@ use crate::stats::StepStats;
 
 use crate::source::TensorSource;
 use attention::{Attention, AttnScratch, Rope};
+use delta::DeltaState;
 use experts::ExpertProvider;
-use kda::{Kda, KdaScratch, KdaState};
+use gdn::{Gdn, GdnScratch};
+use kda::{Kda, KdaScratch};
 use mla::{Mla, MlaScratch};
 use moe::{Mlp, Router};
 use ops::{add_in_place, rms_norm};
@@ -47,6 +53,17 @@ pub(crate) fn load_matrix(cfg: &ModelConfig, src: &dyn TensorSource, name: &str)
         }
     }
     Ok(m)
+}
+
+/// An RMSNorm weight as the forward pass applies it: `1 + w` for the
+/// zero-centred norms of Qwen3-Next and Qwen3.5 (`output * (1.0 +
+/// self.weight.float())`), else as stored.
+pub(crate) fn load_norm(cfg: &ModelConfig, src: &dyn TensorSource, name: &str) -> Result<Vec<f32>> {
+    let mut w = load_vector(cfg, src, name)?;
+    if cfg.add.zero_centred_norms {
+        w.iter_mut().for_each(|v| *v += 1.0);
+    }
+    Ok(w)
 }
 
 pub(crate) fn load_vector(cfg: &ModelConfig, src: &dyn TensorSource, name: &str) -> Result<Vec<f32>> {
@@ -75,6 +92,7 @@ enum Mixer {
     Gqa(Attention),
     Mla(Mla),
     Kda(Kda),
+    Gdn(Gdn),
 }
 
 /// `model.layers.L`.
@@ -85,10 +103,25 @@ struct DecoderLayer {
     mlp: FeedForward,
     /// The MoE block's shared experts (Kimi), added to the routed output.
     shared_experts: Option<Mlp>,
+    /// `shared_expert_gate.weight` `[1, H]` (Qwen2-MoE, Qwen3-Next): the
+    /// shared output is scaled by `sigmoid(gate x)`.
+    shared_expert_gate: Option<QMatrix>,
     /// Kimi K3's AttnRes mixes of this layer.
     attn_res: Option<attnres::LayerRes>,
     /// Kimi K3's latent projections around the routed experts.
     latent_moe: Option<moe::LatentMoe>,
+}
+
+impl DecoderLayer {
+    /// Qwen2-MoE / Qwen3-Next: `F.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output`.
+    fn gate_shared(&self, x: &[f32], shared_y: &mut [f32]) {
+        if let Some(g) = &self.shared_expert_gate {
+            let mut logit = [0.0f32];
+            g.matvec(x, &mut logit);
+            let gate = 1.0 / (1.0 + (-logit[0]).exp());
+            shared_y.iter_mut().for_each(|v| *v *= gate);
+        }
+    }
 }
 
 /// The forward pass of one model: its resident trunk (the checkpoint's
@@ -110,12 +143,16 @@ pub struct Transformer {
 
 /// The state one layer keeps for a sequence.
 pub enum LayerState {
-    /// GQA: keys and values, `[context, kv_heads * head_dim]` each.
+    /// GQA: keys and values, `[rows, kv_heads * head_dim]` each, where
+    /// rows is the context, or a sliding-window layer's window (a ring:
+    /// position t in row `t % rows`).
     Kv { k: Vec<f32>, v: Vec<f32> },
     /// MLA: the absorbed cache, `[context, kv_lora + rope]`.
     Latent(Vec<f32>),
     /// KDA: O(1) in the context.
-    Kda(KdaState),
+    Kda(DeltaState),
+    /// Gated DeltaNet: O(1) in the context.
+    Gdn(DeltaState),
 }
 
 /// The per-layer state (KV cache, latent cache, KDA state) and position of
@@ -129,8 +166,9 @@ pub struct State {
     shape: Vec<(AttnKind, usize, usize)>,
     position: usize,
     context: usize,
-    /// A forward pass failed after a KDA layer had advanced its recurrent
-    /// state: that state cannot be rolled back, so it must be reset.
+    /// A forward pass failed after a recurrent layer (KDA, GDN) had
+    /// advanced its state, or a windowed layer had overwritten ring rows:
+    /// neither can be rolled back, so the state must be reset.
     poisoned: bool,
 }
 
@@ -143,11 +181,12 @@ impl State {
         let kv_dim = cfg.kv_dim();
         let layers = (0..cfg.num_layers)
             .map(|l| {
-                let rows = context.saturating_mul(cfg.state_floats_per_token(l));
-                match (cfg.attn_kind(l), &cfg.kda) {
-                    (AttnKind::Gqa, _) => LayerState::Kv { k: vec![0.0; rows / 2], v: vec![0.0; rows / 2] },
-                    (AttnKind::Kda, Some(d)) => LayerState::Kda(KdaState::new(d)),
-                    _ => LayerState::Latent(vec![0.0; rows]),
+                let floats = cfg.state_rows(l, context).saturating_mul(cfg.state_floats_per_token(l));
+                match (cfg.attn_kind(l), &cfg.kda, &cfg.add.gdn) {
+                    (AttnKind::Gqa, _, _) => LayerState::Kv { k: vec![0.0; floats / 2], v: vec![0.0; floats / 2] },
+                    (AttnKind::Kda, Some(d), _) => LayerState::Kda(DeltaState::for_kda(d)),
+                    (AttnKind::Gdn, _, Some(d)) => LayerState::Gdn(DeltaState::for_gdn(d)),
+                    _ => LayerState::Latent(vec![0.0; floats]),
                 }
             })
             .collect();
@@ -172,13 +211,14 @@ impl State {
     }
 
     /// Starts a new sequence; stale cache rows past the position are never
-    /// read, recurrent (KDA) state is cleared.
+    /// read (a windowed layer's ring included: its rows are written before
+    /// they are read), recurrent (KDA, GDN) state is cleared.
     pub fn reset(&mut self) {
         self.position = 0;
         self.poisoned = false;
         for l in &mut self.layers {
-            if let LayerState::Kda(k) = l {
-                k.clear();
+            if let LayerState::Kda(d) | LayerState::Gdn(d) = l {
+                d.clear();
             }
         }
     }
@@ -190,7 +230,7 @@ impl State {
             .map(|l| match l {
                 LayerState::Kv { k, v } => k.len() + v.len(),
                 LayerState::Latent(c) => c.len(),
-                LayerState::Kda(k) => k.s.len() + k.conv.len(),
+                LayerState::Kda(d) | LayerState::Gdn(d) => d.floats(),
             })
             .sum();
         floats * std::mem::size_of::<f32>()
@@ -202,6 +242,7 @@ struct MixerScratch {
     attn: AttnScratch,
     mla: MlaScratch,
     kda: KdaScratch,
+    gdn: GdnScratch,
 }
 
 /// Buffers of one forward call, allocated once and reused by every layer.
@@ -234,6 +275,7 @@ impl Scratch {
                 attn: AttnScratch::new(cfg, context),
                 mla: MlaScratch::new(cfg, context),
                 kda: KdaScratch::new(cfg),
+                gdn: GdnScratch::new(cfg),
             },
             gate: vec![0.0; cfg.intermediate_size],
             up: vec![0.0; cfg.intermediate_size],
@@ -269,6 +311,7 @@ impl Scratch {
             + m.attn.floats()
             + m.mla.floats()
             + m.kda.floats()
+            + m.gdn.floats()
             + self.picks.capacity() * std::mem::size_of::<(usize, f32)>() / 4
             + self.bank.floats()
             + self.latent.floats()
@@ -282,13 +325,14 @@ impl Transformer {
         for l in 0..cfg.num_layers {
             let p = format!("model.layers.{l}");
             layers.push(DecoderLayer {
-                input_layernorm: load_vector(cfg, src, &format!("{p}.input_layernorm.weight"))?,
+                input_layernorm: load_norm(cfg, src, &format!("{p}.input_layernorm.weight"))?,
                 self_attn: match cfg.attn_kind(l) {
                     AttnKind::Gqa => Mixer::Gqa(Attention::load(cfg, src, l)?),
                     AttnKind::Mla => Mixer::Mla(Mla::load(cfg, src, l)?),
                     AttnKind::Kda => Mixer::Kda(Kda::load(cfg, src, l)?),
+                    AttnKind::Gdn => Mixer::Gdn(Gdn::load(cfg, src, l)?),
                 },
-                post_attention_layernorm: load_vector(cfg, src, &format!("{p}.post_attention_layernorm.weight"))?,
+                post_attention_layernorm: load_norm(cfg, src, &format!("{p}.post_attention_layernorm.weight"))?,
                 mlp: if cfg.is_moe_layer(l) {
                     FeedForward::Moe(Router::load(cfg, src, l)?)
                 } else {
@@ -299,11 +343,19 @@ impl Transformer {
                 } else {
                     None
                 },
+                shared_expert_gate: if cfg.is_moe_layer(l)
+                    && cfg.shared_intermediate_size > 0
+                    && cfg.add.gated_shared_expert
+                {
+                    Some(load_matrix(cfg, src, &cfg.shared_expert_gate_name(l))?)
+                } else {
+                    None
+                },
                 attn_res: attnres::load_layer_res(cfg, src, l)?,
                 latent_moe: moe::LatentMoe::load_for(cfg, src, l)?,
             });
         }
-        let norm = load_vector(cfg, src, "model.norm.weight")?;
+        let norm = load_norm(cfg, src, "model.norm.weight")?;
         let lm_head = if cfg.tie_word_embeddings { None } else { Some(load_matrix(cfg, src, "lm_head.weight")?) };
         Ok(Transformer {
             cfg: cfg.clone(),
@@ -354,7 +406,7 @@ impl Transformer {
         }
         if state.poisoned {
             return Err(Error::Runtime(
-                "an earlier forward pass failed midway through a recurrent (KDA) layer; reset the state".into(),
+                "an earlier forward pass failed midway through a layer whose state cannot be rolled back (recurrent or sliding-window); reset the state".into(),
             ));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
@@ -371,7 +423,7 @@ impl Transformer {
         let result = self.forward_tokens(state, tokens, experts, all_positions, stats);
         if result.is_err() {
             state.position = start;
-            state.poisoned = self.cfg.kda.is_some();
+            state.poisoned = self.cfg.has_unrewindable_state();
         }
         result
     }
@@ -416,6 +468,7 @@ impl Transformer {
             (Mixer::Gqa(a), LayerState::Kv { k, v }) => a.forward(cfg, &self.rope, xn, pos, k, v, &mut mix.attn, y)?,
             (Mixer::Mla(a), LayerState::Latent(c)) => a.forward(xn, pos, c, &mut mix.mla, y)?,
             (Mixer::Kda(a), LayerState::Kda(st)) => a.forward(xn, pos, st, &mut mix.kda, y),
+            (Mixer::Gdn(a), LayerState::Gdn(st)) => a.forward(xn, pos, st, &mut mix.gdn, y),
             _ => return Err(Error::Arg(format!("layer {l}: the state was created for a different model"))),
         }
         add_in_place(x, y);
@@ -532,6 +585,7 @@ impl Transformer {
                 }
                 if let Some(shared) = &layer.shared_experts {
                     shared.forward(&s.xn, &mut s.shared_gate, &mut s.shared_up, &mut s.shared_y);
+                    layer.gate_shared(&s.xn, &mut s.shared_y);
                     add_in_place(&mut s.y, &s.shared_y);
                 }
                 add_in_place(&mut s.x, &s.y);

@@ -63,7 +63,8 @@ pub struct Router {
     top_k: usize,
     norm_topk_prob: bool,
     kind: RouterKind,
-    /// `e_score_correction_bias` of a sigmoid router: selection only.
+    /// `e_score_correction_bias` of a sigmoid router (selection only), or
+    /// gpt-oss's `router.bias` (added to the logits).
     bias: Option<Vec<f32>>,
     /// `(n_group, topk_group)`: DeepSeek-V3's group-limited selection.
     groups: Option<(usize, usize)>,
@@ -71,10 +72,8 @@ pub struct Router {
 
 impl Router {
     pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Router> {
-        let bias = match cfg.router {
-            RouterKind::SigmoidBias { .. } => Some(load_vector(cfg, src, &cfg.router_bias_name(layer))?),
-            RouterKind::Softmax => None,
-        };
+        let bias =
+            if cfg.router_has_bias() { Some(load_vector(cfg, src, &cfg.router_bias_name(layer))?) } else { None };
         Ok(Router {
             weight: load_matrix(cfg, src, &cfg.router_name(layer))?,
             top_k: cfg.top_k,
@@ -112,6 +111,24 @@ impl Router {
             }
             for p in picks.iter_mut() {
                 p.1 *= routed_scaling_factor;
+            }
+            return;
+        }
+        if let (RouterKind::BiasedTopKSoftmax, Some(bias)) = (self.kind, &self.bias) {
+            // GptOssTopKRouter: `router_logits = F.linear(h, weight, bias)`,
+            // `top_value, top_index = torch.topk(router_logits, top_k)`,
+            // `router_scores = softmax(top_value, dim=1)`.
+            self.weight.matvec(x, probs);
+            super::ops::add_in_place(probs, bias);
+            top_k(probs, self.top_k, picks);
+            let max = picks.first().map_or(0.0, |p| p.1);
+            let mut sum = 0.0f32;
+            for p in picks.iter_mut() {
+                p.1 = (p.1 - max).exp();
+                sum += p.1;
+            }
+            for p in picks.iter_mut() {
+                p.1 /= sum;
             }
             return;
         }

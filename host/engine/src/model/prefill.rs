@@ -184,6 +184,7 @@ impl Transformer {
                 for i in 0..n {
                     let r = i * h..(i + 1) * h;
                     shared.forward(&xn[r.clone()], &mut s.shared_gate, &mut s.shared_up, &mut s.shared_y);
+                    layer.gate_shared(&xn[r.clone()], &mut s.shared_y);
                     add_in_place(&mut y[r], &s.shared_y);
                 }
             }
@@ -212,7 +213,22 @@ mod tests {
     /// same position, on every family's checkpoint.
     #[test]
     fn chunked_prefill_on_the_f32_checkpoints_is_bit_identical() {
-        for family in ["qwen3_moe", "olmoe", "mixtral", "kimi_linear", "deepseek_v3", "kimi_k3"] {
+        for family in [
+            "qwen3_moe",
+            "olmoe",
+            "mixtral",
+            "kimi_linear",
+            "deepseek_v3",
+            "kimi_k3",
+            "qwen2_moe",
+            "glm4_moe",
+            "minimax_m2",
+            "gpt_oss",
+            "gpt_oss-mxfp4",
+            "qwen3_next",
+            "qwen3_5_moe",
+            "qwen3_5_moe_text",
+        ] {
             let dir =
                 PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(format!("tiny-{family}"));
             assert!(dir.join("config.json").is_file(), "fixture missing: {}", dir.display());

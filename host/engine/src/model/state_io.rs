@@ -97,16 +97,17 @@ impl State {
                         data: c,
                     });
                 }
-                LayerState::Kda(st) => {
+                LayerState::Kda(st) | LayerState::Gdn(st) => {
                     let (n_s, n_c) = (st.s.len(), st.conv.len());
+                    let kind = recurrent_name(&self.shape[l].0);
                     out.push(StateBufferMut {
-                        name: format!("layers.{l}.kda_state"),
+                        name: format!("layers.{l}.{kind}_state"),
                         kind: BufferKind::Fixed,
                         row_len: n_s,
                         data: &mut st.s,
                     });
                     out.push(StateBufferMut {
-                        name: format!("layers.{l}.kda_conv"),
+                        name: format!("layers.{l}.{kind}_conv"),
                         kind: BufferKind::Fixed,
                         row_len: n_c,
                         data: &mut st.conv,
@@ -133,10 +134,31 @@ fn layer_buffers<'a>(l: usize, layer: &'a LayerState, kv_dim: usize, shape: &(At
             (format!("layers.{l}.v"), BufferKind::Sequence, kv_dim, v.as_slice()),
         ],
         LayerState::Latent(c) => vec![(format!("layers.{l}.latent"), BufferKind::Sequence, shape.1, c.as_slice())],
-        LayerState::Kda(st) => vec![
-            (format!("layers.{l}.kda_state"), BufferKind::Fixed, st.s.len(), st.s.as_slice()),
-            (format!("layers.{l}.kda_conv"), BufferKind::Fixed, st.conv.len(), st.conv.as_slice()),
-        ],
+        LayerState::Kda(st) | LayerState::Gdn(st) => {
+            let kind = recurrent_name(&shape.0);
+            vec![
+                (format!("layers.{l}.{kind}_state"), BufferKind::Fixed, st.s.len(), st.s.as_slice()),
+                (format!("layers.{l}.{kind}_conv"), BufferKind::Fixed, st.conv.len(), st.conv.as_slice()),
+            ]
+        }
+    }
+}
+
+/// The buffer-name stem of a recurrent layer's state.
+fn recurrent_name(kind: &AttnKind) -> &'static str {
+    match kind {
+        AttnKind::Gdn => "gdn",
+        _ => "kda",
+    }
+}
+
+/// Rows of a `Sequence` buffer that hold live data at `position`: every
+/// row below it, or all of a sliding-window layer's ring once it has
+/// wrapped.
+fn live_rows(kind: BufferKind, position: usize, row_len: usize, capacity: usize) -> usize {
+    match kind {
+        BufferKind::Sequence => position.min(capacity / row_len.max(1)),
+        BufferKind::Fixed => 1,
     }
 }
 
@@ -240,10 +262,7 @@ pub fn save_session(path: &Path, shape: &SessionShape, state: &State, transcript
                 name: b.name.clone(),
                 kind: b.kind,
                 row_len: b.row_len,
-                rows: match b.kind {
-                    BufferKind::Sequence => state.position(),
-                    BufferKind::Fixed => 1,
-                },
+                rows: live_rows(b.kind, state.position(), b.row_len, b.data.len()),
             })
             .collect(),
     };
@@ -338,10 +357,7 @@ pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Res
     }
     let mut expected = 16 + header_len as usize;
     for (b, h) in buffers.iter().zip(&header.buffers) {
-        let rows = match b.kind {
-            BufferKind::Sequence => header.position,
-            BufferKind::Fixed => 1,
-        };
+        let rows = live_rows(b.kind, header.position, b.row_len, b.data.len());
         if b.name != h.name || b.kind != h.kind || b.row_len != h.row_len || h.rows != rows {
             return Err(bad(format!(
                 "buffer {} ({:?}, {} x {}) does not fit this model's {} ({:?}, {} x {})",

@@ -206,3 +206,54 @@ fn kda_state_reset_and_token_at_a_time() {
     let again = model.forward(&mut a, &prompt, &experts, false, &mut stats).unwrap();
     assert_eq!(again, all, "reset must clear the KDA state and conv rings");
 }
+
+/// The second wave's families straight from their checkpoints: within
+/// 1e-4 of max |logit| at every position, greedy tokens identical on the
+/// cached state (tests/fixtures/FAMILIES_MATH.md says what each computes).
+#[test]
+fn oracle_qwen2_moe() {
+    let e = oracle("qwen2_moe");
+    assert!(e <= 1e-4, "relative error {e}");
+}
+
+#[test]
+fn oracle_glm4_moe() {
+    let e = oracle("glm4_moe");
+    assert!(e <= 1e-4, "relative error {e}");
+}
+
+#[test]
+fn oracle_minimax_m2() {
+    let e = oracle("minimax_m2");
+    assert!(e <= 1e-4, "relative error {e}");
+}
+
+#[test]
+fn oracle_qwen3_next() {
+    let e = oracle("qwen3_next");
+    assert!(e <= 1e-4, "relative error {e}");
+}
+
+#[test]
+fn oracle_qwen3_5_moe_vl_release_layout() {
+    let e = oracle("qwen3_5_moe");
+    assert!(e <= 1e-4, "relative error {e}");
+}
+
+#[test]
+fn oracle_qwen3_5_moe_text() {
+    let e = oracle("qwen3_5_moe_text");
+    assert!(e <= 1e-4, "relative error {e}");
+}
+
+#[test]
+fn oracle_gpt_oss() {
+    let e = oracle("gpt_oss");
+    assert!(e <= 1e-4, "relative error {e}");
+}
+
+#[test]
+fn oracle_gpt_oss_mxfp4_release_layout() {
+    let e = oracle("gpt_oss-mxfp4");
+    assert!(e <= 1e-4, "relative error {e}");
+}

@@ -9,6 +9,9 @@ pub enum Activation {
     /// `beta tanh(gate / beta) sigmoid(gate) * U`, with
     /// `U = lin tanh(up / lin)` when `linear_beta` is set, else `up`.
     Situ { beta: f32, linear_beta: Option<f32> },
+    /// gpt-oss: `gate = min(gate, limit)`, `up = clamp(up, -limit, limit)`,
+    /// `(up + 1) * gate * sigmoid(alpha * gate)`.
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 impl Activation {
@@ -22,6 +25,13 @@ impl Activation {
                     None => up,
                 };
                 beta * (gate / beta).tanh() * (1.0 / (1.0 + (-gate).exp())) * u
+            }
+            Activation::ClampedSwiglu { alpha, limit } => {
+                // GptOssExperts: `gate.clamp(min=None, max=limit)`, `up.clamp(-limit, limit)`,
+                // `glu = gate * torch.sigmoid(gate * alpha)`, `(up + 1) * glu`.
+                let g = gate.min(limit);
+                let u = up.clamp(-limit, limit);
+                (u + 1.0) * (g * (1.0 / (1.0 + (-(g * alpha)).exp())))
             }
         }
     }

@@ -31,10 +31,19 @@ fn mat_len(fmt: ExpertFormat, rows: usize, cols: usize) -> usize {
     }
 }
 
-/// Bytes of one expert's payload (gate, up, down; module docs).
+/// Bytes of one expert's payload (gate, up, down, biases; module docs).
 pub fn expert_payload_len(fmt: ExpertFormat, shape: ExpertShape) -> usize {
     let gu = mat_len(fmt, shape.inter, shape.hidden);
-    gu.saturating_mul(2).saturating_add(mat_len(fmt, shape.hidden, shape.inter))
+    gu.saturating_mul(2).saturating_add(mat_len(fmt, shape.hidden, shape.inter)).saturating_add(bias_len(shape))
+}
+
+/// Bytes of an expert's f32 biases (none without them).
+fn bias_len(shape: ExpertShape) -> usize {
+    if shape.biases {
+        shape.inter.saturating_mul(2).saturating_add(shape.hidden).saturating_mul(4)
+    } else {
+        0
+    }
 }
 
 /// Validate a payload from disk (length) and the codebooks it needs, so
@@ -81,13 +90,27 @@ fn check_codebooks(fmt: ExpertFormat, cb: Option<&LayerCodebooks>) -> Result<(),
     Ok(())
 }
 
-/// `(gate, up, down)` byte ranges of a payload.
-fn split(fmt: ExpertFormat, shape: ExpertShape, payload: &[u8]) -> [&[u8]; 3] {
+/// `(gate, up, down)` byte ranges of a payload, and its biases' bytes
+/// (empty without them).
+fn split(fmt: ExpertFormat, shape: ExpertShape, payload: &[u8]) -> ([&[u8]; 3], &[u8]) {
     assert_eq!(payload.len(), expert_payload_len(fmt, shape), "expert payload length");
     let gu = mat_len(fmt, shape.inter, shape.hidden);
-    let (g, rest) = payload.split_at(gu);
+    let (matrices, biases) = payload.split_at(payload.len() - bias_len(shape));
+    let (g, rest) = matrices.split_at(gu);
     let (u, d) = rest.split_at(gu);
-    [g, u, d]
+    ([g, u, d], biases)
+}
+
+/// The biases of a payload as `[gate, up, down]` f32, if the shape has them.
+pub fn decode_expert_biases(fmt: ExpertFormat, shape: ExpertShape, payload: &[u8]) -> Option<[Vec<f32>; 3]> {
+    if !shape.biases {
+        return None;
+    }
+    let (_, b) = split(fmt, shape, payload);
+    let all = f32_from_le(b);
+    let (g, rest) = all.split_at(shape.inter);
+    let (u, d) = rest.split_at(shape.inter);
+    Some([g.to_vec(), u.to_vec(), d.to_vec()])
 }
 
 fn codebooks_for(fmt: ExpertFormat, cb: Option<&LayerCodebooks>) -> Option<&LayerCodebooks> {
@@ -180,8 +203,20 @@ pub fn encode_expert(fmt: ExpertFormat, shape: ExpertShape, e: &ExpertF32, cb: O
     );
     let cb = codebooks_for(fmt, cb);
     let mut out = vec![0u8; expert_payload_len(fmt, shape)];
+    let tail = out.len() - bias_len(shape);
+    let (matrices, bias_bytes) = out.split_at_mut(tail);
+    match (shape.biases, e.biases) {
+        (true, Some([bg, bu, bd])) => {
+            assert!(bg.len() == i && bu.len() == i && bd.len() == h, "encode_expert: bias lengths do not match");
+            for (dst, v) in bias_bytes.chunks_exact_mut(4).zip(bg.iter().chain(bu).chain(bd)) {
+                dst.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        (false, None) => {}
+        _ => panic!("encode_expert: biases given {} for a shape with biases {}", e.biases.is_some(), shape.biases),
+    }
     let gu = mat_len(fmt, i, h);
-    let (g, rest) = out.split_at_mut(gu);
+    let (g, rest) = matrices.split_at_mut(gu);
     let (u, d) = rest.split_at_mut(gu);
     for (buf, w, rows, cols, book) in [
         (g, e.gate, i, h, cb.map(|c| &c.gate_up)),
@@ -236,7 +271,7 @@ pub fn decode_expert(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (h, i) = (shape.hidden, shape.inter);
     let cb = codebooks_for(fmt, cb);
-    let [g, u, d] = split(fmt, shape, payload);
+    let ([g, u, d], _) = split(fmt, shape, payload);
     let dec = |bytes: &[u8], rows: usize, cols: usize, book: Option<&Codebooks>| -> Vec<f32> {
         match (fmt.group_format(), book) {
             (Some(t), _) => MatRef::quant(t, bytes, rows, cols).dequantize(),
@@ -454,7 +489,8 @@ fn expert_forward_impl(
         *scratch = ExpertScratch::new(fmt, shape);
     }
     let cb = codebooks_for(fmt, cb);
-    let [gb, ub, db] = split(fmt, shape, payload);
+    let ([gb, ub, db], bias_bytes) = split(fmt, shape, payload);
+    let biases = (!bias_bytes.is_empty()).then(|| f32_from_le(bias_bytes));
     let ExpertScratch { gate, up, down_tables, down_q, .. } = scratch;
     match (fmt.group_format(), cb) {
         (Some(t), _) => {
@@ -473,6 +509,12 @@ fn expert_forward_impl(
         (None, None) => {
             MatRef::f32(&f32_from_le(gb), i, h).matvec(x, gate);
             MatRef::f32(&f32_from_le(ub), i, h).matvec(x, up);
+        }
+    }
+    if let Some(b) = &biases {
+        // `hidden_states @ gate_up_proj[e] + gate_up_proj_bias[e]`, before the activation.
+        for (v, bias) in gate.iter_mut().chain(up.iter_mut()).zip(b.iter()) {
+            *v += bias;
         }
     }
     match act {
@@ -500,6 +542,12 @@ fn expert_forward_impl(
             RvqRef::new(db, h, i, cb.down.stages()).matvec_tables(down_tables, out);
         }
         (None, None) => MatRef::f32(&f32_from_le(db), h, i).matvec(act, out),
+    }
+    if let Some(b) = &biases {
+        // `... @ down_proj[e] + down_proj_bias[e]`
+        for (o, bias) in out.iter_mut().zip(&b[2 * i..]) {
+            *o += bias;
+        }
     }
 }
 

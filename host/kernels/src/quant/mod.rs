@@ -45,7 +45,9 @@
 //! `TrunkFormat::byte_len` / `expert_payload_len` are pure functions of the
 //! shape. An expert payload is gate `[inter, hidden]`, up `[inter, hidden]`,
 //! down `[hidden, inter]`, each a complete matrix in the layout above,
-//! concatenated in that order.
+//! concatenated in that order; an expert with biases (`ExpertShape::biases`,
+//! gpt-oss) ends with them in f32, whatever the format: gate `[inter]`, up
+//! `[inter]`, down `[hidden]`.
 //!
 //! Codebooks (`Codebooks::to_bytes`): `stages x entries x 8` f32,
 //! stage-major (`entries` = 256, or 64 for `rvq4p`).
@@ -82,8 +84,8 @@ mod tests_kernels;
 
 pub use activation::Activation;
 pub use expert::{
-    build_gate_up_tables, check_expert_payload, decode_expert, encode_expert, expert_forward, expert_forward_act,
-    expert_payload_len, gate_up_tables_peak_bytes, ExpertScratch, GateUpTables,
+    build_gate_up_tables, check_expert_payload, decode_expert, decode_expert_biases, encode_expert, expert_forward,
+    expert_forward_act, expert_payload_len, gate_up_tables_peak_bytes, ExpertScratch, GateUpTables,
 };
 pub use rvq::{fit_layer_codebooks, Codebooks, LayerCodebooks};
 pub use simd::{force_isa, isa, Isa};
@@ -258,13 +260,25 @@ impl ExpertFormat {
 pub struct ExpertShape {
     pub hidden: usize,
     pub inter: usize,
+    /// Gate, up and down carry biases (gpt-oss), stored in f32 after the
+    /// matrices.
+    pub biases: bool,
+}
+
+impl ExpertShape {
+    /// An expert without biases.
+    pub fn new(hidden: usize, inter: usize) -> ExpertShape {
+        ExpertShape { hidden, inter, biases: false }
+    }
 }
 
 /// One expert's f32 weights in nn.Linear layout:
-/// gate, up: `[inter, hidden]`; down: `[hidden, inter]`.
+/// gate, up: `[inter, hidden]`; down: `[hidden, inter]`; the biases
+/// `[gate [inter], up [inter], down [hidden]]` when the shape has them.
 #[derive(Debug, Clone, Copy)]
 pub struct ExpertF32<'a> {
     pub gate: &'a [f32],
     pub up: &'a [f32],
     pub down: &'a [f32],
+    pub biases: Option<[&'a [f32]; 3]>,
 }

@@ -57,7 +57,7 @@ fn format_names_and_codes_round_trip() {
     assert_eq!(ExpertFormat::from_code(99), None);
     assert_eq!(TrunkFormat::Q4.byte_len(2, 129), 2 * 2 * 2 + 2 * 65);
     assert_eq!(TrunkFormat::Q8.byte_len(2, 129), 2 * 2 * 2 + 2 * 129);
-    let s = ExpertShape { hidden: 20, inter: 12 };
+    let s = ExpertShape::new(20, 12);
     assert_eq!(expert_payload_len(ExpertFormat::Rvq3, s), 2 * (12 * 2 + 12 * 3 * 3) + 20 * 2 + 20 * 2 * 3);
 }
 
@@ -121,7 +121,7 @@ fn malformed_lengths_are_errors() {
     let cb = Codebooks::from_bytes(2, &vec![0u8; 2 * per]).unwrap();
     assert_eq!(cb.to_bytes().len(), 2 * per);
     let layer = LayerCodebooks { gate_up: cb.clone(), down: cb };
-    let s = ExpertShape { hidden: 16, inter: 8 };
+    let s = ExpertShape::new(16, 8);
     for fmt in ExpertFormat::ALL {
         let n = expert_payload_len(fmt, s);
         let cbo = fmt.uses_codebooks().then_some(&layer);
@@ -134,7 +134,7 @@ fn malformed_lengths_are_errors() {
             assert!(check_expert_payload(fmt, s, &vec![0u8; n], None).is_err());
         }
     }
-    let huge = ExpertShape { hidden: usize::MAX / 2, inter: 3 };
+    let huge = ExpertShape::new(usize::MAX / 2, 3);
     assert!(check_expert_payload(ExpertFormat::Q8, huge, &[0u8; 8], None).is_err());
 }
 
@@ -213,7 +213,7 @@ impl Layer {
         Layer { w }
     }
     fn views(&self) -> Vec<ExpertF32<'_>> {
-        self.w.iter().map(|(g, u, d)| ExpertF32 { gate: g, up: u, down: d }).collect()
+        self.w.iter().map(|(g, u, d)| ExpertF32 { gate: g, up: u, down: d, biases: None }).collect()
     }
 }
 
@@ -228,10 +228,10 @@ fn forward(fmt: ExpertFormat, s: ExpertShape, payload: &[u8], cb: Option<&LayerC
 #[test]
 fn expert_forward_matches_decoded_reference() {
     for (shape, experts) in [
-        (ExpertShape { hidden: 20, inter: 12 }, 1),
-        (ExpertShape { hidden: 16, inter: 8 }, 2),
-        (ExpertShape { hidden: 130, inter: 72 }, 3),
-        (ExpertShape { hidden: 512, inter: 256 }, 1),
+        (ExpertShape::new(20, 12), 1),
+        (ExpertShape::new(16, 8), 2),
+        (ExpertShape::new(130, 72), 3),
+        (ExpertShape::new(512, 256), 1),
     ] {
         let layer = Layer::gaussian(shape, experts, 4);
         let views = layer.views();
@@ -261,6 +261,53 @@ fn expert_forward_matches_decoded_reference() {
     }
 }
 
+/// gpt-oss's experts: biases stored after the matrices in every format
+/// (exact, whatever the format), added before the clamped SwiGLU and after
+/// down, against an f64 reference on the decoded weights; inputs large
+/// enough that both clamps fire.
+#[test]
+fn biased_clamped_swiglu_expert_matches_decoded_reference() {
+    let act = Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 };
+    let shape = ExpertShape { biases: true, ..ExpertShape::new(130, 72) };
+    let plain = ExpertShape::new(130, 72);
+    let mut rng = Rng::new(31);
+    let n = shape.hidden * shape.inter;
+    let (g, u, d) = (gauss(&mut rng, n, 0.7), gauss(&mut rng, n, 0.7), gauss(&mut rng, n, 0.05));
+    let (bg, bu, bd) =
+        (gauss(&mut rng, shape.inter, 0.5), gauss(&mut rng, shape.inter, 0.5), gauss(&mut rng, shape.hidden, 0.5));
+    let view = ExpertF32 { gate: &g, up: &u, down: &d, biases: Some([&bg, &bu, &bd]) };
+    let x = gauss(&mut rng, shape.hidden, 1.0);
+    let mut clamped = (0, 0);
+    for fmt in ExpertFormat::ALL {
+        let cb = fit_layer_codebooks(fmt, shape, &[view], 7);
+        let payload = encode_expert(fmt, shape, &view, cb.as_ref());
+        assert_eq!(payload.len(), expert_payload_len(fmt, plain) + 4 * (2 * shape.inter + shape.hidden));
+        check_expert_payload(fmt, shape, &payload, cb.as_ref()).unwrap();
+        assert_eq!(decode_expert_biases(fmt, shape, &payload), Some([bg.clone(), bu.clone(), bd.clone()]));
+        let (gd, ud, dd) = decode_expert(fmt, shape, &payload, cb.as_ref());
+        let (gx, _) = ref_matvec(&gd, shape.inter, shape.hidden, &x);
+        let (ux, _) = ref_matvec(&ud, shape.inter, shape.hidden, &x);
+        let h: Vec<f32> = (0..shape.inter)
+            .map(|r| {
+                let (gate, up) = (gx[r] + bg[r] as f64, ux[r] + bu[r] as f64);
+                clamped.0 += (gate > 7.0) as usize;
+                clamped.1 += (up.abs() > 7.0) as usize;
+                let (g, u) = (gate.min(7.0), up.clamp(-7.0, 7.0));
+                ((u + 1.0) * g / (1.0 + (-1.702 * g).exp())) as f32
+            })
+            .collect();
+        let (want, mag) = ref_matvec(&dd, shape.hidden, shape.inter, &h);
+        let want: Vec<f64> = want.iter().zip(&bd).map(|(w, b)| w + *b as f64).collect();
+        let tables = build_gate_up_tables(fmt, cb.as_ref(), &x);
+        let mut scratch = ExpertScratch::new(fmt, shape);
+        let mut out = vec![f32::NAN; shape.hidden];
+        expert_forward_act(fmt, shape, &payload, cb.as_ref(), &tables, &x, &mut out, &mut scratch, act);
+        let tol = if fmt == ExpertFormat::Rvq4p { 0.05 } else { 1e-4 };
+        assert_close(&out, &want, &mag, tol, fmt.name());
+    }
+    assert!(clamped.0 > 0 && clamped.1 > 0, "the inputs must reach both clamps: {clamped:?}");
+}
+
 #[test]
 fn results_do_not_depend_on_thread_count() {
     let mut rng = Rng::new(6);
@@ -279,7 +326,7 @@ fn results_do_not_depend_on_thread_count() {
         };
         assert_eq!(run(1), run(2), "{}", fmt.name());
     }
-    let shape = ExpertShape { hidden: 512, inter: 256 };
+    let shape = ExpertShape::new(512, 256);
     let layer = Layer::gaussian(shape, 2, 8);
     let views = layer.views();
     let x = gauss(&mut rng, shape.hidden, 1.0);
@@ -299,7 +346,7 @@ fn results_do_not_depend_on_thread_count() {
 
 #[test]
 fn fit_handles_fewer_vectors_than_entries() {
-    let shape = ExpertShape { hidden: 16, inter: 8 };
+    let shape = ExpertShape::new(16, 8);
     let layer = Layer::gaussian(shape, 1, 10);
     let views = layer.views();
     let cb = fit_layer_codebooks(ExpertFormat::Rvq2, shape, &views, 1).unwrap();
@@ -311,7 +358,7 @@ fn fit_handles_fewer_vectors_than_entries() {
     assert!(rel_err(&u, &layer.w[0].1) < 2e-3);
     assert!(rel_err(&d, &layer.w[0].2) < 2e-3);
     let zero = vec![0f32; 16 * 8];
-    let z = ExpertF32 { gate: &zero, up: &zero, down: &zero };
+    let z = ExpertF32 { gate: &zero, up: &zero, down: &zero, biases: None };
     let p = encode_expert(ExpertFormat::Rvq2, shape, &z, Some(&cb));
     let out = forward(ExpertFormat::Rvq2, shape, &p, Some(&cb), &[1.0; 16]);
     assert!(out.iter().all(|&v| v == 0.0));
@@ -322,7 +369,7 @@ fn fit_handles_fewer_vectors_than_entries() {
 /// above the measurement; run with `--nocapture` for the table.
 #[test]
 fn quantisation_error_table() {
-    let shape = ExpertShape { hidden: 256, inter: 128 };
+    let shape = ExpertShape::new(256, 128);
     let layer = Layer::gaussian(shape, 4, 11);
     let views = layer.views();
     let mut rng = Rng::new(12);

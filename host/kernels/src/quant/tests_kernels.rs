@@ -12,7 +12,7 @@ use super::*;
 fn shape() -> ExpertShape {
     // 520 = 65 vectors: two full table blocks and a 1-vector tail; 72 rows
     // = two full row blocks and a short one.
-    ExpertShape { hidden: 520, inter: 72 }
+    ExpertShape::new(520, 72)
 }
 
 fn layer(s: ExpertShape, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
@@ -116,7 +116,7 @@ fn rvq4p_scalar_kernel_matches_its_definition() {
 fn rvq4p_matvec_within_table_rounding_bound() {
     let s = shape();
     let (g, u, d) = layer(s, 23);
-    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d, biases: None }];
     let fmt = ExpertFormat::Rvq4p;
     let cb = fit_layer_codebooks(fmt, s, &views, 24).unwrap();
     assert_eq!((cb.gate_up.stages(), cb.gate_up.entries()), (4, 64));
@@ -157,7 +157,7 @@ fn rvq4p_matvec_within_table_rounding_bound() {
 fn rvq4p_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
     let s = shape();
     let (g, u, d) = layer(s, 26);
-    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d, biases: None }];
     let fmt = ExpertFormat::Rvq4p;
     let cb = fit_layer_codebooks(fmt, s, &views, 27).unwrap();
     let payload = encode_expert(fmt, s, &views[0], Some(&cb));
@@ -178,7 +178,7 @@ fn rvq4p_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
 fn rvq4p_nan_activation_stays_nan() {
     let s = shape();
     let (g, u, d) = layer(s, 29);
-    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d, biases: None }];
     let fmt = ExpertFormat::Rvq4p;
     let cb = fit_layer_codebooks(fmt, s, &views, 30).unwrap();
     let payload = encode_expert(fmt, s, &views[0], Some(&cb));
@@ -197,7 +197,7 @@ fn rvq4p_nan_activation_stays_nan() {
 fn rvq4p_codebooks_round_trip_through_bytes() {
     let s = shape();
     let (g, u, d) = layer(s, 31);
-    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d, biases: None }];
     let cb = fit_layer_codebooks(ExpertFormat::Rvq4p, s, &views, 32).unwrap();
     let bytes = cb.gate_up.to_bytes();
     assert_eq!(bytes.len(), 4 * 64 * 8 * 4);
@@ -245,9 +245,9 @@ fn rvq_rows_any_chunking_is_bit_identical_to_the_sequential_sum() {
 /// split into tasks (1024 rows of 2304 in gate/up, 2304 rows in down).
 #[test]
 fn rvq3_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
-    let s = ExpertShape { hidden: 2304, inter: 1024 };
+    let s = ExpertShape::new(2304, 1024);
     let (g, u, d) = layer(s, 35);
-    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d, biases: None }];
     for fmt in [ExpertFormat::Rvq3, ExpertFormat::Rvq2] {
         let cb = fit_layer_codebooks(fmt, s, &views, 36).unwrap();
         let payload = encode_expert(fmt, s, &views[0], Some(&cb));
@@ -270,9 +270,9 @@ fn rvq3_expert_forward_is_bit_identical_on_every_isa_and_thread_count() {
 /// row's f16 scale.
 #[test]
 fn rvq3_matvec_is_the_in_order_table_sum() {
-    let s = ExpertShape { hidden: 264, inter: 200 };
+    let s = ExpertShape::new(264, 200);
     let (g, u, d) = layer(s, 38);
-    let views = [ExpertF32 { gate: &g, up: &u, down: &d }];
+    let views = [ExpertF32 { gate: &g, up: &u, down: &d, biases: None }];
     let fmt = ExpertFormat::Rvq3;
     let cb = fit_layer_codebooks(fmt, s, &views, 39).unwrap();
     let payload = encode_expert(fmt, s, &views[0], Some(&cb));

@@ -1,0 +1,219 @@
+//! Gated DeltaNet (Qwen3-Next, Qwen3.5), token at a time, as
+//! `Qwen3NextGatedDeltaNet.forward` of transformers 5.24 computes it
+//! (tests/fixtures/FAMILIES_MATH.md §5b, §6):
+//!
+//! 1. projections: the conv input `mixed = [q | k | v]` (all key heads' q,
+//!    all key heads' k, all value heads' v), the output gate `z` `[nv, dv]`
+//!    and `b`, `a` `[nv]`. Qwen3-Next fuses them as `in_proj_qkvz` and
+//!    `in_proj_ba`, grouped per key head (`fix_query_key_value_ordering`);
+//!    Qwen3.5 stores `in_proj_qkv` (already in conv order), `in_proj_z`,
+//!    `in_proj_b`, `in_proj_a`;
+//! 2. causal depthwise conv over `mixed`, then SiLU (shared with KDA);
+//! 3. `beta = sigmoid(b)`, one log decay per value head
+//!    `g = -exp(A_log) * softplus(a + dt_bias)`;
+//! 4. the delta rule per value head h on key head `h / (nv / nk)`
+//!    (`repeat_interleave`), shared with KDA;
+//! 5. `o = w * rmsnorm(o) * silu(z)` per value head (a plain weight, not
+//!    zero-centred like the model's other norms), then `out_proj`.
+//!
+//! The reference prefill runs the chunked form
+//! (`torch_chunk_gated_delta_rule`); it is the same recurrence regrouped.
+
+use crate::config::{GdnDims, ModelConfig};
+use crate::error::{Error, Result};
+use crate::quant::QMatrix;
+use crate::source::TensorSource;
+
+use super::delta::{conv_step, delta_step, DeltaState};
+use super::ops::silu;
+use super::{load_matrix, load_vector};
+
+/// How the input projections are stored.
+enum Projections {
+    /// Qwen3-Next: `in_proj_qkvz` `[2Ck + 2Cv, H]`, `in_proj_ba` `[2nv, H]`,
+    /// rows grouped per key head: `[q_g | k_g | v_g (r dv) | z_g (r dv)]`
+    /// and `[b_g (r) | a_g (r)]`.
+    Fused { in_proj_qkvz: QMatrix, in_proj_ba: QMatrix },
+    /// Qwen3.5: `in_proj_qkv` `[2Ck + Cv, H]` in conv order, `in_proj_z`
+    /// `[Cv, H]`, `in_proj_b` and `in_proj_a` `[nv, H]`.
+    Separate { in_proj_qkv: QMatrix, in_proj_z: QMatrix, in_proj_b: QMatrix, in_proj_a: QMatrix },
+}
+
+/// `model.layers.L.linear_attn`.
+pub struct Gdn {
+    dims: GdnDims,
+    projections: Projections,
+    /// `conv1d.weight` `[C, 1, K]`, flattened to `[C, K]`.
+    conv1d: Vec<f32>,
+    /// `-exp(A_log)` per value head.
+    neg_a: Vec<f32>,
+    dt_bias: Vec<f32>, // [nv]
+    norm: Vec<f32>,    // [dv], plain weight
+    out_proj: QMatrix, // [H, Cv]
+    eps: f32,
+}
+
+/// Per-call buffers of a GDN layer.
+pub struct GdnScratch {
+    fused: Vec<f32>, // [2Ck + 2Cv] (Qwen3-Next's qkvz, as projected)
+    ba: Vec<f32>,    // [2nv]
+    mixed: Vec<f32>, // [C] conv input
+    qkv: Vec<f32>,   // [C] after conv + SiLU
+    z: Vec<f32>,     // [Cv]
+    b: Vec<f32>,     // [nv]
+    a: Vec<f32>,     // [nv]
+    g: Vec<f32>,     // [dk] one head's decay, repeated per key channel
+    q: Vec<f32>,     // [dk] a key head's q, normalised per value head
+    k: Vec<f32>,     // [dk]
+    u: Vec<f32>,     // [dv]
+    o: Vec<f32>,     // [Cv]
+}
+
+impl GdnScratch {
+    pub fn new(cfg: &ModelConfig) -> GdnScratch {
+        let Some(d) = cfg.add.gdn else {
+            return GdnScratch::sized(0, 0, 0, 0, 0, 0);
+        };
+        let fused = if cfg.add.gdn_fused { 2 * d.key_dim() + 2 * d.value_dim() } else { 0 };
+        GdnScratch::sized(fused, d.conv_dim(), d.value_dim(), d.value_heads, d.key_head_dim, d.value_head_dim)
+    }
+
+    fn sized(fused: usize, c: usize, cv: usize, nv: usize, dk: usize, dv: usize) -> GdnScratch {
+        GdnScratch {
+            fused: vec![0.0; fused],
+            ba: vec![0.0; if fused > 0 { 2 * nv } else { 0 }],
+            mixed: vec![0.0; c],
+            qkv: vec![0.0; c],
+            z: vec![0.0; cv],
+            b: vec![0.0; nv],
+            a: vec![0.0; nv],
+            g: vec![0.0; dk],
+            q: vec![0.0; dk],
+            k: vec![0.0; dk],
+            u: vec![0.0; dv],
+            o: vec![0.0; cv],
+        }
+    }
+
+    /// Floats held, for the memory plan (`plan::scratch_bytes`).
+    pub fn floats(&self) -> usize {
+        [
+            &self.fused,
+            &self.ba,
+            &self.mixed,
+            &self.qkv,
+            &self.z,
+            &self.b,
+            &self.a,
+            &self.g,
+            &self.q,
+            &self.k,
+            &self.u,
+            &self.o,
+        ]
+        .iter()
+        .map(|b| b.len())
+        .sum()
+    }
+}
+
+impl Gdn {
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Gdn> {
+        let dims = cfg.add.gdn.ok_or_else(|| {
+            Error::Runtime(format!("layer {layer} is Gated DeltaNet but the config has no GDN shape"))
+        })?;
+        let p = format!("model.layers.{layer}.linear_attn");
+        let m = |n: &str| load_matrix(cfg, src, &format!("{p}.{n}.weight"));
+        let projections = if cfg.add.gdn_fused {
+            Projections::Fused { in_proj_qkvz: m("in_proj_qkvz")?, in_proj_ba: m("in_proj_ba")? }
+        } else {
+            Projections::Separate {
+                in_proj_qkv: m("in_proj_qkv")?,
+                in_proj_z: m("in_proj_z")?,
+                in_proj_b: m("in_proj_b")?,
+                in_proj_a: m("in_proj_a")?,
+            }
+        };
+        let neg_a = load_vector(cfg, src, &format!("{p}.A_log"))?.iter().map(|a| -a.exp()).collect();
+        Ok(Gdn {
+            dims,
+            projections,
+            conv1d: load_vector(cfg, src, &format!("{p}.conv1d.weight"))?,
+            neg_a,
+            dt_bias: load_vector(cfg, src, &format!("{p}.dt_bias"))?,
+            norm: load_vector(cfg, src, &format!("{p}.norm.weight"))?,
+            out_proj: m("out_proj")?,
+            eps: cfg.rms_norm_eps,
+        })
+    }
+
+    /// `mixed`, `z`, `b`, `a` of this token.
+    fn project(&self, x: &[f32], s: &mut GdnScratch) {
+        let d = &self.dims;
+        match &self.projections {
+            Projections::Separate { in_proj_qkv, in_proj_z, in_proj_b, in_proj_a } => {
+                in_proj_qkv.matvec(x, &mut s.mixed);
+                in_proj_z.matvec(x, &mut s.z);
+                in_proj_b.matvec(x, &mut s.b);
+                in_proj_a.matvec(x, &mut s.a);
+            }
+            Projections::Fused { in_proj_qkvz, in_proj_ba } => {
+                in_proj_qkvz.matvec(x, &mut s.fused);
+                in_proj_ba.matvec(x, &mut s.ba);
+                let (dk, r) = (d.key_head_dim, d.value_heads / d.key_heads);
+                let rv = r * d.value_head_dim;
+                let (ck, block) = (d.key_dim(), 2 * dk + 2 * rv);
+                for (g, grp) in s.fused.chunks_exact(block).enumerate() {
+                    s.mixed[g * dk..(g + 1) * dk].copy_from_slice(&grp[..dk]);
+                    s.mixed[ck + g * dk..ck + (g + 1) * dk].copy_from_slice(&grp[dk..2 * dk]);
+                    s.mixed[2 * ck + g * rv..2 * ck + (g + 1) * rv].copy_from_slice(&grp[2 * dk..2 * dk + rv]);
+                    s.z[g * rv..(g + 1) * rv].copy_from_slice(&grp[2 * dk + rv..]);
+                }
+                for (g, grp) in s.ba.chunks_exact(2 * r).enumerate() {
+                    s.b[g * r..(g + 1) * r].copy_from_slice(&grp[..r]);
+                    s.a[g * r..(g + 1) * r].copy_from_slice(&grp[r..]);
+                }
+            }
+        }
+    }
+
+    /// One token at `pos` (which selects the conv ring slot).
+    pub fn forward(&self, x: &[f32], pos: usize, state: &mut DeltaState, s: &mut GdnScratch, out: &mut [f32]) {
+        let d = self.dims;
+        self.project(x, s);
+        conv_step(&self.conv1d, d.conv_kernel, &s.mixed, &mut state.conv, pos, &mut s.qkv);
+
+        let (dk, dv) = (d.key_head_dim, d.value_head_dim);
+        let (ck, r) = (d.key_dim(), d.value_heads / d.key_heads);
+        let (q_all, rest) = s.qkv.split_at(ck);
+        let (k_all, v_all) = rest.split_at(ck);
+        for h in 0..d.value_heads {
+            let beta = 1.0 / (1.0 + (-s.b[h]).exp());
+            // `softplus(a + dt_bias)`, the identity above 20 (F.softplus's threshold).
+            let z = s.a[h] + self.dt_bias[h];
+            let sp = if z > 20.0 { z } else { (1.0 + z.exp()).ln() };
+            s.g.fill(self.neg_a[h] * sp);
+            let kh = h / r;
+            s.q.copy_from_slice(&q_all[kh * dk..(kh + 1) * dk]);
+            s.k.copy_from_slice(&k_all[kh * dk..(kh + 1) * dk]);
+            let o = &mut s.o[h * dv..(h + 1) * dv];
+            delta_step(
+                &mut s.q,
+                &mut s.k,
+                &v_all[h * dv..(h + 1) * dv],
+                &s.g,
+                beta,
+                &mut state.s[h * dk * dv..(h + 1) * dk * dv],
+                &mut s.u,
+                o,
+            );
+            // Qwen3NextRMSNormGated: `weight * (x * rsqrt(mean(x^2) + eps))`, then `* silu(gate)`.
+            let ms = o.iter().map(|v| v * v).sum::<f32>() / dv as f32;
+            let inv = 1.0 / (ms + self.eps).sqrt();
+            for (i, ov) in o.iter_mut().enumerate() {
+                *ov = self.norm[i] * (*ov * inv) * silu(s.z[h * dv + i]);
+            }
+        }
+        self.out_proj.matvec(&s.o, out);
+    }
+}

@@ -58,6 +58,7 @@ pub fn info(a: InfoArgs) -> Result<()> {
                 "has_tokenizer": i.has_tokenizer, "has_chat_template": i.has_chat_template,
                 "router": i.router, "shared_expert_width": i.shared_expert_width,
                 "total_params": i.total_params, "active_params": i.active_params,
+                "embedding_params": i.embedding_params, "lm_head_params": i.lm_head_params,
                 "layer_pattern": i.layers.iter().map(|l| json!({
                     "attention": l.attention, "ffn": if l.moe { "moe" } else { "dense" },
                     "state_bytes_fixed": l.state_bytes_fixed, "state_bytes_per_token": l.state_bytes_per_token,
@@ -83,12 +84,27 @@ pub fn info(a: InfoArgs) -> Result<()> {
             i.total_params,
             i.active_params
         );
+        // Vendors count "active" differently: with the embedding table,
+        // without it (OpenAI), without it and the LM head (Zhipu).
+        let without_table = i.active_params - i.embedding_params;
+        outln!(
+            "              {} active without the embedding table, {} without it and the LM head",
+            short_count(without_table),
+            short_count(without_table - i.lm_head_params)
+        );
         let pattern: Vec<String> =
             i.layers.iter().map(|l| format!("{}/{}", l.attention, if l.moe { "MoE" } else { "dense" })).collect();
         outln!("layer pattern {}", pattern.join(" "));
         let fixed: u64 = i.layers.iter().map(|l| l.state_bytes_fixed).sum();
-        let per_token: u64 = i.layers.iter().map(|l| l.state_bytes_per_token).sum();
-        outln!("state         {fixed} bytes fixed + {per_token} bytes per token of context");
+        let per_token: u64 = i.layers.iter().filter(|l| l.window.is_none()).map(|l| l.state_bytes_per_token).sum();
+        let windowed: u64 = i.layers.iter().filter(|l| l.window.is_some()).map(|l| l.state_bytes_per_token).sum();
+        let windows = if windowed > 0 {
+            let w = i.layers.iter().filter_map(|l| l.window).max().unwrap_or(0);
+            format!(" + {windowed} bytes per token of the last {w} on sliding-window layers")
+        } else {
+            String::new()
+        };
+        outln!("state         {fixed} bytes fixed + {per_token} bytes per token of context{windows}");
         for (n, l) in i.layers.iter().enumerate() {
             let window = l.window.map_or(String::new(), |w| {
                 format!(" (window of {w}: at most {} bytes)", w as u64 * l.state_bytes_per_token)

@@ -36,6 +36,10 @@ pub struct ModelInfo {
     /// Parameters of the whole model and those one token touches.
     pub total_params: u64,
     pub active_params: u64,
+    /// Of those: the input embedding table (a token reads one row) and a
+    /// separate LM head (0 when tied).
+    pub embedding_params: u64,
+    pub lm_head_params: u64,
     /// What the conversion left out of the source (a vision tower, MTP
     /// layers), one line each.
     pub skipped: Vec<String>,
@@ -100,6 +104,8 @@ impl ModelInfo {
             shared_expert_width: c.shared_intermediate_size,
             total_params: c.total_params(),
             active_params: c.active_params(),
+            embedding_params: c.embedding_params().0,
+            lm_head_params: c.embedding_params().1,
             skipped: container.manifest().skipped.clone(),
         }
     }

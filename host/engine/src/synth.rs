@@ -191,7 +191,7 @@ impl RecordLayout {
         let payload_bytes = quant::expert_payload_len(format, shape) as u64;
         // `scale_blocks` restates the payload layout of `quant`: refuse to
         // write records if the two ever disagree.
-        let laid_out = matrix_parts(format, shape).iter().map(|(s, d)| s + d).sum::<usize>();
+        let laid_out = matrix_parts(format, shape).iter().map(|(s, d)| s + d).sum::<usize>() + bias_bytes(shape);
         if laid_out as u64 != payload_bytes {
             return Err(Error::Runtime(format!(
                 "synthetic {} layout is {laid_out} bytes, the format's payload {payload_bytes}",
@@ -240,6 +240,9 @@ fn write_bank(path: &Path, layout: &RecordLayout, layer: usize, experts: usize, 
                     s.copy_from_slice(&half::f16::from_f32(0.02).to_le_bytes());
                 }
             }
+            // Biases (gpt-oss): zero, a valid f32 whatever random bytes would be.
+            let biases = bias_bytes(layout.shape);
+            payload[payload_bytes - biases..].fill(0);
         });
         bank.write_all(&buf).map_err(|e| Error::io(path, e))?;
     }
@@ -298,6 +301,15 @@ fn scale_blocks(fmt: ExpertFormat, shape: ExpertShape) -> Vec<std::ops::Range<us
         at += scales + data;
     }
     out
+}
+
+/// The f32 biases ending a payload whose shape has them (`quant`'s layout).
+fn bias_bytes(shape: ExpertShape) -> usize {
+    if shape.biases {
+        4 * (2 * shape.inter + shape.hidden)
+    } else {
+        0
+    }
 }
 
 /// (scale bytes, data bytes) of gate, up and down: q8/q4 keep one f16 per
@@ -359,10 +371,10 @@ fn write_matrix(
     Ok(total as u64)
 }
 
-/// Real models a container can be made for (`synth_like`): `kimi-k3`
-/// (manifest only: its experts are terabytes) and `kimi-linear-48b` (real
-/// bytes, or manifest only).
-pub const LIKE: &[&str] = &["kimi-k3", "kimi-linear-48b"];
+/// Real models a container can be made for (`synth_like`), with their
+/// released configs (synth/configs.rs): `kimi-k3` (manifest only: its
+/// experts are terabytes), the others real bytes or manifest only.
+pub const LIKE: &[&str] = &["kimi-k3", "kimi-linear-48b", "qwen3.5-397b-a17b", "glm-4.6", "minimax-m2", "gpt-oss-120b"];
 
 /// How [`synth_like`] / [`synth_config`] fill a container.
 #[derive(Debug, Clone, PartialEq)]
@@ -398,6 +410,10 @@ pub fn like_config(like: &str, num_experts: Option<usize>) -> Result<serde_json:
     let mut config = match like {
         "kimi-k3" => kimi_k3_config(),
         "kimi-linear-48b" => kimi_linear_48b_config(),
+        "qwen3.5-397b-a17b" => configs::qwen3_5_397b_config(),
+        "glm-4.6" => configs::glm_4_6_config(),
+        "minimax-m2" => configs::minimax_m2_config(),
+        "gpt-oss-120b" => configs::gpt_oss_120b_config(),
         _ => return Err(Error::Arg(format!("unknown model {like:?}: expected one of {}", LIKE.join(", ")))),
     };
     if let Some(n) = num_experts {
@@ -406,7 +422,9 @@ pub fn like_config(like: &str, num_experts: Option<usize>) -> Result<serde_json:
             None => &mut config,
         };
         if let Some(o) = obj.as_object_mut() {
-            o.insert("num_experts".into(), n.into());
+            // Each family's own key for the routed expert count.
+            let key = ["n_routed_experts", "num_local_experts"].into_iter().find(|k| o.contains_key(*k));
+            o.insert(key.unwrap_or("num_experts").into(), n.into());
         }
     }
     Ok(config)

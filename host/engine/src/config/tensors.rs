@@ -289,6 +289,13 @@ impl ModelConfig {
         n
     }
 
+    /// Parameters of the input embedding table and of a separate LM head
+    /// (0 when tied): vendors' "active" counts differ in which they include.
+    pub fn embedding_params(&self) -> (u64, u64) {
+        let table = self.vocab_size as u64 * self.hidden_size as u64;
+        (table, if self.tie_word_embeddings { 0 } else { table })
+    }
+
     /// Parameters of the whole model.
     pub fn total_params(&self) -> u64 {
         self.params(self.num_experts as u64)

@@ -124,3 +124,156 @@ pub fn kimi_k3_config() -> serde_json::Value {
         "text_config": text
     })
 }
+
+/// The released Qwen3.5-397B-A17B config, text part (the release wraps it
+/// in a vision-language config: `text_config`): 60 layers, 15 x (3 Gated
+/// DeltaNet + 1 gated full attention), hidden 4096; GDN with 16 key heads
+/// and 64 value heads of 128, conv 4; attention 32 q / 2 kv heads of 256,
+/// rotary 0.25 of theta 1e7; 512 experts of 1024, top-10, plus one gated
+/// shared expert of 1024; vocabulary 248320, untied. The vision tower and
+/// the MTP layer are not part of a converted container, so not here.
+pub fn qwen3_5_397b_config() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "tie_word_embeddings": false,
+        "text_config": {
+            "model_type": "qwen3_5_moe_text",
+            "vocab_size": 248_320,
+            "hidden_size": 4096,
+            "num_hidden_layers": 60,
+            "full_attention_interval": 4,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 64,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 512,
+            "num_experts_per_tok": 10,
+            "moe_intermediate_size": 1024,
+            "shared_expert_intermediate_size": 1024,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 262_144,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10_000_000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [11, 11, 10],
+                "mrope_interleaved": true
+            },
+            "tie_word_embeddings": false
+        }
+    })
+}
+
+/// The released GLM-4.6 config: 92 layers, the first 3 dense (12288),
+/// hidden 5120, 96 q / 8 kv heads of 128 with q/k/v biases and per-head
+/// q/k norms, rotary 0.5 of theta 1e6; 160 experts of 1536, top-8, one
+/// shared, sigmoid router with correction bias scaled by 2.5 (one group);
+/// vocabulary 151552, untied; one MTP layer after the last (not converted).
+pub fn glm_4_6_config() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        "vocab_size": 151_552,
+        "hidden_size": 5120,
+        "intermediate_size": 12288,
+        "moe_intermediate_size": 1536,
+        "num_hidden_layers": 92,
+        "num_attention_heads": 96,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "attention_bias": true,
+        "use_qk_norm": true,
+        "partial_rotary_factor": 0.5,
+        "rope_theta": 1_000_000.0,
+        "n_routed_experts": 160,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": true,
+        "routed_scaling_factor": 2.5,
+        "num_nextn_predict_layers": 1,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 202_752,
+        "tie_word_embeddings": false,
+        "eos_token_id": [151_329, 151_336, 151_338]
+    })
+}
+
+/// The released MiniMax-M2 config (its own keys kept): 62 layers, hidden
+/// 3072, 48 q / 8 kv heads of 128 with q/k RMSNorm over the whole
+/// projection, rotary on 64 dims of theta 5e6; 256 experts of 1536, top-8,
+/// sigmoid router with a routing bias, no shared expert; vocabulary
+/// 200064, untied.
+pub fn minimax_m2_config() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["MiniMaxM2ForCausalLM"],
+        "model_type": "minimax_m2",
+        "vocab_size": 200_064,
+        "hidden_size": 3072,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 62,
+        "num_attention_heads": 48,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rotary_dim": 64,
+        "rope_theta": 5_000_000.0,
+        "use_qk_norm": true,
+        "qk_norm_type": "per_layer",
+        "num_local_experts": 256,
+        "num_experts_per_tok": 8,
+        "scoring_func": "sigmoid",
+        "use_routing_bias": true,
+        "shared_intermediate_size": 0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 196_608,
+        "tie_word_embeddings": false
+    })
+}
+
+/// The released gpt-oss-120b config: 36 layers alternating a 128-token
+/// sliding window and full attention, hidden 2880, 64 q / 8 kv heads of 64
+/// with biases and sinks, YaRN (factor 32 over 4096) of theta 150000; 128
+/// experts of 2880, top-4, with biases and the clamped SwiGLU; vocabulary
+/// 201088, untied.
+pub fn gpt_oss_120b_config() -> serde_json::Value {
+    let layer_types: Vec<&str> =
+        (0..36).map(|l| if l % 2 == 0 { "sliding_attention" } else { "full_attention" }).collect();
+    serde_json::json!({
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "vocab_size": 201_088,
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "attention_bias": true,
+        "sliding_window": 128,
+        "layer_types": layer_types,
+        "num_local_experts": 128,
+        "num_experts_per_tok": 4,
+        "swiglu_limit": 7.0,
+        "rope_theta": 150_000.0,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": false,
+            "original_max_position_embeddings": 4096
+        },
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 131_072,
+        "tie_word_embeddings": false,
+        "hidden_act": "silu",
+        "eos_token_id": 200_002
+    })
+}

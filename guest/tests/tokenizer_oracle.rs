@@ -1,7 +1,7 @@
 //! Oracle tests of the guest tokenizer against Hugging Face `tokenizers`
 //! (fixtures from tests/gen_tokenizer_fixtures.py, see tests/fixtures/README.md).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::Value;
@@ -9,21 +9,37 @@ use unicode_normalization::UnicodeNormalization;
 use waste_guest::tokenizer::Tokenizer;
 
 fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer")
+    fixtures().join("tokenizer")
 }
 
-fn read(name: &str) -> String {
-    let p = fixture_dir().join(name);
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+fn read_in(dir: &Path, name: &str) -> String {
+    let p = dir.join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
 }
 
+fn read(name: &str) -> String {
+    read_in(&fixture_dir(), name)
+}
+
 fn cases() -> Value {
-    serde_json::from_str(&read("cases.json")).expect("cases.json parses")
+    cases_in(&fixture_dir())
+}
+
+fn cases_in(dir: &Path) -> Value {
+    serde_json::from_str(&read_in(dir, "cases.json")).expect("cases.json parses")
 }
 
 /// The variant's tokenizer.json: a base file with top-level and model patches.
 fn variant_json(v: &Value) -> String {
-    let mut j: Value = serde_json::from_str(&read(v["base"].as_str().unwrap())).unwrap();
+    variant_json_in(&fixture_dir(), v)
+}
+
+fn variant_json_in(dir: &Path, v: &Value) -> String {
+    let mut j: Value = serde_json::from_str(&read_in(dir, v["base"].as_str().unwrap())).unwrap();
     for (k, val) in v["patch"].as_object().unwrap() {
         j[k] = val.clone();
     }
@@ -76,13 +92,34 @@ fn fnv1a(ids: &[u32]) -> String {
 
 #[test]
 fn oracle_all_variants() {
-    let c = cases();
+    let checked = oracle_dir(&fixture_dir());
+    assert!(checked > 1000, "only {checked} checks ran");
+}
+
+/// The pre-tokenizer patterns, normalizers, decoders and added tokens of
+/// the second wave's families (Qwen2/2.5/3, Qwen3.5, GLM-4, MiniMax-M2,
+/// gpt-oss's o200k_harmony, DeepSeek-V3), each on a tiny vocabulary
+/// trained on a multilingual corpus, against HF tokenizers
+/// (tests/gen_family_tokenizers.py, tests/fixtures/tokenizer_families/).
+#[test]
+fn oracle_family_tokenizers() {
+    let root = fixtures().join("tokenizer_families");
+    for family in ["qwen2", "qwen35", "glm4", "minimax_m2", "gpt_oss", "deepseek_v3"] {
+        let checked = oracle_dir(&root.join(family));
+        assert!(checked > 100, "{family}: only {checked} checks ran");
+    }
+}
+
+/// Every variant of `dir/cases.json` against its reference ids, decodes,
+/// big-text hash and special ids; returns the number of id checks.
+fn oracle_dir(dir: &Path) -> usize {
+    let c = cases_in(dir);
     let texts: Vec<&str> = c["texts"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
     let big = big_text(&c);
     let mut failures: Vec<String> = Vec::new();
     let mut checked = 0usize;
     for (name, v) in c["variants"].as_object().unwrap() {
-        let tk = match Tokenizer::from_json(&variant_json(v)) {
+        let tk = match Tokenizer::from_json(&variant_json_in(dir, v)) {
             Ok(t) => t,
             Err(e) => {
                 failures.push(format!("{name}: load failed: {e}"));
@@ -138,12 +175,12 @@ fn oracle_all_variants() {
             }
         }
     }
-    assert!(checked > 1000, "only {checked} checks ran");
     if !failures.is_empty() {
         let n = failures.len();
         let shown: Vec<_> = failures.into_iter().take(25).collect();
-        panic!("{n} oracle mismatches:\n{}", shown.join("\n"));
+        panic!("{}: {n} oracle mismatches:\n{}", dir.display(), shown.join("\n"));
     }
+    checked
 }
 
 #[test]

@@ -26,7 +26,9 @@
 //! template that branches on the content's exact text renders B through the
 //! other branch and falls back to the alignment.
 
-use minijinja::value::{Value, ValueKind};
+use std::sync::Arc;
+
+use minijinja::value::{Object, ObjectRepr, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 
 mod strftime;
@@ -37,8 +39,9 @@ pub use strftime::strftime;
 use strftime::strftime_now;
 use tojson::tojson;
 
-/// Message fields treated as content (never markup).
-const CONTENT_FIELDS: &[&str] = &["content", "reasoning_content"];
+/// Message fields treated as content (never markup); `thinking` is
+/// transformers' copy of `reasoning_content`.
+const CONTENT_FIELDS: &[&str] = &["content", "reasoning_content", "thinking"];
 /// Marker delimiters: supplementary private-use characters, which neither
 /// templates nor tokenizer files use.
 const MARK_OPEN: char = '\u{F0000}';
@@ -63,6 +66,8 @@ pub struct ChatTemplate {
     source: String,
     /// (variable, value) from tokenizer_config.json.
     specials: Vec<(String, Value)>,
+    /// What `strftime_now` reads as now (Unix seconds); None: the clock.
+    now: Option<i64>,
 }
 
 fn json_err(what: &str, e: impl std::fmt::Display) -> String {
@@ -95,10 +100,17 @@ impl ChatTemplate {
                 specials.push(("additional_special_tokens".into(), Value::from(list)));
             }
         }
-        let t = ChatTemplate { source: source.into(), specials };
+        let t = ChatTemplate { source: without_generation_tags(&source.into()), specials, now: None };
         // Compile once now so a broken template is reported when loaded.
         t.env().template_from_str(&t.source).map_err(|e| format!("chat template: {}", describe(&e)))?;
         Ok(t)
+    }
+
+    /// The template with `strftime_now` pinned to `unix_secs` (tests
+    /// against a reference rendered at a known time).
+    pub fn with_now(mut self, unix_secs: i64) -> ChatTemplate {
+        self.now = Some(unix_secs);
+        self
     }
 
     fn env(&self) -> Environment<'static> {
@@ -111,8 +123,24 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, format!("the template raised: {msg}")))
         });
-        env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
+        let now = self.now;
+        env.add_function("strftime_now", move |fmt: String| match now {
+            Some(secs) => strftime(&fmt, secs),
+            None => strftime_now(&fmt),
+        });
         env.add_filter("tojson", tojson);
+        // Jinja's tests on Python values: None is not iterable (minijinja
+        // iterates it as empty), Undefined is; the `tools` / `documents`
+        // None of apply_chat_template is none.
+        env.add_test("iterable", |v: Value| {
+            !is_python_none(&v)
+                && matches!(
+                    v.kind(),
+                    ValueKind::Seq | ValueKind::Map | ValueKind::Iterable | ValueKind::String | ValueKind::Undefined
+                )
+        });
+        env.add_test("none", |v: Value| v.is_none() || is_python_none(&v));
+        add_generator_filters(&mut env);
         env
     }
 
@@ -129,6 +157,8 @@ impl ChatTemplate {
         ctx.extend(vars.iter().cloned());
         ctx.push(("messages".into(), messages));
         ctx.push(("tools".into(), tools.clone()));
+        // apply_chat_template passes `documents=None` too.
+        ctx.push(("documents".into(), python_none()));
         ctx.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
         self.env()
             .render_str(&self.source, Value::from_pairs(ctx))
@@ -282,9 +312,139 @@ fn align(real: &str, pieces: &[(String, Option<usize>)], contents: &[String]) ->
     Ok(out)
 }
 
+/// Python's `None` where apply_chat_template passes it as a variable
+/// (`tools`, `documents`): false, `none`, printed "None", serialised
+/// `null`, and, unlike minijinja's none, not iterable, so `{% for t in
+/// tools %}` without tools fails as it does in Jinja.
+#[derive(Debug)]
+struct PythonNone;
+
+impl Object for PythonNone {
+    /// Plain objects are not enumerable: iterating one is an error.
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Plain
+    }
+
+    fn is_true(self: &Arc<Self>) -> bool {
+        false
+    }
+
+    fn render(self: &Arc<Self>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("None")
+    }
+}
+
+fn python_none() -> Value {
+    Value::from_object(PythonNone)
+}
+
+pub(crate) fn is_python_none(v: &Value) -> bool {
+    v.downcast_object_ref::<PythonNone>().is_some()
+}
+
+/// Jinja's `map`, `select`, `reject`, `selectattr` and `rejectattr` return
+/// generators, minijinja's lists: a generator iterates once, has no length
+/// and is not JSON (llama.cpp's DeepSeek-R1 template's `tools | map(...) |
+/// tojson` fails under transformers). Like Jinja's, they yield nothing for
+/// a None input (`if value:` guards their loops).
+fn add_generator_filters(env: &mut Environment<'static>) {
+    use minijinja::filters;
+    use minijinja::value::{Rest, ValueOrKwargs};
+    use minijinja::State;
+    use std::borrow::Cow;
+    fn generator(items: Vec<Value>) -> Value {
+        Value::make_one_shot_iterator(items.into_iter())
+    }
+    fn none_or(v: &Value) -> Option<Value> {
+        is_python_none(v).then(|| generator(Vec::new()))
+    }
+    env.add_filter("map", |state: &mut State, v: Value, args: Rest<ValueOrKwargs>| -> Result<Value, Error> {
+        match none_or(&v) {
+            Some(empty) => Ok(empty),
+            None => filters::map(state, v, args).map(generator),
+        }
+    });
+    env.add_filter(
+        "select",
+        |state: &mut State, v: Value, test: Option<Cow<'_, str>>, args: Rest<ValueOrKwargs>| -> Result<Value, Error> {
+            match none_or(&v) {
+                Some(empty) => Ok(empty),
+                None => filters::select(state, v, test, args).map(generator),
+            }
+        },
+    );
+    env.add_filter(
+        "reject",
+        |state: &mut State, v: Value, test: Option<Cow<'_, str>>, args: Rest<ValueOrKwargs>| -> Result<Value, Error> {
+            match none_or(&v) {
+                Some(empty) => Ok(empty),
+                None => filters::reject(state, v, test, args).map(generator),
+            }
+        },
+    );
+    env.add_filter(
+        "selectattr",
+        |state: &mut State,
+         v: Value,
+         attr: Cow<'_, str>,
+         test: Option<Cow<'_, str>>,
+         args: Rest<ValueOrKwargs>|
+         -> Result<Value, Error> {
+            match none_or(&v) {
+                Some(empty) => Ok(empty),
+                None => filters::selectattr(state, v, attr, test, args).map(generator),
+            }
+        },
+    );
+    env.add_filter(
+        "rejectattr",
+        |state: &mut State,
+         v: Value,
+         attr: Cow<'_, str>,
+         test: Option<Cow<'_, str>>,
+         args: Rest<ValueOrKwargs>|
+         -> Result<Value, Error> {
+            match none_or(&v) {
+                Some(empty) => Ok(empty),
+                None => filters::rejectattr(state, v, attr, test, args).map(generator),
+            }
+        },
+    );
+}
+
+/// transformers' `{% generation %}` blocks (its AssistantTracker marks the
+/// assistant's tokens for training masks and otherwise renders the body as
+/// it is) as blocks minijinja knows, whitespace control kept.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(open) = rest.find("{%") {
+        out.push_str(&rest[..open]);
+        let tag = &rest[open..];
+        let Some(close) = tag.find("%}") else { break };
+        let inner = &tag[2..close];
+        let (lead, body) = match inner.strip_prefix(['-', '+']) {
+            Some(b) => (&inner[..1], b),
+            None => ("", inner),
+        };
+        let (body, trail) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[body.len() - 1..]),
+            None => (body, ""),
+        };
+        match body.trim() {
+            "generation" => out.push_str(&format!("{{%{lead} if true {trail}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{lead} endif {trail}%}}")),
+            _ => out.push_str(&tag[..close + 2]),
+        }
+        rest = &tag[close + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn parse_tools(tools: Option<&str>) -> Result<Value, String> {
     match tools {
-        None => Ok(Value::from(())),
+        None => Ok(python_none()),
         Some(t) => {
             let v: Value = serde_json::from_str(t).map_err(|e| json_err("tools: invalid JSON", e))?;
             if v.kind() != ValueKind::Seq {
@@ -346,7 +506,18 @@ fn messages_value(messages: &[ChatMessage], mut markers: Option<&mut Vec<String>
                     return Err(format!("message {n}: extra: {name:?} belongs in the message itself"));
                 }
                 let val = v.get_item(&key).map_err(|e| e.to_string())?;
-                fields.push((name, val));
+                // apply_chat_template drops every key whose value is None.
+                if !val.is_none() {
+                    fields.push((name, val));
+                }
+            }
+        }
+        // ... and copies `reasoning_content` to `thinking`, as the message's
+        // first key (gpt-oss's and LFM2.5's templates read `thinking`).
+        if !fields.iter().any(|(k, _)| k == "thinking") {
+            if let Some((_, r)) = fields.iter().find(|(k, _)| k == "reasoning_content") {
+                let r = r.clone();
+                fields.insert(0, ("thinking".into(), r));
             }
         }
         if let Some(texts) = markers.as_deref_mut() {

@@ -41,7 +41,13 @@ pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     };
     let mut out = String::new();
     write_json(&mut out, value, &opts, 0)?;
-    Ok(Value::from_safe_string(out))
+    // transformers' `tojson` returns json.dumps' plain str (not Jinja's Markup).
+    Ok(Value::from(out))
+}
+
+/// Python's TypeError for what json.dumps cannot serialise.
+fn not_serializable(what: &str) -> Error {
+    Error::new(ErrorKind::InvalidOperation, format!("tojson: Object of type {what} is not JSON serializable"))
 }
 
 struct JsonOpts {
@@ -108,8 +114,16 @@ fn write_json(out: &mut String, v: &Value, o: &JsonOpts, depth: usize) -> Result
             }
         }
     };
+    if super::is_python_none(v) {
+        out.push_str("null");
+        return Ok(());
+    }
     match v.kind() {
-        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        // Jinja's Undefined and the lazy results of `map`, `select`, ...
+        // (Python generators) are not JSON.
+        ValueKind::Undefined => return Err(not_serializable("Undefined")),
+        ValueKind::Iterable => return Err(not_serializable("generator")),
+        ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
         ValueKind::Number => {
             if let Ok(i) = i64::try_from(v.clone()) {
@@ -121,7 +135,7 @@ fn write_json(out: &mut String, v: &Value, o: &JsonOpts, depth: usize) -> Result
             out.push_str(&python_float(f64::try_from(v.clone())?));
         }
         ValueKind::String => json_string(out, v.as_str().unwrap_or_default(), o.ascii),
-        ValueKind::Seq | ValueKind::Iterable => {
+        ValueKind::Seq => {
             let items: Vec<Value> = v.try_iter()?.collect();
             if items.is_empty() {
                 out.push_str("[]");

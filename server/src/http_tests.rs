@@ -21,7 +21,8 @@ fn reply(chat: bool, tools: bool) -> Reply {
         model: "m".into(),
         system_fingerprint: "fp_test".into(),
         logprobs: false,
-        tools,
+        tools: tools.then(crate::tools::Schema::default),
+        harmony: false,
         include_usage: true,
     }
 }
@@ -47,7 +48,8 @@ async fn stream(reply: Reply, pieces: &[&str], done: Completion) -> Vec<Value> {
     for p in pieces {
         tx.send(Event::Token(event(p), None)).unwrap();
     }
-    tx.send(Event::Done { completion: done, prompt_tokens: 7, texts: Vec::new() }).unwrap();
+    let raw = done.text.clone();
+    tx.send(Event::Done { completion: done, prompt_tokens: 7, texts: Vec::new(), raw }).unwrap();
     let st = SseState { rx, reply, streamed: String::new(), role_sent: false, done: false, log: RequestLog::none() };
     let (mut next, mut text) = (Some(st), String::new());
     while let Some(state) = next.take() {
@@ -68,7 +70,8 @@ async fn stream(reply: Reply, pieces: &[&str], done: Completion) -> Vec<Value> {
 #[test]
 fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
     let v: Value =
-        serde_json::from_str(&full_answer(&reply(true, true), completion(CALL, 20, StopReason::Eos), 7, &[])).unwrap();
+        serde_json::from_str(&full_answer(&reply(true, true), completion(CALL, 20, StopReason::Eos), CALL, 7, &[]))
+            .unwrap();
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls");
     assert_eq!(choice["message"]["content"], "Let me look.");
@@ -85,7 +88,8 @@ fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
 #[test]
 fn tool_call_text_without_tools_in_the_request_stays_text() {
     let v: Value =
-        serde_json::from_str(&full_answer(&reply(true, false), completion(CALL, 20, StopReason::Eos), 7, &[])).unwrap();
+        serde_json::from_str(&full_answer(&reply(true, false), completion(CALL, 20, StopReason::Eos), CALL, 7, &[]))
+            .unwrap();
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(v["choices"][0]["message"]["content"], CALL);
     assert!(v["choices"][0]["message"].get("tool_calls").is_none());
@@ -153,7 +157,7 @@ async fn legacy_completion_top_logprobs_are_most_likely_first() {
         vec![TokenTexts { token: "z".into(), top: vec![("z".into(), -0.1), ("a".into(), -2.5), ("m".into(), -3.0)] }];
     let mut r = reply(false, false);
     r.logprobs = true;
-    let text = full_answer(&r, completion("z", 1, StopReason::Length), 7, &texts);
+    let text = full_answer(&r, completion("z", 1, StopReason::Length), "z", 7, &texts);
     let (z, a, m) = (text.find("\"z\":").unwrap(), text.find("\"a\":").unwrap(), text.find("\"m\":").unwrap());
     assert!(z < a && a < m, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
@@ -162,8 +166,13 @@ async fn legacy_completion_top_logprobs_are_most_likely_first() {
 
     let (tx, rx) = unbounded_channel();
     tx.send(Event::Token(event("z"), Some(TokenTexts { token: "z".into(), top: texts[0].top.clone() }))).unwrap();
-    tx.send(Event::Done { completion: completion("z", 1, StopReason::Length), prompt_tokens: 7, texts: Vec::new() })
-        .unwrap();
+    tx.send(Event::Done {
+        completion: completion("z", 1, StopReason::Length),
+        prompt_tokens: 7,
+        texts: Vec::new(),
+        raw: "z".into(),
+    })
+    .unwrap();
     let mut r = reply(false, false);
     r.logprobs = true;
     let st = SseState { rx, reply: r, streamed: String::new(), role_sent: false, done: false, log: RequestLog::none() };

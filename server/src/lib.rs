@@ -5,6 +5,7 @@
 mod error;
 mod http;
 mod openai;
+mod ordered;
 mod request;
 mod state;
 mod tools;

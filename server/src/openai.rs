@@ -34,8 +34,35 @@ pub(crate) struct Reply {
     pub model: String,
     pub system_fingerprint: String,
     pub logprobs: bool,
-    pub tools: bool,
+    /// The request's tools (given, and `tool_choice` not "none"): the
+    /// answer's tool calls are parsed out of it.
+    pub tools: Option<tools::Schema>,
+    /// The model answers in gpt-oss's harmony channels: its reasoning and
+    /// content are split out of the answer even without tools.
+    pub harmony: bool,
     pub include_usage: bool,
+}
+
+impl Reply {
+    /// Whether the answer is parsed when it is complete (and so a stream
+    /// holds its text back until then).
+    fn parses(&self) -> bool {
+        self.chat && (self.tools.is_some() || self.harmony)
+    }
+
+    /// The answer split into content, reasoning and calls; None: plain text.
+    fn parse(&self, c: &waste_host::Completion, raw: &str) -> Option<tools::Parsed> {
+        if !self.parses() {
+            return None;
+        }
+        let empty = tools::Schema::default();
+        let parsed = tools::parse(&c.text, raw, self.tools.as_ref().unwrap_or(&empty))?;
+        // Without tools in the request, calls stay text.
+        if self.tools.is_none() && !parsed.calls.is_empty() {
+            return None;
+        }
+        Some(parsed)
+    }
 }
 
 /// The request named a model this server does not serve: answered anyway
@@ -64,7 +91,11 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
         model: state.model_id.clone(),
         system_fingerprint: state.system_fingerprint.clone(),
         logprobs: req.logprobs,
-        tools: req.tools_enabled,
+        tools: match (&req.prompt, req.tools_enabled) {
+            (request::Prompt::Chat { tools: Some(t), .. }, true) => Some(tools::Schema::from_tools(t)),
+            _ => None,
+        },
+        harmony: chat && matches!(state.model.chat_template(false), Ok(Some(t)) if t.contains("<|channel|>")),
         include_usage: req.include_usage,
     };
     state.worker.submit(Job { prompt: req.prompt, params: req.params, want_texts: req.logprobs, events: tx })?;
@@ -90,9 +121,9 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
         loop {
             match rx.recv().await {
                 Some(Event::Started) | Some(Event::Token(..)) => {}
-                Some(Event::Done { completion, prompt_tokens, texts }) => {
+                Some(Event::Done { completion, prompt_tokens, texts, raw }) => {
                     let tokens = Tokens { prompt: prompt_tokens, completion: completion.tokens.len() };
-                    let text = full_answer(&reply, completion, prompt_tokens, &texts);
+                    let text = full_answer(&reply, completion, &raw, prompt_tokens, &texts);
                     let mut response = ([(header::CONTENT_TYPE, "application/json")], text).into_response();
                     response.extensions_mut().insert(tokens);
                     break response;
@@ -192,7 +223,13 @@ struct TextCompletion<'a> {
 }
 
 /// The whole answer of a request that did not stream, as JSON text.
-pub(crate) fn full_answer(r: &Reply, c: waste_host::Completion, prompt_tokens: usize, texts: &[TokenTexts]) -> String {
+pub(crate) fn full_answer(
+    r: &Reply,
+    c: waste_host::Completion,
+    raw: &str,
+    prompt_tokens: usize,
+    texts: &[TokenTexts],
+) -> String {
     let mut finish = finish_reason(c.stop_reason);
     if !r.chat {
         let texts: Vec<&TokenTexts> = texts.iter().collect();
@@ -218,9 +255,13 @@ pub(crate) fn full_answer(r: &Reply, c: waste_host::Completion, prompt_tokens: u
         Value::Null
     };
     let mut message = json!({"role": "assistant", "content": c.text});
-    if r.tools {
-        if let Some((content, calls)) = tools::parse(&c.text, &r.id) {
-            message = json!({"role": "assistant", "content": content, "tool_calls": calls});
+    if let Some(p) = r.parse(&c, raw) {
+        message = json!({"role": "assistant", "content": p.content});
+        if let Some(reasoning) = &p.reasoning {
+            message["reasoning_content"] = json!(reasoning);
+        }
+        if !p.calls.is_empty() {
+            message["tool_calls"] = p.calls_json(&r.id);
             finish = "tool_calls";
         }
     }
@@ -357,7 +398,7 @@ async fn sse_next(mut st: SseState) -> Option<(Result<String, Infallible>, SseSt
             Some(Event::Started) => {}
             Some(Event::Token(ev, texts)) => {
                 st.streamed.push_str(&ev.text);
-                if st.reply.tools {
+                if st.reply.parses() {
                     continue;
                 }
                 let offset = st.streamed.len() - ev.text.len();
@@ -375,32 +416,38 @@ async fn sse_next(mut st: SseState) -> Option<(Result<String, Infallible>, SseSt
                 out.push_str(&data(&chunk));
                 return Some((Ok(out), st));
             }
-            Some(Event::Done { completion, prompt_tokens, .. }) => {
+            Some(Event::Done { completion, prompt_tokens, raw, .. }) => {
                 let mut finish = finish_reason(completion.stop_reason);
-                let calls = if st.reply.tools { tools::parse(&completion.text, &st.reply.id) } else { None };
-                if let Some((content, calls)) = calls {
-                    if let Some(text) = content {
+                if let Some(p) = st.reply.parse(&completion, &raw) {
+                    if let Some(text) = &p.reasoning {
+                        let delta = json!({"reasoning_content": text});
+                        out.push_str(&data(&st.reply.chunk(delta, ChunkLogprobs::None, None)));
+                    }
+                    if let Some(text) = &p.content {
                         out.push_str(&data(&st.reply.chunk(json!({"content": text}), ChunkLogprobs::None, None)));
                     }
-                    let calls: Vec<Value> = calls
-                        .as_array()
-                        .map(|a| {
-                            a.iter()
-                                .enumerate()
-                                .map(|(i, c)| {
-                                    let mut c = c.clone();
-                                    c["index"] = json!(i);
-                                    c
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    out.push_str(&data(&st.reply.chunk(json!({"tool_calls": calls}), ChunkLogprobs::None, None)));
-                    finish = "tool_calls";
+                    if !p.calls.is_empty() {
+                        let calls: Vec<Value> = p
+                            .calls_json(&st.reply.id)
+                            .as_array()
+                            .map(|a| {
+                                a.iter()
+                                    .enumerate()
+                                    .map(|(i, c)| {
+                                        let mut c = c.clone();
+                                        c["index"] = json!(i);
+                                        c
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        out.push_str(&data(&st.reply.chunk(json!({"tool_calls": calls}), ChunkLogprobs::None, None)));
+                        finish = "tool_calls";
+                    }
                 } else {
                     // Text the engine held back (a possible stop string that
-                    // was not one) or, with tools, everything.
-                    let sent = if st.reply.tools { "" } else { st.streamed.as_str() };
+                    // was not one) or, when parsing, everything.
+                    let sent = if st.reply.parses() { "" } else { st.streamed.as_str() };
                     let rest = completion.text.strip_prefix(sent).unwrap_or("");
                     if !rest.is_empty() {
                         out.push_str(&data(&st.reply.chunk(st.reply.content(rest), ChunkLogprobs::None, None)));

@@ -114,12 +114,15 @@ fn content(v: Option<&Value>, i: usize) -> Result<Option<String>, ApiError> {
     }
 }
 
-fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
+fn messages(o: &Obj, body: &[u8]) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match field(o, "messages") {
         Some(Value::Array(list)) if !list.is_empty() => list,
         None => return Err(ApiError::bad_request("`messages` is required", Some("messages"))),
         Some(_) => return Err(bad("messages", "a non-empty list of messages")),
     };
+    // The same messages as raw JSON, for their fields in the client's order.
+    let raw: Vec<Box<serde_json::value::RawValue>> =
+        raw_field(body, "messages").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let m = m.as_object().ok_or_else(|| bad(&format!("messages[{i}]"), "an object"))?;
@@ -128,12 +131,17 @@ fn messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
             _ => return Err(bad(&format!("messages[{i}].role"), "a non-empty string")),
         };
         let content = content(m.get("content"), i)?;
-        let extra: Obj = m
-            .iter()
-            .filter(|(k, v)| *k != "role" && *k != "content" && !v.is_null())
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let extra = if extra.is_empty() { None } else { Some(Value::Object(extra).to_string()) };
+        let extra = match raw.get(i) {
+            Some(r) => crate::ordered::message_extra(r),
+            None => {
+                let extra: Obj = m
+                    .iter()
+                    .filter(|(k, v)| *k != "role" && *k != "content" && !v.is_null())
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                (!extra.is_empty()).then(|| Value::Object(extra).to_string())
+            }
+        };
         out.push(ChatMessage { role, content, extra });
     }
     Ok(out)
@@ -209,7 +217,7 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
     let (prompt, tools_enabled) = if chat {
         let (tools, enabled) = tools(o)?;
         let tools = tools.map(|sorted| raw_field(body, "tools").unwrap_or(sorted));
-        (Prompt::Chat { messages: messages(o)?, tools, template_vars: template_vars(o, body)? }, enabled)
+        (Prompt::Chat { messages: messages(o, body)?, tools, template_vars: template_vars(o, body)? }, enabled)
     } else {
         let text = match field(o, "prompt") {
             Some(Value::String(s)) => s.clone(),

@@ -28,6 +28,9 @@ pub enum Event {
         completion: Completion,
         prompt_tokens: usize,
         texts: Vec<TokenTexts>,
+        /// The answer's tokens decoded with their special tokens (harmony's
+        /// channels are special tokens the text leaves out).
+        raw: String,
     },
     Failed(ApiError),
 }
@@ -275,7 +278,8 @@ fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>,
                 }
                 _ => Vec::new(),
             };
-            Event::Done { completion, prompt_tokens, texts }
+            let raw = session.detokenize(&completion.tokens).unwrap_or_default();
+            Event::Done { completion, prompt_tokens, texts, raw }
         }
         Err(e) => {
             counters.failed.fetch_add(1, Ordering::Relaxed);

@@ -187,26 +187,37 @@ fn server_tools_are_rendered_by_the_models_template() {
     more("server_tools_are_rendered_by_the_models_template", "tools", &dir, &[]);
 }
 
-/// A tool call end to end (tests/server/test_tool_calls.py): the tiny
-/// Qwen3-MoE fixture with Qwen3's real chat template, made to write the tool
-/// call that template asks for by examples/sampler-script (every draw
-/// scripted; the model still runs each step), served by `waste serve
-/// --sampler`. The fixture's context (512) cannot hold Qwen3's tool
-/// preamble and a round trip, so the copy declares 2048 positions; its
-/// weights are random either way and the output is scripted.
+/// A tool call end to end (tests/server/test_tool_calls.py), once per
+/// family syntax: a tiny fixture with its family's real chat template
+/// (Qwen3's; llama.cpp's Qwen3.5, GLM-4.6 and MiniMax-M2 copies), made to
+/// write the tool call that template asks for by examples/sampler-script
+/// (every draw scripted; the model still runs each step), served by `waste
+/// serve --sampler` and driven by the official openai client. The
+/// fixtures' context (512) cannot hold a tool preamble and a round trip,
+/// so each copy declares 2048 positions; their weights are random either
+/// way and the output is scripted.
 #[test]
-fn server_parses_the_models_tool_call() {
+fn server_parses_each_familys_tool_call() {
     if let Err(why) = python_has_openai() {
-        report_skip(&format!("SKIP server_parses_the_models_tool_call: {why}"));
+        report_skip(&format!("SKIP server_parses_each_familys_tool_call: {why}"));
         return;
     }
     let expected: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root().join("tests/server/tool_call_expected.json")).unwrap())
             .unwrap();
-    let tmp = TempDir::new("server-tool-call");
-    let src = tmp.path().join("tiny-qwen3_moe");
+    let cases = expected["cases"].as_object().unwrap();
+    assert_eq!(cases.len(), 4, "Hermes JSON, Qwen3.5 XML, GLM, MiniMax");
+    for (name, case) in cases {
+        tool_call_round_trip(name, case);
+    }
+}
+
+fn tool_call_round_trip(name: &str, expected: &serde_json::Value) {
+    let tmp = TempDir::new(&format!("server-tool-call-{name}"));
+    let fixture = expected["fixture"].as_str().unwrap();
+    let src = tmp.path().join(fixture);
     std::fs::create_dir(&src).unwrap();
-    for e in std::fs::read_dir(crate::common::fixture("qwen3_moe")).unwrap() {
+    for e in std::fs::read_dir(crate::common::fixtures().join(fixture)).unwrap() {
         let e = e.unwrap();
         std::fs::copy(e.path(), src.join(e.file_name())).unwrap();
     }
@@ -216,25 +227,35 @@ fn server_parses_the_models_tool_call() {
         f(&mut v);
         std::fs::write(&path, v.to_string()).unwrap();
     };
-    let qwen3: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("tests/fixtures/chat_templates/qwen3/tokenizer_config.json")).unwrap(),
-    )
-    .unwrap();
+    let template = match expected["template"].as_str().unwrap() {
+        "qwen3" => {
+            let qwen3: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(root().join("tests/fixtures/chat_templates/qwen3/tokenizer_config.json"))
+                    .unwrap(),
+            )
+            .unwrap();
+            qwen3["chat_template"].as_str().unwrap().to_string()
+        }
+        file => std::fs::read_to_string(root().join("tests/fixtures/chat_templates/llamacpp").join(file)).unwrap(),
+    };
     edit("tokenizer_config.json", &|v| {
-        v["chat_template"] = qwen3["chat_template"].clone();
+        v["chat_template"] = template.clone().into();
         v["model_max_length"] = 2048.into();
     });
-    edit("config.json", &|v| v["max_position_embeddings"] = 2048.into());
-    let model = tmp.path().join("qwen3-tools.waste");
+    edit("config.json", &|v| match v.get_mut("text_config") {
+        Some(t) => t["max_position_embeddings"] = 2048.into(),
+        None => v["max_position_embeddings"] = 2048.into(),
+    });
+    let model = tmp.path().join(format!("{name}-tools.waste"));
     let o = waste(&["convert", src.to_str().unwrap(), model.to_str().unwrap(), "--experts", "f32", "--trunk", "f32"]);
-    assert!(o.status.success(), "convert failed: {}", stderr(&o));
+    assert!(o.status.success(), "{name}: convert failed: {}", stderr(&o));
 
     // Our tokenizer must agree with transformers' on the call's text, or
     // the script would not spell what the test expects.
     let call_text = expected["call_text"].as_str().unwrap();
     let call_ids: Vec<u64> = expected["call_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
     let o = waste(&["tokenize", model.to_str().unwrap(), call_text, "--json"]);
-    assert!(o.status.success(), "tokenize failed: {}", stderr(&o));
+    assert!(o.status.success(), "{name}: tokenize failed: {}", stderr(&o));
     let ours: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let ours: Vec<u64> = ours
         .get("tokens")
@@ -244,7 +265,7 @@ fn server_parses_the_models_tool_call() {
         .iter()
         .map(|v| v.as_u64().unwrap())
         .collect();
-    assert_eq!(ours, call_ids, "tokenize --json disagrees with transformers");
+    assert_eq!(ours, call_ids, "{name}: tokenize --json disagrees with transformers");
 
     let end = expected["end_of_turn_id"].as_u64().unwrap();
     let opts: Vec<String> =
@@ -257,16 +278,17 @@ fn server_parses_the_models_tool_call() {
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (server, url) = start(&model, &args);
+    let served = format!("{name}-tools");
     let out = Command::new("python3")
         .arg(root().join("tests/server/test_tool_calls.py"))
-        .args([url.as_str(), KEY, "qwen3-tools"])
+        .args([url.as_str(), KEY, served.as_str(), name])
         .output()
         .expect("run test_tool_calls.py");
     drop(server);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "test_tool_calls.py failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("all tool-call checks passed"), "{stdout}");
+    assert!(out.status.success(), "{name}: test_tool_calls.py failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("all tool-call checks passed"), "{name}: {stdout}");
 }
 
 /// `waste serve --sampler`: a missing or non-plugin file is a runtime error

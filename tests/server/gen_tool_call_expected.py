@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Writes tests/server/tool_call_expected.json for the end-to-end tool-call
-test (tests/integration/server.rs, server_parses_the_models_tool_call,
-running test_tool_calls.py): the tiny Qwen3-MoE fixture given Qwen3's real
-chat template (tests/fixtures/chat_templates/qwen3), as transformers
-tokenizes it. Run by hand, offline:
+tests (tests/integration/server.rs, server_parses_each_familys_tool_call,
+running test_tool_calls.py): tiny fixtures given their family's real chat
+template (Qwen3's, and llama.cpp's Qwen3.5, GLM-4.6 and MiniMax-M2 copies
+in tests/fixtures/chat_templates/llamacpp), as transformers tokenizes them.
+Run by hand, offline:
 
     python3 tests/server/gen_tool_call_expected.py
 
@@ -29,18 +30,30 @@ TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-# What Qwen3's template tells the model to answer (and renders for an
-# assistant turn with tool_calls).
-CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 # The server hands arguments back as compact JSON; the client sends them
-# back verbatim and the template renders the string as it is.
+# back verbatim and the server gives the template the object they spell,
+# as vLLM does (templates iterate `arguments.items()`).
 ARGUMENTS = '{"city":"Paris"}'
+LLAMACPP = ROOT / "tests/fixtures/chat_templates/llamacpp"
+
+# (case, tiny fixture, chat template: the Qwen3 tokenizer_config's or a
+# llama.cpp corpus file, the call the template asks the model to write)
+CASES = [
+    ("qwen3", "tiny-qwen3_moe", "qwen3",
+     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    ("qwen3_5", "tiny-qwen3_5_moe_text", "Qwen3.5-4B.jinja",
+     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"),
+    ("glm4_moe", "tiny-glm4_moe", "GLM-4.6.jinja",
+     "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"),
+    ("minimax_m2", "tiny-minimax_m2", "MiniMax-M2.jinja",
+     '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>'),
+]
 
 
-def round_trip(call_id):
+def round_trip(call_id, content=""):
     return ASK + [
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": ARGUMENTS}}]},
+        {"role": "assistant", "content": content, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
         {"role": "tool", "tool_call_id": call_id, "content": "Sunny, 21 C"},
     ]
 
@@ -52,32 +65,53 @@ def count(tok, messages):
     return len(ids)
 
 
-def main():
+def template_source(template):
+    if template == "qwen3":
+        return json.loads((ROOT / "tests/fixtures/chat_templates/qwen3/tokenizer_config.json").read_text())["chat_template"]
+    return (LLAMACPP / template).read_text()
+
+
+def case(name, fixture, template, call_text):
     with tempfile.TemporaryDirectory() as tmp:
-        d = pathlib.Path(tmp) / "qwen3-tools"
-        shutil.copytree(ROOT / "tests/fixtures/tiny-qwen3_moe", d)
-        qwen3 = json.loads((ROOT / "tests/fixtures/chat_templates/qwen3/tokenizer_config.json").read_text())
+        d = pathlib.Path(tmp) / name
+        shutil.copytree(ROOT / "tests/fixtures" / fixture, d)
         cfg = json.loads((d / "tokenizer_config.json").read_text())
-        cfg["chat_template"] = qwen3["chat_template"]
+        cfg["chat_template"] = template_source(template)
         cfg["model_max_length"] = 2048
         (d / "tokenizer_config.json").write_text(json.dumps(cfg))
         tok = AutoTokenizer.from_pretrained(str(d))
-        call_ids = tok(CALL_TEXT, add_special_tokens=False)["input_ids"]
-        assert tok.decode(call_ids) == CALL_TEXT
-        doc = {
-            "generator": "tests/server/gen_tool_call_expected.py",
-            "versions": {"transformers": transformers.__version__, "python": sys.version.split()[0]},
+        call_ids = tok(call_text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(call_ids) == call_text
+        try:
+            null_content_tokens = count(tok, round_trip("call_x", content=None))
+        except Exception:
+            null_content_tokens = None
+        return {
+            "fixture": fixture,
+            "template": template,
             "tools": TOOLS,
             "ask": ASK,
-            "call_text": CALL_TEXT,
+            "call_text": call_text,
             "call_ids": call_ids,
-            "end_of_turn_id": tok.convert_tokens_to_ids("<|im_end|>"),
+            # The fixture's end-of-sequence token ends the scripted answer.
+            "end_of_turn_id": tok.eos_token_id,
             "arguments": ARGUMENTS,
             "tool_result": "Sunny, 21 C",
             "ask_prompt_tokens": count(tok, ASK),
-            # The call id is rendered nowhere by Qwen3's template.
+            # No template here renders the call id.
             "round_trip_prompt_tokens": count(tok, round_trip("call_x")),
+            # A null content beside the call: Qwen3's template reads it (and
+            # fails, None here); the others render the turn without it.
+            "null_content_prompt_tokens": null_content_tokens,
         }
+
+
+def main():
+    doc = {
+        "generator": "tests/server/gen_tool_call_expected.py",
+        "versions": {"transformers": transformers.__version__, "python": sys.version.split()[0]},
+        "cases": {name: case(name, fixture, template, text) for name, fixture, template, text in CASES},
+    }
     path = ROOT / "tests/server/tool_call_expected.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path}")

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """A tool call end to end, with the official `openai` client:
 
-    test_tool_calls.py BASE KEY MODEL
+    test_tool_calls.py BASE KEY MODEL CASE
 
-The Rust test (tests/integration/server.rs) serves the tiny Qwen3-MoE
-fixture with Qwen3's real chat template and examples/sampler-script, which
-makes the model write the tool call of tool_call_expected.json (ids from
-transformers' tokenizer) and then its end-of-turn token. The server must
+The Rust test (tests/integration/server.rs) serves a tiny fixture with its
+family's real chat template (CASE of tool_call_expected.json: Qwen3's
+Hermes JSON, Qwen3.5's XML, GLM-4.6's key/value pairs, MiniMax-M2's
+invocations) and examples/sampler-script, which makes the model write that
+case's tool call (ids from transformers' tokenizer) and then its
+end-of-sequence token. The server must
 parse that output into `tool_calls` with finish_reason "tool_calls", in one
 answer and in a stream, leave it as text when tools are off, and accept the
 tool's result sent back. Exits 0 when every check passed, 1 with the
@@ -18,9 +20,9 @@ import sys
 
 import openai
 
-BASE, KEY, MODEL = sys.argv[1:4]
+BASE, KEY, MODEL, CASE = sys.argv[1:5]
 client = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=120)
-E = json.loads((pathlib.Path(__file__).parent / "tool_call_expected.json").read_text())
+E = json.loads((pathlib.Path(__file__).parent / "tool_call_expected.json").read_text())["cases"][CASE]
 failures = []
 
 
@@ -107,16 +109,23 @@ def test_round_trip(answer):
     check(r.usage.prompt_tokens == E["round_trip_prompt_tokens"],
           f"round trip: {r.usage.prompt_tokens} prompt tokens, transformers {E['round_trip_prompt_tokens']}")
     check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), f"round trip {r.choices[0]}")
-    # A null content beside the call: transformers drops it and Qwen3's
+    # A null content beside the call: transformers drops it; Qwen3's
     # template then fails on it (tests/fixtures/chat_templates/expected.json,
     # case tool_call), so the request is the client's error: 400, not 500.
+    # The other templates render it as the empty content.
     messages[1]["content"] = None
-    try:
-        client.chat.completions.create(model=MODEL, messages=messages, tools=E["tools"], max_tokens=8)
-        check(False, "a null assistant content was accepted by a template that cannot render it")
-    except openai.BadRequestError as e:
-        check(e.body.get("param") == "messages" and "chat template" in e.body.get("message", ""),
-              f"null content error {e.body}")
+    if E["null_content_prompt_tokens"] is None:
+        try:
+            client.chat.completions.create(model=MODEL, messages=messages, tools=E["tools"], max_tokens=8)
+            check(False, "a null assistant content was accepted by a template that cannot render it")
+        except openai.BadRequestError as e:
+            check(e.body.get("param") == "messages" and "chat template" in e.body.get("message", ""),
+                  f"null content error {e.body}")
+    else:
+        r = client.chat.completions.create(model=MODEL, messages=messages, tools=E["tools"], max_tokens=8,
+                                           temperature=0)
+        want = E["null_content_prompt_tokens"]
+        check(r.usage.prompt_tokens == want, f"null content: {r.usage.prompt_tokens} prompt tokens, transformers {want}")
 
 
 answer = test_answer()
@@ -129,4 +138,4 @@ else:
 if failures:
     print(f"{len(failures)} tool-call checks failed", flush=True)
     sys.exit(1)
-print("all tool-call checks passed", flush=True)
+print(f"all tool-call checks passed ({CASE})", flush=True)

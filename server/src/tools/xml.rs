@@ -1,0 +1,130 @@
+//! The tag syntaxes: `<tool_call>` blocks (Hermes JSON, Qwen3.5's XML,
+//! GLM's key/value pairs, told apart by what follows the tag) and
+//! MiniMax-M2's `<minimax:tool_call>` invocations.
+
+use super::{hermes, leading, Call, Parsed, Schema};
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+/// Every `<tool_call>` block of `text`. A call the generation cut short
+/// has no closing tag; its body is still whole when the model ended right
+/// after it.
+pub(super) fn parse_tool_call_tags(text: &str, schema: &Schema) -> Option<Parsed> {
+    let first = text.find(OPEN)?;
+    let mut calls = Vec::new();
+    let mut rest = &text[first..];
+    while let Some(start) = rest.find(OPEN) {
+        let body = &rest[start + OPEN.len()..];
+        let (inner, after) = match body.find(CLOSE) {
+            Some(end) => (&body[..end], &body[end + CLOSE.len()..]),
+            None => (body, ""),
+        };
+        let head = inner.trim_start();
+        let call = if head.starts_with('{') {
+            hermes::call(inner)?
+        } else if head.starts_with("<function=") {
+            qwen_function(head, schema)?
+        } else {
+            glm_call(inner, schema)?
+        };
+        calls.push(call);
+        rest = after;
+    }
+    Some(Parsed { content: leading(text, first), reasoning: None, calls })
+}
+
+/// `<function=NAME>` then `<parameter=KEY>\nVALUE\n</parameter>`s, as
+/// Qwen3-Coder's and Qwen3.5's templates write them (the value on lines of
+/// its own: one newline after the opening and before the closing tag is
+/// layout, not value).
+fn qwen_function(body: &str, schema: &Schema) -> Option<Call> {
+    let rest = body.strip_prefix("<function=")?;
+    let (name, mut rest) = rest.split_once('>')?;
+    let name = name.trim().to_string();
+    let mut pairs = Vec::new();
+    while let Some(at) = rest.find("<parameter=") {
+        let after = &rest[at + "<parameter=".len()..];
+        let (key, after) = after.split_once('>')?;
+        let end = after.find("</parameter>")?;
+        let value = &after[..end];
+        let value = value.strip_prefix('\n').unwrap_or(value);
+        let value = value.strip_suffix('\n').unwrap_or(value);
+        pairs.push((key.trim().to_string(), value.to_string()));
+        rest = &after[end + "</parameter>".len()..];
+    }
+    if !rest.trim().trim_end_matches("</function>").trim().is_empty() {
+        return None;
+    }
+    Some(Call { arguments: schema.arguments(&name, &pairs), name })
+}
+
+/// GLM-4.5 / 4.6: `NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>...`.
+fn glm_call(body: &str, schema: &Schema) -> Option<Call> {
+    let name_end = body.find("<arg_key>").unwrap_or(body.len());
+    let name = body[..name_end].trim();
+    if name.is_empty() || name.contains(['<', '>', '{', '\n']) {
+        return None;
+    }
+    let mut pairs = Vec::new();
+    let mut rest = &body[name_end..];
+    while let Some(at) = rest.find("<arg_key>") {
+        let after = &rest[at + "<arg_key>".len()..];
+        let key_end = after.find("</arg_key>")?;
+        let key = after[..key_end].trim().to_string();
+        let after = after[key_end + "</arg_key>".len()..].trim_start().strip_prefix("<arg_value>")?;
+        let value_end = after.find("</arg_value>")?;
+        pairs.push((key, after[..value_end].to_string()));
+        rest = &after[value_end + "</arg_value>".len()..];
+    }
+    if !rest.trim().is_empty() {
+        return None;
+    }
+    Some(Call { arguments: schema.arguments(name, &pairs), name: name.to_string() })
+}
+
+const MINIMAX_OPEN: &str = "<minimax:tool_call>";
+const MINIMAX_CLOSE: &str = "</minimax:tool_call>";
+
+/// MiniMax-M2: `<minimax:tool_call>` holding `<invoke name="NAME">` with
+/// `<parameter name="KEY">VALUE</parameter>`s.
+pub(super) fn parse_minimax(text: &str, schema: &Schema) -> Option<Parsed> {
+    let first = text.find(MINIMAX_OPEN)?;
+    let mut calls = Vec::new();
+    let mut rest = &text[first..];
+    while let Some(start) = rest.find(MINIMAX_OPEN) {
+        let body = &rest[start + MINIMAX_OPEN.len()..];
+        let (mut inner, after) = match body.find(MINIMAX_CLOSE) {
+            Some(end) => (&body[..end], &body[end + MINIMAX_CLOSE.len()..]),
+            None => (body, ""),
+        };
+        while let Some(at) = inner.find("<invoke name=") {
+            let (name, after_name) = quoted(&inner[at + "<invoke name=".len()..])?;
+            let after_name = after_name.strip_prefix('>')?;
+            let end = after_name.find("</invoke>")?;
+            let mut params = &after_name[..end];
+            let mut pairs = Vec::new();
+            while let Some(p) = params.find("<parameter name=") {
+                let (key, after_key) = quoted(&params[p + "<parameter name=".len()..])?;
+                let after_key = after_key.strip_prefix('>')?;
+                let value_end = after_key.find("</parameter>")?;
+                pairs.push((key, after_key[..value_end].to_string()));
+                params = &after_key[value_end + "</parameter>".len()..];
+            }
+            calls.push(Call { arguments: schema.arguments(&name, &pairs), name });
+            inner = &after_name[end + "</invoke>".len()..];
+        }
+        rest = after;
+    }
+    if calls.is_empty() {
+        return None;
+    }
+    Some(Parsed { content: leading(text, first), reasoning: None, calls })
+}
+
+/// `"value"` at the start of `s`: the value and what follows the quote.
+fn quoted(s: &str) -> Option<(String, &str)> {
+    let s = s.strip_prefix('"')?;
+    let end = s.find('"')?;
+    Some((s[..end].to_string(), &s[end + 1..]))
+}

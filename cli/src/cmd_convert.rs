@@ -1,4 +1,4 @@
-//! `waste convert`: a Hugging Face checkpoint into a container.
+//! `waste convert`: a Hugging Face checkpoint or a GGUF file into a container.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -13,7 +13,8 @@ use crate::output;
 
 #[derive(Args)]
 pub struct ConvertArgs {
-    /// Hugging Face checkpoint directory (config.json + *.safetensors).
+    /// Hugging Face checkpoint directory (config.json + *.safetensors), or a GGUF file
+    /// (qwen3moe, qwen2moe, olmoe, Mixtral; the tokenizer and chat template come from it).
     pub src: PathBuf,
     /// Output container directory, e.g. model.waste.
     pub out: PathBuf,

@@ -37,7 +37,8 @@ pub use session::Session;
 
 // The engine below, as the front ends use it.
 pub use waste_engine::{
-    checkpoint, config, container, convert, error, files, info, model, plan, pool, quant, skip, stats, store, synth,
+    checkpoint, config, container, convert, error, files, gguf, info, model, plan, pool, quant, skip, stats, store,
+    synth,
 };
 pub use waste_engine::{
     ConvertOptions, ConvertProgress, ConvertReport, Error, LayerInfo, MemoryUse, Model, ModelInfo, OpenOptions,

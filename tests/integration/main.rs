@@ -12,6 +12,7 @@ mod deepseek;
 mod families;
 mod ffi;
 mod first_hour;
+mod gguf;
 mod jco;
 mod k3;
 mod kimi;

@@ -34,7 +34,7 @@ fn compare(engine_logits: &[f32], reference: &Reference) -> Comparison {
     Comparison { max_rel_error, top1_agreement: agree as f32 / positions as f32 }
 }
 
-fn greedy() -> GenerateParams {
+pub(crate) fn greedy() -> GenerateParams {
     GenerateParams {
         temperature: 0.0,
         top_k: 0,

@@ -15,6 +15,7 @@
 //! renamed (`ModelConfig::source_rename`).
 
 mod decode;
+mod gguf;
 mod gpt_oss;
 #[cfg(test)]
 mod tests;
@@ -75,6 +76,9 @@ enum Kind {
     Missing {
         shard: usize,
     },
+    /// A tensor of a GGUF file (the checkpoint's only shard), under its
+    /// Hugging Face name (gguf/hf.rs).
+    Gguf(crate::gguf::hf::Slice),
 }
 
 #[derive(Clone)]
@@ -100,6 +104,8 @@ pub struct HfCheckpoint {
     config: ModelConfig,
     shards: Vec<Shard>,
     tensors: HashMap<String, Entry>,
+    /// Set when the checkpoint is a GGUF file seen as an HF checkpoint.
+    gguf: Option<gguf::GgufSource>,
 }
 
 /// `Ok` when the safetensors file at `path` is whole: its header parses and
@@ -287,8 +293,12 @@ fn logical_name(name: &str) -> Option<String> {
 }
 
 impl HfCheckpoint {
-    pub fn open(dir: &Path) -> Result<HfCheckpoint> {
-        Self::open_with(dir, &OpenCheckpoint::default())
+    /// A checkpoint directory, or a GGUF file (`open_gguf`).
+    pub fn open(src: &Path) -> Result<HfCheckpoint> {
+        if src.is_file() {
+            return Self::open_gguf(src);
+        }
+        Self::open_with(src, &OpenCheckpoint::default())
     }
 
     pub fn open_with(dir: &Path, opts: &OpenCheckpoint) -> Result<HfCheckpoint> {
@@ -353,7 +363,7 @@ impl HfCheckpoint {
         let names: std::collections::HashSet<&str> = tensors.keys().map(String::as_str).collect();
         let weights_file = if index.is_file() { &index } else { &single };
         config.check_layer_tensors(&names, weights_file)?;
-        Ok(HfCheckpoint { dir: dir.to_path_buf(), config, shards, tensors })
+        Ok(HfCheckpoint { dir: dir.to_path_buf(), config, shards, tensors, gguf: None })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -384,6 +394,7 @@ impl HfCheckpoint {
             Kind::Fp8 { .. } => "fp8-e4m3".into(),
             Kind::Mxfp4 { .. } => "mxfp4".into(),
             Kind::Missing { .. } => "reclaimed".into(),
+            Kind::Gguf(s) => self.gguf_encoding(s),
         })
     }
 
@@ -405,6 +416,7 @@ impl HfCheckpoint {
             Some(Kind::Fp8 { weight, scale, .. }) => vec![weight.shard, scale.shard],
             Some(Kind::Mxfp4 { packed, scale }) => vec![packed.shard, scale.shard],
             Some(Kind::Missing { shard }) => vec![*shard],
+            Some(Kind::Gguf(_)) => vec![0],
             None => Vec::new(),
         };
         v.sort_unstable();
@@ -461,6 +473,7 @@ impl HfCheckpoint {
                 decode_plain(raw.dtype, &self.read(raw, 0, raw.end - raw.start)?, &mut out);
                 out
             }
+            Kind::Gguf(slice) if entry.shape.len() != 2 => self.gguf_vector(slice)?,
             _ => self.rows_f32(name, 0, entry.shape[0])?,
         };
         Ok((data, self.config.canonical_shape(name, &entry.shape)))
@@ -497,6 +510,7 @@ impl HfCheckpoint {
                     Error::format(&self.shards[scale.shard].path, format!("MXFP4 tensor `{name}`: {msg}"))
                 })?;
             }
+            Kind::Gguf(slice) => out = self.gguf_rows(slice, r0, n)?,
             Kind::Missing { .. } => unreachable!("entry() refuses missing tensors"),
         }
         Ok(out)

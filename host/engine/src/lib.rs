@@ -10,7 +10,7 @@
 //!
 //! Layering inside the crate, each module using only those listed before
 //! it: `size`, `error`, `stats`, `files`, `config`, `source`, `container`,
-//! `checkpoint`, `store`, `model`, `plan`, `info`, `synth`, `convert`,
+//! `gguf`, `checkpoint`, `store`, `model`, `plan`, `info`, `synth`, `convert`,
 //! `open_progress`, `open`, `perplexity` (docs/ARCHITECTURE.md says how
 //! this is checked).
 
@@ -20,6 +20,7 @@ pub mod container;
 pub mod convert;
 pub mod error;
 pub mod files;
+pub mod gguf;
 pub mod info;
 pub mod model;
 mod open;

@@ -137,16 +137,26 @@ pub fn convert(
     if opts.follow.is_some() && !src.join(follow::INDEX).is_file() {
         return Err(Error::Arg(format!("following a download needs {} in {}", follow::INDEX, src.display())));
     }
-    let ckpt = HfCheckpoint::open_with(
-        src,
-        &OpenCheckpoint {
-            allow_missing_shards: resuming || opts.follow.is_some(),
-            incomplete_as_missing: opts.follow.is_some(),
-        },
-    )?;
+    // A file is a GGUF (open_gguf checks its magic); a directory a checkpoint.
+    let ckpt = if src.is_file() {
+        if opts.follow.is_some() {
+            return Err(Error::Arg(
+                "following a download needs a Hugging Face checkpoint directory, not a GGUF file".into(),
+            ));
+        }
+        HfCheckpoint::open_gguf(src)?
+    } else {
+        HfCheckpoint::open_with(
+            src,
+            &OpenCheckpoint {
+                allow_missing_shards: resuming || opts.follow.is_some(),
+                incomplete_as_missing: opts.follow.is_some(),
+            },
+        )?
+    };
     let cfg = ckpt.config().clone();
     prepare_destination(out)?;
-    let fingerprint = fingerprint(src, opts)?;
+    let fingerprint = fingerprint(&ckpt, src, opts)?;
     write_atomic(&out.join(IN_PROGRESS), fingerprint.as_bytes())?;
     let report = write_container(&ckpt, &cfg, out, opts, &fingerprint, progress)?;
     fs::remove_file(out.join(IN_PROGRESS)).map_err(|e| Error::io(out, e))?;
@@ -180,15 +190,18 @@ fn prepare_destination(out: &Path) -> Result<()> {
 }
 
 /// Identity of what the output is made from: the source's config and
-/// weight index (or single file's size) and every option but `jobs` and
-/// `reclaim`, which do not change the bytes.
-fn fingerprint(src: &Path, opts: &ConvertOptions) -> Result<String> {
+/// weight index (or single file's size; a GGUF file's size and generated
+/// config) and every option but `jobs` and `reclaim`, which do not change
+/// the bytes.
+fn fingerprint(ckpt: &HfCheckpoint, src: &Path, opts: &ConvertOptions) -> Result<String> {
     let mut h = Fnv::new();
     h.update(format!("v{FORMAT_VERSION} {} {} {}\n", opts.experts.name(), opts.trunk.name(), opts.seed).as_bytes());
-    let config = src.join("config.json");
-    h.update(&fs::read(&config).map_err(|e| Error::io(&config, e))?);
+    let config = ckpt.side_file("config.json")?.ok_or_else(|| Error::format(src, "no config.json"))?;
+    h.update(&config);
     let index = src.join("model.safetensors.index.json");
-    if index.is_file() {
+    if let Some(g) = ckpt.gguf_file() {
+        h.update(&g.file_len.to_le_bytes());
+    } else if index.is_file() {
         h.update(&fs::read(&index).map_err(|e| Error::io(&index, e))?);
     } else {
         let single = src.join("model.safetensors");
@@ -345,16 +358,13 @@ fn write_container(
     // Small files first: a reclaimed source must not lose them.
     let mut tokenizer_files = Vec::new();
     for name in TOKENIZER_FILES {
-        let from = ckpt.dir().join(name);
-        if from.is_file() {
-            let bytes = fs::read(&from).map_err(|e| Error::io(&from, e))?;
+        if let Some(bytes) = ckpt.side_file(name)? {
             write_atomic(&dir.join(name), &bytes)?;
             tokenizer_files.push(name.to_string());
         }
     }
-    let config = read_json(&ckpt.dir().join("config.json"))?;
-    let gen_path = ckpt.dir().join("generation_config.json");
-    let generation_config = if gen_path.is_file() { Some(read_json(&gen_path)?) } else { None };
+    let config = side_json(ckpt, "config.json")?.ok_or_else(|| Error::format(ckpt.dir(), "no config.json"))?;
+    let generation_config = side_json(ckpt, "generation_config.json")?;
 
     let shape = cfg.expert_shape();
     let payload_bytes = quant::expert_payload_len(opts.experts, shape) as u64;
@@ -480,7 +490,11 @@ fn trunk_format_for(role: TensorRole, trunk: TrunkFormat) -> TrunkFormat {
     }
 }
 
-fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::format(path, format!("malformed JSON: {e}")))
+fn side_json(ckpt: &HfCheckpoint, name: &str) -> Result<Option<serde_json::Value>> {
+    let Some(bytes) = ckpt.side_file(name)? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| Error::format(ckpt.dir().join(name), format!("malformed JSON: {e}")))
 }

@@ -1,0 +1,125 @@
+//! A GGUF file opened as an [`HfCheckpoint`]: its tensors under their
+//! Hugging Face names (crate::gguf::hf), its config.json and tokenizer
+//! files generated from its metadata, its one file the only shard.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::{Entry, HfCheckpoint, Kind, Shard};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::gguf::hf::{self, permuted_row, Slice};
+use crate::gguf::{tokenizer, GgufFile};
+
+/// What a GGUF checkpoint holds besides its tensors.
+pub(super) struct GgufSource {
+    file: GgufFile,
+    /// The generated config.json, and the tokenizer files by name.
+    side_files: Vec<(&'static str, Vec<u8>)>,
+}
+
+impl HfCheckpoint {
+    /// Opens a GGUF file (`waste convert MODEL.gguf OUT`).
+    pub fn open_gguf(path: &Path) -> Result<HfCheckpoint> {
+        let file = GgufFile::open(path)?;
+        let view = hf::view(&file)?;
+        let config_json = serde_json::to_vec_pretty(&view.config).map_err(|e| Error::Runtime(e.to_string()))?;
+        let mut config = ModelConfig::from_json_str(
+            std::str::from_utf8(&config_json).map_err(|e| Error::Runtime(e.to_string()))?,
+            path,
+        )?;
+        let vocab = tokenizer::Vocab::read(&file)?;
+        let mut side_files = tokenizer::files(&vocab).map_err(|msg| Error::format(path, msg))?;
+        side_files.push(("config.json", config_json));
+
+        let mut tensors = HashMap::new();
+        for (name, slice) in view.tensors {
+            let shape = slice.shape.clone();
+            if tensors.insert(name.clone(), Entry { kind: Kind::Gguf(slice), shape }).is_some() {
+                return Err(Error::format(path, format!("two GGUF tensors map to `{name}`")));
+            }
+        }
+        config.adapt_to_tensor_names(tensors.keys().map(String::as_str));
+        let names: std::collections::HashSet<&str> = tensors.keys().map(String::as_str).collect();
+        config.check_layer_tensors(&names, path)?;
+        Ok(HfCheckpoint {
+            dir: path.parent().map_or_else(|| Path::new(".").to_path_buf(), Path::to_path_buf),
+            config,
+            shards: vec![Shard { path: path.to_path_buf(), present: true }],
+            tensors,
+            gguf: Some(GgufSource { file, side_files }),
+        })
+    }
+
+    /// A small file of the checkpoint (config.json, generation_config.json,
+    /// a tokenizer file): read from the directory, or the one generated
+    /// from a GGUF file's metadata; `None` when there is none.
+    pub fn side_file(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        if let Some(g) = &self.gguf {
+            return Ok(g.side_files.iter().find(|(n, _)| *n == name).map(|(_, b)| b.clone()));
+        }
+        let path = self.dir.join(name);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        std::fs::read(&path).map(Some).map_err(|e| Error::io(&path, e))
+    }
+
+    /// The GGUF file behind this checkpoint, if it is one.
+    pub fn gguf_file(&self) -> Option<&GgufFile> {
+        self.gguf.as_ref().map(|g| &g.file)
+    }
+
+    fn gguf(&self) -> &GgufFile {
+        &self.gguf.as_ref().expect("Kind::Gguf entries exist only in GGUF checkpoints").file
+    }
+
+    pub(super) fn gguf_encoding(&self, s: &Slice) -> String {
+        format!("gguf-{}", self.gguf().tensors[s.tensor].ty.name().to_lowercase())
+    }
+
+    /// Rows `[r0, r0 + n)` of a matrix slice, in HF row order.
+    pub(super) fn gguf_rows(&self, s: &Slice, r0: usize, n: usize) -> Result<Vec<f32>> {
+        let g = self.gguf();
+        let t = &g.tensors[s.tensor];
+        let Some(heads) = s.unpermute_heads else {
+            return g.rows_f32(t, s.first_row + r0 as u64, n as u64);
+        };
+        let rows = s.rows as usize;
+        if !splits_into_heads(rows, heads) {
+            return Err(Error::format(
+                g.path(),
+                format!("tensor `{}`: {rows} rows do not split into {heads} heads", t.name),
+            ));
+        }
+        let mut out = Vec::with_capacity(n * t.ne[0] as usize);
+        for r in r0..r0 + n {
+            out.extend(g.rows_f32(t, s.first_row + permuted_row(r, rows, heads) as u64, 1)?);
+        }
+        Ok(out)
+    }
+
+    /// A 1-D slice (norms, biases), in HF element order.
+    pub(super) fn gguf_vector(&self, s: &Slice) -> Result<Vec<f32>> {
+        let g = self.gguf();
+        let t = &g.tensors[s.tensor];
+        let v = g.rows_f32(t, s.first_row, s.rows)?;
+        Ok(match s.unpermute_heads {
+            Some(heads) if splits_into_heads(v.len(), heads) => {
+                (0..v.len()).map(|i| v[permuted_row(i, v.len(), heads)]).collect()
+            }
+            Some(heads) => {
+                return Err(Error::format(
+                    g.path(),
+                    format!("tensor `{}`: {} values do not split into {heads} heads", t.name, v.len()),
+                ))
+            }
+            None => v,
+        })
+    }
+}
+
+/// Whether `n` rows make `heads` heads of an even size (rope pairs).
+fn splits_into_heads(n: usize, heads: usize) -> bool {
+    heads > 0 && n.is_multiple_of(heads) && (n / heads).is_multiple_of(2)
+}

@@ -1,0 +1,381 @@
+//! A GGUF file seen as the Hugging Face checkpoint it was converted from:
+//! a `config.json` built from the `ARCH.*` keys, every tensor under its HF
+//! name with HF's layout, and the tokenizer files (tokenizer.rs).
+//!
+//! The rest of the engine knows one set of tensor names and one config
+//! schema, the checkpoint's; presenting the GGUF that way keeps the
+//! converter, the planner and the forward pass unaware of where the
+//! weights came from. The mapping is llama.cpp's `convert_hf_to_gguf.py`
+//! read backwards (GGUF_NOTES.md section 4, checked tensor by tensor by
+//! `tests/gen_gguf_fixtures.py` on its own conversions).
+
+use serde_json::{json, Map, Value as Json};
+
+use super::{GgufFile, TensorInfo, Value};
+use crate::error::{Error, Result};
+
+/// Architectures read, by `general.architecture`.
+pub const SUPPORTED_ARCHS: &[&str] = &["qwen3moe", "qwen2moe", "olmoe", "llama (with experts: Mixtral)"];
+
+/// Where an HF tensor's values are in the GGUF file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slice {
+    /// Index into `GgufFile::tensors`.
+    pub tensor: usize,
+    /// Rows of `ne[0]` elements: a routed expert is a run of rows of its
+    /// layer's 3-D tensor (`ne = [in, out, n_expert]`, expert `e` the
+    /// contiguous slab `e`).
+    pub first_row: u64,
+    pub rows: u64,
+    /// The HF shape (row-major).
+    pub shape: Vec<usize>,
+    /// `convert_hf_to_gguf.py`'s `LlamaModel.permute` of q/k for llama's
+    /// interleaved rope, undone on read: within each of this many heads,
+    /// GGUF row `2i` is HF row `i` and row `2i + 1` is HF row `i + d/2`.
+    pub unpermute_heads: Option<usize>,
+}
+
+/// The view: HF config and tensors.
+pub struct HfView {
+    pub config: Json,
+    pub tensors: Vec<(String, Slice)>,
+}
+
+struct Keys<'a> {
+    g: &'a GgufFile,
+    arch: &'a str,
+}
+
+impl Keys<'_> {
+    fn err(&self, key: &str, msg: &str) -> Error {
+        Error::format(self.g.path(), format!("GGUF key `{key}`: {msg}"))
+    }
+
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.g.get(&format!("{}.{key}", self.arch))
+    }
+
+    fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| self.err(&format!("{}.{key}", self.arch), "expected a non-negative integer")),
+        }
+    }
+
+    fn usize_req(&self, key: &str) -> Result<usize> {
+        self.usize_opt(key)?.ok_or_else(|| self.err(&format!("{}.{key}", self.arch), "missing"))
+    }
+
+    /// A float key as the decimal its writer most likely started from.
+    /// GGUF stores `rms_norm_eps` and `rope_theta` as f32, so 1e-6 reads
+    /// back as 9.99999997e-07; the shortest decimal that rounds to the same
+    /// f32 is the config.json value the converter read (the HF route and
+    /// transformers use that f64, and so do we).
+    fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::F32(v)) => Ok(Some(v.to_string().parse().unwrap_or(f64::from(*v)))),
+            Some(v) => {
+                v.as_f64().map(Some).ok_or_else(|| self.err(&format!("{}.{key}", self.arch), "expected a number"))
+            }
+        }
+    }
+}
+
+/// Which HF family an architecture becomes and how its names differ.
+#[derive(Clone, Copy, PartialEq)]
+enum Arch {
+    Qwen3Moe,
+    Qwen2Moe,
+    Olmoe,
+    Mixtral,
+}
+
+impl Arch {
+    /// HF's name of the MoE block and of each expert projection.
+    fn moe_names(self) -> (&'static str, [&'static str; 3]) {
+        match self {
+            Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+        }
+    }
+}
+
+pub fn view(g: &GgufFile) -> Result<HfView> {
+    let name = g
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .ok_or_else(|| Error::format(g.path(), "GGUF key `general.architecture`: missing or not a string"))?;
+    let k = Keys { g, arch: name };
+    let arch = match name {
+        "qwen3moe" => Arch::Qwen3Moe,
+        "qwen2moe" => Arch::Qwen2Moe,
+        "olmoe" => Arch::Olmoe,
+        "llama" if k.usize_opt("expert_count")?.unwrap_or(0) > 0 => Arch::Mixtral,
+        "llama" => {
+            return Err(Error::Unsupported(format!(
+                "{}: a dense llama GGUF (no experts); WASTE runs mixture-of-experts models",
+                g.path().display()
+            )))
+        }
+        other => {
+            return Err(Error::Unsupported(format!(
+                "{}: GGUF architecture `{other}` (supported: {}); convert from the Hugging Face checkpoint instead",
+                g.path().display(),
+                SUPPORTED_ARCHS.join(", ")
+            )))
+        }
+    };
+    let config = config(&k, arch)?;
+    let tensors = tensors(g, arch, &config)?;
+    Ok(HfView { config, tensors })
+}
+
+fn config(k: &Keys, arch: Arch) -> Result<Json> {
+    let g = k.g;
+    let has = |n: &str| g.tensor(n).is_some();
+    let layers = k.usize_req("block_count")?;
+    let hidden = k.usize_req("embedding_length")?;
+    let heads = k.usize_req("attention.head_count")?;
+    let vocab = match g.tensor("token_embd.weight") {
+        Some(t) if t.ne.len() == 2 => t.ne[1] as usize,
+        _ => return Err(Error::format(g.path(), "tensor `token_embd.weight`: missing or not 2-D")),
+    };
+    let mut c = Map::new();
+    let (arch_name, model_type) = match arch {
+        Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+        Arch::Qwen2Moe => ("Qwen2MoeForCausalLM", "qwen2_moe"),
+        Arch::Olmoe => ("OlmoeForCausalLM", "olmoe"),
+        Arch::Mixtral => ("MixtralForCausalLM", "mixtral"),
+    };
+    c.insert("architectures".into(), json!([arch_name]));
+    c.insert("model_type".into(), json!(model_type));
+    c.insert("vocab_size".into(), json!(vocab));
+    c.insert("hidden_size".into(), json!(hidden));
+    c.insert("num_hidden_layers".into(), json!(layers));
+    c.insert("num_attention_heads".into(), json!(heads));
+    c.insert("num_key_value_heads".into(), json!(k.usize_opt("attention.head_count_kv")?.unwrap_or(heads)));
+    if let Some(d) = k.usize_opt("attention.key_length")? {
+        if k.usize_opt("attention.value_length")?.is_some_and(|v| v != d) {
+            return Err(Error::Unsupported(format!("{}: key and value head sizes differ", g.path().display())));
+        }
+        c.insert("head_dim".into(), json!(d));
+    }
+    c.insert("max_position_embeddings".into(), json!(k.usize_opt("context_length")?.unwrap_or(4096)));
+    c.insert("hidden_act".into(), json!("silu"));
+    if let Some(eps) = k.f64_opt("attention.layer_norm_rms_epsilon")? {
+        c.insert("rms_norm_eps".into(), json!(eps));
+    }
+    let theta = k.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
+    c.insert("rope_theta".into(), json!(theta));
+    if let Some(dims) = k.usize_opt("rope.dimension_count")? {
+        let head_dim = k.usize_opt("attention.key_length")?.unwrap_or(hidden / heads.max(1));
+        if dims != head_dim {
+            return Err(Error::Unsupported(format!(
+                "{}: partial rotary ({dims} of {head_dim} dims) on {}",
+                g.path().display(),
+                k.arch
+            )));
+        }
+    }
+    match g.get(&format!("{}.rope.scaling.type", k.arch)).and_then(Value::as_str) {
+        None | Some("none") => {}
+        Some("yarn") => {
+            let factor = k.f64_opt("rope.scaling.factor")?.ok_or_else(|| k.err("rope.scaling.factor", "missing"))?;
+            let mut s = json!({"rope_type": "yarn", "factor": factor});
+            if let Some(o) = k.usize_opt("rope.scaling.original_context_length")? {
+                s["original_max_position_embeddings"] = json!(o);
+            }
+            for (from, to) in
+                [("rope.scaling.yarn_beta_fast", "beta_fast"), ("rope.scaling.yarn_beta_slow", "beta_slow")]
+            {
+                if let Some(v) = k.f64_opt(from)? {
+                    s[to] = json!(v);
+                }
+            }
+            s["rope_theta"] = json!(theta);
+            c.insert("rope_scaling".into(), s);
+        }
+        Some(other) => {
+            return Err(Error::Unsupported(format!("{}: rope scaling `{other}`", g.path().display())));
+        }
+    }
+    let experts = k.usize_req("expert_count")?;
+    c.insert("num_experts_per_tok".into(), json!(k.usize_req("expert_used_count")?));
+    c.insert("tie_word_embeddings".into(), json!(!has("output.weight")));
+    c.insert("attention_bias".into(), json!(has("blk.0.attn_q.bias")));
+    let dense_width = k.usize_opt("feed_forward_length")?;
+    match arch {
+        Arch::Qwen3Moe | Arch::Qwen2Moe => {
+            c.insert("num_experts".into(), json!(experts));
+            let moe = k.usize_opt("expert_feed_forward_length")?.or(dense_width);
+            c.insert(
+                "moe_intermediate_size".into(),
+                json!(moe.ok_or_else(|| k.err("expert_feed_forward_length", "missing"))?),
+            );
+            // llama.cpp cannot say `mlp_only_layers`; a layer with a dense
+            // FFN and no router is one (GGUF_NOTES.md 4.2).
+            let dense: Vec<usize> = (0..layers).filter(|l| !has(&format!("blk.{l}.ffn_gate_inp.weight"))).collect();
+            if let (false, Some(w)) = (dense.is_empty(), dense_width) {
+                c.insert("intermediate_size".into(), json!(w));
+            }
+            c.insert("mlp_only_layers".into(), json!(dense));
+            c.insert("decoder_sparse_step".into(), json!(1));
+            // qwen3moe.cpp always renormalises the top-k; qwen2moe.cpp never does.
+            c.insert("norm_topk_prob".into(), json!(arch == Arch::Qwen3Moe));
+            if arch == Arch::Qwen2Moe {
+                c.insert("qkv_bias".into(), json!(has("blk.0.attn_q.bias")));
+                let shared = k.usize_opt("expert_shared_feed_forward_length")?.unwrap_or(0);
+                c.insert("shared_expert_intermediate_size".into(), json!(shared));
+            }
+        }
+        Arch::Olmoe => {
+            c.insert("num_experts".into(), json!(experts));
+            c.insert(
+                "intermediate_size".into(),
+                json!(dense_width.ok_or_else(|| k.err("feed_forward_length", "missing"))?),
+            );
+            c.insert("norm_topk_prob".into(), json!(false));
+        }
+        Arch::Mixtral => {
+            c.insert("num_local_experts".into(), json!(experts));
+            c.insert(
+                "intermediate_size".into(),
+                json!(dense_width.ok_or_else(|| k.err("feed_forward_length", "missing"))?),
+            );
+        }
+    }
+    for (key, hf) in [("tokenizer.ggml.bos_token_id", "bos_token_id"), ("tokenizer.ggml.eos_token_id", "eos_token_id")]
+    {
+        if let Some(id) = g.get(key).and_then(Value::as_u64) {
+            c.insert(hf.into(), json!(id));
+        }
+    }
+    c.insert("torch_dtype".into(), json!("float32"));
+    Ok(Json::Object(c))
+}
+
+fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice)>> {
+    let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+    let heads = config["num_attention_heads"].as_u64().unwrap_or(1) as usize;
+    let kv_heads = config["num_key_value_heads"].as_u64().unwrap_or(1) as usize;
+    let (moe, [gate, up, down]) = arch.moe_names();
+    let mut out = Vec::new();
+    let mut unmapped = Vec::new();
+    for (i, t) in g.tensors.iter().enumerate() {
+        let whole = |hf: String, unpermute: Option<usize>| (hf, whole_slice(i, t, unpermute));
+        let name = t.name.as_str();
+        let mapped = match name {
+            "token_embd.weight" => Some(whole("model.embed_tokens.weight".into(), None)),
+            "output_norm.weight" => Some(whole("model.norm.weight".into(), None)),
+            "output.weight" => Some(whole("lm_head.weight".into(), None)),
+            _ => None,
+        };
+        if let Some(m) = mapped {
+            out.push(m);
+            continue;
+        }
+        let Some((layer, rest)) = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(l, rest)| Some((l.parse::<usize>().ok().filter(|&l| l < layers)?, rest)))
+        else {
+            unmapped.push(name.to_string());
+            continue;
+        };
+        let p = format!("model.layers.{layer}");
+        // llama's q/k rows are permuted for its interleaved rope.
+        let permute = |n: usize| (arch == Arch::Mixtral).then_some(n);
+        let hf = match rest {
+            "attn_norm.weight" => format!("{p}.input_layernorm.weight"),
+            "ffn_norm.weight" => format!("{p}.post_attention_layernorm.weight"),
+            "attn_q_norm.weight" => format!("{p}.self_attn.q_norm.weight"),
+            "attn_k_norm.weight" => format!("{p}.self_attn.k_norm.weight"),
+            "ffn_gate_inp.weight" => format!("{p}.{moe}.gate.weight"),
+            "ffn_gate.weight" => format!("{p}.mlp.gate_proj.weight"),
+            "ffn_up.weight" => format!("{p}.mlp.up_proj.weight"),
+            "ffn_down.weight" => format!("{p}.mlp.down_proj.weight"),
+            "ffn_gate_shexp.weight" => format!("{p}.mlp.shared_expert.gate_proj.weight"),
+            "ffn_up_shexp.weight" => format!("{p}.mlp.shared_expert.up_proj.weight"),
+            "ffn_down_shexp.weight" => format!("{p}.mlp.shared_expert.down_proj.weight"),
+            "ffn_gate_inp_shexp.weight" => format!("{p}.mlp.shared_expert_gate.weight"),
+            "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight" => {
+                let proj = match rest {
+                    "ffn_gate_exps.weight" => gate,
+                    "ffn_up_exps.weight" => up,
+                    _ => down,
+                };
+                let [cols, rows, n] = t.ne[..] else {
+                    return Err(Error::format(
+                        g.path(),
+                        format!("tensor `{name}`: expected 3 dimensions, has {:?}", t.ne),
+                    ));
+                };
+                for e in 0..n {
+                    out.push((
+                        format!("{p}.{moe}.experts.{e}.{proj}.weight"),
+                        Slice {
+                            tensor: i,
+                            first_row: e * rows,
+                            rows,
+                            shape: vec![rows as usize, cols as usize],
+                            unpermute_heads: None,
+                        },
+                    ));
+                }
+                continue;
+            }
+            _ => {
+                let proj = rest.split_once('.').and_then(|(base, kind)| {
+                    let hf = match base {
+                        "attn_q" => ("q_proj", permute(heads)),
+                        "attn_k" => ("k_proj", permute(kv_heads)),
+                        "attn_v" => ("v_proj", None),
+                        "attn_output" => ("o_proj", None),
+                        _ => return None,
+                    };
+                    matches!(kind, "weight" | "bias").then_some((hf, kind))
+                });
+                match proj {
+                    Some(((hf, unpermute), kind)) => {
+                        out.push(whole(format!("{p}.self_attn.{hf}.{kind}"), unpermute));
+                        continue;
+                    }
+                    None => {
+                        unmapped.push(name.to_string());
+                        continue;
+                    }
+                }
+            }
+        };
+        out.push(whole(hf, None));
+    }
+    if !unmapped.is_empty() {
+        // A tensor we cannot place may change the output (a norm, a bias
+        // of a variant we do not know): refuse rather than drop it.
+        return Err(Error::Unsupported(format!(
+            "{}: GGUF tensors with no Hugging Face counterpart for `{}`: {}",
+            g.path().display(),
+            g.get("general.architecture").and_then(Value::as_str).unwrap_or("?"),
+            unmapped.join(", ")
+        )));
+    }
+    Ok(out)
+}
+
+fn whole_slice(i: usize, t: &TensorInfo, unpermute_heads: Option<usize>) -> Slice {
+    let rows = t.ne[1..].iter().product::<u64>();
+    Slice { tensor: i, first_row: 0, rows, shape: t.shape(), unpermute_heads }
+}
+
+/// The GGUF row holding HF row `r` of a q/k projection permuted over
+/// `heads` heads of `rows / heads` rows.
+pub fn permuted_row(r: usize, rows: usize, heads: usize) -> usize {
+    let d = rows / heads;
+    let (head, j) = (r / d, r % d);
+    head * d + if j < d / 2 { 2 * j } else { 2 * (j - d / 2) + 1 }
+}

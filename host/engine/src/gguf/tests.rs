@@ -1,0 +1,164 @@
+//! The GGUF reader against the files and reference values of
+//! tests/fixtures/gguf (written by tests/gen_gguf_fixtures.py with the
+//! `gguf` package, the gguf-py llama.cpp ships): every tensor type
+//! dequantised bit for bit as `gguf.quants.dequantize`, every metadata type,
+//! and every malformed file refused with one line naming what is wrong.
+
+use std::path::PathBuf;
+
+use super::{GgufFile, Value};
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf")
+}
+
+fn json(name: &str) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir().join(name)).unwrap()).unwrap()
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+/// Each file's tensors, dequantised, against gguf-py's bits.
+fn check_dequantised(files: &[serde_json::Value]) -> usize {
+    let mut checked = 0;
+    for f in files {
+        let path = dir().join(f["file"].as_str().unwrap());
+        let g = GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(g.data_start, f["data_offset"].as_u64().unwrap(), "{}", path.display());
+        assert_eq!(g.alignment, f["alignment"].as_u64().unwrap());
+        assert_eq!(g.tensors.len() as u64, f["n_tensors"].as_u64().unwrap());
+        for t in f["tensors"].as_array().unwrap() {
+            let name = t["name"].as_str().unwrap();
+            let info = g.tensor(name).unwrap_or_else(|| panic!("{name} missing"));
+            let ne: Vec<u64> = t["ne"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).collect();
+            assert_eq!(info.ne, ne, "{name}");
+            assert_eq!(info.ty.name(), t["ggml_type"].as_str().unwrap(), "{name}");
+            assert_eq!(info.start, t["file_offset"].as_u64().unwrap(), "{name}");
+            assert_eq!(info.end - info.start, t["n_bytes"].as_u64().unwrap(), "{name}");
+            let Some(deq) = t["dequantized"].as_str() else { continue };
+            let all = std::fs::read(dir().join(deq)).unwrap();
+            let (at, n) =
+                (t["dequantized_offset"].as_u64().unwrap() as usize, t["dequantized_count"].as_u64().unwrap() as usize);
+            let want = f32s(&all[at..at + 4 * n]);
+            let got = g.tensor_f32(info).unwrap();
+            assert_eq!(got.len(), want.len(), "{name}");
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(a.to_bits() == b.to_bits(), "{}: {name}[{i}] = {a:e}, gguf-py {b:e}", path.display());
+            }
+            checked += 1;
+        }
+    }
+    checked
+}
+
+#[test]
+fn every_tensor_type_dequantises_as_gguf_py_does() {
+    let m = json("manifest.json");
+    let types = m["types"].as_array().unwrap();
+    let names: Vec<&str> = types.iter().map(|f| f["tensors"][0]["ggml_type"].as_str().unwrap()).collect();
+    for want in
+        ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
+    {
+        assert!(names.contains(&want), "no fixture for {want}: {names:?}");
+    }
+    let n = check_dequantised(types);
+    assert!(n >= 14 * 4, "only {n} tensors checked");
+}
+
+#[test]
+fn alignments_and_files_without_trailing_padding_read_like_gguf_py() {
+    let m = json("manifest.json");
+    let misc = m["misc"].as_array().unwrap();
+    check_dequantised(misc);
+}
+
+#[test]
+fn every_metadata_type_reads_back_its_value() {
+    let m = json("manifest.json");
+    let f = m["misc"].as_array().unwrap().iter().find(|f| f["file"] == "misc/kv_all_types.gguf").unwrap();
+    let g = GgufFile::open(&dir().join("misc/kv_all_types.gguf")).unwrap();
+    let kv = f["kv"].as_array().unwrap();
+    assert_eq!(g.metadata().len(), kv.len());
+    fn same(v: &Value, want: &serde_json::Value) -> bool {
+        match (v, want) {
+            (Value::F32(x), serde_json::Value::String(s)) => x.to_string() == *s || (s == "nan" && x.is_nan()),
+            (Value::F64(x), serde_json::Value::String(s)) => x.to_string() == *s || (s == "nan" && x.is_nan()),
+            // serde_json's float parse may be an ulp off in f64; f32 is exact.
+            (Value::F32(x), w) => w.as_f64().map(|w| w as f32) == Some(*x),
+            (Value::F64(x), w) => w.as_f64() == Some(*x),
+            (Value::Bool(b), w) => w.as_bool() == Some(*b),
+            (Value::Str(s), w) => w.as_str() == Some(s),
+            (Value::I8(_) | Value::I16(_) | Value::I32(_) | Value::I64(_), w) => {
+                let x = match *v {
+                    Value::I8(x) => i64::from(x),
+                    Value::I16(x) => i64::from(x),
+                    Value::I32(x) => i64::from(x),
+                    Value::I64(x) => x,
+                    _ => unreachable!(),
+                };
+                w.as_i64() == Some(x)
+            }
+            (Value::Array(a), serde_json::Value::Array(w)) => {
+                a.len() == w.len() && a.iter().zip(w).all(|(x, y)| same(x, y))
+            }
+            (v, w) => v.as_u64().is_some() && v.as_u64() == w.as_u64(),
+        }
+    }
+    for ((key, value), want) in g.metadata().iter().zip(kv) {
+        assert_eq!(key, want["key"].as_str().unwrap());
+        assert!(same(value, &want["value"]), "{key}: read {value:?}, gguf-py {}", want["value"]);
+    }
+}
+
+#[test]
+fn malformed_files_are_refused_with_one_line_naming_the_field() {
+    let cases = json("malformed.json");
+    let mut refused = 0;
+    let mut failures = Vec::new();
+    for c in cases.as_array().unwrap() {
+        let file = c["file"].as_str().unwrap();
+        let accepted = c["llama_cpp"].as_str().unwrap();
+        let path = dir().join(file);
+        let result = GgufFile::open(&path);
+        // llama.cpp's gguf_init accepts the base file, v2 and zero-element
+        // tensors; so do we. A truncated data section it accepts without
+        // allocating, but its loader refuses; we refuse at open.
+        if accepted == "accepted" || accepted.starts_with("ACCEPTED") {
+            result.unwrap_or_else(|e| panic!("{file}: refused a file llama.cpp accepts: {e}"));
+            continue;
+        }
+        let e = match result {
+            Ok(_) => panic!("{file}: accepted ({})", c["what"]),
+            Err(e) => e.to_string(),
+        };
+        assert!(!e.contains('\n') && e.contains("not a valid GGUF file"), "{file}: {e}");
+        let field = c["field"].as_str().unwrap_or("");
+        // The message names what the case damaged: the header field, the
+        // key or tensor by name (`kv[1].key` as "key 1"), or the truncation.
+        let index = |prefix: &str, word: &str| {
+            field.strip_prefix(prefix).and_then(|r| r.split(']').next()).map(|i| format!("{word} {i}"))
+        };
+        let by_index = [index("kv[", "key"), index("tensor_info[", "tensor")];
+        let named = ["magic", "version", "tensor_count", "kv_count", "alignment"]
+            .iter()
+            .any(|f| field.contains(f) && e.contains(f))
+            || field.split([' ', '(', ')', '[']).any(|w| !w.is_empty() && e.contains(&format!("`{w}`")))
+            || by_index.iter().flatten().any(|k| e.contains(k.as_str()))
+            || e.contains("truncated");
+        if !named {
+            failures.push(format!("{file}: `{e}` does not name {field:?}"));
+        }
+        refused += 1;
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(refused >= 30, "{refused}");
+}
+
+#[test]
+fn a_tensor_count_beyond_the_file_is_refused_before_allocating() {
+    // 2^62 tensors would be an allocation of exabytes if believed.
+    let e = GgufFile::open(&dir().join("malformed/tensor_count_2p62.gguf")).err().unwrap().to_string();
+    assert!(e.contains("tensor_count"), "{e}");
+}

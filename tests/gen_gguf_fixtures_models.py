@@ -1,0 +1,538 @@
+"""tests/fixtures/gguf/models/ and the convert survey, for tests/gen_gguf_fixtures.py.
+
+  tiny-qwen3_moe-f32.gguf    convert_hf_to_gguf.py --outtype f32 of tests/fixtures/tiny-qwen3_moe
+                             (exact: its logits are tiny-qwen3_moe/reference_logits.f32, checked
+                             with torch.equal after mapping the GGUF back to HF names)
+  tiny-qwen3_moe-q8_0.gguf   the same with --outtype q8_0 (+ .logits.f32 from the dequantised weights)
+  tiny-mixtral-q8_0.gguf     convert of tests/fixtures/tiny-mixtral (llama arch: q/k rows permuted;
+                             expert width 40 is no multiple of 32, so ffn_down_exps falls back to F16)
+  wide-qwen3moe-q4_k_m.gguf  a 1-layer qwen3moe with hidden 256 (so rows fit Q4_K's 256-blocks) and
+                             tied embeddings (no output.weight): metadata by convert_hf_to_gguf.py,
+                             tensors re-quantised here with llama-quantize's Q4_K_M choices (Q4_K
+                             gate/up experts and q/k, Q6_K token_embd / attn_v, fallbacks Q5_0 / Q8_0
+                             where ne[0] is no multiple of 256); + .logits.f32, HF config in models.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFReader, GGUFWriter
+
+import gen_gguf_fixtures_quant as gq
+
+torch.set_num_threads(1)
+torch.use_deterministic_algorithms(True)
+transformers.logging.set_verbosity_error()
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = ROOT / "tests" / "fixtures"
+CONVERT = ROOT / "tests" / "gen_gguf_fixtures_convert.py"
+GAP_MIN = 1e-4
+N_GREEDY = 16
+
+
+def sha256(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# sdist and converter
+# ---------------------------------------------------------------------------------------
+
+def extract_sdist(sdist: Path, tmp: Path) -> Path:
+    with tarfile.open(sdist) as tf:
+        top = tf.getmembers()[0].name.split("/")[0]
+        pre = f"{top}/vendor/llama.cpp/"
+        want = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "ggml/src/", "ggml/include/")
+        members = [m for m in tf.getmembers()
+                   if m.name.startswith(pre) and m.name[len(pre):].startswith(want)]
+        tf.extractall(tmp, members=members, filter="data")
+        head = None
+        try:
+            f = tf.extractfile(f"{top}/.git/modules/vendor/llama.cpp/HEAD")
+            head = f.read().decode().strip() if f else None
+        except KeyError:
+            pass
+    d = tmp / top / "vendor" / "llama.cpp"
+    (d / ".waste_sdist_info.json").write_text(json.dumps(dict(top=top, llama_cpp_commit=head)))
+    return d
+
+
+def sdist_info(sdist: Path, llama_dir: Path) -> dict:
+    info = json.loads((llama_dir / ".waste_sdist_info.json").read_text())
+    return dict(sdist=sdist.name, sdist_sha256=sha256(sdist.read_bytes()),
+                llama_cpp_commit=info["llama_cpp_commit"],
+                vendored_gguf_py=re.search(r'version = "([^"]+)"',
+                                           (llama_dir / "gguf-py" / "pyproject.toml").read_text()).group(1))
+
+
+def convert(llama_dir: Path, hf_dir: Path, outtype: str, out: Path, patches: list[str],
+            raw: bool = False) -> tuple[bool, str, list[str]]:
+    """Run the converter; returns (ok, last line of its log, the command as recorded)."""
+    if raw:
+        cmd = [sys.executable, str(llama_dir / "convert_hf_to_gguf.py"), str(hf_dir),
+               "--outtype", outtype, "--outfile", str(out)]
+    else:
+        cmd = [sys.executable, str(CONVERT), str(llama_dir), *patches, "--",
+               str(hf_dir), "--outtype", outtype, "--outfile", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    lines = [ln for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    if p.returncode != 0:
+        errs = [ln for ln in lines if re.match(r"^\w*(Error|Exception)\b", ln)]
+        last = errs[-1] if errs else last
+        hsh = [ln.split("chkhsh:")[1].strip() for ln in lines if "chkhsh:" in ln]
+        if hsh:
+            last += f" (chkhsh {hsh[0]})"
+
+    def show(a):
+        s = str(a)
+        s = s.replace(str(llama_dir), "<sdist>/vendor/llama.cpp")
+        s = s.replace(str(ROOT) + "/", "")
+        s = s.replace(sys.executable, "python3")
+        if s.startswith("/tmp/") or s.startswith(str(out.parent)):
+            s = "<out>/" + Path(s).name
+        return s
+    return p.returncode == 0, last, [show(a) for a in cmd]
+
+
+# ---------------------------------------------------------------------------------------
+# GGUF -> HF names (the inverse of convert_hf_to_gguf.py for the archs used here)
+# ---------------------------------------------------------------------------------------
+
+def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """conversion/llama.py LlamaModel.permute (rows of q_proj / k_proj, HF -> GGUF)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama_unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+NAME_MAP = {
+    # gguf suffix (after blk.N.)  -> HF suffix (after model.layers.N.)
+    "common": {
+        "attn_norm.weight": "input_layernorm.weight",
+        "ffn_norm.weight": "post_attention_layernorm.weight",
+        "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+        "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
+        "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
+        "attn_output.weight": "self_attn.o_proj.weight", "attn_output.bias": "self_attn.o_proj.bias",
+        "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+        "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+        "ffn_down.weight": "mlp.down_proj.weight",
+    },
+    "qwen3moe": {
+        "ffn_gate_inp.weight": "mlp.gate.weight",
+        "ffn_gate_exps.weight": "mlp.experts.{E}.gate_proj.weight",
+        "ffn_up_exps.weight": "mlp.experts.{E}.up_proj.weight",
+        "ffn_down_exps.weight": "mlp.experts.{E}.down_proj.weight",
+    },
+    "llama": {
+        "ffn_gate_inp.weight": "block_sparse_moe.gate.weight",
+        "ffn_gate_exps.weight": "block_sparse_moe.experts.{E}.w1.weight",
+        "ffn_up_exps.weight": "block_sparse_moe.experts.{E}.w3.weight",
+        "ffn_down_exps.weight": "block_sparse_moe.experts.{E}.w2.weight",
+    },
+}
+GLOBAL_MAP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+              "output.weight": "lm_head.weight"}
+
+
+def read_gguf(path: Path) -> tuple[GGUFReader, dict[str, np.ndarray]]:
+    r = GGUFReader(str(path))
+    out = {}
+    for t in r.tensors:
+        ne = [int(x) for x in t.shape]
+        a = np.asarray(t.data)
+        deq = gguf.quants.dequantize(a, t.tensor_type) if t.tensor_type not in (QT.F32,) else a
+        out[t.name] = np.ascontiguousarray(deq, dtype=np.float32).reshape(list(reversed(ne)))
+    return r, out
+
+
+def gguf_to_hf(arch: str, G: dict[str, np.ndarray], cfg: dict) -> tuple[dict, list[dict]]:
+    """Returns (HF tensors, mapping rows)."""
+    table = dict(NAME_MAP["common"], **NAME_MAP[arch])
+    hf, rows = {}, []
+    for name, a in G.items():
+        if name in GLOBAL_MAP:
+            hf[GLOBAL_MAP[name]] = a
+            rows.append(dict(gguf=name, hf=GLOBAL_MAP[name], transform="copy"))
+            continue
+        m = re.match(r"blk\.(\d+)\.(.+)$", name)
+        assert m, name
+        L, suf = int(m.group(1)), m.group(2)
+        h = f"model.layers.{L}." + table[suf]
+        if "{E}" in h:
+            for e in range(a.shape[0]):
+                hf[h.replace("{E}", str(e))] = np.ascontiguousarray(a[e])
+            rows.append(dict(gguf=name, hf=h.replace("{E}", "{0.." + str(a.shape[0] - 1) + "}"),
+                             transform="split along the slowest axis (ne[2]): expert e = [e]"))
+            continue
+        tr = "copy"
+        if arch == "llama" and suf in ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias"):
+            nh = cfg["num_attention_heads"] if suf.startswith("attn_q") else cfg["num_key_value_heads"]
+            a = llama_unpermute(a, nh)
+            tr = f"undo the rope permute over rows, n_head = {nh}"
+        hf[h] = a
+        rows.append(dict(gguf=name, hf=h, transform=tr))
+    folded, seen = [], set()
+    for r in rows:                      # fold over layers
+        k = tuple(re.sub(r"(blk|layers)\.\d+\.", r"\1.{L}.", r[x]) for x in ("gguf", "hf", "transform"))
+        if k not in seen:
+            seen.add(k)
+            folded.append(dict(gguf=k[0], hf=k[1], transform=k[2]))
+    return hf, folded
+
+
+# ---------------------------------------------------------------------------------------
+# transformers forward on given weights
+# ---------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def hf_logits(config: dict, tensors: dict[str, np.ndarray], prompt_ids: list[int], tmp: Path,
+              tag: str) -> dict:
+    from transformers import AutoModelForCausalLM
+    d = tmp / f"hf-{tag}"
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()},
+              str(d / "model.safetensors"))
+    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    for p in model.parameters():         # mmapped parameters round some matmuls differently
+        p.data = p.data.clone()
+    gaps = []
+    top_k = config["num_experts_per_tok"]
+
+    def hook(mod, inp, out):
+        probs = torch.softmax(out[0].float(), dim=-1)
+        top = torch.topk(probs, top_k + 1, dim=-1).values
+        gaps.append((top[:, top_k - 1] - top[:, top_k]).min().item())
+    hs = [m.register_forward_hook(hook) for _, m in model.named_modules()
+          if type(m).__name__.endswith("TopKRouter")]
+    ids = torch.tensor([prompt_ids])
+    logits = model(input_ids=ids).logits[0].float()
+    seq = list(prompt_ids)
+    top1 = []
+    for _ in range(N_GREEDY):
+        lg = model(input_ids=torch.tensor([seq])).logits[0, -1].float()
+        t = torch.topk(lg, 2).values
+        top1.append((t[0] - t[1]).item())
+        seq.append(int(lg.argmax()))
+    for h in hs:
+        h.remove()
+    t = torch.topk(logits, 2, dim=-1).values
+    return dict(logits=logits.numpy(), greedy=seq[len(prompt_ids):], min_router_gap=min(gaps),
+                min_top1_gap=min((t[:, 0] - t[:, 1]).min().item(), min(top1)))
+
+
+def load_hf_dir(d: Path) -> dict[str, np.ndarray]:
+    out = {}
+    for f in sorted(d.glob("model*.safetensors")):
+        with safe_open(str(f), framework="pt") as so:
+            for k in so.keys():
+                t = so.get_tensor(k)
+                out[k] = t.float().numpy() if t.is_floating_point() else t.numpy()
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# describing a GGUF
+# ---------------------------------------------------------------------------------------
+
+def kv_summary(r: GGUFReader) -> list[dict]:
+    out = []
+    for k, f in r.fields.items():
+        if k.startswith("GGUF."):
+            continue
+        types = [gq.VTYPE_NAMES[int(t)] for t in f.types]
+        v = f.contents()
+        e = dict(key=k, type=types[0])
+        if types[0] == "ARRAY":
+            e["sub_type"] = types[1] if len(types) > 1 else None
+            e["len"] = len(v)
+            e["head"] = [x.item() if hasattr(x, "item") else x for x in v[:8]]
+            e["sha256_of_json"] = sha256(json.dumps(v, ensure_ascii=False).encode())
+        else:
+            e["value"] = v.item() if hasattr(v, "item") else v
+            if isinstance(e["value"], str) and len(e["value"]) > 400:
+                e["value"] = e["value"][:400] + "..."
+        out.append(e)
+    return out
+
+
+def tensor_table(r: GGUFReader, data: bytes) -> list[dict]:
+    rows = []
+    for t in r.tensors:
+        ne = [int(x) for x in t.shape]
+        blob = data[t.data_offset:t.data_offset + t.n_bytes]
+        rows.append(dict(name=t.name, ggml_type=t.tensor_type.name, ne=ne, numpy_shape=list(reversed(ne)),
+                         offset=int(t.data_offset - r.data_offset), file_offset=int(t.data_offset),
+                         n_bytes=int(t.n_bytes), sha256=sha256(blob)))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# tokenizer.json from the GGUF tokenizer keys (GGUF_NOTES.md section 8), checked against the original
+# ---------------------------------------------------------------------------------------
+
+# llama.cpp's qwen2 pre-tokenizer regex is this one (src/llama-vocab.cpp:388, the "original regex
+# from tokenizer.json" comment); HF Qwen2/Qwen3 tokenizer.json: NFC, Split(isolated), ByteLevel(no regex)
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+TOKENIZER_TEXTS = [
+    "A router sends every token to two experts; attention looks back at the cache.",
+    "<|im_start|>user\nCiao, come stai?<|im_end|>\n<|im_start|>assistant\n",
+    "  spaces   and\ttabs\n\n", "\u00dcn\u00efc\u00f6d\u00e9 \u4e16\u754c \U0001f999 3.14159 don't I'LL",
+    "<|endoftext|>x<|im_end|>", "The keeper of the old lighthouse writes to his daughter about boats and birds.",
+]
+
+
+def rebuild_tokenizer(r: GGUFReader):
+    """A tokenizers.Tokenizer built only from tokenizer.ggml.* (model gpt2, pre gpt-2 or qwen2)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    f = lambda k: r.fields[k].contents() if k in r.fields else None  # noqa: E731
+    assert f("tokenizer.ggml.model") == "gpt2"
+    tokens, types, merges = f("tokenizer.ggml.tokens"), f("tokenizer.ggml.token_type"), f("tokenizer.ggml.merges")
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)},
+                               merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False, byte_fallback=False))
+    pre = f("tokenizer.ggml.pre")
+    if pre == "gpt-2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif pre == "qwen2":
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_REGEX), "isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        raise ValueError(pre)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == 3])
+    tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == 4])
+    return tok
+
+
+def tokenizer_check(r: GGUFReader, hf_dir: Path) -> dict:
+    from tokenizers import Tokenizer
+    orig = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    tok = rebuild_tokenizer(r)
+    same = all(orig.encode(t).ids == tok.encode(t).ids and
+               orig.decode(orig.encode(t).ids, skip_special_tokens=False) ==
+               tok.decode(tok.encode(t).ids, skip_special_tokens=False) for t in TOKENIZER_TEXTS)
+    assert same, "tokenizer rebuilt from the GGUF keys disagrees with tokenizer.json"
+    return dict(texts=TOKENIZER_TEXTS, identical_ids_and_decode=same,
+                recipe="gen_gguf_fixtures_models.rebuild_tokenizer: BPE(vocab = tokens by index, merges = "
+                       "'a b' split at the first space), pre gpt-2 -> ByteLevel(add_prefix_space=false, "
+                       "use_regex=true), decoder ByteLevel, token_type 3 -> special added tokens, 4 -> "
+                       "non-special added tokens")
+
+
+# ---------------------------------------------------------------------------------------
+# models/
+# ---------------------------------------------------------------------------------------
+
+WIDE_CONFIG = dict(
+    architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=512, hidden_size=256,
+    intermediate_size=256, moe_intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=64, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[],
+    decoder_sparse_step=1, norm_topk_prob=True, attention_bias=False, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    max_position_embeddings=512, hidden_act="silu", initializer_range=0.08, pad_token_id=0,
+    bos_token_id=None, eos_token_id=2, sliding_window=None, use_sliding_window=False,
+    output_router_logits=False, router_aux_loss_coef=0.001, use_cache=True, dtype="float32")
+
+# llama-quantize Q4_K_M for this 1-layer model (src/llama-quant.cpp: output -> Q6_K, and with tied
+# embeddings token_embd takes the output's type; attn_v and ffn_down -> Q6_K where use_more_bits(0, 1);
+# everything else quantisable -> Q4_K; ffn_gate_inp and 1-D tensors stay F32), then
+# tensor_type_fallback (llama-quant.cpp:390) when ne[0] % 256 != 0.
+WIDE_RECIPE = {"token_embd.weight": "Q6_K", "output.weight": "Q6_K", "attn_q.weight": "Q4_K",
+               "attn_k.weight": "Q4_K", "attn_v.weight": "Q6_K", "attn_output.weight": "Q4_K",
+               "ffn_gate_exps.weight": "Q4_K", "ffn_up_exps.weight": "Q4_K", "ffn_down_exps.weight": "Q6_K"}
+FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+
+def quantize(a: np.ndarray, t: str) -> np.ndarray:
+    if t == "Q4_K":
+        return gq.quantize_q4_k_ref(a)
+    if t == "Q6_K":
+        return gq.quantize_q6_k_ref(a)
+    return gguf.quants.quantize(a, QT[t])
+
+
+def build_wide(tmp: Path, prompt_ids: list[int], llama_dir: Path, out: Path) -> dict:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    tried = []
+    for seed in range(3000, 3050):
+        cfg = Qwen3MoeConfig(**{k: v for k, v in WIDE_CONFIG.items() if k not in ("architectures", "model_type", "dtype")})
+        cfg._attn_implementation = "eager"
+        torch.manual_seed(seed)
+        model = Qwen3MoeForCausalLM(cfg).float().eval()
+        g = torch.Generator().manual_seed(seed + 7919)
+        with torch.no_grad():
+            for _, mod in model.named_modules():
+                if type(mod).__name__.endswith("RMSNorm"):
+                    mod.weight.copy_(1.0 + 0.2 * torch.randn(mod.weight.shape, generator=g))
+        hfdir = tmp / f"seed-{seed}" / "wide-qwen3moe"      # the converter derives general.* from the name
+        model.save_pretrained(str(hfdir))
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(FIX / "tiny-qwen3_moe" / f, hfdir / f)
+        f32 = tmp / f"wide-{seed}-f32.gguf"
+        ok, last, cmd = convert(llama_dir, hfdir, "f32", f32, ["--pre", "gpt-2"])
+        assert ok, last
+        r = GGUFReader(str(f32))
+        w = GGUFWriter(str(out), "qwen3moe")
+        for k, f in r.fields.items():
+            if k.startswith("GGUF.") or k == "general.architecture":
+                continue
+            vt = gguf.GGUFValueType(int(f.types[0]))
+            v = f.contents()
+            if k == "general.file_type":
+                v = int(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+            sub = gguf.GGUFValueType(int(f.types[1])) if vt == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(k, v, vt, sub_type=sub)
+        types = {}
+        for t in r.tensors:
+            a = np.ascontiguousarray(np.asarray(t.data), dtype=np.float32)
+            suf = t.name.split(".", 2)[-1] if t.name.startswith("blk.") else t.name
+            want = WIDE_RECIPE.get(suf, "F32")
+            if want != "F32" and a.shape[-1] % 256 != 0:
+                want = FALLBACK[want]
+            types[t.name] = want
+            if want == "F32":
+                w.add_tensor(t.name, a)
+            else:
+                w.add_tensor(t.name, quantize(a, want), raw_dtype=QT[want])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        _, G = read_gguf(out)
+        hf, _ = gguf_to_hf("qwen3moe", G, WIDE_CONFIG)
+        res = hf_logits(WIDE_CONFIG, hf, prompt_ids, tmp, f"wide-{seed}")
+        good = res["min_router_gap"] > GAP_MIN and res["min_top1_gap"] > GAP_MIN and len(set(res["greedy"])) >= 3
+        tried.append(dict(seed=seed, min_router_gap=res["min_router_gap"], min_top1_gap=res["min_top1_gap"], ok=good))
+        if good:
+            res.update(seed=seed, tried=tried, types=types, convert_cmd=cmd)
+            return res
+    raise AssertionError(f"no wide seed passed the gap test: {tried}")
+
+
+def describe_model(path: Path, rel) -> dict:
+    r = GGUFReader(str(path))
+    b = path.read_bytes()
+    return dict(file=rel(path), size=len(b), sha256=sha256(b), alignment=32,
+                data_offset=int(r.data_offset), kv=kv_summary(r), tensors=tensor_table(r, b))
+
+
+def write_models(OUT: Path, llama_dir: Path, sdist: Path, tmp: Path, rel) -> None:
+    d = OUT / "models"
+    d.mkdir(parents=True, exist_ok=True)
+    ref = json.loads((FIX / "tiny-qwen3_moe" / "reference.json").read_text())
+    prompt = ref["prompt_ids"]
+    models = []
+    info = sdist_info(sdist, llama_dir)
+
+    # what happens without the patches
+    attempts = []
+    q3 = FIX / "tiny-qwen3_moe"
+    for patches, raw in (([], True), (["--qwen3moe-dense-ffn"], False)):
+        ok, last, cmd = convert(llama_dir, q3, "f32", tmp / "attempt.gguf", patches, raw=raw)
+        attempts.append(dict(command=" ".join(cmd), ok=ok, result=last))
+
+    for fam, arch, outtype in (("qwen3_moe", "qwen3moe", "f32"), ("qwen3_moe", "qwen3moe", "q8_0"),
+                               ("mixtral", "llama", "q8_0")):
+        src = FIX / f"tiny-{fam}"
+        out = d / f"tiny-{fam}-{outtype}.gguf"
+        patches = ["--pre", "gpt-2"] + (["--qwen3moe-dense-ffn"] if arch == "qwen3moe" else [])
+        ok, last, cmd = convert(llama_dir, src, outtype, out, patches)
+        assert ok, (fam, outtype, last)
+        cfg = json.loads((src / "config.json").read_text())
+        r, G = read_gguf(out)
+        hf, rows = gguf_to_hf(arch, G, cfg)
+        orig = load_hf_dir(src)
+        assert set(hf) == set(orig), (set(hf) ^ set(orig))
+        exact = all(np.array_equal(hf[k], orig[k]) for k in orig)
+        maxdiff = max(float(np.abs(hf[k] - orig[k]).max()) for k in orig)
+        fref = json.loads((src / "reference.json").read_text())
+        ref_logits = np.fromfile(src / "reference_logits.f32", dtype="<f4").reshape(fref["logits_shape"])
+        res = hf_logits(cfg, hf, fref["prompt_ids"], tmp, f"{fam}-{outtype}")
+        entry = describe_model(out, rel)
+        entry.update(source=f"tests/fixtures/tiny-{fam}", arch=arch, outtype=outtype,
+                     command=" ".join(cmd), converter=info,
+                     weights_equal_safetensors_exactly=exact, max_abs_weight_diff_vs_safetensors=maxdiff,
+                     gguf_to_hf=rows, prompt_ids=fref["prompt_ids"],
+                     greedy_ids=res["greedy"], min_router_gap=res["min_router_gap"],
+                     min_top1_gap=res["min_top1_gap"],
+                     max_abs_logit_diff_vs_safetensors_reference=float(np.abs(res["logits"] - ref_logits).max()))
+        if outtype == "f32":
+            assert exact and np.array_equal(res["logits"], ref_logits), "f32 GGUF does not reproduce the logits"
+            entry["reference_logits"] = f"../tiny-{fam}/reference_logits.f32"
+            entry["reference_logits_note"] = ("identical (torch.equal) to the safetensors route: the GGUF "
+                                              "mapped back to HF names reproduces the fixture's logits")
+        else:
+            lp = d / f"tiny-{fam}-{outtype}.logits.f32"
+            lp.write_bytes(res["logits"].astype("<f4").tobytes())
+            entry["reference_logits"] = rel(lp)
+            entry["reference_logits_note"] = (
+                "transformers (f32, eager, 1 thread) on the weights gguf.quants.dequantize gives for this "
+                "file, mapped back to HF names; row-major [T, 512]")
+        entry["logits_shape"] = [len(fref["prompt_ids"]), cfg["vocab_size"]]
+        if fam == "qwen3_moe" and outtype == "f32":
+            entry["unpatched_attempts"] = attempts
+            entry["tokenizer_rebuild_check"] = tokenizer_check(r, src)
+        models.append(entry)
+
+    out = d / "wide-qwen3moe-q4_k_m.gguf"
+    res = build_wide(tmp, prompt, llama_dir, out)
+    lp = d / "wide-qwen3moe-q4_k_m.logits.f32"
+    lp.write_bytes(res["logits"].astype("<f4").tobytes())
+    r, G = read_gguf(out)
+    _, rows = gguf_to_hf("qwen3moe", G, WIDE_CONFIG)
+    entry = describe_model(out, rel)
+    entry.update(source="random (seeded) Qwen3MoeForCausalLM built by the generator, see hf_config",
+                 arch="qwen3moe", hf_config=WIDE_CONFIG, seed=res["seed"], seeds_tried=res["tried"],
+                 metadata_by=" ".join(res["convert_cmd"]) + "  (f32; its KVs are copied, general.file_type "
+                 "set to 15 = MOSTLY_Q4_K_M)",
+                 tensor_types=res["types"],
+                 quantisers=dict(Q4_K="numpy port of quantize_row_q4_K_ref", Q6_K="numpy port of "
+                                 "quantize_row_q6_K_ref", Q5_0="gguf.quants.quantize", Q8_0="gguf.quants.quantize",
+                                 note="the ports are byte-identical to ggml-quants.c (c_cross_check.json); "
+                                      "llama-quantize without an imatrix calls these same _ref functions"),
+                 gguf_to_hf=rows, prompt_ids=prompt, greedy_ids=res["greedy"],
+                 min_router_gap=res["min_router_gap"], min_top1_gap=res["min_top1_gap"],
+                 reference_logits=rel(lp), logits_shape=[len(prompt), 512],
+                 reference_logits_note="transformers Qwen3MoeForCausalLM (hf_config; f32, eager, 1 thread) "
+                                       "on the dequantised weights of this file")
+    models.append(entry)
+
+    doc = dict(generator="tests/gen_gguf_fixtures.py (gen_gguf_fixtures_models.py)", converter=info,
+               versions=dict(torch=torch.__version__, transformers=transformers.__version__,
+                             gguf=md.version("gguf"), sentencepiece=md.version("sentencepiece"),
+                             numpy=np.__version__, python=sys.version.split()[0]),
+               patches=("tests/gen_gguf_fixtures_convert.py: --pre gpt-2 (unknown pre-tokenizer hash), "
+                        "--qwen3moe-dense-ffn (mlp_only_layers=[0] is not representable in llama.cpp's "
+                        "qwen3moe tensor list)"),
+               models=models)
+    (OUT / "models.json").write_text(gq.dump_json(doc))
+    import gen_gguf_fixtures_survey as gs
+    survey = gs.survey(llama_dir, tmp, info)
+    (OUT / "convert_survey.json").write_text(gq.dump_json(survey))

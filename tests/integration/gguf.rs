@@ -1,0 +1,201 @@
+//! GGUF input end to end: files written by llama.cpp's own
+//! `convert_hf_to_gguf.py` (and by gguf-py's writer with ggml's Q4_K / Q6_K
+//! quantisers) from tiny models, converted by `waste convert`, against
+//! transformers run on the weights `gguf.quants.dequantize` gives for each
+//! file (tests/fixtures/gguf/models.json); the same model converted from
+//! its GGUF and from its safetensors giving the same logits; and the
+//! tokenizer rebuilt from a GGUF vocabulary against the reference ids of
+//! each family's real pre-tokenizer.
+
+use std::path::{Path, PathBuf};
+
+use waste_host::{Engine, Model, OpenOptions};
+
+use crate::common::*;
+
+fn gguf_dir() -> PathBuf {
+    fixtures().join("gguf")
+}
+
+fn models() -> Vec<serde_json::Value> {
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(gguf_dir().join("models.json")).unwrap()).unwrap();
+    m["models"].as_array().unwrap().clone()
+}
+
+fn u32s(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn convert_gguf(file: &Path, experts: &str, trunk: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(format!("{}-{experts}-{trunk}.waste", file.file_stem().unwrap().to_string_lossy()));
+    let o = waste(&["convert", file.to_str().unwrap(), out.to_str().unwrap(), "--experts", experts, "--trunk", trunk]);
+    assert!(o.status.success(), "convert {} failed: {}", file.display(), stderr(&o));
+    out
+}
+
+/// f32 logits at every position within 1e-4 of the largest, the same top-1
+/// everywhere and the same greedy continuation, for every model fixture.
+#[test]
+fn gguf_models_match_transformers_on_their_dequantised_weights() {
+    let tmp = TempDir::new("gguf-models");
+    let engine = Engine::new().unwrap();
+    for m in models() {
+        let file = gguf_dir().join(m["file"].as_str().unwrap());
+        let container = convert_gguf(&file, "f32", "f32", tmp.path());
+        let prompt = u32s(&m["prompt_ids"]);
+        let shape = u32s(&m["logits_shape"]);
+        let bytes = std::fs::read(gguf_dir().join(m["reference_logits"].as_str().unwrap())).unwrap();
+        let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let (t, v) = (shape[0] as usize, shape[1] as usize);
+        assert_eq!((t, want.len()), (prompt.len(), t * v));
+        let mut session = engine.session(Model::open(&container, &OpenOptions::default()).unwrap()).unwrap();
+        let (logits, _) = session.eval(&prompt, true).unwrap();
+        let mut worst = 0f32;
+        for p in 0..t {
+            let (ours, theirs) = (&logits[p * v..(p + 1) * v], &want[p * v..(p + 1) * v]);
+            let scale = theirs.iter().fold(0f32, |a, x| a.max(x.abs()));
+            worst = worst.max(ours.iter().zip(theirs).fold(0f32, |a, (x, y)| a.max((x - y).abs())) / scale);
+            assert_eq!(argmax(ours), argmax(theirs), "{}: top-1 at position {p}", file.display());
+        }
+        eprintln!("{}: max |logit diff| / max |logit| = {worst:e}", m["file"]);
+        assert!(worst <= 1e-4, "{}: {worst:e}", file.display());
+        session.reset();
+        let out = session.generate(&prompt, &crate::oracle::greedy(), |_| true).unwrap();
+        assert_eq!(out.tokens, u32s(&m["greedy_ids"]), "{}: greedy continuation", file.display());
+    }
+}
+
+/// tiny-qwen3_moe-f32.gguf is llama.cpp's conversion of tests/fixtures/
+/// tiny-qwen3_moe, weights unchanged: both routes, in the default formats,
+/// make the same container bytes' worth of logits and the same tokens.
+#[test]
+fn a_gguf_and_its_safetensors_convert_to_the_same_logits() {
+    let tmp = TempDir::new("gguf-routes");
+    let gguf = convert_gguf(&gguf_dir().join("models/tiny-qwen3_moe-f32.gguf"), "rvq3", "q4", tmp.path());
+    let hf = convert("qwen3_moe", "rvq3", "q4", tmp.path());
+    let reference = reference("qwen3_moe");
+    let engine = Engine::new().unwrap();
+    let run = |c: &Path| {
+        let mut s = engine.session(Model::open(c, &OpenOptions::default()).unwrap()).unwrap();
+        let ids = s.tokenize(&reference.prompt_text).unwrap();
+        let (logits, _) = s.eval(&reference.prompt_ids, true).unwrap();
+        (ids, logits)
+    };
+    let (gguf_ids, gguf_logits) = run(&gguf);
+    let (hf_ids, hf_logits) = run(&hf);
+    assert_eq!(gguf_ids, reference.prompt_ids, "the rebuilt tokenizer against transformers' ids");
+    assert_eq!(hf_ids, reference.prompt_ids);
+    assert_eq!(gguf_logits.len(), hf_logits.len());
+    let differ = gguf_logits.iter().zip(&hf_logits).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    assert_eq!(differ, 0, "{differ} of {} logits differ between the two routes", hf_logits.len());
+}
+
+/// `get_vocab_base` of llama.cpp's converter (conversion/base.py): every
+/// id in order, added tokens CONTROL when special or looking special
+/// (`<|...|>`), USER_DEFINED otherwise, missing ids `[PAD{id}]` UNUSED, and
+/// merges as "a b".
+fn gguf_vocab_of(tokenizer_json: &serde_json::Value, pre: &str) -> waste_host::gguf::tokenizer::Vocab {
+    let model = &tokenizer_json["model"];
+    let mut by_id: std::collections::BTreeMap<u64, (String, i64)> = std::collections::BTreeMap::new();
+    for (tok, id) in model["vocab"].as_object().unwrap() {
+        by_id.insert(id.as_u64().unwrap(), (tok.clone(), 1));
+    }
+    for a in tokenizer_json["added_tokens"].as_array().unwrap() {
+        let tok = a["content"].as_str().unwrap().to_string();
+        let looks_special = tok.starts_with("<|") && tok.ends_with("|>");
+        let ty = if a["special"].as_bool().unwrap() || looks_special { 3 } else { 4 };
+        by_id.insert(a["id"].as_u64().unwrap(), (tok, ty));
+    }
+    let n = by_id.keys().last().unwrap() + 1;
+    let (mut tokens, mut types) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let (t, ty) = by_id.get(&i).cloned().unwrap_or((format!("[PAD{i}]"), 5));
+        tokens.push(t);
+        types.push(ty);
+    }
+    let merges = model["merges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| match m {
+            serde_json::Value::String(s) => s.clone(),
+            pair => format!("{} {}", pair[0].as_str().unwrap(), pair[1].as_str().unwrap()),
+        })
+        .collect();
+    waste_host::gguf::tokenizer::Vocab {
+        model: "gpt2".into(),
+        pre: pre.into(),
+        tokens,
+        types,
+        merges,
+        bos: None,
+        eos: None,
+        add_bos: false,
+        chat_template: None,
+    }
+}
+
+/// Each family's real pre-tokenizer (tests/fixtures/tokenizer_families),
+/// its vocabulary taken apart as llama.cpp's converter stores it and rebuilt
+/// from the `tokenizer.ggml.pre` name the converter gives that family:
+/// transformers' ids for every text, in both special-token modes.
+#[test]
+fn tokenizers_rebuilt_from_gguf_vocabularies_match_the_reference_ids() {
+    let families = [
+        ("qwen2", "qwen2"),
+        ("qwen35", "qwen35"),
+        ("deepseek_v3", "deepseek-v3"),
+        ("glm4", "glm4"),
+        ("gpt_oss", "gpt-4o"),
+        ("minimax_m2", "minimax-m2"),
+    ];
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (dir, pre) in families {
+        let dir = fixtures().join("tokenizer_families").join(dir);
+        let original: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("tokenizer.json")).unwrap()).unwrap();
+        let files = waste_host::gguf::tokenizer::files(&gguf_vocab_of(&original, pre)).unwrap();
+        let json = String::from_utf8(files.iter().find(|(n, _)| *n == "tokenizer.json").unwrap().1.clone()).unwrap();
+        let rebuilt: serde_json::Value = serde_json::from_str(&json).unwrap();
+        // The pre-tokenizer's regexes are the release's, character for character.
+        let regexes = |j: &serde_json::Value| -> Vec<String> {
+            j["pre_tokenizer"]["pretokenizers"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|p| p["pattern"]["Regex"].as_str().map(str::to_string)).collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(regexes(&rebuilt), regexes(&original), "{}", dir.display());
+        let tk = waste_guest::tokenizer::Tokenizer::from_json(&json).unwrap();
+        let cases: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("cases.json")).unwrap()).unwrap();
+        let variant = cases["variants"].as_object().unwrap().values().next().unwrap();
+        for (i, text) in cases["texts"].as_array().unwrap().iter().enumerate() {
+            let text = text.as_str().unwrap();
+            for (key, got) in [("markup", tk.encode_markup(text)), ("content", tk.encode(text))] {
+                if got != u32s(&variant[key][i]) {
+                    failures.push(format!("{} {key} #{i} {text:?}", dir.display()));
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {checked} differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(checked > 600, "{checked}");
+}
+
+/// A GGUF of an architecture we do not run, or a broken one, is one line.
+#[test]
+fn convert_refuses_broken_and_unsupported_gguf_files_with_one_line() {
+    let tmp = TempDir::new("gguf-refused");
+    for (file, want) in [
+        ("malformed/truncated_data.gguf", "truncated"),
+        ("malformed/bad_magic.gguf", "not a valid GGUF file"),
+        ("types/q4_k.gguf", "GGUF architecture `wastetest`"),
+    ] {
+        let out = tmp.path().join("out.waste");
+        let o = waste(&["convert", gguf_dir().join(file).to_str().unwrap(), out.to_str().unwrap()]);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{file}: converted");
+        assert!(err.contains(want) && err.trim().lines().count() == 1, "{file}: {err}");
+    }
+}

@@ -53,6 +53,11 @@ pub struct RunArgs {
     /// Encode the prompt as template markup (special-token strings become control tokens).
     #[arg(long)]
     pub markup: bool,
+    /// Write the routing of every token run on its own (decode, single-token
+    /// prompt steps) to FILE as JSON lines, the trace `waste bench
+    /// --route-trace` replays: `{"tok": i, "layers": [[experts], ...]}`.
+    #[arg(long, value_name = "FILE")]
+    pub route_log: Option<PathBuf>,
     /// Say on stderr what the run uses before it starts (the seed, the sampling).
     #[arg(long, short = 'v')]
     pub verbose: bool,
@@ -89,6 +94,9 @@ pub fn run(a: RunArgs) -> Result<()> {
             params.max_tokens
         );
     }
+    if a.route_log.is_some() {
+        session.model().expert_store().log_routes(true);
+    }
     let show_logprobs = a.logprobs.is_some();
     let renderer = Arc::new(Mutex::new(crate::render::Renderer::new()));
     let sink = renderer.clone();
@@ -103,6 +111,17 @@ pub fn run(a: RunArgs) -> Result<()> {
     })?;
     let seconds = started.elapsed().as_secs_f64();
     outln!();
+    if let Some(path) = &a.route_log {
+        let lines: String = session
+            .model()
+            .expert_store()
+            .take_routes()
+            .iter()
+            .enumerate()
+            .map(|(i, layers)| format!("{}\n", json!({"tok": i, "layers": layers})))
+            .collect();
+        std::fs::write(path, lines).with_context(|| format!("writing the route log {}", path.display()))?;
+    }
     if let Some(path) = &a.save_state {
         session.save_state(path).with_context(|| format!("saving the session to {}", path.display()))?;
     }

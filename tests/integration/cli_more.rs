@@ -137,3 +137,30 @@ fn bench_default_context_fits_a_model_with_a_short_context() {
     let o = waste(&["bench", &m, "--tokens", "2", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// `waste run --route-log` writes the trace `waste bench --route-trace`
+/// replays: one line per decode step, every MoE layer's top-k, sorted.
+#[test]
+fn run_route_log_is_a_trace_that_bench_replays() {
+    let tmp = TempDir::new("route-log");
+    let container = convert("qwen3_moe", "q8", "q8", tmp.path());
+    let (c, log) = (container.to_str().unwrap(), tmp.path().join("routes.jsonl"));
+    let o = waste(&["run", c, "Hello there", "-n", "6", "--temp", "0", "--route-log", log.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let steps: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    // The first token comes from the prompt's prefill; each later one is a decode step.
+    assert_eq!(steps.len(), 5, "{text}");
+    // tiny-qwen3_moe: layer 0 dense, 3 MoE layers of 8 experts, top-2.
+    for (i, s) in steps.iter().enumerate() {
+        assert_eq!(s["tok"], i);
+        let layers = s["layers"].as_array().unwrap();
+        assert_eq!(layers.len(), 3, "{s}");
+        for l in layers {
+            let ids: Vec<u64> = l.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+            assert!(ids.len() == 2 && ids[0] < ids[1] && ids[1] < 8, "{s}");
+        }
+    }
+    let o = waste(&["bench", c, "--route-trace", log.to_str().unwrap(), "--tokens", "5", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -135,6 +135,9 @@ struct Ledger {
     stats: StoreStats,
     /// Demand uses per (MoE layer index, expert), for the learned hotlist.
     usage: Vec<u64>,
+    /// With `log_routes`: each single token's routing as (MoE layer index,
+    /// sorted experts), in the order the layers ran.
+    routes: Option<Vec<(usize, Vec<u32>)>>,
 }
 
 pub(crate) struct Shared {
@@ -280,6 +283,7 @@ impl ExpertStore {
             reading: vec![false; slots],
             stats,
             usage: vec![0; layers.len() * experts],
+            routes: None,
         };
         let shared = Arc::new(Shared {
             banks,
@@ -355,6 +359,34 @@ impl ExpertStore {
     /// Demand uses per MoE layer and expert since open.
     pub fn usage(&self) -> Vec<u64> {
         self.shared.lock().usage.clone()
+    }
+
+    /// Starts (`true`) or stops logging the routing of each token the model
+    /// runs alone (decode, and prompts read a token at a time); a chunk of
+    /// several tokens routes as one union and is not logged.
+    pub fn log_routes(&self, on: bool) {
+        self.shared.lock().routes = on.then(Vec::new);
+    }
+
+    /// The routing logged so far, taken: per token, per MoE layer, the
+    /// experts, sorted (store/trace.rs's trace format, which `waste bench
+    /// --route-trace` replays). A token whose layers did not all run is left out.
+    pub fn take_routes(&self) -> Vec<Vec<Vec<u32>>> {
+        let layers = self.shared.banks.moe_layers().len();
+        let log = self.shared.lock().routes.as_mut().map(std::mem::take).unwrap_or_default();
+        let mut steps: Vec<Vec<Vec<u32>>> = Vec::new();
+        let mut last = None;
+        for (index, experts) in log {
+            if last.is_none_or(|l| index <= l) {
+                steps.push(Vec::with_capacity(layers));
+            }
+            last = Some(index);
+            if let Some(step) = steps.last_mut() {
+                step.push(experts);
+            }
+        }
+        steps.retain(|s| s.len() == layers);
+        steps
     }
 
     /// Saves the demand-use counts, added to those already in `path`.

@@ -71,6 +71,13 @@ impl ExpertStore {
         let mut failure = None;
         {
             let mut st = self.shared.lock();
+            if experts.len() == self.top_k && uses.iter().all(|&n| n <= 1) {
+                if let (Some(log), Some(index)) = (st.routes.as_mut(), self.shared.moe_index[layer]) {
+                    let mut ids: Vec<u32> = experts.iter().map(|&e| e as u32).collect();
+                    ids.sort_unstable();
+                    log.push((index, ids));
+                }
+            }
             for (i, &e) in experts.iter().enumerate() {
                 let (guard, r) = self.acquire(st, layer, e, stats);
                 st = guard;

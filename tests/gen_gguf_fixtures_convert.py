@@ -18,7 +18,7 @@ Patches (each applied only when asked for, all in memory; the script files are n
                         "Can not map tensor 'model.layers.0.mlp.down_proj.weight'".
   --glm-vocab-as-gpt2   Glm4MoeModel's vocab step looks up GLM's special tokens ([gMASK], <sop>,
                         ...) that the tiny tokenizer lacks; use the plain gpt2 vocab path
-                        (only for the tensor survey).
+                        (the tensor survey and models/tiny-glm4_moe-q8_0.gguf).
 
 Everything else (tensor names, layouts, dtypes, metadata) is convert_hf_to_gguf.py's own. It
 runs with the sdist's vendored gguf-py (its default: NO_LOCAL_GGUF unset).

@@ -11,6 +11,17 @@
                              tensors re-quantised here with llama-quantize's Q4_K_M choices (Q4_K
                              gate/up experts and q/k, Q6_K token_embd / attn_v, fallbacks Q5_0 / Q8_0
                              where ne[0] is no multiple of 256); + .logits.f32, HF config in models.json
+  tiny-glm4_moe-q8_0.gguf    convert of tests/fixtures/tiny-glm4_moe (glm4moe: partial rotary, shared
+                             experts, sigmoid routing; its MTP layer is block 4 of 5, nextn_predict_layers 1)
+  tiny-deepseek_v3-q8_0.gguf convert of tests/fixtures/tiny-deepseek_v3 with `scoring_func: sigmoid`
+                             added to a copy of its config.json, as every DeepSeek-V3 / Kimi-K2 release has
+                             it (transformers 5's save_pretrained drops it, and without it the converter
+                             writes no deepseek2.expert_gating_func: GGUF_NOTES.md 4.6); kv_b_proj split
+                             into attn_k_b / attn_v_b; rows of 16 / 24 / 48 inputs fall back to F16
+  tiny-gpt_oss-mxfp4-q8_0.gguf  convert of tests/fixtures/tiny-gpt_oss-mxfp4 (the release layout: the
+                             experts are repacked to ggml MXFP4, the rest is q8_0)
+  The last three: + .logits.f32 from transformers on the dequantised weights mapped back to HF names
+  and layouts (gguf_to_hf), with the source's own config.json.
 """
 
 from __future__ import annotations
@@ -145,6 +156,33 @@ NAME_MAP = {
         "ffn_up_exps.weight": "mlp.experts.{E}.up_proj.weight",
         "ffn_down_exps.weight": "mlp.experts.{E}.down_proj.weight",
     },
+    "glm4moe": {
+        "post_attention_norm.weight": "post_attention_layernorm.weight",
+        "ffn_gate_inp.weight": "mlp.gate.weight",
+        "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+        "ffn_gate_exps.weight": "mlp.experts.{E}.gate_proj.weight",
+        "ffn_up_exps.weight": "mlp.experts.{E}.up_proj.weight",
+        "ffn_down_exps.weight": "mlp.experts.{E}.down_proj.weight",
+        "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+        "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+        "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+    },
+    "deepseek2": {
+        "attn_q_a.weight": "self_attn.q_a_proj.weight",
+        "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+        "attn_q_b.weight": "self_attn.q_b_proj.weight",
+        "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+        "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+        "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+        # attn_k_b / attn_v_b: reassembled into self_attn.kv_b_proj.weight (gguf_to_hf)
+    },
+    "gpt-oss": {
+        "post_attention_norm.weight": "post_attention_layernorm.weight",
+        "attn_sinks.weight": "self_attn.sinks",
+        "ffn_gate_inp.weight": "mlp.router.weight", "ffn_gate_inp.bias": "mlp.router.bias",
+        # ffn_{gate,up,down}_exps.{weight,bias}: re-fused into mlp.experts.gate_up_proj[_bias] (interleaved)
+        # and mlp.experts.down_proj[_bias] (gguf_to_hf)
+    },
     "llama": {
         "ffn_gate_inp.weight": "block_sparse_moe.gate.weight",
         "ffn_gate_exps.weight": "block_sparse_moe.experts.{E}.w1.weight",
@@ -152,6 +190,7 @@ NAME_MAP = {
         "ffn_down_exps.weight": "block_sparse_moe.experts.{E}.w2.weight",
     },
 }
+NAME_MAP["deepseek2"].update({k: v for k, v in NAME_MAP["glm4moe"].items() if k != "post_attention_norm.weight"})
 GLOBAL_MAP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}
 
@@ -171,6 +210,44 @@ def gguf_to_hf(arch: str, G: dict[str, np.ndarray], cfg: dict) -> tuple[dict, li
     """Returns (HF tensors, mapping rows)."""
     table = dict(NAME_MAP["common"], **NAME_MAP[arch])
     hf, rows = {}, []
+    G = dict(G)
+    n_layers = cfg["num_hidden_layers"]
+    for name in [n for n in G if re.match(r"blk\.(\d+)\.", n) and int(n.split(".")[1]) >= n_layers]:
+        # glm4moe: block_count counts the MTP layer(s) (nextn_predict_layers); transformers skips them
+        del G[name]
+        rows.append(dict(gguf="blk.{N}.* (N >= num_hidden_layers)", hf="-",
+                         transform="the MTP layer (nextn_predict_layers): not part of the forward pass, dropped"))
+    for name in [n for n in G if n.endswith(".attn_k_b.weight")]:
+        # deepseek2: kv_b_proj.view(n_head, nope + v, kv_lora) = cat(k_b.transpose(1, 2), v_b) (numpy order)
+        p = name[:-len("attn_k_b.weight")]
+        kb, vb = G.pop(name), G.pop(p + "attn_v_b.weight")
+        kv = np.concatenate([kb.transpose(0, 2, 1), vb], axis=1)
+        h = "model.layers." + p.split(".")[1] + ".self_attn.kv_b_proj.weight"
+        hf[h] = np.ascontiguousarray(kv.reshape(-1, kv.shape[-1]))
+        rows.append(dict(gguf=p + "attn_k_b.weight + attn_v_b.weight", hf=h,
+                         transform="cat([k_b (numpy [n_head, kv_lora, nope]).transpose(0, 2, 1), v_b (numpy "
+                                   "[n_head, v, kv_lora])], axis=1).reshape(n_head * (nope + v), kv_lora)"))
+    for name in [n for n in G if arch == "gpt-oss" and n.endswith(".ffn_gate_exps.weight")]:
+        # gpt-oss: HF experts.gate_up_proj [E, H, 2I], gate and up interleaved along the last axis
+        p = name[:-len("ffn_gate_exps.weight")]
+        L = "model.layers." + p.split(".")[1] + ".mlp.experts."
+        g, u, d = G.pop(name), G.pop(p + "ffn_up_exps.weight"), G.pop(p + "ffn_down_exps.weight")
+        gb, ub, db = G.pop(p + "ffn_gate_exps.bias"), G.pop(p + "ffn_up_exps.bias"), G.pop(p + "ffn_down_exps.bias")
+        gu = np.empty((g.shape[0], 2 * g.shape[1], g.shape[2]), dtype=np.float32)
+        gu[:, 0::2], gu[:, 1::2] = g, u
+        gub = np.empty((gb.shape[0], 2 * gb.shape[1]), dtype=np.float32)
+        gub[:, 0::2], gub[:, 1::2] = gb, ub
+        hf[L + "gate_up_proj"] = np.ascontiguousarray(gu.transpose(0, 2, 1))
+        hf[L + "down_proj"] = np.ascontiguousarray(d.transpose(0, 2, 1))
+        hf[L + "gate_up_proj_bias"], hf[L + "down_proj_bias"] = gub, db
+        rows.append(dict(gguf=p + "ffn_{gate,up}_exps.weight", hf=L + "gate_up_proj",
+                         transform="interleave (gate even, up odd) along axis 1 of numpy [E, I, H], then "
+                                   "transpose(0, 2, 1) -> [E, H, 2I]"))
+        rows.append(dict(gguf=p + "ffn_down_exps.weight", hf=L + "down_proj",
+                         transform="numpy [E, H, I] transpose(0, 2, 1) -> [E, I, H]"))
+        rows.append(dict(gguf=p + "ffn_{gate,up}_exps.bias", hf=L + "gate_up_proj_bias",
+                         transform="interleave (gate even, up odd) along axis 1 -> [E, 2I]"))
+        rows.append(dict(gguf=p + "ffn_down_exps.bias", hf=L + "down_proj_bias", transform="copy [E, H]"))
     for name, a in G.items():
         if name in GLOBAL_MAP:
             hf[GLOBAL_MAP[name]] = a
@@ -206,6 +283,32 @@ def gguf_to_hf(arch: str, G: dict[str, np.ndarray], cfg: dict) -> tuple[dict, li
 # transformers forward on given weights
 # ---------------------------------------------------------------------------------------
 
+def router_gap(mod, x: torch.Tensor, k: int) -> float:
+    """The smallest margin of the top-k expert selection of one router call, computed from its input:
+    softmax routers p_(k) - p_(k+1); gpt-oss the k-th minus (k+1)-th logit (x W^T + b); sigmoid routers
+    with e_score_correction_bias (glm4_moe, deepseek_v3) the k-th minus (k+1)-th biased score among the
+    experts of the kept groups, and the kept-group margin (group score = sum of its 2 best)."""
+    x = x.reshape(-1, mod.weight.shape[1]).float()
+    logits = torch.nn.functional.linear(x, mod.weight.float(), getattr(mod, "bias", None))
+    if hasattr(mod, "e_score_correction_bias"):
+        choice = logits.sigmoid() + mod.e_score_correction_bias
+        ng, tg, ne = mod.num_group, mod.topk_group, logits.shape[-1]
+        gs = choice.view(-1, ng, ne // ng).topk(2, dim=-1)[0].sum(-1)
+        gap = float("inf")
+        if tg < ng:
+            gt = gs.topk(tg + 1, dim=-1).values
+            gap = (gt[:, tg - 1] - gt[:, tg]).min().item()
+        keep = torch.zeros_like(gs).scatter_(1, gs.topk(tg, dim=-1)[1], 1).bool()
+        mask = keep.unsqueeze(-1).expand(-1, ng, ne // ng).reshape(-1, ne)
+        top = choice.masked_fill(~mask, float("-inf")).topk(k + 1, dim=-1).values
+        return min(gap, (top[:, k - 1] - top[:, k]).min().item())
+    if getattr(mod, "bias", None) is not None:
+        top = torch.topk(logits, k + 1, dim=-1).values
+    else:
+        top = torch.topk(torch.softmax(logits, dim=-1), k + 1, dim=-1).values
+    return (top[:, k - 1] - top[:, k]).min().item()
+
+
 @torch.no_grad()
 def hf_logits(config: dict, tensors: dict[str, np.ndarray], prompt_ids: list[int], tmp: Path,
               tag: str) -> dict:
@@ -225,11 +328,9 @@ def hf_logits(config: dict, tensors: dict[str, np.ndarray], prompt_ids: list[int
     top_k = config["num_experts_per_tok"]
 
     def hook(mod, inp, out):
-        probs = torch.softmax(out[0].float(), dim=-1)
-        top = torch.topk(probs, top_k + 1, dim=-1).values
-        gaps.append((top[:, top_k - 1] - top[:, top_k]).min().item())
+        gaps.append(router_gap(mod, inp[0], top_k))
     hs = [m.register_forward_hook(hook) for _, m in model.named_modules()
-          if type(m).__name__.endswith("TopKRouter")]
+          if type(m).__name__.lower().endswith("topkrouter")]
     ids = torch.tensor([prompt_ids])
     logits = model(input_ids=ids).logits[0].float()
     seq = list(prompt_ids)
@@ -436,6 +537,75 @@ def build_wide(tmp: Path, prompt_ids: list[int], llama_dir: Path, out: Path) -> 
     raise AssertionError(f"no wide seed passed the gap test: {tried}")
 
 
+# (fixture dir, GGUF arch, converter patches, config.json additions for the converter's input)
+MORE_FAMILIES = [
+    ("glm4_moe", "glm4moe", ["--pre", "gpt-2", "--glm-vocab-as-gpt2"], {}),
+    ("deepseek_v3", "deepseek2", ["--pre", "gpt-2"], {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}),
+    ("gpt_oss-mxfp4", "gpt-oss", ["--pre", "gpt-2"], {}),
+]
+
+
+def more_families(d: Path, llama_dir: Path, tmp: Path, rel, info: dict) -> list[dict]:
+    """glm4moe, deepseek2 and gpt-oss q8_0 GGUFs of the tiny fixtures, with reference logits from
+    transformers on their dequantised weights mapped back to HF (the fixture's own config.json)."""
+    out_entries = []
+    for fam, arch, patches, cfg_add in MORE_FAMILIES:
+        src = FIX / f"tiny-{fam}"
+        conv_src = src
+        if cfg_add:
+            conv_src = tmp / "patched" / src.name      # same directory name: same general.name
+            if conv_src.exists():
+                shutil.rmtree(conv_src)
+            shutil.copytree(src, conv_src)
+            c = json.loads((conv_src / "config.json").read_text())
+            c.update(cfg_add)
+            (conv_src / "config.json").write_text(json.dumps(c, indent=2))
+        out = d / f"tiny-{fam}-q8_0.gguf"
+        ok, last, cmd = convert(llama_dir, conv_src, "q8_0", out, patches)
+        assert ok, (fam, last)
+        cmd = [a.replace("<out>/" + src.name, f"<copy of tests/fixtures/{src.name}>") for a in cmd]
+        cfg = json.loads((src / "config.json").read_text())
+        cfg.pop("quantization_config", None)             # the GGUF's weights are dequantised to f32
+        cfg["dtype"] = "float32"
+        r, G = read_gguf(out)
+        hf, rows = gguf_to_hf(arch, G, cfg)
+        orig = {k: v for k, v in load_hf_dir(src).items() if v.dtype == np.float32}
+        if (src / "dequantized.safetensors").exists():   # gpt-oss MXFP4: transformers' own dequantisation
+            with safe_open(str(src / "dequantized.safetensors"), framework="pt") as so:
+                orig.update({k: so.get_tensor(k).float().numpy() for k in so.keys()})
+        L = cfg["num_hidden_layers"]
+        orig = {k: v for k, v in orig.items() if not k.startswith(f"model.layers.{L}.")}   # MTP layer
+        # every float tensor of the source is there; gpt-oss-mxfp4's dequantized.safetensors has layer 0's
+        # experts only, the other layers' are MXFP4 blocks (not compared)
+        assert set(orig) <= set(hf), (fam, set(orig) - set(hf))
+        assert all(k.endswith(("gate_up_proj", "down_proj")) for k in set(hf) - set(orig)), set(hf) - set(orig)
+        maxdiff = max(float(np.abs(hf[k] - orig[k]).max()) for k in orig)
+        fref = json.loads((src / "reference.json").read_text())
+        ref_logits = np.fromfile(src / "reference_logits.f32", dtype="<f4").reshape(fref["logits_shape"])
+        res = hf_logits(cfg, hf, fref["prompt_ids"], tmp, f"{fam}-q8_0")
+        assert res["min_router_gap"] > GAP_MIN and res["min_top1_gap"] > GAP_MIN, (fam, res["min_router_gap"],
+                                                                                 res["min_top1_gap"])
+        lp = d / f"tiny-{fam}-q8_0.logits.f32"
+        lp.write_bytes(res["logits"].astype("<f4").tobytes())
+        entry = describe_model(out, rel)
+        entry.update(source=f"tests/fixtures/tiny-{fam}", arch=arch, outtype="q8_0", command=" ".join(cmd),
+                     converter=info, converter_input_config_additions=cfg_add,
+                     max_abs_weight_diff_vs_safetensors=maxdiff, gguf_to_hf=rows, prompt_ids=fref["prompt_ids"],
+                     greedy_ids=res["greedy"], min_router_gap=res["min_router_gap"],
+                     min_router_gap_note="sigmoid routers: biased-score and kept-group margins; gpt-oss: "
+                                         "router-logit margin (gen_gguf_fixtures_models.router_gap)",
+                     min_top1_gap=res["min_top1_gap"],
+                     max_abs_logit_diff_vs_safetensors_reference=float(np.abs(res["logits"] - ref_logits).max()),
+                     reference_logits=rel(lp), logits_shape=[len(fref["prompt_ids"]), cfg["vocab_size"]],
+                     reference_logits_note=(
+                         f"transformers {cfg['architectures'][0]} (the source's config.json"
+                         + (", quantization_config removed" if fam.endswith("mxfp4") else "")
+                         + "; f32, eager, 1 thread) on the weights gguf.quants.dequantize gives for this file, "
+                         "mapped back to HF names and layouts (gguf_to_hf); row-major [T, 512]"))
+        out_entries.append(entry)
+    return out_entries
+
+
 def describe_model(path: Path, rel) -> dict:
     r = GGUFReader(str(path))
     b = path.read_bytes()
@@ -501,6 +671,8 @@ def write_models(OUT: Path, llama_dir: Path, sdist: Path, tmp: Path, rel) -> Non
             entry["tokenizer_rebuild_check"] = tokenizer_check(r, src)
         models.append(entry)
 
+    models += more_families(d, llama_dir, tmp, rel, info)
+
     out = d / "wide-qwen3moe-q4_k_m.gguf"
     res = build_wide(tmp, prompt, llama_dir, out)
     lp = d / "wide-qwen3moe-q4_k_m.logits.f32"
@@ -530,7 +702,9 @@ def write_models(OUT: Path, llama_dir: Path, sdist: Path, tmp: Path, rel) -> Non
                              numpy=np.__version__, python=sys.version.split()[0]),
                patches=("tests/gen_gguf_fixtures_convert.py: --pre gpt-2 (unknown pre-tokenizer hash), "
                         "--qwen3moe-dense-ffn (mlp_only_layers=[0] is not representable in llama.cpp's "
-                        "qwen3moe tensor list)"),
+                        "qwen3moe tensor list), --glm-vocab-as-gpt2 (the tiny tokenizer has no [gMASK] / "
+                        "<sop>); deepseek_v3 converted from a copy of its fixture with scoring_func / "
+                        "topk_method added to config.json (see converter_input_config_additions)"),
                models=models)
     (OUT / "models.json").write_text(gq.dump_json(doc))
     import gen_gguf_fixtures_survey as gs

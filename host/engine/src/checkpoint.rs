@@ -551,6 +551,9 @@ impl HfCheckpoint {
         if !self.config.is_moe_layer(layer) || expert >= self.config.num_experts {
             return Err(Error::Arg(format!("no routed expert {expert} in layer {layer}")));
         }
+        if self.gguf.is_some() {
+            return self.gguf_expert_biases(layer, expert).map(Some);
+        }
         self.gpt_oss_biases(layer, expert).map(Some)
     }
 

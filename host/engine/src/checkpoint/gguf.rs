@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::{Entry, HfCheckpoint, Kind, Shard};
-use crate::config::ModelConfig;
+use crate::config::{ExpertLayout, Family, ModelConfig};
 use crate::error::{Error, Result};
-use crate::gguf::hf::{self, permuted_row, Slice};
+use crate::gguf::hf::{self, permuted_row, KvB, Slice};
 use crate::gguf::{tokenizer, GgufFile};
 
 /// What a GGUF checkpoint holds besides its tensors.
@@ -40,6 +40,11 @@ impl HfCheckpoint {
             }
         }
         config.adapt_to_tensor_names(tensors.keys().map(String::as_str));
+        if config.family == Family::GptOss {
+            // The view offers gpt-oss's experts one by one in nn.Linear
+            // layout (gguf/hf/gpt_oss.rs), not as HF's fused tensors.
+            config.expert_layout = ExpertLayout::PerExpert;
+        }
         let names: std::collections::HashSet<&str> = tensors.keys().map(String::as_str).collect();
         config.check_layer_tensors(&names, path)?;
         Ok(HfCheckpoint {
@@ -82,6 +87,9 @@ impl HfCheckpoint {
     pub(super) fn gguf_rows(&self, s: &Slice, r0: usize, n: usize) -> Result<Vec<f32>> {
         let g = self.gguf();
         let t = &g.tensors[s.tensor];
+        if let Some(kv) = &s.kv_b {
+            return self.gguf_kv_b_rows(kv, s.tensor, r0, n);
+        }
         let Some(heads) = s.unpermute_heads else {
             return g.rows_f32(t, s.first_row + r0 as u64, n as u64);
         };
@@ -116,6 +124,53 @@ impl HfCheckpoint {
             }
             None => v,
         })
+    }
+}
+
+impl HfCheckpoint {
+    /// Rows `[r0, r0 + n)` of DeepSeek's `kv_b_proj` `[heads * (nope + v),
+    /// kv_lora]`: per head, its `nope` key rows are the columns of
+    /// `attn_k_b`'s `[kv_lora, nope]` slab, its `v` value rows the rows of
+    /// `attn_v_b`'s `[v, kv_lora]` slab.
+    fn gguf_kv_b_rows(&self, kv: &KvB, k_b: usize, r0: usize, n: usize) -> Result<Vec<f32>> {
+        let g = self.gguf();
+        let (kt, vt) = (&g.tensors[k_b], &g.tensors[kv.v_b]);
+        let per_head = kv.nope + kv.v;
+        let mut out = Vec::with_capacity(n * kv.kv_lora);
+        let mut head: Option<(usize, Vec<f32>, Vec<f32>)> = None;
+        for r in r0..r0 + n {
+            let (h, j) = (r / per_head, r % per_head);
+            if head.as_ref().is_none_or(|(cur, _, _)| *cur != h) {
+                let keys = g.rows_f32(kt, (h * kv.kv_lora) as u64, kv.kv_lora as u64)?; // [kv_lora, nope]
+                let values = g.rows_f32(vt, (h * kv.v) as u64, kv.v as u64)?; // [v, kv_lora]
+                head = Some((h, keys, values));
+            }
+            let (_, keys, values) = head.as_ref().expect("just read");
+            if j < kv.nope {
+                out.extend((0..kv.kv_lora).map(|c| keys[c * kv.nope + j]));
+            } else {
+                let row = j - kv.nope;
+                out.extend_from_slice(&values[row * kv.kv_lora..(row + 1) * kv.kv_lora]);
+            }
+        }
+        Ok(out)
+    }
+
+    /// gpt-oss's `[gate [I], up [I], down [H]]` biases of one expert, which
+    /// the view offers per expert (gguf/hf/gpt_oss.rs).
+    pub(super) fn gguf_expert_biases(&self, layer: usize, expert: usize) -> Result<[Vec<f32>; 3]> {
+        let p = format!("model.layers.{layer}.mlp.experts.{expert}");
+        let (i, h) = (self.config.moe_intermediate_size, self.config.expert_hidden());
+        let mut out: [Vec<f32>; 3] = Default::default();
+        for ((proj, want), slot) in [("gate", i), ("up", i), ("down", h)].into_iter().zip(out.iter_mut()) {
+            let name = format!("{p}.{proj}_proj.bias");
+            let (b, shape) = self.tensor_f32(&name)?;
+            if shape != [want] {
+                return Err(self.shape_error(&name, &shape, &format!("[{want}]")));
+            }
+            *slot = b;
+        }
+        Ok(out)
     }
 }
 

@@ -7,7 +7,12 @@
 //! converter, the planner and the forward pass unaware of where the
 //! weights came from. The mapping is llama.cpp's `convert_hf_to_gguf.py`
 //! read backwards (GGUF_NOTES.md section 4, checked tensor by tensor by
-//! `tests/gen_gguf_fixtures.py` on its own conversions).
+//! `tests/gen_gguf_fixtures.py` on its own conversions). glm4moe,
+//! deepseek2 and gpt-oss have their own files under `hf/`.
+
+mod deepseek;
+mod glm;
+mod gpt_oss;
 
 use serde_json::{json, Map, Value as Json};
 
@@ -15,7 +20,8 @@ use super::{GgufFile, TensorInfo, Value};
 use crate::error::{Error, Result};
 
 /// Architectures read, by `general.architecture`.
-pub const SUPPORTED_ARCHS: &[&str] = &["qwen3moe", "qwen2moe", "olmoe", "llama (with experts: Mixtral)"];
+pub const SUPPORTED_ARCHS: &[&str] =
+    &["qwen3moe", "qwen2moe", "olmoe", "llama (with experts: Mixtral)", "glm4moe", "deepseek2", "gpt-oss"];
 
 /// Where an HF tensor's values are in the GGUF file.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +39,22 @@ pub struct Slice {
     /// interleaved rope, undone on read: within each of this many heads,
     /// GGUF row `2i` is HF row `i` and row `2i + 1` is HF row `i + d/2`.
     pub unpermute_heads: Option<usize>,
+    /// DeepSeek's `kv_b_proj`, which the converter splits in two
+    /// (deepseek.rs): `tensor` is `attn_k_b`, this the rest.
+    pub kv_b: Option<KvB>,
+}
+
+/// `kv_b_proj` `[heads * (nope + v), kv_lora]` as GGUF stores it:
+/// `attn_k_b` `ne = [nope, kv_lora, heads]` (head `h`'s key rows
+/// transposed) and `attn_v_b` `ne = [kv_lora, v, heads]` (its value rows).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvB {
+    /// Index of `attn_v_b` in `GgufFile::tensors`.
+    pub v_b: usize,
+    pub heads: usize,
+    pub nope: usize,
+    pub v: usize,
+    pub kv_lora: usize,
 }
 
 /// The view: HF config and tensors.
@@ -93,6 +115,9 @@ enum Arch {
     Qwen2Moe,
     Olmoe,
     Mixtral,
+    Glm4Moe,
+    Deepseek2,
+    GptOss,
 }
 
 impl Arch {
@@ -101,6 +126,14 @@ impl Arch {
         match self {
             Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
             _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+        }
+    }
+
+    /// HF's prefix of the shared expert, under `model.layers.L.`.
+    fn shared_expert(self) -> &'static str {
+        match self {
+            Arch::Glm4Moe | Arch::Deepseek2 => "mlp.shared_experts",
+            _ => "mlp.shared_expert",
         }
     }
 }
@@ -115,6 +148,9 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
         "qwen3moe" => Arch::Qwen3Moe,
         "qwen2moe" => Arch::Qwen2Moe,
         "olmoe" => Arch::Olmoe,
+        "glm4moe" => Arch::Glm4Moe,
+        "deepseek2" => Arch::Deepseek2,
+        "gpt-oss" => Arch::GptOss,
         "llama" if k.usize_opt("expert_count")?.unwrap_or(0) > 0 => Arch::Mixtral,
         "llama" => {
             return Err(Error::Unsupported(format!(
@@ -130,9 +166,123 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
             )))
         }
     };
-    let config = config(&k, arch)?;
+    let config = match arch {
+        Arch::Glm4Moe => glm::config(&k)?,
+        Arch::Deepseek2 => deepseek::config(&k)?,
+        Arch::GptOss => gpt_oss::config(&k)?,
+        _ => config(&k, arch)?,
+    };
     let tensors = tensors(g, arch, &config)?;
     Ok(HfView { config, tensors })
+}
+
+/// The keys every family's config.json has, from the `ARCH.*` keys and the
+/// tensor list.
+fn base(k: &Keys, architecture: &str, model_type: &str, layers: usize) -> Result<Map<String, Json>> {
+    let g = k.g;
+    let hidden = k.usize_req("embedding_length")?;
+    let heads = k.usize_req("attention.head_count")?;
+    let vocab = match g.tensor("token_embd.weight") {
+        Some(t) if t.ne.len() == 2 => t.ne[1] as usize,
+        _ => return Err(Error::format(g.path(), "tensor `token_embd.weight`: missing or not 2-D")),
+    };
+    let mut c = Map::new();
+    c.insert("architectures".into(), json!([architecture]));
+    c.insert("model_type".into(), json!(model_type));
+    c.insert("vocab_size".into(), json!(vocab));
+    c.insert("hidden_size".into(), json!(hidden));
+    c.insert("num_hidden_layers".into(), json!(layers));
+    c.insert("num_attention_heads".into(), json!(heads));
+    c.insert("num_key_value_heads".into(), json!(k.usize_opt("attention.head_count_kv")?.unwrap_or(heads)));
+    c.insert("max_position_embeddings".into(), json!(k.usize_opt("context_length")?.unwrap_or(4096)));
+    c.insert("hidden_act".into(), json!("silu"));
+    if let Some(eps) = k.f64_opt("attention.layer_norm_rms_epsilon")? {
+        c.insert("rms_norm_eps".into(), json!(eps));
+    }
+    c.insert("tie_word_embeddings".into(), json!(g.tensor("output.weight").is_none()));
+    for (key, hf) in [("tokenizer.ggml.bos_token_id", "bos_token_id"), ("tokenizer.ggml.eos_token_id", "eos_token_id")]
+    {
+        if let Some(id) = g.get(key).and_then(Value::as_u64) {
+            c.insert(hf.into(), json!(id));
+        }
+    }
+    c.insert("torch_dtype".into(), json!("float32"));
+    Ok(c)
+}
+
+/// `head_dim` from `attention.key_length`, which must equal `value_length`.
+fn head_dim(k: &Keys, c: &mut Map<String, Json>) -> Result<Option<usize>> {
+    let Some(d) = k.usize_opt("attention.key_length")? else { return Ok(None) };
+    if k.usize_opt("attention.value_length")?.is_some_and(|v| v != d) {
+        return Err(Error::Unsupported(format!("{}: key and value head sizes differ", k.g.path().display())));
+    }
+    c.insert("head_dim".into(), json!(d));
+    Ok(Some(d))
+}
+
+/// `rope.scaling.*` as a transformers rope dict (without `rope_theta`):
+/// `None` without scaling, `{rope_type: yarn, ...}` for YaRN.
+fn yarn(k: &Keys) -> Result<Option<Map<String, Json>>> {
+    match k.g.get(&format!("{}.rope.scaling.type", k.arch)).and_then(Value::as_str) {
+        None | Some("none") => Ok(None),
+        Some("yarn") => {
+            let factor = k.f64_opt("rope.scaling.factor")?.ok_or_else(|| k.err("rope.scaling.factor", "missing"))?;
+            let mut s = Map::new();
+            s.insert("rope_type".into(), json!("yarn"));
+            s.insert("factor".into(), json!(factor));
+            if let Some(o) = k.usize_opt("rope.scaling.original_context_length")? {
+                s.insert("original_max_position_embeddings".into(), json!(o));
+            }
+            for (from, to) in
+                [("rope.scaling.yarn_beta_fast", "beta_fast"), ("rope.scaling.yarn_beta_slow", "beta_slow")]
+            {
+                if let Some(v) = k.f64_opt(from)? {
+                    s.insert(to.into(), json!(v));
+                }
+            }
+            Ok(Some(s))
+        }
+        Some(other) => Err(Error::Unsupported(format!("{}: rope scaling `{other}`", k.g.path().display()))),
+    }
+}
+
+/// The routing keys of the sigmoid-routed families (glm4moe, deepseek2):
+/// experts, groups, shared experts, dense lead, scaling, renormalisation.
+fn sigmoid_moe(k: &Keys, c: &mut Map<String, Json>, layers: usize) -> Result<()> {
+    let experts = k.usize_req("expert_count")?;
+    c.insert("n_routed_experts".into(), json!(experts));
+    c.insert("num_experts_per_tok".into(), json!(k.usize_req("expert_used_count")?));
+    c.insert("moe_intermediate_size".into(), json!(k.usize_req("expert_feed_forward_length")?));
+    let dense = k.usize_opt("leading_dense_block_count")?.unwrap_or(0);
+    c.insert("first_k_dense_replace".into(), json!(dense));
+    if dense > 0 {
+        c.insert("intermediate_size".into(), json!(k.usize_req("feed_forward_length")?));
+    }
+    c.insert("n_shared_experts".into(), json!(k.usize_opt("expert_shared_count")?.unwrap_or(0)));
+    let groups = k.usize_opt("expert_group_count")?.unwrap_or(1);
+    c.insert("n_group".into(), json!(groups));
+    c.insert("topk_group".into(), json!(k.usize_opt("expert_group_used_count")?.unwrap_or(groups)));
+    // llama.cpp's defaults when the keys are absent: no scaling, no renormalisation.
+    c.insert("routed_scaling_factor".into(), json!(k.f64_opt("expert_weights_scale")?.unwrap_or(1.0)));
+    let norm = match k.get("expert_weights_norm") {
+        None => false,
+        Some(v) => v.as_bool().ok_or_else(|| k.err(&format!("{}.expert_weights_norm", k.arch), "expected a bool"))?,
+    };
+    c.insert("norm_topk_prob".into(), json!(norm));
+    for l in 0..layers {
+        let moe = k.g.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).is_some();
+        if moe != (l >= dense) {
+            return Err(Error::format(
+                k.g.path(),
+                format!(
+                    "`{}.leading_dense_block_count` = {dense}, but layer {l} {} a router",
+                    k.arch,
+                    if moe { "has" } else { "has no" }
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn config(k: &Keys, arch: Arch) -> Result<Json> {
@@ -141,35 +291,14 @@ fn config(k: &Keys, arch: Arch) -> Result<Json> {
     let layers = k.usize_req("block_count")?;
     let hidden = k.usize_req("embedding_length")?;
     let heads = k.usize_req("attention.head_count")?;
-    let vocab = match g.tensor("token_embd.weight") {
-        Some(t) if t.ne.len() == 2 => t.ne[1] as usize,
-        _ => return Err(Error::format(g.path(), "tensor `token_embd.weight`: missing or not 2-D")),
-    };
-    let mut c = Map::new();
     let (arch_name, model_type) = match arch {
         Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
         Arch::Qwen2Moe => ("Qwen2MoeForCausalLM", "qwen2_moe"),
         Arch::Olmoe => ("OlmoeForCausalLM", "olmoe"),
-        Arch::Mixtral => ("MixtralForCausalLM", "mixtral"),
+        _ => ("MixtralForCausalLM", "mixtral"),
     };
-    c.insert("architectures".into(), json!([arch_name]));
-    c.insert("model_type".into(), json!(model_type));
-    c.insert("vocab_size".into(), json!(vocab));
-    c.insert("hidden_size".into(), json!(hidden));
-    c.insert("num_hidden_layers".into(), json!(layers));
-    c.insert("num_attention_heads".into(), json!(heads));
-    c.insert("num_key_value_heads".into(), json!(k.usize_opt("attention.head_count_kv")?.unwrap_or(heads)));
-    if let Some(d) = k.usize_opt("attention.key_length")? {
-        if k.usize_opt("attention.value_length")?.is_some_and(|v| v != d) {
-            return Err(Error::Unsupported(format!("{}: key and value head sizes differ", g.path().display())));
-        }
-        c.insert("head_dim".into(), json!(d));
-    }
-    c.insert("max_position_embeddings".into(), json!(k.usize_opt("context_length")?.unwrap_or(4096)));
-    c.insert("hidden_act".into(), json!("silu"));
-    if let Some(eps) = k.f64_opt("attention.layer_norm_rms_epsilon")? {
-        c.insert("rms_norm_eps".into(), json!(eps));
-    }
+    let mut c = base(k, arch_name, model_type, layers)?;
+    head_dim(k, &mut c)?;
     let theta = k.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
     c.insert("rope_theta".into(), json!(theta));
     if let Some(dims) = k.usize_opt("rope.dimension_count")? {
@@ -182,31 +311,12 @@ fn config(k: &Keys, arch: Arch) -> Result<Json> {
             )));
         }
     }
-    match g.get(&format!("{}.rope.scaling.type", k.arch)).and_then(Value::as_str) {
-        None | Some("none") => {}
-        Some("yarn") => {
-            let factor = k.f64_opt("rope.scaling.factor")?.ok_or_else(|| k.err("rope.scaling.factor", "missing"))?;
-            let mut s = json!({"rope_type": "yarn", "factor": factor});
-            if let Some(o) = k.usize_opt("rope.scaling.original_context_length")? {
-                s["original_max_position_embeddings"] = json!(o);
-            }
-            for (from, to) in
-                [("rope.scaling.yarn_beta_fast", "beta_fast"), ("rope.scaling.yarn_beta_slow", "beta_slow")]
-            {
-                if let Some(v) = k.f64_opt(from)? {
-                    s[to] = json!(v);
-                }
-            }
-            s["rope_theta"] = json!(theta);
-            c.insert("rope_scaling".into(), s);
-        }
-        Some(other) => {
-            return Err(Error::Unsupported(format!("{}: rope scaling `{other}`", g.path().display())));
-        }
+    if let Some(mut s) = yarn(k)? {
+        s.insert("rope_theta".into(), json!(theta));
+        c.insert("rope_scaling".into(), Json::Object(s));
     }
     let experts = k.usize_req("expert_count")?;
     c.insert("num_experts_per_tok".into(), json!(k.usize_req("expert_used_count")?));
-    c.insert("tie_word_embeddings".into(), json!(!has("output.weight")));
     c.insert("attention_bias".into(), json!(has("blk.0.attn_q.bias")));
     let dense_width = k.usize_opt("feed_forward_length")?;
     match arch {
@@ -241,7 +351,7 @@ fn config(k: &Keys, arch: Arch) -> Result<Json> {
             );
             c.insert("norm_topk_prob".into(), json!(false));
         }
-        Arch::Mixtral => {
+        _ => {
             c.insert("num_local_experts".into(), json!(experts));
             c.insert(
                 "intermediate_size".into(),
@@ -249,13 +359,6 @@ fn config(k: &Keys, arch: Arch) -> Result<Json> {
             );
         }
     }
-    for (key, hf) in [("tokenizer.ggml.bos_token_id", "bos_token_id"), ("tokenizer.ggml.eos_token_id", "eos_token_id")]
-    {
-        if let Some(id) = g.get(key).and_then(Value::as_u64) {
-            c.insert(hf.into(), json!(id));
-        }
-    }
-    c.insert("torch_dtype".into(), json!("float32"));
     Ok(Json::Object(c))
 }
 
@@ -263,7 +366,10 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
     let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
     let heads = config["num_attention_heads"].as_u64().unwrap_or(1) as usize;
     let kv_heads = config["num_key_value_heads"].as_u64().unwrap_or(1) as usize;
+    // glm4moe's MTP layers come after the last decoder layer.
+    let blocks = layers + config["num_nextn_predict_layers"].as_u64().unwrap_or(0) as usize;
     let (moe, [gate, up, down]) = arch.moe_names();
+    let shared = arch.shared_expert();
     let mut out = Vec::new();
     let mut unmapped = Vec::new();
     for (i, t) in g.tensors.iter().enumerate() {
@@ -282,27 +388,51 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
         let Some((layer, rest)) = name
             .strip_prefix("blk.")
             .and_then(|r| r.split_once('.'))
-            .and_then(|(l, rest)| Some((l.parse::<usize>().ok().filter(|&l| l < layers)?, rest)))
+            .and_then(|(l, rest)| Some((l.parse::<usize>().ok().filter(|&l| l < blocks)?, rest)))
         else {
             unmapped.push(name.to_string());
             continue;
         };
+        if layer >= layers {
+            // The MTP layer (`nextn_predict_layers`): not part of the forward pass.
+            continue;
+        }
         let p = format!("model.layers.{layer}");
         // llama's q/k rows are permuted for its interleaved rope.
         let permute = |n: usize| (arch == Arch::Mixtral).then_some(n);
+        let router = if arch == Arch::GptOss { "router" } else { "gate" };
         let hf = match rest {
             "attn_norm.weight" => format!("{p}.input_layernorm.weight"),
-            "ffn_norm.weight" => format!("{p}.post_attention_layernorm.weight"),
+            "ffn_norm.weight" if !matches!(arch, Arch::Glm4Moe | Arch::GptOss) => {
+                format!("{p}.post_attention_layernorm.weight")
+            }
+            "post_attention_norm.weight" if matches!(arch, Arch::Glm4Moe | Arch::GptOss) => {
+                format!("{p}.post_attention_layernorm.weight")
+            }
             "attn_q_norm.weight" => format!("{p}.self_attn.q_norm.weight"),
             "attn_k_norm.weight" => format!("{p}.self_attn.k_norm.weight"),
-            "ffn_gate_inp.weight" => format!("{p}.{moe}.gate.weight"),
+            "attn_sinks.weight" if arch == Arch::GptOss => format!("{p}.self_attn.sinks"),
+            "ffn_gate_inp.weight" => format!("{p}.{moe}.{router}.weight"),
+            "ffn_gate_inp.bias" if arch == Arch::GptOss => format!("{p}.mlp.router.bias"),
+            "exp_probs_b.bias" if matches!(arch, Arch::Glm4Moe | Arch::Deepseek2) => {
+                format!("{p}.mlp.gate.e_score_correction_bias")
+            }
             "ffn_gate.weight" => format!("{p}.mlp.gate_proj.weight"),
             "ffn_up.weight" => format!("{p}.mlp.up_proj.weight"),
             "ffn_down.weight" => format!("{p}.mlp.down_proj.weight"),
-            "ffn_gate_shexp.weight" => format!("{p}.mlp.shared_expert.gate_proj.weight"),
-            "ffn_up_shexp.weight" => format!("{p}.mlp.shared_expert.up_proj.weight"),
-            "ffn_down_shexp.weight" => format!("{p}.mlp.shared_expert.down_proj.weight"),
-            "ffn_gate_inp_shexp.weight" => format!("{p}.mlp.shared_expert_gate.weight"),
+            "ffn_gate_shexp.weight" => format!("{p}.{shared}.gate_proj.weight"),
+            "ffn_up_shexp.weight" => format!("{p}.{shared}.up_proj.weight"),
+            "ffn_down_shexp.weight" => format!("{p}.{shared}.down_proj.weight"),
+            "ffn_gate_inp_shexp.weight" if arch == Arch::Qwen2Moe => format!("{p}.mlp.shared_expert_gate.weight"),
+            "attn_v_b.weight" if arch == Arch::Deepseek2 => continue, // read with attn_k_b
+            "attn_k_b.weight" if arch == Arch::Deepseek2 => {
+                out.push((format!("{p}.self_attn.kv_b_proj.weight"), deepseek::kv_b(g, i, layer)?));
+                continue;
+            }
+            _ if arch == Arch::Deepseek2 && deepseek::attention(rest).is_some() => {
+                let hf = deepseek::attention(rest).unwrap_or_default();
+                format!("{p}.self_attn.{hf}")
+            }
             "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight" => {
                 let proj = match rest {
                     "ffn_gate_exps.weight" => gate,
@@ -324,9 +454,16 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
                             rows,
                             shape: vec![rows as usize, cols as usize],
                             unpermute_heads: None,
+                            kv_b: None,
                         },
                     ));
                 }
+                continue;
+            }
+            "ffn_gate_exps.bias" | "ffn_up_exps.bias" | "ffn_down_exps.bias" if arch == Arch::GptOss => {
+                // gpt-oss's expert biases, `ne = [width, n_expert]`: expert e is row e.
+                let proj = &rest[4..rest.len() - "_exps.bias".len()];
+                out.extend(gpt_oss::expert_biases(g, i, &p, proj)?);
                 continue;
             }
             _ => {
@@ -369,7 +506,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
 
 fn whole_slice(i: usize, t: &TensorInfo, unpermute_heads: Option<usize>) -> Slice {
     let rows = t.ne[1..].iter().product::<u64>();
-    Slice { tensor: i, first_row: 0, rows, shape: t.shape(), unpermute_heads }
+    Slice { tensor: i, first_row: 0, rows, shape: t.shape(), unpermute_heads, kv_b: None }
 }
 
 /// The GGUF row holding HF row `r` of a q/k projection permuted over

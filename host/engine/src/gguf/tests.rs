@@ -162,3 +162,24 @@ fn a_tensor_count_beyond_the_file_is_refused_before_allocating() {
     let e = GgufFile::open(&dir().join("malformed/tensor_count_2p62.gguf")).err().unwrap().to_string();
     assert!(e.contains("tensor_count"), "{e}");
 }
+
+/// A deepseek2 file without `expert_gating_func` (what the converter writes
+/// when config.json lacks `scoring_func`) is refused in one line, not run
+/// with a guessed router: llama.cpp would route it with softmax
+/// (GGUF_NOTES.md 4.6). The key is renamed in a copy of the fixture (same
+/// length, so the layout does not move).
+#[test]
+fn a_deepseek2_file_without_its_gating_function_is_refused() {
+    let mut bytes = std::fs::read(dir().join("models/tiny-deepseek_v3-q8_0.gguf")).unwrap();
+    let key = b"deepseek2.expert_gating_func";
+    let at = bytes.windows(key.len()).position(|w| w == key).expect("the fixture has the key");
+    bytes[at + key.len() - 1] = b'X';
+    let tmp = std::env::temp_dir().join(format!("waste-gguf-no-gating-{}.gguf", std::process::id()));
+    std::fs::write(&tmp, &bytes).unwrap();
+    let g = GgufFile::open(&tmp).unwrap();
+    let err = super::hf::view(&g).err().expect("refused").to_string();
+    std::fs::remove_file(&tmp).unwrap();
+    assert!(err.contains("expert_gating_func") && err.contains("softmax") && err.lines().count() == 1, "{err}");
+    let g = GgufFile::open(&dir().join("models/tiny-deepseek_v3-q8_0.gguf")).unwrap();
+    assert!(super::hf::view(&g).is_ok());
+}

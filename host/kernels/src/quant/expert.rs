@@ -138,7 +138,8 @@ impl<'a> RvqRef<'a> {
         let n = self.cols.div_ceil(VDIM) * self.stages;
         &self.codes[r * n..(r + 1) * n]
     }
-    /// `y = W x` where `table` was built from `x` with this layer's codebooks.
+    /// `y = W x` where `table` was built from `x` with this layer's codebooks
+    /// (in plane layout when `planes`, `simd::tables_to_planes`).
     ///
     /// Row `r` is `scale[r] * sum_j table[j*256 + code[r][j]]`, summed in
     /// order over `j` (`simd::rvq_row_scalar`). A task walks the positions
@@ -146,8 +147,9 @@ impl<'a> RvqRef<'a> {
     /// its rows over each chunk before the next: one row's lookups would
     /// otherwise touch 864 different 1 KB tables and miss L1 on nearly
     /// every one. Each row keeps its running sum across chunks, so neither
-    /// the chunking nor the task split (the thread count) changes a bit.
-    fn matvec_tables(&self, table: &[f32], y: &mut [f32]) {
+    /// the chunking nor the task split (the thread count) changes a bit, nor
+    /// does the table layout (both kernels are the same in-order sums).
+    fn matvec_tables(&self, table: &[f32], planes: bool, y: &mut [f32]) {
         let n = self.cols.div_ceil(VDIM) * self.stages;
         let job = |r0: usize, ys: &mut [f32]| {
             ys.fill(0.0);
@@ -164,7 +166,11 @@ impl<'a> RvqRef<'a> {
                 let c1 = (c0 + RVQ_CHUNK).min(n);
                 let p0 = (k * per_chunk).min(next.len());
                 simd::prefetch(&next[p0..(p0 + per_chunk).min(next.len())]);
-                simd::rvq_rows(table, block, n, c0, c1, ys);
+                if planes {
+                    simd::rvq_rows_planes(table, block, n, c0, c1, ys);
+                } else {
+                    simd::rvq_rows(table, block, n, c0, c1, ys);
+                }
             }
             for (i, yv) in ys.iter_mut().enumerate() {
                 *yv *= f16_at(self.scales, r0 + i);
@@ -190,7 +196,7 @@ pub(crate) fn rvq_matvec_for_tests(
     table: &[f32],
     y: &mut [f32],
 ) {
-    RvqRef::new(bytes, rows, cols, stages).matvec_tables(table, y)
+    RvqRef::new(bytes, rows, cols, stages).matvec_tables(table, false, y)
 }
 
 /// Encode one expert. RVQ formats need the layer's codebooks; panics if
@@ -309,12 +315,15 @@ pub struct GateUpTables {
     hidden: usize,
     data: Vec<f32>,
     q: QTables,
+    /// `data` holds the rvq3/rvq2 tables in plane layout (AVX-512 kernel).
+    planes: bool,
 }
 
 #[cfg(test)]
 impl GateUpTables {
     /// The f32 tables (RVQ formats other than `rvq4p`).
     pub(crate) fn data(&self) -> &[f32] {
+        assert!(!self.planes, "GateUpTables::data: tables are in plane layout");
         &self.data
     }
 }
@@ -322,7 +331,19 @@ impl GateUpTables {
 /// Build once per token per layer; shared by every routed expert of the
 /// layer. RVQ formats need the codebooks (panics without them).
 pub fn build_gate_up_tables(fmt: ExpertFormat, cb: Option<&LayerCodebooks>, x: &[f32]) -> GateUpTables {
+    build_gate_up_tables_on(simd::isa(), fmt, cb, x)
+}
+
+/// `build_gate_up_tables` for the kernels of level `isa` (rvq3/rvq2 tables
+/// are laid out for that level's row kernel; tests compare levels).
+pub(crate) fn build_gate_up_tables_on(
+    isa: simd::Isa,
+    fmt: ExpertFormat,
+    cb: Option<&LayerCodebooks>,
+    x: &[f32],
+) -> GateUpTables {
     let mut q = QTables::default();
+    let planes = fmt != ExpertFormat::Rvq4p && fmt.uses_codebooks() && simd::rvq_planes(isa);
     let data = match codebooks_for(fmt, cb) {
         Some(cb) => {
             let mut t = vec![0f32; table_len(x.len(), &cb.gate_up)];
@@ -332,12 +353,14 @@ pub fn build_gate_up_tables(fmt: ExpertFormat, cb: Option<&LayerCodebooks>, x: &
                 q.quantize_from(&t);
                 // Only the int8 tables are read from here on.
                 t = Vec::new();
+            } else if planes {
+                simd::tables_to_planes(&mut t);
             }
             t
         }
         None => x.to_vec(),
     };
-    GateUpTables { fmt, hidden: x.len(), data, q }
+    GateUpTables { fmt, hidden: x.len(), data, q, planes }
 }
 
 fn table_len(n: usize, cb: &Codebooks) -> usize {
@@ -451,9 +474,10 @@ pub fn expert_forward_act(
     expert_forward_impl(simd::isa(), fmt, shape, payload, cb, tables, x, out, scratch, act)
 }
 
-/// `expert_forward` with the `rvq4p` kernel level chosen by the caller
-/// (tests run every level side by side; the other formats use the
-/// process-wide level; `rvq3`/`rvq2` run one portable kernel).
+/// `expert_forward` with the `rvq4p` / `rvq3` / `rvq2` kernel level chosen
+/// by the caller (tests run every level side by side; the other formats use
+/// the process-wide level). For `rvq3`/`rvq2` the gate/up kernel follows
+/// the layout `tables` were built with (`build_gate_up_tables_on`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn expert_forward_on(
     isa: simd::Isa,
@@ -503,8 +527,9 @@ fn expert_forward_impl(
         }
         (None, Some(cb)) => {
             let st = cb.gate_up.stages();
-            RvqRef::new(gb, i, h, st).matvec_tables(&tables.data, gate);
-            RvqRef::new(ub, i, h, st).matvec_tables(&tables.data, up);
+            // The gate/up tables' layout was chosen when they were built.
+            RvqRef::new(gb, i, h, st).matvec_tables(&tables.data, tables.planes, gate);
+            RvqRef::new(ub, i, h, st).matvec_tables(&tables.data, tables.planes, up);
         }
         (None, None) => {
             MatRef::f32(&f32_from_le(gb), i, h).matvec(x, gate);
@@ -539,7 +564,11 @@ fn expert_forward_impl(
         }
         (None, Some(cb)) => {
             fill_tables(act, &cb.down, down_tables);
-            RvqRef::new(db, h, i, cb.down.stages()).matvec_tables(down_tables, out);
+            let planes = simd::rvq_planes(isa);
+            if planes {
+                simd::tables_to_planes(down_tables);
+            }
+            RvqRef::new(db, h, i, cb.down.stages()).matvec_tables(down_tables, planes, out);
         }
         (None, None) => MatRef::f32(&f32_from_le(db), h, i).matvec(act, out),
     }

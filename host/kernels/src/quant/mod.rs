@@ -58,8 +58,9 @@
 //! summation order, so results never depend on the rayon thread count. The
 //! AVX2+FMA kernels sum in a different order from the scalar ones (float
 //! noise apart, they agree; the tests check both). The `rvq4p` kernels sum
-//! integers and convert at fixed points, so every ISA path is bit-identical
-//! to the portable one.
+//! integers and convert at fixed points, and the rvq3/rvq2 AVX-512 row
+//! kernel performs each row's f32 additions in the scalar order (lanes are
+//! rows), so every ISA path of those is bit-identical to the portable one.
 //!
 //! # Errors and preconditions
 //!

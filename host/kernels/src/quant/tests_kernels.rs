@@ -2,7 +2,7 @@
 //! the portable reference (bit for bit), and against dequantise-then-f64
 //! within the bound the int8 table rounding allows.
 
-use super::expert::expert_forward_on;
+use super::expert::{build_gate_up_tables_on, expert_forward_on};
 use super::kmeans::Rng;
 use super::rvq4p::{self, QTables, ROWS, STAGES, TBLK};
 use super::simd::{self, Isa};
@@ -240,6 +240,85 @@ fn rvq_rows_any_chunking_is_bit_identical_to_the_sequential_sum() {
     }
 }
 
+/// Table entries for the row-kernel tests: Gaussian, or (`edge`) mixed with
+/// the values where float addition is delicate: signed zeros, subnormals,
+/// the largest finite values (sums overflow to infinity), infinities of both
+/// signs (their sum is NaN) and NaN.
+fn kernel_table(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
+    let mut t = gauss(rng, len, 1.0);
+    if edge {
+        const EDGE: [f32; 10] =
+            [0.0, -0.0, 1e-45, -1e-45, 1.1e-38, f32::MAX, -f32::MAX, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        for v in t.iter_mut() {
+            if rng.below(4) == 0 {
+                *v = EDGE[rng.below(EDGE.len())];
+            }
+        }
+    }
+    t
+}
+
+/// The plane-layout row kernel (AVX-512 where this CPU has it, and its
+/// portable twin) against the scalar definition `rvq_row_scalar`, bit for
+/// bit (a NaN only has to be a NaN: Rust leaves the sign and payload of a
+/// NaN result unspecified, and two builds of the scalar loop here already
+/// differ in it, since LLVM may swap an addition's operands): row counts around the 64-row lane groups and
+/// 128-row blocks, position counts around the 16-position transpose, any
+/// chunking, Gaussian and edge-value tables. The AVX2 level runs the
+/// portable `rvq_rows` (no faster AVX2 formulation; docs/PERFORMANCE.md),
+/// checked here too.
+#[test]
+fn rvq_rows_planes_every_isa_is_bit_identical_to_scalar() {
+    let avx512 = simd::rvq_planes(Isa::Avx512);
+    eprintln!("rvq3 plane kernel: AVX-512 {}", if avx512 { "exercised" } else { "absent" });
+    if !avx512 {
+        crate::skip::report_skip("SKIP rvq3 AVX-512 comparison: this CPU lacks AVX-512 VBMI");
+    }
+    let mut rng = Rng::new(41);
+    for (rows, n) in
+        [(1, 1), (3, 7), (64, 16), (65, 17), (63, 15), (128, 33), (129, 96), (200, 50), (257, 40), (70, 864)]
+    {
+        for edge in [false, true] {
+            let table = kernel_table(&mut rng, n * 256, edge);
+            let codes: Vec<u8> = (0..rows * n).map(|_| rng.below(256) as u8).collect();
+            let want: Vec<u32> =
+                (0..rows).map(|r| nan_bits(simd::rvq_row_scalar(&table, &codes[r * n..(r + 1) * n]))).collect();
+            let mut planes = table.clone();
+            simd::tables_to_planes(&mut planes);
+            let mut planes_ref = table.clone();
+            simd::tables_to_planes_scalar(&mut planes_ref);
+            assert_eq!(simd::table_bytes(&planes), simd::table_bytes(&planes_ref), "plane conversion, n {n}");
+            for chunk in [1, 5, 16, 24, n] {
+                let run = |f: &dyn Fn(usize, usize, &mut [f32])| -> Vec<u32> {
+                    let mut acc = vec![0f32; rows];
+                    for c0 in (0..n).step_by(chunk) {
+                        f(c0, (c0 + chunk).min(n), &mut acc);
+                    }
+                    acc.iter().map(|v| nan_bits(*v)).collect()
+                };
+                let portable = run(&|c0, c1, a| simd::rvq_rows(&table, &codes, n, c0, c1, a));
+                let twin = run(&|c0, c1, a| {
+                    simd::rvq_rows_planes_scalar(simd::table_bytes(&planes_ref), &codes, n, c0, c1, a)
+                });
+                let best = run(&|c0, c1, a| simd::rvq_rows_planes(&planes, &codes, n, c0, c1, a));
+                let ctx = format!("rows {rows} n {n} chunk {chunk} edge {edge}");
+                assert_eq!(portable, want, "scalar/avx2 rvq_rows, {ctx}");
+                assert_eq!(twin, want, "portable plane kernel, {ctx}");
+                assert_eq!(best, want, "plane kernel (avx512 {avx512}), {ctx}");
+            }
+        }
+    }
+}
+
+/// The bits of `v`, every NaN as the canonical quiet NaN.
+fn nan_bits(v: f32) -> u32 {
+    if v.is_nan() {
+        f32::NAN.to_bits()
+    } else {
+        v.to_bits()
+    }
+}
+
 /// rvq3 experts (and rvq2, the same kernel) at every forced level and
 /// thread count: bit-identical, on a shape large enough for the matvec to
 /// split into tasks (1024 rows of 2304 in gate/up, 2304 rows in down).
@@ -278,7 +357,7 @@ fn rvq3_matvec_is_the_in_order_table_sum() {
     let payload = encode_expert(fmt, s, &views[0], Some(&cb));
     let mut rng = Rng::new(40);
     let x = gauss(&mut rng, s.hidden, 1.0);
-    let tables = build_gate_up_tables(fmt, Some(&cb), &x);
+    let tables = build_gate_up_tables_on(Isa::Scalar, fmt, Some(&cb), &x);
     let n = s.hidden.div_ceil(VDIM) * 3;
     let (scales, codes) = payload.split_at(2 * s.inter);
     for threads in [1, 2] {
@@ -305,7 +384,7 @@ fn expert_output_bits(
     x: &[f32],
 ) -> Vec<u32> {
     pool(threads).install(|| {
-        let tables = build_gate_up_tables(fmt, Some(cb), x);
+        let tables = build_gate_up_tables_on(isa, fmt, Some(cb), x);
         let mut scratch = ExpertScratch::new(fmt, s);
         let mut out = vec![f32::NAN; s.hidden];
         expert_forward_on(isa, fmt, s, payload, Some(cb), &tables, x, &mut out, &mut scratch);

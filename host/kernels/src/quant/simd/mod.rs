@@ -1,6 +1,7 @@
 //! Hot loops: one portable scalar version of each, plus AVX2+FMA versions
-//! picked at run time by `isa()` (the RVQ row kernel is portable only: see
-//! `rvq_rows`). The scalar
+//! picked at run time by `isa()`; the rvq3/rvq2 row kernel has an AVX-512
+//! VBMI version instead (`avx512.rs`, on plane-layout tables: see
+//! `rvq_planes`), and none for AVX2 (see `rvq_rows`). The scalar
 //! versions are always compiled (they are the fallback on other CPUs and the
 //! reference in the tests). The `rvq4p` kernels live in `rvq4p.rs`.
 
@@ -18,7 +19,9 @@ pub enum Isa {
     /// x86-64 AVX2 + FMA (+ F16C-free: scales are converted in software).
     Avx2,
     /// x86-64 AVX-512 F/BW/VBMI on top of AVX2+FMA: the `rvq4p` kernel uses
-    /// a 64-entry byte permute; the other kernels run their AVX2 versions.
+    /// a 64-entry byte permute, the rvq3/rvq2 row kernel 128-entry byte
+    /// permutes over byte-plane tables; the other kernels run their AVX2
+    /// versions.
     Avx512,
 }
 
@@ -188,11 +191,12 @@ pub(crate) const RVQ_ROWS: usize = 8;
 /// Each row's sum is a plain sequential sum over its positions, so walking
 /// the positions in chunks (a caller keeps a chunk's tables L1-resident and
 /// runs all its rows over it) gives the very same floats as one pass, equal
-/// bit for bit to `rvq_row_scalar`. One portable kernel serves every
-/// level: on this CPU (Zen 4) hand-written 8- and 16-lane gathers over the
-/// same walk, and LLVM's own gathers in an AVX2 / AVX-512 build of this
-/// loop, were 1.4-1.6x slower than these scalar loads (docs/PERFORMANCE.md,
-/// "Tried and dropped").
+/// bit for bit to `rvq_row_scalar`. This portable kernel serves the scalar
+/// and AVX2 levels: on this CPU (Zen 4) hand-written 8- and 16-lane gathers
+/// over the same walk, and LLVM's own gathers in an AVX2 / AVX-512 build of
+/// this loop, were 1.4-1.6x slower than these scalar loads, and a 256-entry
+/// `vpshufb` lookup needs 16 shuffles per byte plane (docs/PERFORMANCE.md,
+/// "Tried and dropped"). AVX-512 VBMI runs `rvq_rows_planes`.
 #[inline]
 pub(crate) fn rvq_rows(table: &[f32], codes: &[u8], n: usize, c0: usize, c1: usize, acc: &mut [f32]) {
     assert!(
@@ -211,6 +215,98 @@ pub(crate) fn rvq_rows(table: &[f32], codes: &[u8], n: usize, c0: usize, c1: usi
         let row = &codes[r * n..r * n + c1];
         for (j, &c) in row.iter().enumerate().skip(c0) {
             *a += table[j * CODEBOOK_ENTRIES + c as usize];
+        }
+    }
+}
+
+/// Whether the rvq3/rvq2 kernels run on plane-layout tables at `level`
+/// (the AVX-512 VBMI row kernel, `avx512::rvq_rows`). Tables are converted
+/// with `tables_to_planes` and read with `rvq_rows_planes`.
+#[inline]
+pub(crate) fn rvq_planes(level: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && level == Isa::Avx512 && isa_available(Isa::Avx512)
+}
+
+/// Bytes of one position's tables in plane layout (4 planes x 256).
+pub(crate) const PLANE_BYTES: usize = 4 * CODEBOOK_ENTRIES;
+
+/// The bytes of a table buffer (plane layout is stored in the same
+/// `Vec<f32>` the f32 tables use, same size).
+#[inline]
+pub(crate) fn table_bytes(t: &[f32]) -> &[u8] {
+    // SAFETY: u8 has alignment 1 and every bit pattern is valid; the slice
+    // covers exactly the 4 * len bytes of `t`, borrowed for as long.
+    unsafe { std::slice::from_raw_parts(t.as_ptr() as *const u8, 4 * t.len()) }
+}
+
+/// Converts f32 tables `[n][256]` in place to the plane layout: position
+/// `j`'s 1024 bytes become `[b][c]`, byte `b` (little endian) of entry `c`.
+pub(crate) fn tables_to_planes(t: &mut [f32]) {
+    assert!(t.len().is_multiple_of(CODEBOOK_ENTRIES), "tables_to_planes: not whole tables");
+    let n = t.len() / CODEBOOK_ENTRIES;
+    #[cfg(target_arch = "x86_64")]
+    if isa_available(Isa::Avx512) {
+        // SAFETY: AVX-512 F/BW/VBMI were detected; `t` holds n * 1024 bytes,
+        // borrowed mutably for the call.
+        return unsafe { avx512::f32_to_planes(t.as_mut_ptr() as *mut u8, n) };
+    }
+    tables_to_planes_scalar(t)
+}
+
+/// The portable twin of `avx512::f32_to_planes`.
+pub(crate) fn tables_to_planes_scalar(t: &mut [f32]) {
+    for tj in t.chunks_exact_mut(CODEBOOK_ENTRIES) {
+        let mut p = [0u8; PLANE_BYTES];
+        for (c, v) in tj.iter().enumerate() {
+            for (b, byte) in v.to_le_bytes().into_iter().enumerate() {
+                p[b * CODEBOOK_ENTRIES + c] = byte;
+            }
+        }
+        for (o, w) in tj.iter_mut().zip(p.as_chunks::<4>().0) {
+            // Stored as raw bytes: the f32 view is only storage.
+            *o = f32::from_ne_bytes(*w);
+        }
+    }
+}
+
+/// `rvq_rows` on plane-layout tables (`tables_to_planes`): the same sums,
+/// bit for bit. Runs the AVX-512 kernel where the CPU has it, else its
+/// portable twin.
+#[inline]
+pub(crate) fn rvq_rows_planes(planes: &[f32], codes: &[u8], n: usize, c0: usize, c1: usize, acc: &mut [f32]) {
+    assert!(
+        c0 <= c1 && c1 <= n && planes.len() >= c1 * CODEBOOK_ENTRIES && codes.len() >= acc.len() * n,
+        "rvq_rows_planes: inconsistent lengths"
+    );
+    let pb = table_bytes(planes);
+    #[cfg(target_arch = "x86_64")]
+    if isa_available(Isa::Avx512) {
+        const BLOCK: usize = 2 * avx512::GROUP_ROWS;
+        for (b, a) in acc.chunks_mut(BLOCK).enumerate() {
+            let cp = codes[b * BLOCK * n..].as_ptr();
+            // SAFETY: AVX-512 F/BW/VBMI were detected; the block's rows
+            // (a.len() of them, from row b*BLOCK) hold positions 0..n inside
+            // `codes`, `planes` holds c1 positions (checked above).
+            unsafe {
+                if a.len() > avx512::GROUP_ROWS {
+                    avx512::rvq_rows::<2>(pb.as_ptr(), cp, n, c0, c1, a.len(), a.as_mut_ptr())
+                } else {
+                    avx512::rvq_rows::<1>(pb.as_ptr(), cp, n, c0, c1, a.len(), a.as_mut_ptr())
+                }
+            }
+        }
+        return;
+    }
+    rvq_rows_planes_scalar(pb, codes, n, c0, c1, acc)
+}
+
+/// Portable twin of the AVX-512 row kernel on plane-layout table bytes.
+pub(crate) fn rvq_rows_planes_scalar(planes: &[u8], codes: &[u8], n: usize, c0: usize, c1: usize, acc: &mut [f32]) {
+    for (r, a) in acc.iter_mut().enumerate() {
+        for (j, &c) in codes[r * n..r * n + c1].iter().enumerate().skip(c0) {
+            let t = &planes[j * PLANE_BYTES + c as usize..];
+            let e = CODEBOOK_ENTRIES;
+            *a += f32::from_le_bytes([t[0], t[e], t[2 * e], t[3 * e]]);
         }
     }
 }
@@ -393,3 +489,6 @@ pub(crate) fn build_tables_generic(x: &[f32], cbt: &[f32], stages: usize, entrie
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;

@@ -80,6 +80,11 @@ pub struct BenchArgs {
     /// measured ones, to fill the cache; not counted.
     #[arg(long, default_value_t = 0)]
     pub warmup: usize,
+    /// Run every configuration this many times, round by round in this
+    /// process (each on a freshly opened model, so each starts cold), and
+    /// report the median and spread: the machine is noisy, one run is not a figure.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub repeat: u32,
     #[arg(long)]
     pub json: bool,
 }
@@ -130,14 +135,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if let Some(&bad) = chunks.iter().find(|&&c| waste_host::model::prefill::check_chunk(c).is_err()) {
         bail!(usage(format!("--chunk {bad}: expected 1 to {}", waste_host::model::prefill::MAX_PREFILL_CHUNK)));
     }
-    let mut runs: Vec<(Option<u64>, usize, Option<usize>, usize)> = Vec::new();
+    let mut configs: Vec<(Option<u64>, usize, Option<usize>, usize)> = Vec::new();
     for &b in &budgets {
         for &l in &lookaheads {
             for &t in &threads {
-                runs.extend(chunks.iter().map(|&c| (b, l, t, c)));
+                configs.extend(chunks.iter().map(|&c| (b, l, t, c)));
             }
         }
     }
+    // Round by round, so every configuration sees the machine's moods alike.
+    let runs: Vec<_> = (0..a.repeat).flat_map(|_| configs.iter().copied()).collect();
     let mut rows = Vec::new();
     for (run, (budget, lookahead, threads, chunk)) in runs.into_iter().enumerate() {
         let options = OpenOptions {
@@ -240,7 +247,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "prefetch_used": s.prefetch_used, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
             "prefill": a.prefill, "chunk": chunk, "reads": s.reads,
-            "peak_rss": waste_host::plan::peak_rss(),
+            "peak_rss": waste_host::plan::peak_rss(), "round": run / configs.len(),
         });
         // Speculative reads never used inflate `gb_read`: `useful_*` counts
         // only records a forward pass consumed.
@@ -256,8 +263,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         rows.push(row);
     }
+    let summary = if a.repeat > 1 { summarise(&rows, configs.len()) } else { Vec::new() };
     if a.json {
-        let out = if rows.len() == 1 { rows.remove(0) } else { json!(rows) };
+        let out = match (rows.len(), a.repeat) {
+            (1, _) => rows.remove(0),
+            (_, 1) => json!(rows),
+            _ => json!({"rows": rows, "summary": summary}),
+        };
         outln!("{out}");
     } else {
         for r in &rows {
@@ -282,8 +294,55 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 r["direct_io"]
             );
         }
+        for m in &summary {
+            let f = |k: &str| m[k].as_f64().unwrap_or(f64::NAN);
+            outln!(
+                "budget {}, lookahead {}, threads {}: median {:.2} tok/s over {} rounds (min {:.2}, max {:.2}); achieved / raw median {:.2} (min {:.2}, max {:.2})",
+                fmt_bytes(f("budget") as u64),
+                m["lookahead"],
+                m["threads"],
+                f("tok_per_s_median"),
+                m["rounds"],
+                f("tok_per_s_min"),
+                f("tok_per_s_max"),
+                f("achieved_over_raw_median"),
+                f("achieved_over_raw_min"),
+                f("achieved_over_raw_max"),
+            );
+        }
     }
     Ok(())
+}
+
+/// Per configuration (rows `i`, `i + configs`, ...): the median, min and max
+/// of tok/s and of achieved / raw bandwidth over the rounds.
+fn summarise(rows: &[serde_json::Value], configs: usize) -> Vec<serde_json::Value> {
+    let stats = |mut v: Vec<f64>| -> (Option<f64>, Option<f64>, Option<f64>) {
+        v.retain(|x| x.is_finite());
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            return (None, None, None);
+        }
+        let n = v.len();
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        (Some(median), v.first().copied(), v.last().copied())
+    };
+    (0..configs)
+        .map(|c| {
+            let mine: Vec<&serde_json::Value> = rows.iter().skip(c).step_by(configs).collect();
+            let of = |k: &str| mine.iter().filter_map(|r| r[k].as_f64()).collect::<Vec<f64>>();
+            let (tm, tmin, tmax) = stats(of("tok_per_s"));
+            let (rm, rmin, rmax) = stats(of("achieved_over_raw"));
+            let first = mine[0];
+            json!({
+                "budget": first["budget"], "lookahead": first["lookahead"], "threads": first["threads"],
+                "chunk": first["chunk"], "rounds": mine.len(),
+                "tok_per_s_median": tm, "tok_per_s_min": tmin, "tok_per_s_max": tmax,
+                "achieved_over_raw_median": rm, "achieved_over_raw_min": rmin, "achieved_over_raw_max": rmax,
+                "raw_gb_per_s": of("raw_random_read_gb_per_s"),
+            })
+        })
+        .collect()
 }
 
 /// Process (user, system) CPU seconds since `before` was taken.

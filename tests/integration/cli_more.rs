@@ -164,3 +164,23 @@ fn run_route_log_is_a_trace_that_bench_replays() {
     let o = waste(&["bench", c, "--route-trace", log.to_str().unwrap(), "--tokens", "5", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// `waste bench --repeat N` runs each configuration N times round by round
+/// and summarises them: median inside [min, max], one entry per configuration.
+#[test]
+fn bench_repeat_reports_the_median_and_spread_of_its_rounds() {
+    let tmp = TempDir::new("bench-repeat");
+    let container = convert("qwen3_moe", "q8", "q8", tmp.path());
+    let c = container.to_str().unwrap();
+    let j = json_of(&["bench", c, "--tokens", "4", "--repeat", "3", "--threads", "1,2", "--raw-reads", "8", "--json"]);
+    let (rows, summary) = (j["rows"].as_array().unwrap(), j["summary"].as_array().unwrap());
+    assert_eq!(rows.len(), 6);
+    assert_eq!(rows.iter().map(|r| r["round"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 0, 1, 1, 2, 2]);
+    assert_eq!(summary.len(), 2);
+    for (m, threads) in summary.iter().zip([1, 2]) {
+        assert_eq!((m["rounds"].as_u64(), m["threads"].as_u64()), (Some(3), Some(threads)), "{m}");
+        let f = |k: &str| m[k].as_f64().unwrap();
+        assert!(f("tok_per_s_min") <= f("tok_per_s_median") && f("tok_per_s_median") <= f("tok_per_s_max"), "{m}");
+        assert_eq!(m["raw_gb_per_s"].as_array().unwrap().len(), 3, "{m}");
+    }
+}

@@ -206,7 +206,7 @@ fn server_parses_each_familys_tool_call() {
         serde_json::from_str(&std::fs::read_to_string(root().join("tests/server/tool_call_expected.json")).unwrap())
             .unwrap();
     let cases = expected["cases"].as_object().unwrap();
-    assert_eq!(cases.len(), 4, "Hermes JSON, Qwen3.5 XML, GLM, MiniMax");
+    assert_eq!(cases.len(), 5, "Hermes JSON, Qwen3.5 XML, GLM, MiniMax, gpt-oss harmony");
     for (name, case) in cases {
         tool_call_round_trip(name, case);
     }

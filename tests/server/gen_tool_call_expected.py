@@ -2,7 +2,7 @@
 """Writes tests/server/tool_call_expected.json for the end-to-end tool-call
 tests (tests/integration/server.rs, server_parses_each_familys_tool_call,
 running test_tool_calls.py): tiny fixtures given their family's real chat
-template (Qwen3's, and llama.cpp's Qwen3.5, GLM-4.6 and MiniMax-M2 copies
+template (Qwen3's, and llama.cpp's Qwen3.5, GLM-4.6, MiniMax-M2 and gpt-oss-120b copies
 in tests/fixtures/chat_templates/llamacpp), as transformers tokenizes them.
 Run by hand, offline:
 
@@ -47,6 +47,12 @@ CASES = [
      "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"),
     ("minimax_m2", "tiny-minimax_m2", "MiniMax-M2.jinja",
      '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>'),
+    # Harmony: the analysis channel is reasoning, the commentary channel to
+    # functions.NAME a call. The tiny fixture's vocabulary has no harmony
+    # special tokens, so they are text here, for transformers and for us alike.
+    ("gpt_oss", "tiny-gpt_oss", "openai-gpt-oss-120b.jinja",
+     "<|channel|>analysis<|message|>The user wants the weather.<|end|><|start|>assistant"
+     '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}<|call|>'),
 ]
 
 

@@ -186,9 +186,19 @@ fn repl_tty(chat: &mut Chat) -> Result<()> {
 
 /// Plain line reading for a piped stdin: no prompt, no editing.
 fn repl_lines(chat: &mut Chat) -> Result<()> {
-    for line in std::io::stdin().lock().lines() {
-        let line = line.context("reading stdin")?;
-        if !chat.line(&line) {
+    let mut stdin = std::io::stdin().lock();
+    let mut bytes = Vec::new();
+    for n in 1.. {
+        bytes.clear();
+        if stdin.read_until(b'\n', &mut bytes).context("reading stdin")? == 0 {
+            break;
+        }
+        let Ok(text) = std::str::from_utf8(&bytes) else {
+            // One bad line of a piped file is reported, not the end of the chat.
+            eprintln!("line {n} of the input is not UTF-8; skipped");
+            continue;
+        };
+        if !chat.line(text.trim_end_matches(['\n', '\r'])) {
             break;
         }
     }

@@ -56,9 +56,14 @@ pub struct ServeArgs {
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
-    let body_limit = crate::open::budget_arg(&Some(a.max_body.clone()))
-        .map_err(|e| usage(format!("--max-body: {e}")))?
-        .unwrap_or(4 << 20);
+    let body_limit = crate::open::size_arg("--max-body", &Some(a.max_body.clone()))?.unwrap_or(4 << 20);
+    // Either would start a server that refuses every request.
+    if body_limit == 0 {
+        return Err(usage("--max-body 0: no request would fit; give a size such as 4M"));
+    }
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        return Err(usage("--api-key is empty: no request could match it; give a key or leave the option out"));
+    }
     let budget = crate::open::budget_arg(&a.model.budget)?;
     let sampler = match &a.sampler {
         Some(path) => Some(crate::open::sampler_plugin(path, &a.sampler_opt)?),

@@ -31,11 +31,16 @@ pub struct ModelArgs {
 
 /// `--budget SIZE` parsed: `1.5G`, `800M`, `2GiB`, bytes.
 pub fn budget_arg(s: &Option<String>) -> Result<Option<u64>> {
+    size_arg("--budget", s)
+}
+
+/// A size option (`1.5G`, `800M`, `2GiB`), named in its error.
+pub fn size_arg(flag: &str, s: &Option<String>) -> Result<Option<u64>> {
     match s {
         None => Ok(None),
         Some(t) => parse_size(t)
             .map(Some)
-            .ok_or_else(|| usage(format!("--budget {t:?}: expected a size such as 1.5G, 800M or 2GiB"))),
+            .ok_or_else(|| usage(format!("{flag} {t:?}: expected a size such as 1.5G, 800M or 2GiB"))),
     }
 }
 
@@ -72,6 +77,12 @@ pub fn thread_args(args: &ModelArgs) -> Result<(Option<usize>, Option<waste_host
         None => None,
         Some(list) => Some(waste_host::pool::CpuSet::parse(list).map_err(|e| usage(format!("--cpus: {e}")))?),
     };
+    // More threads than CPUs only queue behind each other (4 tokens took
+    // 35-60 s at --threads 3000).
+    let available = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Some(n) = args.threads.filter(|&n| n as usize > available) {
+        return Err(usage(format!("--threads {n}: this machine has {available} CPUs available")));
+    }
     Ok((args.threads.map(|n| n as usize), cpus))
 }
 

@@ -54,7 +54,9 @@ async fn auth(State(state): State<Shared>, request: HttpRequest, next: Next) -> 
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            // RFC 9110 11.1: the scheme is case-insensitive (`bearer` too).
+            .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")))
+            .map(|(_, key)| key);
         if !given.is_some_and(|g| constant_time_eq(g.trim().as_bytes(), key.as_bytes())) {
             return ApiError::unauthorized().into_response();
         }

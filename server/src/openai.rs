@@ -74,6 +74,13 @@ pub const MODEL_WARNING: &str = "x-waste-warning";
 async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Result<Response, ApiError> {
     let bytes = read_body(&state, &headers, body).await?;
     let req: Request = request::parse(&bytes, chat, state.context)?;
+    let vocab = state.model.info().vocab_size;
+    if let Some((id, _)) = req.params.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+        return Err(ApiError::bad_request(
+            format!("`logit_bias` names token {id}; the vocabulary has {vocab}"),
+            Some("logit_bias"),
+        ));
+    }
     let warning = match &req.model {
         Some(m) if *m != state.model_id => {
             if state.strict_model_name {

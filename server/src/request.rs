@@ -209,9 +209,10 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(bad("model", "a string")),
     };
-    if let Some(n) = field(o, "n") {
-        if n.as_u64() != Some(1) {
-            return Err(ApiError::bad_request("only `n` = 1 is supported", Some("n")));
+    // Fields that would change the answer are refused rather than ignored.
+    for key in ["n", "best_of"] {
+        if field(o, key).is_some_and(|n| n.as_u64() != Some(1)) {
+            return Err(ApiError::bad_request(format!("only `{key}` = 1 is supported"), Some(key)));
         }
     }
     let (prompt, tools_enabled) = if chat {
@@ -272,9 +273,30 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         seed,
         max_tokens: max_tokens.unwrap_or(context as u64).min(u32::MAX as u64) as u32,
         stop_strings: stop_strings(o)?,
+        logit_bias: logit_bias(o)?,
         ..GenerateParams::default()
     };
     Ok(Request { model, prompt, params, stream, include_usage, logprobs, tools_enabled })
+}
+
+/// OpenAI's `logit_bias`: token ids (as JSON object keys) to a bias in
+/// [-100, 100] added to their logits; the ids are checked against the
+/// vocabulary by the handler, which knows it.
+fn logit_bias(o: &Obj) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(v) = field(o, "logit_bias") else {
+        return Ok(Vec::new());
+    };
+    let map = v.as_object().ok_or_else(|| bad("logit_bias", "an object of token ids to numbers"))?;
+    let mut out = Vec::with_capacity(map.len());
+    for (id, bias) in map {
+        let id: u32 = id.parse().map_err(|_| bad("logit_bias", &format!("keyed by token ids; {id:?} is not one")))?;
+        let bias = bias
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| bad("logit_bias", &format!("a bias in [-100, 100] for token {id}")))?;
+        out.push((id, bias as f32));
+    }
+    Ok(out)
 }
 
 /// A seed for a request that gives none: different per request, as

@@ -23,6 +23,7 @@ mod oracle;
 mod plan_k3;
 mod plugins;
 mod prefill;
+mod reliability;
 mod server;
 mod session;
 mod streaming;

@@ -383,3 +383,52 @@ fn server_chat_template_kwargs_reach_the_template() {
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["param"], "chat_template_kwargs", "{body}");
 }
+
+/// Sends one request with a raw `Authorization` header; returns the status.
+fn status_with_auth(url: &str, auth: &str) -> u16 {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://").split('/').next().unwrap();
+    let mut conn = std::net::TcpStream::connect(host).unwrap();
+    write!(conn, "GET /v1/models HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{answer}"))
+}
+
+/// A lowercase `bearer` scheme was answered 401 (RFC 9110: schemes are
+/// case-insensitive); a wrong key still is.
+#[test]
+fn server_accepts_any_case_of_the_bearer_scheme() {
+    let (_server, url) = start(&bible(), &[]);
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        assert_eq!(status_with_auth(&url, &format!("{scheme} {KEY}")), 200, "{scheme}");
+    }
+    assert_eq!(status_with_auth(&url, "bearer wrong"), 401);
+    assert_eq!(status_with_auth(&url, &format!("Basic {KEY}")), 401);
+}
+
+/// `logit_bias` was neither applied nor validated by the server, and
+/// `best_of` was silently ignored.
+#[test]
+fn server_applies_and_validates_logit_bias_and_refuses_best_of() {
+    let (_server, url) = start(&bible(), &[]);
+    // Token 261 is " the" in bible-moe's vocabulary (`waste tokenize`).
+    let body = |extra: serde_json::Value| {
+        let mut b = serde_json::json!({"prompt": "And God said", "max_tokens": 4, "temperature": 0});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let (status, j) = post_json(&url, "/v1/completions", &body(serde_json::json!({"logit_bias": {"261": 100}})));
+    assert_eq!(status, 200, "{j}");
+    assert_eq!(j["choices"][0]["text"], " the the the the", "{j}");
+    for (extra, field) in [
+        (serde_json::json!({"logit_bias": {"99999999": 1}}), "logit_bias"),
+        (serde_json::json!({"logit_bias": {"261": 101}}), "logit_bias"),
+        (serde_json::json!({"logit_bias": {"x": 1}}), "logit_bias"),
+        (serde_json::json!({"best_of": 2}), "best_of"),
+    ] {
+        let (status, j) = post_json(&url, "/v1/completions", &body(extra.clone()));
+        assert_eq!((status, j["error"]["param"].as_str()), (400, Some(field)), "{extra}: {j}");
+    }
+}

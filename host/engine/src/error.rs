@@ -27,7 +27,7 @@ pub enum Error {
 
     /// A RAM budget under the model's floor: what open needs at the least
     /// (`waste plan` shows the parts). `detail` names the parts.
-    #[error("invalid argument: a budget of {} is under this model's floor of {} ({detail}); run `waste plan MODEL` for the sizes", crate::size::fmt_bytes(*budget), crate::size::fmt_bytes(*floor))]
+    #[error("invalid argument: a budget of {} is under this model's floor of {} ({detail}); run `waste plan MODEL` for the sizes", crate::size::fmt_bytes_apart(*budget, *floor).0, crate::size::fmt_bytes_apart(*budget, *floor).1)]
     Budget { budget: u64, floor: u64, detail: String },
 
     /// The model's chat template refused the conversation (it raised, or it

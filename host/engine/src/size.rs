@@ -15,6 +15,16 @@ pub fn fmt_bytes(n: u64) -> String {
     }
 }
 
+/// Two sizes shown side by side, with as many digits as it takes for them
+/// to differ when they do ("4.8 MB is under the floor of 4.8 MB" said nothing).
+pub fn fmt_bytes_apart(a: u64, b: u64) -> (String, String) {
+    let (x, y) = (fmt_bytes(a), fmt_bytes(b));
+    if x != y || a == b {
+        return (x, y);
+    }
+    (format!("{a} bytes"), format!("{b} bytes"))
+}
+
 /// Parses `1.5G`, `512M`, `800MB`, `2GiB`, `123456` (bytes). G/M/K are
 /// decimal; GiB/MiB/KiB binary.
 pub fn parse_size(s: &str) -> Option<u64> {
@@ -35,4 +45,19 @@ pub fn parse_size(s: &str) -> Option<u64> {
     };
     let bytes = v * mult;
     (bytes.is_finite() && (0.0..1.8e19).contains(&bytes)).then_some(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// "a budget of 4.8 MB is under this model's floor of 4.8 MB" said nothing.
+    #[test]
+    fn sizes_side_by_side_show_the_digits_that_differ() {
+        let (a, b) = fmt_bytes_apart(4_800_000, 4_830_000);
+        assert_ne!(a, b);
+        assert_eq!((a.as_str(), b.as_str()), ("4800000 bytes", "4830000 bytes"));
+        assert_eq!(fmt_bytes_apart(2_000_000_000, 1_000_000), ("2.00 GB".into(), "1.0 MB".into()));
+        assert_eq!(fmt_bytes_apart(5, 5), ("5 B".into(), "5 B".into()));
+    }
 }

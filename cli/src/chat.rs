@@ -344,8 +344,8 @@ impl Chat {
 
     fn load(&mut self, path: &Path) -> Result<()> {
         let side = messages_path(path);
-        let text = std::fs::read_to_string(&side)
-            .with_context(|| format!("reading {} (written by /save next to the session file)", side.display()))?;
+        let text =
+            crate::input::read_text(&side, 64 << 20, "the saved messages (written by /save next to the session file)")?;
         let value: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", side.display()))?;
         let list = value["messages"].as_array().with_context(|| format!("{}: no messages list", side.display()))?;

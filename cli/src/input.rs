@@ -12,7 +12,7 @@ use crate::errors::usage;
 /// with stdin not a terminal).
 pub fn read_prompt(arg: Option<&str>, file: Option<&Path>) -> Result<String> {
     if let Some(path) = file {
-        return std::fs::read_to_string(path).with_context(|| format!("reading the prompt from {}", path.display()));
+        return read_text(path, MAX_PROMPT_FILE_BYTES, "the prompt");
     }
     match arg {
         Some("-") => read_stdin(),
@@ -34,6 +34,17 @@ fn read_stdin() -> Result<String> {
 pub fn encode(session: &mut Session, text: &str, markup: bool) -> Result<Vec<u32>> {
     let tokens = if markup { session.tokenize_markup(text)? } else { session.tokenize(text)? };
     Ok(tokens)
+}
+
+/// The largest `--file` prompt: far past any context, well under RAM.
+const MAX_PROMPT_FILE_BYTES: u64 = 64 << 20;
+
+/// A text file the user named, bounded before it is read (a FIFO or
+/// `/dev/zero` is refused, not read until memory runs out) and UTF-8.
+pub fn read_text(path: &Path, limit: u64, what: &str) -> Result<String> {
+    let bytes =
+        waste_host::files::read_file(path, limit).with_context(|| format!("reading {what} from {}", path.display()))?;
+    String::from_utf8(bytes).map_err(|_| usage(format!("{}: {what} is not UTF-8", path.display())))
 }
 
 /// The largest chat template file taken (real ones are a few kB).

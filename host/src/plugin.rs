@@ -57,11 +57,15 @@ pub struct SamplerPlugin {
     live: Option<(Store<PluginState>, Bindings)>,
 }
 
+/// The largest sampler component loaded.
+const MAX_PLUGIN_BYTES: u64 = 64 << 20;
+
 impl SamplerPlugin {
     /// Compiles the component at `path`. `options` reach the plugin's
     /// `begin` with every generation.
     pub fn load(path: &Path, options: Vec<(String, f32)>, limits: PluginLimits) -> Result<SamplerPlugin> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        // Real plugins are a few hundred kB.
+        let bytes = waste_engine::files::read_file(path, MAX_PLUGIN_BYTES)?;
         let mut config = Config::new();
         config.consume_fuel(true);
         let engine =

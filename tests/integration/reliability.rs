@@ -66,3 +66,127 @@ fn chat_skips_an_invalid_utf8_line_of_piped_input_and_goes_on() {
     // The line after the bad one still ran.
     assert!(out.contains("turns 1"), "{out}");
 }
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+type Edit = fn(&mut serde_json::Value);
+
+/// 8 of 340 inconsistent manifests were accepted (a misaligned trunk
+/// tensor gave NaN with exit 0; duplicates made `info` count a 3 GB trunk):
+/// each is now refused at open with one line naming what is wrong.
+#[test]
+fn inconsistent_manifests_are_refused_with_one_line_naming_the_field() {
+    let tmp = TempDir::new("manifests");
+    let base = convert("qwen3_moe", "rvq3", "q4", tmp.path());
+    let cases: [(&str, Edit, &str); 6] = [
+        ("misaligned", |m| m["trunk"]["tensors"][0]["offset"] = 4.into(), "is not a multiple of 64"),
+        (
+            "overlap",
+            |m| {
+                let at = m["trunk"]["tensors"][0]["offset"].clone();
+                m["trunk"]["tensors"][1]["offset"] = at;
+            },
+            "overlaps",
+        ),
+        (
+            "duplicate",
+            |m| {
+                let t = m["trunk"]["tensors"][0].clone();
+                m["trunk"]["tensors"].as_array_mut().unwrap().push(t);
+            },
+            "appears twice",
+        ),
+        (
+            "missing",
+            |m| {
+                let t = m["trunk"]["tensors"].as_array_mut().unwrap();
+                let i = t.iter().position(|t| t["name"] == "model.norm.weight").unwrap();
+                t.remove(i);
+            },
+            "model.norm.weight is missing",
+        ),
+        (
+            "duplicate-layer",
+            |m| {
+                let l = m["experts"]["layers"][0].clone();
+                m["experts"]["layers"].as_array_mut().unwrap().push(l);
+            },
+            "two expert banks for layer",
+        ),
+        (
+            "codebooks",
+            |m| {
+                let cb = &mut m["experts"]["layers"][0]["codebooks"];
+                cb["down_offset"] = cb["gate_up_offset"].clone();
+            },
+            "overlap",
+        ),
+    ];
+    for (name, edit, needle) in cases {
+        let dir = tmp.path().join(format!("{name}.waste"));
+        copy_dir(&base, &dir);
+        let path = dir.join("manifest.json");
+        let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut m);
+        std::fs::write(&path, m.to_string()).unwrap();
+        let o = waste(&["eval", dir.to_str().unwrap(), "Hello"]);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{name}: accepted");
+        assert!(err.contains(needle) && err.trim().lines().count() == 1, "{name}: {err}");
+    }
+}
+
+/// `--load-state`, `--file`, `tokenize --file` and `--sampler` read their
+/// file whole before any check (`/dev/zero` grew ~1 GB/s until OOM), and a
+/// container member that is a FIFO hung `info`: each is refused at once.
+#[test]
+fn files_that_are_not_regular_or_too_large_are_refused_before_reading() {
+    let tmp = TempDir::new("bounded");
+    let m = bible();
+    let zero = "/dev/zero";
+    let started = std::time::Instant::now();
+    one_line_failure(&["run", &m, "Hi", "-n", "1", "--load-state", zero], "not a regular file");
+    one_line_failure(&["run", &m, "-n", "1", "--file", zero], "not a regular file");
+    one_line_failure(&["tokenize", &m, "--file", zero], "not a regular file");
+    one_line_failure(&["run", &m, "Hi", "-n", "1", "--sampler", zero], "not a regular file");
+    // A sparse 3 GB "session": larger than any session of this model.
+    let big = tmp.path().join("big.state");
+    std::fs::File::create(&big).unwrap().set_len(3 << 30).unwrap();
+    one_line_failure(&["run", &m, "Hi", "-n", "1", "--load-state", big.to_str().unwrap()], "more than a session");
+    assert!(started.elapsed().as_secs() < 60, "a refusal read its file: {:?}", started.elapsed());
+
+    let dir = tmp.path().join("fifo.waste");
+    copy_dir(std::path::Path::new(&m), &dir);
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    let fifo = std::ffi::CString::new(dir.join("tokenizer.json").to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+    assert_eq!(unsafe { libc_mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let mut child = Command::new(waste_bin())
+        .args(["info", dir.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("waste info hung on a FIFO in the container");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("not a regular file"), "{}", stderr(&o));
+}
+
+extern "C" {
+    #[link_name = "mkfifo"]
+    fn libc_mkfifo(path: *const std::ffi::c_char, mode: u32) -> i32;
+}

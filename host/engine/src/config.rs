@@ -377,7 +377,8 @@ impl Reader<'_> {
 
 impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<ModelConfig> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::files::read_file(path, 16 << 20)?;
+        let text = String::from_utf8(bytes).map_err(|_| Error::format(path, "not UTF-8"))?;
         Self::from_json_str(&text, path)
     }
 

@@ -6,13 +6,24 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// The whole of `path`, refused when it is larger than `limit` bytes.
+/// The whole of `path`, refused when it is not a regular file (a FIFO would
+/// hang the read, a device never end it) or is larger than `limit` bytes.
 pub fn read_file(path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    let meta = regular_file(path)?;
     if meta.len() > limit {
         return Err(Error::format(path, format!("file is {} bytes, more than the {limit} allowed", meta.len())));
     }
     std::fs::read(path).map_err(|e| Error::io(path, e))
+}
+
+/// The metadata of `path`, refused unless it is a regular file: checked
+/// before anything opens it, since opening a FIFO blocks.
+pub fn regular_file(path: &Path) -> Result<std::fs::Metadata> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::format(path, "not a regular file (a directory, FIFO or device)"));
+    }
+    Ok(meta)
 }
 
 /// FNV-1a, 64 bit: a cheap identity for files and sources, not a MAC.

@@ -2,7 +2,6 @@
 //! file per MoE layer, per-layer codebooks. Reading records (direct I/O,
 //! cache, reader threads) is the expert store's job.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::manifest::{record, Manifest, MANIFEST_FILE, RECORD_ALIGN};
@@ -73,8 +72,14 @@ impl ExpertBanks {
                     entry.experts, config.num_experts
                 )));
             }
+            if banks[layer].is_some() {
+                return Err(bad(format!("two expert banks for layer {layer}")));
+            }
             let path = plain_file_name(dir, &entry.file, &mpath)?;
-            let len = File::open(&path).and_then(|f| f.metadata()).map_err(|err| Error::io(&path, err))?.len();
+            if banks.iter().flatten().any(|b| b.path == path) {
+                return Err(bad(format!("layer {layer}'s bank file {} is another layer's too", entry.file)));
+            }
+            let len = crate::files::regular_file(&path)?.len();
             let expected = entry.experts * e.record_bytes;
             if len != expected {
                 return Err(Error::format(
@@ -177,6 +182,18 @@ fn load_codebooks(dir: &Path, cb: &super::manifest::CodebookEntry, mpath: &Path)
             .map(|end| &bytes[offset as usize..end as usize])
             .ok_or_else(|| Error::format(&path, "codebook range lies beyond the end of the file"))
     };
+    // Gate/up and down have codebooks of their own; one range for both is
+    // a damaged manifest, not a layout.
+    let (a, b) = ((cb.gate_up_offset, cb.gate_up_bytes), (cb.down_offset, cb.down_bytes));
+    if a.0 < b.0.saturating_add(b.1) && b.0 < a.0.saturating_add(a.1) {
+        return Err(Error::format(
+            mpath,
+            format!(
+                "codebooks of {}: the gate/up range {}+{} and the down range {}+{} overlap",
+                cb.file, a.0, a.1, b.0, b.1
+            ),
+        ));
+    }
     let stages = cb.stages as usize;
     let gate_up = Codebooks::from_bytes(stages, slice(cb.gate_up_offset, cb.gate_up_bytes)?)
         .map_err(|e| Error::format(&path, e.to_string()))?;

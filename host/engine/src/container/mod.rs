@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use crate::files::read_file;
 
 pub use experts::ExpertBanks;
-use manifest::{Manifest, TensorEntry, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE};
+use manifest::{Manifest, TensorEntry, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, TENSOR_ALIGN};
 pub use rows::TrunkRows;
 
 use crate::config::ModelConfig;
@@ -30,6 +30,9 @@ use crate::source::{StoredRows, TensorSource};
 
 /// A manifest larger than this is not one of ours.
 const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+/// A tokenizer file: the largest real tokenizer.json (a 256k vocabulary with
+/// its merges) is ~20 MB.
+const MAX_TOKENIZER_FILE_BYTES: u64 = 256 << 20;
 
 pub struct Container {
     dir: PathBuf,
@@ -94,12 +97,21 @@ impl Container {
         config.adapt_to_tensor_names(manifest.trunk.tensors.iter().map(|t| t.name.as_str()));
 
         let trunk_path = plain_file_name(dir, &manifest.trunk.file, &manifest_path)?;
+        let trunk_len = crate::files::regular_file(&trunk_path)?.len();
         let trunk = File::open(&trunk_path).map_err(|e| Error::io(&trunk_path, e))?;
-        let trunk_len = trunk.metadata().map_err(|e| Error::io(&trunk_path, e))?.len();
         let mut tensors = HashMap::new();
-        for t in &manifest.trunk.tensors {
+        for (i, t) in manifest.trunk.tensors.iter().enumerate() {
             validate_tensor(t, trunk_len, &trunk_path)?;
-            tensors.insert(t.name.clone(), t.clone());
+            if tensors.insert(t.name.clone(), t.clone()).is_some() {
+                return Err(Error::format(
+                    &manifest_path,
+                    format!("trunk.tensors[{i}]: tensor {} appears twice", t.name),
+                ));
+            }
+        }
+        check_disjoint(&manifest.trunk.tensors, &manifest_path)?;
+        if let Some(missing) = config.trunk_tensor_names().into_iter().find(|n| !tensors.contains_key(n)) {
+            return Err(Error::format(&manifest_path, format!("trunk.tensors: tensor {missing} is missing")));
         }
 
         let mut eos_tokens = config.eos_token_ids.clone();
@@ -115,7 +127,7 @@ impl Container {
         let mut tokenizer_files = Vec::new();
         for name in &manifest.tokenizer_files {
             let path = plain_file_name(dir, name, &manifest_path)?;
-            let bytes = read_file(&path, 1 << 30)?;
+            let bytes = read_file(&path, MAX_TOKENIZER_FILE_BYTES)?;
             match name.as_str() {
                 "tokenizer.json" => {
                     std::str::from_utf8(&bytes).map_err(|_| Error::format(&path, "not UTF-8"))?;
@@ -218,8 +230,37 @@ impl Container {
     }
 }
 
+/// No two trunk tensors share a byte (a damaged manifest could point two
+/// names at one range, and the planner would count both).
+fn check_disjoint(entries: &[TensorEntry], manifest: &Path) -> Result<()> {
+    let mut by_offset: Vec<&TensorEntry> = entries.iter().collect();
+    by_offset.sort_by_key(|t| (t.offset, t.bytes));
+    for pair in by_offset.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if a.offset + a.bytes > b.offset {
+            return Err(Error::format(
+                manifest,
+                format!(
+                    "trunk.tensors: {} (bytes {}..{}) overlaps {} (from byte {})",
+                    a.name,
+                    a.offset,
+                    a.offset + a.bytes,
+                    b.name,
+                    b.offset
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn validate_tensor(t: &TensorEntry, file_len: u64, path: &Path) -> Result<()> {
     let bad = |msg: String| Error::format(path, format!("tensor {}: {msg}", t.name));
+    // The kernels read rows with aligned loads; the converter writes every
+    // tensor at a multiple of TENSOR_ALIGN.
+    if !t.offset.is_multiple_of(TENSOR_ALIGN) {
+        return Err(bad(format!("offset {} is not a multiple of {TENSOR_ALIGN}", t.offset)));
+    }
     let fmt = TrunkFormat::parse(&t.format).ok_or_else(|| bad(format!("unknown format {:?}", t.format)))?;
     let (rows, cols) = match t.shape.as_slice() {
         [n] => (1, *n),

@@ -301,7 +301,16 @@ pub fn save_session(path: &Path, shape: &SessionShape, state: &State, transcript
 /// file is valid and matches `shape` and the state's layout.
 pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Result<Transcript> {
     let bad = |msg: String| Error::format(path, msg);
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    // No session of this model is larger than its header limit plus its
+    // whole state: a bigger file is refused before it is read.
+    let limit = 8 + 4 + 4 + u64::from(MAX_HEADER_BYTES) + state.bytes() as u64 + 8;
+    let len = crate::files::regular_file(path)?.len();
+    if len > limit {
+        return Err(bad(format!(
+            "{len} bytes, more than a session of this model can hold ({limit}): not its session file"
+        )));
+    }
+    let bytes = crate::files::read_file(path, limit)?;
     if bytes.len() < 8 + 4 + 4 + 8 || &bytes[..8] != MAGIC {
         return Err(bad("not a waste session file".into()));
     }

@@ -16,7 +16,8 @@ pub struct RouteTrace {
 }
 
 pub fn read_route_trace(path: &Path) -> Result<RouteTrace> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::files::read_file(path, 1 << 30)?;
+    let text = String::from_utf8(bytes).map_err(|_| Error::format(path, "not UTF-8"))?;
     let mut steps = Vec::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let bad = |msg: &str| Error::format(path, format!("line {}: {msg}", n + 1));

@@ -48,11 +48,21 @@ pub struct ServeArgs {
     /// Let browsers call from this origin, e.g. http://localhost:3000
     /// (repeatable; `*` for any): preflights are answered, answers carry
     /// Access-Control-Allow-Origin.
-    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    #[arg(long = "cors-origin", value_name = "ORIGIN", visible_alias = "allow-origin")]
     pub cors_origins: Vec<String>,
     /// No log line per request on stderr.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// Seconds a client has to send a request's headers; an idle keep-alive
+    /// connection is closed after as long.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_timeout: u64,
+    /// Seconds a request body may take to arrive (408 past it).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_timeout: u64,
+    /// Connections open at once; more are closed at accept.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_connections: u32,
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -100,9 +110,15 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         strict_model_name: a.strict_model_name,
         cors_origins: a.cors_origins,
         quiet: a.quiet,
+        header_timeout: std::time::Duration::from_secs(a.header_timeout),
+        body_timeout: std::time::Duration::from_secs(a.body_timeout),
+        max_connections: a.max_connections as usize,
     };
+    let local_only = options.api_key.is_none();
     waste_server::serve(engine, model, options, |addr| {
-        eprintln!("waste serve: model {model_id:?} listening on http://{addr}");
+        let who =
+            if local_only { " (no --api-key: answering this machine only; browsers need --cors-origin)" } else { "" };
+        eprintln!("waste serve: model {model_id:?} listening on http://{addr}{who}");
     })
     .context("serving")?;
     Ok(())

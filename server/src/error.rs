@@ -59,6 +59,37 @@ impl ApiError {
         }
     }
 
+    pub fn unsupported_media_type() -> Self {
+        ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: "the request body must be JSON, sent with `Content-Type: application/json`".into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("unsupported_media_type"),
+        }
+    }
+
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!("the request body did not arrive within {} s", limit.as_secs_f64()),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_timeout"),
+        }
+    }
+
+    /// A request this server does not take from where it came from.
+    pub fn forbidden(message: String, code: &'static str) -> Self {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            message,
+            kind: "invalid_request_error",
+            param: None,
+            code: Some(code),
+        }
+    }
+
     pub fn too_large(limit: usize) -> Self {
         ApiError {
             status: StatusCode::PAYLOAD_TOO_LARGE,

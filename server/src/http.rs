@@ -64,6 +64,23 @@ async fn auth(State(state): State<Shared>, request: HttpRequest, next: Next) -> 
     next.run(request).await
 }
 
+/// `localhost`, `127.x.y.z` or `[::1]`, with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        },
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// An `Origin` (`http://localhost:3000`) naming a loopback host.
+fn is_loopback_origin(origin: &str) -> bool {
+    origin.split_once("://").is_some_and(|(_, host)| is_loopback_host(host))
+}
+
 /// The allowed value of `Access-Control-Allow-Origin` for `origin`, if any.
 fn allowed_origin(state: &AppState, origin: &str) -> Option<HeaderValue> {
     if state.cors_origins.iter().any(|o| o == "*") {
@@ -106,6 +123,26 @@ async fn cors(State(state): State<Shared>, request: HttpRequest, next: Next) -> 
         h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
         h.insert(header::VARY, HeaderValue::from_static("Origin"));
         return response;
+    }
+    // Without a key anything that can reach the port could use it: only
+    // this machine may, by name (a DNS-rebinding page names its own host)
+    // and by origin (a page elsewhere), unless --cors-origin allows it.
+    if state.api_key.is_none() {
+        let host = request.headers().get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+        if !is_loopback_host(host) {
+            return ApiError::forbidden(
+                format!("host {host:?}: without --api-key this server answers requests to this machine only"),
+                "host_not_allowed",
+            )
+            .into_response();
+        }
+        if let Some(o) = origin.as_deref().filter(|o| allowed.is_none() && !is_loopback_origin(o)) {
+            return ApiError::forbidden(
+                format!("origin {o:?} may not call this server (start it with --cors-origin ORIGIN or --api-key)"),
+                "origin_not_allowed",
+            )
+            .into_response();
+        }
     }
     let mut response = next.run(request).await;
     if let Some(allow) = allowed {
@@ -249,4 +286,21 @@ async fn stats(State(state): State<Shared>) -> Json<Value> {
         "max_tokens_after_disconnect": n(&c.max_tokens_after_disconnect),
         "last_cancelled": last,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_loopback_host, is_loopback_origin};
+
+    #[test]
+    fn loopback_hosts_and_origins_are_told_from_others() {
+        for h in ["localhost", "localhost:8080", "127.0.0.1", "127.0.0.1:80", "127.1.2.3:9", "[::1]:8080", "[::1]"] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in ["", "evil.example", "evil.example:8080", "10.0.0.1:8080", "localhost.evil.example", "[::2]:80"] {
+            assert!(!is_loopback_host(h), "{h}");
+        }
+        assert!(is_loopback_origin("http://localhost:3000") && is_loopback_origin("https://127.0.0.1"));
+        assert!(!is_loopback_origin("http://evil.example") && !is_loopback_origin("null"));
+    }
 }

@@ -41,6 +41,13 @@ pub struct ServeOptions {
     pub cors_origins: Vec<String>,
     /// No log line per request on stderr.
     pub quiet: bool,
+    /// A client must send a request's headers within this, and an idle
+    /// keep-alive connection is closed after it.
+    pub header_timeout: std::time::Duration,
+    /// A request body must arrive within this (408 past it).
+    pub body_timeout: std::time::Duration,
+    /// Connections open at once; past it new ones are closed at accept.
+    pub max_connections: usize,
 }
 
 impl Default for ServeOptions {
@@ -57,6 +64,9 @@ impl Default for ServeOptions {
             strict_model_name: false,
             cors_origins: Vec::new(),
             quiet: false,
+            header_timeout: std::time::Duration::from_secs(10),
+            body_timeout: std::time::Duration::from_secs(30),
+            max_connections: 256,
         }
     }
 }
@@ -90,6 +100,7 @@ pub fn serve(
         strict_model_name: options.strict_model_name,
         cors_origins: options.cors_origins,
         quiet: options.quiet,
+        body_timeout: options.body_timeout,
         metrics: state::Metrics::default(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
@@ -99,13 +110,52 @@ pub fn serve(
             .await
             .map_err(|source| Error::Bind { addr, source })?;
         on_listening(listener.local_addr()?);
-        axum::serve(listener, http::router(state))
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await?;
-        Ok(())
+        accept_loop(listener, http::router(state), options.header_timeout, options.max_connections).await
     })
+}
+
+/// Serves connections until Ctrl-C: hyper's HTTP/1 with a header read
+/// timeout (which also closes idle keep-alive connections) and at most
+/// `max_connections` at once, so slow or idle clients cannot hold the
+/// server's file descriptors (1,500 idle connections stopped /health).
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    header_timeout: std::time::Duration,
+    max_connections: usize,
+) -> Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
+    let shutdown = tokio::signal::ctrl_c();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                // Out of descriptors or a connection reset before accept: the
+                // listener itself is fine; wait a moment and go on.
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return Ok(()),
+        };
+        // Closed at once when full: the client sees a reset, not a hang.
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            drop(slot);
+        });
+    }
 }
 
 /// OpenAI's `system_fingerprint`: changes when the engine or the model does.

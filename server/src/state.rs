@@ -29,6 +29,8 @@ pub struct AppState {
     pub cors_origins: Vec<String>,
     /// No log line per request.
     pub quiet: bool,
+    /// A request body must arrive within this.
+    pub body_timeout: std::time::Duration,
     pub metrics: Metrics,
 }
 
@@ -122,7 +124,20 @@ pub async fn read_body(state: &AppState, headers: &HeaderMap, body: Body) -> Res
     if declared.is_some_and(|n| n > state.body_limit as u64) {
         return Err(ApiError::too_large(state.body_limit));
     }
-    axum::body::to_bytes(body, state.body_limit).await.map_err(|_| ApiError::too_large(state.body_limit))
+    // A body a web page can send without a preflight (text/plain, a form)
+    // is not an API call: JSON only.
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(ApiError::unsupported_media_type());
+    }
+    match tokio::time::timeout(state.body_timeout, axum::body::to_bytes(body, state.body_limit)).await {
+        Ok(bytes) => bytes.map_err(|_| ApiError::too_large(state.body_limit)),
+        Err(_) => Err(ApiError::body_timeout(state.body_timeout)),
+    }
 }
 
 pub fn now() -> u64 {

@@ -39,8 +39,15 @@ fn python_has_openai() -> Result<(), String> {
 /// Starts `waste serve MODEL --port 0 --api-key KEY ARGS...` and waits for
 /// its listening address.
 fn start(model: &Path, args: &[&str]) -> (Server, String) {
+    let mut all = vec!["--api-key", KEY];
+    all.extend_from_slice(args);
+    start_with(model, &all)
+}
+
+/// Starts `waste serve MODEL --port 0 ARGS...` (no key unless ARGS give one).
+fn start_with(model: &Path, args: &[&str]) -> (Server, String) {
     let mut child = Command::new(waste_bin())
-        .args(["serve", model.to_str().unwrap(), "--port", "0", "--api-key", KEY])
+        .args(["serve", model.to_str().unwrap(), "--port", "0"])
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -431,4 +438,94 @@ fn server_applies_and_validates_logit_bias_and_refuses_best_of() {
         let (status, j) = post_json(&url, "/v1/completions", &body(extra.clone()));
         assert_eq!((status, j["error"]["param"].as_str()), (400, Some(field)), "{extra}: {j}");
     }
+}
+
+/// Writes `request` on a new connection and reads until the server closes
+/// it or `wait` passes; returns what came back and how long it took.
+fn raw_exchange(url: &str, request: &[u8], wait: std::time::Duration) -> (String, std::time::Duration) {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://").split('/').next().unwrap();
+    let mut conn = std::net::TcpStream::connect(host).unwrap();
+    conn.set_read_timeout(Some(wait)).unwrap();
+    let started = std::time::Instant::now();
+    let _ = conn.write_all(request);
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    (String::from_utf8_lossy(&answer).into_owned(), started.elapsed())
+}
+
+/// Partial headers, a short body and a chunk size of FFFFFFFFFFFFFFFF were
+/// held open forever: each now ends within its timeout.
+#[test]
+fn server_times_out_slow_headers_and_bodies() {
+    let (_server, url) = start(&bible(), &["--header-timeout", "1", "--body-timeout", "1"]);
+    let host = url.trim_start_matches("http://");
+    let wait = std::time::Duration::from_secs(20);
+    let (_, took) = raw_exchange(&url, format!("GET /health HTTP/1.1\r\nHost: {host}\r\nX-Slow: ").as_bytes(), wait);
+    assert!(took < std::time::Duration::from_secs(8), "partial headers held for {took:?}");
+    let short = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"prompt\""
+    );
+    let (answer, took) = raw_exchange(&url, short.as_bytes(), wait);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(took < std::time::Duration::from_secs(8), "a short body held for {took:?}");
+    let chunked = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFFFFFF\r\n"
+    );
+    let (answer, took) = raw_exchange(&url, chunked.as_bytes(), wait);
+    assert!(!answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(took < std::time::Duration::from_secs(8), "a huge chunk size held for {took:?}");
+}
+
+/// 1,500 idle connections exhausted the server's file descriptors and
+/// /health stopped answering: past --max-connections new ones are closed,
+/// idle ones time out, and /health answers again.
+#[test]
+fn server_limits_connections_and_recovers_from_idle_ones() {
+    let (_server, url) = start(&bible(), &["--max-connections", "4", "--header-timeout", "1"]);
+    let host = url.trim_start_matches("http://").to_string();
+    let idle: Vec<std::net::TcpStream> = (0..4).map(|_| std::net::TcpStream::connect(&host).unwrap()).collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let health = format!("GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let (answer, _) = raw_exchange(&url, health.as_bytes(), std::time::Duration::from_secs(5));
+    assert!(!answer.contains("200 OK"), "a fifth connection was served past --max-connections 4: {answer}");
+    // The idle four are closed after the header timeout.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let (answer, _) = raw_exchange(&url, health.as_bytes(), std::time::Duration::from_secs(5));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(idle);
+}
+
+/// Without an API key, a `text/plain` body from any origin started a
+/// generation (a web page could): bodies must be JSON, and without a key
+/// only this machine's names and origins are answered.
+#[test]
+fn server_without_a_key_answers_this_machine_only_and_json_only() {
+    let (_server, url) = start_with(&bible(), &["--cors-origin", "http://allowed.example"]);
+    let host = url.trim_start_matches("http://").to_string();
+    let wait = std::time::Duration::from_secs(20);
+    let post = |host_header: &str, extra: &str, content_type: &str| {
+        let body = r#"{"prompt": "And God said", "max_tokens": 1}"#;
+        let req = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: {host_header}\r\n{extra}Content-Type: {content_type}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        raw_exchange(&url, req.as_bytes(), wait).0
+    };
+    assert!(post(&host, "", "application/json").starts_with("HTTP/1.1 200"));
+    assert!(post(&host, "", "application/json; charset=utf-8").starts_with("HTTP/1.1 200"));
+    assert!(post(&host, "", "text/plain").starts_with("HTTP/1.1 415"));
+    assert!(post("evil.example", "", "application/json").starts_with("HTTP/1.1 403"));
+    assert!(post(&host, "Origin: http://evil.example\r\n", "application/json").starts_with("HTTP/1.1 403"));
+    assert!(post(&host, "Origin: http://localhost:3000\r\n", "application/json").starts_with("HTTP/1.1 200"));
+    assert!(post(&host, "Origin: http://allowed.example\r\n", "application/json").starts_with("HTTP/1.1 200"));
 }

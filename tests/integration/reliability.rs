@@ -190,3 +190,36 @@ extern "C" {
     #[link_name = "mkfifo"]
     fn libc_mkfifo(path: *const std::ffi::c_char, mode: u32) -> i32;
 }
+
+/// One flipped bit in a norm weight of trunk.bin made every logit NaN:
+/// `eval` printed NaN and exited 0, `run` printed nothing and reported
+/// `(stop: eos)`. The forward pass now stops at the layer where the NaN
+/// first appears and says so.
+#[test]
+fn a_nan_in_the_weights_is_an_error_naming_the_layer() {
+    use std::io::{Seek, SeekFrom};
+    let tmp = TempDir::new("nan");
+    let base = convert("qwen3_moe", "q8", "q8", tmp.path());
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(base.join("manifest.json")).unwrap()).unwrap();
+    let norm = manifest["trunk"]["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "model.layers.2.input_layernorm.weight")
+        .unwrap()
+        .clone();
+    assert_eq!(norm["format"], "f32", "{norm}");
+    let mut trunk = std::fs::OpenOptions::new().write(true).open(base.join("trunk.bin")).unwrap();
+    trunk.seek(SeekFrom::Start(norm["offset"].as_u64().unwrap())).unwrap();
+    trunk.write_all(&f32::NAN.to_le_bytes()).unwrap();
+    drop(trunk);
+    let c = base.to_str().unwrap();
+    for args in [vec!["eval", c, "Hello there"], vec!["run", c, "Hello there", "-n", "4", "--temp", "0"]] {
+        let o = waste(&args);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{args:?} succeeded: {err}");
+        assert!(err.contains("layer 2 produced a NaN or infinity"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}

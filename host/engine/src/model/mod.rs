@@ -431,6 +431,7 @@ impl Transformer {
     /// The embedding row of `tok` into `x`.
     fn embed(&self, tok: u32, x: &mut [f32], stats: &mut StepStats) -> Result<()> {
         self.embed_tokens.row(tok as usize, x)?;
+        check_finite(x, || format!("the embedding row of token {tok}"), usize::MAX)?;
         if self.embed_tokens.resident().is_none() {
             stats.embedding_rows_read += 1;
         }
@@ -589,6 +590,7 @@ impl Transformer {
                     add_in_place(&mut s.y, &s.shared_y);
                 }
                 add_in_place(&mut s.x, &s.y);
+                check_finite(&s.x, || format!("layer {l}"), pos)?;
             }
             state.position = pos + 1;
 
@@ -596,8 +598,24 @@ impl Transformer {
             if all_positions || last {
                 let row = if all_positions { i } else { 0 };
                 self.head_row(&s.bank, &s.x, &mut s.mixed, &mut s.xn, &mut logits[row * v..(row + 1) * v])?;
+                check_finite(&logits[row * v..(row + 1) * v], || "the LM head".into(), pos)?;
             }
         }
         Ok(logits)
     }
+}
+
+/// A NaN or infinity stops the forward pass where it first appears: a
+/// damaged weight (one flipped bit in a norm made every logit NaN) must be
+/// an error naming its place, never a run that prints nothing and exits 0.
+/// `pos` is usize::MAX where there is no position yet (the embedding).
+pub(crate) fn check_finite(values: &[f32], place: impl Fn() -> String, pos: usize) -> Result<()> {
+    if values.iter().all(|v| v.is_finite()) {
+        return Ok(());
+    }
+    let at = if pos == usize::MAX { String::new() } else { format!(" at position {pos}") };
+    Err(Error::Runtime(format!(
+        "{} produced a NaN or infinity{at}: the model's weights are damaged (convert it again) or overflow",
+        place()
+    )))
 }

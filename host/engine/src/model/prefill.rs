@@ -117,6 +117,7 @@ impl Transformer {
                         &mut s.xn,
                         &mut logits[row * v..(row + 1) * v],
                     )?;
+                    super::check_finite(&logits[row * v..(row + 1) * v], || "the LM head".into(), g)?;
                 }
             }
         }
@@ -191,6 +192,7 @@ impl Transformer {
             for i in 0..n {
                 let r = i * h..(i + 1) * h;
                 add_in_place(&mut x[r.clone()], &y[r]);
+                super::check_finite(&x[i * h..(i + 1) * h], || format!("layer {l}"), start + i)?;
             }
         }
         state.position = start + n;

@@ -63,6 +63,9 @@ pub struct ServeArgs {
     /// Connections open at once; more are closed at accept.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub max_connections: u32,
+    /// Requests one connection may send per second; more are answered 429.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_request_rate: u32,
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -113,6 +116,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         header_timeout: std::time::Duration::from_secs(a.header_timeout),
         body_timeout: std::time::Duration::from_secs(a.body_timeout),
         max_connections: a.max_connections as usize,
+        max_request_rate: a.max_request_rate,
     };
     let local_only = options.api_key.is_none();
     waste_server::serve(engine, model, options, |addr| {

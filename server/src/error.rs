@@ -59,6 +59,16 @@ impl ApiError {
         }
     }
 
+    pub fn rate_limited(rate: u32) -> Self {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!("more than {rate} requests a second on this connection"),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("rate_limit_exceeded"),
+        }
+    }
+
     pub fn unsupported_media_type() -> Self {
         ApiError {
             status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -128,7 +138,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, axum::Json(self.body())).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        if matches!(self.status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response

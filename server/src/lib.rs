@@ -12,6 +12,8 @@ mod tools;
 mod worker;
 
 use std::net::SocketAddr;
+
+use axum::response::IntoResponse;
 use std::sync::Arc;
 
 pub use error::{Error, Result};
@@ -48,6 +50,8 @@ pub struct ServeOptions {
     pub body_timeout: std::time::Duration,
     /// Connections open at once; past it new ones are closed at accept.
     pub max_connections: usize,
+    /// Requests one connection may send per second; past it 429.
+    pub max_request_rate: u32,
 }
 
 impl Default for ServeOptions {
@@ -67,6 +71,7 @@ impl Default for ServeOptions {
             header_timeout: std::time::Duration::from_secs(10),
             body_timeout: std::time::Duration::from_secs(30),
             max_connections: 256,
+            max_request_rate: 100,
         }
     }
 }
@@ -110,22 +115,30 @@ pub fn serve(
             .await
             .map_err(|source| Error::Bind { addr, source })?;
         on_listening(listener.local_addr()?);
-        accept_loop(listener, http::router(state), options.header_timeout, options.max_connections).await
+        let limits = ConnectionLimits {
+            header_timeout: options.header_timeout,
+            max_connections: options.max_connections,
+            max_request_rate: options.max_request_rate,
+        };
+        accept_loop(listener, http::router(state), limits).await
     })
 }
 
-/// Serves connections until Ctrl-C: hyper's HTTP/1 with a header read
-/// timeout (which also closes idle keep-alive connections) and at most
-/// `max_connections` at once, so slow or idle clients cannot hold the
-/// server's file descriptors (1,500 idle connections stopped /health).
-async fn accept_loop(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
+struct ConnectionLimits {
     header_timeout: std::time::Duration,
     max_connections: usize,
-) -> Result<()> {
+    max_request_rate: u32,
+}
+
+/// Serves connections until Ctrl-C: hyper's HTTP/1 with a header read
+/// timeout (which also closes idle keep-alive connections), at most
+/// `max_connections` at once, and at most `max_request_rate` requests a
+/// second on one connection, so slow, idle or flooding clients cannot hold
+/// the server (1,500 idle connections stopped /health).
+async fn accept_loop(listener: tokio::net::TcpListener, router: axum::Router, limits: ConnectionLimits) -> Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
+    use tower::ServiceExt;
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let shutdown = tokio::signal::ctrl_c();
     tokio::pin!(shutdown);
     loop {
@@ -146,15 +159,46 @@ async fn accept_loop(
             drop(stream);
             continue;
         };
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let (router, rate) = (router.clone(), limits.max_request_rate);
+        let window = Arc::new(std::sync::Mutex::new(RateWindow::default()));
+        let service = tower::service_fn(move |request: axum::http::Request<hyper::body::Incoming>| {
+            let (router, window) = (router.clone(), Arc::clone(&window));
+            async move {
+                let over = window.lock().map(|mut w| w.over(rate)).unwrap_or(false);
+                if over {
+                    return Ok(error::ApiError::rate_limited(rate).into_response());
+                }
+                router.oneshot(request).await
+            }
+        });
+        let header_timeout = limits.header_timeout;
         tokio::spawn(async move {
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout)
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection(TokioIo::new(stream), hyper_util::service::TowerToHyperService::new(service))
                 .await;
             drop(slot);
         });
+    }
+}
+
+/// Requests of one connection in the current second.
+#[derive(Default)]
+struct RateWindow {
+    started: Option<std::time::Instant>,
+    count: u32,
+}
+
+impl RateWindow {
+    /// Counts a request; whether it is past `rate` in its second.
+    fn over(&mut self, rate: u32) -> bool {
+        let now = std::time::Instant::now();
+        match self.started {
+            Some(t) if now.duration_since(t) < std::time::Duration::from_secs(1) => self.count += 1,
+            _ => (self.started, self.count) = (Some(now), 1),
+        }
+        self.count > rate
     }
 }
 

@@ -529,3 +529,24 @@ fn server_without_a_key_answers_this_machine_only_and_json_only() {
     assert!(post(&host, "Origin: http://localhost:3000\r\n", "application/json").starts_with("HTTP/1.1 200"));
     assert!(post(&host, "Origin: http://allowed.example\r\n", "application/json").starts_with("HTTP/1.1 200"));
 }
+
+/// One connection could send requests as fast as it liked: past
+/// --max-request-rate a second it is answered 429 with Retry-After, and
+/// other connections are served.
+#[test]
+fn server_caps_the_request_rate_of_one_connection() {
+    let (_server, url) = start(&bible(), &["--max-request-rate", "5"]);
+    let host = url.trim_start_matches("http://").to_string();
+    let one = format!("GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n");
+    let mut burst = one.repeat(11);
+    burst.push_str(&format!("GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"));
+    let (answer, _) = raw_exchange(&url, burst.as_bytes(), std::time::Duration::from_secs(10));
+    let ok = answer.matches("HTTP/1.1 200").count();
+    let limited = answer.matches("HTTP/1.1 429").count();
+    assert_eq!(ok + limited, 12, "{answer}");
+    assert!((5..=10).contains(&ok) && limited >= 2, "{ok} answered, {limited} limited");
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    let close = format!("GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    let (answer, _) = raw_exchange(&url, close.as_bytes(), std::time::Duration::from_secs(5));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}

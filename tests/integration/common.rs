@@ -71,7 +71,13 @@ pub fn waste_with_stdin(args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = cmd.spawn().expect("spawn waste");
     if let Some(text) = stdin {
         use std::io::Write;
-        child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write stdin");
+        // A command refusing its arguments exits before it reads its input;
+        // the pipe is then closed under us, which is not the test's failure.
+        // (Regression: chat_template_file_overrides_the_models_template failed
+        // on "write stdin: Broken pipe" when the refusal won the race.)
+        if let Err(e) = child.stdin.take().expect("stdin").write_all(text.as_bytes()) {
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "write stdin: {e}");
+        }
     }
     child.wait_with_output().expect("wait for waste")
 }
@@ -123,6 +129,19 @@ pub fn reference(family: &str) -> Reference {
 /// A test that could not run says so: the one definition, which writes
 /// past cargo's output capture and to `WASTE_SKIP_LOG`.
 pub use waste_host::skip::report_skip;
+
+/// Regression (chat_template_file_overrides_the_models_template failed on
+/// "write stdin: Broken pipe"): a command that refuses its arguments before
+/// reading stdin leaves the helper's write to a closed pipe, which is not
+/// the test's failure. 1 MB is past any pipe buffer, so the write always
+/// meets the closed end.
+#[test]
+fn waste_with_stdin_survives_a_command_that_exits_before_reading_it() {
+    let input = "x".repeat(1 << 20);
+    let o = waste_with_stdin(&["tokenize", "/nonexistent.waste", "-"], Some(&input));
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
+}
 
 /// Regression (skips went only to `WASTE_SKIP_LOG`, so outside `.ci/run`
 /// a test that returned early looked like a pass): a skipped test's line

@@ -280,6 +280,11 @@ impl Reader<'_> {
         Error::format(self.path, format!("key `{key}`: {msg}"))
     }
 
+    /// A valid value of `key` this engine does not implement.
+    fn unsupported(&self, key: &str, what: impl std::fmt::Display) -> Error {
+        Error::Unsupported(format!("{}: key `{key}`: {what}", self.path.display()))
+    }
+
     /// A JSON null counts as absent: transformers writes `"head_dim": null`.
     fn get(&self, key: &str) -> Option<&Value> {
         self.obj.get(key).filter(|v| !v.is_null())

@@ -48,10 +48,6 @@ pub struct MlaRope {
     pub softmax_scale_factor: f64,
 }
 
-fn unsupported(r: &Reader<'_>, key: &str, what: impl std::fmt::Display) -> Error {
-    Error::Unsupported(format!("{}: key `{key}`: {what}", r.path.display()))
-}
-
 /// `yarn_get_mscale`.
 fn get_mscale(scale: f64, mscale: f64) -> f64 {
     if scale <= 1.0 {
@@ -113,11 +109,11 @@ fn read_rope(r: &Reader<'_>, dim: usize, max_pos: usize) -> Result<MlaRope> {
                     truncate: sub.bool_opt("truncate")?.unwrap_or(true),
                 });
             }
-            other => return Err(unsupported(r, key, format!("rope_type `{other}` (default and yarn only)"))),
+            other => return Err(r.unsupported(key, format!("rope_type `{other}` (default and yarn only)"))),
         }
         if let Some(f) = sub.f64_opt("partial_rotary_factor")? {
             if f != 1.0 {
-                return Err(unsupported(r, key, format!("partial_rotary_factor {f}")));
+                return Err(r.unsupported(key, format!("partial_rotary_factor {f}")));
             }
         }
     }
@@ -141,8 +137,7 @@ pub(super) fn parse(
     let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     if let Some(kv) = r.usize_opt("num_key_value_heads")? {
         if kv != num_heads {
-            return Err(unsupported(
-                r,
+            return Err(r.unsupported(
                 "num_key_value_heads",
                 format!("{kv} != num_attention_heads {num_heads} (MLA expands one latent to every head)"),
             ));
@@ -173,13 +168,13 @@ pub(super) fn parse(
     }
     if let Some(f) = r.usize_opt("moe_layer_freq")? {
         if f != 1 {
-            return Err(unsupported(r, "moe_layer_freq", format!("{f} (only 1)")));
+            return Err(r.unsupported("moe_layer_freq", format!("{f} (only 1)")));
         }
     }
     for (key, want) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
         if let Some(v) = r.str_opt(key)? {
             if v != want {
-                return Err(unsupported(r, key, format!("`{v}` (only {want})")));
+                return Err(r.unsupported(key, format!("`{v}` (only {want})")));
             }
         }
     }

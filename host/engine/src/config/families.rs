@@ -13,11 +13,7 @@ use super::{
     Additions, AttnKind, ExpertLayout, Family, ModelConfig, QkNorm, Reader, RouterKind, Yarn, MAX_EXPERTS, MAX_HEADS,
     MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTER, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
 };
-use crate::error::{Error, Result};
-
-fn unsupported(r: &Reader<'_>, key: &str, what: impl std::fmt::Display) -> Error {
-    Error::Unsupported(format!("{}: key `{key}`: {what}", r.path.display()))
-}
+use crate::error::Result;
 
 /// The rotary settings of a GQA layer: theta, the dims of each head that
 /// rotate, and YaRN when the config asks for it.
@@ -53,7 +49,7 @@ pub(super) fn rope_settings(
         match kind {
             None | Some("default") => {}
             Some("yarn") => factor_obj = Some(obj),
-            Some(other) => return Err(unsupported(r, key, format!("rope_type `{other}` (default or yarn)"))),
+            Some(other) => return Err(r.unsupported(key, format!("rope_type `{other}` (default or yarn)"))),
         }
         if let Some(t) = sub.f64_opt("rope_theta")? {
             theta = Some(t);
@@ -88,7 +84,7 @@ pub(super) fn rope_settings(
             return Err(r.err("rope_scaling.factor", format!("{factor} is below 1")));
         }
         if sub.get("mscale").is_some() || sub.get("mscale_all_dim").is_some() {
-            return Err(unsupported(r, "rope_scaling", "mscale / mscale_all_dim with a GQA YaRN"));
+            return Err(r.unsupported("rope_scaling", "mscale / mscale_all_dim with a GQA YaRN"));
         }
         // modeling_rope_utils.py: `attention_factor` when given, else
         // `0.1 * ln(factor) + 1`.
@@ -134,7 +130,7 @@ fn gpt_oss_windows(r: &Reader<'_>, num_layers: usize, window: usize) -> Result<V
         .map(|k| match k.as_str() {
             "sliding_attention" => Ok(Some(window)),
             "full_attention" => Ok(None),
-            other => Err(unsupported(r, "layer_types", format!("`{other}`"))),
+            other => Err(r.unsupported("layer_types", format!("`{other}`"))),
         })
         .collect()
 }
@@ -142,7 +138,7 @@ fn gpt_oss_windows(r: &Reader<'_>, num_layers: usize, window: usize) -> Result<V
 pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<ModelConfig> {
     if let Some(act) = r.str_opt("hidden_act")? {
         if act != "silu" {
-            return Err(unsupported(r, "hidden_act", format!("`{act}` (only silu)")));
+            return Err(r.unsupported("hidden_act", format!("`{act}` (only silu)")));
         }
     }
     let vocab_size = r.bounded("vocab_size", r.usize_req("vocab_size")?, MAX_VOCAB)?;
@@ -170,7 +166,7 @@ pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<
     };
     let rope = rope_settings(r, head_dim, default_theta, default_partial)?;
     if rope.yarn.is_some() && family != Family::GptOss {
-        return Err(unsupported(r, "rope_scaling", format!("yarn on {model_type}")));
+        return Err(r.unsupported("rope_scaling", format!("yarn on {model_type}")));
     }
     let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(1e-6);
     if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
@@ -248,19 +244,19 @@ pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<
             }
             if let Some(t) = r.str_opt("qk_norm_type")? {
                 if t != "per_layer" {
-                    return Err(unsupported(r, "qk_norm_type", format!("`{t}` (per_layer)")));
+                    return Err(r.unsupported("qk_norm_type", format!("`{t}` (per_layer)")));
                 }
             }
             if let Some(f) = r.str_opt("scoring_func")? {
                 if f != "sigmoid" {
-                    return Err(unsupported(r, "scoring_func", format!("`{f}` (sigmoid)")));
+                    return Err(r.unsupported("scoring_func", format!("`{f}` (sigmoid)")));
                 }
             }
             if r.bool_opt("use_routing_bias")? == Some(false) {
-                return Err(unsupported(r, "use_routing_bias", "false (the release routes with its bias)"));
+                return Err(r.unsupported("use_routing_bias", "false (the release routes with its bias)"));
             }
             if r.usize_opt("shared_intermediate_size")?.unwrap_or(0) > 0 {
-                return Err(unsupported(r, "shared_intermediate_size", "a shared expert (MiniMax-M2 has none)"));
+                return Err(r.unsupported("shared_intermediate_size", "a shared expert (MiniMax-M2 has none)"));
             }
             router = RouterKind::SigmoidBias { routed_scaling_factor: 1.0 };
             add.router_bias_on_block = true;
@@ -278,7 +274,7 @@ pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<
             for (key, want) in [("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)] {
                 if let Some(v) = r.f64_opt(key)? {
                     if (v - want).abs() > 1e-9 {
-                        return Err(unsupported(r, key, format!("{v} (the release's {want})")));
+                        return Err(r.unsupported(key, format!("{v} (the release's {want})")));
                     }
                 }
             }

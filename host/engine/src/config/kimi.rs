@@ -29,10 +29,6 @@ fn first_key<'k>(r: &Reader<'_>, keys: &[&'k str]) -> &'k str {
     keys.iter().copied().find(|k| r.get(k).is_some()).unwrap_or(keys[0])
 }
 
-fn unsupported(r: &Reader<'_>, key: &str, what: impl std::fmt::Display) -> Error {
-    Error::Unsupported(format!("{}: key `{key}`: {what}", r.path.display()))
-}
-
 pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_layers: usize) -> Result<ModelConfig> {
     let lac = match r.get("linear_attn_config") {
         None => None,
@@ -46,18 +42,17 @@ pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_l
     let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     if let Some(kv) = r.usize_opt("num_key_value_heads")? {
         if kv != num_heads {
-            return Err(unsupported(
-                r,
+            return Err(r.unsupported(
                 "num_key_value_heads",
                 format!("{kv} != num_attention_heads {num_heads} (MLA expands one latent to every head)"),
             ));
         }
     }
     if r.usize_opt("q_lora_rank")?.is_some() {
-        return Err(unsupported(r, "q_lora_rank", "a low-rank query (Kimi-Linear has none)"));
+        return Err(r.unsupported("q_lora_rank", "a low-rank query (Kimi-Linear has none)"));
     }
     if r.bool_opt("mla_use_nope")? == Some(false) {
-        return Err(unsupported(r, "mla_use_nope", "false (RoPE on MLA layers)"));
+        return Err(r.unsupported("mla_use_nope", "false (RoPE on MLA layers)"));
     }
     let mla = if attn_kinds.contains(&AttnKind::Mla) {
         let dim = |key: &str| -> Result<usize> { r.bounded(key, r.usize_req(key)?, MAX_INTER) };
@@ -121,7 +116,7 @@ pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_l
     }
     if let Some(f) = r.str_opt("moe_router_activation_func")? {
         if f != "sigmoid" {
-            return Err(unsupported(r, "moe_router_activation_func", format!("`{f}` (only sigmoid)")));
+            return Err(r.unsupported("moe_router_activation_func", format!("`{f}` (only sigmoid)")));
         }
     }
     let group_key = first_key(r, &["num_expert_group", "n_group"]);
@@ -129,8 +124,7 @@ pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_l
     let topk_group = r.usize_opt("topk_group")?.unwrap_or(1).max(1);
     // With every group kept, grouped selection is plain top-k.
     if n_group > 1 && topk_group < n_group {
-        return Err(unsupported(
-            r,
+        return Err(r.unsupported(
             group_key,
             format!("{n_group} expert groups with topk_group {topk_group} (group-limited routing)"),
         ));

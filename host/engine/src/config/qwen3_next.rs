@@ -12,11 +12,7 @@ use super::{
     Additions, AttnKind, ExpertLayout, Family, GdnDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS,
     MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTER, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
 };
-use crate::error::{Error, Result};
-
-fn unsupported(r: &Reader<'_>, key: &str, what: impl std::fmt::Display) -> Error {
-    Error::Unsupported(format!("{}: key `{key}`: {what}", r.path.display()))
-}
+use crate::error::Result;
 
 /// Per layer: Gated DeltaNet or full attention, from `layer_types`, else
 /// `full_attention_interval` (full iff `(l + 1) % interval == 0`).
@@ -33,7 +29,7 @@ fn layer_kinds(r: &Reader<'_>, num_layers: usize) -> Result<Vec<AttnKind>> {
             .map(|v| match v.as_str() {
                 Some("linear_attention") => Ok(AttnKind::Gdn),
                 Some("full_attention") => Ok(AttnKind::Gqa),
-                _ => Err(unsupported(r, "layer_types", format!("{v}"))),
+                _ => Err(r.unsupported("layer_types", format!("{v}"))),
             })
             .collect();
     }
@@ -58,7 +54,7 @@ pub(super) fn parse(top: &Reader<'_>, model_type: &str) -> Result<ModelConfig> {
     let qwen35 = model_type != "qwen3_next";
     if let Some(act) = r.str_opt("hidden_act")? {
         if act != "silu" {
-            return Err(unsupported(r, "hidden_act", format!("`{act}` (only silu)")));
+            return Err(r.unsupported("hidden_act", format!("`{act}` (only silu)")));
         }
     }
     let vocab_size = r.bounded("vocab_size", r.usize_req("vocab_size")?, MAX_VOCAB)?;
@@ -74,10 +70,10 @@ pub(super) fn parse(top: &Reader<'_>, model_type: &str) -> Result<ModelConfig> {
     let head_dim = r.bounded("head_dim", r.usize_opt("head_dim")?.unwrap_or(hidden_size / num_heads), MAX_HEAD_DIM)?;
     let rope = rope_settings(r, head_dim, 10000.0, 0.25)?;
     if rope.yarn.is_some() {
-        return Err(unsupported(r, "rope_scaling", "yarn"));
+        return Err(r.unsupported("rope_scaling", "yarn"));
     }
     if r.bool_opt("attention_bias")? == Some(true) {
-        return Err(unsupported(r, "attention_bias", "true (the releases have none)"));
+        return Err(r.unsupported("attention_bias", "true (the releases have none)"));
     }
     let gdn = GdnDims {
         key_heads: r.bounded("linear_num_key_heads", r.usize_req("linear_num_key_heads")?, MAX_HEADS)?,

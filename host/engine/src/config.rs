@@ -18,6 +18,7 @@ mod families;
 mod k3;
 mod kimi;
 mod qwen3_next;
+mod rope;
 mod tensors;
 
 pub use crate::quant::Activation;
@@ -469,7 +470,7 @@ impl ModelConfig {
             return Err(r.err("head_dim", format!("{head_dim} is odd; rotate_half RoPE needs an even head_dim")));
         }
 
-        let rope_theta = read_rope_theta(&r, family)?;
+        let rope_theta = rope::read_rope_theta(&r, family)?;
         let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(match family {
             Family::Qwen3Moe => 1e-6,
             _ => 1e-5,
@@ -785,51 +786,6 @@ impl ModelConfig {
             })
             .sum()
     }
-}
-
-fn read_rope_theta(r: &Reader<'_>, family: Family) -> Result<f64> {
-    // transformers 5.x writes `rope_parameters: {rope_type, rope_theta}`;
-    // 4.x and released checkpoints write `rope_theta` (and `rope_scaling`).
-    let default = match family {
-        Family::Mixtral => 1e6,
-        _ => 1e4,
-    };
-    let mut theta = r.f64_opt("rope_theta")?;
-    for key in ["rope_parameters", "rope_scaling"] {
-        let Some(v) = r.get(key) else { continue };
-        let Some(obj) = v.as_object() else {
-            return Err(r.err(key, format!("expected an object, found {v}")));
-        };
-        let sub = Reader { obj, path: r.path };
-        let kind = match sub.str_opt("rope_type")? {
-            Some(t) => Some(t),
-            None => sub.str_opt("type")?,
-        };
-        if let Some(kind) = kind {
-            if kind != "default" {
-                return Err(Error::Unsupported(format!(
-                    "{}: key `{key}`: rope_type `{kind}` (only default RoPE)",
-                    r.path.display()
-                )));
-            }
-        }
-        if let Some(f) = sub.f64_opt("partial_rotary_factor")? {
-            if f != 1.0 {
-                return Err(Error::Unsupported(format!(
-                    "{}: key `{key}`: partial_rotary_factor {f}",
-                    r.path.display()
-                )));
-            }
-        }
-        if let Some(t) = sub.f64_opt("rope_theta")? {
-            theta = Some(t);
-        }
-    }
-    let theta = theta.unwrap_or(default);
-    if theta <= 1.0 {
-        return Err(r.err("rope_theta", format!("{theta} must be > 1")));
-    }
-    Ok(theta)
 }
 
 /// The path of `config.json` inside a checkpoint directory.

@@ -7,107 +7,14 @@
 //! `partial_rotary_factor`, `rotary_dim` and `rope_scaling` at the top
 //! level, transformers 5 folds them into `rope_parameters`: both are read.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
+use super::rope::rope_settings;
 use super::{
-    Additions, AttnKind, ExpertLayout, Family, ModelConfig, QkNorm, Reader, RouterKind, Yarn, MAX_EXPERTS, MAX_HEADS,
+    Additions, AttnKind, ExpertLayout, Family, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS,
     MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTER, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
 };
 use crate::error::Result;
-
-/// The rotary settings of a GQA layer: theta, the dims of each head that
-/// rotate, and YaRN when the config asks for it.
-pub(super) struct RopeSettings {
-    pub theta: f64,
-    pub rotary_dim: usize,
-    pub yarn: Option<Yarn>,
-}
-
-/// Reads `rope_theta`, `partial_rotary_factor` / `rotary_dim` and YaRN from
-/// the top level and from `rope_parameters` / `rope_scaling` (the later
-/// ones win, as transformers folds them).
-pub(super) fn rope_settings(
-    r: &Reader<'_>,
-    head_dim: usize,
-    default_theta: f64,
-    default_partial: f64,
-) -> Result<RopeSettings> {
-    let mut theta = r.f64_opt("rope_theta")?;
-    let mut partial = r.f64_opt("partial_rotary_factor")?;
-    let mut yarn = None;
-    let mut factor_obj: Option<&Map<String, Value>> = None;
-    for key in ["rope_scaling", "rope_parameters"] {
-        let Some(v) = r.get(key) else { continue };
-        let Some(obj) = v.as_object() else {
-            return Err(r.err(key, format!("expected an object, found {v}")));
-        };
-        let sub = Reader { obj, path: r.path };
-        let kind = match sub.str_opt("rope_type")? {
-            Some(t) => Some(t),
-            None => sub.str_opt("type")?,
-        };
-        match kind {
-            None | Some("default") => {}
-            Some("yarn") => factor_obj = Some(obj),
-            Some(other) => return Err(r.unsupported(key, format!("rope_type `{other}` (default or yarn)"))),
-        }
-        if let Some(t) = sub.f64_opt("rope_theta")? {
-            theta = Some(t);
-        }
-        if let Some(p) = sub.f64_opt("partial_rotary_factor")? {
-            partial = Some(p);
-        }
-    }
-    let theta = theta.unwrap_or(default_theta);
-    if theta <= 1.0 {
-        return Err(r.err("rope_theta", format!("{theta} must be > 1")));
-    }
-    // MiniMax's release key: `rotary_dim` of the head (configuration_minimax_m2.py:98-103).
-    let rotary_dim = match r.usize_opt("rotary_dim")? {
-        Some(d) => d,
-        None => {
-            let p = partial.unwrap_or(default_partial);
-            if !(p > 0.0 && p <= 1.0) {
-                return Err(r.err("partial_rotary_factor", format!("{p} is outside (0, 1]")));
-            }
-            // `int(head_dim * partial_rotary_factor)`.
-            (head_dim as f64 * p) as usize
-        }
-    };
-    if rotary_dim == 0 || rotary_dim > head_dim || !rotary_dim.is_multiple_of(2) {
-        return Err(r.err("rotary_dim", format!("{rotary_dim}: expected an even number in 2..={head_dim}")));
-    }
-    if let Some(obj) = factor_obj {
-        let sub = Reader { obj, path: r.path };
-        let factor = sub.f64_opt("factor")?.ok_or_else(|| r.err("rope_scaling.factor", "missing for yarn"))?;
-        if factor.is_nan() || factor < 1.0 {
-            return Err(r.err("rope_scaling.factor", format!("{factor} is below 1")));
-        }
-        if sub.get("mscale").is_some() || sub.get("mscale_all_dim").is_some() {
-            return Err(r.unsupported("rope_scaling", "mscale / mscale_all_dim with a GQA YaRN"));
-        }
-        // modeling_rope_utils.py: `attention_factor` when given, else
-        // `0.1 * ln(factor) + 1`.
-        let attention_factor = match sub.f64_opt("attention_factor")? {
-            Some(a) => a,
-            None if factor > 1.0 => 0.1 * factor.ln() + 1.0,
-            None => 1.0,
-        };
-        let original = match sub.usize_opt("original_max_position_embeddings")? {
-            Some(o) => o,
-            None => r.usize_req("max_position_embeddings")?,
-        };
-        yarn = Some(Yarn {
-            factor,
-            original_max_position_embeddings: original,
-            beta_fast: sub.f64_opt("beta_fast")?.unwrap_or(32.0),
-            beta_slow: sub.f64_opt("beta_slow")?.unwrap_or(1.0),
-            attention_factor,
-            truncate: sub.bool_opt("truncate")?.unwrap_or(true),
-        });
-    }
-    Ok(RopeSettings { theta, rotary_dim, yarn })
-}
 
 /// `layer_types` of gpt-oss: per layer, its sliding window or full
 /// attention; the default alternates sliding (even) and full (odd).

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use super::families::rope_settings;
+use super::rope::rope_settings;
 use super::{
     Additions, AttnKind, ExpertLayout, Family, GdnDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS,
     MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTER, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,

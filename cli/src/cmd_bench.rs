@@ -62,6 +62,9 @@ pub struct BenchArgs {
     /// Read through the page cache.
     #[arg(long)]
     pub buffered: bool,
+    /// Check every checksum: the trunk at open, each record as it lands.
+    #[arg(long)]
+    pub verify: bool,
     /// Also measure raw random-read bandwidth of records: this many reads.
     #[arg(long, default_value_t = 0)]
     pub raw_reads: usize,
@@ -160,6 +163,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             threads,
             cpus: None,
             prefill_chunk: chunk,
+            verify: a.verify,
         };
         let model =
             crate::render::open_model(&a.model, &options).with_context(|| format!("opening {}", a.model.display()))?;

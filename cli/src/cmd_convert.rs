@@ -38,12 +38,15 @@ pub struct ConvertArgs {
     /// With --follow: give up after this many seconds without a new shard.
     #[arg(long, requires = "follow", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
     pub follow_timeout: u64,
-    /// Decode every expert record back and report its error against the source.
+    /// Check every checksum, decode every expert record back and report its error against the source; exit 1 past the format's error limit.
     #[arg(long)]
     pub verify: bool,
     /// With --verify: print the per-matrix errors as JSON.
     #[arg(long, requires = "verify")]
     pub json: bool,
+    /// With --verify: the largest relative RMS error accepted, instead of the format's limit (q8 0.02, q4 0.2, rvq3 0.3, rvq4p 0.35, rvq2 0.5).
+    #[arg(long, requires = "verify")]
+    pub max_error: Option<f64>,
 }
 
 pub fn convert(a: ConvertArgs) -> Result<()> {
@@ -53,6 +56,9 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
         TrunkFormat::parse(&a.trunk).ok_or_else(|| usage(format!("--trunk {:?}: expected f32, q8 or q4", a.trunk)))?;
     if a.verify && a.reclaim {
         return Err(usage("--verify reads the source checkpoint, which --reclaim deletes; run them separately"));
+    }
+    if let Some(m) = a.max_error.filter(|m| !(m.is_finite() && *m >= 0.0)) {
+        return Err(usage(format!("--max-error {m}: expected a finite number at least 0")));
     }
     if a.verify && a.follow {
         return Err(usage("--verify reads the whole source, which --follow does not wait to have; run it separately"));
@@ -103,7 +109,7 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
         eprintln!("reclaimed {}", shard.display());
     }
     if a.verify {
-        crate::cmd_convert_verify::verify(&a.src, &a.out, a.json)?;
+        crate::cmd_convert_verify::verify(&a.src, &a.out, a.json, a.max_error)?;
     }
     Ok(())
 }

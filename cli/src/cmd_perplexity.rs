@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use waste_host::{Engine, OpenOptions};
+use waste_host::Engine;
 
 use crate::errors::usage;
 use crate::open::ModelArgs;
@@ -32,13 +32,8 @@ pub fn perplexity(a: PerplexityArgs) -> Result<()> {
     if text.is_empty() {
         return Err(usage(format!("{} is empty: nothing to score", a.file.display())));
     }
-    let budget = crate::open::budget_arg(&a.model.budget)?;
-    let (threads, cpus) = crate::open::thread_args(&a.model)?;
-    let model = crate::render::open_model(
-        &a.model.model,
-        &OpenOptions { context: a.model.ctx, budget, threads, cpus, ..OpenOptions::default() },
-    )
-    .with_context(|| format!("opening {}", a.model.model.display()))?;
+    let model = crate::render::open_model(&a.model.model, &a.model.open_options()?)
+        .with_context(|| format!("opening {}", a.model.model.display()))?;
     let engine = Engine::new()?;
     let mut session = engine.session(model)?;
     let started = Instant::now();

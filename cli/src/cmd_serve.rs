@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use waste_host::{Engine, Model, OpenOptions};
+use waste_host::{Engine, Model};
 
 use crate::errors::usage;
 use crate::open::ModelArgs;
@@ -77,12 +77,11 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err(usage("--api-key is empty: no request could match it; give a key or leave the option out"));
     }
-    let budget = crate::open::budget_arg(&a.model.budget)?;
     let sampler = match &a.sampler {
         Some(path) => Some(crate::open::sampler_plugin(path, &a.sampler_opt)?),
         None => None,
     };
-    let (threads, cpus) = crate::open::thread_args(&a.model)?;
+    let open_options = a.model.open_options()?;
     let model_id = match a.model_id {
         Some(id) => id,
         None => {
@@ -91,11 +90,8 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             name.strip_suffix(".waste").unwrap_or(&name).to_string()
         }
     };
-    let model: Arc<Model> = crate::render::open_model(
-        &a.model.model,
-        &OpenOptions { context: a.model.ctx, budget, threads, cpus, ..OpenOptions::default() },
-    )
-    .with_context(|| format!("opening {}", a.model.model.display()))?;
+    let model: Arc<Model> = crate::render::open_model(&a.model.model, &open_options)
+        .with_context(|| format!("opening {}", a.model.model.display()))?;
     let chat_template = match &a.chat_template {
         Some(path) => Some(crate::input::read_template(path)?),
         None => None,

@@ -1,6 +1,6 @@
 //! Opening a model from the command line: the options every command that
-//! opens one takes (`--budget`, `--ctx`, `--threads`, `--cpus`) and the
-//! sampler plugin of `run` and `serve`.
+//! opens one takes (`--budget`, `--ctx`, `--threads`, `--cpus`, `--verify`)
+//! and the sampler plugin of `run` and `serve`.
 
 use std::path::PathBuf;
 
@@ -27,6 +27,18 @@ pub struct ModelArgs {
     /// Bind the compute threads to these CPUs, Linux cpu-list syntax: 0-2,6-8.
     #[arg(long)]
     pub cpus: Option<String>,
+    /// Check every checksum in the container: the whole trunk at open and each expert record as it is read.
+    #[arg(long)]
+    pub verify: bool,
+}
+
+impl ModelArgs {
+    /// The engine's options these flags ask for; the rest are the defaults.
+    pub fn open_options(&self) -> Result<OpenOptions> {
+        let budget = budget_arg(&self.budget)?;
+        let (threads, cpus) = thread_args(self)?;
+        Ok(OpenOptions { context: self.ctx, budget, threads, cpus, verify: self.verify, ..OpenOptions::default() })
+    }
 }
 
 /// `--budget SIZE` parsed: `1.5G`, `800M`, `2GiB`, bytes.
@@ -61,9 +73,7 @@ pub fn say_budget(plan: &MemoryPlan) {
 }
 
 pub fn open(args: &ModelArgs) -> Result<(Engine, Session)> {
-    let budget = crate::open::budget_arg(&args.budget)?;
-    let (threads, cpus) = thread_args(args)?;
-    let options = OpenOptions { context: args.ctx, budget, threads, cpus, ..OpenOptions::default() };
+    let options = args.open_options()?;
     let model = crate::render::open_model(&args.model, &options)
         .with_context(|| format!("opening {}", args.model.display()))?;
     let engine = Engine::new()?;

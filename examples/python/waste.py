@@ -19,7 +19,8 @@ class OpenOptions(C.Structure):
     _fields_ = [("context", C.c_size_t), ("budget", C.c_uint64), ("threads", C.c_size_t),
                 ("cpus", C.POINTER(C.c_uint32)), ("n_cpus", C.c_size_t), ("cache", C.c_bool),
                 ("cache_policy", C.c_uint32), ("readers", C.c_size_t), ("read_ahead", C.c_bool),
-                ("direct_io", C.c_bool), ("lookahead", C.c_size_t), ("preload", C.c_bool)]
+                ("direct_io", C.c_bool), ("lookahead", C.c_size_t), ("preload", C.c_bool),
+                ("verify", C.c_bool)]
 
 
 class MemoryPlan(C.Structure):

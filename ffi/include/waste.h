@@ -210,6 +210,10 @@ typedef struct waste_matrix_error {
    * `rms / rms(source)`; 0 for an all-zero source matrix.
    */
   double relative;
+  /**
+   * The most `relative` the container's expert format accepts.
+   */
+  double limit;
 } waste_matrix_error;
 
 /**
@@ -260,6 +264,11 @@ typedef struct waste_open_options {
    * Preload the hottest experts of the container's usage file.
    */
   bool preload;
+  /**
+   * Check every checksum: the whole trunk at open, each expert record as
+   * it is read; a container without checksums is refused.
+   */
+  bool verify;
 } waste_open_options;
 
 /**
@@ -617,10 +626,12 @@ enum waste_result waste_synth(const struct waste_ctx *ctx,
                               struct waste_convert_report *report);
 
 /**
- * Decodes every expert record of the container at `out` back and reports
- * its error against the checkpoint at `src` (`waste convert --verify`):
- * `row` (may be NULL) sees each matrix, `progress` (may be NULL; `what`
- * empty) the records done; `*n_rows` (may be NULL) receives the count.
+ * Checks every checksum of the container at `out`, decodes every expert
+ * record back and reports its error against the checkpoint at `src`
+ * (`waste convert --verify`): `row` (may be NULL) sees each matrix,
+ * `progress` (may be NULL; `what` empty) the records done; `*n_rows` (may
+ * be NULL) receives the count. Rows past their `limit` make it fail
+ * (`WASTE_RUNTIME`, the message naming them) after every row was seen.
  */
 enum waste_result waste_convert_verify(const struct waste_ctx *ctx,
                                        const char *src,

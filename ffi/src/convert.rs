@@ -204,15 +204,19 @@ pub struct waste_matrix_error {
     pub rms: f64,
     /// `rms / rms(source)`; 0 for an all-zero source matrix.
     pub relative: f64,
+    /// The most `relative` the container's expert format accepts.
+    pub limit: f64,
 }
 
 /// Receives one [`waste_matrix_error`] per expert matrix; it lives for the call.
 pub type waste_matrix_callback = Option<unsafe extern "C" fn(user: *mut c_void, row: *const waste_matrix_error)>;
 
-/// Decodes every expert record of the container at `out` back and reports
-/// its error against the checkpoint at `src` (`waste convert --verify`):
-/// `row` (may be NULL) sees each matrix, `progress` (may be NULL; `what`
-/// empty) the records done; `*n_rows` (may be NULL) receives the count.
+/// Checks every checksum of the container at `out`, decodes every expert
+/// record back and reports its error against the checkpoint at `src`
+/// (`waste convert --verify`): `row` (may be NULL) sees each matrix,
+/// `progress` (may be NULL; `what` empty) the records done; `*n_rows` (may
+/// be NULL) receives the count. Rows past their `limit` make it fail
+/// (`WASTE_RUNTIME`, the message naming them) after every row was seen.
 #[no_mangle]
 pub unsafe extern "C" fn waste_convert_verify(
     ctx: *const waste_ctx,
@@ -252,6 +256,7 @@ pub unsafe extern "C" fn waste_convert_verify(
                         max_abs: r.max_abs,
                         rms: r.rms,
                         relative: r.relative,
+                        limit: r.limit,
                     };
                     // The caller's function with its own `user`; `e` lives
                     // for the call.
@@ -261,7 +266,7 @@ pub unsafe extern "C" fn waste_convert_verify(
             if !n_rows.is_null() {
                 *n_rows = rows.len();
             }
-            Ok(())
+            waste_host::convert::check_limits(&rows, None).map_err(host)
         })
     }
 }

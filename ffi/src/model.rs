@@ -36,6 +36,9 @@ pub struct waste_open_options {
     pub lookahead: usize,
     /// Preload the hottest experts of the container's usage file.
     pub preload: bool,
+    /// Check every checksum: the whole trunk at open, each expert record as
+    /// it is read; a container without checksums is refused.
+    pub verify: bool,
 }
 
 /// A memory plan, in bytes.
@@ -163,6 +166,7 @@ pub unsafe extern "C" fn waste_open_options_default(out: *mut waste_open_options
         direct_io: d.direct_io,
         lookahead: d.lookahead,
         preload: d.preload,
+        verify: d.verify,
     };
     // SAFETY: checked non-NULL.
     unsafe { *out = o };
@@ -330,6 +334,7 @@ unsafe fn open_model(
             o.direct_io = c.direct_io;
             o.lookahead = c.lookahead;
             o.preload = c.preload;
+            o.verify = c.verify;
         }
         let mut report = |p: &OpenProgress| {
             let Some(f) = callback else { return };

@@ -13,6 +13,7 @@ mod families;
 mod ffi;
 mod first_hour;
 mod gguf;
+mod integrity;
 mod jco;
 mod k3;
 mod kimi;

@@ -49,6 +49,11 @@ pub struct OpenOptions {
     /// chunks, each distinct expert read once per chunk; 1 = token at a
     /// time. Logits do not depend on it.
     pub prefill_chunk: usize,
+    /// Check every checksum the container carries: the trunk tensors read a
+    /// row at a time (read whole once, at open) and each expert record as
+    /// it lands, on top of what is always checked (tensors and codebooks
+    /// read whole). A container without checksums is refused.
+    pub verify: bool,
 }
 
 impl Default for OpenOptions {
@@ -67,6 +72,7 @@ impl Default for OpenOptions {
             threads: None,
             cpus: None,
             prefill_chunk: crate::model::prefill::DEFAULT_PREFILL_CHUNK,
+            verify: false,
         }
     }
 }
@@ -115,7 +121,10 @@ impl Model {
         // Thread options are checked (and CPUs bound) before any file work.
         let pool = crate::pool::Pool::new(options.threads, options.cpus.as_ref())?;
         crate::model::prefill::check_chunk(options.prefill_chunk)?;
-        let container = Container::open(path)?;
+        let mut container = Container::open(path)?;
+        if options.verify {
+            container.require_checksums()?;
+        }
         // The budget is checked before anything large is allocated.
         let plan = crate::plan::plan(&container, options.context, options.budget)?;
         let context = plan.context;

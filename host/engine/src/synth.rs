@@ -14,6 +14,7 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use crate::config::{ModelConfig, TensorRole};
+use crate::container::checksum::{self, Crc32};
 use crate::container::manifest::{
     align_up, record, CodebookEntry, ExpertBankEntry, ExpertIndex, Manifest, TensorEntry, TrunkIndex, CODEBOOK_FILE,
     FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, RECORD_ALIGN, TENSOR_ALIGN, TRUNK_FILE,
@@ -222,16 +223,6 @@ fn write_bank(path: &Path, layout: &RecordLayout, layer: usize, experts: usize, 
         let mut buf = vec![0u8; n * record_bytes];
         buf.par_chunks_mut(record_bytes).enumerate().for_each(|(j, rec)| {
             let expert = first + j;
-            let header = record::Header {
-                layer: layer as u32,
-                expert: expert as u32,
-                format: layout.format.code(),
-                hidden: layout.shape.hidden as u32,
-                inter: layout.shape.inter as u32,
-                payload_offset: layout.payload_offset,
-                payload_bytes: layout.payload_bytes,
-            };
-            rec[..record::HEADER_BYTES as usize].copy_from_slice(&header.to_bytes());
             let payload = &mut rec[payload_offset..payload_offset + payload_bytes];
             seeded(seed, layer as u64 + 1, expert as u64).fill(payload);
             // Scales: a fixed small f16 so outputs stay finite.
@@ -243,6 +234,17 @@ fn write_bank(path: &Path, layout: &RecordLayout, layer: usize, experts: usize, 
             // Biases (gpt-oss): zero, a valid f32 whatever random bytes would be.
             let biases = bias_bytes(layout.shape);
             payload[payload_bytes - biases..].fill(0);
+            let header = record::Header {
+                layer: layer as u32,
+                expert: expert as u32,
+                format: layout.format.code(),
+                hidden: layout.shape.hidden as u32,
+                inter: layout.shape.inter as u32,
+                payload_offset: layout.payload_offset,
+                payload_bytes: layout.payload_bytes,
+                payload_crc32: Some(checksum::crc32(payload)),
+            };
+            rec[..record::HEADER_BYTES as usize].copy_from_slice(&header.to_bytes());
         });
         bank.write_all(&buf).map_err(|e| Error::io(path, e))?;
     }
@@ -262,15 +264,15 @@ fn write_codebooks(
 ) -> Result<CodebookEntry> {
     let stages = format.stages().unwrap_or(3);
     let mut rng = seeded(seed, 77, layer as u64);
-    let mut book = |pos: &mut u64| -> Result<(u64, u64)> {
+    let mut book = |pos: &mut u64| -> Result<(u64, u64, u32)> {
         let vals: Vec<u8> = (0..stages * format.entries() * 8).flat_map(|_| rng.uniform(0.3).to_le_bytes()).collect();
         let at = align_up(*pos, TENSOR_ALIGN);
         f.write_all_at(&vals, at).map_err(|e| Error::io(path, e))?;
         *pos = at + vals.len() as u64;
-        Ok((at, vals.len() as u64))
+        Ok((at, vals.len() as u64, checksum::crc32(&vals)))
     };
-    let (gate_up_offset, gate_up_bytes) = book(pos)?;
-    let (down_offset, down_bytes) = book(pos)?;
+    let (gate_up_offset, gate_up_bytes, gate_up_crc) = book(pos)?;
+    let (down_offset, down_bytes, down_crc) = book(pos)?;
     Ok(CodebookEntry {
         file: CODEBOOK_FILE.into(),
         stages: stages as u64,
@@ -278,6 +280,8 @@ fn write_codebooks(
         gate_up_bytes,
         down_offset,
         down_bytes,
+        gate_up_crc32: Some(gate_up_crc),
+        down_crc32: Some(down_crc),
     })
 }
 
@@ -338,12 +342,12 @@ fn write_matrix(
     cols: usize,
     vector: bool,
     seed: u64,
-) -> Result<u64> {
+) -> Result<(u64, u32)> {
     let total = fmt.byte_len(rows, cols);
     if vector {
         let ones: Vec<u8> = (0..cols).flat_map(|_| 1.0f32.to_le_bytes()).collect();
         file.write_all_at(&ones, offset).map_err(|e| Error::io(path, e))?;
-        return Ok(ones.len() as u64);
+        return Ok((ones.len() as u64, checksum::crc32(&ones)));
     }
     let per_row = fmt.byte_len(1, cols);
     let scales_per_row = match fmt {
@@ -354,7 +358,9 @@ fn write_matrix(
     let a = 1.0 / (cols as f32).sqrt();
     const CHUNK: usize = 256;
     let chunks: Vec<usize> = (0..rows).step_by(CHUNK).collect();
-    let results: Vec<Result<()>> = chunks
+    // Each chunk's scales and data hashed apart, joined in file order: the
+    // scale block, then the data block.
+    let results: Vec<Result<(Crc32, Crc32)>> = chunks
         .par_iter()
         .map(|&r0| {
             let n = CHUNK.min(rows - r0);
@@ -364,11 +370,22 @@ fn write_matrix(
             let (scales, data) = bytes.split_at(n * scales_per_row);
             file.write_all_at(scales, offset + (r0 * scales_per_row) as u64).map_err(|e| Error::io(path, e))?;
             file.write_all_at(data, offset + (rows * scales_per_row + r0 * data_per_row) as u64)
-                .map_err(|e| Error::io(path, e))
+                .map_err(|e| Error::io(path, e))?;
+            let (mut s, mut d) = (Crc32::new(), Crc32::new());
+            s.update(scales);
+            d.update(data);
+            Ok((s, d))
         })
         .collect();
-    results.into_iter().collect::<Result<()>>()?;
-    Ok(total as u64)
+    let parts = results.into_iter().collect::<Result<Vec<_>>>()?;
+    let mut crc = Crc32::new();
+    for (s, _) in &parts {
+        crc.append(s);
+    }
+    for (_, d) in &parts {
+        crc.append(d);
+    }
+    Ok((total as u64, crc.finish()))
 }
 
 /// Real models a container can be made for (`synth_like`), with their
@@ -501,11 +518,12 @@ fn synth_config_as(
             _ => return Err(Error::Runtime(format!("tensor {name} has shape {shape:?}"))),
         };
         offset = align_up(offset, TENSOR_ALIGN);
-        let bytes = if options.manifest_only {
-            fmt.byte_len(rows, cols) as u64
+        let (bytes, crc32) = if options.manifest_only {
+            (fmt.byte_len(rows, cols) as u64, None)
         } else {
             let seed = options.seed ^ i as u64;
-            write_matrix(&trunk_file, &trunk_path, offset, fmt, rows, cols, shape.len() == 1, seed)?
+            let (bytes, crc) = write_matrix(&trunk_file, &trunk_path, offset, fmt, rows, cols, shape.len() == 1, seed)?;
+            (bytes, Some(crc))
         };
         tensors.push(TensorEntry {
             name,
@@ -513,6 +531,7 @@ fn synth_config_as(
             format: fmt.name().into(),
             offset,
             bytes,
+            crc32,
         });
         offset += bytes;
         report.trunk_bytes += bytes;

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::manifest::{record, Manifest, MANIFEST_FILE, RECORD_ALIGN};
-use super::{expert_format, plain_file_name};
+use super::{checksum, expert_format, plain_file_name};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{Error, Result};
 use crate::files::read_file;
@@ -28,10 +28,12 @@ pub struct ExpertBanks {
     banks: Vec<Option<Bank>>,
     /// The experts' gated activation (SiTU on Kimi K3).
     activation: Activation,
+    /// Check each record's payload checksum as it lands (`--verify`).
+    verify: bool,
 }
 
 impl ExpertBanks {
-    pub(super) fn open(dir: &Path, manifest: &Manifest, config: &ModelConfig) -> Result<ExpertBanks> {
+    pub(super) fn open(dir: &Path, manifest: &Manifest, config: &ModelConfig, verify: bool) -> Result<ExpertBanks> {
         let mpath = dir.join(MANIFEST_FILE);
         let e = &manifest.experts;
         let format = expert_format(&e.format, &mpath)?;
@@ -88,7 +90,7 @@ impl ExpertBanks {
                 ));
             }
             let codebooks = match (&entry.codebooks, format.uses_codebooks()) {
-                (Some(cb), true) => Some(load_codebooks(dir, cb, &mpath)?),
+                (Some(cb), true) => Some(load_codebooks(dir, entry.layer, cb, &mpath)?),
                 (None, false) => None,
                 _ => {
                     return Err(bad(format!("layer {layer}: codebooks present/absent contrary to format {}", e.format)))
@@ -114,6 +116,7 @@ impl ExpertBanks {
             payload_bytes: payload_bytes as usize,
             banks,
             activation: config.activation(),
+            verify,
         })
     }
 
@@ -148,11 +151,14 @@ impl ExpertBanks {
         (0..self.banks.len()).filter(|&l| self.banks[l].is_some()).collect()
     }
 
-    /// Checks the header of a record just read for (`layer`, `expert`).
-    pub fn check_header(&self, layer: usize, expert: usize, buf: &[u8]) -> Result<()> {
+    /// Checks a record just read for (`layer`, `expert`): its header always,
+    /// its payload's checksum with `--verify`.
+    pub fn check_record(&self, layer: usize, expert: usize, buf: &[u8]) -> Result<()> {
         let path = self.bank(layer).map(|b| b.path.as_path()).unwrap_or(Path::new(""));
-        let header = record::Header::parse(buf)
-            .ok_or_else(|| Error::format(path, format!("record of expert {expert} has a bad magic number")))?;
+        let what = || format!("layer {layer} expert {expert}");
+        let header = record::Header::parse(buf).ok_or_else(|| {
+            Error::format(path, format!("{}: the record header is not one (bad magic or flags)", what()))
+        })?;
         let expected = record::Header {
             layer: layer as u32,
             expert: expert as u32,
@@ -161,18 +167,23 @@ impl ExpertBanks {
             inter: self.shape.inter as u32,
             payload_offset: self.payload_offset as u64,
             payload_bytes: self.payload_bytes as u64,
+            payload_crc32: header.payload_crc32,
         };
         if header != expected {
             return Err(Error::format(
                 path,
-                format!("record of expert {expert} has header {header:?}, expected {expected:?}"),
+                format!("{}: record has header {header:?}, expected {expected:?}", what()),
             ));
+        }
+        if self.verify {
+            let crc = header.payload_crc32.ok_or_else(|| checksum::missing(path, &what()))?;
+            checksum::check(path, &what(), crc, &buf[self.payload_range()])?;
         }
         Ok(())
     }
 }
 
-fn load_codebooks(dir: &Path, cb: &super::manifest::CodebookEntry, mpath: &Path) -> Result<LayerCodebooks> {
+fn load_codebooks(dir: &Path, layer: u64, cb: &super::manifest::CodebookEntry, mpath: &Path) -> Result<LayerCodebooks> {
     let path = plain_file_name(dir, &cb.file, mpath)?;
     let bytes = read_file(&path, 1 << 32)?;
     let slice = |offset: u64, len: u64| -> Result<&[u8]> {
@@ -195,9 +206,15 @@ fn load_codebooks(dir: &Path, cb: &super::manifest::CodebookEntry, mpath: &Path)
         ));
     }
     let stages = cb.stages as usize;
-    let gate_up = Codebooks::from_bytes(stages, slice(cb.gate_up_offset, cb.gate_up_bytes)?)
-        .map_err(|e| Error::format(&path, e.to_string()))?;
-    let down = Codebooks::from_bytes(stages, slice(cb.down_offset, cb.down_bytes)?)
-        .map_err(|e| Error::format(&path, e.to_string()))?;
+    let (gate_up, down) = (slice(cb.gate_up_offset, cb.gate_up_bytes)?, slice(cb.down_offset, cb.down_bytes)?);
+    // Read whole anyway: checked whenever a checksum was written
+    // (`require_checksums` refused their absence under --verify).
+    for (bytes, crc, part) in [(gate_up, cb.gate_up_crc32, "gate/up"), (down, cb.down_crc32, "down")] {
+        if let Some(crc) = crc {
+            checksum::check(&path, &format!("layer {layer}'s {part} codebooks"), crc, bytes)?;
+        }
+    }
+    let gate_up = Codebooks::from_bytes(stages, gate_up).map_err(|e| Error::format(&path, e.to_string()))?;
+    let down = Codebooks::from_bytes(stages, down).map_err(|e| Error::format(&path, e.to_string()))?;
     Ok(LayerCodebooks { gate_up, down })
 }

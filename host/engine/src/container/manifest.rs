@@ -90,6 +90,10 @@ pub struct TensorEntry {
     pub format: String,
     pub offset: u64,
     pub bytes: u64,
+    /// CRC-32 of the tensor's `bytes` (see [`super::checksum`]); absent in
+    /// containers written before checksums, and in `synth --manifest-only`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,12 +130,27 @@ pub struct CodebookEntry {
     pub gate_up_bytes: u64,
     pub down_offset: u64,
     pub down_bytes: u64,
+    /// CRC-32 of each range, as for trunk tensors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_up_crc32: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down_crc32: Option<u32>,
 }
 
 /// The header at the start of every expert record.
+///
+/// ```text
+/// 0..8    magic "WASTEXP0"
+/// 8..28   layer, expert, format code, hidden, inter (u32 LE each)
+/// 28..32  flags: bit 0 = bytes 48..52 hold the payload's CRC-32
+/// 32..48  payload offset, payload bytes (u64 LE)
+/// 48..52  CRC-32 of the payload (see `checksum`)
+/// 52..64  zero
+/// ```
 pub mod record {
     pub const MAGIC: &[u8; 8] = b"WASTEXP0";
     pub const HEADER_BYTES: u64 = 64;
+    const FLAG_PAYLOAD_CRC: u32 = 1;
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct Header {
@@ -142,6 +161,8 @@ pub mod record {
         pub inter: u32,
         pub payload_offset: u64,
         pub payload_bytes: u64,
+        /// Absent in records written before checksums.
+        pub payload_crc32: Option<u32>,
     }
 
     impl Header {
@@ -155,16 +176,25 @@ pub mod record {
             b[24..28].copy_from_slice(&self.inter.to_le_bytes());
             b[32..40].copy_from_slice(&self.payload_offset.to_le_bytes());
             b[40..48].copy_from_slice(&self.payload_bytes.to_le_bytes());
+            if let Some(crc) = self.payload_crc32 {
+                b[28..32].copy_from_slice(&FLAG_PAYLOAD_CRC.to_le_bytes());
+                b[48..52].copy_from_slice(&crc.to_le_bytes());
+            }
             b
         }
 
-        /// `None` when the magic is wrong or the buffer is short.
+        /// `None` when the magic is wrong, the buffer is short or a flag
+        /// this version does not know is set.
         pub fn parse(b: &[u8]) -> Option<Header> {
             if b.len() < HEADER_BYTES as usize || &b[0..8] != MAGIC {
                 return None;
             }
             let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
             let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+            let flags = u32_at(28);
+            if flags & !FLAG_PAYLOAD_CRC != 0 {
+                return None;
+            }
             Some(Header {
                 layer: u32_at(8),
                 expert: u32_at(12),
@@ -173,7 +203,13 @@ pub mod record {
                 inter: u32_at(24),
                 payload_offset: u64_at(32),
                 payload_bytes: u64_at(40),
+                payload_crc32: (flags & FLAG_PAYLOAD_CRC != 0).then(|| u32_at(48)),
             })
+        }
+
+        /// The same record of the same layout, whatever its checksum.
+        pub fn same_place(&self, other: &Header) -> bool {
+            Header { payload_crc32: None, ..*self } == Header { payload_crc32: None, ..*other }
         }
     }
 }

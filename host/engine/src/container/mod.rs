@@ -8,6 +8,7 @@
 //! tokenizer.json ...   tokenizer and template files copied from the source
 //! ```
 
+pub mod checksum;
 mod experts;
 pub mod manifest;
 mod rows;
@@ -50,6 +51,11 @@ pub struct Container {
     chat_templates: ChatTemplates,
     /// Every tokenizer / template file as (name, bytes), handed to the guest.
     tokenizer_files: Vec<(String, Vec<u8>)>,
+    /// `--verify`: every checksum is required and checked, including those
+    /// of tensors read a row at a time and of each expert record as it
+    /// lands. Without it, whatever is read whole (trunk tensors,
+    /// codebooks) is still checked when it has a checksum.
+    verify: bool,
 }
 
 /// Rejects names that could reach outside the container directory.
@@ -156,7 +162,45 @@ impl Container {
             eos_tokens,
             chat_templates,
             tokenizer_files,
+            verify: false,
         })
+    }
+
+    /// Turns on `--verify` (see the field): refused at once when the
+    /// manifest lacks a checksum for a trunk tensor or a codebook.
+    pub fn require_checksums(&mut self) -> Result<()> {
+        for t in &self.manifest.trunk.tensors {
+            if t.crc32.is_none() {
+                return Err(checksum::missing(&self.trunk_path, &format!("tensor {}", t.name)));
+            }
+        }
+        for bank in &self.manifest.experts.layers {
+            if let Some(cb) = &bank.codebooks {
+                if cb.gate_up_crc32.is_none() || cb.down_crc32.is_none() {
+                    return Err(checksum::missing(
+                        &self.dir.join(&cb.file),
+                        &format!("layer {}'s codebooks", bank.layer),
+                    ));
+                }
+            }
+        }
+        self.verify = true;
+        Ok(())
+    }
+
+    pub fn verifies(&self) -> bool {
+        self.verify
+    }
+
+    /// Reads every trunk tensor and checks its checksum, without keeping
+    /// it (`convert --verify`; a model opened with `--verify` checks each
+    /// as it loads).
+    pub fn check_trunk(&self) -> Result<()> {
+        for t in &self.manifest.trunk.tensors {
+            let crc = checksum::crc32_of_range(&self.trunk, &self.trunk_path, t.offset, t.bytes)?;
+            self.check_tensor_value(t, crc)?;
+        }
+        Ok(())
     }
 
     pub fn dir(&self) -> &Path {
@@ -194,7 +238,7 @@ impl Container {
     }
 
     pub fn expert_banks(&self) -> Result<ExpertBanks> {
-        ExpertBanks::open(&self.dir, &self.manifest, &self.config)
+        ExpertBanks::open(&self.dir, &self.manifest, &self.config, self.verify)
     }
 
     fn entry(&self, name: &str) -> Result<&TensorEntry> {
@@ -209,7 +253,25 @@ impl Container {
         // Bounds were validated against the file's length at open.
         let mut buf = vec![0u8; t.bytes as usize];
         self.trunk.read_exact_at(&mut buf, t.offset).map_err(|e| Error::io(&self.trunk_path, e))?;
+        self.check_tensor(t, &buf)?;
         Ok(buf)
+    }
+
+    fn check_tensor_value(&self, t: &TensorEntry, computed: u32) -> Result<()> {
+        let what = format!("tensor {}", t.name);
+        match t.crc32 {
+            Some(crc) => checksum::check_value(&self.trunk_path, &what, crc, computed),
+            None => Err(checksum::missing(&self.trunk_path, &what)),
+        }
+    }
+
+    /// Checks the bytes of `t` just read whole (see the `verify` field).
+    fn check_tensor(&self, t: &TensorEntry, bytes: &[u8]) -> Result<()> {
+        match t.crc32 {
+            Some(crc) => checksum::check(&self.trunk_path, &format!("tensor {}", t.name), crc, bytes),
+            None if self.verify => Err(checksum::missing(&self.trunk_path, &format!("tensor {}", t.name))),
+            None => Ok(()),
+        }
     }
 
     /// The stored little-endian f32 values of `t`, read straight into the
@@ -221,6 +283,7 @@ impl Container {
         // pattern written through it is a valid f32.
         let bytes = unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), values.len() * 4) };
         self.trunk.read_exact_at(bytes, t.offset).map_err(|e| Error::io(&self.trunk_path, e))?;
+        self.check_tensor(t, bytes)?;
         if cfg!(target_endian = "big") {
             for v in &mut values {
                 *v = f32::from_bits(u32::from_le(v.to_bits()));
@@ -321,11 +384,17 @@ impl TensorSource for Container {
         let t = self.tensors.get(name)?;
         let [rows, cols] = t.shape[..] else { return None };
         let format = TrunkFormat::parse(&t.format)?;
+        // Read a row at a time later, so checked here, whole, only when asked.
+        let checked = if self.verify {
+            checksum::crc32_of_range(&self.trunk, &self.trunk_path, t.offset, t.bytes)
+                .and_then(|crc| self.check_tensor_value(t, crc))
+        } else {
+            Ok(())
+        };
         // An owned handle for the model to keep (reads are positional).
-        let rows =
-            self.trunk.try_clone().map_err(|e| Error::io(&self.trunk_path, e)).and_then(|file| {
-                TrunkRows::new(file, &self.trunk_path, t.offset, format, rows as usize, cols as usize)
-            });
+        let rows = checked
+            .and_then(|()| self.trunk.try_clone().map_err(|e| Error::io(&self.trunk_path, e)))
+            .and_then(|file| TrunkRows::new(file, &self.trunk_path, t.offset, format, rows as usize, cols as usize));
         Some(rows.map(|r| Box::new(r) as Box<dyn StoredRows>))
     }
 }

@@ -34,3 +34,29 @@ fn named_templates_without_default_have_no_template_for_a_plain_chat() {
     assert!(err.contains("without a \"default\" template"), "{err}");
     assert_eq!(t.choose(true), Ok(Some("U")));
 }
+
+/// A record header keeps its payload checksum through bytes; one written
+/// before checksums reads as having none; a flag this version does not
+/// know is refused rather than ignored.
+#[test]
+fn record_headers_carry_the_payload_checksum_and_refuse_unknown_flags() {
+    use super::manifest::record::Header;
+    let h = Header {
+        layer: 3,
+        expert: 17,
+        format: 2,
+        hidden: 256,
+        inter: 128,
+        payload_offset: 64,
+        payload_bytes: 40_000,
+        payload_crc32: Some(0xdead_beef),
+    };
+    let bytes = h.to_bytes();
+    assert_eq!(Header::parse(&bytes), Some(h));
+    let old = Header { payload_crc32: None, ..h };
+    assert_eq!(Header::parse(&old.to_bytes()), Some(old));
+    assert!(old.same_place(&h) && !old.same_place(&Header { expert: 18, ..h }));
+    let mut unknown = bytes;
+    unknown[28] |= 2;
+    assert_eq!(Header::parse(&unknown), None);
+}

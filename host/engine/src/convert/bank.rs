@@ -10,6 +10,7 @@ use std::path::Path;
 use super::files::{valid_sidecar, write_sidecar, Sidecar, Writer};
 use super::ConvertOptions;
 use crate::checkpoint::HfCheckpoint;
+use crate::container::checksum;
 use crate::container::manifest::{record, CodebookEntry, ExpertBankEntry, RECORD_ALIGN, TENSOR_ALIGN};
 use crate::error::{Error, Result};
 use crate::quant::{self, ExpertF32, ExpertShape};
@@ -43,7 +44,9 @@ pub(super) fn sample_experts(num_experts: usize, shape: ExpertShape) -> Vec<usiz
 }
 
 /// A finished bank from an earlier run, if its sidecar matches, its size is
-/// right and every record header names the right layer, expert and layout.
+/// right, every record header names the right layer, expert and layout and
+/// every payload and codebook range still has the checksum it was written
+/// with.
 pub(super) fn reusable(
     dir: &Path,
     layer: usize,
@@ -59,20 +62,33 @@ pub(super) fn reusable(
         return None;
     }
     if let Some(cb) = &entry.codebooks {
-        valid_sidecar(&dir.join(&cb.file), fingerprint)?;
+        let cb_path = dir.join(&cb.file);
+        valid_sidecar(&cb_path, fingerprint)?;
+        let file = File::open(&cb_path).ok()?;
+        for (offset, len, crc) in
+            [(cb.gate_up_offset, cb.gate_up_bytes, cb.gate_up_crc32), (cb.down_offset, cb.down_bytes, cb.down_crc32)]
+        {
+            if checksum::crc32_of_range(&file, &cb_path, offset, len).ok() != Some(crc?) {
+                return None;
+            }
+        }
     }
     let file = File::open(&path).ok()?;
-    let mut head = [0u8; record::HEADER_BYTES as usize];
+    let mut buf = vec![0u8; layout.record_bytes as usize];
+    let payload = record::HEADER_BYTES as usize..(record::HEADER_BYTES + layout.payload_bytes) as usize;
     for e in 0..experts {
-        file.read_exact_at(&mut head, e as u64 * layout.record_bytes).ok()?;
-        if record::Header::parse(&head)? != header(layer, e, opts, layout) {
+        file.read_exact_at(&mut buf, e as u64 * layout.record_bytes).ok()?;
+        let head = record::Header::parse(&buf)?;
+        if !head.same_place(&header(layer, e, opts, layout, None))
+            || head.payload_crc32? != checksum::crc32(&buf[payload.clone()])
+        {
             return None;
         }
     }
     Some(entry)
 }
 
-fn header(layer: usize, expert: usize, opts: &ConvertOptions, layout: &Layout) -> record::Header {
+fn header(layer: usize, expert: usize, opts: &ConvertOptions, layout: &Layout, crc: Option<u32>) -> record::Header {
     record::Header {
         layer: layer as u32,
         expert: expert as u32,
@@ -81,6 +97,7 @@ fn header(layer: usize, expert: usize, opts: &ConvertOptions, layout: &Layout) -
         inter: layout.shape.inter as u32,
         payload_offset: record::HEADER_BYTES,
         payload_bytes: layout.payload_bytes,
+        payload_crc32: crc,
     }
 }
 
@@ -119,7 +136,7 @@ pub(super) fn write_bank(
         let down_offset = w.pad_to(TENSOR_ALIGN)?;
         w.write(&down)?;
         let bytes = w.position();
-        let fnv64 = w.finish()?;
+        w.finish()?;
         let entry = CodebookEntry {
             file,
             stages: opts.experts.stages().unwrap_or(0) as u64,
@@ -127,8 +144,10 @@ pub(super) fn write_bank(
             gate_up_bytes: gate_up.len() as u64,
             down_offset,
             down_bytes: down.len() as u64,
+            gate_up_crc32: Some(checksum::crc32(&gate_up)),
+            down_crc32: Some(checksum::crc32(&down)),
         };
-        let side = Sidecar { fingerprint: fingerprint.to_string(), bytes, fnv64, index: serde_json::Value::Null };
+        let side = Sidecar { fingerprint: fingerprint.to_string(), bytes, index: serde_json::Value::Null };
         write_sidecar(&path, &side)?;
         Some((cb, entry))
     } else {
@@ -145,17 +164,17 @@ pub(super) fn write_bank(
         let view = ExpertF32 { gate: &gate, up: &up, down: &down, biases };
         let payload = quant::encode_expert(opts.experts, shape, &view, codebooks.as_ref().map(|(cb, _)| cb));
         let start = bank.position();
-        bank.write(&header(layer, expert, opts, layout).to_bytes())?;
+        bank.write(&header(layer, expert, opts, layout, Some(checksum::crc32(&payload))).to_bytes())?;
         bank.write(&payload)?;
         bank.pad_to(RECORD_ALIGN)?;
         debug_assert_eq!(bank.position() - start, layout.record_bytes);
         tick(expert);
     }
     let bytes = bank.position();
-    let fnv64 = bank.finish()?;
+    bank.finish()?;
     let entry =
         ExpertBankEntry { layer: layer as u64, file, experts: experts as u64, codebooks: codebooks.map(|(_, e)| e) };
     let index = serde_json::to_value(&entry).map_err(|e| Error::Runtime(e.to_string()))?;
-    write_sidecar(&path, &Sidecar { fingerprint: fingerprint.to_string(), bytes, fnv64, index })?;
+    write_sidecar(&path, &Sidecar { fingerprint: fingerprint.to_string(), bytes, index })?;
     Ok((entry, false))
 }

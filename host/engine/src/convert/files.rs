@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::container::manifest::align_up;
 use crate::error::{Error, Result};
-use crate::files::Fnv;
 
 /// A buffered writer into `<final>.tmp` that knows its position; `finish`
 /// syncs and renames it into place, so a file under its final name is whole.
@@ -18,7 +17,6 @@ pub(super) struct Writer {
     tmp: PathBuf,
     out: BufWriter<File>,
     pos: u64,
-    hash: Fnv,
 }
 
 pub(super) fn tmp_path(path: &Path) -> PathBuf {
@@ -31,13 +29,7 @@ impl Writer {
     pub(super) fn create(path: &Path) -> Result<Writer> {
         let tmp = tmp_path(path);
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        Ok(Writer {
-            path: path.to_path_buf(),
-            tmp,
-            out: BufWriter::with_capacity(1 << 20, file),
-            pos: 0,
-            hash: Fnv::new(),
-        })
+        Ok(Writer { path: path.to_path_buf(), tmp, out: BufWriter::with_capacity(1 << 20, file), pos: 0 })
     }
 
     pub(super) fn position(&self) -> u64 {
@@ -46,7 +38,6 @@ impl Writer {
 
     pub(super) fn write(&mut self, bytes: &[u8]) -> Result<()> {
         self.out.write_all(bytes).map_err(|e| Error::io(&self.tmp, e))?;
-        self.hash.update(bytes);
         self.pos += bytes.len() as u64;
         Ok(())
     }
@@ -59,13 +50,11 @@ impl Writer {
         Ok(self.pos)
     }
 
-    /// Returns the FNV-1a 64 of what was written, hex.
-    pub(super) fn finish(self) -> Result<String> {
-        let Writer { path, tmp, out, hash, .. } = self;
+    pub(super) fn finish(self) -> Result<()> {
+        let Writer { path, tmp, out, .. } = self;
         let file = out.into_inner().map_err(|e| Error::io(&tmp, e.into_error()))?;
         file.sync_all().map_err(|e| Error::io(&tmp, e))?;
-        fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
-        Ok(hash.hex())
+        fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
     }
 }
 
@@ -73,7 +62,7 @@ impl Writer {
 pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut w = Writer::create(path)?;
     w.write(bytes)?;
-    w.finish().map(|_| ())
+    w.finish()
 }
 
 /// What a finished output file records beside it (`<file>.done`).
@@ -82,9 +71,6 @@ pub(super) struct Sidecar {
     /// Source and options the file was made from (`fingerprint`).
     pub fingerprint: String,
     pub bytes: u64,
-    /// FNV-1a 64 of the file as written, hex (a record of what was made;
-    /// reuse checks the size and, for banks, every record header).
-    pub fnv64: String,
     /// What the manifest needs from this file (tensor entries, bank entry).
     pub index: serde_json::Value,
 }
@@ -100,10 +86,15 @@ pub(super) fn write_sidecar(path: &Path, sidecar: &Sidecar) -> Result<()> {
     write_atomic(&sidecar_path(path), &json)
 }
 
+/// A sidecar holds at most a trunk's tensor index.
+const MAX_SIDECAR_BYTES: u64 = 64 << 20;
+
 /// The sidecar of `path` when it matches `fingerprint` and the file's size;
-/// `None` means "make the file again".
+/// `None` means "make the file again". Whether the bytes are still the
+/// ones written is the caller's check: the checksums in the index (trunk
+/// tensors, codebooks) or in each record's header (banks).
 pub(super) fn valid_sidecar(path: &Path, fingerprint: &str) -> Option<Sidecar> {
-    let bytes = fs::read(sidecar_path(path)).ok()?;
+    let bytes = crate::files::read_file(&sidecar_path(path), MAX_SIDECAR_BYTES).ok()?;
     let s: Sidecar = serde_json::from_slice(&bytes).ok()?;
     let len = fs::metadata(path).ok()?.len();
     (s.fingerprint == fingerprint && s.bytes == len).then_some(s)

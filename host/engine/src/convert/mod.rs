@@ -11,8 +11,9 @@
 //! * Resumable. Every output file is written as `<file>.tmp` and renamed;
 //!   a `<file>.done` sidecar records the fingerprint of source + options and
 //!   the manifest entry. A rerun reuses a file whose sidecar matches, whose
-//!   size is right and (banks) whose record headers all check, and makes
-//!   everything else again. `manifest.json` is written last and removed
+//!   size is right and whose checksums all still hold (each trunk tensor's
+//!   and codebook range's in the sidecar's index; each record's header and
+//!   payload checksum in a bank), and makes everything else again. `manifest.json` is written last and removed
 //!   first, so a directory holding one is a complete container.
 //! * `jobs` layer banks in parallel; a bank's bytes depend only on its layer
 //!   and the options, so the output is identical for any `jobs`.
@@ -48,7 +49,7 @@ use crate::files::Fnv;
 use crate::quant::{self, ExpertFormat, TrunkFormat};
 use files::write_atomic;
 pub use reclaim::{ShardLedger, Unit};
-pub use verify::{verify, MatrixError};
+pub use verify::{check_limits, max_relative_error, verify, MatrixError};
 
 /// Files copied verbatim so a container is self-contained.
 const TOKENIZER_FILES: &[&str] = &[

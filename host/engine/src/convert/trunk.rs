@@ -12,9 +12,9 @@ use super::files::{sidecar_path, tmp_path, valid_sidecar, write_sidecar, Sidecar
 use super::trunk_format_for;
 use crate::checkpoint::HfCheckpoint;
 use crate::config::ModelConfig;
+use crate::container::checksum::{self, Crc32};
 use crate::container::manifest::{align_up, TensorEntry, TENSOR_ALIGN};
 use crate::error::{Error, Result};
-use crate::files::Fnv;
 use crate::quant::{self, TrunkFormat, GROUP};
 
 /// f32 values decoded per slice (16 MB).
@@ -42,10 +42,8 @@ fn write_trunk_sliced(
     slice_values: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(Vec<TensorEntry>, bool)> {
-    if let Some(s) = valid_sidecar(path, fingerprint) {
-        if let Ok(tensors) = serde_json::from_value::<Vec<TensorEntry>>(s.index.clone()) {
-            return Ok((tensors, true));
-        }
+    if let Some(tensors) = reusable(path, fingerprint) {
+        return Ok((tensors, true));
     }
     let tmp = tmp_path(path);
     let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
@@ -65,10 +63,9 @@ fn write_trunk_sliced(
     file.set_len(pos).map_err(|e| Error::io(&tmp, e))?;
     file.sync_all().map_err(|e| Error::io(&tmp, e))?;
     drop(file);
-    let fnv = hash_file(&tmp)?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
     let index = serde_json::to_value(&tensors).map_err(|e| Error::Runtime(e.to_string()))?;
-    write_sidecar(path, &Sidecar { fingerprint: fingerprint.to_string(), bytes: pos, fnv64: fnv, index })?;
+    write_sidecar(path, &Sidecar { fingerprint: fingerprint.to_string(), bytes: pos, index })?;
     Ok((tensors, false))
 }
 
@@ -87,12 +84,12 @@ fn write_tensor(
         .ok_or_else(|| Error::format(ckpt.dir(), format!("tensor `{name}` not found in the checkpoint")))?
         .to_vec();
     let shape = cfg.canonical_shape(name, &stored);
-    let (fmt, bytes) = match shape[..] {
+    let (fmt, bytes, crc32) = match shape[..] {
         [_] => {
             let (data, _) = ckpt.tensor_f32(name)?;
             let bytes = quant::quantize_trunk(TrunkFormat::F32, &data, 1, data.len());
             put(0, &bytes)?;
-            (TrunkFormat::F32, bytes.len() as u64)
+            (TrunkFormat::F32, bytes.len() as u64, checksum::crc32(&bytes))
         }
         [rows, cols] => {
             let fmt = trunk_format_for(cfg.tensor_role(name), trunk);
@@ -103,6 +100,9 @@ fn write_tensor(
             };
             let data_at = (rows * g * 2) as u64;
             let step = (slice_values / cols.max(1)).max(1);
+            // The scale block precedes the data block: each hashed in row
+            // order, then joined.
+            let (mut scales_crc, mut data_crc) = (Crc32::new(), Crc32::new());
             let mut r0 = 0;
             while r0 < rows {
                 let n = step.min(rows - r0);
@@ -111,9 +111,12 @@ fn write_tensor(
                 let (scales, data) = q.split_at(n * g * 2);
                 put((r0 * g * 2) as u64, scales)?;
                 put(data_at + (r0 * row_bytes) as u64, data)?;
+                scales_crc.update(scales);
+                data_crc.update(data);
                 r0 += n;
             }
-            (fmt, fmt.byte_len(rows, cols) as u64)
+            scales_crc.append(&data_crc);
+            (fmt, fmt.byte_len(rows, cols) as u64, scales_crc.finish())
         }
         _ => return Err(Error::format(ckpt.dir(), format!("tensor {name} has shape {shape:?}; expected 1-D or 2-D"))),
     };
@@ -123,6 +126,7 @@ fn write_tensor(
         format: fmt.name().to_string(),
         offset: 0,
         bytes,
+        crc32: Some(crc32),
     })
 }
 
@@ -133,16 +137,30 @@ pub(super) fn piece_file(i: usize) -> String {
     format!("trunk-part-{i:04}.bin")
 }
 
-/// The finished trunk.bin of an earlier run, if its sidecar matches.
+/// The finished trunk.bin of an earlier run, if its sidecar matches and
+/// every tensor in it still has the checksum it was written with (a bit
+/// flipped since is made again, not reused).
 pub(super) fn reusable(path: &Path, fingerprint: &str) -> Option<Vec<TensorEntry>> {
-    serde_json::from_value(valid_sidecar(path, fingerprint)?.index).ok()
+    let tensors: Vec<TensorEntry> = serde_json::from_value(valid_sidecar(path, fingerprint)?.index).ok()?;
+    let file = File::open(path).ok()?;
+    tensors.iter().all(|t| intact(&file, path, t, t.offset)).then_some(tensors)
 }
 
-/// Piece `i` (trunk tensor `name`) was finished by this or an earlier run;
-/// its shard may be gone.
+/// The bytes of `t` at `at` in `file` have the checksum `t` records.
+fn intact(file: &File, path: &Path, t: &TensorEntry, at: u64) -> bool {
+    t.crc32.is_some_and(|crc| checksum::crc32_of_range(file, path, at, t.bytes).is_ok_and(|c| c == crc))
+}
+
+/// Piece `i` (trunk tensor `name`) was finished by this or an earlier run
+/// and is intact; its shard may be gone.
 pub(super) fn piece_done(dir: &Path, i: usize, name: &str, fingerprint: &str) -> bool {
-    valid_sidecar(&dir.join(piece_file(i)), fingerprint)
-        .is_some_and(|s| serde_json::from_value::<TensorEntry>(s.index).is_ok_and(|e| e.name == name))
+    let path = dir.join(piece_file(i));
+    let Some(entry) =
+        valid_sidecar(&path, fingerprint).and_then(|s| serde_json::from_value::<TensorEntry>(s.index).ok())
+    else {
+        return false;
+    };
+    entry.name == name && File::open(&path).is_ok_and(|f| intact(&f, &path, &entry, 0))
 }
 
 /// Writes (or reuses) piece `i`, trunk tensor `name`; true when reused.
@@ -165,10 +183,9 @@ pub(super) fn write_piece(
     file.set_len(entry.bytes).map_err(|e| Error::io(&tmp, e))?;
     file.sync_all().map_err(|e| Error::io(&tmp, e))?;
     drop(file);
-    let fnv = hash_file(&tmp)?;
     std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
     let index = serde_json::to_value(&entry).map_err(|e| Error::Runtime(e.to_string()))?;
-    write_sidecar(&path, &Sidecar { fingerprint: fingerprint.to_string(), bytes: entry.bytes, fnv64: fnv, index })?;
+    write_sidecar(&path, &Sidecar { fingerprint: fingerprint.to_string(), bytes: entry.bytes, index })?;
     Ok(false)
 }
 
@@ -202,10 +219,9 @@ pub(super) fn assemble(dir: &Path, n: usize, path: &Path, fingerprint: &str) -> 
     file.set_len(pos).map_err(|e| Error::io(&tmp, e))?;
     file.sync_all().map_err(|e| Error::io(&tmp, e))?;
     drop(file);
-    let fnv = hash_file(&tmp)?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
     let index = serde_json::to_value(&tensors).map_err(|e| Error::Runtime(e.to_string()))?;
-    write_sidecar(path, &Sidecar { fingerprint: fingerprint.to_string(), bytes: pos, fnv64: fnv, index })?;
+    write_sidecar(path, &Sidecar { fingerprint: fingerprint.to_string(), bytes: pos, index })?;
     for i in 0..n {
         let piece = dir.join(piece_file(i));
         for p in [sidecar_path(&piece), piece] {
@@ -213,20 +229,6 @@ pub(super) fn assemble(dir: &Path, n: usize, path: &Path, fingerprint: &str) -> 
         }
     }
     Ok(tensors)
-}
-
-fn hash_file(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut h = Fnv::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
-        if n == 0 {
-            return Ok(h.hex());
-        }
-        h.update(&buf[..n]);
-    }
 }
 
 #[cfg(test)]

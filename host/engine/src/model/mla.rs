@@ -367,6 +367,7 @@ mod tests {
                     format: fmt.name().to_string(),
                     offset: 0,
                     bytes: w.byte_len() as u64,
+                    crc32: None,
                 };
                 let planned = crate::plan::resident_tensor_bytes(&cfg, &entry);
                 assert_eq!(planned, mla.kv_b_bytes() as u64, "{family} {fmt:?}");

@@ -177,7 +177,7 @@ impl Shared {
         let path = &self.banks.bank(layer).map(|b| b.path.clone()).unwrap_or_default();
         file.read_at(bytes, (expert * record) as u64).map_err(|e| Error::io(path, e))?;
         let took = started.elapsed();
-        self.banks.check_header(layer, expert, bytes)?;
+        self.banks.check_record(layer, expert, bytes)?;
         Ok(took)
     }
 

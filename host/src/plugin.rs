@@ -126,7 +126,15 @@ impl SamplerPlugin {
 
     /// Draws one token.
     pub(crate) fn sample(&mut self, logits: &[f32], recent: &[u32]) -> std::result::Result<u32, String> {
-        self.call(|b, s| b.waste_engine_sampler().call_sample(s, logits, recent))
+        let token = self.call(|b, s| b.waste_engine_sampler().call_sample(s, logits, recent))?;
+        if token as usize >= logits.len() {
+            return Err(format!(
+                "sampler plugin {} chose token {token}, outside the vocabulary of {}",
+                self.path.display(),
+                logits.len()
+            ));
+        }
+        Ok(token)
     }
 
     fn call<R>(

@@ -10,6 +10,7 @@ mod common;
 mod convert_release;
 mod deepseek;
 mod families;
+mod faults;
 mod ffi;
 mod first_hour;
 mod gguf;

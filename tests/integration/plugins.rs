@@ -84,7 +84,12 @@ fn misbehaving_plugins_end_only_their_generation() {
     let mut greedy_ref = session();
     let expected =
         greedy_ref.generate(&prompt, &GenerateParams { temperature: 0.0, ..params(4, 0) }, |_| true).unwrap();
-    for (mode, needle) in [(1.0, "trapped"), (2.0, "fuel limit of 50000000"), (3.0, "memory limit of 33554432")] {
+    for (mode, needle) in [
+        (1.0, "trapped"),
+        (2.0, "fuel limit of 50000000"),
+        (3.0, "memory limit of 33554432"),
+        (4.0, "outside the vocabulary of"),
+    ] {
         let p = SamplerPlugin::load(&wasm, vec![("mode".into(), mode)], limits).unwrap();
         s.set_sampler(Some(p));
         s.reset();

@@ -12,11 +12,11 @@ use std::process::{Child, Command, Stdio};
 use crate::common::{report_skip, stderr, stdout, waste, waste_bin, TempDir};
 
 /// Kills the server however the test ends; holds what it wrote to stderr.
-struct Server(Child, std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+pub(crate) struct Server(Child, std::sync::Arc<std::sync::Mutex<Vec<String>>>);
 
 impl Server {
     /// The server's stderr lines so far.
-    fn log(&self) -> Vec<String> {
+    pub(crate) fn log(&self) -> Vec<String> {
         self.1.lock().unwrap().clone()
     }
 }
@@ -46,7 +46,21 @@ fn start(model: &Path, args: &[&str]) -> (Server, String) {
 
 /// Starts `waste serve MODEL --port 0 ARGS...` (no key unless ARGS give one).
 fn start_with(model: &Path, args: &[&str]) -> (Server, String) {
-    let mut child = Command::new(waste_bin())
+    start_under(&[], model, args)
+}
+
+/// As [`start`], the server run by `wrapper` (e.g. `strace -f -e
+/// inject=...`) when it is not empty.
+pub(crate) fn start_under(wrapper: &[&str], model: &Path, args: &[&str]) -> (Server, String) {
+    let mut cmd = match wrapper.split_first() {
+        None => Command::new(waste_bin()),
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(waste_bin());
+            c
+        }
+    };
+    let mut child = cmd
         .args(["serve", model.to_str().unwrap(), "--port", "0"])
         .args(args)
         .stdout(Stdio::null())
@@ -75,7 +89,7 @@ fn start_with(model: &Path, args: &[&str]) -> (Server, String) {
     (server, url)
 }
 
-const KEY: &str = "test-key-123";
+pub(crate) const KEY: &str = "test-key-123";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -324,7 +338,7 @@ fn server_sampler_errors_exit_before_listening() {
 }
 
 /// One request over raw HTTP/1.1: (status, JSON body).
-fn post_json(url: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+pub(crate) fn post_json(url: &str, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
     use std::io::{Read, Write};
     let host = url.trim_start_matches("http://").split('/').next().unwrap();
     let mut conn = std::net::TcpStream::connect(host).expect("connect to waste serve");

@@ -1,6 +1,7 @@
 //! A sampler plugin for the engine's tests: it misbehaves on purpose so the
 //! tests can check that the host contains it. Option `mode`: 0 greedy (well
-//! behaved), 1 trap, 2 loop forever, 3 allocate without bound.
+//! behaved), 1 trap, 2 loop forever, 3 allocate without bound, 4 choose a
+//! token past the vocabulary.
 
 /// Index of the largest logit (mode 0).
 pub fn argmax(logits: &[f32]) -> u32 {
@@ -50,6 +51,7 @@ mod component {
                         std::hint::black_box(&hoard);
                     }
                 }
+                4 => Ok(logits.len() as u32 + 7),
                 _ => Ok(super::argmax(&logits)),
             }
         }

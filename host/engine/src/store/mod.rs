@@ -175,7 +175,9 @@ impl Shared {
         let started = Instant::now();
         let bytes = &mut buf.as_mut_slice()[..record];
         let path = &self.banks.bank(layer).map(|b| b.path.clone()).unwrap_or_default();
-        file.read_at(bytes, (expert * record) as u64).map_err(|e| Error::io(path, e))?;
+        file.read_at(bytes, (expert * record) as u64).map_err(|e| {
+            Error::io(path, std::io::Error::new(e.kind(), format!("layer {layer} expert {expert}: {e}")))
+        })?;
         let took = started.elapsed();
         self.banks.check_record(layer, expert, bytes)?;
         Ok(took)

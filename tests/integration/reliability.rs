@@ -223,3 +223,22 @@ fn a_nan_in_the_weights_is_an_error_naming_the_layer() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
 }
+
+/// Mutated request bodies (tests/server/fuzz_http.py, a fixed seed so the
+/// run replays): every answer a documented status with OpenAI's error
+/// shape, no dropped connection, /health up, the greedy probe unchanged.
+#[test]
+fn mutated_request_bodies_get_documented_answers_and_leave_the_server_as_it_was() {
+    let m = PathBuf::from(bible());
+    let (server, url) = crate::server::start_under(&[], &m, &["--api-key", crate::server::KEY]);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("server/fuzz_http.py");
+    let o = Command::new("python3")
+        .arg(&script)
+        .args([url.as_str(), crate::server::KEY, "--requests", "600", "--max-body", "4000000"])
+        .output()
+        .expect("run python3");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}: {:?}", String::from_utf8_lossy(&o.stderr), server.log());
+    assert!(out.contains("http fuzz: 600 requests") && out.contains("failures 0"), "{out}");
+    assert!(!server.log().iter().any(|l| l.contains("panicked")), "{:?}", server.log());
+}

@@ -339,9 +339,10 @@ impl GgufFile {
                     format!("rows of {} elements are not whole {:?} blocks of {}", ne[0], ty, ty.block_elems()),
                 ));
             }
-            let nbytes = ne[1..]
-                .iter()
-                .try_fold(ne[0] / ty.block_elems() * ty.block_bytes(), |n, &d| n.checked_mul(d))
+            // Elements fit in an i64, bytes need not (2^62 f32 values).
+            let nbytes = (ne[0] / ty.block_elems())
+                .checked_mul(ty.block_bytes())
+                .and_then(|row| ne[1..].iter().try_fold(row, |n, &d| n.checked_mul(d)))
                 .ok_or_else(|| bad(&h, format!("shape {ne:?} overflows")))?;
             if by_name.insert(name.clone(), pending.len()).is_some() {
                 return Err(h.err(format!("tensor {i} (`{name}`) has the name of an earlier tensor")));

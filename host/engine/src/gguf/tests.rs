@@ -183,3 +183,26 @@ fn a_deepseek2_file_without_its_gating_function_is_refused() {
     let g = GgufFile::open(&dir().join("models/tiny-deepseek_v3-q8_0.gguf")).unwrap();
     assert!(super::hf::view(&g).is_ok());
 }
+
+/// Found by the `gguf` fuzz target: 2^62 f32 values fit the i64 element
+/// bound but not their 2^64 bytes, and the byte count overflowed (a panic
+/// with overflow checks, a wrapped small size without them).
+#[test]
+fn a_tensor_whose_byte_count_overflows_is_refused() {
+    let mut b = Vec::new();
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&1u64.to_le_bytes()); // tensors
+    b.extend_from_slice(&0u64.to_le_bytes()); // metadata
+    b.extend_from_slice(&1u64.to_le_bytes());
+    b.push(b't');
+    b.extend_from_slice(&1u32.to_le_bytes()); // n_dims
+    b.extend_from_slice(&(1u64 << 62).to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes()); // F32
+    b.extend_from_slice(&0u64.to_le_bytes()); // offset
+    let path = std::env::temp_dir().join(format!("waste-gguf-overflow-{}.gguf", std::process::id()));
+    std::fs::write(&path, &b).unwrap();
+    let e = GgufFile::open(&path).err().map(|e| e.to_string());
+    let _ = std::fs::remove_file(&path);
+    assert!(e.as_deref().is_some_and(|e| e.contains("overflows")), "{e:?}");
+}

@@ -14,7 +14,7 @@ mod readers;
 #[cfg(test)]
 mod tests;
 pub mod trace;
-mod usage;
+pub mod usage;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

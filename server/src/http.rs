@@ -15,13 +15,15 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::openai;
 use crate::state::{record, unknown_model, AppState, LoggedByStream, Shared, Tokens};
+use crate::{anthropic, openai};
 
 pub fn router(state: Shared) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/stats", get(stats))
@@ -48,16 +50,27 @@ fn constant_time_eq(given: &[u8], key: &[u8]) -> bool {
     diff == 0
 }
 
+/// The key as `Authorization: Bearer KEY` or, as Anthropic's clients send
+/// it, `x-api-key: KEY`; a 401 in the shape of the route's API.
 async fn auth(State(state): State<Shared>, request: HttpRequest, next: Next) -> Response {
     if let Some(key) = &state.api_key {
-        let given = request
-            .headers()
+        let h = request.headers();
+        let bearer = h
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             // RFC 9110 11.1: the scheme is case-insensitive (`bearer` too).
             .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")))
             .map(|(_, key)| key);
-        if !given.is_some_and(|g| constant_time_eq(g.trim().as_bytes(), key.as_bytes())) {
+        let x_api_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
+        let ok = |g: Option<&str>| g.is_some_and(|g| constant_time_eq(g.trim().as_bytes(), key.as_bytes()));
+        if !ok(bearer) && !ok(x_api_key) {
+            if request.uri().path().starts_with("/v1/messages") {
+                return anthropic::error_response(ApiError {
+                    message: "invalid or missing API key (send it as `x-api-key: KEY` or `Authorization: Bearer KEY`)"
+                        .into(),
+                    ..ApiError::unauthorized()
+                });
+            }
             return ApiError::unauthorized().into_response();
         }
     }

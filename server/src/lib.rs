@@ -1,7 +1,9 @@
-//! `waste serve`: an OpenAI-compatible HTTP server over the WASTE Rust API.
+//! `waste serve`: an HTTP server over the WASTE Rust API speaking OpenAI's
+//! chat and completions API and Anthropic's Messages API.
 //! One engine thread per model generates (see [`worker`]); tokio + axum
 //! carry the HTTP side and never run the engine themselves.
 
+mod anthropic;
 mod error;
 mod http;
 mod openai;

@@ -14,7 +14,7 @@ use waste_host::StopReason;
 
 use crate::error::ApiError;
 use crate::request::{self, Request};
-use crate::state::{next_id, now, read_body, unknown_model, LoggedByStream, RequestLog, Shared, Tokens};
+use crate::state::{model_warning, next_id, now, read_body, LoggedByStream, RequestLog, Shared, Tokens};
 use crate::tools;
 use crate::worker::{Event, Job, TokenTexts};
 
@@ -81,15 +81,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
             Some("logit_bias"),
         ));
     }
-    let warning = match &req.model {
-        Some(m) if *m != state.model_id => {
-            if state.strict_model_name {
-                return Err(unknown_model(m));
-            }
-            Some(format!("the model {m:?} is not served here; {:?} answered", state.model_id))
-        }
-        _ => None,
-    };
+    let warning = model_warning(&state, req.model.as_deref())?;
     let (tx, mut rx) = unbounded_channel();
     let reply = Reply {
         chat,
@@ -105,10 +97,16 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
         harmony: chat && matches!(state.model.chat_template(false), Ok(Some(t)) if t.contains("<|channel|>")),
         include_usage: req.include_usage,
     };
-    state.worker.submit(Job { prompt: req.prompt, params: req.params, want_texts: req.logprobs, events: tx })?;
+    state.worker.submit(Job {
+        prompt: req.prompt,
+        params: req.params,
+        want_texts: req.logprobs,
+        count_only: false,
+        events: tx,
+    })?;
     // Waiting for the prompt lets its errors be HTTP errors, streaming or not.
     match rx.recv().await {
-        Some(Event::Started) => {}
+        Some(Event::Started(_)) => {}
         Some(Event::Failed(e)) => return Err(e),
         _ => return Err(ApiError::internal("the engine thread dropped the request")),
     }
@@ -127,7 +125,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
     } else {
         loop {
             match rx.recv().await {
-                Some(Event::Started) | Some(Event::Token(..)) => {}
+                Some(Event::Started(_)) | Some(Event::Token(..)) | Some(Event::Counted(_)) => {}
                 Some(Event::Done { completion, prompt_tokens, texts, raw }) => {
                     let tokens = Tokens { prompt: prompt_tokens, completion: completion.tokens.len() };
                     let text = full_answer(&reply, completion, &raw, prompt_tokens, &texts);
@@ -402,7 +400,7 @@ async fn sse_next(mut st: SseState) -> Option<(Result<String, Infallible>, SseSt
     }
     loop {
         match st.rx.recv().await {
-            Some(Event::Started) => {}
+            Some(Event::Started(_)) | Some(Event::Counted(_)) => {}
             Some(Event::Token(ev, texts)) => {
                 st.streamed.push_str(&ev.text);
                 if st.reply.parses() {

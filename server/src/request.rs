@@ -301,7 +301,7 @@ fn logit_bias(o: &Obj) -> Result<Vec<(u32, f32)>, ApiError> {
 
 /// A seed for a request that gives none: different per request, as
 /// OpenAI's sampling is.
-fn fresh_seed() -> u64 {
+pub(crate) fn fresh_seed() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos =

@@ -114,6 +114,22 @@ impl Metrics {
     }
 }
 
+/// A request naming a model this server does not serve is answered anyway
+/// (llama-server's behaviour; Ollama- and Anthropic-style clients send
+/// their own names), with this warning for the `x-waste-warning` header,
+/// unless the server was started with `--strict-model-name`.
+pub fn model_warning(state: &AppState, requested: Option<&str>) -> Result<Option<String>, ApiError> {
+    match requested {
+        Some(m) if m != state.model_id => {
+            if state.strict_model_name {
+                return Err(unknown_model(m));
+            }
+            Ok(Some(format!("the model {m:?} is not served here; {:?} answered", state.model_id)))
+        }
+        _ => Ok(None),
+    }
+}
+
 pub fn unknown_model(id: &str) -> ApiError {
     ApiError::not_found(format!("the model {id:?} does not exist"), "model_not_found")
 }

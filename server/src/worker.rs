@@ -21,8 +21,8 @@ pub struct TokenTexts {
 }
 
 pub enum Event {
-    /// The prompt is ready and generation starts.
-    Started,
+    /// The prompt is ready (this many tokens) and generation starts.
+    Started(usize),
     Token(TokenEvent, Option<TokenTexts>),
     Done {
         completion: Completion,
@@ -33,12 +33,17 @@ pub enum Event {
         raw: String,
     },
     Failed(ApiError),
+    /// The prompt's tokens, for a `count_only` job.
+    Counted(usize),
 }
 
 pub struct Job {
     pub prompt: Prompt,
     pub params: waste_host::GenerateParams,
     pub want_texts: bool,
+    /// Only count the prompt's tokens (Anthropic's count_tokens): answered
+    /// with [`Event::Counted`], nothing generated.
+    pub count_only: bool,
     pub events: UnboundedSender<Event>,
 }
 
@@ -215,6 +220,13 @@ fn prompt_tokens(session: &mut Session, prompt: &Prompt) -> std::result::Result<
 
 fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>, counters: &Counters, job: Job) {
     session.reset();
+    if job.count_only {
+        let _ = job.events.send(match prompt_tokens(session, &job.prompt) {
+            Ok(t) => Event::Counted(t.len()),
+            Err(e) => Event::Failed(e),
+        });
+        return;
+    }
     let tokens = match prompt_tokens(session, &job.prompt) {
         Ok(t) if t.is_empty() => Err(ApiError::bad_request("the prompt encodes to no tokens", Some("prompt"))),
         Ok(t) if t.len() >= model.context() => Err(ApiError {
@@ -239,7 +251,7 @@ fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>,
         }
     };
     let prompt_tokens = tokens.len();
-    if job.events.send(Event::Started).is_err() {
+    if job.events.send(Event::Started(prompt_tokens)).is_err() {
         counters.dropped_queued.fetch_add(1, Ordering::Relaxed);
         return;
     }

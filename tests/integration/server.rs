@@ -234,6 +234,23 @@ fn server_parses_each_familys_tool_call() {
 }
 
 fn tool_call_round_trip(name: &str, expected: &serde_json::Value) {
+    let (_tmp, server, url, served) = scripted_tool_server(name, expected);
+    let out = Command::new("python3")
+        .arg(root().join("tests/server/test_tool_calls.py"))
+        .args([url.as_str(), KEY, served.as_str(), name])
+        .output()
+        .expect("run test_tool_calls.py");
+    drop(server);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{name}: test_tool_calls.py failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("all tool-call checks passed"), "{name}: {stdout}");
+}
+
+/// A server on case `name`'s fixture with its chat template, the context
+/// raised to 2048 and examples/sampler-script writing the case's call then
+/// its end of turn: (the directory, the server, its URL, the served name).
+fn scripted_tool_server(name: &str, expected: &serde_json::Value) -> (TempDir, Server, String, String) {
     let tmp = TempDir::new(&format!("server-tool-call-{name}"));
     let fixture = expected["fixture"].as_str().unwrap();
     let src = tmp.path().join(fixture);
@@ -299,17 +316,63 @@ fn tool_call_round_trip(name: &str, expected: &serde_json::Value) {
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (server, url) = start(&model, &args);
-    let served = format!("{name}-tools");
+    (tmp, server, url, format!("{name}-tools"))
+}
+
+fn python_has_anthropic() -> Result<(), String> {
+    match Command::new("python3").args(["-c", "import anthropic"]).output() {
+        Err(e) => Err(format!("python3 is not available ({e})")),
+        Ok(o) if !o.status.success() => {
+            Err("the anthropic Python package is not installed (pip install anthropic)".into())
+        }
+        Ok(_) => Ok(()),
+    }
+}
+
+fn run_anthropic_script(what: &str, url: &str, args: &[&str]) {
     let out = Command::new("python3")
-        .arg(root().join("tests/server/test_tool_calls.py"))
-        .args([url.as_str(), KEY, served.as_str(), name])
+        .arg(root().join("tests/server/test_anthropic.py"))
+        .args([url, KEY])
+        .args(args)
         .output()
-        .expect("run test_tool_calls.py");
-    drop(server);
+        .expect("run test_anthropic.py");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{name}: test_tool_calls.py failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("all tool-call checks passed"), "{name}: {stdout}");
+    assert!(out.status.success(), "{what}: test_anthropic.py failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("all anthropic checks passed"), "{what}: {stdout}");
+}
+
+/// Anthropic's Messages API with the official `anthropic` client: plain,
+/// streamed (the exact event order), stop sequences, both ways of sending
+/// the key, Anthropic's error shape, count_tokens equal to the tokens run.
+#[test]
+fn server_answers_the_anthropic_client() {
+    if let Err(why) = python_has_anthropic() {
+        report_skip(&format!("SKIP server_answers_the_anthropic_client: {why}"));
+        return;
+    }
+    let (server, url) = start(&bible(), &[]);
+    run_anthropic_script("basic", &url, &["bible-moe"]);
+    assert!(server.log().iter().any(|l| l.starts_with("POST /v1/messages 200 stream ")), "{:?}", server.log());
+}
+
+/// A tool call written by the model as a `tool_use` block (streamed as
+/// input_json_delta), left as text with tool_choice none, and the
+/// tool_result sent back, with prompt counts equal to transformers'.
+#[test]
+fn server_anthropic_tool_use_round_trip() {
+    if let Err(why) = python_has_anthropic() {
+        report_skip(&format!("SKIP server_anthropic_tool_use_round_trip: {why}"));
+        return;
+    }
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("tests/server/tool_call_expected.json")).unwrap())
+            .unwrap();
+    for name in ["qwen3", "qwen3_5", "glm4_moe", "minimax_m2", "gpt_oss"] {
+        let (_tmp, server, url, served) = scripted_tool_server(name, &expected["cases"][name]);
+        run_anthropic_script(name, &url, &[served.as_str(), "tools", name]);
+        drop(server);
+    }
 }
 
 /// `waste serve --sampler`: a missing or non-plugin file is a runtime error

@@ -1,0 +1,238 @@
+//! Anthropic's Messages API: `POST /v1/messages` (whole or streamed as
+//! Anthropic's events) and `POST /v1/messages/count_tokens`, over the same
+//! engine thread, chat templates and tool-call parsers as the OpenAI
+//! routes; errors in Anthropic's shape (server/API_NOTES.md, part A).
+
+mod request;
+mod stream;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::unbounded_channel;
+use waste_host::{Completion, StopReason};
+
+use crate::error::ApiError;
+use crate::openai::MODEL_WARNING;
+use crate::state::{model_warning, next_id, read_body, LoggedByStream, RequestLog, Shared, Tokens};
+use crate::tools;
+use crate::worker::{Event, Job};
+
+/// Anthropic's error type for an HTTP status.
+fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+pub(crate) fn error_body(e: &ApiError) -> Value {
+    json!({"type": "error", "error": {"type": error_type(e.status), "message": e.message}})
+}
+
+/// An error answer in Anthropic's shape, with the headers of OpenAI's
+/// (`Retry-After` on 429 and 503).
+pub(crate) fn error_response(e: ApiError) -> Response {
+    let body = error_body(&e).to_string();
+    let mut response = e.into_response();
+    response.headers_mut().remove(header::CONTENT_LENGTH);
+    *response.body_mut() = Body::from(body);
+    response
+}
+
+pub async fn messages(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    handle(state, headers, body).await.unwrap_or_else(error_response)
+}
+
+pub async fn count_tokens(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    count(state, headers, body).await.unwrap_or_else(error_response)
+}
+
+async fn count(state: Shared, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(&state, &headers, body).await?;
+    let req = request::parse(&bytes, true, state.context)?;
+    let (tx, mut rx) = unbounded_channel();
+    state.worker.submit(Job {
+        prompt: req.prompt,
+        params: req.params,
+        want_texts: false,
+        count_only: true,
+        events: tx,
+    })?;
+    match rx.recv().await {
+        Some(Event::Counted(n)) => Ok(axum::Json(json!({"input_tokens": n})).into_response()),
+        Some(Event::Failed(e)) => Err(e),
+        _ => Err(ApiError::internal("the engine thread dropped the request")),
+    }
+}
+
+/// What the answer of one request needs besides the completion.
+pub(crate) struct Reply {
+    pub id: String,
+    pub model: String,
+    /// The declared tools, when the answer is searched for calls.
+    pub tools: Option<tools::Schema>,
+    /// gpt-oss's harmony channels: reasoning split out even without tools.
+    pub harmony: bool,
+    pub stop_sequences: Vec<String>,
+}
+
+/// One block of an answer.
+pub(crate) enum Block {
+    Thinking(String),
+    Text(String),
+    ToolUse { id: String, name: String, input: Value },
+}
+
+impl Block {
+    pub(crate) fn json(&self) -> Value {
+        match self {
+            Block::Thinking(t) => json!({"type": "thinking", "thinking": t, "signature": ""}),
+            Block::Text(t) => json!({"type": "text", "text": t}),
+            Block::ToolUse { id, name, input } => json!({"type": "tool_use", "id": id, "name": name, "input": input}),
+        }
+    }
+}
+
+impl Reply {
+    /// Whether the answer is parsed once complete (a stream then holds its
+    /// text back until the end).
+    pub(crate) fn parses(&self) -> bool {
+        self.tools.is_some() || self.harmony
+    }
+
+    /// The answer's blocks: reasoning, text, then calls (`tool_use`) when
+    /// tools were declared.
+    pub(crate) fn blocks(&self, c: &Completion, raw: &str) -> Vec<Block> {
+        let parsed = if self.parses() {
+            let empty = tools::Schema::default();
+            tools::parse(&c.text, raw, self.tools.as_ref().unwrap_or(&empty))
+                .filter(|p| self.tools.is_some() || p.calls.is_empty())
+        } else {
+            None
+        };
+        let Some(p) = parsed else {
+            return if c.text.is_empty() { Vec::new() } else { vec![Block::Text(c.text.clone())] };
+        };
+        let mut blocks = Vec::new();
+        if let Some(r) = p.reasoning.filter(|r| !r.is_empty()) {
+            blocks.push(Block::Thinking(r));
+        }
+        if let Some(t) = p.content.filter(|t| !t.trim().is_empty() || p.calls.is_empty()) {
+            if !t.is_empty() {
+                blocks.push(Block::Text(t));
+            }
+        }
+        for (i, call) in p.calls.iter().enumerate() {
+            let input = match serde_json::from_str::<Value>(&call.arguments) {
+                Ok(v @ Value::Object(_)) => v,
+                Ok(other) => json!({"value": other}),
+                Err(_) => json!({}),
+            };
+            blocks.push(Block::ToolUse { id: format!("toolu_{}_{i}", &self.id[4..]), name: call.name.clone(), input });
+        }
+        blocks
+    }
+
+    /// `stop_reason` and `stop_sequence` of an answer with these blocks.
+    pub(crate) fn stop(&self, c: &Completion, raw: &str, blocks: &[Block]) -> (&'static str, Option<String>) {
+        if blocks.iter().any(|b| matches!(b, Block::ToolUse { .. })) {
+            return ("tool_use", None);
+        }
+        match c.stop_reason {
+            StopReason::Length => ("max_tokens", None),
+            StopReason::ContextFull => ("model_context_window_exceeded", None),
+            StopReason::StopString => {
+                // The text ends where the stop string began; the raw decoding
+                // of the answer's tokens goes on with it.
+                let after = raw.get(c.text.len()..).unwrap_or("");
+                let matched = self.stop_sequences.iter().find(|s| after.starts_with(s.as_str())).or_else(|| {
+                    self.stop_sequences
+                        .iter()
+                        .filter_map(|s| raw.find(s.as_str()).map(|at| (at, s)))
+                        .min()
+                        .map(|(_, s)| s)
+                });
+                ("stop_sequence", matched.cloned())
+            }
+            _ => ("end_turn", None),
+        }
+    }
+}
+
+async fn handle(state: Shared, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(&state, &headers, body).await?;
+    let req = request::parse(&bytes, false, state.context)?;
+    let warning = model_warning(&state, req.model.as_deref())?;
+    let waste_host_tools = match (&req.prompt, req.tools_enabled) {
+        (crate::request::Prompt::Chat { tools: Some(t), .. }, true) => Some(tools::Schema::from_tools(t)),
+        _ => None,
+    };
+    let reply = Reply {
+        // Anthropic's ids are `msg_...` (the SDK's users match on it).
+        id: next_id("msg").replacen("msg-", "msg_", 1),
+        model: state.model_id.clone(),
+        tools: waste_host_tools,
+        harmony: matches!(state.model.chat_template(false), Ok(Some(t)) if t.contains("<|channel|>")),
+        stop_sequences: req.params.stop_strings.clone(),
+    };
+    let (tx, mut rx) = unbounded_channel();
+    state.worker.submit(Job {
+        prompt: req.prompt,
+        params: req.params,
+        want_texts: false,
+        count_only: false,
+        events: tx,
+    })?;
+    // Waiting for the prompt lets its errors (an over-long prompt) be HTTP
+    // errors, streaming or not.
+    let input_tokens = match rx.recv().await {
+        Some(Event::Started(n)) => n,
+        Some(Event::Failed(e)) => return Err(e),
+        _ => return Err(ApiError::internal("the engine thread dropped the request")),
+    };
+    let mut response = if req.stream {
+        let log = RequestLog::streamed(&state, &headers, "/v1/messages");
+        let mut response = Response::new(Body::from_stream(stream::events(rx, reply, input_tokens, log)));
+        let h = response.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        response.extensions_mut().insert(LoggedByStream);
+        response
+    } else {
+        loop {
+            match rx.recv().await {
+                Some(Event::Done { completion, prompt_tokens, raw, .. }) => {
+                    let blocks = reply.blocks(&completion, &raw);
+                    let (stop_reason, stop_sequence) = reply.stop(&completion, &raw, &blocks);
+                    let message = json!({
+                        "id": reply.id, "type": "message", "role": "assistant", "model": reply.model,
+                        "content": blocks.iter().map(Block::json).collect::<Vec<_>>(),
+                        "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+                        "usage": {"input_tokens": prompt_tokens, "output_tokens": completion.tokens.len()},
+                    });
+                    let mut response = axum::Json(message).into_response();
+                    response
+                        .extensions_mut()
+                        .insert(Tokens { prompt: prompt_tokens, completion: completion.tokens.len() });
+                    break response;
+                }
+                Some(Event::Failed(e)) => return Err(e),
+                Some(_) => {}
+                None => return Err(ApiError::internal("the engine thread dropped the request")),
+            }
+        }
+    };
+    if let Some(w) = warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
+        response.headers_mut().insert(MODEL_WARNING, w);
+    }
+    Ok(response)
+}

@@ -1,0 +1,370 @@
+//! Request bodies of /v1/messages and /v1/messages/count_tokens, checked
+//! field by field (a 400 naming the field, in Anthropic's ranges), turned
+//! into the same chat-template input the OpenAI routes give the engine:
+//! `system` first, text blocks joined, `tool_use` blocks as an assistant
+//! message's OpenAI-style `tool_calls`, `tool_result` blocks as `tool`
+//! messages, tools as `{"type": "function", "function": {...}}` with the
+//! client's key order kept (server/API_NOTES.md A.2).
+
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use waste_host::{ChatMessage, GenerateParams};
+
+use crate::error::ApiError;
+use crate::ordered::Ordered;
+use crate::request::Prompt;
+
+pub struct Request {
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    pub params: GenerateParams,
+    pub stream: bool,
+    /// Tools were declared and `tool_choice` is not `none`: the answer is
+    /// searched for calls.
+    pub tools_enabled: bool,
+}
+
+type Obj = Map<String, Value>;
+
+fn bad(param: &str, what: &str) -> ApiError {
+    ApiError::bad_request(format!("`{param}` must be {what}"), Some(param))
+}
+
+fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
+    o.get(key).filter(|v| !v.is_null())
+}
+
+/// The text of a `system` or of a message's content: a string, or text
+/// blocks joined with no separator.
+fn text_blocks(v: &Value, param: &str) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut text = String::new();
+            for b in blocks {
+                match (b.get("type").and_then(Value::as_str), b.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    _ => return Err(bad(param, "a string or a list of {\"type\": \"text\", \"text\": ...} blocks")),
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(bad(param, "a string or a list of text blocks")),
+    }
+}
+
+/// JSON text without the whitespace between tokens, in the order written.
+fn compact(json: &str) -> String {
+    let (mut out, mut in_string, mut escaped) = (String::with_capacity(json.len()), false, false);
+    for c in json.chars() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+        } else if !c.is_whitespace() {
+            in_string = c == '"';
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The messages as the chat template's input. `raw` is the same list as
+/// the client wrote it, for `tool_use` inputs in their own key order.
+fn messages(list: &[Value], raw: &[Box<RawValue>], system: Option<String>) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut out = Vec::with_capacity(list.len() + 1);
+    if let Some(text) = system {
+        out.push(ChatMessage { role: "system".into(), content: Some(text), extra: None });
+    }
+    let mut tool_ids: Vec<String> = Vec::new();
+    for (i, m) in list.iter().enumerate() {
+        let param = format!("messages[{i}]");
+        let m = m.as_object().ok_or_else(|| bad(&param, "an object"))?;
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some(r @ ("user" | "assistant" | "system")) => r.to_string(),
+            _ => return Err(bad(&format!("{param}.role"), "\"user\" or \"assistant\"")),
+        };
+        let content_param = format!("{param}.content");
+        let blocks = match m.get("content") {
+            Some(Value::String(s)) => {
+                out.push(ChatMessage { role, content: Some(s.clone()), extra: None });
+                continue;
+            }
+            Some(Value::Array(blocks)) => blocks,
+            _ => return Err(bad(&content_param, "a string or a list of content blocks")),
+        };
+        let raw_blocks: Vec<Box<RawValue>> = raw
+            .get(i)
+            .and_then(|r| serde_json::from_str::<Ordered>(r.get()).ok())
+            .and_then(|Ordered(pairs)| pairs.into_iter().find(|(k, _)| k == "content"))
+            .and_then(|(_, v)| serde_json::from_str(v.get()).ok())
+            .unwrap_or_default();
+        let (mut text, mut calls, mut results) = (String::new(), Vec::new(), Vec::new());
+        for (j, b) in blocks.iter().enumerate() {
+            let bp = format!("{content_param}[{j}]");
+            match b.get("type").and_then(Value::as_str) {
+                Some("text") => text.push_str(
+                    b.get("text").and_then(Value::as_str).ok_or_else(|| bad(&bp, "a text block with `text`"))?,
+                ),
+                Some("tool_use") if role == "assistant" => {
+                    let (Some(id), Some(name)) =
+                        (b.get("id").and_then(Value::as_str), b.get("name").and_then(Value::as_str))
+                    else {
+                        return Err(bad(&bp, "a tool_use block with `id`, `name` and `input`"));
+                    };
+                    if !b.get("input").is_some_and(Value::is_object) {
+                        return Err(bad(&format!("{bp}.input"), "an object"));
+                    }
+                    let input = raw_blocks
+                        .get(j)
+                        .and_then(|r| serde_json::from_str::<Ordered>(r.get()).ok())
+                        .and_then(|Ordered(pairs)| pairs.into_iter().find(|(k, _)| k == "input"))
+                        .map(|(_, v)| compact(v.get()))
+                        .unwrap_or_else(|| b["input"].to_string());
+                    tool_ids.push(id.to_string());
+                    calls.push(format!(
+                        "{{\"id\":{},\"type\":\"function\",\"function\":{{\"name\":{},\"arguments\":{input}}}}}",
+                        Value::from(id),
+                        Value::from(name)
+                    ));
+                }
+                Some("tool_result") if role == "user" => {
+                    let id = b
+                        .get("tool_use_id")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| bad(&bp, "a tool_result block with `tool_use_id`"))?;
+                    if !tool_ids.iter().any(|t| t == id) {
+                        return Err(ApiError::bad_request(
+                            format!("`{bp}.tool_use_id`: {id:?} answers no earlier tool_use block"),
+                            Some(&format!("{bp}.tool_use_id")),
+                        ));
+                    }
+                    let content = match b.get("content") {
+                        None | Some(Value::Null) => String::new(),
+                        Some(c) => text_blocks(c, &format!("{bp}.content"))?,
+                    };
+                    results.push(ChatMessage {
+                        role: "tool".into(),
+                        content: Some(content),
+                        extra: Some(format!("{{\"tool_call_id\":{}}}", Value::from(id))),
+                    });
+                }
+                Some(kind @ ("image" | "document" | "search_result" | "container_upload")) => {
+                    return Err(ApiError::bad_request(
+                        format!("`{bp}`: {kind} blocks are not supported by a text model"),
+                        Some(&bp),
+                    ))
+                }
+                Some(kind) => {
+                    return Err(ApiError::bad_request(
+                        format!("`{bp}`: a {kind:?} block is not supported in a {role} message"),
+                        Some(&bp),
+                    ))
+                }
+                None => return Err(bad(&bp, "a content block with a `type`")),
+            }
+        }
+        // Tool results answer the calls before them and come first, as
+        // OpenAI's `tool` messages do; any text the user added follows.
+        let had_results = !results.is_empty();
+        out.extend(results);
+        if !calls.is_empty() {
+            // An empty string, not null: Qwen3's template fails on a null.
+            let extra = format!("{{\"tool_calls\":[{}]}}", calls.join(","));
+            out.push(ChatMessage { role, content: Some(text), extra: Some(extra) });
+        } else if !had_results || !text.is_empty() {
+            out.push(ChatMessage { role, content: Some(text), extra: None });
+        }
+    }
+    Ok(out)
+}
+
+/// `tools` in OpenAI's shape (what the templates render), each tool's
+/// `input_schema` as the client wrote it; and the declared names.
+fn tools(o: &Obj, body: &[u8]) -> Result<Option<(String, Vec<String>)>, ApiError> {
+    let list = match field(o, "tools") {
+        None => return Ok(None),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(bad("tools", "a list of tools")),
+    };
+    if list.is_empty() {
+        return Ok(None);
+    }
+    let raw: Vec<Box<RawValue>> =
+        raw_field(body, "tools").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    let (mut out, mut names) = (Vec::new(), Vec::new());
+    for (i, t) in list.iter().enumerate() {
+        let param = format!("tools[{i}]");
+        let name = t
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| bad(&format!("{param}.name"), "a non-empty string"))?;
+        if !t.get("input_schema").is_some_and(Value::is_object) {
+            return Err(bad(&format!("{param}.input_schema"), "a JSON schema object"));
+        }
+        let fields =
+            raw.get(i).and_then(|r| serde_json::from_str::<Ordered>(r.get()).ok()).map(|o| o.0).unwrap_or_default();
+        let raw_of = |key: &str| fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.get().to_string());
+        let schema = raw_of("input_schema").unwrap_or_else(|| t["input_schema"].to_string());
+        let description = match t.get("description") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(_)) => format!(",\"description\":{}", raw_of("description").unwrap_or_default()),
+            Some(_) => return Err(bad(&format!("{param}.description"), "a string")),
+        };
+        out.push(format!(
+            "{{\"type\":\"function\",\"function\":{{\"name\":{}{description},\"parameters\":{schema}}}}}",
+            Value::from(name)
+        ));
+        names.push(name.to_string());
+    }
+    Ok(Some((format!("[{}]", out.join(",")), names)))
+}
+
+fn raw_field(body: &[u8], key: &str) -> Option<String> {
+    let Ordered(pairs) = serde_json::from_slice(body).ok()?;
+    pairs.into_iter().find(|(k, _)| k == key).map(|(_, v)| v.get().to_string())
+}
+
+/// Whether the declared tools stay in the prompt: `tool_choice` none drops
+/// them; any `tool_choice` needs tools; a named tool must be declared.
+fn tool_choice(o: &Obj, names: Option<&[String]>) -> Result<bool, ApiError> {
+    let Some(choice) = field(o, "tool_choice") else { return Ok(names.is_some()) };
+    let kind = choice.get("type").and_then(Value::as_str);
+    let Some(names) = names else {
+        return Err(ApiError::bad_request("`tool_choice` needs `tools`", Some("tool_choice")));
+    };
+    match kind {
+        Some("auto" | "any") => Ok(true),
+        Some("none") => Ok(false),
+        Some("tool") => match choice.get("name").and_then(Value::as_str) {
+            Some(n) if names.iter().any(|d| d == n) => Ok(true),
+            Some(n) => Err(ApiError::bad_request(
+                format!("`tool_choice.name`: no tool {n:?} is declared"),
+                Some("tool_choice.name"),
+            )),
+            None => Err(bad("tool_choice.name", "the name of a declared tool")),
+        },
+        _ => Err(bad("tool_choice.type", "\"auto\", \"any\", \"tool\" or \"none\"")),
+    }
+}
+
+/// Parses a Messages request; `count_only` for count_tokens, which has no
+/// `max_tokens` and generates nothing.
+pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}"), None))?;
+    let o = value.as_object().ok_or_else(|| ApiError::bad_request("the request body must be a JSON object", None))?;
+    let model = match field(o, "model") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(bad("model", "a string")),
+    };
+    let max_tokens = match (field(o, "max_tokens"), count_only) {
+        (None, false) => return Err(ApiError::bad_request("`max_tokens` is required", Some("max_tokens"))),
+        (None, true) => 1,
+        (Some(v), _) => v
+            .as_u64()
+            .filter(|&n| n >= 1 && n <= u32::MAX as u64)
+            .ok_or_else(|| bad("max_tokens", "an integer of at least 1"))?,
+    };
+    let list = match field(o, "messages") {
+        Some(Value::Array(list)) if !list.is_empty() => list,
+        None => return Err(ApiError::bad_request("`messages` is required", Some("messages"))),
+        Some(_) => return Err(bad("messages", "a non-empty list of messages")),
+    };
+    let system = field(o, "system").map(|s| text_blocks(s, "system")).transpose()?;
+    let raw: Vec<Box<RawValue>> =
+        raw_field(body, "messages").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    let messages = messages(list, &raw, system)?;
+    let tools = tools(o, body)?;
+    let tools_enabled = tool_choice(o, tools.as_ref().map(|(_, n)| n.as_slice()))?;
+    let number = |key: &str, lo: f64, hi: f64| -> Result<Option<f64>, ApiError> {
+        field(o, key)
+            .map(|v| {
+                v.as_f64()
+                    .filter(|x| (lo..=hi).contains(x))
+                    .ok_or_else(|| bad(key, &format!("a number in [{lo}, {hi}]")))
+            })
+            .transpose()
+    };
+    let temperature = number("temperature", 0.0, 1.0)?.unwrap_or(1.0);
+    let top_p = number("top_p", 0.0, 1.0)?.unwrap_or(1.0);
+    let top_k = field(o, "top_k")
+        .map(|v| v.as_u64().filter(|&k| k <= u32::MAX as u64).ok_or_else(|| bad("top_k", "an integer of at least 0")))
+        .transpose()?;
+    let stop_strings = match field(o, "stop_sequences") {
+        None => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|s| {
+                s.as_str()
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .ok_or_else(|| bad("stop_sequences", "a list of non-empty strings"))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad("stop_sequences", "a list of non-empty strings")),
+    };
+    let stream = match field(o, "stream") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("stream", "a boolean")),
+    };
+    let params = GenerateParams {
+        temperature: temperature as f32,
+        top_p: top_p.max(f64::MIN_POSITIVE) as f32,
+        top_k: top_k.unwrap_or(0) as u32,
+        max_tokens: max_tokens.min(context as u64) as u32,
+        stop_strings,
+        seed: crate::request::fresh_seed(),
+        ..GenerateParams::default()
+    };
+    let tools = if tools_enabled { tools.map(|(t, _)| t) } else { None };
+    Ok(Request { model, prompt: Prompt::Chat { messages, tools, template_vars: None }, params, stream, tools_enabled })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compact_drops_whitespace_outside_strings_only() {
+        assert_eq!(compact("{ \"a b\" : [1, 2],\n \"c\\\" d\": \"x y\" }"), "{\"a b\":[1,2],\"c\\\" d\":\"x y\"}");
+    }
+
+    /// The conversion the tool-call prompt counts depend on: a tool_use
+    /// turn becomes an assistant message with content "" and tool_calls, a
+    /// tool_result a tool message, the tools OpenAI's function shape.
+    #[test]
+    fn tool_turns_become_the_openai_shapes_the_templates_render() {
+        let body = br#"{"max_tokens": 4, "system": [{"type": "text", "text": "S"}],
+            "tools": [{"name": "get_weather", "description": "d", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+            "messages": [{"role": "user", "content": "weather?"},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}]}"#;
+        let r = parse(body, false, 256).unwrap();
+        let Prompt::Chat { messages, tools, .. } = r.prompt else { panic!("a chat") };
+        let roles: Vec<&str> = messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+        assert_eq!(messages[2].content.as_deref(), Some(""));
+        assert_eq!(
+            messages[2].extra.as_deref(),
+            Some(
+                r#"{"tool_calls":[{"id":"toolu_1","type":"function","function":{"name":"get_weather","arguments":{"city":"Paris"}}}]}"#
+            )
+        );
+        assert_eq!(messages[3].extra.as_deref(), Some(r#"{"tool_call_id":"toolu_1"}"#));
+        assert_eq!(
+            tools.as_deref(),
+            Some(
+                r#"[{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type": "object", "properties": {"city": {"type": "string"}}}}}]"#
+            )
+        );
+        assert!(r.tools_enabled);
+    }
+}

@@ -164,6 +164,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             cpus: None,
             prefill_chunk: chunk,
             verify: a.verify,
+            extra_states: 0,
         };
         let model =
             crate::render::open_model(&a.model, &options).with_context(|| format!("opening {}", a.model.display()))?;

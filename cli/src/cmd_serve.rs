@@ -66,6 +66,9 @@ pub struct ServeArgs {
     /// Requests one connection may send per second; more are answered 429.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_request_rate: u32,
+    /// Conversation states kept so a request extending an earlier one evaluates only its new tokens (0 = off); each is one state of --ctx tokens, counted inside --budget.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub cache_sessions: u32,
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -81,7 +84,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         Some(path) => Some(crate::open::sampler_plugin(path, &a.sampler_opt)?),
         None => None,
     };
-    let open_options = a.model.open_options()?;
+    let open_options = waste_host::OpenOptions { extra_states: a.cache_sessions as usize, ..a.model.open_options()? };
     let model_id = match a.model_id {
         Some(id) => id,
         None => {
@@ -113,6 +116,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         body_timeout: std::time::Duration::from_secs(a.body_timeout),
         max_connections: a.max_connections as usize,
         max_request_rate: a.max_request_rate,
+        cache_sessions: a.cache_sessions as usize,
     };
     let local_only = options.api_key.is_none();
     waste_server::serve(engine, model, options, |addr| {

@@ -33,7 +33,7 @@ pub use params::{
     check_template_vars, ChatMessage, Completion, GenerateParams, StopReason, TokenEvent, TokenStats,
     RESERVED_TEMPLATE_VARS,
 };
-pub use session::Session;
+pub use session::{Session, Snapshot};
 
 // The engine below, as the front ends use it.
 pub use waste_engine::{

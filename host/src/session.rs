@@ -78,6 +78,32 @@ impl Session {
         self.slot_mut().reset();
     }
 
+    /// The conversation's state and tokens as they are now, to resume from
+    /// later ([`Session::resume`]); the token sampled last and not yet
+    /// evaluated is not part of it.
+    pub fn snapshot(&self) -> Snapshot {
+        let slot = self.slot();
+        let mut transcript = slot.transcript.clone();
+        transcript.truncate(slot.state.position());
+        Snapshot { state: slot.state.clone(), transcript }
+    }
+
+    /// Continues from `snapshot` cut back to its first `keep` tokens (cut
+    /// only where the model's state can be rewound: see
+    /// [`Snapshot::usable_prefix`]). The snapshot must come from a session of
+    /// this model.
+    pub fn resume(&mut self, snapshot: &Snapshot, keep: usize) -> Result<()> {
+        let rewindable = self.slot().model.rewindable_state();
+        let slot = self.slot_mut();
+        let mut state = snapshot.state.clone();
+        state.rewind(keep, rewindable)?;
+        let mut transcript = snapshot.transcript.clone();
+        transcript.truncate(keep);
+        slot.state = state;
+        slot.transcript = transcript;
+        Ok(())
+    }
+
     /// Every token of the conversation so far, in order (the last sampled
     /// token included, though it is evaluated only by the next call).
     pub fn tokens(&self) -> Vec<u32> {
@@ -290,5 +316,39 @@ impl Session {
         self.store.data_mut().chat_template = template;
         // The component parses the template once per instance.
         self.reinstantiate()
+    }
+}
+
+/// A conversation's state and tokens at one moment ([`Session::snapshot`]).
+#[derive(Clone)]
+pub struct Snapshot {
+    state: waste_engine::model::State,
+    transcript: waste_engine::model::state_io::Transcript,
+}
+
+impl Snapshot {
+    /// The evaluated tokens.
+    pub fn tokens(&self) -> &[u32] {
+        self.transcript.evaluated()
+    }
+
+    /// How many of `prompt`'s first tokens can be resumed from this
+    /// snapshot, leaving at least one to evaluate (its logits start the
+    /// answer): the common prefix when the state can be rewound
+    /// (`rewindable`), else all of the snapshot when it is a prefix of
+    /// `prompt`, else none.
+    pub fn usable_prefix(&self, prompt: &[u32], rewindable: bool) -> usize {
+        let mine = self.tokens();
+        let common = mine.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let common = common.min(prompt.len().saturating_sub(1));
+        if rewindable || common == mine.len() {
+            common
+        } else {
+            0
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.state.bytes()
     }
 }

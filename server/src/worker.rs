@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use tokio::sync::mpsc::UnboundedSender;
 use waste_host::plugin::SamplerPlugin;
-use waste_host::{Completion, Engine, Model, Session, StopReason, TokenEvent};
+use waste_host::{Completion, Engine, Model, Session, Snapshot, StopReason, TokenEvent};
 
 use crate::error::{ApiError, Error, Result};
 use crate::request::Prompt;
@@ -72,6 +72,67 @@ pub struct Counters {
     /// client was found gone (the token whose delivery failed included).
     pub max_tokens_after_disconnect: AtomicU64,
     pub last_cancelled: Mutex<Option<Cancelled>>,
+    /// Prefix cache: requests that resumed a held state, and those that
+    /// found none to resume.
+    pub prefix_hits: AtomicU64,
+    pub prefix_misses: AtomicU64,
+    /// Prompt tokens resumed from held states instead of evaluated.
+    pub prefix_tokens_reused: AtomicU64,
+    /// Prompt tokens evaluated.
+    pub prompt_tokens_evaluated: AtomicU64,
+    /// Conversation states held, and how many may be.
+    pub prefix_held: AtomicUsize,
+    pub prefix_capacity: AtomicUsize,
+}
+
+/// The states of the last conversations (`--cache-sessions`), most
+/// recently used last. A request whose prompt extends one resumes it and
+/// evaluates only the rest: the longest common prefix when the model's
+/// state can be cut back (attention caches), else a state taken at the end
+/// of an earlier prompt (a message boundary) that this prompt extends.
+/// Resuming only moves bytes: the logits are those of evaluating the whole
+/// prompt (a prompt's evaluation does not depend on where it is split).
+struct PrefixCache {
+    held: Vec<Snapshot>,
+    capacity: usize,
+}
+
+impl PrefixCache {
+    /// Takes out the held state that saves the most of `prompt`, with the
+    /// number of tokens it saves.
+    fn take_best(&mut self, prompt: &[u32], rewindable: bool) -> Option<(Snapshot, usize)> {
+        let (i, keep) = self
+            .held
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i, s.usable_prefix(prompt, rewindable)))
+            .max_by_key(|&(i, keep)| (keep, i))?;
+        (keep > 0).then(|| (self.held.remove(i), keep))
+    }
+
+    /// Evicts the least recently used states until one more fits.
+    fn make_room(&mut self) {
+        while !self.held.is_empty() && self.held.len() >= self.capacity {
+            self.held.remove(0);
+        }
+    }
+
+    /// Holds the state `take` snapshots, evicting the least recently used
+    /// first: the budget has room for `capacity` held states besides the
+    /// session's own, never one more, even for a moment.
+    fn keep(&mut self, take: impl FnOnce() -> Snapshot) {
+        if self.capacity == 0 {
+            return;
+        }
+        self.make_room();
+        let snapshot = take();
+        if snapshot.tokens().is_empty() {
+            return;
+        }
+        // A held state this one extends is superseded by it.
+        self.held.retain(|h| !snapshot.tokens().starts_with(h.tokens()));
+        self.held.push(snapshot);
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -114,12 +175,14 @@ impl Worker {
         limit: usize,
         sampler: Option<SamplerPlugin>,
         chat_template: Option<String>,
+        cache_sessions: usize,
     ) -> Result<Worker> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let pending = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&pending);
         let counters = Arc::new(Counters::default());
+        counters.prefix_capacity.store(cache_sessions, Ordering::Relaxed);
         let tally = Arc::clone(&counters);
         std::thread::Builder::new().name("waste-engine".into()).spawn(move || {
             let sessions =
@@ -140,12 +203,14 @@ impl Worker {
                 }
             };
             let vocab = Arc::new(Mutex::new(Vocab { session: vocab, cache: HashMap::new() }));
+            let mut prefixes = PrefixCache { held: Vec::new(), capacity: cache_sessions };
             for job in rx {
                 // A client gone while queued costs nothing.
                 if job.events.is_closed() {
                     tally.dropped_queued.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    run_job(&mut session, &vocab, &model, &tally, job);
+                    run_job(&mut session, &vocab, &model, &tally, &mut prefixes, job);
+                    tally.prefix_held.store(prefixes.held.len(), Ordering::Relaxed);
                 }
                 counter.fetch_sub(1, Ordering::SeqCst);
             }
@@ -218,7 +283,14 @@ fn prompt_tokens(session: &mut Session, prompt: &Prompt) -> std::result::Result<
     }
 }
 
-fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>, counters: &Counters, job: Job) {
+fn run_job(
+    session: &mut Session,
+    vocab: &Arc<Mutex<Vocab>>,
+    model: &Arc<Model>,
+    counters: &Counters,
+    prefixes: &mut PrefixCache,
+    job: Job,
+) {
     session.reset();
     if job.count_only {
         let _ = job.events.send(match prompt_tokens(session, &job.prompt) {
@@ -255,6 +327,14 @@ fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>,
         counters.dropped_queued.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    let (start, boundary) = match resume(session, model, counters, prefixes, &tokens) {
+        Ok(r) => r,
+        Err(e) => {
+            counters.failed.fetch_add(1, Ordering::Relaxed);
+            let _ = job.events.send(Event::Failed(host_error(e)));
+            return;
+        }
+    };
     let tx = job.events.clone();
     let want = job.want_texts;
     let words = Arc::clone(vocab);
@@ -262,7 +342,7 @@ fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>,
     let sent = Arc::clone(&delivered);
     // Returning false (the receiver is gone: the client disconnected) stops
     // the generation before the next token.
-    let result = session.generate(&tokens, &job.params, move |ev| {
+    let result = session.generate(&tokens[start..], &job.params, move |ev| {
         let texts = if want { words.lock().ok().map(|mut v| v.texts(ev.token, &ev.top_logprobs)) } else { None };
         let ok = tx.send(Event::Token(ev.clone(), texts)).is_ok();
         if ok {
@@ -291,6 +371,10 @@ fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>,
                 _ => Vec::new(),
             };
             let raw = session.detokenize(&completion.tokens).unwrap_or_default();
+            // Attention caches keep the answer too (a prefix can be cut
+            // back to); a recurrent state is kept where the prompt ended.
+            let held = if model.rewindable_state() { None } else { boundary };
+            prefixes.keep(|| held.unwrap_or_else(|| session.snapshot()));
             Event::Done { completion, prompt_tokens, texts, raw }
         }
         Err(e) => {
@@ -299,4 +383,42 @@ fn run_job(session: &mut Session, vocab: &Arc<Mutex<Vocab>>, model: &Arc<Model>,
         }
     };
     let _ = job.events.send(event);
+}
+
+/// Puts the session where `tokens` should continue from: a held state that
+/// saves part of the prompt, or an empty one. Returns where the prompt's
+/// remaining tokens start and, for a model whose state cannot be cut back,
+/// a snapshot taken just before the prompt's last token (the next turn's
+/// prompt extends this one's up to there).
+fn resume(
+    session: &mut Session,
+    model: &Model,
+    counters: &Counters,
+    prefixes: &mut PrefixCache,
+    tokens: &[u32],
+) -> waste_host::Result<(usize, Option<Snapshot>)> {
+    let rewindable = model.rewindable_state();
+    let mut start = match prefixes.take_best(tokens, rewindable) {
+        Some((held, keep)) => {
+            session.resume(&held, keep)?;
+            counters.prefix_hits.fetch_add(1, Ordering::Relaxed);
+            counters.prefix_tokens_reused.fetch_add(keep as u64, Ordering::Relaxed);
+            keep
+        }
+        None => {
+            session.reset();
+            counters.prefix_misses.fetch_add(1, Ordering::Relaxed);
+            0
+        }
+    };
+    counters.prompt_tokens_evaluated.fetch_add((tokens.len() - start) as u64, Ordering::Relaxed);
+    let mut boundary = None;
+    if !rewindable && prefixes.capacity > 0 && tokens.len() - start > 1 {
+        let last = tokens.len() - 1;
+        session.eval(&tokens[start..last], false)?;
+        prefixes.make_room();
+        boundary = Some(session.snapshot());
+        start = last;
+    }
+    Ok((start, boundary))
 }

@@ -627,3 +627,66 @@ fn server_caps_the_request_rate_of_one_connection() {
     let (answer, _) = raw_exchange(&url, close.as_bytes(), std::time::Duration::from_secs(5));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+/// A ten-turn conversation through the openai client evaluates only each
+/// turn's new tokens on a server with the prefix cache, with answers and
+/// usage equal to a server without it, greedy and seeded.
+#[test]
+fn server_prefix_cache_evaluates_only_each_turns_new_tokens() {
+    if let Err(why) = python_has_openai() {
+        report_skip(&format!("SKIP server_prefix_cache_evaluates_only_each_turns_new_tokens: {why}"));
+        return;
+    }
+    let (cached, cached_url) = start(&bible(), &["--cache-sessions", "2"]);
+    let (plain, plain_url) = start(&bible(), &["--cache-sessions", "0"]);
+    let out = Command::new("python3")
+        .arg(root().join("tests/server/test_prefix_cache.py"))
+        .args([cached_url.as_str(), plain_url.as_str(), KEY, "bible-moe"])
+        .output()
+        .expect("run test_prefix_cache.py");
+    drop((cached, plain));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "test_prefix_cache.py failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("all prefix-cache checks passed"), "{stdout}");
+}
+
+/// A model whose state cannot be cut back (Kimi-Linear's KDA layers)
+/// resumes only from a state taken where an earlier prompt ended: prompts
+/// that extend each other hit, one that diverges does not, and every
+/// answer (text and log-probabilities) equals the uncached server's.
+#[test]
+fn server_prefix_cache_resumes_a_recurrent_state_only_at_a_prompt_boundary() {
+    let tmp = TempDir::new("prefix-kda");
+    let m = crate::common::convert("kimi_linear", "f32", "f32", tmp.path());
+    let (cached, cached_url) = start(&m, &["--cache-sessions", "2"]);
+    let (plain, plain_url) = start(&m, &["--cache-sessions", "0"]);
+    let prompts = [
+        "The quick brown fox",
+        "The quick brown fox jumps over",
+        "The quick brown fox jumps over the lazy dog",
+        "A different start",
+    ];
+    let mut hits = Vec::new();
+    for p in prompts {
+        let body = serde_json::json!({"prompt": p, "max_tokens": 5, "temperature": 0, "logprobs": 2});
+        let (s1, a) = post_json(&cached_url, "/v1/completions", &body);
+        let (s2, b) = post_json(&plain_url, "/v1/completions", &body);
+        assert_eq!((s1, s2), (200, 200), "{a} {b}");
+        assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"], "{p}");
+        assert_eq!(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"], "{p}: log-probabilities differ");
+        hits.push(stats_of(&cached_url)["prefix_cache"]["hits"].as_u64().unwrap());
+    }
+    assert_eq!(hits, [0, 1, 2, 2], "hits after each prompt");
+    drop((cached, plain));
+}
+
+fn stats_of(url: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://").split('/').next().unwrap();
+    let mut conn = std::net::TcpStream::connect(host).unwrap();
+    write!(conn, "GET /stats HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap()
+}

@@ -54,6 +54,9 @@ pub struct OpenOptions {
     /// it lands, on top of what is always checked (tensors and codebooks
     /// read whole). A container without checksums is refused.
     pub verify: bool,
+    /// Session states held besides the first (a server's prefix cache),
+    /// counted inside the budget.
+    pub extra_states: usize,
 }
 
 impl Default for OpenOptions {
@@ -73,6 +76,7 @@ impl Default for OpenOptions {
             cpus: None,
             prefill_chunk: crate::model::prefill::DEFAULT_PREFILL_CHUNK,
             verify: false,
+            extra_states: 0,
         }
     }
 }
@@ -126,7 +130,8 @@ impl Model {
             container.require_checksums()?;
         }
         // The budget is checked before anything large is allocated.
-        let plan = crate::plan::plan(&container, options.context, options.budget)?;
+        let states = 1 + options.extra_states;
+        let plan = crate::plan::plan_with_states(&container, options.context, options.budget, states)?;
         let context = plan.context;
         let tensors = container
             .manifest()
@@ -272,6 +277,12 @@ impl Model {
     /// (see `container::ChatTemplates::choose`); `Ok(None)`: none.
     pub fn chat_template(&self, with_tools: bool) -> std::result::Result<Option<&str>, String> {
         self.container.chat_template(with_tools)
+    }
+
+    /// Whether a state can be cut back to an earlier position (full-context
+    /// caches only: no recurrent or windowed layer).
+    pub fn rewindable_state(&self) -> bool {
+        !self.container.config().has_unrewindable_state()
     }
 
     /// A fresh state (KV cache) sized for this model's context.

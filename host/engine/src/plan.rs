@@ -175,12 +175,33 @@ pub fn plan(container: &Container, context: Option<usize>, budget: Option<u64>) 
     plan_for_ram(container, context, budget, None)
 }
 
+/// As [`plan`], with room for `states` session states (a server keeps
+/// earlier conversations' states for its prefix cache) instead of one.
+pub fn plan_with_states(
+    container: &Container,
+    context: Option<usize>,
+    budget: Option<u64>,
+    states: usize,
+) -> Result<MemoryPlan> {
+    plan_inputs(container, context, budget, None, states)
+}
+
 /// As [`plan`], with the usable RAM given (`None`: this machine's).
 pub fn plan_for_ram(
     container: &Container,
     context: Option<usize>,
     budget: Option<u64>,
     usable_ram: Option<u64>,
+) -> Result<MemoryPlan> {
+    plan_inputs(container, context, budget, usable_ram, 1)
+}
+
+fn plan_inputs(
+    container: &Container,
+    context: Option<usize>,
+    budget: Option<u64>,
+    usable_ram: Option<u64>,
+    states: usize,
 ) -> Result<MemoryPlan> {
     let cfg = container.config();
     let context = resolve_context(cfg, context)?;
@@ -193,7 +214,7 @@ pub fn plan_for_ram(
         context,
         trunk: resident_trunk_bytes(cfg, m),
         embedding_on_disk: on_disk_trunk_bytes(cfg, m),
-        state: state_bytes(cfg, context),
+        state: state_bytes(cfg, context) * states.max(1) as u64,
         scratch: scratch_bytes(cfg, context),
         record_bytes: record,
         top_k: cfg.top_k,
@@ -210,6 +231,7 @@ pub struct PlanInput {
     pub context: usize,
     pub trunk: u64,
     pub embedding_on_disk: u64,
+    /// Every session state held (one, or more with a prefix cache).
     pub state: u64,
     pub scratch: u64,
     pub record_bytes: u64,

@@ -142,6 +142,7 @@ pub struct Transformer {
 }
 
 /// The state one layer keeps for a sequence.
+#[derive(Clone)]
 pub enum LayerState {
     /// GQA: keys and values, `[rows, kv_heads * head_dim]` each, where
     /// rows is the context, or a sliding-window layer's window (a ring:
@@ -156,7 +157,8 @@ pub enum LayerState {
 }
 
 /// The per-layer state (KV cache, latent cache, KDA state) and position of
-/// one sequence.
+/// one sequence. A clone is a snapshot (the server's prefix cache).
+#[derive(Clone)]
 pub struct State {
     layers: Vec<LayerState>,
     /// `kv_heads * head_dim` of the GQA layers.
@@ -208,6 +210,21 @@ impl State {
 
     pub fn context(&self) -> usize {
         self.context
+    }
+
+    /// Cuts the sequence back to its first `position` tokens. Only a state
+    /// of full-context caches can be cut (rows past the position are never
+    /// read and are written again); a recurrent (KDA, GDN) or windowed
+    /// layer has no way back, which `rewindable` tells.
+    pub fn rewind(&mut self, position: usize, rewindable: bool) -> Result<()> {
+        if position > self.position {
+            return Err(Error::Arg(format!("cannot rewind a state at {} to {position}", self.position)));
+        }
+        if position < self.position && !rewindable {
+            return Err(Error::Arg("this model's state (recurrent or windowed layers) cannot be rewound".into()));
+        }
+        self.position = position;
+        Ok(())
     }
 
     /// Starts a new sequence; stale cache rows past the position are never

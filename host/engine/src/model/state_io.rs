@@ -208,6 +208,12 @@ impl Transcript {
         self.tokens.clear();
         self.pending = None;
     }
+
+    /// Keeps the first `n` evaluated tokens and drops the held one.
+    pub fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+        self.pending = None;
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]

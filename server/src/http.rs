@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::state::{record, unknown_model, AppState, LoggedByStream, Shared, Tokens};
-use crate::{anthropic, openai};
+use crate::{anthropic, ollama, openai};
 
 pub fn router(state: Shared) -> Router {
     let v1 = Router::new()
@@ -24,6 +24,12 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/stats", get(stats))
@@ -31,6 +37,8 @@ pub fn router(state: Shared) -> Router {
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        // Ollama's clients probe the root before anything else.
+        .route("/", get(ollama::root))
         .merge(v1)
         .fallback(|| async { ApiError::not_found("no such endpoint", "unknown_url") })
         // Outermost: a preflight is answered before authentication (browsers
@@ -51,7 +59,8 @@ fn constant_time_eq(given: &[u8], key: &[u8]) -> bool {
 }
 
 /// The key as `Authorization: Bearer KEY` or, as Anthropic's clients send
-/// it, `x-api-key: KEY`; a 401 in the shape of the route's API.
+/// it, `x-api-key: KEY`; a 401 in the shape of the route's API (Ollama has
+/// no keys; its clients send the bearer header they are given).
 async fn auth(State(state): State<Shared>, request: HttpRequest, next: Next) -> Response {
     if let Some(key) = &state.api_key {
         let h = request.headers();
@@ -64,6 +73,9 @@ async fn auth(State(state): State<Shared>, request: HttpRequest, next: Next) -> 
         let x_api_key = h.get("x-api-key").and_then(|v| v.to_str().ok());
         let ok = |g: Option<&str>| g.is_some_and(|g| constant_time_eq(g.trim().as_bytes(), key.as_bytes()));
         if !ok(bearer) && !ok(x_api_key) {
+            if request.uri().path().starts_with("/api/") {
+                return ollama::error_response(ApiError::unauthorized());
+            }
             if request.uri().path().starts_with("/v1/messages") {
                 return anthropic::error_response(ApiError {
                     message: "invalid or missing API key (send it as `x-api-key: KEY` or `Authorization: Bearer KEY`)"

@@ -1,11 +1,12 @@
 //! `waste serve`: an HTTP server over the WASTE Rust API speaking OpenAI's
-//! chat and completions API and Anthropic's Messages API.
+//! chat and completions API, Anthropic's Messages API and Ollama's API.
 //! One engine thread per model generates (see [`worker`]); tokio + axum
 //! carry the HTTP side and never run the engine themselves.
 
 mod anthropic;
 mod error;
 mod http;
+mod ollama;
 mod openai;
 mod ordered;
 mod request;

@@ -690,3 +690,58 @@ fn stats_of(url: &str) -> serde_json::Value {
     conn.read_to_string(&mut answer).unwrap();
     serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap()
 }
+
+fn python_has_ollama() -> Result<(), String> {
+    match Command::new("python3").args(["-c", "import ollama, jsonschema"]).output() {
+        Err(e) => Err(format!("python3 is not available ({e})")),
+        Ok(o) if !o.status.success() => {
+            Err("the ollama and jsonschema Python packages are not installed (pip install ollama jsonschema)".into())
+        }
+        Ok(_) => Ok(()),
+    }
+}
+
+fn run_ollama_script(what: &str, url: &str, args: &[&str]) {
+    let out = Command::new("python3")
+        .arg(root().join("tests/server/test_ollama.py"))
+        .args([url, KEY])
+        .args(args)
+        .output()
+        .expect("run test_ollama.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{what}: test_ollama.py failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("all ollama checks passed"), "{what}: {stdout}");
+}
+
+/// Ollama's API with the official `ollama` client: chat and generate
+/// (NDJSON by default), options, the final statistics, the metadata
+/// routes, errors as {"error"}; the same text and counts as the OpenAI
+/// routes. `format` is refused until constrained decoding lands.
+#[test]
+fn server_answers_the_ollama_client() {
+    if let Err(why) = python_has_ollama() {
+        report_skip(&format!("SKIP server_answers_the_ollama_client: {why}"));
+        return;
+    }
+    let (_server, url) = start(&bible(), &[]);
+    run_ollama_script("basic", &url, &["bible-moe"]);
+}
+
+/// A tool call through /api/chat: arguments as a JSON object, the prompt
+/// count equal to transformers', the result sent back.
+#[test]
+fn server_ollama_tool_calls() {
+    if let Err(why) = python_has_ollama() {
+        report_skip(&format!("SKIP server_ollama_tool_calls: {why}"));
+        return;
+    }
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("tests/server/tool_call_expected.json")).unwrap())
+            .unwrap();
+    for name in ["qwen3", "qwen3_5", "glm4_moe", "minimax_m2", "gpt_oss"] {
+        let (_tmp, server, url, served) = scripted_tool_server(name, &expected["cases"][name]);
+        run_ollama_script(name, &url, &[served.as_str(), "tools", name]);
+        drop(server);
+    }
+}

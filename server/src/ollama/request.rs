@@ -1,0 +1,244 @@
+//! Request bodies of Ollama's /api/chat and /api/generate (docs/api.md at
+//! v0.33.0): the model name, messages or prompt, `options` type-checked as
+//! Ollama's `Options.FromMap` does, Ollama's sampling defaults where an
+//! option is absent (temperature 0.8, top_k 40, top_p 0.9).
+
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use waste_host::{ChatMessage, GenerateParams};
+
+use crate::error::ApiError;
+use crate::ordered::Ordered;
+use crate::request::Prompt;
+
+pub struct Request {
+    pub model: String,
+    /// None: /api/generate without a prompt (load or unload the model).
+    pub prompt: Option<Prompt>,
+    pub params: GenerateParams,
+    pub stream: bool,
+    pub tools_enabled: bool,
+    /// `keep_alive` 0: the client asked to unload.
+    pub unload: bool,
+}
+
+type Obj = Map<String, Value>;
+
+fn bad(what: impl Into<String>) -> ApiError {
+    ApiError::bad_request(what, None)
+}
+
+fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
+    o.get(key).filter(|v| !v.is_null())
+}
+
+fn raw_field(body: &[u8], key: &str) -> Option<String> {
+    let Ordered(pairs) = serde_json::from_slice(body).ok()?;
+    pairs.into_iter().find(|(k, _)| k == key).map(|(_, v)| v.get().to_string())
+}
+
+/// `options`: Ollama's names, each a 400 naming it when of the wrong type.
+fn options(o: &Obj, context: usize) -> Result<GenerateParams, ApiError> {
+    let opts = match field(o, "options") {
+        None => Obj::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(_) => return Err(bad("options must be an object")),
+    };
+    let float = |k: &str, lo: f64, hi: f64| -> Result<Option<f64>, ApiError> {
+        match opts.get(k).filter(|v| !v.is_null()) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
+                Some(_) => Err(bad(format!("option {k:?} must be in [{lo}, {hi}]"))),
+                None => Err(bad(format!("option {k:?} must be of type float"))),
+            },
+        }
+    };
+    let int = |k: &str| -> Result<Option<i64>, ApiError> {
+        match opts.get(k).filter(|v| !v.is_null()) {
+            None => Ok(None),
+            Some(v) => v.as_i64().map(Some).ok_or_else(|| bad(format!("option {k:?} must be of type integer"))),
+        }
+    };
+    // Accepted and meaningless here (the runner's own settings), but still
+    // of the right type, as Ollama checks them.
+    for k in ["num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "repeat_last_n"] {
+        int(k)?;
+    }
+    let max_tokens = match int("num_predict")? {
+        None | Some(-1) | Some(-2) => context,
+        Some(n) if n >= 1 => (n as u64).min(context as u64) as usize,
+        Some(n) => return Err(bad(format!("option \"num_predict\" must be -1, -2 or at least 1, not {n}"))),
+    };
+    let stop_strings = match opts.get("stop").filter(|v| !v.is_null()) {
+        None => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|s| s.as_str().map(str::to_string).ok_or_else(|| bad("option \"stop\" must be of type []string")))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad("option \"stop\" must be of type []string")),
+    };
+    let seed = match int("seed")? {
+        None | Some(-1) => crate::request::fresh_seed(),
+        Some(s) => s as u64,
+    };
+    let top_k = match int("top_k")? {
+        None => 40,
+        Some(k) if k >= 0 => k.min(u32::MAX as i64) as u32,
+        Some(_) => return Err(bad("option \"top_k\" must be at least 0")),
+    };
+    Ok(GenerateParams {
+        temperature: float("temperature", 0.0, 2.0)?.unwrap_or(0.8) as f32,
+        top_p: float("top_p", 0.0, 1.0)?.unwrap_or(0.9).max(f64::MIN_POSITIVE) as f32,
+        top_k,
+        min_p: float("min_p", 0.0, 1.0)?.unwrap_or(0.0) as f32,
+        presence_penalty: float("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
+        frequency_penalty: float("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
+        repetition_penalty: float("repeat_penalty", 0.01, 10.0)?.unwrap_or(1.0) as f32,
+        seed,
+        max_tokens: max_tokens as u32,
+        stop_strings,
+        ..GenerateParams::default()
+    })
+}
+
+/// `format`: the structured output Ollama constrains decoding to. Not
+/// implemented here yet (issue 18 item 3): a JSON mode or schema is refused
+/// rather than ignored, since an unconstrained answer would not parse.
+fn format(o: &Obj) -> Result<(), ApiError> {
+    match field(o, "format") {
+        None => Ok(()),
+        Some(Value::String(s)) if s.is_empty() => Ok(()),
+        Some(Value::String(s)) if s == "json" => {
+            Err(bad("format \"json\" needs constrained decoding, which this server does not implement yet"))
+        }
+        Some(Value::Object(_)) => {
+            Err(bad("a JSON schema format needs constrained decoding, which this server does not implement yet"))
+        }
+        Some(other) => Err(bad(format!("invalid format: {other}; expected \"json\" or a valid JSON Schema object"))),
+    }
+}
+
+fn no_images(v: Option<&Value>, what: &str) -> Result<(), ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Array(a)) if a.is_empty() => Ok(()),
+        Some(_) => Err(bad(format!("{what}: images are not supported by a text model"))),
+    }
+}
+
+fn messages(o: &Obj, body: &[u8]) -> Result<Vec<ChatMessage>, ApiError> {
+    let list: &[Value] = match field(o, "messages") {
+        Some(Value::Array(list)) => list,
+        None => &[],
+        Some(_) => return Err(bad("messages must be a list of messages")),
+    };
+    let raw: Vec<Box<RawValue>> =
+        raw_field(body, "messages").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let m = m.as_object().ok_or_else(|| bad(format!("messages[{i}] must be an object")))?;
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some(r @ ("system" | "user" | "assistant" | "tool")) => r.to_string(),
+            _ => return Err(bad(format!("messages[{i}].role must be system, user, assistant or tool"))),
+        };
+        let content = match m.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => return Err(bad(format!("messages[{i}].content must be a string"))),
+        };
+        no_images(m.get("images"), &format!("messages[{i}]"))?;
+        // Further fields (tool_calls with object arguments, tool_name,
+        // tool_call_id) reach the template as the client wrote them.
+        let extra = raw.get(i).and_then(|r| crate::ordered::message_extra(r));
+        out.push(ChatMessage { role, content: Some(content), extra });
+    }
+    Ok(out)
+}
+
+fn model(o: &Obj) -> Result<String, ApiError> {
+    match field(o, "model") {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(_) => Err(bad("model must be a string")),
+        None => Err(bad("model is required")),
+    }
+}
+
+fn stream_and_keep_alive(o: &Obj) -> Result<(bool, bool), ApiError> {
+    let stream = match field(o, "stream") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("stream must be a boolean")),
+    };
+    let unload = matches!(field(o, "keep_alive"), Some(v) if v.as_f64() == Some(0.0) || v.as_str() == Some("0"));
+    Ok((stream, unload))
+}
+
+fn object(body: &[u8]) -> Result<Obj, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(bad("the request body must be a JSON object")),
+        Err(e) => Err(bad(format!("invalid JSON: {e}"))),
+    }
+}
+
+pub fn parse_chat(body: &[u8], context: usize) -> Result<Request, ApiError> {
+    let o = object(body)?;
+    let model = model(&o)?;
+    let messages = messages(&o, body)?;
+    format(&o)?;
+    let (stream, unload) = stream_and_keep_alive(&o)?;
+    let tools = match field(&o, "tools") {
+        None => None,
+        Some(Value::Array(list)) if list.is_empty() => None,
+        Some(Value::Array(list)) if list.iter().all(Value::is_object) => raw_field(body, "tools"),
+        Some(_) => return Err(bad("tools must be a list of tools")),
+    };
+    let params = options(&o, context)?;
+    let tools_enabled = tools.is_some();
+    let prompt = (!messages.is_empty()).then_some(Prompt::Chat { messages, tools, template_vars: None });
+    Ok(Request { model, prompt, params, stream, tools_enabled, unload })
+}
+
+pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> {
+    let o = object(body)?;
+    let model = model(&o)?;
+    format(&o)?;
+    let (stream, unload) = stream_and_keep_alive(&o)?;
+    no_images(o.get("images"), "images")?;
+    for key in ["suffix", "template"] {
+        if field(&o, key).is_some_and(|v| v.as_str() != Some("")) {
+            return Err(bad(format!("{key} is not supported by this server")));
+        }
+    }
+    let text = match field(&o, "prompt") {
+        None => None,
+        Some(Value::String(s)) if s.is_empty() => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(bad("prompt must be a string")),
+    };
+    let raw = match field(&o, "raw") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("raw must be a boolean")),
+    };
+    let system = match field(&o, "system") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(bad("system must be a string")),
+    };
+    let params = options(&o, context)?;
+    let prompt = text.map(|text| {
+        if raw {
+            Prompt::Text(text)
+        } else {
+            let mut messages: Vec<ChatMessage> = system
+                .map(|s| ChatMessage { role: "system".into(), content: Some(s), extra: None })
+                .into_iter()
+                .collect();
+            messages.push(ChatMessage { role: "user".into(), content: Some(text), extra: None });
+            Prompt::Chat { messages, tools: None, template_vars: None }
+        }
+    });
+    Ok(Request { model, prompt, params, stream, tools_enabled: false, unload })
+}

@@ -26,6 +26,7 @@ mod plan_k3;
 mod plugins;
 mod prefill;
 mod reliability;
+mod scale_out;
 mod server;
 mod session;
 mod streaming;

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Value};
@@ -14,7 +14,9 @@ use waste_host::StopReason;
 
 use crate::error::ApiError;
 use crate::request::{self, Request};
-use crate::state::{model_warning, next_id, now, read_body, LoggedByStream, RequestLog, Shared, Tokens};
+use crate::state::{
+    add_warning, model_warning, next_id, now, read_body, streamed_response, RequestLog, Shared, Tokens,
+};
 use crate::tools;
 use crate::worker::{Event, Job, TokenTexts};
 
@@ -116,12 +118,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
             SseState { rx, reply, streamed: String::new(), role_sent: false, done: false, log },
             sse_next,
         );
-        let mut response = Response::new(Body::from_stream(stream));
-        let h = response.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        response.extensions_mut().insert(LoggedByStream);
-        response
+        streamed_response(Body::from_stream(stream), "text/event-stream")
     } else {
         loop {
             match rx.recv().await {
@@ -138,9 +135,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
             }
         }
     };
-    if let Some(w) = warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
-        response.headers_mut().insert(MODEL_WARNING, w);
-    }
+    add_warning(&mut response, warning);
     Ok(response)
 }
 

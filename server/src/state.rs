@@ -130,6 +130,32 @@ pub fn model_warning(state: &AppState, requested: Option<&str>) -> Result<Option
     }
 }
 
+/// A streamed answer (SSE or NDJSON): its log line is written when the
+/// stream ends.
+pub fn streamed_response(body: Body, content_type: &'static str) -> axum::response::Response {
+    let mut response = axum::response::Response::new(body);
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, axum::http::HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, axum::http::HeaderValue::from_static("no-cache"));
+    response.extensions_mut().insert(LoggedByStream);
+    response
+}
+
+/// A whole JSON answer carrying its token counts for the log line.
+pub fn json_answer(body: serde_json::Value, tokens: Tokens) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut response = axum::Json(body).into_response();
+    response.extensions_mut().insert(tokens);
+    response
+}
+
+/// The `x-waste-warning` header of [`model_warning`].
+pub fn add_warning(response: &mut axum::response::Response, warning: Option<String>) {
+    if let Some(w) = warning.and_then(|w| axum::http::HeaderValue::from_str(&w).ok()) {
+        response.headers_mut().insert(crate::openai::MODEL_WARNING, w);
+    }
+}
+
 pub fn unknown_model(id: &str) -> ApiError {
     ApiError::not_found(format!("the model {id:?} does not exist"), "model_not_found")
 }

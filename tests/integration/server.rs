@@ -28,12 +28,20 @@ impl Drop for Server {
     }
 }
 
-fn python_has_openai() -> Result<(), String> {
-    match Command::new("python3").args(["-c", "import openai"]).output() {
+/// Whether python3 can import `modules`; if not, why, naming the pip
+/// `packages` to install.
+fn python_has(modules: &str, packages: &str) -> Result<(), String> {
+    match Command::new("python3").args(["-c", &format!("import {modules}")]).output() {
         Err(e) => Err(format!("python3 is not available ({e})")),
-        Ok(o) if !o.status.success() => Err("the openai Python package is not installed (pip install openai)".into()),
+        Ok(o) if !o.status.success() => {
+            Err(format!("the {packages} Python packages are not installed (pip install {packages})"))
+        }
         Ok(_) => Ok(()),
     }
+}
+
+fn python_has_openai() -> Result<(), String> {
+    python_has("openai", "openai")
 }
 
 /// Starts `waste serve MODEL --port 0 --api-key KEY ARGS...` and waits for
@@ -320,26 +328,26 @@ fn scripted_tool_server(name: &str, expected: &serde_json::Value) -> (TempDir, S
 }
 
 fn python_has_anthropic() -> Result<(), String> {
-    match Command::new("python3").args(["-c", "import anthropic"]).output() {
-        Err(e) => Err(format!("python3 is not available ({e})")),
-        Ok(o) if !o.status.success() => {
-            Err("the anthropic Python package is not installed (pip install anthropic)".into())
-        }
-        Ok(_) => Ok(()),
-    }
+    python_has("anthropic", "anthropic")
 }
 
-fn run_anthropic_script(what: &str, url: &str, args: &[&str]) {
+/// Runs a client script of tests/server/ that prints `passed` when every
+/// check held.
+fn run_client_script(script: &str, passed: &str, what: &str, url: &str, args: &[&str]) {
     let out = Command::new("python3")
-        .arg(root().join("tests/server/test_anthropic.py"))
+        .arg(root().join("tests/server").join(script))
         .args([url, KEY])
         .args(args)
         .output()
-        .expect("run test_anthropic.py");
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{what}: test_anthropic.py failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("all anthropic checks passed"), "{what}: {stdout}");
+    assert!(out.status.success(), "{what}: {script} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains(passed), "{what}: {stdout}");
+}
+
+fn run_anthropic_script(what: &str, url: &str, args: &[&str]) {
+    run_client_script("test_anthropic.py", "all anthropic checks passed", what, url, args);
 }
 
 /// Anthropic's Messages API with the official `anthropic` client: plain,
@@ -692,26 +700,11 @@ fn stats_of(url: &str) -> serde_json::Value {
 }
 
 fn python_has_ollama() -> Result<(), String> {
-    match Command::new("python3").args(["-c", "import ollama, jsonschema"]).output() {
-        Err(e) => Err(format!("python3 is not available ({e})")),
-        Ok(o) if !o.status.success() => {
-            Err("the ollama and jsonschema Python packages are not installed (pip install ollama jsonschema)".into())
-        }
-        Ok(_) => Ok(()),
-    }
+    python_has("ollama, jsonschema", "ollama jsonschema")
 }
 
 fn run_ollama_script(what: &str, url: &str, args: &[&str]) {
-    let out = Command::new("python3")
-        .arg(root().join("tests/server/test_ollama.py"))
-        .args([url, KEY])
-        .args(args)
-        .output()
-        .expect("run test_ollama.py");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{what}: test_ollama.py failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("all ollama checks passed"), "{what}: {stdout}");
+    run_client_script("test_ollama.py", "all ollama checks passed", what, url, args);
 }
 
 /// Ollama's API with the official `ollama` client: chat and generate

@@ -8,15 +8,16 @@ mod stream;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::unbounded_channel;
 use waste_host::{Completion, StopReason};
 
 use crate::error::ApiError;
-use crate::openai::MODEL_WARNING;
-use crate::state::{model_warning, next_id, read_body, LoggedByStream, RequestLog, Shared, Tokens};
+use crate::state::{
+    add_warning, json_answer, model_warning, next_id, read_body, streamed_response, RequestLog, Shared, Tokens,
+};
 use crate::tools;
 use crate::worker::{Event, Job};
 
@@ -201,12 +202,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body) -> Result<Respons
     };
     let mut response = if req.stream {
         let log = RequestLog::streamed(&state, &headers, "/v1/messages");
-        let mut response = Response::new(Body::from_stream(stream::events(rx, reply, input_tokens, log)));
-        let h = response.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        response.extensions_mut().insert(LoggedByStream);
-        response
+        streamed_response(Body::from_stream(stream::events(rx, reply, input_tokens, log)), "text/event-stream")
     } else {
         loop {
             match rx.recv().await {
@@ -219,11 +215,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body) -> Result<Respons
                         "stop_reason": stop_reason, "stop_sequence": stop_sequence,
                         "usage": {"input_tokens": prompt_tokens, "output_tokens": completion.tokens.len()},
                     });
-                    let mut response = axum::Json(message).into_response();
-                    response
-                        .extensions_mut()
-                        .insert(Tokens { prompt: prompt_tokens, completion: completion.tokens.len() });
-                    break response;
+                    break json_answer(message, Tokens { prompt: prompt_tokens, completion: completion.tokens.len() });
                 }
                 Some(Event::Failed(e)) => return Err(e),
                 Some(_) => {}
@@ -231,8 +223,6 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body) -> Result<Respons
             }
         }
     };
-    if let Some(w) = warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
-        response.headers_mut().insert(MODEL_WARNING, w);
-    }
+    add_warning(&mut response, warning);
     Ok(response)
 }

@@ -19,8 +19,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use waste_host::{Completion, StopReason};
 
 use crate::error::ApiError;
-use crate::openai::MODEL_WARNING;
-use crate::state::{read_body, LoggedByStream, RequestLog, Shared, Tokens};
+use crate::state::{add_warning, json_answer, read_body, streamed_response, RequestLog, Shared, Tokens};
 use crate::tools;
 use crate::worker::{Event, Job};
 
@@ -285,10 +284,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
         let path = if chat { "/api/chat" } else { "/api/generate" };
         let log = RequestLog::streamed(&state, &headers, path);
         let st = Ndjson { rx, reply, clock, streamed: String::new(), done: false, log };
-        let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(st, next_line)));
-        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
-        response.extensions_mut().insert(LoggedByStream);
-        response
+        streamed_response(Body::from_stream(futures_util::stream::unfold(st, next_line)), "application/x-ndjson")
     } else {
         loop {
             match rx.recv().await {
@@ -299,11 +295,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
                     let (content, thinking, calls) = reply.split(&completion, &raw);
                     let text = if chat { reply.message(&content, thinking.as_deref(), &calls) } else { json!(content) };
                     let v = reply.last(&completion, prompt_tokens, &clock, Some(text));
-                    let mut response = axum::Json(v).into_response();
-                    response
-                        .extensions_mut()
-                        .insert(Tokens { prompt: prompt_tokens, completion: completion.tokens.len() });
-                    break response;
+                    break json_answer(v, Tokens { prompt: prompt_tokens, completion: completion.tokens.len() });
                 }
                 Some(Event::Failed(e)) => return Err(e),
                 Some(_) => {}
@@ -311,9 +303,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
             }
         }
     };
-    if let Some(w) = warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
-        response.headers_mut().insert(MODEL_WARNING, w);
-    }
+    add_warning(&mut response, warning);
     Ok(response)
 }
 

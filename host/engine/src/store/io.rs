@@ -9,8 +9,8 @@
 //! `direct_io: false`.
 
 use std::alloc::{self, Layout};
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::ptr::NonNull;
@@ -149,6 +149,8 @@ pub fn slot_buffers(count: usize, len: usize, huge: bool) -> Result<Vec<AlignedB
 }
 
 /// An anonymous private mapping (zero-filled by the kernel), unmapped on drop.
+/// Made only on Linux, where huge pages can be advised.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
@@ -266,7 +268,8 @@ impl BankFile {
 
 #[cfg(target_os = "linux")]
 fn open_direct(path: &Path) -> Option<File> {
-    OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok()
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok()
 }
 
 #[cfg(target_os = "macos")]

@@ -1,4 +1,5 @@
 use super::kmeans::Rng;
+#[cfg(target_arch = "x86_64")]
 use super::simd;
 use super::*;
 
@@ -140,12 +141,14 @@ fn malformed_lengths_are_errors() {
 
 #[test]
 fn simd_matches_scalar() {
-    if !simd::has_avx2() {
-        crate::skip::report_skip("SKIP simd_matches_scalar: no AVX2+FMA on this CPU");
-        return;
-    }
+    #[cfg(not(target_arch = "x86_64"))]
+    crate::skip::report_skip("SKIP simd_matches_scalar: the AVX2 kernels are x86-64 only");
     #[cfg(target_arch = "x86_64")]
     {
+        if !simd::has_avx2() {
+            crate::skip::report_skip("SKIP simd_matches_scalar: no AVX2+FMA on this CPU");
+            return;
+        }
         let mut rng = Rng::new(3);
         let close = |a: f32, b: f32, mag: f32| (a - b).abs() <= 1e-5 * mag + 1e-6;
         for cols in [1, 7, 8, 15, 16, 17, 31, 127, 128, 129, 255, 300, 1000] {

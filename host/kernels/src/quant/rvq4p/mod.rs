@@ -162,6 +162,8 @@ pub(crate) fn blocks(isa: Isa, planes: &[u8], t: &QTables, nvec: usize, acc: &mu
             && t.scales.len() == nvec.div_ceil(TBLK),
         "rvq4p blocks: inconsistent lengths"
     );
+    // Blocks done in pairs by the AVX-512 kernel; the rest one at a time.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut b = 0;
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && super::simd::isa_available(Isa::Avx512) {

@@ -100,8 +100,10 @@ pub(crate) fn isa_available(level: Isa) -> bool {
     }
 }
 
-/// Whether the AVX2+FMA kernels may run (probed once).
+/// Whether the AVX2+FMA kernels may run (probed once). Elsewhere than
+/// x86-64 only the tests ask (and skip).
 #[inline]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn has_avx2() -> bool {
     isa() >= Isa::Avx2
 }
@@ -243,9 +245,9 @@ pub(crate) fn table_bytes(t: &[f32]) -> &[u8] {
 /// `j`'s 1024 bytes become `[b][c]`, byte `b` (little endian) of entry `c`.
 pub(crate) fn tables_to_planes(t: &mut [f32]) {
     assert!(t.len().is_multiple_of(CODEBOOK_ENTRIES), "tables_to_planes: not whole tables");
-    let n = t.len() / CODEBOOK_ENTRIES;
     #[cfg(target_arch = "x86_64")]
     if isa_available(Isa::Avx512) {
+        let n = t.len() / CODEBOOK_ENTRIES;
         // SAFETY: AVX-512 F/BW/VBMI were detected; `t` holds n * 1024 bytes,
         // borrowed mutably for the call.
         return unsafe { avx512::f32_to_planes(t.as_mut_ptr() as *mut u8, n) };

@@ -67,12 +67,6 @@ impl Reply {
     }
 }
 
-/// The request named a model this server does not serve: answered anyway
-/// (llama-server's behaviour; Ollama-style clients send their own names),
-/// with this header saying so, unless the server was started with
-/// `--strict-model-name`.
-pub const MODEL_WARNING: &str = "x-waste-warning";
-
 async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Result<Response, ApiError> {
     let bytes = read_body(&state, &headers, body).await?;
     let req: Request = request::parse(&bytes, chat, state.context)?;

@@ -149,10 +149,14 @@ pub fn json_answer(body: serde_json::Value, tokens: Tokens) -> axum::response::R
     response
 }
 
+/// The header of an answer to a request that named a model this server
+/// does not serve (see [`model_warning`]).
+pub const MODEL_WARNING: &str = "x-waste-warning";
+
 /// The `x-waste-warning` header of [`model_warning`].
 pub fn add_warning(response: &mut axum::response::Response, warning: Option<String>) {
     if let Some(w) = warning.and_then(|w| axum::http::HeaderValue::from_str(&w).ok()) {
-        response.headers_mut().insert(crate::openai::MODEL_WARNING, w);
+        response.headers_mut().insert(MODEL_WARNING, w);
     }
 }
 

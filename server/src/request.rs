@@ -32,13 +32,13 @@ pub struct Request {
     pub tools_enabled: bool,
 }
 
-type Obj = Map<String, Value>;
+pub(crate) type Obj = Map<String, Value>;
 
-fn bad(param: &str, what: &str) -> ApiError {
+pub(crate) fn bad(param: &str, what: &str) -> ApiError {
     ApiError::bad_request(format!("`{param}` must be {what}"), Some(param))
 }
 
-fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
+pub(crate) fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
     o.get(key).filter(|v| !v.is_null())
 }
 
@@ -192,7 +192,7 @@ fn template_vars(o: &Obj, body: &[u8]) -> Result<Option<String>, ApiError> {
 /// A top-level field's JSON text as the client wrote it. serde_json's maps
 /// sort keys, while transformers renders `tools | tojson` in the client's
 /// order; the template gets this text so the prompt is the same.
-fn raw_field(body: &[u8], key: &str) -> Option<String> {
+pub(crate) fn raw_field(body: &[u8], key: &str) -> Option<String> {
     let fields: std::collections::HashMap<String, Box<serde_json::value::RawValue>> =
         serde_json::from_slice(body).ok()?;
     fields.get(key).map(|v| v.get().to_string())

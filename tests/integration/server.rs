@@ -327,6 +327,19 @@ fn scripted_tool_server(name: &str, expected: &serde_json::Value) -> (TempDir, S
     (tmp, server, url, format!("{name}-tools"))
 }
 
+/// `run(case, url, served name)` against a scripted tool server for each
+/// of tool_call_expected.json's five families.
+fn each_scripted_tool_server(run: impl Fn(&str, &str, &str)) {
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("tests/server/tool_call_expected.json")).unwrap())
+            .unwrap();
+    for name in ["qwen3", "qwen3_5", "glm4_moe", "minimax_m2", "gpt_oss"] {
+        let (_tmp, server, url, served) = scripted_tool_server(name, &expected["cases"][name]);
+        run(name, &url, &served);
+        drop(server);
+    }
+}
+
 fn python_has_anthropic() -> Result<(), String> {
     python_has("anthropic", "anthropic")
 }
@@ -373,14 +386,7 @@ fn server_anthropic_tool_use_round_trip() {
         report_skip(&format!("SKIP server_anthropic_tool_use_round_trip: {why}"));
         return;
     }
-    let expected: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root().join("tests/server/tool_call_expected.json")).unwrap())
-            .unwrap();
-    for name in ["qwen3", "qwen3_5", "glm4_moe", "minimax_m2", "gpt_oss"] {
-        let (_tmp, server, url, served) = scripted_tool_server(name, &expected["cases"][name]);
-        run_anthropic_script(name, &url, &[served.as_str(), "tools", name]);
-        drop(server);
-    }
+    each_scripted_tool_server(|name, url, served| run_anthropic_script(name, url, &[served, "tools", name]));
 }
 
 /// `waste serve --sampler`: a missing or non-plugin file is a runtime error
@@ -729,12 +735,5 @@ fn server_ollama_tool_calls() {
         report_skip(&format!("SKIP server_ollama_tool_calls: {why}"));
         return;
     }
-    let expected: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(root().join("tests/server/tool_call_expected.json")).unwrap())
-            .unwrap();
-    for name in ["qwen3", "qwen3_5", "glm4_moe", "minimax_m2", "gpt_oss"] {
-        let (_tmp, server, url, served) = scripted_tool_server(name, &expected["cases"][name]);
-        run_ollama_script(name, &url, &[served.as_str(), "tools", name]);
-        drop(server);
-    }
+    each_scripted_tool_server(|name, url, served| run_ollama_script(name, url, &[served, "tools", name]));
 }

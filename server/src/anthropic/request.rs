@@ -7,12 +7,12 @@
 //! client's key order kept (server/API_NOTES.md A.2).
 
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use waste_host::{ChatMessage, GenerateParams};
 
 use crate::error::ApiError;
 use crate::ordered::Ordered;
-use crate::request::Prompt;
+use crate::request::{bad, field, raw_field, Obj, Prompt};
 
 pub struct Request {
     pub model: Option<String>,
@@ -22,16 +22,6 @@ pub struct Request {
     /// Tools were declared and `tool_choice` is not `none`: the answer is
     /// searched for calls.
     pub tools_enabled: bool,
-}
-
-type Obj = Map<String, Value>;
-
-fn bad(param: &str, what: &str) -> ApiError {
-    ApiError::bad_request(format!("`{param}` must be {what}"), Some(param))
-}
-
-fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
-    o.get(key).filter(|v| !v.is_null())
 }
 
 /// The text of a `system` or of a message's content: a string, or text
@@ -223,11 +213,6 @@ fn tools(o: &Obj, body: &[u8]) -> Result<Option<(String, Vec<String>)>, ApiError
         names.push(name.to_string());
     }
     Ok(Some((format!("[{}]", out.join(",")), names)))
-}
-
-fn raw_field(body: &[u8], key: &str) -> Option<String> {
-    let Ordered(pairs) = serde_json::from_slice(body).ok()?;
-    pairs.into_iter().find(|(k, _)| k == key).map(|(_, v)| v.get().to_string())
 }
 
 /// Whether the declared tools stay in the prompt: `tool_choice` none drops

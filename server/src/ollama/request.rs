@@ -4,12 +4,11 @@
 //! option is absent (temperature 0.8, top_k 40, top_p 0.9).
 
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use waste_host::{ChatMessage, GenerateParams};
 
 use crate::error::ApiError;
-use crate::ordered::Ordered;
-use crate::request::Prompt;
+use crate::request::{field, raw_field, Obj, Prompt};
 
 pub struct Request {
     pub model: String,
@@ -22,19 +21,9 @@ pub struct Request {
     pub unload: bool,
 }
 
-type Obj = Map<String, Value>;
-
+/// Ollama's errors name no field: `{"error": "..."}`.
 fn bad(what: impl Into<String>) -> ApiError {
     ApiError::bad_request(what, None)
-}
-
-fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
-    o.get(key).filter(|v| !v.is_null())
-}
-
-fn raw_field(body: &[u8], key: &str) -> Option<String> {
-    let Ordered(pairs) = serde_json::from_slice(body).ok()?;
-    pairs.into_iter().find(|(k, _)| k == key).map(|(_, v)| v.get().to_string())
 }
 
 /// `options`: Ollama's names, each a 400 naming it when of the wrong type.

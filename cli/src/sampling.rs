@@ -4,12 +4,14 @@
 //! repeated with `--seed`).
 
 use std::hash::{BuildHasher, RandomState};
+use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use waste_host::GenerateParams;
+use waste_host::{Constraint, GenerateParams, MAX_CONSTRAINT_BYTES};
 
 use crate::errors::usage;
+use crate::input::read_text;
 
 #[derive(Args, Clone)]
 pub struct SamplingArgs {
@@ -53,6 +55,18 @@ pub struct SamplingArgs {
     /// Keep generating past the model's end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Structured output: the answer is JSON valid against the JSON schema
+    /// in FILE (each token is sampled among those the schema allows).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["grammar", "json_object"])]
+    pub json_schema: Option<PathBuf>,
+    /// Structured output: the answer follows the grammar in FILE: llguidance's
+    /// Lark syntax for a `.lark` file or one starting with `%llguidance`,
+    /// else llama.cpp's GBNF.
+    #[arg(long, value_name = "FILE", conflicts_with = "json_object")]
+    pub grammar: Option<PathBuf>,
+    /// Structured output: the answer is a JSON object.
+    #[arg(long)]
+    pub json_object: bool,
 }
 
 /// The seed of a run: the user's, or a fresh random one (`true`).
@@ -91,6 +105,23 @@ impl SamplingArgs {
             stop_at_eos: !self.ignore_eos,
             stop_strings: self.stop.clone(),
             stop_tokens: self.stop_token.clone(),
+            constraint: self.constraint()?,
+        })
+    }
+
+    /// The structured output asked for, its file read (bounded, UTF-8).
+    fn constraint(&self) -> Result<Option<Constraint>> {
+        let limit = MAX_CONSTRAINT_BYTES as u64;
+        Ok(if let Some(path) = &self.json_schema {
+            Some(Constraint::JsonSchema(read_text(path, limit, "the JSON schema")?))
+        } else if let Some(path) = &self.grammar {
+            let text = read_text(path, limit, "the grammar")?;
+            Some(match path.extension().and_then(|e| e.to_str()) {
+                Some("lark") => Constraint::Lark(text),
+                _ => Constraint::grammar(text),
+            })
+        } else {
+            self.json_object.then_some(Constraint::JsonObject)
         })
     }
 }

@@ -100,7 +100,38 @@ typedef enum waste_stop_reason {
   WASTE_STOP_CONTEXT_FULL = 3,
   WASTE_STOP_STRING = 4,
   WASTE_STOP_TOKEN = 5,
+  /**
+   * The structured output's grammar is complete.
+   */
+  WASTE_STOP_GRAMMAR = 6,
 } waste_stop_reason;
+
+/**
+ * What a structured output follows (`waste_generate_params.constraint_kind`).
+ */
+typedef enum waste_constraint_kind {
+  WASTE_CONSTRAINT_NONE = 0,
+  /**
+   * Any JSON object.
+   */
+  WASTE_CONSTRAINT_JSON_OBJECT = 1,
+  /**
+   * JSON valid against the JSON schema in `constraint`.
+   */
+  WASTE_CONSTRAINT_JSON_SCHEMA = 2,
+  /**
+   * llguidance's Lark syntax.
+   */
+  WASTE_CONSTRAINT_LARK = 3,
+  /**
+   * llama.cpp's GBNF, start rule `root`.
+   */
+  WASTE_CONSTRAINT_GBNF = 4,
+  /**
+   * A regular expression the whole output matches.
+   */
+  WASTE_CONSTRAINT_REGEX = 5,
+} waste_constraint_kind;
 
 /**
  * A process may hold any number of contexts; each holds the compiled
@@ -449,6 +480,17 @@ typedef struct waste_generate_params {
    * Alternatives reported per token in the event, 0..=20.
    */
   uint32_t top_logprobs;
+  /**
+   * Structured output: a [`waste_constraint_kind`] value (a plain
+   * integer, so that a value this library does not know is an error, not
+   * undefined behaviour); `WASTE_CONSTRAINT_NONE` = unconstrained.
+   */
+  uint32_t constraint_kind;
+  /**
+   * The constraint's text: the JSON schema, the Lark or GBNF grammar, the
+   * regular expression; unused for NONE and JSON_OBJECT.
+   */
+  struct waste_str constraint;
 } waste_generate_params;
 
 /**

@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_void};
 use std::path::Path;
 use std::sync::Arc;
 
-use waste_host::{ChatMessage, GenerateParams, Session, StopReason};
+use waste_host::{ChatMessage, Constraint, GenerateParams, Session, StopReason};
 
 use crate::waste_result::{self, *};
 use crate::{copy_out, guard, host, null, slice_arg, str_arg, waste_ctx, waste_model, ErrorSlot};
@@ -56,6 +56,30 @@ pub struct waste_generate_params {
     pub n_logit_bias: usize,
     /// Alternatives reported per token in the event, 0..=20.
     pub top_logprobs: u32,
+    /// Structured output: a [`waste_constraint_kind`] value (a plain
+    /// integer, so that a value this library does not know is an error, not
+    /// undefined behaviour); `WASTE_CONSTRAINT_NONE` = unconstrained.
+    pub constraint_kind: u32,
+    /// The constraint's text: the JSON schema, the Lark or GBNF grammar, the
+    /// regular expression; unused for NONE and JSON_OBJECT.
+    pub constraint: waste_str,
+}
+
+/// What a structured output follows (`waste_generate_params.constraint_kind`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum waste_constraint_kind {
+    WASTE_CONSTRAINT_NONE = 0,
+    /// Any JSON object.
+    WASTE_CONSTRAINT_JSON_OBJECT = 1,
+    /// JSON valid against the JSON schema in `constraint`.
+    WASTE_CONSTRAINT_JSON_SCHEMA = 2,
+    /// llguidance's Lark syntax.
+    WASTE_CONSTRAINT_LARK = 3,
+    /// llama.cpp's GBNF, start rule `root`.
+    WASTE_CONSTRAINT_GBNF = 4,
+    /// A regular expression the whole output matches.
+    WASTE_CONSTRAINT_REGEX = 5,
 }
 
 /// One alternative token and its log-probability under the raw distribution.
@@ -104,6 +128,8 @@ pub enum waste_stop_reason {
     WASTE_STOP_CONTEXT_FULL = 3,
     WASTE_STOP_STRING = 4,
     WASTE_STOP_TOKEN = 5,
+    /// The structured output's grammar is complete.
+    WASTE_STOP_GRAMMAR = 6,
 }
 
 /// The summary of a generation (the tokens and text went to the callback).
@@ -138,8 +164,31 @@ impl From<&GenerateParams> for waste_generate_params {
             logit_bias_values: std::ptr::null(),
             n_logit_bias: 0,
             top_logprobs: d.top_logprobs,
+            constraint_kind: waste_constraint_kind::WASTE_CONSTRAINT_NONE as u32,
+            constraint: waste_str { ptr: std::ptr::null(), len: 0 },
         }
     }
+}
+
+/// The caller's constraint, its text read and checked.
+///
+/// # Safety
+/// `c.constraint` points at `len` bytes when `len` is non-zero.
+unsafe fn constraint(c: &waste_generate_params) -> Result<Option<Constraint>, (waste_result, String)> {
+    use waste_constraint_kind::*;
+    let text = || -> Result<String, (waste_result, String)> {
+        // SAFETY: the caller's pointer and length, per this function's contract.
+        unsafe { str_arg("constraint", c.constraint.ptr, c.constraint.len) }.map(str::to_string)
+    };
+    Ok(match c.constraint_kind {
+        k if k == WASTE_CONSTRAINT_NONE as u32 => None,
+        k if k == WASTE_CONSTRAINT_JSON_OBJECT as u32 => Some(Constraint::JsonObject),
+        k if k == WASTE_CONSTRAINT_JSON_SCHEMA as u32 => Some(Constraint::JsonSchema(text()?)),
+        k if k == WASTE_CONSTRAINT_LARK as u32 => Some(Constraint::Lark(text()?)),
+        k if k == WASTE_CONSTRAINT_GBNF as u32 => Some(Constraint::Gbnf(text()?)),
+        k if k == WASTE_CONSTRAINT_REGEX as u32 => Some(Constraint::Regex(text()?)),
+        k => return Err((WASTE_ARG, format!("constraint_kind {k} is not a waste_constraint_kind"))),
+    })
 }
 
 /// The caller's parameters as the Rust API's, their lists read and checked
@@ -172,6 +221,7 @@ unsafe fn generate_params(c: &waste_generate_params) -> Result<GenerateParams, (
             stop_at_eos: c.stop_at_eos,
             stop_strings,
             stop_tokens: slice_arg("stop_tokens", c.stop_tokens, c.n_stop_tokens)?.to_vec(),
+            constraint: constraint(c)?,
         })
     }
 }
@@ -207,6 +257,7 @@ impl From<StopReason> for waste_stop_reason {
             StopReason::ContextFull => waste_stop_reason::WASTE_STOP_CONTEXT_FULL,
             StopReason::StopString => waste_stop_reason::WASTE_STOP_STRING,
             StopReason::StopToken => waste_stop_reason::WASTE_STOP_TOKEN,
+            StopReason::Grammar => waste_stop_reason::WASTE_STOP_GRAMMAR,
         }
     }
 }

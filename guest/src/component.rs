@@ -5,6 +5,7 @@ use std::cell::OnceCell;
 use std::rc::Rc;
 
 use crate::chat::{self, ChatMessage, ChatTemplate};
+use crate::constraint::{Constraint, Guide, Vocabulary};
 use crate::generate::{self, GenerateParams, ModelHost};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
@@ -21,6 +22,33 @@ thread_local! {
     /// The chat templates the host chose, parsed once each: without tools
     /// (index 0) and with (index 1).
     static TEMPLATES: [OnceCell<Rc<ChatTemplate>>; 2] = const { [OnceCell::new(), OnceCell::new()] };
+    /// The vocabulary as structured output's grammars see it, built by the
+    /// first constrained generation (every token decoded and indexed).
+    static VOCABULARY: OnceCell<Rc<Vocabulary>> = const { OnceCell::new() };
+}
+
+/// The compiled constraint of `params`, if it has one; a malformed or
+/// unsatisfiable grammar is `invalid-argument`.
+fn guide(params: &control::SamplingParams, info: &model::ModelInfo) -> Result<Option<Guide>, Error> {
+    let Some(constraint) = &params.constraint else { return Ok(None) };
+    let vocabulary = match VOCABULARY.with(|v| v.get().cloned()) {
+        Some(v) => v,
+        None => {
+            let tok = optional_tokenizer()?.ok_or_else(|| {
+                Error::Unsupported("structured output needs the model's tokenizer, and this model has none".into())
+            })?;
+            let v = Rc::new(Vocabulary::new(&tok, info.vocab_size, &info.eos_tokens).map_err(Error::Failed)?);
+            VOCABULARY.with(|cell| cell.get_or_init(|| v.clone()).clone())
+        }
+    };
+    let constraint = match constraint {
+        control::Constraint::JsonObject => Constraint::JsonObject,
+        control::Constraint::JsonSchema(s) => Constraint::JsonSchema(s.clone()),
+        control::Constraint::Lark(s) => Constraint::Lark(s.clone()),
+        control::Constraint::Gbnf(s) => Constraint::Gbnf(s.clone()),
+        control::Constraint::Regex(s) => Constraint::Regex(s.clone()),
+    };
+    vocabulary.compile(&constraint).map(Some).map_err(Error::InvalidArgument)
 }
 
 /// The model's tokenizer; `Ok(None)` when the model ships none.
@@ -129,6 +157,7 @@ impl From<generate::StopReason> for StopReason {
             generate::StopReason::ContextFull => StopReason::ContextFull,
             generate::StopReason::StopString => StopReason::StopString,
             generate::StopReason::StopToken => StopReason::StopToken,
+            generate::StopReason::Grammar => StopReason::Grammar,
         }
     }
 }
@@ -206,10 +235,17 @@ impl Guest for Component {
             .map_err(Error::ChatTemplate)
     }
 
+    fn check_params(params: control::SamplingParams) -> Result<(), Error> {
+        let info = model::info();
+        guide(&params, &info)?;
+        generate::validate(&GenerateParams::from(params), info.vocab_size).map_err(Error::InvalidArgument)
+    }
+
     fn generate(prompt: Vec<u32>, params: control::SamplingParams) -> Result<Completion, Error> {
         let info = model::info();
         // A model without tokenizer files can still generate token ids.
         let tok = optional_tokenizer()?;
+        let mut guide = guide(&params, &info)?;
         let params = GenerateParams::from(params);
         generate::validate(&params, info.vocab_size).map_err(Error::InvalidArgument)?;
         let out = generate::generate(
@@ -220,6 +256,7 @@ impl Guest for Component {
             info.context_length,
             &prompt,
             &params,
+            guide.as_mut(),
         )
         .map_err(Error::Failed)?;
         let logprobs = out

@@ -7,6 +7,7 @@
 //! turn's prompt), so a conversation never pays for a forward pass whose
 //! logits nobody reads, and the state stays one continuous sequence.
 
+use crate::constraint::Guide;
 use crate::sampling::{adjust, log_sum_exp, sample, top_logprobs, Rng, SamplingParams};
 use crate::stop::StopGate;
 use crate::stream::Utf8Stream;
@@ -49,6 +50,9 @@ pub enum StopReason {
     StopString,
     /// One of the caller's stop tokens was sampled.
     StopToken,
+    /// The grammar of a structured output is complete and allows nothing
+    /// more.
+    Grammar,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -102,7 +106,9 @@ pub fn validate(params: &GenerateParams, vocab_size: u32) -> Result<(), String> 
 /// Runs one generation. `tokenizer` turns tokens into streamed text; without
 /// one, events carry empty text. Special tokens (such as the end-of-turn
 /// marker) are not rendered into the text. An empty `prompt` continues from
-/// the token the host holds from the previous generation.
+/// the token the host holds from the previous generation. With a `guide`,
+/// every step samples only among the tokens its grammar allows.
+#[allow(clippy::too_many_arguments)]
 pub fn generate(
     host: &mut dyn ModelHost,
     tokenizer: Option<&Tokenizer>,
@@ -111,6 +117,7 @@ pub fn generate(
     context_length: u32,
     prompt: &[u32],
     params: &GenerateParams,
+    mut guide: Option<&mut Guide>,
 ) -> Result<Completion, String> {
     validate(params, vocab_size)?;
     let sp = &params.sampling;
@@ -136,17 +143,35 @@ pub fn generate(
         if recent.len() > window {
             recent.drain(..recent.len() - window);
         }
-        let adjusted = adjust(raw, sp, &recent);
+        let mut adjusted = adjust(raw, sp, &recent);
+        if let Some(g) = guide.as_deref_mut() {
+            if !g.mask(adjusted.to_mut(), params.stop_at_eos)? {
+                return Err("structured output: the grammar allows no token here".into());
+            }
+        }
         let token = if params.use_plugin {
             let t = host.plugin_sample(&adjusted, &recent)?;
             if t >= vocab_size {
                 return Err(format!("the sampler plugin chose token {t}, outside the vocabulary of {vocab_size}"));
+            }
+            if let Some(g) = guide.as_deref_mut() {
+                if !g.allows(t)? {
+                    return Err(format!("the sampler plugin chose token {t}, which the grammar does not allow"));
+                }
             }
             t
         } else {
             sample(&adjusted, sp, &mut rng) as u32
         };
         drop(adjusted);
+        // An end-of-sequence token ends the text; the grammar allowed it.
+        let grammar_done = match guide.as_deref_mut() {
+            Some(g) if !g.is_eos(token) => {
+                g.advance(token)?;
+                g.is_finished()
+            }
+            _ => false,
+        };
         let lse = log_sum_exp(raw);
         let token_logprob = (raw[token as usize] as f64 - lse) as f32;
         let top = top_logprobs(raw, lse, sp.top_logprobs as usize);
@@ -167,7 +192,7 @@ pub fn generate(
         completion.tokens.push(token);
         let out_of_tokens = completion.tokens.len() >= params.max_tokens as usize;
         let context_full = evaluation.position >= context_length;
-        let last = hit_stop || is_eos || is_stop_token || out_of_tokens || context_full;
+        let last = hit_stop || is_eos || is_stop_token || grammar_done || out_of_tokens || context_full;
         if last && !hit_stop {
             // Nothing comes after this token: release what was held back
             // (an incomplete character, a possible start of a stop string).
@@ -193,6 +218,8 @@ pub fn generate(
                 StopReason::Eos
             } else if is_stop_token {
                 StopReason::StopToken
+            } else if grammar_done {
+                StopReason::Grammar
             } else if out_of_tokens {
                 StopReason::Length
             } else {

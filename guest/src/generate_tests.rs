@@ -70,7 +70,7 @@ fn greedy(max_tokens: u32) -> GenerateParams {
 
 fn run(host: &mut Counting, eos: &[u32], ctx: u32, prompt: &[u32], p: &GenerateParams) -> Result<Completion, String> {
     let vocab = host.vocab as u32;
-    generate(host, None, eos, vocab, ctx, prompt, p)
+    generate(host, None, eos, vocab, ctx, prompt, p, None)
 }
 
 #[test]

@@ -5,6 +5,8 @@
 //! embeds. The WIT glue (`component`) is only compiled for wasm.
 
 pub mod chat;
+pub mod constraint;
+mod gbnf;
 pub mod generate;
 pub mod sampling;
 pub mod stop;

@@ -5,7 +5,7 @@
 
 use waste_engine::{Error, StepStats};
 
-use crate::params::{ChatMessage, Completion, GenerateParams, StopReason, TokenEvent, TokenStats};
+use crate::params::{ChatMessage, Completion, Constraint, GenerateParams, StopReason, TokenEvent, TokenStats};
 
 /// The `engine` world: the control component's exports and the host's
 /// imports.
@@ -41,6 +41,19 @@ impl From<&GenerateParams> for wit_control::SamplingParams {
             stop_strings: p.stop_strings.clone(),
             stop_tokens: p.stop_tokens.clone(),
             plugin: false,
+            constraint: p.constraint.as_ref().map(wit_control::Constraint::from),
+        }
+    }
+}
+
+impl From<&Constraint> for wit_control::Constraint {
+    fn from(c: &Constraint) -> Self {
+        match c {
+            Constraint::JsonObject => wit_control::Constraint::JsonObject,
+            Constraint::JsonSchema(s) => wit_control::Constraint::JsonSchema(s.clone()),
+            Constraint::Lark(s) => wit_control::Constraint::Lark(s.clone()),
+            Constraint::Gbnf(s) => wit_control::Constraint::Gbnf(s.clone()),
+            Constraint::Regex(s) => wit_control::Constraint::Regex(s.clone()),
         }
     }
 }
@@ -61,6 +74,7 @@ impl From<wit_control::StopReason> for StopReason {
             W::ContextFull => StopReason::ContextFull,
             W::StopString => StopReason::StopString,
             W::StopToken => StopReason::StopToken,
+            W::Grammar => StopReason::Grammar,
         }
     }
 }

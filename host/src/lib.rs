@@ -30,8 +30,8 @@ mod session;
 
 pub use engine::Engine;
 pub use params::{
-    check_template_vars, ChatMessage, Completion, GenerateParams, StopReason, TokenEvent, TokenStats,
-    RESERVED_TEMPLATE_VARS,
+    check_template_vars, ChatMessage, Completion, Constraint, GenerateParams, StopReason, TokenEvent, TokenStats,
+    MAX_CONSTRAINT_BYTES, RESERVED_TEMPLATE_VARS,
 };
 pub use session::{Session, Snapshot};
 

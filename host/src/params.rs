@@ -40,6 +40,43 @@ pub struct GenerateParams {
     pub stop_strings: Vec<String>,
     /// Token ids that end the generation.
     pub stop_tokens: Vec<u32>,
+    /// Structured output: sample only what this grammar allows.
+    pub constraint: Option<Constraint>,
+}
+
+/// The longest grammar or schema text taken; the control component refuses
+/// longer (its `MAX_GRAMMAR_BYTES`, held equal by a test).
+pub const MAX_CONSTRAINT_BYTES: usize = 1 << 20;
+
+/// What a structured output must follow (the WIT `constraint`). The control
+/// component compiles it with llguidance and masks every step's logits, so
+/// the text always belongs to the language it defines (unless the
+/// generation is cut short by `max_tokens` or a stop string).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Constraint {
+    /// Any JSON object.
+    JsonObject,
+    /// The JSON text of a JSON schema.
+    JsonSchema(String),
+    /// A grammar in llguidance's Lark syntax.
+    Lark(String),
+    /// A grammar in llama.cpp's GBNF, start rule `root`.
+    Gbnf(String),
+    /// A regular expression the whole output matches.
+    Regex(String),
+}
+
+impl Constraint {
+    /// A grammar given as bare text, read as llama.cpp's server reads its
+    /// `grammar`: GBNF, unless it starts with llguidance's `%llguidance`
+    /// directive, which marks Lark.
+    pub fn grammar(text: String) -> Constraint {
+        if text.trim_start().starts_with("%llguidance") {
+            Constraint::Lark(text)
+        } else {
+            Constraint::Gbnf(text)
+        }
+    }
 }
 
 impl Default for GenerateParams {
@@ -60,6 +97,7 @@ impl Default for GenerateParams {
             stop_at_eos: true,
             stop_strings: Vec::new(),
             stop_tokens: Vec::new(),
+            constraint: None,
         }
     }
 }
@@ -142,6 +180,8 @@ pub enum StopReason {
     ContextFull,
     StopString,
     StopToken,
+    /// The structured output's grammar is complete.
+    Grammar,
 }
 
 impl StopReason {
@@ -153,6 +193,7 @@ impl StopReason {
             StopReason::ContextFull => "context-full",
             StopReason::StopString => "stop-string",
             StopReason::StopToken => "stop-token",
+            StopReason::Grammar => "grammar",
         }
     }
 }

@@ -214,6 +214,15 @@ impl Session {
         })
     }
 
+    /// Checks `params` as [`generate`](Self::generate) would before
+    /// evaluating anything (ranges, stop strings, the constraint compiled),
+    /// so a front end can refuse a malformed request before it answers:
+    /// [`Error::Arg`] names what is wrong.
+    pub fn check_params(&mut self, params: &GenerateParams) -> Result<()> {
+        let wit_params = wit_control::SamplingParams::from(params);
+        self.call(|b, s| b.waste_engine_control().call_check_params(s, &wit_params))
+    }
+
     /// Continues from the current state with `prompt`, sampling up to
     /// `params.max_tokens` tokens; `on_token` sees each one and returns false
     /// to cancel.

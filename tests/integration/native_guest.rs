@@ -117,6 +117,7 @@ fn component_and_native_guest_draw_the_same_tokens_and_logprobs() {
                 model.context() as u32,
                 &prompt,
                 &native_params(&params),
+                None,
             )
             .expect("native generate");
             assert_eq!(ran.tokens, component.tokens, "{name}, seed {seed}: tokens");

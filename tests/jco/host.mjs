@@ -121,6 +121,8 @@ const wasi = {
   'wasi:io/poll': io.poll,
   'wasi:io/streams': io.streams,
   'wasi:random/insecure-seed': random.insecureSeed,
+  // llguidance's hash maps seed themselves from it.
+  'wasi:random/random': random.random,
   'waste:engine/model': model,
 };
 // The generated code asks for unversioned names in some releases and
@@ -128,7 +130,7 @@ const wasi = {
 const imports = {};
 for (const [k, v] of Object.entries(wasi)) {
   imports[k] = v;
-  imports[`${k}@${k.startsWith('waste:') ? '0.2.0' : '0.2.6'}`] = v;
+  imports[`${k}@${k.startsWith('waste:') ? '0.3.0' : '0.2.6'}`] = v;
 }
 const getCoreModule = (path) => new WebAssembly.Module(readFileSync(join(spec.out_dir, path)));
 const { control } = instantiate(getCoreModule, imports);
@@ -147,6 +149,7 @@ const params = (over) => ({
   presencePenalty: 0, frequencyPenalty: 0, penaltyLastN: 0, logitBias: [],
   topLogprobs: spec.top_logprobs, seed: 0n, maxTokens: spec.max_tokens,
   stopAtEos: false, stopStrings: [], stopTokens: new Uint32Array(), plugin: false,
+  constraint: undefined,
   ...over,
 });
 

@@ -11,6 +11,7 @@ mod openai;
 mod ordered;
 mod request;
 mod state;
+mod structured;
 mod tools;
 mod worker;
 

@@ -98,6 +98,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
         params: req.params,
         want_texts: req.logprobs,
         count_only: false,
+        constraint_field: req.constraint_field,
         events: tx,
     })?;
     // Waiting for the prompt lets its errors be HTTP errors, streaming or not.

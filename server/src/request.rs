@@ -30,6 +30,8 @@ pub struct Request {
     /// A `tools` list was given and `tool_choice` is not "none": the output
     /// is searched for tool calls.
     pub tools_enabled: bool,
+    /// The field that asked for structured output (`params.constraint`).
+    pub constraint_field: Option<&'static str>,
 }
 
 pub(crate) type Obj = Map<String, Value>;
@@ -189,9 +191,10 @@ fn template_vars(o: &Obj, body: &[u8]) -> Result<Option<String>, ApiError> {
     }
 }
 
-/// A top-level field's JSON text as the client wrote it. serde_json's maps
-/// sort keys, while transformers renders `tools | tojson` in the client's
-/// order; the template gets this text so the prompt is the same.
+/// A top-level field's JSON text as the client wrote it: transformers
+/// renders `tools | tojson` from the client's own JSON, and serde_json
+/// re-serialising it could change its numbers' spelling; the template gets
+/// this text so the prompt is the same.
 pub(crate) fn raw_field(body: &[u8], key: &str) -> Option<String> {
     let fields: std::collections::HashMap<String, Box<serde_json::value::RawValue>> =
         serde_json::from_slice(body).ok()?;
@@ -261,6 +264,8 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         // Negative seeds are legal in OpenAI's API; their bit pattern is the seed.
         Some(v) => v.as_i64().map(|s| s as u64).or_else(|| v.as_u64()).ok_or_else(|| bad("seed", "an integer"))?,
     };
+    let asked = crate::structured::openai(o)?;
+    let constraint_field = asked.as_ref().map(|(_, f)| *f);
     let params = GenerateParams {
         temperature: number(o, "temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32,
         top_p: number(o, "top_p", 0.0, 1.0)?.map(|p| p.max(f64::MIN_POSITIVE)).unwrap_or(1.0) as f32,
@@ -274,9 +279,10 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         max_tokens: max_tokens.unwrap_or(context as u64).min(u32::MAX as u64) as u32,
         stop_strings: stop_strings(o)?,
         logit_bias: logit_bias(o)?,
+        constraint: crate::structured::constraint(asked),
         ..GenerateParams::default()
     };
-    Ok(Request { model, prompt, params, stream, include_usage, logprobs, tools_enabled })
+    Ok(Request { model, prompt, params, stream, include_usage, logprobs, tools_enabled, constraint_field })
 }
 
 /// OpenAI's `logit_bias`: token ids (as JSON object keys) to a bias in

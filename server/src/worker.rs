@@ -44,6 +44,9 @@ pub struct Job {
     /// Only count the prompt's tokens (Anthropic's count_tokens): answered
     /// with [`Event::Counted`], nothing generated.
     pub count_only: bool,
+    /// The request field that asked for `params.constraint`, which a 400
+    /// about it names (OpenAI's `param`).
+    pub constraint_field: Option<&'static str>,
     pub events: UnboundedSender<Event>,
 }
 
@@ -322,6 +325,22 @@ fn run_job(
             return;
         }
     };
+    // A bad parameter, or a malformed or unsatisfiable grammar (checked
+    // apart, to name its field), is a 400 before the answer starts,
+    // streaming or not.
+    let unconstrained = waste_host::GenerateParams { constraint: None, ..job.params.clone() };
+    let checked = session.check_params(&unconstrained).map_err(host_error).and_then(|()| match job.params.constraint {
+        None => Ok(()),
+        Some(_) => session.check_params(&job.params).map_err(|e| match e {
+            waste_host::Error::Arg(m) => ApiError::bad_request(m, job.constraint_field),
+            e => host_error(e),
+        }),
+    });
+    if let Err(e) = checked {
+        counters.failed.fetch_add(1, Ordering::Relaxed);
+        let _ = job.events.send(Event::Failed(e));
+        return;
+    }
     let prompt_tokens = tokens.len();
     if job.events.send(Event::Started(prompt_tokens)).is_err() {
         counters.dropped_queued.fetch_add(1, Ordering::Relaxed);

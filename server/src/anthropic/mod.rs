@@ -66,6 +66,7 @@ async fn count(state: Shared, headers: HeaderMap, body: Body) -> Result<Response
         params: req.params,
         want_texts: false,
         count_only: true,
+        constraint_field: None,
         events: tx,
     })?;
     match rx.recv().await {
@@ -191,6 +192,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body) -> Result<Respons
         params: req.params,
         want_texts: false,
         count_only: false,
+        constraint_field: None,
         events: tx,
     })?;
     // Waiting for the prompt lets its errors (an over-long prompt) be HTTP

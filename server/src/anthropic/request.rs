@@ -307,6 +307,7 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
         max_tokens: max_tokens.min(context as u64) as u32,
         stop_strings,
         seed: crate::request::fresh_seed(),
+        constraint: crate::structured::constraint(crate::structured::anthropic(o)?),
         ..GenerateParams::default()
     };
     let tools = if tools_enabled { tools.map(|(t, _)| t) } else { None };

@@ -273,7 +273,14 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
         return Ok(axum::Json(v).into_response());
     };
     let (tx, mut rx) = unbounded_channel();
-    state.worker.submit(Job { prompt, params: req.params, want_texts: false, count_only: false, events: tx })?;
+    state.worker.submit(Job {
+        prompt,
+        params: req.params,
+        want_texts: false,
+        count_only: false,
+        constraint_field: None,
+        events: tx,
+    })?;
     let mut clock = Clock::default();
     match rx.recv().await {
         Some(Event::Started(_)) => clock.started = Some(Instant::now()),

@@ -91,23 +91,6 @@ fn options(o: &Obj, context: usize) -> Result<GenerateParams, ApiError> {
     })
 }
 
-/// `format`: the structured output Ollama constrains decoding to. Not
-/// implemented here yet (issue 18 item 3): a JSON mode or schema is refused
-/// rather than ignored, since an unconstrained answer would not parse.
-fn format(o: &Obj) -> Result<(), ApiError> {
-    match field(o, "format") {
-        None => Ok(()),
-        Some(Value::String(s)) if s.is_empty() => Ok(()),
-        Some(Value::String(s)) if s == "json" => {
-            Err(bad("format \"json\" needs constrained decoding, which this server does not implement yet"))
-        }
-        Some(Value::Object(_)) => {
-            Err(bad("a JSON schema format needs constrained decoding, which this server does not implement yet"))
-        }
-        Some(other) => Err(bad(format!("invalid format: {other}; expected \"json\" or a valid JSON Schema object"))),
-    }
-}
-
 fn no_images(v: Option<&Value>, what: &str) -> Result<(), ApiError> {
     match v {
         None | Some(Value::Null) => Ok(()),
@@ -175,7 +158,7 @@ pub fn parse_chat(body: &[u8], context: usize) -> Result<Request, ApiError> {
     let o = object(body)?;
     let model = model(&o)?;
     let messages = messages(&o, body)?;
-    format(&o)?;
+    let constraint = crate::structured::constraint(crate::structured::ollama(&o)?);
     let (stream, unload) = stream_and_keep_alive(&o)?;
     let tools = match field(&o, "tools") {
         None => None,
@@ -183,7 +166,7 @@ pub fn parse_chat(body: &[u8], context: usize) -> Result<Request, ApiError> {
         Some(Value::Array(list)) if list.iter().all(Value::is_object) => raw_field(body, "tools"),
         Some(_) => return Err(bad("tools must be a list of tools")),
     };
-    let params = options(&o, context)?;
+    let params = GenerateParams { constraint, ..options(&o, context)? };
     let tools_enabled = tools.is_some();
     let prompt = (!messages.is_empty()).then_some(Prompt::Chat { messages, tools, template_vars: None });
     Ok(Request { model, prompt, params, stream, tools_enabled, unload })
@@ -192,7 +175,7 @@ pub fn parse_chat(body: &[u8], context: usize) -> Result<Request, ApiError> {
 pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> {
     let o = object(body)?;
     let model = model(&o)?;
-    format(&o)?;
+    let constraint = crate::structured::constraint(crate::structured::ollama(&o)?);
     let (stream, unload) = stream_and_keep_alive(&o)?;
     no_images(o.get("images"), "images")?;
     for key in ["suffix", "template"] {
@@ -216,7 +199,7 @@ pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> 
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(bad("system must be a string")),
     };
-    let params = options(&o, context)?;
+    let params = GenerateParams { constraint, ..options(&o, context)? };
     let prompt = text.map(|text| {
         if raw {
             Prompt::Text(text)

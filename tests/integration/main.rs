@@ -30,5 +30,6 @@ mod scale_out;
 mod server;
 mod session;
 mod streaming;
+mod structured;
 mod synth_like;
 mod threads;

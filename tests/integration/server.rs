@@ -30,7 +30,7 @@ impl Drop for Server {
 
 /// Whether python3 can import `modules`; if not, why, naming the pip
 /// `packages` to install.
-fn python_has(modules: &str, packages: &str) -> Result<(), String> {
+pub(crate) fn python_has(modules: &str, packages: &str) -> Result<(), String> {
     match Command::new("python3").args(["-c", &format!("import {modules}")]).output() {
         Err(e) => Err(format!("python3 is not available ({e})")),
         Ok(o) if !o.status.success() => {
@@ -46,7 +46,7 @@ fn python_has_openai() -> Result<(), String> {
 
 /// Starts `waste serve MODEL --port 0 --api-key KEY ARGS...` and waits for
 /// its listening address.
-fn start(model: &Path, args: &[&str]) -> (Server, String) {
+pub(crate) fn start(model: &Path, args: &[&str]) -> (Server, String) {
     let mut all = vec!["--api-key", KEY];
     all.extend_from_slice(args);
     start_with(model, &all)
@@ -346,7 +346,7 @@ fn python_has_anthropic() -> Result<(), String> {
 
 /// Runs a client script of tests/server/ that prints `passed` when every
 /// check held.
-fn run_client_script(script: &str, passed: &str, what: &str, url: &str, args: &[&str]) {
+pub(crate) fn run_client_script(script: &str, passed: &str, what: &str, url: &str, args: &[&str]) {
     let out = Command::new("python3")
         .arg(root().join("tests/server").join(script))
         .args([url, KEY])

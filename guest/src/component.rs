@@ -9,6 +9,7 @@ use crate::constraint::{Constraint, Guide, Vocabulary};
 use crate::generate::{self, GenerateParams, ModelHost};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
+use crate::tool_grammar::{self, ToolGrammarError};
 
 wit_bindgen::generate!({ world: "engine", path: "../wit" });
 
@@ -47,6 +48,17 @@ fn guide(params: &control::SamplingParams, info: &model::ModelInfo) -> Result<Op
         control::Constraint::Lark(s) => Constraint::Lark(s.clone()),
         control::Constraint::Gbnf(s) => Constraint::Gbnf(s.clone()),
         control::Constraint::Regex(s) => Constraint::Regex(s.clone()),
+        control::Constraint::ToolCall(t) => {
+            let template = chat_template(true)?;
+            let tok = tokenizer()?;
+            let lark =
+                tool_grammar::lark(&template, &tok, &info.eos_tokens, &t.tools, t.name.as_deref(), t.vars.as_deref())
+                    .map_err(|e| match e {
+                    ToolGrammarError::Invalid(m) => Error::InvalidArgument(m),
+                    ToolGrammarError::Unsupported(m) => Error::Unsupported(m),
+                })?;
+            Constraint::Lark(lark)
+        }
     };
     vocabulary.compile(&constraint).map(Some).map_err(Error::InvalidArgument)
 }

@@ -147,10 +147,11 @@ pub struct Guide {
 impl Guide {
     /// Sets every logit the grammar forbids to -inf. `allow_eos`: the
     /// model's end-of-sequence tokens may end the text where the grammar
-    /// can end. Returns whether any token is left (none: the grammar is
-    /// complete and the generation ends).
+    /// can end (once it is complete they are all that is left). Returns
+    /// whether any token is left.
     pub fn mask(&mut self, logits: &mut [f32], allow_eos: bool) -> Result<bool, String> {
-        let mut allowed: SimpleVob = self.matcher.compute_mask().map_err(|e| format!("structured output: {e}"))?;
+        let mut allowed: SimpleVob =
+            self.matcher.compute_mask_or_eos().map_err(|e| format!("structured output: {e}"))?;
         if !allow_eos {
             for &t in &self.eos_tokens {
                 allowed.disallow_token(t);
@@ -180,7 +181,7 @@ impl Guide {
 
     /// Whether the grammar allows `token` now (a plugin's draw is checked).
     pub fn allows(&mut self, token: u32) -> Result<bool, String> {
-        let allowed = self.matcher.compute_mask().map_err(|e| format!("structured output: {e}"))?;
+        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| format!("structured output: {e}"))?;
         Ok(allowed.is_allowed(token))
     }
 
@@ -189,9 +190,15 @@ impl Guide {
         self.matcher.consume_token(token).map_err(|e| format!("structured output: {e}"))
     }
 
-    /// The grammar is complete and allows no further text.
+    /// The grammar is complete and allows no further text: only an
+    /// end-of-sequence token may follow.
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
+    }
+
+    /// The model has end-of-sequence tokens to end a complete text with.
+    pub fn has_eos(&self) -> bool {
+        !self.eos_tokens.is_empty()
     }
 
     pub fn is_eos(&self, token: u32) -> bool {

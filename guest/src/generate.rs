@@ -51,7 +51,8 @@ pub enum StopReason {
     /// One of the caller's stop tokens was sampled.
     StopToken,
     /// The grammar of a structured output is complete and allows nothing
-    /// more.
+    /// more, and no end-of-sequence token may end it (`stop_at_eos` off, or
+    /// the model has none).
     Grammar,
 }
 
@@ -165,10 +166,13 @@ pub fn generate(
         };
         drop(adjusted);
         // An end-of-sequence token ends the text; the grammar allowed it.
+        // A complete grammar leaves only the model's end of turn, which
+        // is sampled next (so the conversation's state ends as the model
+        // ends a turn), unless there is none to sample.
         let grammar_done = match guide.as_deref_mut() {
             Some(g) if !g.is_eos(token) => {
                 g.advance(token)?;
-                g.is_finished()
+                g.is_finished() && !(params.stop_at_eos && g.has_eos())
             }
             _ => false,
         };

@@ -12,6 +12,7 @@ pub mod sampling;
 pub mod stop;
 pub mod stream;
 pub mod tokenizer;
+pub mod tool_grammar;
 
 #[cfg(target_arch = "wasm32")]
 mod component;

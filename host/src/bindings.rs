@@ -54,6 +54,13 @@ impl From<&Constraint> for wit_control::Constraint {
             Constraint::Lark(s) => wit_control::Constraint::Lark(s.clone()),
             Constraint::Gbnf(s) => wit_control::Constraint::Gbnf(s.clone()),
             Constraint::Regex(s) => wit_control::Constraint::Regex(s.clone()),
+            Constraint::ToolCall { tools, name, vars } => {
+                wit_control::Constraint::ToolCall(wit_control::ToolCallConstraint {
+                    tools: tools.clone(),
+                    name: name.clone(),
+                    vars: vars.clone(),
+                })
+            }
         }
     }
 }

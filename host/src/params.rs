@@ -64,6 +64,18 @@ pub enum Constraint {
     Gbnf(String),
     /// A regular expression the whole output matches.
     Regex(String),
+    /// One call of a declared tool (a forced `tool_choice`), in the syntax
+    /// the model's chat template renders calls in, its arguments valid
+    /// against the tool's schema. [`Error::Unsupported`] when the template
+    /// writes arguments as text.
+    ToolCall {
+        /// The tools the prompt was rendered with (a JSON array, OpenAI's shape).
+        tools: String,
+        /// The tool to call; None: any.
+        name: Option<String>,
+        /// The template variables the prompt was rendered with.
+        vars: Option<String>,
+    },
 }
 
 impl Constraint {

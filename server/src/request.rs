@@ -266,6 +266,19 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
     };
     let asked = crate::structured::openai(o)?;
     let constraint_field = asked.as_ref().map(|(_, f)| *f);
+    let mut constraint = crate::structured::constraint(asked);
+    if let (None, Prompt::Chat { tools: Some(tools), template_vars, .. }, true) = (&constraint, &prompt, tools_enabled)
+    {
+        // "required", or one named function: the answer is that call.
+        let name = match field(o, "tool_choice") {
+            Some(Value::String(s)) if s == "required" => Some(None),
+            Some(Value::Object(c)) => Some(c.get("function").and_then(|f| f.get("name")).and_then(Value::as_str)),
+            _ => None,
+        };
+        if let Some(name) = name {
+            constraint = crate::structured::forced_tool(tools, name, template_vars.as_deref());
+        }
+    }
     let params = GenerateParams {
         temperature: number(o, "temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32,
         top_p: number(o, "top_p", 0.0, 1.0)?.map(|p| p.max(f64::MIN_POSITIVE)).unwrap_or(1.0) as f32,
@@ -279,7 +292,7 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         max_tokens: max_tokens.unwrap_or(context as u64).min(u32::MAX as u64) as u32,
         stop_strings: stop_strings(o)?,
         logit_bias: logit_bias(o)?,
-        constraint: crate::structured::constraint(asked),
+        constraint,
         ..GenerateParams::default()
     };
     Ok(Request { model, prompt, params, stream, include_usage, logprobs, tools_enabled, constraint_field })

@@ -62,6 +62,17 @@ fn schema(v: &Value, param: &str, report: &str) -> Result<Constraint, ApiError> 
     Ok(Constraint::JsonSchema(bounded(&v.to_string(), report)?.to_string()))
 }
 
+/// A forced tool call (`tool_choice` "required" / `any`, or one named):
+/// the call in the model's syntax with valid arguments. The worker drops it
+/// where the template's call syntax has no JSON to constrain.
+pub fn forced_tool(tools: &str, name: Option<&str>, vars: Option<&str>) -> Option<Constraint> {
+    Some(Constraint::ToolCall {
+        tools: tools.to_string(),
+        name: name.map(str::to_string),
+        vars: vars.map(str::to_string),
+    })
+}
+
 /// The constraint alone (APIs whose errors name no field).
 pub fn constraint(asked: Asked) -> Option<Constraint> {
     asked.map(|(c, _)| c)

@@ -292,7 +292,7 @@ fn run_job(
     model: &Arc<Model>,
     counters: &Counters,
     prefixes: &mut PrefixCache,
-    job: Job,
+    mut job: Job,
 ) {
     session.reset();
     if job.count_only {
@@ -331,10 +331,19 @@ fn run_job(
     let unconstrained = waste_host::GenerateParams { constraint: None, ..job.params.clone() };
     let checked = session.check_params(&unconstrained).map_err(host_error).and_then(|()| match job.params.constraint {
         None => Ok(()),
-        Some(_) => session.check_params(&job.params).map_err(|e| match e {
-            waste_host::Error::Arg(m) => ApiError::bad_request(m, job.constraint_field),
-            e => host_error(e),
-        }),
+        Some(_) => match session.check_params(&job.params) {
+            // A forced tool call in a template that writes arguments as
+            // text: the call is left to the model, as without a constraint.
+            Err(waste_host::Error::Unsupported(_))
+                if matches!(job.params.constraint, Some(waste_host::Constraint::ToolCall { .. })) =>
+            {
+                job.params.constraint = None;
+                Ok(())
+            }
+            Err(waste_host::Error::Arg(m)) => Err(ApiError::bad_request(m, job.constraint_field)),
+            Err(e) => Err(host_error(e)),
+            Ok(()) => Ok(()),
+        },
     });
     if let Err(e) = checked {
         counters.failed.fetch_add(1, Ordering::Relaxed);

@@ -716,7 +716,7 @@ fn run_ollama_script(what: &str, url: &str, args: &[&str]) {
 /// Ollama's API with the official `ollama` client: chat and generate
 /// (NDJSON by default), options, the final statistics, the metadata
 /// routes, errors as {"error"}; the same text and counts as the OpenAI
-/// routes. `format` is refused until constrained decoding lands.
+/// routes; a malformed or unsatisfiable `format` is a 400.
 #[test]
 fn server_answers_the_ollama_client() {
     if let Err(why) = python_has_ollama() {
@@ -725,6 +725,19 @@ fn server_answers_the_ollama_client() {
     }
     let (_server, url) = start(&bible(), &[]);
     run_ollama_script("basic", &url, &["bible-moe"]);
+}
+
+/// `format` through the ollama client on bible-moe (which has never seen
+/// JSON): every answer to a schema validates, every "json" answer is an
+/// object or, cut by num_predict, a prefix of one.
+#[test]
+fn server_ollama_format_constrains_the_answer() {
+    if let Err(why) = python_has_ollama() {
+        report_skip(&format!("SKIP server_ollama_format_constrains_the_answer: {why}"));
+        return;
+    }
+    let (_server, url) = start(&bible(), &[]);
+    run_ollama_script("format", &url, &["bible-moe", "format"]);
 }
 
 /// A tool call through /api/chat: arguments as a JSON object, the prompt

@@ -41,7 +41,8 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 }
 
 /// `waste run --json-schema / --grammar / --json-object`: every seed's
-/// answer is in the language, and the run says the grammar ended it.
+/// answer is in the language, and once the grammar is complete the model's
+/// end of turn ends it.
 #[test]
 fn cli_run_follows_json_schema_and_grammar_files() {
     let tmp = TempDir::new("structured-cli");
@@ -65,7 +66,7 @@ fn cli_run_follows_json_schema_and_grammar_files() {
         let name = v["name"].as_str().unwrap();
         assert!(name.len() >= 2 && name.chars().next().unwrap().is_ascii_uppercase(), "{v}");
         assert!((0..=120).contains(&v["age"].as_i64().unwrap()), "{v}");
-        assert!(stderr(&o).contains("(stop: grammar)"), "{}", stderr(&o));
+        assert!(stderr(&o).contains("(stop: eos)"), "{}", stderr(&o));
 
         let o = waste(&["run", m, "x", "--grammar", &gbnf, "--seed", &seed, "-n", "40"]);
         assert!(o.status.success(), "{}", stderr(&o));
@@ -107,8 +108,9 @@ fn cli_refuses_malformed_and_unsatisfiable_constraints_with_exit_2() {
     assert_ne!(o.status.code(), Some(0));
 }
 
-/// The Rust API: the same seed gives the same constrained answer, the
-/// grammar's end is the stop reason, and `check_params` refuses a bad
+/// The Rust API: the same seed gives the same constrained answer, a
+/// complete grammar leaves only the end of turn (or, with `stop_at_eos`
+/// off, ends the generation itself), and `check_params` refuses a bad
 /// grammar as an argument error. The host's bound on grammar text is the
 /// component's.
 #[test]
@@ -127,12 +129,13 @@ fn api_constrained_generation_is_deterministic_and_checked() {
         ..GenerateParams::default()
     };
     let mut answers = Vec::new();
-    for _ in 0..2 {
+    for (stop_at_eos, reason) in [(true, StopReason::Eos), (false, StopReason::Grammar)] {
+        let params = GenerateParams { stop_at_eos, ..params.clone() };
         let mut s = open_session(&engine, &model);
         let prompt = s.tokenize("x").unwrap();
         s.check_params(&params).unwrap();
         let c = s.generate(&prompt, &params, |_| true).unwrap();
-        assert_eq!(c.stop_reason, StopReason::Grammar, "{c:?}");
+        assert_eq!(c.stop_reason, reason, "{c:?}");
         let t = c.text.as_bytes();
         assert!(t.len() == 6 && t[3] == b'-' && t[..3].iter().all(|b| (b'a'..=b'f').contains(b)), "{:?}", c.text);
         answers.push(c.text);
@@ -141,4 +144,48 @@ fn api_constrained_generation_is_deterministic_and_checked() {
     let mut s = open_session(&engine, &model);
     let bad = GenerateParams { constraint: Some(Constraint::Regex("(".into())), ..params };
     assert!(matches!(s.check_params(&bad), Err(waste_host::Error::Arg(_))), "{:?}", s.check_params(&bad));
+}
+
+/// A forced tool call (Anthropic `any` / `tool`, OpenAI "required" / a
+/// named function) from the random-weight fixture with Qwen2.5's template:
+/// every answer is one call of an allowed tool, its input valid against
+/// the tool's schema (tests/server/test_forced_tool.py, jsonschema).
+#[test]
+fn server_forced_tool_calls_follow_the_tools_schema() {
+    for (module, package) in [("anthropic", "anthropic"), ("openai", "openai"), ("jsonschema", "jsonschema")] {
+        if let Err(why) = python_has(module, package) {
+            report_skip(&format!("SKIP server_forced_tool_calls_follow_the_tools_schema: {why}"));
+            return;
+        }
+    }
+    let tmp = TempDir::new("structured-forced-tool");
+    let src = tmp.path().join("qwen3-hermes");
+    std::fs::create_dir(&src).unwrap();
+    for e in std::fs::read_dir(crate::common::fixture("qwen3_moe")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), src.join(e.file_name())).unwrap();
+    }
+    let template = crate::common::fixtures().join("chat_templates/llamacpp/Qwen-Qwen2.5-7B-Instruct.jinja");
+    let cfg_path = src.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["chat_template"] = std::fs::read_to_string(template).unwrap().into();
+    // The tools' descriptions take more than the fixture's 512 positions.
+    cfg["model_max_length"] = 2048.into();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let config_path = src.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["max_position_embeddings"] = 2048.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let model = tmp.path().join("qwen3-hermes.waste");
+    let o = waste(&["convert", src.to_str().unwrap(), model.to_str().unwrap(), "--experts", "q8", "--trunk", "q8"]);
+    assert!(o.status.success(), "convert: {}", stderr(&o));
+    let (server, url) = start(&model, &[]);
+    run_client_script(
+        "test_forced_tool.py",
+        "all forced tool checks passed",
+        "forced tool",
+        &url,
+        &["qwen3-hermes", "6"],
+    );
+    drop(server);
 }

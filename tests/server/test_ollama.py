@@ -4,7 +4,7 @@ and raw HTTP:
 
     test_ollama.py BASE_URL API_KEY MODEL_ID          # bible-moe (ChatML, 256 positions)
     test_ollama.py BASE_URL API_KEY MODEL_ID tools [CASE]   # scripted tool call (tool_call_expected.json, qwen3)
-    test_ollama.py BASE_URL API_KEY MODEL_ID format   # constrained `format` (not implemented yet)
+    test_ollama.py BASE_URL API_KEY MODEL_ID format   # constrained `format` (a schema, "json")
 
 Field names follow Ollama's docs/api.md and api/types.go (ollama/ollama at
 v0.33.0-rc2, 2026-08-21): POST /api/chat and /api/generate (NDJSON streams by
@@ -338,7 +338,8 @@ def test_format(context):
 
 
 def test_format_refusals():
-    """A format the server cannot follow is a 400 naming the problem."""
+    """A format that is not one, or a schema no text satisfies, is a 400
+    naming the problem."""
     for bad in ("xml", {"type": "integer", "minimum": 5, "maximum": 1}, {"type": "string", "pattern": "(?=a)b"}, 5):
         s, _, b = raw("POST", "/api/chat", {"model": MODEL, "messages": ASK, "format": bad, "stream": False})
         error_shape(s, b, 400, f"format {bad!r}")
@@ -455,8 +456,6 @@ if MODE == "basic":
         list(run([(test_generate, (answer,))]))
     list(run([(test_format_refusals, ()), (test_errors, ())]))
 elif MODE == "format":
-    # Constrained decoding (issue 18 item 3): not implemented yet, so this
-    # mode is not run by the suite; the server refuses `format` with a 400.
     list(run([(test_format, (256,))]))
 elif MODE == "tools":
     list(run([(test_tools, ())]))

@@ -300,6 +300,19 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(bad("stream", "a boolean")),
     };
+    // `any` / `tool`: the answer is a call, its input valid against the
+    // tool's schema (when the template's call syntax carries JSON).
+    let forced = match field(o, "tool_choice").and_then(|c| c.get("type")).and_then(Value::as_str) {
+        Some("any") => Some(None),
+        Some("tool") => Some(field(o, "tool_choice").and_then(|c| c.get("name")).and_then(Value::as_str)),
+        _ => None,
+    };
+    let format = crate::structured::constraint(crate::structured::anthropic(o)?);
+    let constraint = match (format, forced, &tools) {
+        (Some(c), _, _) => Some(c),
+        (None, Some(name), Some((tools, _))) if tools_enabled => crate::structured::forced_tool(tools, name, None),
+        _ => None,
+    };
     let params = GenerateParams {
         temperature: temperature as f32,
         top_p: top_p.max(f64::MIN_POSITIVE) as f32,
@@ -307,7 +320,7 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
         max_tokens: max_tokens.min(context as u64) as u32,
         stop_strings,
         seed: crate::request::fresh_seed(),
-        constraint: crate::structured::constraint(crate::structured::anthropic(o)?),
+        constraint,
         ..GenerateParams::default()
     };
     let tools = if tools_enabled { tools.map(|(t, _)| t) } else { None };

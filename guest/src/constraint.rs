@@ -164,6 +164,12 @@ impl Guide {
                 break;
             }
             let end = (base + 32).min(self.vocab_size).min(logits.len());
+            // Most words are all one way: most tokens are forbidden at most
+            // steps, and inside a string almost all are allowed.
+            if word == 0 {
+                logits[base..end].fill(f32::NEG_INFINITY);
+                continue;
+            }
             if word == u32::MAX && end - base == 32 {
                 any = true;
                 continue;

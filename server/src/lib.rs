@@ -4,6 +4,7 @@
 //! carry the HTTP side and never run the engine themselves.
 
 mod anthropic;
+mod body;
 mod error;
 mod http;
 mod ollama;

@@ -2,9 +2,10 @@
 //! field by field so a wrong type is a 400 naming the field. Fields the
 //! server does not know are ignored, as OpenAI-compatible servers do.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use waste_host::{ChatMessage, GenerateParams};
 
+use crate::body::{bad, field, raw_field, Obj};
 use crate::error::ApiError;
 
 pub enum Prompt {
@@ -32,16 +33,6 @@ pub struct Request {
     pub tools_enabled: bool,
     /// The field that asked for structured output (`params.constraint`).
     pub constraint_field: Option<&'static str>,
-}
-
-pub(crate) type Obj = Map<String, Value>;
-
-pub(crate) fn bad(param: &str, what: &str) -> ApiError {
-    ApiError::bad_request(format!("`{param}` must be {what}"), Some(param))
-}
-
-pub(crate) fn field<'a>(o: &'a Obj, key: &str) -> Option<&'a Value> {
-    o.get(key).filter(|v| !v.is_null())
 }
 
 fn number(o: &Obj, key: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
@@ -189,16 +180,6 @@ fn template_vars(o: &Obj, body: &[u8]) -> Result<Option<String>, ApiError> {
         }
         Some(_) => Err(bad(PARAM, "an object")),
     }
-}
-
-/// A top-level field's JSON text as the client wrote it: transformers
-/// renders `tools | tojson` from the client's own JSON, and serde_json
-/// re-serialising it could change its numbers' spelling; the template gets
-/// this text so the prompt is the same.
-pub(crate) fn raw_field(body: &[u8], key: &str) -> Option<String> {
-    let fields: std::collections::HashMap<String, Box<serde_json::value::RawValue>> =
-        serde_json::from_slice(body).ok()?;
-    fields.get(key).map(|v| v.get().to_string())
 }
 
 /// Parses a request body. `chat` selects the chat shape (messages) over the

@@ -10,9 +10,10 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use waste_host::{ChatMessage, GenerateParams};
 
+use crate::body::{bad, field, raw_field, Obj};
 use crate::error::ApiError;
 use crate::ordered::Ordered;
-use crate::request::{bad, field, raw_field, Obj, Prompt};
+use crate::request::Prompt;
 
 pub struct Request {
     pub model: Option<String>,

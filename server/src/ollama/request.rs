@@ -7,8 +7,9 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use waste_host::{ChatMessage, GenerateParams};
 
+use crate::body::{field, raw_field, Obj};
 use crate::error::ApiError;
-use crate::request::{field, raw_field, Obj, Prompt};
+use crate::request::Prompt;
 
 pub struct Request {
     pub model: String,

@@ -5,6 +5,7 @@ WASTE_LIB="${CARGO_TARGET_DIR:-target}/release/libwaste.so" python3 embed.py MOD
 (WASTE_LIB names the C library built by `cargo build --release -p waste-ffi`.)
 """
 
+import json
 import sys
 
 import waste
@@ -51,6 +52,17 @@ def main(model_path, state_path):
     first, alternatives = reply[0]
     print(f"first reply token {first}; alternatives:"
           + "".join(f" {t} ({lp:.4f})" for t, lp in alternatives))
+    # Structured output: every token is one the schema allows, so the
+    # answer is JSON that validates, whatever the model knows of JSON.
+    session.reset()
+    schema = {"type": "object", "properties": {"book": {"enum": ["Genesis", "Exodus"]},
+                                               "chapter": {"type": "integer", "minimum": 1, "maximum": 50}},
+              "required": ["book", "chapter"], "additionalProperties": False}
+    answer = []
+    session.generate(session.tokenize("The book and chapter: "),
+                     lambda ev: answer.append(ev.text[:ev.text_len]) or True,
+                     max_tokens=40, temperature=0.8, seed=1, constraint=("json_schema", json.dumps(schema)))
+    print("json: " + b"".join(answer).decode())
     session.close()
     engine.close_model(model)
     engine.close()

@@ -43,7 +43,11 @@ class GenerateParams(C.Structure):
                 ("n_stop_tokens", C.c_size_t), ("stop_strings", C.POINTER(Str)),
                 ("n_stop_strings", C.c_size_t), ("logit_bias_tokens", C.POINTER(C.c_uint32)),
                 ("logit_bias_values", C.POINTER(C.c_float)), ("n_logit_bias", C.c_size_t),
-                ("top_logprobs", C.c_uint32)]
+                ("top_logprobs", C.c_uint32), ("constraint_kind", C.c_uint32), ("constraint", Str)]
+
+
+# waste_constraint_kind: what a structured output follows.
+CONSTRAINT_KINDS = {"json_object": 1, "json_schema": 2, "lark": 3, "gbnf": 4, "regex": 5}
 
 
 class TopLogprob(C.Structure):
@@ -137,11 +141,18 @@ class Session:
                                                   C.c_size_t(len(buf)), C.byref(n)))
         return list(buf[:n.value])
 
-    def generate(self, prompt, on_token, max_tokens=16, temperature=0.0, top_logprobs=0, seed=0):
+    def generate(self, prompt, on_token, max_tokens=16, temperature=0.0, top_logprobs=0, seed=0, constraint=None):
+        """`constraint`: None, "json_object", or (kind, text) with kind one of
+        CONSTRAINT_KINDS (e.g. ("json_schema", json.dumps(schema)))."""
         params = GenerateParams()
         _lib.waste_generate_params_default(C.byref(params))
         params.max_tokens, params.temperature = max_tokens, temperature
         params.top_logprobs, params.seed = top_logprobs, seed
+        if constraint is not None:
+            kind, text = (constraint, "") if isinstance(constraint, str) else constraint
+            text = text.encode()
+            params.constraint_kind = CONSTRAINT_KINDS[kind]
+            params.constraint = Str(text, len(text))
         ids = (C.c_uint32 * len(prompt))(*prompt)
         cb = CALLBACK(lambda _user, ev: bool(on_token(ev.contents)))
         done = Completion()

@@ -139,48 +139,69 @@ fn malformed_lengths_are_errors() {
     assert!(check_expert_payload(ExpertFormat::Q8, huge, &[0u8; 8], None).is_err());
 }
 
+/// The SIMD kernels of this machine's ISA against their scalar twins: the
+/// dot products to rounding (they fuse and reorder), the table build bit
+/// for bit.
 #[test]
 fn simd_matches_scalar() {
-    #[cfg(not(target_arch = "x86_64"))]
-    crate::skip::report_skip("SKIP simd_matches_scalar: the AVX2 kernels are x86-64 only");
     #[cfg(target_arch = "x86_64")]
+    if !simd::has_avx2() {
+        crate::skip::report_skip("SKIP simd_matches_scalar: no AVX2+FMA on this CPU");
+        return;
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
-        if !simd::has_avx2() {
-            crate::skip::report_skip("SKIP simd_matches_scalar: no AVX2+FMA on this CPU");
-            return;
+        crate::skip::report_skip("SKIP simd_matches_scalar: no SIMD kernels for this architecture");
+        return;
+    }
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    simd_against_scalar();
+}
+
+/// The kernels `simd_matches_scalar` holds to their scalar twins.
+#[cfg(target_arch = "x86_64")]
+mod level {
+    pub(super) use crate::quant::simd::avx2::{build_tables, dot_f32, dot_q4, dot_q8};
+}
+#[cfg(target_arch = "aarch64")]
+mod level {
+    pub(super) use crate::quant::simd::neon::{build_tables, dot_f32, dot_q4, dot_q8};
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn simd_against_scalar() {
+    let mut rng = Rng::new(3);
+    let close = |a: f32, b: f32, mag: f32| (a - b).abs() <= 1e-5 * mag + 1e-6;
+    for cols in [1, 7, 8, 15, 16, 17, 31, 127, 128, 129, 255, 300, 1000] {
+        let w = gauss(&mut rng, cols, 1.0);
+        let x = gauss(&mut rng, cols, 1.0);
+        let mag: f32 = w.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
+        // SAFETY: the level's ISA was detected (AVX2+FMA checked by the
+        // caller; NEON is the aarch64 baseline); lengths are equal.
+        let (a, b) = (simd::dot_f32_scalar(&w, &x), unsafe { level::dot_f32(&w, &x) });
+        assert!(close(a, b, mag), "f32 {cols}: {a} {b}");
+        for fmt in [TrunkFormat::Q8, TrunkFormat::Q4] {
+            let bytes = quantize_trunk(fmt, &w, 1, cols);
+            let (sc, q) = bytes.split_at(2 * cols.div_ceil(GROUP));
+            let (a, b) = if fmt == TrunkFormat::Q8 {
+                // SAFETY: as above; lengths from the layout.
+                (simd::dot_q8_scalar(sc, q, &x), unsafe { level::dot_q8(sc, q, &x) })
+            } else {
+                // SAFETY: as above.
+                (simd::dot_q4_scalar(sc, q, &x), unsafe { level::dot_q4(sc, q, &x) })
+            };
+            assert!(close(a, b, mag * 2.0), "{} {cols}: {a} {b}", fmt.name());
         }
-        let mut rng = Rng::new(3);
-        let close = |a: f32, b: f32, mag: f32| (a - b).abs() <= 1e-5 * mag + 1e-6;
-        for cols in [1, 7, 8, 15, 16, 17, 31, 127, 128, 129, 255, 300, 1000] {
-            let w = gauss(&mut rng, cols, 1.0);
-            let x = gauss(&mut rng, cols, 1.0);
-            let mag: f32 = w.iter().zip(&x).map(|(a, b)| (a * b).abs()).sum();
-            // SAFETY: AVX2+FMA detected above; lengths are equal.
-            let (a, b) = (simd::dot_f32_scalar(&w, &x), unsafe { simd::avx2::dot_f32(&w, &x) });
-            assert!(close(a, b, mag), "f32 {cols}: {a} {b}");
-            for fmt in [TrunkFormat::Q8, TrunkFormat::Q4] {
-                let bytes = quantize_trunk(fmt, &w, 1, cols);
-                let (sc, q) = bytes.split_at(2 * cols.div_ceil(GROUP));
-                let (a, b) = if fmt == TrunkFormat::Q8 {
-                    // SAFETY: AVX2+FMA detected; lengths from the layout.
-                    (simd::dot_q8_scalar(sc, q, &x), unsafe { simd::avx2::dot_q8(sc, q, &x) })
-                } else {
-                    // SAFETY: as above.
-                    (simd::dot_q4_scalar(sc, q, &x), unsafe { simd::avx2::dot_q4(sc, q, &x) })
-                };
-                assert!(close(a, b, mag * 2.0), "{} {cols}: {a} {b}", fmt.name());
-            }
-        }
-        for (stages, len, e) in [(3, 20, 256), (2, 64, 256), (4, 72, 64)] {
-            let cbt = gauss(&mut rng, stages * 8 * e, 1.0);
-            let x = gauss(&mut rng, len, 1.0);
-            let mut a = vec![0f32; len.div_ceil(8) * stages * e];
-            let mut b = a.clone();
-            simd::build_tables_generic(&x, &cbt, stages, e, &mut a);
-            // SAFETY: AVX2+FMA detected; lengths as build_tables requires.
-            unsafe { simd::avx2::build_tables(&x, &cbt, stages, e, &mut b) };
-            assert_eq!(a, b);
-        }
+    }
+    for (stages, len, e) in [(3, 20, 256), (2, 64, 256), (4, 72, 64)] {
+        let cbt = gauss(&mut rng, stages * 8 * e, 1.0);
+        let x = gauss(&mut rng, len, 1.0);
+        let mut a = vec![0f32; len.div_ceil(8) * stages * e];
+        let mut b = a.clone();
+        simd::build_tables_generic(&x, &cbt, stages, e, &mut a);
+        // SAFETY: as above; lengths as build_tables requires.
+        unsafe { level::build_tables(&x, &cbt, stages, e, &mut b) };
+        assert_eq!(a, b);
     }
 }
 

@@ -1,5 +1,6 @@
 //! Hot loops: one portable scalar version of each, plus AVX2+FMA versions
-//! picked at run time by `isa()`; the rvq3/rvq2 row kernel has an AVX-512
+//! (x86-64) and NEON versions (aarch64, `neon.rs`: the dot products and the
+//! table build) picked at run time by `isa()`; the rvq3/rvq2 row kernel has an AVX-512
 //! VBMI version instead (`avx512.rs`, on plane-layout tables: see
 //! `rvq_planes`), and none for AVX2 (see `rvq_rows`). The scalar
 //! versions are always compiled (they are the fallback on other CPUs and the
@@ -14,7 +15,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub enum Isa {
     /// Portable Rust, always compiled; the reference of every test.
     Scalar,
-    /// aarch64 Advanced SIMD (the `rvq4p` kernel; the others run scalar).
+    /// aarch64 Advanced SIMD: the `rvq4p` kernel, the trunk dot products
+    /// and the table build; the rvq3/rvq2 row walk runs its portable loop.
     Neon,
     /// x86-64 AVX2 + FMA (+ F16C-free: scales are converted in software).
     Avx2,
@@ -152,6 +154,11 @@ pub(crate) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
         // SAFETY: AVX2 and FMA were detected on this CPU; lengths are equal.
         return unsafe { avx2::dot_f32(w, x) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa() == Isa::Neon {
+        // SAFETY: NEON is the aarch64 baseline; lengths checked as above.
+        return unsafe { neon::dot_f32(w, x) };
+    }
     dot_f32_scalar(w, x)
 }
 
@@ -165,6 +172,11 @@ pub(crate) fn dot_q8(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
         // SAFETY: AVX2 and FMA were detected; lengths checked above.
         return unsafe { avx2::dot_q8(scales, q, x) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa() == Isa::Neon {
+        // SAFETY: NEON is the aarch64 baseline; lengths checked as above.
+        return unsafe { neon::dot_q8(scales, q, x) };
+    }
     dot_q8_scalar(scales, q, x)
 }
 
@@ -176,6 +188,11 @@ pub(crate) fn dot_q4(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
     if has_avx2() {
         // SAFETY: AVX2 and FMA were detected; lengths checked above.
         return unsafe { avx2::dot_q4(scales, q, x) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa() == Isa::Neon {
+        // SAFETY: NEON is the aarch64 baseline; lengths checked as above.
+        return unsafe { neon::dot_q4(scales, q, x) };
     }
     dot_q4_scalar(scales, q, x)
 }
@@ -340,6 +357,11 @@ pub(crate) fn build_tables(x: &[f32], cbt: &[f32], stages: usize, entries: usize
         // SAFETY: AVX2 and FMA were detected on this CPU.
         return unsafe { avx2::build_tables(x, cbt, stages, entries, out) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa() == Isa::Neon {
+        // SAFETY: NEON is the aarch64 baseline.
+        return unsafe { neon::build_tables(x, cbt, stages, entries, out) };
+    }
     build_tables_generic(x, cbt, stages, entries, out)
 }
 
@@ -494,3 +516,6 @@ pub(crate) mod avx2;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;

@@ -311,6 +311,20 @@ pub fn usable_ram() -> u64 {
     physical.min(cgroup.unwrap_or(u64::MAX))
 }
 
+/// macOS has no /proc and no cgroups: the kernel's `hw.memsize`.
+#[cfg(target_os = "macos")]
+fn physical_ram() -> Option<u64> {
+    let mut bytes: u64 = 0;
+    let mut len = std::mem::size_of::<u64>();
+    // SAFETY: the name is NUL-terminated; `bytes` and `len` are a u64 and
+    // its size, which sysctl fills (no new value is set).
+    let rc = unsafe {
+        libc::sysctlbyname(c"hw.memsize".as_ptr(), (&mut bytes as *mut u64).cast(), &mut len, std::ptr::null_mut(), 0)
+    };
+    (rc == 0 && len == std::mem::size_of::<u64>()).then_some(bytes)
+}
+
+#[cfg(not(target_os = "macos"))]
 fn physical_ram() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;

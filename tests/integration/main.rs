@@ -23,6 +23,7 @@ mod native_guest;
 mod open_progress;
 mod oracle;
 mod plan_k3;
+mod platforms;
 mod plugins;
 mod prefill;
 mod reliability;

@@ -191,20 +191,39 @@ fn structured(path: &std::path::Path) {
         "age": {"type": "integer", "minimum": 0, "maximum": 150}, "email": {"type": "string", "format": "email"},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 8}},
         "required": ["name", "age", "email", "tags"], "additionalProperties": false}"#;
-    let base = GenerateParams { temperature: 0.8, top_k: 40, top_p: 0.95, max_tokens: TOKENS, seed: 7, ..GenerateParams::default() };
+    let base = GenerateParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        max_tokens: TOKENS,
+        seed: 7,
+        ..GenerateParams::default()
+    };
     let cases: Vec<(&str, GenerateParams)> = vec![
         ("unconstrained (temp 0.8, k 40, p 0.95)", base.clone()),
-        ("json_schema (4 fields)", GenerateParams { constraint: Some(Constraint::JsonSchema(person.into())), ..base.clone() }),
+        (
+            "json_schema (4 fields)",
+            GenerateParams { constraint: Some(Constraint::JsonSchema(person.into())), ..base.clone() },
+        ),
         ("json_object", GenerateParams { constraint: Some(Constraint::JsonObject), ..base.clone() }),
-        ("regex [a-z ]{1,200}", GenerateParams { constraint: Some(Constraint::Regex("[a-z ]{1,200}".into())), ..base.clone() }),
+        (
+            "regex [a-z ]{1,200}",
+            GenerateParams { constraint: Some(Constraint::Regex("[a-z ]{1,200}".into())), ..base.clone() },
+        ),
         ("unconstrained, greedy", GenerateParams { temperature: 0.0, ..base.clone() }),
-        ("json_object, greedy", GenerateParams { temperature: 0.0, constraint: Some(Constraint::JsonObject), ..base.clone() }),
+        (
+            "json_object, greedy",
+            GenerateParams { temperature: 0.0, constraint: Some(Constraint::JsonObject), ..base.clone() },
+        ),
     ];
     let mut session = engine.session(model.clone()).expect("session");
     let prompt = [1u32, 2, 3];
     let started = Instant::now();
     session.check_params(&cases[2].1).expect("the constraint compiles");
-    println!("vocabulary {VOCAB}: first constrained check (index built) {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "vocabulary {VOCAB}: first constrained check (index built) {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
     println!("{TOKENS} tokens at most per run, best of {RUNS} runs");
     println!("{:<40} {:>8} {:>12} {:>12} {:>12}", "case", "tokens", "wall ms/tok", "fwd ms/tok", "guest+wit");
     for (name, params) in cases {

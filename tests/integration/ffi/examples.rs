@@ -87,11 +87,6 @@ fn c_example_plans_opens_streams_and_reloads_state() {
     check_chat_turn(&out);
     assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
     assert!(err.contains("[16 tokens, cache hits"), "progress lines missing: {err}");
-    // The schema-constrained answer parses and holds to the schema.
-    let json = out.lines().find_map(|l| l.strip_prefix("json: ")).unwrap_or_else(|| panic!("no json line: {out}"));
-    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json:?}"));
-    assert!(["Genesis", "Exodus"].contains(&v["book"].as_str().unwrap_or("")), "{v}");
-    assert!((1..=50).contains(&v["chapter"].as_i64().unwrap_or(0)), "{v}");
 }
 
 #[test]
@@ -146,6 +141,11 @@ fn python_example_plans_opens_streams_and_reloads_state() {
     check_chat_turn(&out);
     assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
     assert!(err.contains("[16 tokens, cache hits"), "progress lines missing: {err}");
+    // The schema-constrained answer parses and holds to the schema.
+    let json = out.lines().find_map(|l| l.strip_prefix("json: ")).unwrap_or_else(|| panic!("no json line: {out}"));
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json:?}"));
+    assert!(["Genesis", "Exodus"].contains(&v["book"].as_str().unwrap_or("")), "{v}");
+    assert!((1..=50).contains(&v["chapter"].as_i64().unwrap_or(0)), "{v}");
 }
 
 /// Regression: the Python binding could not pass chat-template variables

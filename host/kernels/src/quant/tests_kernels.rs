@@ -271,7 +271,9 @@ fn kernel_table(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
 fn rvq_rows_planes_every_isa_is_bit_identical_to_scalar() {
     let avx512 = simd::rvq_planes(Isa::Avx512);
     eprintln!("rvq3 plane kernel: AVX-512 {}", if avx512 { "exercised" } else { "absent" });
-    if !avx512 {
+    // Only an x86-64 CPU without VBMI misses a comparison it could have
+    // had; elsewhere (ARM under qemu in CI) there is no such kernel.
+    if !avx512 && cfg!(target_arch = "x86_64") {
         crate::skip::report_skip("SKIP rvq3 AVX-512 comparison: this CPU lacks AVX-512 VBMI");
     }
     let mut rng = Rng::new(41);

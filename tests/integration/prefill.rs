@@ -24,6 +24,10 @@ const CASES: &[(&str, &str, &str)] = &[
     ("deepseek_v3", "f32", "f32"),
     ("deepseek_v3", "rvq3", "q8"),
     ("deepseek_v3-mxfp4", "q4", "q8"),
+    ("deepseek_v32", "f32", "f32"),
+    ("deepseek_v32", "rvq3", "q8"),
+    ("glm_moe_dsa", "f32", "f32"),
+    ("glm_moe_dsa", "q8", "q4"),
     ("kimi_k3", "f32", "f32"),
     ("kimi_k3", "q8", "f32"),
     ("kimi_k3-mxfp4", "rvq3", "q8"),
@@ -110,6 +114,8 @@ fn decode_after_chunked_prefill_gives_the_same_tokens() {
         ("olmoe", "q8", "q8"),
         ("gpt_oss", "q8", "q8"),
         ("qwen3_next", "f32", "f32"),
+        ("deepseek_v32", "f32", "f32"),
+        ("glm_moe_dsa", "q8", "q8"),
     ] {
         let path = convert(family, experts, trunk, tmp.path());
         let prompt = prompt(family);

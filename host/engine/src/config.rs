@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 
 mod additions;
 mod deepseek;
+mod dsa;
 mod families;
 mod k3;
 mod kimi;
@@ -24,6 +25,7 @@ mod tensors;
 pub use crate::quant::Activation;
 pub use additions::{Additions, GdnDims};
 pub use deepseek::{MlaRope, Yarn};
+pub use dsa::{is_dsa_model_type, Dsa};
 pub use k3::{K3Params, K3_PREFIX};
 
 /// The model families this engine runs: three with the GQA + RoPE attention
@@ -250,6 +252,8 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "kimi_linear",
     "deepseek_v3",
     "kimi_k2",
+    "deepseek_v32",
+    "glm_moe_dsa",
     "kimi_k3",
     "qwen2_moe",
     "glm4_moe",
@@ -406,7 +410,7 @@ impl ModelConfig {
             "olmoe" => Family::Olmoe,
             "mixtral" => Family::Mixtral,
             "kimi_linear" => Family::KimiLinear,
-            "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
+            "deepseek_v3" | "kimi_k2" | "deepseek_v32" | "glm_moe_dsa" => Family::DeepseekV3,
             "qwen2_moe" => Family::Qwen2Moe,
             "glm4_moe" => Family::Glm4Moe,
             "minimax_m2" => Family::MinimaxM2,
@@ -752,7 +756,16 @@ impl ModelConfig {
     pub fn state_floats_per_token(&self, layer: usize) -> usize {
         match (self.attn_kind(layer), &self.mla) {
             (AttnKind::Gqa, _) => 2 * self.kv_dim(),
-            (AttnKind::Mla, Some(m)) => m.cache_width(),
+            (AttnKind::Mla, Some(m)) => m.cache_width() + self.index_key_width(layer),
+            _ => 0,
+        }
+    }
+
+    /// Floats of the DSA indexer's key that layer `layer` caches per token
+    /// after its MLA row (0 without an indexer of its own).
+    pub fn index_key_width(&self, layer: usize) -> usize {
+        match &self.add.dsa {
+            Some(d) if d.has_indexer(layer) => d.head_dim,
             _ => 0,
         }
     }

@@ -537,9 +537,16 @@ mod tests {
                 + 2 * m.qk_rope_head_dim
         });
         let kda = cfg.kda.map_or(0, |k| 9 * k.qkv_dim() + 2 * k.head_dim + k.num_heads);
+        // DSA: the indexer's q, head weights, rope scratch, a score and an
+        // order slot per position; each token's selection of index_topk.
+        let (dsa, selection) = cfg.add.dsa.as_ref().map_or((0, 0), |d| {
+            let rope = cfg.mla.map_or(0, |m| m.qk_rope_head_dim);
+            (d.n_heads * d.head_dim + d.n_heads + rope + 2 * ctx, d.topk)
+        });
         let shared = 2 * cfg.shared_intermediate_size + if cfg.shared_intermediate_size > 0 { h } else { 0 };
-        let token = 3 * h + attn + mla + kda + 2 * cfg.intermediate_size + cfg.num_experts + shared + picks;
-        let chunk = if chunk > 1 { chunk * (3 * h + picks) } else { 0 };
+        let token =
+            3 * h + attn + mla + kda + dsa + selection + 2 * cfg.intermediate_size + cfg.num_experts + shared + picks;
+        let chunk = if chunk > 1 { chunk * (3 * h + picks + selection) } else { 0 };
         token + chunk + cfg.vocab_size
     }
 
@@ -560,6 +567,8 @@ mod tests {
         let configs = [
             ("kimi_linear", fixture_config("kimi_linear")),
             ("deepseek_v3", fixture_config("deepseek_v3")),
+            ("deepseek_v32", fixture_config("deepseek_v32")),
+            ("glm_moe_dsa", fixture_config("glm_moe_dsa")),
             ("kimi-linear-48b", released),
         ];
         for (name, cfg) in &configs {

@@ -1,7 +1,7 @@
 //! What the second wave of families adds to the first wave's config: the
 //! Gated DeltaNet shape and the per-family switches of the decoder layer.
 
-use super::Yarn;
+use super::{Dsa, Yarn};
 
 /// Shape of the Gated DeltaNet layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,4 +74,6 @@ pub struct Additions {
     /// The checkpoint is Qwen3.5's vision-language release: the text model
     /// under `model.language_model.`, a vision tower and MTP layers beside.
     pub vl_wrapper: bool,
+    /// DeepSeek Sparse Attention on the MLA layers (DeepSeek-V3.2, GLM-5).
+    pub dsa: Option<Dsa>,
 }

@@ -158,7 +158,20 @@ pub(super) fn parse(
     };
     let max_position_embeddings =
         r.bounded("max_position_embeddings", r.usize_opt("max_position_embeddings")?.unwrap_or(4096), MAX_POSITIONS)?;
-    let rope = read_rope(r, mla.qk_rope_head_dim, max_position_embeddings)?;
+    let mut rope = read_rope(r, mla.qk_rope_head_dim, max_position_embeddings)?;
+    let dsa = if super::is_dsa_model_type(model_type) {
+        // Both DSA families rotate MLA's rope dims interleaved whatever the
+        // config says (`apply_rotary_pos_emb_interleave` unconditionally).
+        rope.interleave = true;
+        if mla.q_lora_rank.is_none() {
+            return Err(
+                r.err("q_lora_rank", "is required: the DSA indexer projects its queries from the q-LoRA latent")
+            );
+        }
+        Some(super::dsa::parse(r, model_type, num_layers, mla.qk_rope_head_dim)?)
+    } else {
+        None
+    };
 
     // MoE.
     let num_experts = r.bounded("n_routed_experts", r.usize_req("n_routed_experts")?, MAX_EXPERTS)?;
@@ -178,8 +191,7 @@ pub(super) fn parse(
             }
         }
     }
-    let first_dense = r.usize_opt("first_k_dense_replace")?.unwrap_or(3);
-    let moe_layers: Vec<bool> = (0..num_layers).map(|l| l >= first_dense).collect();
+    let moe_layers = moe_layers(r, num_layers)?;
     let (moe_intermediate_size, intermediate_size) = r.ffn_widths(&moe_layers, MAX_INTER)?;
     let n_shared = r.usize_opt("n_shared_experts")?.unwrap_or(1);
     if n_shared > 64 {
@@ -259,13 +271,33 @@ pub(super) fn parse(
         mla_rope: Some(rope),
         expert_groups,
         k3: None,
-        add: super::Additions::default(),
+        add: super::Additions { dsa, ..super::Additions::default() },
     })
 }
 
-/// `self_attn.*` tensor names of a DeepSeek MLA layer under `p`.
-pub(super) fn attention_names(cfg: &ModelConfig, p: &str) -> Vec<String> {
-    let a = format!("{p}.self_attn");
+/// Which layers are MoE: `mlp_layer_types` (transformers' DeepSeek-V3.2 and
+/// GLM-5 configs write it) or the first `first_k_dense_replace` dense.
+fn moe_layers(r: &Reader<'_>, num_layers: usize) -> Result<Vec<bool>> {
+    if let Some(Value::Array(kinds)) = r.get("mlp_layer_types") {
+        if kinds.len() != num_layers {
+            return Err(r.err("mlp_layer_types", format!("{} entries for {num_layers} layers", kinds.len())));
+        }
+        return kinds
+            .iter()
+            .map(|k| match k.as_str() {
+                Some("sparse") => Ok(true),
+                Some("dense") => Ok(false),
+                _ => Err(r.err("mlp_layer_types", format!("{k} is neither \"dense\" nor \"sparse\""))),
+            })
+            .collect();
+    }
+    let first_dense = r.usize_opt("first_k_dense_replace")?.unwrap_or(3);
+    Ok((0..num_layers).map(|l| l >= first_dense).collect())
+}
+
+/// `self_attn.*` tensor names of DeepSeek MLA layer `layer`.
+pub(super) fn attention_names(cfg: &ModelConfig, layer: usize) -> Vec<String> {
+    let a = format!("model.layers.{layer}.self_attn");
     let q: &[&str] = match cfg.mla.and_then(|m| m.q_lora_rank) {
         Some(_) => &["q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"],
         None => &["q_proj.weight"],
@@ -282,14 +314,31 @@ pub(super) fn attention_names(cfg: &ModelConfig, p: &str) -> Vec<String> {
             }
         }
     }
+    if cfg.add.dsa.as_ref().is_some_and(|d| d.has_indexer(layer)) {
+        for t in INDEXER_TENSORS {
+            names.push(format!("{a}.indexer.{t}"));
+        }
+    }
     names
 }
+
+/// The DSA indexer's tensors under `self_attn.indexer.`.
+const INDEXER_TENSORS: [&str; 5] = ["wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"];
 
 /// Shape of a `self_attn.*` tensor (`rest` without the prefix).
 pub(super) fn attention_shape(cfg: &ModelConfig, rest: &str) -> Option<Vec<usize>> {
     let h = cfg.hidden_size;
     let m = cfg.mla?;
     let (nh, q) = (m.num_heads, m.num_heads * m.qk_head_dim());
+    if let (Some(ix), Some(d)) = (rest.strip_prefix("indexer."), &cfg.add.dsa) {
+        return Some(match (ix, m.q_lora_rank) {
+            ("wq_b.weight", Some(ql)) => vec![d.n_heads * d.head_dim, ql],
+            ("wk.weight", _) => vec![d.head_dim, h],
+            ("k_norm.weight" | "k_norm.bias", _) => vec![d.head_dim],
+            ("weights_proj.weight", _) => vec![d.n_heads, h],
+            _ => return None,
+        });
+    }
     Some(match (rest, m.q_lora_rank) {
         ("q_proj.weight", None) => vec![q, h],
         ("q_a_proj.weight", Some(ql)) => vec![ql, h],
@@ -305,9 +354,9 @@ pub(super) fn attention_shape(cfg: &ModelConfig, rest: &str) -> Option<Vec<usize
     })
 }
 
-/// Parameters of one MLA mixer (without the layer norms).
-pub(super) fn attention_params(cfg: &ModelConfig) -> u64 {
-    attention_names(cfg, "model.layers.0")
+/// Parameters of the MLA mixer of layer `layer` (without the layer norms).
+pub(super) fn attention_params(cfg: &ModelConfig, layer: usize) -> u64 {
+    attention_names(cfg, layer)
         .iter()
         .filter_map(|n| cfg.trunk_tensor_shape(n))
         .map(|s| s.iter().product::<usize>() as u64)

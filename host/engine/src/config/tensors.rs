@@ -64,8 +64,11 @@ impl ModelConfig {
             || name.ends_with(".block_sparse_moe.gate.weight")
             || name.ends_with(".mlp.router.weight")
             || name.ends_with(".shared_expert_gate.weight")
+            || name.ends_with(".indexer.weights_proj.weight")
         {
-            // Routing and gating decisions, and 1-row matrices: kept f32.
+            // Routing and gating decisions (the DSA indexer's head weights
+            // choose which positions are attended), and 1-row matrices:
+            // kept f32, as transformers keeps `indexer.weights_proj`.
             TensorRole::Router
         } else {
             TensorRole::Matrix
@@ -116,7 +119,7 @@ impl ModelConfig {
                     }
                 }
                 AttnKind::Gdn => names.extend(self.gdn_names(&p)),
-                _ if self.family == Family::DeepseekV3 => names.extend(deepseek::attention_names(self, &p)),
+                _ if self.family == Family::DeepseekV3 => names.extend(deepseek::attention_names(self, l)),
                 kind => names.extend(kimi::attention_names(self, kind, &p)),
             }
             names.push(format!("{p}.post_attention_layernorm.weight"));
@@ -233,7 +236,7 @@ impl ModelConfig {
 
     fn attention_params(&self, layer: usize) -> u64 {
         if self.family == Family::DeepseekV3 {
-            return deepseek::attention_params(self) + 2 * self.hidden_size as u64;
+            return deepseek::attention_params(self, layer) + 2 * self.hidden_size as u64;
         }
         if self.attn_kind(layer) == AttnKind::Gdn {
             return self.gdn_params() + 2 * self.hidden_size as u64;

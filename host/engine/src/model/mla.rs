@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::quant::{QMatrix, TrunkFormat};
 use crate::source::TensorSource;
 
+use super::dsa::{Indexer, IndexerScratch, Selection};
 use super::ops::{add_in_place, dot, rms_norm, softmax};
 use super::rope::Rope;
 use super::{load_matrix, load_vector};
@@ -76,6 +77,14 @@ pub struct Mla {
     g_proj: Option<QMatrix>,
     rope: Option<Rope>,
     scale: f32,
+    /// DSA: the layer's own lightning indexer (its key cached after the
+    /// latent row), or none on a GLM "shared" layer, which attends the
+    /// positions the nearest earlier indexer chose.
+    indexer: Option<Indexer>,
+    /// DSA: attention runs over the selected positions only.
+    sparse: bool,
+    /// Floats per token in this layer's cache: `[c | k_rope | index key]`.
+    stride: usize,
 }
 
 /// The query projection: full rank, or DeepSeek's
@@ -109,6 +118,7 @@ pub struct MlaScratch {
     cos: Vec<f32>,
     sin: Vec<f32>,
     rot: Vec<f32>,
+    index: IndexerScratch,
 }
 
 impl MlaScratch {
@@ -129,6 +139,7 @@ impl MlaScratch {
             cos: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim / 2)],
             sin: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim / 2)],
             rot: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim)],
+            index: IndexerScratch::new(cfg, context),
         }
     }
 
@@ -150,7 +161,8 @@ impl MlaScratch {
         ]
         .iter()
         .map(|b| b.len())
-        .sum()
+        .sum::<usize>()
+            + self.index.floats()
     }
 }
 
@@ -176,10 +188,15 @@ impl Mla {
             },
         };
         let scale = (cfg.mla_rope.map_or(1.0, |r| r.softmax_scale_factor) / (dims.qk_head_dim() as f64).sqrt()) as f32;
+        let rope = cfg.mla_rope.as_ref().map(Rope::new);
+        let own_indexer = cfg.add.dsa.as_ref().is_some_and(|d| d.has_indexer(layer));
         Ok(Mla {
             dims,
             q,
-            rope: cfg.mla_rope.as_ref().map(Rope::new),
+            indexer: if own_indexer { Some(Indexer::load(cfg, src, layer, rope.as_ref())?) } else { None },
+            sparse: cfg.add.dsa.is_some(),
+            stride: cfg.state_floats_per_token(layer),
+            rope,
             scale,
             kv_a_proj: load_matrix(cfg, src, &format!("{p}.kv_a_proj_with_mqa.weight"))?,
             kv_a_bias: bias("kv_a_proj_with_mqa")?,
@@ -201,12 +218,22 @@ impl Mla {
         self.kv_b.bytes()
     }
 
-    /// One token at `pos`: writes its `[c | k_rope]` row into `cache`
-    /// (`[context, lora + rope]`) and `out = o_proj(attn)`.
-    pub fn forward(&self, x: &[f32], pos: usize, cache: &mut [f32], s: &mut MlaScratch, out: &mut [f32]) -> Result<()> {
+    /// One token at `pos`: writes its `[c | k_rope | index key]` row into
+    /// `cache` (`[context, stride]`) and `out = o_proj(attn)`. With DSA,
+    /// `selected` receives the positions this layer's indexer chose, or
+    /// holds those an earlier layer's chose for this token (GLM "shared").
+    pub fn forward(
+        &self,
+        x: &[f32],
+        pos: usize,
+        cache: &mut [f32],
+        s: &mut MlaScratch,
+        selected: &mut Selection,
+        out: &mut [f32],
+    ) -> Result<()> {
         let m = &self.dims;
         let (r, dn, dr, dv) = (m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
-        let w = m.cache_width();
+        let (w, stride) = (m.cache_width(), self.stride);
         match &self.q {
             QueryProj::Full(q) => q.matvec(x, &mut s.q),
             QueryProj::LowRank { q_a, q_a_bias, norm, q_b } => {
@@ -223,22 +250,38 @@ impl Mla {
         if let Some(b) = &self.kv_a_bias {
             add_in_place(&mut s.ckv, b);
         }
-        let Some(row) = cache.get_mut(pos * w..(pos + 1) * w) else {
+        let Some(row) = cache.get_mut(pos * stride..(pos + 1) * stride) else {
             return Err(Error::Runtime(format!("position {pos} is past the latent cache")));
         };
         rms_norm(&s.ckv[..r], &self.kv_a_layernorm, KV_A_LAYERNORM_EPS, &mut row[..r]);
-        row[r..].copy_from_slice(&s.ckv[r..]);
+        row[r..w].copy_from_slice(&s.ckv[r..]);
         if let Some(rope) = &self.rope {
             rope.angles(pos, &mut s.cos, &mut s.sin);
-            rope.apply(&mut row[r..], &s.cos, &s.sin, &mut s.rot);
+            rope.apply(&mut row[r..w], &s.cos, &s.sin, &mut s.rot);
             for h in 0..m.num_heads {
                 let q_rope = &mut s.q[h * (dn + dr) + dn..(h + 1) * (dn + dr)];
                 rope.apply(q_rope, &s.cos, &s.sin, &mut s.rot);
             }
         }
+        if let Some(ix) = &self.indexer {
+            ix.key(x, &s.cos, &s.sin, &mut row[w..], &mut s.index);
+            let cache: &[f32] = cache;
+            let key_at = |t: usize| &cache[t * stride + w..(t + 1) * stride];
+            ix.select(x, &s.q_a_norm, pos, &s.cos, &s.sin, key_at, &mut s.index, selected);
+        }
+        // Attended positions: the selection (ascending), or all of them.
+        let sparse = self.sparse;
+        if sparse && selected.for_pos != Some(pos) {
+            return Err(Error::Runtime(format!(
+                "a shared-indexer layer at position {pos} has no selection from an earlier layer to reuse"
+            )));
+        }
+        let selected = &selected.positions;
+        let n = if sparse { selected.len() } else { pos + 1 };
+        let at = |i: usize| if sparse { selected[i] as usize } else { i };
 
         let scale = self.scale;
-        let scores = &mut s.scores[..pos + 1];
+        let scores = &mut s.scores[..n];
         for h in 0..m.num_heads {
             let q = &s.q[h * (dn + dr)..(h + 1) * (dn + dr)];
             let (q_nope, q_rope) = q.split_at(dn);
@@ -260,14 +303,16 @@ impl Mla {
                     }
                 }
             }
-            for (t, sc) in scores.iter_mut().enumerate() {
-                let c = &cache[t * w..(t + 1) * w];
+            for (i, sc) in scores.iter_mut().enumerate() {
+                let t = at(i);
+                let c = &cache[t * stride..t * stride + w];
                 *sc = (dot(&s.q_lat, &c[..r]) + dot(q_rope, &c[r..])) * scale;
             }
             softmax(scores);
             s.lat.fill(0.0);
-            for (t, &a) in scores.iter().enumerate() {
-                for (l, &cv) in s.lat.iter_mut().zip(&cache[t * w..t * w + r]) {
+            for (i, &a) in scores.iter().enumerate() {
+                let t = at(i);
+                for (l, &cv) in s.lat.iter_mut().zip(&cache[t * stride..t * stride + r]) {
                     *l += a * cv;
                 }
             }
@@ -298,7 +343,7 @@ impl Mla {
 
 #[cfg(test)]
 mod tests {
-    use super::{Mla, MlaScratch, KV_B_SUFFIX};
+    use super::{Mla, MlaScratch, Selection, KV_B_SUFFIX};
     use crate::checkpoint::HfCheckpoint;
     use crate::model::experts::DenseExperts;
     use crate::model::{State, Transformer};
@@ -443,7 +488,7 @@ mod tests {
         let mut out = vec![0.0f32; h];
         let mut worst = 0.0f32;
         for t in 0..t_len {
-            mla.forward(&x[t * h..(t + 1) * h], t, &mut cache, &mut s, &mut out).unwrap();
+            mla.forward(&x[t * h..(t + 1) * h], t, &mut cache, &mut s, &mut Selection::default(), &mut out).unwrap();
             let w = &want[t * h..(t + 1) * h];
             let scale = w.iter().fold(0.0f32, |a, v| a.max(v.abs()));
             let diff = out.iter().zip(w).fold(0.0f32, |a, (p, q)| a.max((p - q).abs()));

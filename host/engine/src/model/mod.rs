@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod attnres;
 pub mod delta;
+pub mod dsa;
 pub mod embedding;
 pub mod experts;
 pub mod gdn;
@@ -279,6 +280,9 @@ struct Scratch {
     mixed: Vec<f32>,
     bank: attnres::Bank,
     latent: moe::LatentScratch,
+    /// DSA: the positions this token attends, for the layers after the
+    /// indexer that chose them.
+    selection: dsa::Selection,
 }
 
 impl Scratch {
@@ -304,6 +308,7 @@ impl Scratch {
             mixed: vec![0.0; if attn_res { h } else { 0 }],
             bank: attnres::Bank::new(cfg),
             latent: moe::LatentScratch::new(cfg),
+            selection: dsa::Selection::for_config(cfg),
         }
     }
 
@@ -332,6 +337,7 @@ impl Scratch {
             + self.picks.capacity() * std::mem::size_of::<(usize, f32)>() / 4
             + self.bank.floats()
             + self.latent.floats()
+            + self.selection.floats()
     }
 }
 
@@ -467,6 +473,7 @@ impl Transformer {
         layer_state: &mut LayerState,
         x: &mut [f32],
         bank: &mut attnres::Bank,
+        selection: &mut dsa::Selection,
         mixed: &mut [f32],
         xn: &mut [f32],
         mix: &mut MixerScratch,
@@ -484,7 +491,7 @@ impl Transformer {
         }
         match (&layer.self_attn, layer_state) {
             (Mixer::Gqa(a), LayerState::Kv { k, v }) => a.forward(cfg, &self.rope, xn, pos, k, v, &mut mix.attn, y)?,
-            (Mixer::Mla(a), LayerState::Latent(c)) => a.forward(xn, pos, c, &mut mix.mla, y)?,
+            (Mixer::Mla(a), LayerState::Latent(c)) => a.forward(xn, pos, c, &mut mix.mla, selection, y)?,
             (Mixer::Kda(a), LayerState::Kda(st)) => a.forward(xn, pos, st, &mut mix.kda, y),
             (Mixer::Gdn(a), LayerState::Gdn(st)) => a.forward(xn, pos, st, &mut mix.gdn, y),
             _ => return Err(Error::Arg(format!("layer {l}: the state was created for a different model"))),
@@ -583,6 +590,7 @@ impl Transformer {
                     &mut state.layers[l],
                     &mut s.x,
                     &mut s.bank,
+                    &mut s.selection,
                     &mut s.mixed,
                     &mut s.xn,
                     &mut s.mix,

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::stats::StepStats;
 
 use super::attnres::Bank;
+use super::dsa::Selection;
 use super::experts::ExpertProvider;
 use super::ops::add_in_place;
 use super::{FeedForward, Scratch, State, Transformer};
@@ -43,6 +44,8 @@ struct Chunk {
     /// AttnRes mixes (empty without AttnRes).
     mixed: Vec<f32>,
     banks: Vec<Bank>,
+    /// DSA: each token's attended positions, across the layers.
+    selections: Vec<Selection>,
     picks: Vec<Vec<(usize, f32)>>,
     /// K3's latent MoE: the latent input and output of each token.
     z: Vec<f32>,
@@ -59,6 +62,7 @@ impl Chunk {
             y: vec![0.0; n * h],
             mixed: vec![0.0; if attn_res { n * h } else { 0 }],
             banks: (0..n).map(|_| Bank::new(cfg)).collect(),
+            selections: (0..n).map(|_| Selection::for_config(cfg)).collect(),
             picks: (0..n).map(|_| Vec::with_capacity(cfg.top_k + 1)).collect(),
             z: vec![0.0; n * latent],
             zy: vec![0.0; n * latent],
@@ -70,6 +74,7 @@ impl Chunk {
         let pick = std::mem::size_of::<(usize, f32)>() / 4;
         [&self.x, &self.xn, &self.y, &self.mixed, &self.z, &self.zy].iter().map(|b| b.len()).sum::<usize>()
             + self.banks.iter().map(Bank::floats).sum::<usize>()
+            + self.selections.iter().map(Selection::floats).sum::<usize>()
             + self.picks.iter().map(|p| p.capacity() * pick).sum::<usize>()
     }
 }
@@ -138,15 +143,15 @@ impl Transformer {
         let h = self.cfg.hidden_size;
         let n = toks.len();
         let start = state.position;
-        let Chunk { x, xn, y, mixed, banks, picks, z, zy } = c;
+        let Chunk { x, xn, y, mixed, banks, selections, picks, z, zy } = c;
         let (x, xn, y) = (&mut x[..n * h], &mut xn[..n * h], &mut y[..n * h]);
-        let (banks, picks) = (&mut banks[..n], &mut picks[..n]);
+        let (banks, picks, selections) = (&mut banks[..n], &mut picks[..n], &mut selections[..n]);
         for (i, &tok) in toks.iter().enumerate() {
             self.embed(tok, &mut x[i * h..(i + 1) * h], stats)?;
             banks[i].clear();
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            for (i, bank) in banks.iter_mut().enumerate() {
+            for (i, (bank, selection)) in banks.iter_mut().zip(selections.iter_mut()).enumerate() {
                 let r = i * h..(i + 1) * h;
                 let mixed: &mut [f32] = if mixed.is_empty() { &mut [] } else { &mut mixed[r.clone()] };
                 self.mixer_step(
@@ -155,6 +160,7 @@ impl Transformer {
                     &mut state.layers[l],
                     &mut x[r.clone()],
                     bank,
+                    selection,
                     mixed,
                     &mut xn[r],
                     &mut s.mix,
@@ -221,6 +227,8 @@ mod tests {
             "mixtral",
             "kimi_linear",
             "deepseek_v3",
+            "deepseek_v32",
+            "glm_moe_dsa",
             "kimi_k3",
             "qwen2_moe",
             "glm4_moe",

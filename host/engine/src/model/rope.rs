@@ -11,6 +11,7 @@
 
 use crate::config::MlaRope;
 
+#[derive(Clone)]
 pub struct Rope {
     inv_freq: Vec<f32>,
     attention_factor: f32,
@@ -59,6 +60,12 @@ impl Rope {
             })
             .collect();
         Rope { inv_freq, attention_factor: y.attention_factor as f32, interleave: cfg.interleave }
+    }
+
+    /// The same tables rotating the other pair layout: DeepSeek-V3.2's
+    /// indexer shares MLA's cos/sin but pairs dims half-split.
+    pub fn with_interleave(&self, interleave: bool) -> Rope {
+        Rope { interleave, ..self.clone() }
     }
 
     /// The inverse frequencies (one per rotated pair).
@@ -156,7 +163,15 @@ mod tests {
         let mut out = vec![0.0f32; h];
         let mut worst = 0.0f32;
         for t in 0..t_len {
-            mla.forward(&x[t * h..(t + 1) * h], t, &mut cache, &mut s, &mut out).unwrap();
+            mla.forward(
+                &x[t * h..(t + 1) * h],
+                t,
+                &mut cache,
+                &mut s,
+                &mut crate::model::dsa::Selection::default(),
+                &mut out,
+            )
+            .unwrap();
             let w = &want[t * h..(t + 1) * h];
             let scale = w.iter().fold(0.0f32, |a, v| a.max(v.abs()));
             let diff = out.iter().zip(w).fold(0.0f32, |a, (p, q)| a.max((p - q).abs()));

@@ -1,0 +1,188 @@
+//! DeepSeek Sparse Attention's lightning indexer (`DeepseekV32Indexer`,
+//! `GlmMoeDsaIndexer`, transformers 5.24): for the token at `pos` it scores
+//! every position `t <= pos` as
+//!
+//! `index[t] = sum_h w_h * relu(q_h . k_t / sqrt(head_dim))`, with
+//! `q = wq_b(q_resid)` `[n_heads, head_dim]` from MLA's normed q-LoRA latent,
+//! `k_t = LayerNorm(wk x_t)` `[head_dim]` (cached per token after the MLA
+//! row), RoPE on the first `qk_rope_head_dim` dims of both, and
+//! `w = weights_proj(x) / sqrt(n_heads)`,
+//!
+//! and MLA then attends only to the `index_topk` best. With `pos + 1 <=
+//! index_topk` every position is selected, which is plain MLA.
+//!
+//! The reference omits DeepSeek's Hadamard rotation and fp8 scoring ("since
+//! the Hadamard transform is orthogonal ... we skip both"); so do we.
+//! Ties: torch's CPU top-k orders exactly equal scores by its partial sort,
+//! which no other engine reproduces; we take the higher score, then the
+//! earlier position (fixtures keep a 1e-4 gap at the boundary).
+
+use crate::config::{Dsa, MlaDims, ModelConfig};
+use crate::error::{Error, Result};
+use crate::quant::QMatrix;
+use crate::source::TensorSource;
+
+use super::ops::dot;
+use super::rope::Rope;
+use super::{load_matrix, load_vector};
+
+/// `nn.LayerNorm(index_head_dim, eps=1e-6)` of the indexer's key.
+const K_NORM_EPS: f32 = 1e-6;
+
+/// `model.layers.L.self_attn.indexer`.
+pub struct Indexer {
+    wq_b: QMatrix,           // [n_heads * head_dim, q_lora]
+    wk: QMatrix,             // [head_dim, H]
+    k_norm_weight: Vec<f32>, // [head_dim]
+    k_norm_bias: Vec<f32>,   // [head_dim]
+    weights_proj: QMatrix,   // [n_heads, H], kept f32
+    /// MLA's cos/sin tables in the indexer's pair layout.
+    rope: Rope,
+    n_heads: usize,
+    head_dim: usize,
+    rope_dim: usize,
+    topk: usize,
+}
+
+/// Per-call buffers of an indexer.
+pub struct IndexerScratch {
+    q: Vec<f32>,       // [n_heads * head_dim]
+    weights: Vec<f32>, // [n_heads]
+    rot: Vec<f32>,     // [rope_dim]
+    /// Index score of every position so far.
+    scores: Vec<f32>, // [context]
+    order: Vec<u32>,   // [context]
+}
+
+impl IndexerScratch {
+    pub fn new(cfg: &ModelConfig, context: usize) -> IndexerScratch {
+        let (d, rope) = match (&cfg.add.dsa, &cfg.mla) {
+            (Some(d), Some(m)) => (d, m.qk_rope_head_dim),
+            _ => return IndexerScratch { q: vec![], weights: vec![], rot: vec![], scores: vec![], order: vec![] },
+        };
+        IndexerScratch {
+            q: vec![0.0; d.n_heads * d.head_dim],
+            weights: vec![0.0; d.n_heads],
+            rot: vec![0.0; rope],
+            scores: vec![0.0; context],
+            order: vec![0; context],
+        }
+    }
+
+    /// Floats held (a u32 counts as one), for the memory plan.
+    pub fn floats(&self) -> usize {
+        self.q.len() + self.weights.len() + self.rot.len() + self.scores.len() + self.order.len()
+    }
+}
+
+/// The positions one token attends, chosen by an indexer.
+#[derive(Default, Clone)]
+pub struct Selection {
+    /// The position of the token they were chosen for.
+    pub for_pos: Option<usize>,
+    /// Ascending; at most `index_topk`.
+    pub positions: Vec<u32>,
+}
+
+impl Selection {
+    /// Room for `index_topk` positions.
+    pub fn for_config(cfg: &ModelConfig) -> Selection {
+        Selection { for_pos: None, positions: Vec::with_capacity(cfg.add.dsa.as_ref().map_or(0, |d| d.topk)) }
+    }
+
+    /// Floats held on the heap (a u32 counts as one), for the memory plan.
+    pub fn floats(&self) -> usize {
+        self.positions.capacity()
+    }
+}
+
+impl Indexer {
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize, mla_rope: Option<&Rope>) -> Result<Indexer> {
+        let (d, m): (&Dsa, &MlaDims) = match (&cfg.add.dsa, &cfg.mla) {
+            (Some(d), Some(m)) => (d, m),
+            _ => return Err(Error::Runtime(format!("layer {layer} has an indexer but the config no DSA shape"))),
+        };
+        let rope = mla_rope
+            .ok_or_else(|| Error::Runtime(format!("layer {layer}: the DSA indexer needs MLA's rotary tables")))?;
+        let p = format!("model.layers.{layer}.self_attn.indexer");
+        Ok(Indexer {
+            wq_b: load_matrix(cfg, src, &format!("{p}.wq_b.weight"))?,
+            wk: load_matrix(cfg, src, &format!("{p}.wk.weight"))?,
+            k_norm_weight: load_vector(cfg, src, &format!("{p}.k_norm.weight"))?,
+            k_norm_bias: load_vector(cfg, src, &format!("{p}.k_norm.bias"))?,
+            weights_proj: load_matrix(cfg, src, &format!("{p}.weights_proj.weight"))?,
+            rope: rope.with_interleave(d.interleaved_rope),
+            n_heads: d.n_heads,
+            head_dim: d.head_dim,
+            rope_dim: m.qk_rope_head_dim,
+            topk: d.topk,
+        })
+    }
+
+    /// The key of the token at `pos` (input `x`, the attention input) into
+    /// `key` (`[head_dim]`): `LayerNorm(wk x)`, roped. `cos`/`sin` are MLA's
+    /// tables at `pos`.
+    pub fn key(&self, x: &[f32], cos: &[f32], sin: &[f32], key: &mut [f32], s: &mut IndexerScratch) {
+        self.wk.matvec(x, key);
+        let n = key.len() as f32;
+        let mean = key.iter().sum::<f32>() / n;
+        let var = key.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+        let inv = 1.0 / (var + K_NORM_EPS).sqrt();
+        for ((k, &w), &b) in key.iter_mut().zip(&self.k_norm_weight).zip(&self.k_norm_bias) {
+            *k = (*k - mean) * inv * w + b;
+        }
+        self.rope.apply(&mut key[..self.rope_dim], cos, sin, &mut s.rot);
+    }
+
+    /// Chooses the positions the token at `pos` attends into `selected`. `q_resid` is MLA's normed q-LoRA latent, `key_at(t)` the
+    /// cached key of position `t` (the current token's already written).
+    #[allow(clippy::too_many_arguments)]
+    pub fn select<'c>(
+        &self,
+        x: &[f32],
+        q_resid: &[f32],
+        pos: usize,
+        cos: &[f32],
+        sin: &[f32],
+        key_at: impl Fn(usize) -> &'c [f32],
+        s: &mut IndexerScratch,
+        selected: &mut Selection,
+    ) {
+        selected.for_pos = Some(pos);
+        let selected = &mut selected.positions;
+        selected.clear();
+        let n = pos + 1;
+        if n <= self.topk {
+            // Every causal position is within the top k: no scoring needed.
+            selected.extend(0..n as u32);
+            return;
+        }
+        let (nh, hd) = (self.n_heads, self.head_dim);
+        self.wq_b.matvec(q_resid, &mut s.q);
+        for h in 0..nh {
+            self.rope.apply(&mut s.q[h * hd..h * hd + self.rope_dim], cos, sin, &mut s.rot);
+        }
+        self.weights_proj.matvec(x, &mut s.weights);
+        let head_scale = (nh as f32).powf(-0.5);
+        s.weights.iter_mut().for_each(|w| *w *= head_scale);
+        let softmax_scale = (hd as f32).powf(-0.5);
+        for (t, score) in s.scores[..n].iter_mut().enumerate() {
+            let k = key_at(t);
+            let mut acc = 0.0f32;
+            for (h, &w) in s.weights.iter().enumerate() {
+                let d = dot(&s.q[h * hd..(h + 1) * hd], k) * softmax_scale;
+                acc += w * d.max(0.0);
+            }
+            *score = acc;
+        }
+        let scores = &s.scores[..n];
+        let order = &mut s.order[..n];
+        for (i, o) in order.iter_mut().enumerate() {
+            *o = i as u32;
+        }
+        let better = |a: &u32, b: &u32| scores[*b as usize].total_cmp(&scores[*a as usize]).then(a.cmp(b));
+        order.select_nth_unstable_by(self.topk - 1, better);
+        selected.extend_from_slice(&order[..self.topk]);
+        selected.sort_unstable();
+    }
+}

@@ -1,0 +1,99 @@
+//! DeepSeek Sparse Attention end to end against transformers: the tiny
+//! `deepseek_v32` and `glm_moe_dsa` fixtures (tests/gen_dsa_fixtures.py),
+//! MLA plus a lightning indexer with `index_topk` 8, so the 99-token prompt
+//! attends a selection at 91 of its positions; GLM's layers 2 and 3 reuse
+//! layer 1's selection.
+
+use waste_host::{Engine, Model, OpenOptions};
+
+use crate::common::*;
+
+const FAMILIES: [&str; 2] = ["deepseek_v32", "glm_moe_dsa"];
+
+#[test]
+fn deepseek_v32_f32_matches_transformers_at_every_position() {
+    crate::oracle::check_f32("deepseek_v32");
+}
+
+#[test]
+fn glm_moe_dsa_f32_matches_transformers_at_every_position() {
+    crate::oracle::check_f32("glm_moe_dsa");
+}
+
+/// The same checkpoint with `index_topk` past the prompt is plain MLA over
+/// every position: its logits are far from the reference, so the oracle
+/// above fails any engine that ignores the indexer past `index_topk`.
+#[test]
+fn dense_mla_past_index_topk_fails_the_oracle() {
+    let tmp = TempDir::new("dsa-dense");
+    for family in FAMILIES {
+        let src = tmp.path().join(format!("{family}-dense"));
+        std::fs::create_dir_all(&src).unwrap();
+        for entry in std::fs::read_dir(fixture(family)).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
+        }
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+        config["index_topk"] = 1_000_000.into();
+        std::fs::write(src.join("config.json"), config.to_string()).unwrap();
+        let out = tmp.path().join(format!("{family}-dense.waste"));
+        let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", "f32", "--trunk", "f32"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let reference = reference(family);
+        let model = Model::open(&out, &OpenOptions::default()).unwrap();
+        let mut state = model.new_state();
+        let (logits, _) = model.forward(&mut state, &reference.prompt_ids, true).unwrap();
+        let (rel, _) = compare_positions(&logits, &reference);
+        eprintln!("{family}: dense MLA vs DSA reference, max relative logit diff {rel:e}");
+        assert!(rel > 1e-2, "{family}: the dense path is within {rel:e} of the DSA reference");
+    }
+}
+
+/// Saving and restoring a session past `index_topk` carries the indexer's
+/// keys with the latent rows: the restored session continues bit-identically.
+#[test]
+fn dsa_saved_state_continues_bit_identically() {
+    let tmp = TempDir::new("dsa-state");
+    let engine = Engine::new().unwrap();
+    for family in FAMILIES {
+        let container = convert(family, "f32", "f32", tmp.path());
+        let file = tmp.path().join(format!("{family}.state"));
+        let reference = reference(family);
+        let (head, tail) = reference.prompt_ids.split_at(40);
+        let mut a = open_session(&engine, &container);
+        a.eval(head, false).unwrap();
+        a.save_state(&file).unwrap();
+        let (want, _) = a.eval(tail, true).unwrap();
+        let mut b = open_session(&engine, &container);
+        b.load_state(&file).unwrap();
+        let (got, _) = b.eval(tail, true).unwrap();
+        assert!(got == want, "{family}: restored DSA state diverges");
+    }
+}
+
+/// `waste info` counts what torch counts plus the router biases (buffers),
+/// and the state per token includes the indexer keys of the layers that
+/// run an indexer.
+#[test]
+fn dsa_info_counts_parameters_and_indexer_keys() {
+    let tmp = TempDir::new("dsa-info");
+    // (family, layers with their own indexer)
+    for (family, indexers) in [("deepseek_v32", 4), ("glm_moe_dsa", 2)] {
+        let container = convert(family, "f32", "f32", tmp.path());
+        let o = waste(&["info", container.to_str().unwrap(), "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let reference: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(fixture(family).join("reference.json")).unwrap()).unwrap();
+        // Three MoE layers of 16 experts: 3 x 16 e_score_correction_bias floats.
+        assert_eq!(
+            j["total_params"].as_u64().unwrap(),
+            reference["num_parameters"].as_u64().unwrap() + 3 * 16,
+            "{family}: total parameters vs torch"
+        );
+        // kv_lora 16 + rope 8 floats on 4 layers, and a 16-float index key
+        // on each layer with its own indexer.
+        assert_eq!(j["state_bytes_per_token"], 4 * (4 * (16 + 8) + indexers * 16), "{family}");
+    }
+}

@@ -97,7 +97,10 @@ fn bench_runs_thread_counts_side_by_side_after_a_warmup() {
 /// but not the embedding table (5.13B); Zhipu's 32B for GLM-4.6 counts
 /// neither (32.08B). Qwen's "A17B" (17.35B with both) and MiniMax's "10B"
 /// (9.80B with neither) are rounded to two figures, no count reproduces
-/// them to 1%, so those two are held to their published rounding.
+/// them to 1%, so those two are held to their published rounding, as are
+/// DeepSeek-V3.2's "37B" (37.48B without the table) and GLM-5's "40B"
+/// (39.88B with neither). Totals: DeepSeek-V3.2 671B without its MTP layer
+/// (671.88B here, the indexers included), GLM-5 744B (743.91B).
 #[test]
 fn synth_like_second_wave_releases_reproduce_published_parameter_counts() {
     let tmp = TempDir::new("synth-like-wave2");
@@ -107,6 +110,8 @@ fn synth_like_second_wave_releases_reproduce_published_parameter_counts() {
         ("glm-4.6", "glm4_moe", 355e9, 32e9, "without embeddings", 0.01 * 32e9),
         ("minimax-m2", "minimax_m2", 230e9, 10e9, "without embeddings", 0.5e9),
         ("gpt-oss-120b", "gpt_oss", 116.8e9, 5.1e9, "without the table", 0.01 * 5.1e9),
+        ("deepseek-v3.2", "deepseek_v32", 671e9, 37e9, "without the table", 0.5e9),
+        ("glm-5", "glm_moe_dsa", 744e9, 40e9, "without embeddings", 0.5e9),
     ];
     for (like, family, total, active, how, tol) in cases {
         let out = tmp.path().join(format!("{like}.waste"));

@@ -391,7 +391,16 @@ fn write_matrix(
 /// Real models a container can be made for (`synth_like`), with their
 /// released configs (synth/configs.rs): `kimi-k3` (manifest only: its
 /// experts are terabytes), the others real bytes or manifest only.
-pub const LIKE: &[&str] = &["kimi-k3", "kimi-linear-48b", "qwen3.5-397b-a17b", "glm-4.6", "minimax-m2", "gpt-oss-120b"];
+pub const LIKE: &[&str] = &[
+    "kimi-k3",
+    "kimi-linear-48b",
+    "qwen3.5-397b-a17b",
+    "glm-4.6",
+    "minimax-m2",
+    "gpt-oss-120b",
+    "deepseek-v3.2",
+    "glm-5",
+];
 
 /// How [`synth_like`] / [`synth_config`] fill a container.
 #[derive(Debug, Clone, PartialEq)]
@@ -431,6 +440,8 @@ pub fn like_config(like: &str, num_experts: Option<usize>) -> Result<serde_json:
         "glm-4.6" => configs::glm_4_6_config(),
         "minimax-m2" => configs::minimax_m2_config(),
         "gpt-oss-120b" => configs::gpt_oss_120b_config(),
+        "deepseek-v3.2" => configs::deepseek_v3_2_config(),
+        "glm-5" => configs::glm_5_config(),
         _ => return Err(Error::Arg(format!("unknown model {like:?}: expected one of {}", LIKE.join(", ")))),
     };
     if let Some(n) = num_experts {

@@ -277,3 +277,103 @@ pub fn gpt_oss_120b_config() -> serde_json::Value {
         "eos_token_id": 200_002
     })
 }
+
+/// The released DeepSeek-V3.2 config (its own keys: `rope_scaling` with
+/// `type`, a top-level `rope_theta`): DeepSeek-V3's 61 layers (3 dense of
+/// 18432), hidden 7168, 128 MLA heads (q-LoRA 1536, kv-LoRA 512, nope 128,
+/// rope 64, v 128, YaRN 40 over 4096), 256 experts of 2048 top-8 in 8 groups
+/// (4 kept) with one shared expert; the DSA indexer with 64 heads of 128
+/// choosing 2048 positions; vocabulary 129280, one MTP layer (not run).
+pub fn deepseek_v3_2_config() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "model_type": "deepseek_v32",
+        "vocab_size": 129_280,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "n_group": 8,
+        "topk_group": 4,
+        "first_k_dense_replace": 3,
+        "moe_layer_freq": 1,
+        "norm_topk_prob": true,
+        "routed_scaling_factor": 2.5,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "index_head_dim": 128,
+        "index_n_heads": 64,
+        "index_topk": 2048,
+        "num_nextn_predict_layers": 1,
+        "rope_theta": 10_000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 40.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0
+        },
+        "max_position_embeddings": 163_840,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false,
+        "bos_token_id": 0,
+        "eos_token_id": 1
+    })
+}
+
+/// The released GLM-5 config: 78 layers (3 dense of 12288), hidden 6144,
+/// 64 MLA heads (q-LoRA 2048, kv-LoRA 512, nope 192, rope 64, v 256, theta
+/// 1e6), 256 experts of 2048 top-8 with one shared expert, no groups; the
+/// DSA indexer with 32 heads of 128 choosing 2048 positions on every layer;
+/// vocabulary 154880, one MTP layer (not run).
+pub fn glm_5_config() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["GlmMoeDsaForCausalLM"],
+        "model_type": "glm_moe_dsa",
+        "vocab_size": 154_880,
+        "hidden_size": 6144,
+        "intermediate_size": 12288,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 78,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "head_dim": 64,
+        "q_lora_rank": 2048,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 192,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 256,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 3,
+        "moe_layer_freq": 1,
+        "norm_topk_prob": true,
+        "routed_scaling_factor": 2.5,
+        "scoring_func": "sigmoid",
+        "topk_method": "noaux_tc",
+        "index_head_dim": 128,
+        "index_n_heads": 32,
+        "index_topk": 2048,
+        "num_nextn_predict_layers": 1,
+        "rope_parameters": {"rope_theta": 1_000_000.0, "rope_type": "default"},
+        "max_position_embeddings": 202_752,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": false,
+        "eos_token_id": [154_820, 154_827, 154_829]
+    })
+}

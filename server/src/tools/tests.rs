@@ -70,6 +70,17 @@ fn minimax_m2_invocations_parse_back_to_what_its_template_rendered() {
 }
 
 #[test]
+fn deepseek_v3_2_dsml_invocations_parse_back_to_what_its_template_rendered() {
+    let (open, close) = ("<｜DSML｜function_calls>", "</｜DSML｜function_calls>");
+    let out = rendered("deepseek-ai-DeepSeek-V3.2", open, close);
+    check("deepseek-ai-DeepSeek-V3.2", &out, &out, &rendered_calls());
+    // `string="false"` values are JSON whatever the schema says.
+    let out = format!("{open}\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"n\" string=\"false\">[1, 2]</｜DSML｜parameter>\n</｜DSML｜invoke>\n{close}");
+    let p = parse(&out, &out, &Schema::default()).unwrap();
+    assert_eq!(p.calls[0].arguments, "{\"n\":[1,2]}");
+}
+
+#[test]
 fn qwen3_hermes_calls_parse_back_to_what_its_template_rendered() {
     let out = rendered("Qwen-Qwen3-0.6B", "<tool_call>", "</tool_call>");
     check("Qwen-Qwen3-0.6B", &out, &out, &rendered_calls());
@@ -133,6 +144,7 @@ fn malformed_tool_calls_stay_text() {
         "<tool_call>\n<function=f>\n<parameter=a>\nunclosed\n</tool_call>",
         "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>unclosed</tool_call>",
         "<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"a\">x\n</minimax:tool_call>",
+        "<｜DSML｜function_calls><｜DSML｜invoke name=\"f\"><｜DSML｜parameter name=\"a\" string=\"false\">{no</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>",
     ] {
         assert!(parse(out, out, &s).is_none(), "{out:?}");
     }

@@ -1,6 +1,6 @@
 //! The tag syntaxes: `<tool_call>` blocks (Hermes JSON, Qwen3.5's XML,
 //! GLM's key/value pairs, told apart by what follows the tag) and
-//! MiniMax-M2's `<minimax:tool_call>` invocations.
+//! MiniMax-M2's `<minimax:tool_call>` and DeepSeek-V3.2's DSML invocations.
 
 use super::{hermes, leading, Call, Parsed, Schema};
 
@@ -83,36 +83,86 @@ fn glm_call(body: &str, schema: &Schema) -> Option<Call> {
     Some(Call { arguments: schema.arguments(name, &pairs), name: name.to_string() })
 }
 
-const MINIMAX_OPEN: &str = "<minimax:tool_call>";
-const MINIMAX_CLOSE: &str = "</minimax:tool_call>";
+/// The invoke/parameter syntaxes: MiniMax-M2's and DeepSeek-V3.2's DSML,
+/// which differ in their markers and in DSML's `string` attribute.
+struct Invocations {
+    open: &'static str,
+    close: &'static str,
+    invoke: &'static str,
+    invoke_end: &'static str,
+    parameter: &'static str,
+    parameter_end: &'static str,
+}
 
 /// MiniMax-M2: `<minimax:tool_call>` holding `<invoke name="NAME">` with
 /// `<parameter name="KEY">VALUE</parameter>`s.
+const MINIMAX: Invocations = Invocations {
+    open: "<minimax:tool_call>",
+    close: "</minimax:tool_call>",
+    invoke: "<invoke name=",
+    invoke_end: "</invoke>",
+    parameter: "<parameter name=",
+    parameter_end: "</parameter>",
+};
+
+/// DeepSeek-V3.2: `<｜DSML｜function_calls>` holding `<｜DSML｜invoke
+/// name="NAME">` with `<｜DSML｜parameter name="KEY" string="true|false">`:
+/// `true` marks the value as text, `false` as JSON.
+const DSML: Invocations = Invocations {
+    open: "<｜DSML｜function_calls>",
+    close: "</｜DSML｜function_calls>",
+    invoke: "<｜DSML｜invoke name=",
+    invoke_end: "</｜DSML｜invoke>",
+    parameter: "<｜DSML｜parameter name=",
+    parameter_end: "</｜DSML｜parameter>",
+};
+
 pub(super) fn parse_minimax(text: &str, schema: &Schema) -> Option<Parsed> {
-    let first = text.find(MINIMAX_OPEN)?;
+    parse_invocations(&MINIMAX, text, schema)
+}
+
+pub(super) fn parse_dsml(text: &str, schema: &Schema) -> Option<Parsed> {
+    parse_invocations(&DSML, text, schema)
+}
+
+fn parse_invocations(syntax: &Invocations, text: &str, schema: &Schema) -> Option<Parsed> {
+    let first = text.find(syntax.open)?;
     let mut calls = Vec::new();
     let mut rest = &text[first..];
-    while let Some(start) = rest.find(MINIMAX_OPEN) {
-        let body = &rest[start + MINIMAX_OPEN.len()..];
-        let (mut inner, after) = match body.find(MINIMAX_CLOSE) {
-            Some(end) => (&body[..end], &body[end + MINIMAX_CLOSE.len()..]),
+    while let Some(start) = rest.find(syntax.open) {
+        let body = &rest[start + syntax.open.len()..];
+        let (mut inner, after) = match body.find(syntax.close) {
+            Some(end) => (&body[..end], &body[end + syntax.close.len()..]),
             None => (body, ""),
         };
-        while let Some(at) = inner.find("<invoke name=") {
-            let (name, after_name) = quoted(&inner[at + "<invoke name=".len()..])?;
+        while let Some(at) = inner.find(syntax.invoke) {
+            let (name, after_name) = quoted(&inner[at + syntax.invoke.len()..])?;
             let after_name = after_name.strip_prefix('>')?;
-            let end = after_name.find("</invoke>")?;
+            let end = after_name.find(syntax.invoke_end)?;
             let mut params = &after_name[..end];
-            let mut pairs = Vec::new();
-            while let Some(p) = params.find("<parameter name=") {
-                let (key, after_key) = quoted(&params[p + "<parameter name=".len()..])?;
+            let mut args = serde_json::Map::new();
+            while let Some(p) = params.find(syntax.parameter) {
+                let (key, after_key) = quoted(&params[p + syntax.parameter.len()..])?;
+                let (as_text, after_key) = match after_key.strip_prefix(" string=") {
+                    Some(attr) => {
+                        let (flag, after) = quoted(attr)?;
+                        (Some(flag == "true"), after)
+                    }
+                    None => (None, after_key),
+                };
                 let after_key = after_key.strip_prefix('>')?;
-                let value_end = after_key.find("</parameter>")?;
-                pairs.push((key, after_key[..value_end].to_string()));
-                params = &after_key[value_end + "</parameter>".len()..];
+                let value_end = after_key.find(syntax.parameter_end)?;
+                let value = &after_key[..value_end];
+                let value = match as_text {
+                    Some(true) => serde_json::Value::String(value.to_string()),
+                    Some(false) => serde_json::from_str(value.trim()).ok()?,
+                    None => schema.value(&name, &key, value),
+                };
+                args.insert(key, value);
+                params = &after_key[value_end + syntax.parameter_end.len()..];
             }
-            calls.push(Call { arguments: schema.arguments(&name, &pairs), name });
-            inner = &after_name[end + "</invoke>".len()..];
+            calls.push(Call { arguments: serde_json::Value::Object(args).to_string(), name });
+            inner = &after_name[end + syntax.invoke_end.len()..];
         }
         rest = after;
     }

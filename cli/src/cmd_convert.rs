@@ -96,6 +96,9 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
     for s in &report.skipped {
         eprintln!("not converted: {s}");
     }
+    if let Some(source) = report.bundled_template {
+        eprintln!("chat template: the release ships none; the container carries {source}");
+    }
     if report.trunk_reused || !report.reused_banks.is_empty() {
         let layers: Vec<String> = report.reused_banks.iter().map(|l| l.to_string()).collect();
         eprintln!(

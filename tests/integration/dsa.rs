@@ -97,3 +97,34 @@ fn dsa_info_counts_parameters_and_indexer_keys() {
         assert_eq!(j["state_bytes_per_token"], 4 * (4 * (16 + 8) + indexers * 16), "{family}");
     }
 }
+
+/// DeepSeek-V3.2's release ships no Jinja chat template: its container
+/// carries llama.cpp's port, so `waste chat` works, and says so; a release
+/// that has a template keeps its own.
+#[test]
+fn deepseek_v32_without_a_template_gets_the_bundled_one() {
+    let tmp = TempDir::new("dsa-template");
+    let src = tmp.path().join("release");
+    std::fs::create_dir_all(&src).unwrap();
+    for entry in std::fs::read_dir(fixture("deepseek_v32")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
+    }
+    let mut tc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("tokenizer_config.json")).unwrap()).unwrap();
+    tc.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(src.join("tokenizer_config.json"), tc.to_string()).unwrap();
+    let out = tmp.path().join("v32.waste");
+    let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", "q8", "--trunk", "q8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("chat template: the release ships none"), "{}", stderr(&o));
+    let want = std::fs::read(fixtures().join("chat_templates/llamacpp/deepseek-ai-DeepSeek-V3.2.jinja")).unwrap();
+    assert_eq!(std::fs::read(out.join("chat_template.jinja")).unwrap(), want);
+    // The component renders it: a chat turn runs.
+    let o = waste_with_stdin(&["chat", out.to_str().unwrap(), "-n", "2", "--temp", "0"], Some("Hello\n"));
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // The fixture itself has a template: nothing is added.
+    let own = convert("deepseek_v32", "q8", "q8", tmp.path());
+    assert!(!own.join("chat_template.jinja").exists());
+}

@@ -28,6 +28,7 @@ mod files;
 mod follow;
 pub mod reclaim;
 mod skipped;
+mod templates;
 mod trunk;
 pub mod verify;
 
@@ -115,6 +116,9 @@ pub struct ConvertReport {
     pub ignored_tensors: Vec<String>,
     /// `ignored_tensors` by part, one line each (also in the manifest).
     pub skipped: Vec<String>,
+    /// The release ships no chat template and the container got this
+    /// bundled one (`templates::bundled_template`).
+    pub bundled_template: Option<&'static str>,
     /// trunk.bin was reused from an earlier, interrupted run.
     pub trunk_reused: bool,
     /// Layers whose bank was reused from an earlier run.
@@ -363,6 +367,13 @@ fn write_container(
             write_atomic(&dir.join(name), &bytes)?;
             tokenizer_files.push(name.to_string());
         }
+    }
+    let has_template = tokenizer_files.iter().any(|n| n == "chat_template.jinja")
+        || ckpt.side_file("tokenizer_config.json")?.is_some_and(|b| templates::config_has_template(&b));
+    if let (false, Some((template, source))) = (has_template, templates::bundled_template(&cfg.model_type)) {
+        write_atomic(&dir.join("chat_template.jinja"), template.as_bytes())?;
+        tokenizer_files.push("chat_template.jinja".to_string());
+        report.bundled_template = Some(source);
     }
     let config = side_json(ckpt, "config.json")?.ok_or_else(|| Error::format(ckpt.dir(), "no config.json"))?;
     let generation_config = side_json(ckpt, "generation_config.json")?;

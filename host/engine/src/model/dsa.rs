@@ -22,9 +22,14 @@ use crate::error::{Error, Result};
 use crate::quant::QMatrix;
 use crate::source::TensorSource;
 
-use super::ops::dot;
 use super::rope::Rope;
 use super::{load_matrix, load_vector};
+use rayon::prelude::*;
+use waste_kernels::quant::dot_f32;
+
+/// Positions scored per parallel task: 512 keys of 64 x 128 are ~4 M
+/// multiply-adds, well above a task's overhead.
+const SCORE_BLOCK: usize = 512;
 
 /// `nn.LayerNorm(index_head_dim, eps=1e-6)` of the indexer's key.
 const K_NORM_EPS: f32 = 1e-6;
@@ -144,7 +149,7 @@ impl Indexer {
         pos: usize,
         cos: &[f32],
         sin: &[f32],
-        key_at: impl Fn(usize) -> &'c [f32],
+        key_at: impl Fn(usize) -> &'c [f32] + Sync,
         s: &mut IndexerScratch,
         selected: &mut Selection,
     ) {
@@ -166,15 +171,20 @@ impl Indexer {
         let head_scale = (nh as f32).powf(-0.5);
         s.weights.iter_mut().for_each(|w| *w *= head_scale);
         let softmax_scale = (hd as f32).powf(-0.5);
-        for (t, score) in s.scores[..n].iter_mut().enumerate() {
-            let k = key_at(t);
-            let mut acc = 0.0f32;
-            for (h, &w) in s.weights.iter().enumerate() {
-                let d = dot(&s.q[h * hd..(h + 1) * hd], k) * softmax_scale;
-                acc += w * d.max(0.0);
+        let (q, weights) = (&s.q, &s.weights);
+        // Each position's score depends on nothing else: blocks of positions
+        // run in parallel and give the same bits at any thread count.
+        s.scores[..n].par_chunks_mut(SCORE_BLOCK).enumerate().for_each(|(b, block)| {
+            for (i, score) in block.iter_mut().enumerate() {
+                let k = key_at(b * SCORE_BLOCK + i);
+                let mut acc = 0.0f32;
+                for (h, &w) in weights.iter().enumerate() {
+                    let d = dot_f32(&q[h * hd..(h + 1) * hd], k) * softmax_scale;
+                    acc += w * d.max(0.0);
+                }
+                *score = acc;
             }
-            *score = acc;
-        }
+        });
         let scores = &s.scores[..n];
         let order = &mut s.order[..n];
         for (i, o) in order.iter_mut().enumerate() {

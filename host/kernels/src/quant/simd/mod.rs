@@ -145,9 +145,10 @@ pub(crate) fn f16_at(bytes: &[u8], i: usize) -> f32 {
 
 // ---------------------------------------------------------------- dispatch
 
-/// `w . x`.
+/// `w . x`, with the best kernel this CPU has (the forward pass's f32 dot
+/// products outside matrices: the DSA indexer's scores).
 #[inline]
-pub(crate) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     assert_eq!(w.len(), x.len(), "dot_f32: length mismatch");
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {

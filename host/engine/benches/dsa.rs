@@ -1,0 +1,148 @@
+//! What DeepSeek Sparse Attention's indexer costs per decode token at long
+//! context, on DeepSeek-V3.2's full-scale shape (`synth --like
+//! deepseek-v3.2`'s config): one MLA layer with random q8 weights (the
+//! indexer's head weights f32, as converted) and a latent cache of `ctx`
+//! random rows; the token at position `ctx - 1` timed through
+//!
+//! * the indexer alone (its key, q, head weights, the score of every
+//!   position, the top-2048 choice),
+//! * the whole DSA layer (projections, indexer, MLA over the 2048 chosen),
+//! * the same layer as dense MLA over every position (what DSA replaces),
+//! * a warm-cache MoE block of the same layer (8 routed + 1 shared expert,
+//!   q8 `gate`/`up`/`down` matvecs of 2048 x 7168), so the share of a whole
+//!   decode step is known without the disk: step = 61 attention layers + 58
+//!   MoE blocks + 3 dense MLPs (18432 wide, timed as 9 experts' worth each).
+//!
+//! `cargo bench -p waste-engine --bench dsa` (medians of 5; one thread for
+//! the attention, the matvecs as the engine runs them).
+
+use std::path::Path;
+use std::time::Instant;
+
+use waste_engine::config::ModelConfig;
+use waste_engine::model::dsa::{Indexer, IndexerScratch, Selection};
+use waste_engine::model::mla::{Mla, MlaScratch};
+use waste_engine::model::rope::Rope;
+use waste_engine::quant::{quantize_trunk, QMatrix, TrunkFormat};
+use waste_engine::source::TensorSource;
+
+const CONTEXTS: [usize; 3] = [4096, 32768, 131072];
+const RUNS: usize = 5;
+
+/// Deterministic values in [-scale, scale) (xorshift).
+fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// Every trunk tensor of the config, random, stored q8 (f32 where the
+/// converter keeps f32: the indexer's head weights).
+struct RandomTrunk<'a>(&'a ModelConfig);
+
+impl TensorSource for RandomTrunk<'_> {
+    fn matrix(&self, name: &str) -> waste_engine::Result<QMatrix> {
+        let shape = self.0.trunk_tensor_shape(name).expect("a trunk tensor of the config");
+        let (rows, cols) = (shape[0], shape[1]);
+        let w = random(rows * cols, name.len() as u64 * 7919 + rows as u64, 0.02);
+        if name.ends_with("weights_proj.weight") {
+            return Ok(QMatrix::from_f32(w, rows, cols));
+        }
+        Ok(QMatrix::from_byte_vec(TrunkFormat::Q8, rows, cols, quantize_trunk(TrunkFormat::Q8, &w, rows, cols))
+            .expect("q8 bytes of the shape"))
+    }
+    fn vector(&self, name: &str) -> waste_engine::Result<Vec<f32>> {
+        let n = self.0.trunk_tensor_shape(name).expect("a trunk tensor")[0];
+        Ok(random(n, 3, 0.1).iter().map(|v| 1.0 + v).collect())
+    }
+    fn has(&self, _: &str) -> bool {
+        true
+    }
+}
+
+fn config(model_type: &str) -> ModelConfig {
+    let mut json = waste_engine::synth::like_config("deepseek-v3.2", None).expect("the deepseek-v3.2 config");
+    json["model_type"] = model_type.into();
+    ModelConfig::from_json_str(&json.to_string(), Path::new("config.json")).expect("a valid config")
+}
+
+fn median_ms(mut f: impl FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..RUNS)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[RUNS / 2]
+}
+
+fn main() {
+    let layer = 3; // the first MoE layer
+    let dsa = config("deepseek_v32");
+    let dense = config("deepseek_v3");
+    let x = random(dsa.hidden_size, 11, 1.0);
+    let mut out = vec![0.0f32; dsa.hidden_size];
+    eprintln!("building one layer of random q8 weights at full scale ...");
+    let sparse_layer = Mla::load(&dsa, &RandomTrunk(&dsa), layer).expect("the DSA layer");
+    let dense_layer = Mla::load(&dense, &RandomTrunk(&dense), layer).expect("the dense layer");
+    let rope = Rope::new(dsa.mla_rope.as_ref().expect("MLA rope"));
+    let indexer = Indexer::load(&dsa, &RandomTrunk(&dsa), layer, Some(&rope)).expect("the indexer");
+    let (h, i) = (dsa.hidden_size, dsa.moe_intermediate_size);
+    let up = RandomTrunk(&dsa).matrix("model.layers.3.mlp.shared_experts.up_proj.weight").unwrap();
+    let down = RandomTrunk(&dsa).matrix("model.layers.3.mlp.shared_experts.down_proj.weight").unwrap();
+    let (mut gate_y, mut down_y) = (vec![0.0f32; i], vec![0.0f32; h]);
+    let moe_ms = median_ms(|| {
+        for _ in 0..9 {
+            up.matvec(&x, &mut gate_y);
+            up.matvec(&x, &mut gate_y);
+            down.matvec(&gate_y, &mut down_y);
+        }
+    });
+    let d = dsa.add.dsa.clone().expect("DSA");
+    let m = dsa.mla.expect("MLA");
+    println!(
+        "DeepSeek-V3.2 shape: {} heads, kv_lora {}, indexer {} x {}, index_topk {}; MoE block (9 experts, q8) {moe_ms:.2} ms",
+        m.num_heads, m.kv_lora_rank, d.n_heads, d.head_dim, d.topk
+    );
+    println!("| context | indexer ms/layer | DSA layer ms | dense MLA layer ms | indexer / DSA layer | indexer / decode step (warm experts) |");
+    println!("|---|---|---|---|---|---|");
+    for ctx in CONTEXTS {
+        let stride = dsa.state_floats_per_token(layer);
+        let mut cache = random(ctx * stride, ctx as u64, 1.0);
+        let mut s = MlaScratch::new(&dsa, ctx);
+        let mut sel = Selection::for_config(&dsa);
+        let pos = ctx - 1;
+        let layer_ms = median_ms(|| sparse_layer.forward(&x, pos, &mut cache, &mut s, &mut sel, &mut out).unwrap());
+        let mut is = IndexerScratch::new(&dsa, ctx);
+        let (cos, sin) = (vec![0.6f32; m.qk_rope_head_dim / 2], vec![0.8f32; m.qk_rope_head_dim / 2]);
+        let w = m.cache_width();
+        let q_resid = random(m.q_lora_rank.unwrap_or(0), 5, 1.0);
+        let index_ms = median_ms(|| {
+            let c: &[f32] = &cache;
+            indexer.select(&x, &q_resid, pos, &cos, &sin, |t| &c[t * stride + w..(t + 1) * stride], &mut is, &mut sel)
+        });
+        drop(cache);
+        let dstride = dense.state_floats_per_token(layer);
+        let mut dcache = random(ctx * dstride, ctx as u64, 1.0);
+        let mut ds = MlaScratch::new(&dense, ctx);
+        let dense_ms = median_ms(|| {
+            dense_layer.forward(&x, pos, &mut dcache, &mut ds, &mut Selection::default(), &mut out).unwrap()
+        });
+        let step = dsa.num_layers as f64 * layer_ms + dsa.num_layers as f64 * moe_ms;
+        println!(
+            "| {ctx} | {index_ms:.2} | {layer_ms:.2} | {dense_ms:.2} | {:.0}% | {:.0}% (step {:.2} s) |",
+            100.0 * index_ms / layer_ms,
+            100.0 * dsa.num_layers as f64 * index_ms / step,
+            step / 1e3
+        );
+    }
+}

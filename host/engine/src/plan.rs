@@ -530,8 +530,7 @@ mod tests {
             let ql = m.q_lora_rank.unwrap_or(0);
             m.num_heads * m.qk_head_dim()
                 + m.cache_width()
-                + 2 * m.kv_lora_rank
-                + ctx
+                + crate::model::mla::MLA_LANES * (2 * m.kv_lora_rank + ctx)
                 + m.num_heads * m.v_head_dim
                 + 2 * ql
                 + 2 * m.qk_rope_head_dim

@@ -14,6 +14,8 @@ use crate::error::{Error, Result};
 use crate::quant::{QMatrix, TrunkFormat};
 use crate::source::TensorSource;
 
+use rayon::prelude::*;
+
 use super::dsa::{Indexer, IndexerScratch, Selection};
 use super::ops::{add_in_place, dot, rms_norm, softmax};
 use super::rope::Rope;
@@ -104,13 +106,24 @@ enum QueryProj {
 /// `rms_norm_eps` (the absorbed-vs-expanded test caught the difference).
 const KV_A_LAYERNORM_EPS: f32 = 1e-6;
 
+/// Groups of heads the attention splits into, each run as one task with
+/// its own [`HeadLane`]: up to this many threads work on a token's heads.
+/// A fixed count keeps the planned scratch independent of the machine.
+pub const MLA_LANES: usize = 8;
+
+/// One head group's buffers: the absorbed query, the attended latent and
+/// a score per attended position.
+struct HeadLane {
+    q_lat: Vec<f32>,
+    lat: Vec<f32>,
+    scores: Vec<f32>,
+}
+
 /// Per-call buffers of an MLA layer.
 pub struct MlaScratch {
     q: Vec<f32>,
     ckv: Vec<f32>,
-    q_lat: Vec<f32>,
-    lat: Vec<f32>,
-    scores: Vec<f32>,
+    lanes: Vec<HeadLane>,
     o: Vec<f32>,
     gate: Vec<f32>,
     q_a: Vec<f32>,
@@ -129,9 +142,9 @@ impl MlaScratch {
         MlaScratch {
             q: vec![0.0; q],
             ckv: vec![0.0; w],
-            q_lat: vec![0.0; r],
-            lat: vec![0.0; r],
-            scores: vec![0.0; context],
+            lanes: (0..if cfg.mla.is_some() { MLA_LANES } else { 0 })
+                .map(|_| HeadLane { q_lat: vec![0.0; r], lat: vec![0.0; r], scores: vec![0.0; context] })
+                .collect(),
             o: vec![0.0; o],
             gate: vec![0.0; if cfg.k3.is_some_and(|k| k.mla_output_gate) { o } else { 0 }],
             q_a: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
@@ -145,23 +158,11 @@ impl MlaScratch {
 
     /// Floats held, for the memory plan (`plan::scratch_bytes`).
     pub fn floats(&self) -> usize {
-        [
-            &self.q,
-            &self.ckv,
-            &self.q_lat,
-            &self.lat,
-            &self.scores,
-            &self.o,
-            &self.gate,
-            &self.q_a,
-            &self.q_a_norm,
-            &self.cos,
-            &self.sin,
-            &self.rot,
-        ]
-        .iter()
-        .map(|b| b.len())
-        .sum::<usize>()
+        [&self.q, &self.ckv, &self.o, &self.gate, &self.q_a, &self.q_a_norm, &self.cos, &self.sin, &self.rot]
+            .iter()
+            .map(|b| b.len())
+            .sum::<usize>()
+            + self.lanes.iter().map(|l| l.q_lat.len() + l.lat.len() + l.scores.len()).sum::<usize>()
             + self.index.floats()
     }
 }
@@ -281,52 +282,60 @@ impl Mla {
         let at = |i: usize| if sparse { selected[i] as usize } else { i };
 
         let scale = self.scale;
-        let scores = &mut s.scores[..n];
-        for h in 0..m.num_heads {
-            let q = &s.q[h * (dn + dr)..(h + 1) * (dn + dr)];
-            let (q_nope, q_rope) = q.split_at(dn);
-            match &self.kv_b {
-                KvB::F32(kv_b) => {
-                    let kb = &kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
-                    // q_lat = W_kb_nope^T q_nope: a q-weighted sum of the nope rows.
-                    s.q_lat.fill(0.0);
-                    for (i, &qi) in q_nope.iter().enumerate() {
-                        for (l, &wv) in s.q_lat.iter_mut().zip(&kb[i * r..(i + 1) * r]) {
-                            *l += qi * wv;
+        let (q_all, kv_b) = (&s.q, &self.kv_b);
+        let cache: &[f32] = cache;
+        // Heads are independent: contiguous groups of them run on the pool,
+        // each group with its own buffers, and every head's arithmetic is
+        // the same whichever group or thread runs it.
+        let per_lane = m.num_heads.div_ceil(MLA_LANES);
+        s.o.par_chunks_mut(per_lane * dv).zip(s.lanes.par_iter_mut()).enumerate().for_each(|(g, (o_group, lane))| {
+            let HeadLane { q_lat, lat, scores } = lane;
+            let scores = &mut scores[..n];
+            for (j, o) in o_group.chunks_exact_mut(dv).enumerate() {
+                let h = g * per_lane + j;
+                let q = &q_all[h * (dn + dr)..(h + 1) * (dn + dr)];
+                let (q_nope, q_rope) = q.split_at(dn);
+                q_lat.fill(0.0);
+                match kv_b {
+                    KvB::F32(kv_b) => {
+                        let kb = &kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
+                        // q_lat = W_kb_nope^T q_nope: a q-weighted sum of the nope rows.
+                        for (i, &qi) in q_nope.iter().enumerate() {
+                            for (l, &wv) in q_lat.iter_mut().zip(&kb[i * r..(i + 1) * r]) {
+                                *l += qi * wv;
+                            }
+                        }
+                    }
+                    KvB::Quant(kv_b) => {
+                        for (i, &qi) in q_nope.iter().enumerate() {
+                            kv_b.add_scaled_row(h * (dn + dv) + i, qi, q_lat);
                         }
                     }
                 }
-                KvB::Quant(kv_b) => {
-                    s.q_lat.fill(0.0);
-                    for (i, &qi) in q_nope.iter().enumerate() {
-                        kv_b.add_scaled_row(h * (dn + dv) + i, qi, &mut s.q_lat);
+                for (i, sc) in scores.iter_mut().enumerate() {
+                    let t = at(i);
+                    let c = &cache[t * stride..t * stride + w];
+                    *sc = (dot(q_lat, &c[..r]) + dot(q_rope, &c[r..])) * scale;
+                }
+                softmax(scores);
+                lat.fill(0.0);
+                for (i, &a) in scores.iter().enumerate() {
+                    let t = at(i);
+                    for (l, &cv) in lat.iter_mut().zip(&cache[t * stride..t * stride + r]) {
+                        *l += a * cv;
                     }
                 }
-            }
-            for (i, sc) in scores.iter_mut().enumerate() {
-                let t = at(i);
-                let c = &cache[t * stride..t * stride + w];
-                *sc = (dot(&s.q_lat, &c[..r]) + dot(q_rope, &c[r..])) * scale;
-            }
-            softmax(scores);
-            s.lat.fill(0.0);
-            for (i, &a) in scores.iter().enumerate() {
-                let t = at(i);
-                for (l, &cv) in s.lat.iter_mut().zip(&cache[t * stride..t * stride + r]) {
-                    *l += a * cv;
-                }
-            }
-            let o = &mut s.o[h * dv..(h + 1) * dv];
-            match &self.kv_b {
-                KvB::F32(kv_b) => {
-                    let kb = &kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
-                    for (j, oj) in o.iter_mut().enumerate() {
-                        *oj = dot(&kb[(dn + j) * r..(dn + j + 1) * r], &s.lat);
+                match kv_b {
+                    KvB::F32(kv_b) => {
+                        let kb = &kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
+                        for (j, oj) in o.iter_mut().enumerate() {
+                            *oj = dot(&kb[(dn + j) * r..(dn + j + 1) * r], lat);
+                        }
                     }
+                    KvB::Quant(kv_b) => kv_b.matvec_rows(h * (dn + dv) + dn, lat, o),
                 }
-                KvB::Quant(kv_b) => kv_b.matvec_rows(h * (dn + dv) + dn, &s.lat, o),
             }
-        }
+        });
         if let Some(g) = &self.g_proj {
             g.matvec(x, &mut s.gate);
             for (o, &gv) in s.o.iter_mut().zip(&s.gate) {

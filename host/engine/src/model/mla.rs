@@ -15,6 +15,7 @@ use crate::quant::{QMatrix, TrunkFormat};
 use crate::source::TensorSource;
 
 use rayon::prelude::*;
+use waste_kernels::quant::dot_f32;
 
 use super::dsa::{Indexer, IndexerScratch, Selection};
 use super::ops::{add_in_place, dot, rms_norm, softmax};
@@ -315,7 +316,7 @@ impl Mla {
                 for (i, sc) in scores.iter_mut().enumerate() {
                     let t = at(i);
                     let c = &cache[t * stride..t * stride + w];
-                    *sc = (dot(q_lat, &c[..r]) + dot(q_rope, &c[r..])) * scale;
+                    *sc = (dot_f32(q_lat, &c[..r]) + dot_f32(q_rope, &c[r..])) * scale;
                 }
                 softmax(scores);
                 lat.fill(0.0);

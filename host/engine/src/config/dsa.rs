@@ -116,3 +116,91 @@ fn string_list(r: &Reader<'_>, key: &str, v: &Value) -> Result<Vec<String>> {
         .map(|i| i.as_str().map(str::to_string).ok_or_else(|| r.err(key, "expected a list of strings")))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::ModelConfig;
+    use crate::error::{Error, Result};
+
+    fn fixture_json(family: &str) -> serde_json::Value {
+        let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../../tests/fixtures/tiny-{family}/config.json"));
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    }
+
+    fn parse(v: &serde_json::Value) -> Result<ModelConfig> {
+        ModelConfig::from_json_str(&v.to_string(), Path::new("/x/config.json"))
+    }
+
+    fn own(v: &serde_json::Value) -> Vec<bool> {
+        parse(v).unwrap().add.dsa.unwrap().own_indexer
+    }
+
+    #[test]
+    fn fixtures_parse_with_their_indexer_layouts() {
+        let v32 = parse(&fixture_json("deepseek_v32")).unwrap();
+        let d = v32.add.dsa.clone().unwrap();
+        assert_eq!((d.n_heads, d.head_dim, d.topk, d.interleaved_rope), (16, 16, 8, false));
+        assert_eq!(d.own_indexer, vec![true; 4]);
+        assert!(v32.mla_rope.unwrap().interleave);
+        let glm = parse(&fixture_json("glm_moe_dsa")).unwrap();
+        let d = glm.add.dsa.clone().unwrap();
+        assert!(d.interleaved_rope);
+        assert_eq!(d.own_indexer, vec![true, true, false, false]);
+        // The index key rides in the latent row of indexing layers only.
+        assert_eq!((glm.state_floats_per_token(1), glm.state_floats_per_token(2)), (16 + 8 + 16, 16 + 8));
+        // DeepSeek-V3 itself has none.
+        let mut v3 = fixture_json("deepseek_v32");
+        v3["model_type"] = "deepseek_v3".into();
+        assert!(parse(&v3).unwrap().add.dsa.is_none());
+    }
+
+    /// `GlmMoeDsaConfig.__post_init__`'s three spellings of the pattern.
+    #[test]
+    fn glm_indexer_patterns_follow_transformers() {
+        let mut v = fixture_json("glm_moe_dsa");
+        v.as_object_mut().unwrap().remove("indexer_types");
+        v["num_hidden_layers"] = 8.into();
+        v.as_object_mut().unwrap().remove("mlp_layer_types");
+        v.as_object_mut().unwrap().remove("layer_types");
+        // Defaults: freq 1, so every layer indexes.
+        assert_eq!(own(&v), vec![true; 8]);
+        // freq 3, offset 2: full where max(i - 1, 0) % 3 == 0.
+        v["index_topk_freq"] = 3.into();
+        assert_eq!(own(&v), vec![true, true, false, false, true, false, false, true]);
+        v["index_skip_topk_offset"] = 0.into();
+        // offset 0 makes layer 0 shared, which transformers' forward refuses.
+        assert!(parse(&v).unwrap_err().to_string().contains("layer 0"));
+        v["index_topk_pattern"] = "FFSFSSFS".into();
+        assert_eq!(own(&v), vec![true, true, false, true, false, false, true, false]);
+        v["index_topk_pattern"] =
+            serde_json::json!(["full", "shared", "full", "shared", "full", "shared", "full", "shared"]);
+        assert_eq!(own(&v), vec![true, false, true, false, true, false, true, false]);
+    }
+
+    #[test]
+    fn bad_indexer_configs_are_named() {
+        let mut v = fixture_json("glm_moe_dsa");
+        v["indexer_types"] = serde_json::json!(["shared", "full", "full", "full"]);
+        let e = parse(&v).unwrap_err().to_string();
+        assert!(e.contains("indexer_types") && e.contains("layer 0"), "{e}");
+        v["indexer_types"] = serde_json::json!(["full", "full"]);
+        assert!(parse(&v).unwrap_err().to_string().contains("2 entries for 4 layers"));
+        v["indexer_types"] = serde_json::json!(["full", "full", "dense", "full"]);
+        assert!(parse(&v).unwrap_err().to_string().contains("`dense`"));
+        let mut v = fixture_json("deepseek_v32");
+        v["index_head_dim"] = 4.into();
+        assert!(parse(&v).unwrap_err().to_string().contains("narrower than the 8 rope dims"));
+        let mut v = fixture_json("deepseek_v32");
+        v["index_topk"] = 0.into();
+        assert!(parse(&v).unwrap_err().to_string().contains("index_topk"));
+        let mut v = fixture_json("deepseek_v32");
+        v["q_lora_rank"] = serde_json::Value::Null;
+        assert!(parse(&v).unwrap_err().to_string().contains("q_lora_rank"));
+        let mut v = fixture_json("deepseek_v32");
+        v["layer_types"] = serde_json::json!(vec!["full_attention"; 4]);
+        assert!(matches!(parse(&v), Err(Error::Unsupported(_))));
+    }
+}

@@ -35,14 +35,17 @@ Recorded per family:
 
 How to run
 ----------
-    python3 tests/gen_dsa_fixtures.py      # by hand, never by CI; CPU, about a minute
+    python3 tests/gen_dsa_fixtures.py          # by hand, never by CI; CPU, about a minute
+    python3 tests/gen_dsa_fixtures.py release  # then tiny-deepseek_v32-fp8 (see release_v32)
 
 Needs torch, transformers 5.24, tokenizers, safetensors, numpy; offline. Deterministic
 (seeded, single thread, float32, eager attention).
 
 Writes (and nothing else): tests/fixtures/tiny-deepseek_v32/ and tests/fixtures/tiny-glm_moe_dsa/,
 each {config.json, generation_config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json, reference.json, reference_logits.f32}. The tokenizer is the byte-level
+tokenizer_config.json, reference.json, reference_logits.f32}; `release` writes
+tests/fixtures/tiny-deepseek_v32-fp8/ (the same files, model.safetensors in the release's
+fp8 layout with an MTP layer). The tokenizer is the byte-level
 BPE of tests/gen_fixtures.py (same corpus, same training).
 """
 
@@ -405,7 +408,119 @@ def make(fam, tok, pids):
     print(f"[{fam}] wrote {out}")
 
 
+def release_v32():
+    """tests/fixtures/tiny-deepseek_v32-fp8: tiny-deepseek_v32 stored as DeepSeek-V3.2's
+    release is: every matrix of the layers (attention, the indexer's wq_b and wk, experts,
+    shared experts, dense MLPs) fp8 e4m3 with a float32 `weight_scale_inv` per 16x16 block
+    (the release uses 128x128), the indexer's weights_proj, embeddings, LM head and norms
+    bf16, routers f32; the release's config keys (`rope_scaling` with `type`, a top-level
+    `rope_theta`, no `mlp_layer_types` / `layer_types`, `quantization_config`); and an MTP
+    layer 4 (`num_nextn_predict_layers` 1: a decoder layer plus eh_proj, enorm, hnorm,
+    shared_head.norm) that the engine must skip. Reference: DeepseekV32ForCausalLM on the
+    weights transformers' `_dequantize_fp8_weight` gives, causal path, checked against
+    the full forward."""
+    # fp8 rounding moves the routing; block shapes are tried in a fixed order until the
+    # router and indexer gaps of the requantised model still exceed 1e-4.
+    for block in ([16, 16], [16, 8], [8, 16], [8, 8], [32, 32], [32, 16]):
+        if release_v32_with(block):
+            return
+    raise AssertionError("no fp8 block shape kept the gaps above 1e-4")
+
+
+def release_v32_with(block):
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+    import gen_mxfp4_fixtures as gm
+
+    gm.BLOCK = BLOCK = block
+    fp8_quantize = gm.fp8_quantize
+    src_dir = FIXTURES / "tiny-deepseek_v32"
+    out = FIXTURES / "tiny-deepseek_v32-fp8"
+    src = load_file(str(src_dir / "model.safetensors"))
+    stored, deq, kinds = {}, {}, {"fp8": 0, "bf16": 0, "f32": 0}
+    for name in sorted(src):
+        w = src[name].float()
+        if name.startswith("model.layers.") and w.dim() == 2 and not name.endswith(
+                ("mlp.gate.weight", "weights_proj.weight")):
+            q, sc = fp8_quantize(w)
+            stored[name], stored[name + "_scale_inv"] = q, sc
+            deq[name] = _dequantize_fp8_weight(q, sc, BLOCK, torch.float32)
+            kinds["fp8"] += 1
+        elif name.endswith(("mlp.gate.weight", "e_score_correction_bias")):
+            stored[name], deq[name] = w, w
+            kinds["f32"] += 1
+        else:
+            stored[name] = w.to(torch.bfloat16)
+            deq[name] = stored[name].float()
+            kinds["bf16"] += 1
+    # The MTP layer: layer 3's decoder tensors under layer 4, plus its own projections.
+    hidden = json.loads((src_dir / "config.json").read_text())["hidden_size"]
+    g = torch.Generator().manual_seed(4)
+    for name in [n for n in stored if n.startswith("model.layers.3.")]:
+        stored["model.layers.4." + name[len("model.layers.3."):]] = stored[name].clone()
+    stored["model.layers.4.eh_proj.weight"] = (0.05 * torch.randn(hidden, 2 * hidden, generator=g)).to(torch.bfloat16)
+    for n in ["enorm", "hnorm", "shared_head.norm"]:
+        stored[f"model.layers.4.{n}.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for f in ["generation_config.json", "tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(src_dir / f, out / f)
+    cfg = json.loads((src_dir / "config.json").read_text())
+    rope = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    rope["type"] = rope.pop("rope_type")
+    cfg["rope_scaling"] = rope
+    for k in ["mlp_layer_types", "layer_types", "dtype", "transformers_version", "use_cache"]:
+        cfg.pop(k, None)
+    cfg.update(num_nextn_predict_layers=1, torch_dtype="bfloat16", scoring_func="sigmoid", topk_method="noaux_tc",
+               moe_layer_freq=1, quantization_config={"quant_method": "fp8", "fmt": "e4m3",
+                                                      "activation_scheme": "dynamic", "weight_block_size": BLOCK})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+    ref = json.loads((src_dir / "reference.json").read_text())
+    ids = torch.tensor([ref["prompt_ids"]])
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(src_dir / "config.json", Path(tmp) / "config.json")
+        save_file(deq, str(Path(tmp) / "model.safetensors"))
+        model = DeepseekV32ForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager").eval()
+        for n, p in model.state_dict().items():
+            assert n not in deq or torch.equal(p, deq[n]), n
+        gaps = Gaps(model, "deepseek_v32")
+        try:
+            logits = causal_logits(model, ids)
+            with torch.no_grad():
+                full = model(input_ids=ids).logits[0].float()
+        finally:
+            gaps.remove()
+    scale = logits.abs().max().item()
+    agree = (full - logits).abs().max().item() / scale
+    print(f"[deepseek_v32-fp8] block {block}: full vs causal {agree:.2e}, index gap {min(gaps.index):.2e}, "
+          f"router gap {min(gaps.router):.2e}, group gap {min(gaps.group):.2e}")
+    if not (agree <= PATHS_AGREE and min(gaps.index) > GAP_MIN and min(gaps.router) > GAP_MIN
+            and min(gaps.group) > GAP_MIN):
+        return False
+    (out / "reference_logits.f32").write_bytes(logits.contiguous().numpy().astype("<f4").tobytes())
+    (out / "reference.json").write_text(json.dumps({
+        "source": "tests/fixtures/tiny-deepseek_v32 requantised by tests/gen_dsa_fixtures.py release",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "kinds": kinds, "fp8_block": BLOCK, "prompt_ids": ref["prompt_ids"],
+        "logits_file": "reference_logits.f32", "logits_shape": list(logits.shape),
+        "logits_source": "causal path (one token at a time through DynamicCache)",
+        "full_forward_vs_causal_max_rel_diff": agree, "min_index_gap": min(gaps.index),
+        "min_router_gap": min(gaps.router), "min_group_gap": min(gaps.group), "max_abs_logit": scale,
+    }, indent=2) + "\n")
+    print("wrote", out, kinds)
+    return True
+
+
 def main():
+    if sys.argv[1:] == ["release"]:
+        release_v32()
+        return
     tok = train_tokenizer()
     pids = tok.encode(PROMPT).ids
     only = sys.argv[1:] or list(FAMILIES)

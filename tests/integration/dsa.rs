@@ -128,3 +128,40 @@ fn deepseek_v32_without_a_template_gets_the_bundled_one() {
     let own = convert("deepseek_v32", "q8", "q8", tmp.path());
     assert!(!own.join("chat_template.jinja").exists());
 }
+
+/// DeepSeek-V3.2's release layout (tests/gen_dsa_fixtures.py `release`):
+/// fp8 block-scaled matrices including the indexer's `wq_b` / `wk`, bf16
+/// head weights and norms, the release's config keys and an MTP layer.
+/// Converted exactly (f32), it matches transformers on the dequantised
+/// weights at every position, and the MTP layer is reported as skipped.
+#[test]
+fn deepseek_v32_release_layout_converts_and_matches_transformers() {
+    let tmp = TempDir::new("dsa-release");
+    let out = tmp.path().join("v32-release.waste");
+    let src = fixture("deepseek_v32-fp8");
+    let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", "f32", "--trunk", "f32"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("multi-token-prediction layer after the 4 decoder layers (model.layers.4.*)"),
+        "{}",
+        stderr(&o)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(src.join("reference.json")).unwrap()).unwrap();
+    let ids: Vec<u32> = json["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let bytes = std::fs::read(src.join("reference_logits.f32")).unwrap();
+    let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let v = json["logits_shape"][1].as_u64().unwrap() as usize;
+    let model = Model::open(&out, &OpenOptions::default()).unwrap();
+    let mut state = model.new_state();
+    let (got, _) = model.forward(&mut state, &ids, true).unwrap();
+    assert_eq!(got.len(), want.len());
+    let mut worst = 0.0f32;
+    for (a, b) in got.chunks_exact(v).zip(want.chunks_exact(v)) {
+        let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let diff = a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+        worst = worst.max(diff / scale);
+        assert_eq!(argmax(a), argmax(b));
+    }
+    eprintln!("deepseek_v32 release layout: max |logit diff| / max |logit| = {worst:e}");
+    assert!(worst <= 1e-4, "{worst}");
+}

@@ -95,6 +95,13 @@ fn dsa_info_counts_parameters_and_indexer_keys() {
         // kv_lora 16 + rope 8 floats on 4 layers, and a 16-float index key
         // on each layer with its own indexer.
         assert_eq!(j["state_bytes_per_token"], 4 * (4 * (16 + 8) + indexers * 16), "{family}");
+        let kinds: Vec<String> = layer_pattern(&j);
+        let want = if indexers == 4 {
+            vec!["MLA+DSA"; 4]
+        } else {
+            vec!["MLA+DSA", "MLA+DSA", "MLA+DSA(shared)", "MLA+DSA(shared)"]
+        };
+        assert_eq!(kinds.iter().map(|k| k.split('/').next().unwrap()).collect::<Vec<_>>(), want, "{family}");
     }
 }
 

@@ -48,7 +48,8 @@ pub struct ModelInfo {
 /// One decoder layer as `ModelInfo` describes it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerInfo {
-    /// `GQA`, `MLA` or `KDA`.
+    /// `GQA`, `MLA`, `KDA`, `GDN`; `MLA+DSA` with a sparse-attention
+    /// indexer, `MLA+DSA(shared)` reusing an earlier layer's selection.
     pub attention: String,
     /// A routed MoE block (else a dense MLP).
     pub moe: bool,
@@ -87,7 +88,11 @@ impl ModelInfo {
             has_chat_template: matches!(container.chat_template(false), Ok(Some(_))),
             layers: (0..c.num_layers)
                 .map(|l| LayerInfo {
-                    attention: c.attn_kind(l).name().to_string(),
+                    attention: match &c.add.dsa {
+                        Some(d) if d.has_indexer(l) => "MLA+DSA".to_string(),
+                        Some(_) => "MLA+DSA(shared)".to_string(),
+                        None => c.attn_kind(l).name().to_string(),
+                    },
                     moe: c.is_moe_layer(l),
                     state_bytes_fixed: 4 * c.state_floats_fixed(l) as u64,
                     state_bytes_per_token: 4 * c.state_floats_per_token(l) as u64,

@@ -22,8 +22,8 @@ mod tests;
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use waste_platform::FileExt;
 
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::Dtype;

@@ -301,151 +301,23 @@ pub fn plan_from(i: PlanInput) -> Result<MemoryPlan> {
     })
 }
 
-/// RAM this process may use: physical RAM capped by the smallest finite
-/// memory limit on its cgroup path.
+/// RAM this process may use: physical RAM capped by the smallest memory
+/// limit the OS puts on it (Linux: its cgroups; Windows: its job object;
+/// macOS: none), `waste_platform`'s two answers.
 pub fn usable_ram() -> u64 {
-    let physical = physical_ram().unwrap_or(u64::MAX);
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|text| cgroup_limit(Path::new("/sys/fs/cgroup"), &text));
-    physical.min(cgroup.unwrap_or(u64::MAX))
+    let physical = waste_platform::physical_ram().unwrap_or(u64::MAX);
+    physical.min(waste_platform::memory_limit().unwrap_or(u64::MAX))
 }
 
-/// macOS has no /proc and no cgroups: the kernel's `hw.memsize`.
-#[cfg(target_os = "macos")]
-fn physical_ram() -> Option<u64> {
-    let mut bytes: u64 = 0;
-    let mut len = std::mem::size_of::<u64>();
-    // SAFETY: the name is NUL-terminated; `bytes` and `len` are a u64 and
-    // its size, which sysctl fills (no new value is set).
-    let rc = unsafe {
-        libc::sysctlbyname(c"hw.memsize".as_ptr(), (&mut bytes as *mut u64).cast(), &mut len, std::ptr::null_mut(), 0)
-    };
-    (rc == 0 && len == std::mem::size_of::<u64>()).then_some(bytes)
-}
-
-#[cfg(not(target_os = "macos"))]
-fn physical_ram() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// The smallest finite memory limit on the cgroup path of a process whose
-/// `/proc/PID/cgroup` reads `proc_cgroup`, with the cgroup file systems
-/// mounted under `root`: cgroup v2 `memory.max` and `memory.high` (and v1
-/// `memory.limit_in_bytes` under `root/memory`), walked from the process's
-/// group up to the root. A path that does not exist under `root` (a cgroup
-/// namespace shows the process at `/`) is walked as far as it exists.
-pub fn cgroup_limit(root: &Path, proc_cgroup: &str) -> Option<u64> {
-    let mut best: Option<u64> = None;
-    let mut take = |v: Option<u64>| {
-        if let Some(v) = v {
-            best = Some(best.map_or(v, |b| b.min(v)));
-        }
-    };
-    for line in proc_cgroup.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
-            continue;
-        };
-        let rel = path.trim_start_matches('/');
-        if id == "0" && controllers.is_empty() {
-            for dir in ancestors(&root.join(rel), root) {
-                take(read_limit(&dir.join("memory.max")));
-                take(read_limit(&dir.join("memory.high")));
-            }
-        } else if controllers.split(',').any(|c| c == "memory") {
-            let base = root.join("memory");
-            for dir in ancestors(&base.join(rel), &base) {
-                take(read_limit(&dir.join("memory.limit_in_bytes")));
-            }
-        }
-    }
-    best
-}
-
-/// `dir` and its parents down to `stop` inclusive.
-fn ancestors(dir: &Path, stop: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut d = Some(dir);
-    while let Some(p) = d {
-        if !p.starts_with(stop) {
-            break;
-        }
-        out.push(p.to_path_buf());
-        if p == stop {
-            break;
-        }
-        d = p.parent();
-    }
-    out
-}
-
-/// A limit file's value; `max` and v1's "unlimited" (a huge page-rounded
-/// number) read as no limit.
-fn read_limit(path: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let v: u64 = text.trim().parse().ok()?;
-    (v < 1 << 60).then_some(v)
-}
-
-/// Peak resident set size of this process (`VmHWM`), when the OS reports it.
+/// Peak resident set size of this process, when the OS reports it.
 pub fn peak_rss() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    waste_platform::peak_rss()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::State;
-
-    fn write(root: &Path, rel: &str, text: &str) {
-        let p = root.join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, text).unwrap();
-    }
-
-    fn fixture(tag: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("waste-cg-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
-    }
-
-    #[test]
-    fn cgroup_v2_takes_the_smallest_of_max_and_high_up_the_path() {
-        let root = fixture("v2");
-        write(&root, "memory.max", "max\n");
-        write(&root, "user.slice/memory.max", "8000000000\n");
-        write(&root, "user.slice/memory.high", "max\n");
-        write(&root, "user.slice/app.scope/memory.max", "max\n");
-        write(&root, "user.slice/app.scope/memory.high", "6000000000\n");
-        assert_eq!(cgroup_limit(&root, "0::/user.slice/app.scope\n"), Some(6_000_000_000));
-        write(&root, "user.slice/memory.max", "5000000000\n");
-        assert_eq!(cgroup_limit(&root, "0::/user.slice/app.scope\n"), Some(5_000_000_000));
-        assert_eq!(cgroup_limit(&root, "0::/\n"), None, "root says max");
-        std::fs::remove_dir_all(&root).unwrap();
-    }
-
-    #[test]
-    fn cgroup_v1_reads_limit_in_bytes_of_the_memory_controller() {
-        let root = fixture("v1");
-        // This machine's layout: cgroup v1 with a memory controller path.
-        write(&root, "memory/memory.limit_in_bytes", "9223372036854771712\n");
-        write(&root, "memory/process_api/memory.limit_in_bytes", "9223372036854771712\n");
-        write(&root, "memory/process_api/job1/memory.limit_in_bytes", "4294967296\n");
-        let proc = "9:name=systemd:/\n4:memory:/process_api/job1\n1:cpu:/\n0::/\n";
-        assert_eq!(cgroup_limit(&root, proc), Some(4_294_967_296));
-        assert_eq!(cgroup_limit(&root, "4:memory:/process_api\n"), None, "unlimited is no limit");
-        // A namespaced view (the path is missing) still finds the root limit.
-        write(&root, "memory/memory.limit_in_bytes", "3000000000\n");
-        assert_eq!(cgroup_limit(&root, "4:cpu,memory:/not/here\n"), Some(3_000_000_000));
-        std::fs::remove_dir_all(&root).unwrap();
-    }
 
     fn input(budget: Option<u64>, usable: u64) -> PlanInput {
         PlanInput {

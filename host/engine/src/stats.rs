@@ -27,22 +27,8 @@ impl StepStats {
     }
 }
 
-/// (user, system) CPU time of the calling thread (`thread`, Linux only) or
-/// of the whole process, as the kernel accounts it; `None` where
-/// unavailable.
+/// (user, system) CPU time of the calling thread (`thread`; not on macOS)
+/// or of the whole process, as the OS accounts it; `None` where unavailable.
 pub fn cpu_times(thread: bool) -> Option<(Duration, Duration)> {
-    #[cfg(target_os = "linux")]
-    let who = if thread { libc::RUSAGE_THREAD } else { libc::RUSAGE_SELF };
-    #[cfg(not(target_os = "linux"))]
-    let who = if thread { return None } else { libc::RUSAGE_SELF };
-    // SAFETY: getrusage fills the zeroed struct we own; no other effect.
-    let usage = unsafe {
-        let mut u: libc::rusage = std::mem::zeroed();
-        if libc::getrusage(who, &mut u) != 0 {
-            return None;
-        }
-        u
-    };
-    let d = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    Some((d(usage.ru_utime), d(usage.ru_stime)))
+    waste_platform::cpu_times(thread)
 }

@@ -8,8 +8,8 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
+use waste_platform::FileExt;
 
 use rayon::prelude::*;
 

@@ -124,53 +124,26 @@ impl fmt::Display for CpuSet {
     }
 }
 
-/// Pins the calling thread to `cpus`.
-#[cfg(target_os = "linux")]
+/// Pins the calling thread to `cpus` (`waste_platform`: Linux
+/// `sched_setaffinity`, Windows `SetThreadGroupAffinity` in group 0; macOS
+/// refuses, as thread affinity cannot be set there).
 pub fn bind_current_thread(cpus: &CpuSet) -> Result<()> {
     if cpus.is_empty() {
         return Err(Error::Arg("cannot bind a thread to an empty CPU set".into()));
     }
-    // SAFETY: cpu_set_t is plain bits; zeroed is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus.cpus() {
-        // SAFETY: c < MAX_CPU = 1024 = CPU_SETSIZE, inside the set's bits.
-        unsafe { libc::CPU_SET(c, &mut set) };
-    }
-    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of
-    // the size passed.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(Error::Arg(format!("binding a thread to CPUs {cpus}: {e}")));
-    }
-    Ok(())
+    waste_platform::bind_current_thread(cpus.cpus()).map_err(|e| match e.kind() {
+        std::io::ErrorKind::Unsupported => Error::Unsupported(format!("--cpus {cpus}: {e}")),
+        _ => Error::Arg(format!("binding a thread to CPUs {cpus}: {e}")),
+    })
 }
 
-/// Pins the calling thread to `cpus`: not available on this platform.
-#[cfg(not(target_os = "linux"))]
-pub fn bind_current_thread(cpus: &CpuSet) -> Result<()> {
-    Err(Error::Unsupported(format!("binding threads to CPUs ({cpus}) is implemented on Linux only")))
-}
-
-/// The CPUs the calling thread may run on (Linux), for tests and reports.
-#[cfg(target_os = "linux")]
+/// The CPUs the calling thread may run on, for tests and reports.
 pub fn current_affinity() -> Result<CpuSet> {
-    // SAFETY: zeroed cpu_set_t is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; `set` has the size passed.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
-        return Err(Error::Runtime(format!("sched_getaffinity: {}", std::io::Error::last_os_error())));
+    match waste_platform::current_affinity() {
+        Ok(cpus) => Ok(CpuSet { cpus }),
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => Err(Error::Unsupported(e.to_string())),
+        Err(e) => Err(Error::Runtime(format!("reading this thread's CPUs: {e}"))),
     }
-    // SAFETY: c < CPU_SETSIZE.
-    let cpus = (0..MAX_CPU).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
-    Ok(CpuSet { cpus })
-}
-
-/// The CPUs the calling thread may run on: not available on this platform.
-#[cfg(not(target_os = "linux"))]
-pub fn current_affinity() -> Result<CpuSet> {
-    Err(Error::Unsupported("reading thread affinity is implemented on Linux only".into()))
 }
 
 /// Distinguishes pools in the per-thread "already bound" marker.
@@ -349,7 +322,8 @@ mod tests {
         assert!(e.to_string().contains("binding"), "{e}");
     }
 
-    #[cfg(not(target_os = "linux"))]
+    /// macOS cannot set thread affinity: `--cpus` is refused, not ignored.
+    #[cfg(target_os = "macos")]
     #[test]
     fn binding_is_unsupported_here() {
         let e = Pool::new(Some(1), Some(&CpuSet::parse("0").unwrap())).unwrap_err();

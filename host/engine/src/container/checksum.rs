@@ -10,8 +10,8 @@
 //! against the disk and against copies; it is not a signature.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
+use waste_platform::FileExt;
 
 use crate::error::{Error, Result};
 

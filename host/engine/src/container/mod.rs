@@ -15,8 +15,8 @@ mod rows;
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use waste_platform::FileExt;
 
 use crate::files::read_file;
 

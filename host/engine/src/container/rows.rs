@@ -5,8 +5,8 @@
 //! same dequantisation as the resident matrix, so the values are the same.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use waste_platform::FileExt;
 
 use crate::error::{Error, Result};
 use crate::quant::{QMatrix, TrunkFormat};

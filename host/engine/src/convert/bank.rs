@@ -4,8 +4,8 @@
 //! in any order, on any number of threads, with identical bytes.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
+use waste_platform::FileExt;
 
 use super::files::{valid_sidecar, write_sidecar, Sidecar, Writer};
 use super::ConvertOptions;

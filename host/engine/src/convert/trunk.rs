@@ -5,8 +5,8 @@
 //! two blocks and the file is identical to quantising the tensor at once.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
+use waste_platform::FileExt;
 
 use super::files::{sidecar_path, tmp_path, valid_sidecar, write_sidecar, Sidecar};
 use super::trunk_format_for;

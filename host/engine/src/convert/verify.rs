@@ -3,8 +3,8 @@
 //! was made from, and the errors held to a limit per format.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
+use waste_platform::FileExt;
 
 use serde::Serialize;
 

@@ -417,7 +417,7 @@ impl GgufFile {
         }
         let mut buf = vec![0u8; (hi - lo) as usize];
         let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, lo).map_err(|e| Error::io(&self.path, e))?;
+        waste_platform::FileExt::read_exact_at(&file, &mut buf, lo).map_err(|e| Error::io(&self.path, e))?;
         let mut out = vec![0f32; (n * t.ne[0]) as usize];
         dequant::dequantize(t.ty, &buf, &mut out);
         Ok(out)

@@ -10,11 +10,11 @@
 
 use std::alloc::{self, Layout};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Arc;
+
+use waste_platform::{advise_random, open_direct, FileExt, HugePages};
 
 use crate::error::{Error, Result};
 
@@ -34,7 +34,7 @@ pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
     /// The arena this buffer is a slice of; `None`: its own allocation.
-    arena: Option<Arc<Mapping>>,
+    arena: Option<Arc<HugePages>>,
     /// Its pages have been touched (see [`as_mut_slice`](Self::as_mut_slice)).
     faulted: bool,
 }
@@ -61,7 +61,7 @@ impl AlignedBuf {
 
     /// Whether this buffer is a slice of an arena backed by huge pages.
     pub fn huge(&self) -> bool {
-        self.arena.as_ref().is_some_and(|a| a.huge)
+        self.arena.as_ref().is_some_and(|a| a.advised())
     }
 
     pub fn len(&self) -> usize {
@@ -132,12 +132,12 @@ impl Drop for AlignedBuf {
 pub fn slot_buffers(count: usize, len: usize, huge: bool) -> Result<Vec<AlignedBuf>> {
     let len = len.max(1).div_ceil(IO_ALIGN) * IO_ALIGN;
     if huge && count > 0 {
-        if let Some(arena) = Mapping::huge(count * len) {
+        if let Some(arena) = HugePages::new(count * len, HUGE_PAGE) {
             let arena = Arc::new(arena);
             return Ok((0..count)
                 .map(|i| AlignedBuf {
                     // SAFETY: i * len + len <= count * len, the mapping's length.
-                    ptr: unsafe { NonNull::new_unchecked(arena.ptr.as_ptr().add(i * len)) },
+                    ptr: unsafe { NonNull::new_unchecked(arena.as_ptr().add(i * len)) },
                     len,
                     arena: Some(arena.clone()),
                     faulted: false,
@@ -146,83 +146,6 @@ pub fn slot_buffers(count: usize, len: usize, huge: bool) -> Result<Vec<AlignedB
         }
     }
     (0..count).map(|_| AlignedBuf::new(len)).collect()
-}
-
-/// An anonymous private mapping (zero-filled by the kernel), unmapped on drop.
-/// Made only on Linux, where huge pages can be advised.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-    /// `MADV_HUGEPAGE` was accepted.
-    huge: bool,
-}
-
-// SAFETY: the mapping is owned exclusively by its Arc; the slices handed
-// out (AlignedBuf) are disjoint and carry their own Send/Sync reasoning.
-unsafe impl Send for Mapping {}
-// SAFETY: as above; the Mapping itself is never written through.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// `len` bytes starting on a huge-page boundary, advised huge; `None`
-    /// where that is not possible (then the caller uses the heap).
-    #[cfg(target_os = "linux")]
-    fn huge(len: usize) -> Option<Mapping> {
-        let span = len.checked_add(HUGE_PAGE)?;
-        // SAFETY: a fresh anonymous private mapping; no address hint, no fd.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                span,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return None;
-        }
-        let base = raw as usize;
-        let start = base.div_ceil(HUGE_PAGE) * HUGE_PAGE;
-        let (head, tail) = (start - base, base + span - (start + len));
-        // SAFETY: head and tail are page-aligned (mmap returns page-aligned
-        // addresses, start and len are 4 KiB multiples) sub-ranges of the
-        // mapping just made, outside [start, start + len); unmapping them
-        // leaves exactly the aligned range.
-        unsafe {
-            if head > 0 {
-                libc::munmap(raw, head);
-            }
-            if tail > 0 {
-                libc::munmap((start + len) as *mut libc::c_void, tail);
-            }
-        }
-        // SAFETY: advice on a range we own; failure (THP disabled: EINVAL)
-        // leaves ordinary pages, which is only slower.
-        let huge = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) } == 0;
-        let ptr = NonNull::new(start as *mut u8)?;
-        // Pages are faulted in by the first read into each slot
-        // (`AlignedBuf::as_mut_slice`), not here.
-        Some(Mapping { ptr, len, huge })
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    fn huge(_len: usize) -> Option<Mapping> {
-        None
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        #[cfg(target_os = "linux")]
-        // SAFETY: exactly the range `huge` kept mapped; no slice outlives
-        // the Arc that owns this.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len);
-        }
-    }
 }
 
 /// An expert bank opened for record reads.
@@ -266,49 +189,10 @@ impl BankFile {
     }
 }
 
-#[cfg(target_os = "linux")]
-fn open_direct(path: &Path) -> Option<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path).ok()
-}
-
-#[cfg(target_os = "macos")]
-fn open_direct(path: &Path) -> Option<File> {
-    let file = File::open(path).ok()?;
-    // SAFETY: fcntl on a descriptor we own, with an integer argument.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_NOCACHE, 1) };
-    (rc != -1).then_some(file)
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "macos")))]
-fn open_direct(_path: &Path) -> Option<File> {
-    None
-}
-
-#[cfg(target_os = "linux")]
-fn advise_random(file: &File) {
-    // SAFETY: posix_fadvise on a descriptor we own; advice only, so a
-    // failure (reported by the return value) changes nothing but speed.
-    unsafe {
-        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn advise_random(_file: &File) {}
-
 /// Whether the open file description of `file` carries `O_DIRECT`, as the
-/// kernel sees it (for tests and diagnostics).
-#[cfg(target_os = "linux")]
+/// kernel sees it (for tests and diagnostics; `false` off Linux).
 pub fn fd_is_direct(file: &File) -> bool {
-    // SAFETY: F_GETFL on a descriptor we own takes no argument.
-    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-    flags != -1 && flags & libc::O_DIRECT != 0
-}
-
-#[cfg(not(target_os = "linux"))]
-pub fn fd_is_direct(_file: &File) -> bool {
-    false
+    waste_platform::is_direct(file)
 }
 
 #[cfg(test)]

@@ -1,0 +1,163 @@
+//! What the engine asks of the operating system, behind one interface with
+//! one module per OS, so the store, the planner and the pool hold no
+//! `cfg` of their own:
+//!
+//! | | Linux | macOS | Windows |
+//! |---|---|---|---|
+//! | expert reads bypass the page cache | `O_DIRECT` | `F_NOCACHE` | `FILE_FLAG_NO_BUFFERING` |
+//! | positional reads and writes | `pread` / `pwrite` | `pread` / `pwrite` | `ReadFile` / `WriteFile` at an offset |
+//! | physical RAM | `/proc/meminfo` | `sysctl hw.memsize` | `GlobalMemoryStatusEx` |
+//! | the limit on this process | cgroup v1 / v2 | none | the job object's memory limit |
+//! | `--cpus` | `sched_setaffinity` | refused: not supported | `SetThreadGroupAffinity` (group 0) |
+//! | CPU time, per thread | `getrusage` (`RUSAGE_THREAD`) | `getrusage`, process only | `GetThreadTimes` / `GetProcessTimes` |
+//! | peak RSS | `VmHWM` | `ru_maxrss` | `PeakWorkingSetSize` |
+//!
+//! Every direct read must be aligned: offsets, lengths and buffers at 4 KiB
+//! (a multiple of every sector size in use), which the store guarantees.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+use std::time::Duration;
+
+#[cfg(target_os = "linux")]
+mod linux;
+#[cfg(target_os = "linux")]
+use linux as os;
+#[cfg(target_os = "linux")]
+pub use linux::cgroup_limit;
+
+#[cfg(target_os = "macos")]
+mod macos;
+#[cfg(target_os = "macos")]
+use macos as os;
+
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+use windows as os;
+
+#[cfg(not(any(target_os = "linux", target_os = "macos", windows)))]
+mod other;
+#[cfg(not(any(target_os = "linux", target_os = "macos", windows)))]
+use other as os;
+
+#[cfg(unix)]
+mod unix;
+
+/// Positional reads and writes of a whole buffer, as
+/// `std::os::unix::fs::FileExt` has them, on every OS.
+pub trait FileExt {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+}
+
+/// `path` opened for reads that bypass the page cache; `None` where the OS
+/// or the file system does not offer it (the caller then reads buffered).
+pub fn open_direct(path: &Path) -> Option<File> {
+    os::open_direct(path)
+}
+
+/// Tells the OS a buffered file is read at random (no read-ahead); advice
+/// only, a no-op where there is none.
+pub fn advise_random(file: &File) {
+    os::advise_random(file)
+}
+
+/// Whether `file`'s reads bypass the page cache as the OS sees it (Linux:
+/// `O_DIRECT` on the open file description); `false` where it cannot tell.
+pub fn is_direct(file: &File) -> bool {
+    os::is_direct(file)
+}
+
+/// The machine's physical RAM in bytes.
+pub fn physical_ram() -> Option<u64> {
+    os::physical_ram()
+}
+
+/// The smallest memory limit the OS puts on this process (Linux: its
+/// cgroups; Windows: its job object), `None` without one.
+pub fn memory_limit() -> Option<u64> {
+    os::memory_limit()
+}
+
+/// Pins the calling thread to these CPUs (indices as the OS numbers them).
+/// macOS cannot (thread affinity is only a hint there): an `Unsupported`
+/// error, never a silent no-op.
+pub fn bind_current_thread(cpus: &[usize]) -> io::Result<()> {
+    if cpus.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "an empty CPU set"));
+    }
+    os::bind_current_thread(cpus)
+}
+
+/// The CPUs the calling thread may run on, ascending.
+pub fn current_affinity() -> io::Result<Vec<usize>> {
+    os::current_affinity()
+}
+
+/// (user, system) CPU time of the calling thread (`thread`) or of the
+/// whole process; `None` where the OS does not account it.
+pub fn cpu_times(thread: bool) -> Option<(Duration, Duration)> {
+    os::cpu_times(thread)
+}
+
+/// Peak resident set size of this process in bytes.
+pub fn peak_rss() -> Option<u64> {
+    os::peak_rss()
+}
+
+/// Memory for I/O buffers on huge pages: an anonymous private mapping
+/// (zero-filled by the kernel) of exactly the length asked for, starting on
+/// a `huge_page` boundary and advised huge, unmapped on drop. Linux only
+/// (`None` elsewhere: the caller then allocates from the heap).
+pub struct HugePages {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    advised: bool,
+}
+
+// SAFETY: the mapping is owned by this value alone and never aliased by it;
+// what callers carve out of it carries its own Send/Sync reasoning.
+unsafe impl Send for HugePages {}
+// SAFETY: as above; HugePages itself is never written through.
+unsafe impl Sync for HugePages {}
+
+impl HugePages {
+    /// `len` bytes (a multiple of the 4 KiB base page) on a `huge_page`
+    /// boundary; `None` where no such mapping can be made. Pages are
+    /// faulted in by their first use, not here.
+    pub fn new(len: usize, huge_page: usize) -> Option<HugePages> {
+        let (ptr, advised) = os::map_huge(len, huge_page)?;
+        Some(HugePages { ptr, len, advised })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The OS accepted the huge-page advice (else ordinary pages, slower only).
+    pub fn advised(&self) -> bool {
+        self.advised
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        os::unmap(self.ptr, self.len);
+    }
+}
+
+/// The error of an operation this OS does not offer.
+#[cfg(not(any(target_os = "linux", windows)))]
+pub(crate) fn unsupported(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, format!("{what} is not supported on {}", std::env::consts::OS))
+}

@@ -161,3 +161,82 @@ impl Drop for HugePages {
 pub(crate) fn unsupported(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::Unsupported, format!("{what} is not supported on {}", std::env::consts::OS))
 }
+
+/// Run on every OS CI executes (Linux natively, Windows under wine).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_file(tag: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("waste-platform-{}-{tag}", std::process::id()))
+    }
+
+    #[test]
+    fn positional_writes_and_reads_round_trip() {
+        let path = temp_file("rw");
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        file.write_all_at(b"world", 6).unwrap();
+        file.write_all_at(b"hello ", 0).unwrap();
+        let mut buf = [0u8; 11];
+        file.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"hello world");
+        let mut past = [0u8; 4];
+        assert_eq!(file.read_exact_at(&mut past, 9).unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+        drop(file);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// An aligned read through the page-cache bypass, where the OS and the
+    /// file system offer one, returns the file's bytes.
+    #[test]
+    fn direct_reads_of_aligned_blocks_return_the_bytes() {
+        let path = temp_file("direct");
+        let data: Vec<u8> = (0..3 * 4096).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        if let Some(file) = open_direct(&path) {
+            let pages = HugePages::new(2 << 20, 2 << 20);
+            let mut heap = vec![0u8; 3 * 4096 + 4096];
+            let off = heap.as_ptr().align_offset(4096);
+            let buf: &mut [u8] = match &pages {
+                // SAFETY: the mapping is 2 MiB, zeroed, owned by `pages` and
+                // not otherwise borrowed while `buf` lives.
+                Some(p) => unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), 2 * 4096) },
+                None => &mut heap[off..off + 2 * 4096],
+            };
+            file.read_exact_at(buf, 4096).unwrap();
+            assert!(buf[..] == data[4096..3 * 4096]);
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn ram_time_and_rss_are_reported() {
+        let ram = physical_ram().expect("physical RAM");
+        assert!(ram > 1 << 28, "{ram}");
+        if let Some(limit) = memory_limit() {
+            assert!(limit > 0);
+        }
+        let (user, system) = cpu_times(false).expect("process CPU time");
+        assert!(user + system > Duration::ZERO);
+        assert!(peak_rss().expect("peak RSS") > 1 << 20);
+    }
+
+    #[cfg(any(target_os = "linux", windows))]
+    #[test]
+    fn a_thread_binds_to_one_of_its_cpus() {
+        std::thread::spawn(|| {
+            let mine = current_affinity().unwrap();
+            bind_current_thread(&mine[..1]).unwrap();
+            assert_eq!(current_affinity().unwrap(), mine[..1]);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(bind_current_thread(&[]).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[cfg(target_os = "macos")]
+    #[test]
+    fn binding_is_refused_not_ignored() {
+        assert_eq!(bind_current_thread(&[0]).unwrap_err().kind(), io::ErrorKind::Unsupported);
+    }
+}

@@ -213,6 +213,26 @@ pub fn layer_pattern(info: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// Evaluates `head` in a session, saves its state to `file`, evaluates
+/// `tail`; then a fresh session loads the file and evaluates `tail`: the
+/// two `tail` logits must be the same bits (`what` names the case).
+pub fn assert_saved_state_continues(
+    engine: &waste_host::Engine,
+    container: &Path,
+    file: &Path,
+    (head, tail): (&[u32], &[u32]),
+    what: &str,
+) {
+    let mut a = open_session(engine, container);
+    a.eval(head, false).unwrap();
+    a.save_state(file).unwrap();
+    let (want, _) = a.eval(tail, true).unwrap();
+    let mut b = open_session(engine, container);
+    b.load_state(file).unwrap();
+    let (got, _) = b.eval(tail, true).unwrap();
+    assert!(got == want, "{what}: the restored state diverges");
+}
+
 /// A session on `container` opened with the default options.
 pub fn open_session(engine: &waste_host::Engine, container: &Path) -> waste_host::Session {
     engine.session(waste_host::Model::open(container, &waste_host::OpenOptions::default()).unwrap()).unwrap()

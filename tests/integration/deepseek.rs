@@ -22,17 +22,8 @@ fn deepseek_v3_saved_state_continues_bit_identically() {
     let container = convert("deepseek_v3", "f32", "f32", tmp.path());
     let file = tmp.path().join("s.state");
     let reference = reference("deepseek_v3");
-    let (head, tail) = reference.prompt_ids.split_at(40);
     let engine = Engine::new().unwrap();
-    let mut a = open_session(&engine, &container);
-    a.eval(head, false).unwrap();
-    a.save_state(&file).unwrap();
-    let (want, _) = a.eval(tail, true).unwrap();
-
-    let mut b = open_session(&engine, &container);
-    b.load_state(&file).unwrap();
-    let (got, _) = b.eval(tail, true).unwrap();
-    assert!(got == want, "restored MLA state diverges");
+    assert_saved_state_continues(&engine, &container, &file, reference.prompt_ids.split_at(40), "MLA");
 }
 
 /// `waste info` counts what torch counts, plus the router biases (buffers).

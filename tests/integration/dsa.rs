@@ -60,15 +60,7 @@ fn dsa_saved_state_continues_bit_identically() {
         let container = convert(family, "f32", "f32", tmp.path());
         let file = tmp.path().join(format!("{family}.state"));
         let reference = reference(family);
-        let (head, tail) = reference.prompt_ids.split_at(40);
-        let mut a = open_session(&engine, &container);
-        a.eval(head, false).unwrap();
-        a.save_state(&file).unwrap();
-        let (want, _) = a.eval(tail, true).unwrap();
-        let mut b = open_session(&engine, &container);
-        b.load_state(&file).unwrap();
-        let (got, _) = b.eval(tail, true).unwrap();
-        assert!(got == want, "{family}: restored DSA state diverges");
+        assert_saved_state_continues(&engine, &container, &file, reference.prompt_ids.split_at(40), family);
     }
 }
 

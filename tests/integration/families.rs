@@ -78,15 +78,8 @@ fn second_wave_saved_state_continues_bit_identically() {
         let file = tmp.path().join(format!("{family}.state"));
         let reference = reference(family);
         // Past gpt-oss's window of 8, so its ring has wrapped when saved.
-        let (head, tail) = reference.prompt_ids.split_at(reference.prompt_ids.len() / 2);
-        let mut a = open_session(&engine, &container);
-        a.eval(head, false).unwrap();
-        a.save_state(&file).unwrap();
-        let (want, _) = a.eval(tail, true).unwrap();
-        let mut b = open_session(&engine, &container);
-        b.load_state(&file).unwrap();
-        let (got, _) = b.eval(tail, true).unwrap();
-        assert!(got == want, "{family}: the restored state diverges");
+        let split = reference.prompt_ids.split_at(reference.prompt_ids.len() / 2);
+        assert_saved_state_continues(&engine, &container, &file, split, family);
     }
 }
 

@@ -56,17 +56,8 @@ fn kimi_linear_saved_state_continues_bit_identically() {
     let container = convert("kimi_linear", "f32", "f32", tmp.path());
     let file = tmp.path().join("s.state");
     let reference = reference("kimi_linear");
-    let (head, tail) = reference.prompt_ids.split_at(40);
     let engine = Engine::new().unwrap();
-    let mut a = open_session(&engine, &container);
-    a.eval(head, false).unwrap();
-    a.save_state(&file).unwrap();
-    let (want, _) = a.eval(tail, true).unwrap();
-
-    let mut b = open_session(&engine, &container);
-    b.load_state(&file).unwrap();
-    let (got, _) = b.eval(tail, true).unwrap();
-    assert!(got == want, "restored KDA/MLA state diverges");
+    assert_saved_state_continues(&engine, &container, &file, reference.prompt_ids.split_at(40), "KDA/MLA");
 }
 
 /// Quantised Kimi containers are held to error bounds, like the GQA

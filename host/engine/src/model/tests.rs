@@ -257,3 +257,14 @@ fn oracle_gpt_oss_mxfp4_release_layout() {
     let e = oracle("gpt_oss-mxfp4");
     assert!(e <= 1e-4, "relative error {e}");
 }
+
+/// The MLA families at the engine level too, so they also run where only
+/// the engine's tests execute (ARM Linux under qemu in CI): DeepSeek-V3,
+/// and DeepSeek-V3.2 and GLM-5 with the DSA indexer past `index_topk`.
+#[test]
+fn oracle_deepseek_v3_and_dsa() {
+    for family in ["deepseek_v3", "deepseek_v32", "glm_moe_dsa"] {
+        let e = oracle(family);
+        assert!(e <= 1e-4, "{family}: relative error {e}");
+    }
+}

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::{Error, Result};
 
@@ -19,6 +19,7 @@ mod families;
 mod k3;
 mod kimi;
 mod qwen3_next;
+mod reader;
 mod rope;
 mod tensors;
 
@@ -27,6 +28,7 @@ pub use additions::{Additions, GdnDims};
 pub use deepseek::{MlaRope, Yarn};
 pub use dsa::{is_dsa_model_type, Dsa};
 pub use k3::{K3Params, K3_PREFIX};
+use reader::Reader;
 
 /// The model families this engine runs: three with the GQA + RoPE attention
 /// path, and Kimi-Linear (KDA and MLA layers, sigmoid router).
@@ -274,116 +276,6 @@ const MAX_HEAD_DIM: usize = 1024;
 const MAX_EXPERTS: usize = 1 << 16;
 const MAX_INTER: usize = 1 << 20;
 const MAX_POSITIONS: usize = 1 << 26;
-
-struct Reader<'a> {
-    obj: &'a Map<String, Value>,
-    path: &'a Path,
-}
-
-impl Reader<'_> {
-    fn err(&self, key: &str, msg: impl std::fmt::Display) -> Error {
-        Error::format(self.path, format!("key `{key}`: {msg}"))
-    }
-
-    /// A valid value of `key` this engine does not implement.
-    fn unsupported(&self, key: &str, what: impl std::fmt::Display) -> Error {
-        Error::Unsupported(format!("{}: key `{key}`: {what}", self.path.display()))
-    }
-
-    /// A JSON null counts as absent: transformers writes `"head_dim": null`.
-    fn get(&self, key: &str) -> Option<&Value> {
-        self.obj.get(key).filter(|v| !v.is_null())
-    }
-
-    fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| self.err(key, format!("expected a non-negative integer, found {v}"))),
-        }
-    }
-
-    fn usize_req(&self, key: &str) -> Result<usize> {
-        self.usize_opt(key)?.ok_or_else(|| self.err(key, "missing"))
-    }
-
-    fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .filter(|x| x.is_finite())
-                .map(Some)
-                .ok_or_else(|| self.err(key, format!("expected a number, found {v}"))),
-        }
-    }
-
-    fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.err(key, format!("expected true or false, found {v}"))),
-        }
-    }
-
-    fn str_opt(&self, key: &str) -> Result<Option<&str>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| self.err(key, format!("expected a string, found {v}"))),
-        }
-    }
-
-    fn token_id(&self, key: &str, v: &Value) -> Result<u32> {
-        v.as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| self.err(key, format!("expected a token id, found {v}")))
-    }
-
-    /// `eos_token_id` is an int, a list of ints, or null.
-    fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
-        match self.get(key) {
-            None => Ok(Vec::new()),
-            Some(Value::Array(items)) => items.iter().map(|v| self.token_id(key, v)).collect(),
-            Some(v) => Ok(vec![self.token_id(key, v)?]),
-        }
-    }
-
-    fn usize_list(&self, key: &str) -> Result<Vec<usize>> {
-        match self.get(key) {
-            None => Ok(Vec::new()),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .and_then(|n| usize::try_from(n).ok())
-                        .ok_or_else(|| self.err(key, format!("expected a list of integers, found {v}")))
-                })
-                .collect(),
-            Some(v) => Err(self.err(key, format!("expected a list of integers, found {v}"))),
-        }
-    }
-
-    /// `(moe_intermediate_size, intermediate_size)`: the dense width is
-    /// required only when some layer is dense (an all-MoE model may omit it).
-    fn ffn_widths(&self, moe_layers: &[bool], max: usize) -> Result<(usize, usize)> {
-        let moe = self.bounded("moe_intermediate_size", self.usize_req("moe_intermediate_size")?, max)?;
-        let dense = if moe_layers.iter().all(|&m| m) {
-            self.usize_opt("intermediate_size")?.unwrap_or(0).min(max)
-        } else {
-            self.bounded("intermediate_size", self.usize_req("intermediate_size")?, max)?
-        };
-        Ok((moe, dense))
-    }
-
-    fn bounded(&self, key: &str, v: usize, max: usize) -> Result<usize> {
-        if v == 0 || v > max {
-            return Err(self.err(key, format!("{v} is outside 1..={max}")));
-        }
-        Ok(v)
-    }
-}
 
 impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<ModelConfig> {
@@ -757,15 +649,6 @@ impl ModelConfig {
         match (self.attn_kind(layer), &self.mla) {
             (AttnKind::Gqa, _) => 2 * self.kv_dim(),
             (AttnKind::Mla, Some(m)) => m.cache_width() + self.index_key_width(layer),
-            _ => 0,
-        }
-    }
-
-    /// Floats of the DSA indexer's key that layer `layer` caches per token
-    /// after its MLA row (0 without an indexer of its own).
-    pub fn index_key_width(&self, layer: usize) -> usize {
-        match &self.add.dsa {
-            Some(d) if d.has_indexer(layer) => d.head_dim,
             _ => 0,
         }
     }

@@ -38,6 +38,17 @@ impl Dsa {
     }
 }
 
+impl super::ModelConfig {
+    /// Floats of the DSA indexer's key that layer `layer` caches per token
+    /// after its MLA row (0 without an indexer of its own).
+    pub fn index_key_width(&self, layer: usize) -> usize {
+        match &self.add.dsa {
+            Some(d) if d.has_indexer(layer) => d.head_dim,
+            _ => 0,
+        }
+    }
+}
+
 /// The model types that carry DSA.
 pub fn is_dsa_model_type(model_type: &str) -> bool {
     matches!(model_type, "deepseek_v32" | "glm_moe_dsa")

@@ -1,0 +1,118 @@
+//! Reading an untrusted config.json: typed lookups of its keys, each error
+//! naming the file and the key.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+pub(super) struct Reader<'a> {
+    pub(super) obj: &'a Map<String, Value>,
+    pub(super) path: &'a Path,
+}
+
+impl Reader<'_> {
+    pub(super) fn err(&self, key: &str, msg: impl std::fmt::Display) -> Error {
+        Error::format(self.path, format!("key `{key}`: {msg}"))
+    }
+
+    /// A valid value of `key` this engine does not implement.
+    pub(super) fn unsupported(&self, key: &str, what: impl std::fmt::Display) -> Error {
+        Error::Unsupported(format!("{}: key `{key}`: {what}", self.path.display()))
+    }
+
+    /// A JSON null counts as absent: transformers writes `"head_dim": null`.
+    pub(super) fn get(&self, key: &str) -> Option<&Value> {
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    pub(super) fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("expected a non-negative integer, found {v}"))),
+        }
+    }
+
+    pub(super) fn usize_req(&self, key: &str) -> Result<usize> {
+        self.usize_opt(key)?.ok_or_else(|| self.err(key, "missing"))
+    }
+
+    pub(super) fn f64_opt(&self, key: &str) -> Result<Option<f64>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(Some)
+                .ok_or_else(|| self.err(key, format!("expected a number, found {v}"))),
+        }
+    }
+
+    pub(super) fn bool_opt(&self, key: &str) -> Result<Option<bool>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.err(key, format!("expected true or false, found {v}"))),
+        }
+    }
+
+    pub(super) fn str_opt(&self, key: &str) -> Result<Option<&str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_str().map(Some).ok_or_else(|| self.err(key, format!("expected a string, found {v}"))),
+        }
+    }
+
+    pub(super) fn token_id(&self, key: &str, v: &Value) -> Result<u32> {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| self.err(key, format!("expected a token id, found {v}")))
+    }
+
+    /// `eos_token_id` is an int, a list of ints, or null.
+    pub(super) fn token_ids(&self, key: &str) -> Result<Vec<u32>> {
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items.iter().map(|v| self.token_id(key, v)).collect(),
+            Some(v) => Ok(vec![self.token_id(key, v)?]),
+        }
+    }
+
+    pub(super) fn usize_list(&self, key: &str) -> Result<Vec<usize>> {
+        match self.get(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| self.err(key, format!("expected a list of integers, found {v}")))
+                })
+                .collect(),
+            Some(v) => Err(self.err(key, format!("expected a list of integers, found {v}"))),
+        }
+    }
+
+    /// `(moe_intermediate_size, intermediate_size)`: the dense width is
+    /// required only when some layer is dense (an all-MoE model may omit it).
+    pub(super) fn ffn_widths(&self, moe_layers: &[bool], max: usize) -> Result<(usize, usize)> {
+        let moe = self.bounded("moe_intermediate_size", self.usize_req("moe_intermediate_size")?, max)?;
+        let dense = if moe_layers.iter().all(|&m| m) {
+            self.usize_opt("intermediate_size")?.unwrap_or(0).min(max)
+        } else {
+            self.bounded("intermediate_size", self.usize_req("intermediate_size")?, max)?
+        };
+        Ok((moe, dense))
+    }
+
+    pub(super) fn bounded(&self, key: &str, v: usize, max: usize) -> Result<usize> {
+        if v == 0 || v > max {
+            return Err(self.err(key, format!("{v} is outside 1..={max}")));
+        }
+        Ok(v)
+    }
+}

@@ -62,7 +62,7 @@ pub fn info(a: InfoArgs) -> Result<()> {
                 "layer_pattern": i.layers.iter().map(|l| json!({
                     "attention": l.attention, "ffn": if l.moe { "moe" } else { "dense" },
                     "state_bytes_fixed": l.state_bytes_fixed, "state_bytes_per_token": l.state_bytes_per_token,
-                    "window": l.window,
+                    "state_tokens_per_row": l.state_tokens_per_row, "window": l.window,
                 })).collect::<Vec<_>>(),
                 "skipped": i.skipped,
                 "state_bytes_fixed": i.layers.iter().map(|l| l.state_bytes_fixed).sum::<u64>(),
@@ -109,8 +109,12 @@ pub fn info(a: InfoArgs) -> Result<()> {
             let window = l.window.map_or(String::new(), |w| {
                 format!(" (window of {w}: at most {} bytes)", w as u64 * l.state_bytes_per_token)
             });
+            let rows = match l.state_tokens_per_row {
+                1 => String::new(),
+                m => format!(" (an entry of {} bytes per {m} tokens)", l.state_bytes_per_token * m),
+            };
             outln!(
-                "  layer {n:<3} {} {:<5} state {} bytes fixed, {} bytes/token{window}",
+                "  layer {n:<3} {} {:<5} state {} bytes fixed, {} bytes/token{rows}{window}",
                 l.attention,
                 if l.moe { "MoE" } else { "dense" },
                 l.state_bytes_fixed,

@@ -9,6 +9,7 @@ mod cli_more;
 mod common;
 mod convert_release;
 mod deepseek;
+mod deepseek_v4;
 mod dsa;
 mod families;
 mod faults;

@@ -28,6 +28,8 @@ const CASES: &[(&str, &str, &str)] = &[
     ("deepseek_v32", "rvq3", "q8"),
     ("glm_moe_dsa", "f32", "f32"),
     ("glm_moe_dsa", "q8", "q4"),
+    ("deepseek_v4", "f32", "f32"),
+    ("deepseek_v4", "rvq3", "q8"),
     ("kimi_k3", "f32", "f32"),
     ("kimi_k3", "q8", "f32"),
     ("kimi_k3-mxfp4", "rvq3", "q8"),

@@ -176,6 +176,9 @@ fn plain_size(dtype: Dtype) -> Option<usize> {
     match dtype {
         Dtype::F32 => Some(4),
         Dtype::F16 | Dtype::BF16 => Some(2),
+        // Integer tables (DeepSeek-V4's `tid2eid`): small ids, exact in f32.
+        Dtype::I64 => Some(8),
+        Dtype::I32 => Some(4),
         _ => None,
     }
 }
@@ -185,6 +188,12 @@ fn decode_plain(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) {
         Dtype::F32 => out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
         Dtype::F16 => out.extend(bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())),
         Dtype::BF16 => out.extend(bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())),
+        Dtype::I64 => {
+            out.extend(bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as f32))
+        }
+        Dtype::I32 => {
+            out.extend(bytes.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap_or([0; 4])) as f32))
+        }
         _ => {}
     }
 }
@@ -320,12 +329,9 @@ impl HfCheckpoint {
         };
 
         // The text tensors of K3 and of Qwen3.5's release sit under a
-        // prefix of their own; the rest of the engine uses the plain names.
-        let rename = config.source_rename();
-        let strip = |name: String| match rename.and_then(|(from, to)| Some((name.strip_prefix(from)?, to))) {
-            Some((rest, to)) => format!("{to}{rest}"),
-            None => name,
-        };
+        // prefix of their own, DeepSeek-V4's release has names of its own;
+        // the rest of the engine uses transformers' names.
+        let strip = |name: String| config.canonical_source_name(name);
         let mut shards = Vec::with_capacity(shard_files.len());
         let mut raws: HashMap<String, Raw> = HashMap::new();
         for (i, path) in shard_files.into_iter().enumerate() {

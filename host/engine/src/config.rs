@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 
 mod additions;
 mod deepseek;
+pub mod deepseek_v4;
 mod dsa;
 mod families;
 mod k3;
@@ -26,6 +27,7 @@ mod tensors;
 pub use crate::quant::Activation;
 pub use additions::{Additions, GdnDims};
 pub use deepseek::{MlaRope, Yarn};
+pub use deepseek_v4::{V4Attn, V4Params};
 pub use dsa::{is_dsa_model_type, Dsa};
 pub use k3::{K3Params, K3_PREFIX};
 use reader::Reader;
@@ -52,6 +54,9 @@ pub enum Family {
     /// Qwen3-Next and Qwen3.5 (`qwen3_5_moe`, `qwen3_5_moe_text`): Gated
     /// DeltaNet layers and gated full attention.
     Qwen3Next,
+    /// DeepSeek-V4: shared-KV attention over a sliding window and
+    /// compressed entries, hyper-connections, hash-routed layers.
+    DeepseekV4,
 }
 
 impl Family {
@@ -68,6 +73,7 @@ impl Family {
             Family::MinimaxM2 => "minimax_m2",
             Family::GptOss => "gpt_oss",
             Family::Qwen3Next => "qwen3_next",
+            Family::DeepseekV4 => "deepseek_v4",
         }
     }
 }
@@ -85,6 +91,9 @@ pub enum AttnKind {
     /// Gated DeltaNet (Qwen3-Next, Qwen3.5): the delta rule with one decay
     /// per head, a causal conv over q, k and v, a gated output norm.
     Gdn,
+    /// DeepSeek-V4: one K=V head over a sliding window, plus the entries
+    /// of a compressor (`V4Params::layers` says which kind).
+    V4,
 }
 
 impl AttnKind {
@@ -94,6 +103,7 @@ impl AttnKind {
             AttnKind::Mla => "MLA",
             AttnKind::Kda => "KDA",
             AttnKind::Gdn => "GDN",
+            AttnKind::V4 => "V4",
         }
     }
 }
@@ -151,6 +161,9 @@ pub enum RouterKind {
     SigmoidBias { routed_scaling_factor: f32 },
     /// gpt-oss: top-k of `W h + b`, weights the softmax over the k picked.
     BiasedTopKSoftmax,
+    /// DeepSeek-V4: `SigmoidBias` with `sqrt(softplus(W h))` scores, always
+    /// renormalised; hash layers take the experts from `tid2eid` instead.
+    SqrtSoftplusBias { routed_scaling_factor: f32 },
 }
 
 /// Where q/k RMSNorms sit, if any.
@@ -264,6 +277,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "qwen3_next",
     "qwen3_5_moe",
     "qwen3_5_moe_text",
+    "deepseek_v4",
 ];
 
 // Bounds for untrusted configs: generous for any real model, small enough
@@ -308,6 +322,7 @@ impl ModelConfig {
             "minimax_m2" => Family::MinimaxM2,
             "gpt_oss" => Family::GptOss,
             "qwen3_next" | "qwen3_5_moe" | "qwen3_5_moe_text" => Family::Qwen3Next,
+            "deepseek_v4" => Family::DeepseekV4,
             other => {
                 return Err(Error::Unsupported(format!(
                     "{}: model_type `{other}` (supported: {})",
@@ -337,6 +352,9 @@ impl ModelConfig {
         }
         if family == Family::DeepseekV3 {
             return deepseek::parse(&r, model_type, vocab_size, hidden_size, num_layers);
+        }
+        if family == Family::DeepseekV4 {
+            return deepseek_v4::parse(&r, vocab_size, hidden_size, num_layers);
         }
         let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
         let num_kv_heads = r.usize_opt("num_key_value_heads")?.unwrap_or(num_heads);
@@ -513,6 +531,19 @@ impl ModelConfig {
         }
     }
 
+    /// The name a checkpoint reader files a stored tensor under:
+    /// `source_rename`'s prefix swap, or DeepSeek-V4's release names
+    /// mapped to transformers' (`deepseek_v4::canonical_name`).
+    pub fn canonical_source_name(&self, name: String) -> String {
+        if self.family == Family::DeepseekV4 {
+            return deepseek_v4::canonical_name(&name);
+        }
+        match self.source_rename().and_then(|(from, to)| Some((name.strip_prefix(from)?, to))) {
+            Some((rest, to)) => format!("{to}{rest}"),
+            None => name,
+        }
+    }
+
     /// Width a routed expert reads and writes: the latent of K3's latent
     /// MoE, else the hidden size.
     pub fn expert_hidden(&self) -> usize {
@@ -524,6 +555,9 @@ impl ModelConfig {
         if self.family == Family::GptOss {
             // `swiglu_alpha`, `swiglu_limit` (config/families.rs accepts only these).
             return Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 };
+        }
+        if let Some(v4) = &self.add.v4 {
+            return Activation::ClampedSilu { limit: v4.swiglu_limit };
         }
         self.k3.map_or(Activation::Silu, |k| k.activation)
     }
@@ -568,6 +602,12 @@ impl ModelConfig {
 
     pub fn is_moe_layer(&self, layer: usize) -> bool {
         self.moe_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    /// Floats of a token's residual: `hc_mult` streams on DeepSeek-V4,
+    /// one hidden vector elsewhere.
+    pub fn residual_width(&self) -> usize {
+        self.hidden_size * self.add.v4.as_ref().map_or(1, |v| v.hc_mult)
     }
 
     pub fn kv_dim(&self) -> usize {
@@ -636,9 +676,10 @@ impl ModelConfig {
 
     /// State floats of one layer that do not grow with the context (KDA).
     pub fn state_floats_fixed(&self, layer: usize) -> usize {
-        match (self.attn_kind(layer), &self.kda, &self.add.gdn) {
-            (AttnKind::Kda, Some(k), _) => k.state_floats(),
-            (AttnKind::Gdn, _, Some(g)) => g.state_floats(),
+        match (self.attn_kind(layer), &self.kda, &self.add.gdn, &self.add.v4) {
+            (AttnKind::Kda, Some(k), _, _) => k.state_floats(),
+            (AttnKind::Gdn, _, Some(g), _) => g.state_floats(),
+            (AttnKind::V4, _, _, Some(v)) => v.fixed_floats(layer),
             _ => 0,
         }
     }
@@ -649,6 +690,7 @@ impl ModelConfig {
         match (self.attn_kind(layer), &self.mla) {
             (AttnKind::Gqa, _) => 2 * self.kv_dim(),
             (AttnKind::Mla, Some(m)) => m.cache_width() + self.index_key_width(layer),
+            (AttnKind::V4, _) => self.add.v4.as_ref().map_or(0, |v| v.entry_floats(layer)),
             _ => 0,
         }
     }
@@ -658,6 +700,8 @@ impl ModelConfig {
     pub fn state_rows(&self, layer: usize, context: usize) -> usize {
         match (self.attn_kind(layer), self.layer_window(layer)) {
             (AttnKind::Gqa, Some(w)) => w.min(context),
+            // V4: one row per compressed entry (the window ring is fixed).
+            (AttnKind::V4, _) => self.add.v4.as_ref().and_then(|v| v.rate(layer)).map_or(0, |m| context / m),
             _ => context,
         }
     }
@@ -667,7 +711,7 @@ impl ModelConfig {
     /// windowed layer's ring rows.
     pub fn has_unrewindable_state(&self) -> bool {
         (0..self.num_layers).any(|l| {
-            matches!(self.attn_kind(l), AttnKind::Kda | AttnKind::Gdn)
+            matches!(self.attn_kind(l), AttnKind::Kda | AttnKind::Gdn | AttnKind::V4)
                 || (self.attn_kind(l) == AttnKind::Gqa && self.layer_window(l).is_some())
         })
     }

@@ -55,8 +55,12 @@ pub struct LayerInfo {
     pub moe: bool,
     /// State bytes that do not grow with the context (KDA).
     pub state_bytes_fixed: u64,
-    /// State bytes per token of context (K/V rows, MLA latent rows).
+    /// State bytes per token of context (K/V rows, MLA latent rows; a
+    /// compressed entry's share, rounded up).
     pub state_bytes_per_token: u64,
+    /// Tokens one row of that state stands for: 1, or DeepSeek-V4's
+    /// compression rate (a row of `state_bytes_per_token * rate` bytes).
+    pub state_tokens_per_row: u64,
     /// A sliding-window layer's window: its per-token state stops growing
     /// there.
     pub window: Option<usize>,
@@ -65,6 +69,7 @@ pub struct LayerInfo {
 impl ModelInfo {
     pub fn of(container: &Container) -> ModelInfo {
         let c = container.config();
+        let tokens_per_row = |l: usize| c.add.v4.as_ref().and_then(|v| v.rate(l)).unwrap_or(1) as u64;
         let e = &container.manifest().experts;
         ModelInfo {
             family: c.model_type.clone(),
@@ -88,14 +93,19 @@ impl ModelInfo {
             has_chat_template: matches!(container.chat_template(false), Ok(Some(_))),
             layers: (0..c.num_layers)
                 .map(|l| LayerInfo {
-                    attention: match &c.add.dsa {
-                        Some(d) if d.has_indexer(l) => "MLA+DSA".to_string(),
-                        Some(_) => "MLA+DSA(shared)".to_string(),
-                        None => c.attn_kind(l).name().to_string(),
+                    attention: match (&c.add.dsa, &c.add.v4) {
+                        (Some(d), _) if d.has_indexer(l) => "MLA+DSA".to_string(),
+                        (Some(_), _) => "MLA+DSA(shared)".to_string(),
+                        (None, Some(v)) => match v.rate(l) {
+                            Some(m) => format!("{}/{m}", v.layers[l].name()),
+                            None => v.layers[l].name().to_string(),
+                        },
+                        (None, None) => c.attn_kind(l).name().to_string(),
                     },
                     moe: c.is_moe_layer(l),
                     state_bytes_fixed: 4 * c.state_floats_fixed(l) as u64,
-                    state_bytes_per_token: 4 * c.state_floats_per_token(l) as u64,
+                    state_bytes_per_token: (4 * c.state_floats_per_token(l) as u64).div_ceil(tokens_per_row(l)),
+                    state_tokens_per_row: tokens_per_row(l),
                     window: c.layer_window(l).filter(|_| c.attn_kind(l) == crate::config::AttnKind::Gqa),
                 })
                 .collect(),
@@ -105,6 +115,10 @@ impl ModelInfo {
                     format!("sigmoid+bias (scale {routed_scaling_factor})")
                 }
                 RouterKind::BiasedTopKSoftmax => "top-k of logits+bias, softmax over the picked".to_string(),
+                RouterKind::SqrtSoftplusBias { routed_scaling_factor } => {
+                    let hashed = c.add.v4.as_ref().map_or(0, |v| v.hash_layers.iter().filter(|&&h| h).count());
+                    format!("sqrtsoftplus+bias (scale {routed_scaling_factor}), {hashed} hash-routed layers")
+                }
             },
             shared_expert_width: c.shared_intermediate_size,
             total_params: c.total_params(),

@@ -1,7 +1,7 @@
 //! What the second wave of families adds to the first wave's config: the
 //! Gated DeltaNet shape and the per-family switches of the decoder layer.
 
-use super::{Dsa, Yarn};
+use super::{Dsa, V4Params, Yarn};
 
 /// Shape of the Gated DeltaNet layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,4 +76,6 @@ pub struct Additions {
     pub vl_wrapper: bool,
     /// DeepSeek Sparse Attention on the MLA layers (DeepSeek-V3.2, GLM-5).
     pub dsa: Option<Dsa>,
+    /// DeepSeek-V4's attention, hyper-connections and hash routing.
+    pub v4: Option<V4Params>,
 }

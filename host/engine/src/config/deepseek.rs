@@ -57,6 +57,43 @@ fn get_mscale(scale: f64, mscale: f64) -> f64 {
     }
 }
 
+/// The YaRN keys of the rope object `sub` (found under `key`): the scaling
+/// and the factor MLA's softmax scale is multiplied by (`mscale_all_dim`).
+pub(super) fn read_yarn(r: &Reader<'_>, sub: &Reader<'_>, key: &str, max_pos: usize) -> Result<(Yarn, f64)> {
+    let orig = sub
+        .usize_opt("original_max_position_embeddings")?
+        .ok_or_else(|| r.err(key, "YaRN needs `original_max_position_embeddings`"))?;
+    let orig = sub.bounded("original_max_position_embeddings", orig, MAX_POSITIONS)?;
+    let factor = sub.f64_opt("factor")?.unwrap_or(max_pos as f64 / orig as f64);
+    if !(factor > 0.0 && factor < 1e6) {
+        return Err(r.err(key, format!("`factor` {factor} is not a positive factor")));
+    }
+    let nonzero = |k: &str, d: f64| -> Result<f64> { Ok(sub.f64_opt(k)?.filter(|&v| v != 0.0).unwrap_or(d)) };
+    let mscale = sub.f64_opt("mscale")?.unwrap_or(0.0);
+    let mscale_all_dim = sub.f64_opt("mscale_all_dim")?.unwrap_or(0.0);
+    let attention_factor = match sub.f64_opt("attention_factor")? {
+        Some(a) => a,
+        None if mscale != 0.0 && mscale_all_dim != 0.0 => {
+            get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+        }
+        None => get_mscale(factor, 1.0),
+    };
+    let mut softmax_scale_factor = 1.0;
+    if mscale_all_dim != 0.0 {
+        let m = get_mscale(factor, mscale_all_dim);
+        softmax_scale_factor = m * m;
+    }
+    let yarn = Yarn {
+        factor,
+        original_max_position_embeddings: orig,
+        beta_fast: nonzero("beta_fast", 32.0)?,
+        beta_slow: nonzero("beta_slow", 1.0)?,
+        attention_factor,
+        truncate: sub.bool_opt("truncate")?.unwrap_or(true),
+    };
+    Ok((yarn, softmax_scale_factor))
+}
+
 fn read_rope(r: &Reader<'_>, dim: usize, max_pos: usize) -> Result<MlaRope> {
     let mut theta = r.f64_opt("rope_theta")?;
     let mut yarn = None;
@@ -77,37 +114,9 @@ fn read_rope(r: &Reader<'_>, dim: usize, max_pos: usize) -> Result<MlaRope> {
         match kind {
             "default" => {}
             "yarn" => {
-                let orig = sub
-                    .usize_opt("original_max_position_embeddings")?
-                    .ok_or_else(|| r.err(key, "YaRN needs `original_max_position_embeddings`"))?;
-                let orig = sub.bounded("original_max_position_embeddings", orig, MAX_POSITIONS)?;
-                let factor = sub.f64_opt("factor")?.unwrap_or(max_pos as f64 / orig as f64);
-                if !(factor > 0.0 && factor < 1e6) {
-                    return Err(r.err(key, format!("`factor` {factor} is not a positive factor")));
-                }
-                let nonzero =
-                    |k: &str, d: f64| -> Result<f64> { Ok(sub.f64_opt(k)?.filter(|&v| v != 0.0).unwrap_or(d)) };
-                let mscale = sub.f64_opt("mscale")?.unwrap_or(0.0);
-                let mscale_all_dim = sub.f64_opt("mscale_all_dim")?.unwrap_or(0.0);
-                let attention_factor = match sub.f64_opt("attention_factor")? {
-                    Some(a) => a,
-                    None if mscale != 0.0 && mscale_all_dim != 0.0 => {
-                        get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
-                    }
-                    None => get_mscale(factor, 1.0),
-                };
-                if mscale_all_dim != 0.0 {
-                    let m = get_mscale(factor, mscale_all_dim);
-                    softmax_scale_factor = m * m;
-                }
-                yarn = Some(Yarn {
-                    factor,
-                    original_max_position_embeddings: orig,
-                    beta_fast: nonzero("beta_fast", 32.0)?,
-                    beta_slow: nonzero("beta_slow", 1.0)?,
-                    attention_factor,
-                    truncate: sub.bool_opt("truncate")?.unwrap_or(true),
-                });
+                let (y, scale) = read_yarn(r, &sub, key, max_pos)?;
+                yarn = Some(y);
+                softmax_scale_factor = scale;
             }
             other => return Err(r.unsupported(key, format!("rope_type `{other}` (default and yarn only)"))),
         }

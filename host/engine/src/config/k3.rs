@@ -183,7 +183,7 @@ fn attention_rests(cfg: &ModelConfig, k: &K3Params, kind: AttnKind) -> Vec<&'sta
             v.push("o_proj.weight");
             v
         }
-        AttnKind::Gqa | AttnKind::Gdn => Vec::new(),
+        AttnKind::Gqa | AttnKind::Gdn | AttnKind::V4 => Vec::new(),
     }
 }
 

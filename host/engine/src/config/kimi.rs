@@ -299,7 +299,7 @@ pub(super) fn attention_names(cfg: &ModelConfig, kind: AttnKind, p: &str) -> Vec
                 names.push(format!("{a}.o_proj.bias"));
             }
         }
-        AttnKind::Gqa | AttnKind::Gdn => {}
+        AttnKind::Gqa | AttnKind::Gdn | AttnKind::V4 => {}
     }
     names
 }
@@ -344,7 +344,7 @@ pub(super) fn attention_shape(cfg: &ModelConfig, kind: AttnKind, rest: &str) -> 
                 _ => return None,
             })
         }
-        AttnKind::Gqa | AttnKind::Gdn => None,
+        AttnKind::Gqa | AttnKind::Gdn | AttnKind::V4 => None,
     }
 }
 

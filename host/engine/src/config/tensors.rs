@@ -22,6 +22,9 @@ impl ModelConfig {
         if self.family == Family::DeepseekV3 {
             return deepseek::check_layer_tensors(self, names, file);
         }
+        if let Some(v4) = &self.add.v4 {
+            return deepseek_v4::check_layer_tensors(v4, names, file);
+        }
         kimi::check_layer_tensors(self, names, file)
     }
 
@@ -58,13 +61,18 @@ impl ModelConfig {
             TensorRole::Embedding
         } else if name == "lm_head.weight" {
             TensorRole::LmHead
-        } else if name.ends_with(".bias") || name.ends_with("norm.weight") || name.ends_with(".sinks") {
+        } else if name.ends_with(".bias")
+            || name.ends_with("norm.weight")
+            || name.ends_with(".sinks")
+            || self.is_v4_f32_tensor(name)
+        {
             TensorRole::Vector
         } else if name.ends_with(".mlp.gate.weight")
             || name.ends_with(".block_sparse_moe.gate.weight")
             || name.ends_with(".mlp.router.weight")
             || name.ends_with(".shared_expert_gate.weight")
             || name.ends_with(".indexer.weights_proj.weight")
+            || name.ends_with(".indexer.scorer.weights_proj.weight")
         {
             // Routing and gating decisions (the DSA indexer's head weights
             // choose which positions are attended), and 1-row matrices:
@@ -73,6 +81,17 @@ impl ModelConfig {
         } else {
             TensorRole::Matrix
         }
+    }
+
+    /// DeepSeek-V4 tensors kept f32 whatever their rank: the
+    /// hyper-connection mixes and the compressors' position biases (in
+    /// `_keep_in_fp32_modules_strict`), and the hash tables (expert ids).
+    fn is_v4_f32_tensor(&self, name: &str) -> bool {
+        self.add.v4.is_some()
+            && (name.contains("_hc.")
+                || name.starts_with("model.hc_head.")
+                || name.ends_with(".position_bias")
+                || name.ends_with(".tid2eid"))
     }
 
     /// Routed-expert weights of a decoder layer the forward pass runs, in
@@ -97,6 +116,9 @@ impl ModelConfig {
     pub fn trunk_tensor_names(&self) -> Vec<String> {
         if let Some(k) = &self.k3 {
             return k3::trunk_tensor_names(self, k);
+        }
+        if let Some(v4) = &self.add.v4 {
+            return deepseek_v4::trunk_tensor_names(self, v4);
         }
         let mut names = vec!["model.embed_tokens.weight".to_string()];
         for l in 0..self.num_layers {
@@ -160,6 +182,9 @@ impl ModelConfig {
         }
         if let Some(shape) = self.k3.as_ref().and_then(|k| k3::tensor_shape(self, k, name)) {
             return shape;
+        }
+        if let Some(v4) = &self.add.v4 {
+            return deepseek_v4::tensor_shape(self, v4, name);
         }
         let rest = name.strip_prefix("model.layers.")?;
         let (layer, rest) = rest.split_once('.')?;
@@ -267,6 +292,9 @@ impl ModelConfig {
     fn params(&self, experts_per_layer: u64) -> u64 {
         if let Some(k) = &self.k3 {
             return k3::params(self, k, experts_per_layer);
+        }
+        if let Some(v4) = &self.add.v4 {
+            return deepseek_v4::params(self, v4, experts_per_layer);
         }
         let (h, v) = (self.hidden_size as u64, self.vocab_size as u64);
         let mut n = v * h + h;

@@ -19,6 +19,7 @@ pub mod ops;
 pub mod prefill;
 pub mod rope;
 pub mod state_io;
+pub mod v4;
 
 #[cfg(test)]
 mod tests;
@@ -37,6 +38,9 @@ use kda::{Kda, KdaScratch};
 use mla::{Mla, MlaScratch};
 use moe::{Mlp, Router};
 use ops::{add_in_place, rms_norm};
+use v4::attention::{V4Attention, V4Scratch};
+use v4::hyper::{Coef, HcScratch, HyperConnection, HyperHead};
+use v4::V4State;
 
 /// A trunk matrix, its shape checked against the config.
 pub(crate) fn load_matrix(cfg: &ModelConfig, src: &dyn TensorSource, name: &str) -> Result<QMatrix> {
@@ -94,6 +98,13 @@ enum Mixer {
     Mla(Mla),
     Kda(Kda),
     Gdn(Gdn),
+    V4(V4Attention),
+}
+
+/// DeepSeek-V4's hyper-connections around a layer's two blocks.
+struct LayerHc {
+    attn_hc: HyperConnection,
+    ffn_hc: HyperConnection,
 }
 
 /// `model.layers.L`.
@@ -111,6 +122,8 @@ struct DecoderLayer {
     attn_res: Option<attnres::LayerRes>,
     /// Kimi K3's latent projections around the routed experts.
     latent_moe: Option<moe::LatentMoe>,
+    /// DeepSeek-V4's hyper-connections (the residual is `hc_mult` streams).
+    hc: Option<LayerHc>,
 }
 
 impl DecoderLayer {
@@ -138,6 +151,8 @@ pub struct Transformer {
     rope: Rope,
     /// Kimi K3's output AttnRes mix, before `norm`.
     output_mix: Option<attnres::Mix>,
+    /// DeepSeek-V4's final collapse of the streams, before `norm`.
+    hc_head: Option<HyperHead>,
     /// Tokens per prefill chunk (1 = token at a time); see [`prefill`].
     prefill_chunk: usize,
 }
@@ -155,6 +170,9 @@ pub enum LayerState {
     Kda(DeltaState),
     /// Gated DeltaNet: O(1) in the context.
     Gdn(DeltaState),
+    /// DeepSeek-V4: the window ring, the open compressor windows, the
+    /// compressed entries.
+    V4(V4State),
 }
 
 /// The per-layer state (KV cache, latent cache, KDA state) and position of
@@ -187,6 +205,7 @@ impl State {
                 let floats = cfg.state_rows(l, context).saturating_mul(cfg.state_floats_per_token(l));
                 match (cfg.attn_kind(l), &cfg.kda, &cfg.add.gdn) {
                     (AttnKind::Gqa, _, _) => LayerState::Kv { k: vec![0.0; floats / 2], v: vec![0.0; floats / 2] },
+                    (AttnKind::V4, _, _) => LayerState::V4(V4State::new(cfg, l, context)),
                     (AttnKind::Kda, Some(d), _) => LayerState::Kda(DeltaState::for_kda(d)),
                     (AttnKind::Gdn, _, Some(d)) => LayerState::Gdn(DeltaState::for_gdn(d)),
                     _ => LayerState::Latent(vec![0.0; floats]),
@@ -249,6 +268,7 @@ impl State {
                 LayerState::Kv { k, v } => k.len() + v.len(),
                 LayerState::Latent(c) => c.len(),
                 LayerState::Kda(d) | LayerState::Gdn(d) => d.floats(),
+                LayerState::V4(st) => st.floats(),
             })
             .sum();
         floats * std::mem::size_of::<f32>()
@@ -261,6 +281,8 @@ struct MixerScratch {
     mla: MlaScratch,
     kda: KdaScratch,
     gdn: GdnScratch,
+    v4: V4Scratch,
+    hc: HcScratch,
 }
 
 /// Buffers of one forward call, allocated once and reused by every layer.
@@ -283,13 +305,15 @@ struct Scratch {
     /// DSA: the positions this token attends, for the layers after the
     /// indexer that chose them.
     selection: dsa::Selection,
+    /// V4: the feed-forward hyper-connection's coefficients.
+    coef: Coef,
 }
 
 impl Scratch {
     fn new(cfg: &ModelConfig, context: usize, attn_res: bool) -> Scratch {
         let h = cfg.hidden_size;
         Scratch {
-            x: vec![0.0; h],
+            x: vec![0.0; cfg.residual_width()],
             xn: vec![0.0; h],
             y: vec![0.0; h],
             mix: MixerScratch {
@@ -297,6 +321,8 @@ impl Scratch {
                 mla: MlaScratch::new(cfg, context),
                 kda: KdaScratch::new(cfg),
                 gdn: GdnScratch::new(cfg),
+                v4: V4Scratch::new(cfg, context),
+                hc: HcScratch::new(cfg),
             },
             gate: vec![0.0; cfg.intermediate_size],
             up: vec![0.0; cfg.intermediate_size],
@@ -305,10 +331,11 @@ impl Scratch {
             shared_gate: vec![0.0; cfg.shared_intermediate_size],
             shared_up: vec![0.0; cfg.shared_intermediate_size],
             shared_y: vec![0.0; if cfg.shared_intermediate_size > 0 { h } else { 0 }],
-            mixed: vec![0.0; if attn_res { h } else { 0 }],
+            mixed: vec![0.0; if attn_res || cfg.add.v4.is_some() { h } else { 0 }],
             bank: attnres::Bank::new(cfg),
             latent: moe::LatentScratch::new(cfg),
             selection: dsa::Selection::for_config(cfg),
+            coef: Coef::new(cfg.add.v4.as_ref().map_or(0, |v| v.hc_mult)),
         }
     }
 
@@ -334,6 +361,9 @@ impl Scratch {
             + m.mla.floats()
             + m.kda.floats()
             + m.gdn.floats()
+            + m.v4.floats()
+            + m.hc.floats()
+            + self.coef.floats()
             + self.picks.capacity() * std::mem::size_of::<(usize, f32)>() / 4
             + self.bank.floats()
             + self.latent.floats()
@@ -354,6 +384,10 @@ impl Transformer {
                     AttnKind::Mla => Mixer::Mla(Mla::load(cfg, src, l)?),
                     AttnKind::Kda => Mixer::Kda(Kda::load(cfg, src, l)?),
                     AttnKind::Gdn => Mixer::Gdn(Gdn::load(cfg, src, l)?),
+                    AttnKind::V4 => match &cfg.add.v4 {
+                        Some(v) => Mixer::V4(V4Attention::load(cfg, v, src, l)?),
+                        None => return Err(Error::Runtime("a V4 layer in a config without V4 settings".into())),
+                    },
                 },
                 post_attention_layernorm: load_norm(cfg, src, &format!("{p}.post_attention_layernorm.weight"))?,
                 mlp: if cfg.is_moe_layer(l) {
@@ -376,6 +410,13 @@ impl Transformer {
                 },
                 attn_res: attnres::load_layer_res(cfg, src, l)?,
                 latent_moe: moe::LatentMoe::load_for(cfg, src, l)?,
+                hc: match &cfg.add.v4 {
+                    Some(v) => Some(LayerHc {
+                        attn_hc: HyperConnection::load(cfg, v, src, &format!("{p}.attn_hc"))?,
+                        ffn_hc: HyperConnection::load(cfg, v, src, &format!("{p}.ffn_hc"))?,
+                    }),
+                    None => None,
+                },
             });
         }
         let norm = load_norm(cfg, src, "model.norm.weight")?;
@@ -388,6 +429,10 @@ impl Transformer {
             lm_head,
             rope: Rope::new(cfg),
             output_mix: attnres::load_output_mix(cfg, src)?,
+            hc_head: match &cfg.add.v4 {
+                Some(v) => Some(HyperHead::load(cfg, v, src)?),
+                None => None,
+            },
             prefill_chunk: prefill::DEFAULT_PREFILL_CHUNK,
         })
     }
@@ -451,14 +496,29 @@ impl Transformer {
         result
     }
 
-    /// The embedding row of `tok` into `x`.
+    /// The embedding row of `tok` into the residual `x`: into each of
+    /// V4's streams (`inputs_embeds.unsqueeze(2).expand(.., hc_mult, ..)`).
     fn embed(&self, tok: u32, x: &mut [f32], stats: &mut StepStats) -> Result<()> {
-        self.embed_tokens.row(tok as usize, x)?;
-        check_finite(x, || format!("the embedding row of token {tok}"), usize::MAX)?;
+        let h = self.cfg.hidden_size;
+        let (first, rest) = x.split_at_mut(h);
+        self.embed_tokens.row(tok as usize, first)?;
+        check_finite(first, || format!("the embedding row of token {tok}"), usize::MAX)?;
+        for stream in rest.chunks_exact_mut(h) {
+            stream.copy_from_slice(first);
+        }
         if self.embed_tokens.resident().is_none() {
             stats.embedding_rows_read += 1;
         }
         Ok(())
+    }
+
+    /// The residual update after layer `l`'s feed-forward output `y`:
+    /// `x += y`, or V4's hyper-connection expansion.
+    fn residual_add(&self, l: usize, x: &mut [f32], y: &[f32], coef: &Coef, hc: &mut HcScratch) {
+        match &self.layers[l].hc {
+            Some(_) => HyperConnection::after(x, y, coef, hc),
+            None => add_in_place(x, y),
+        }
     }
 
     /// The token mixer of layer `l` for one token at `pos`, `x += attn(norm(
@@ -474,6 +534,7 @@ impl Transformer {
         x: &mut [f32],
         bank: &mut attnres::Bank,
         selection: &mut dsa::Selection,
+        coef: &mut Coef,
         mixed: &mut [f32],
         xn: &mut [f32],
         mix: &mut MixerScratch,
@@ -482,27 +543,39 @@ impl Transformer {
         let cfg = &self.cfg;
         let layer = &self.layers[l];
         let res = layer.attn_res.as_ref();
-        match res {
-            Some(r) => {
+        match (res, &layer.hc) {
+            (Some(r), _) => {
                 r.before_attention(bank, x, mixed);
                 rms_norm(mixed, &layer.input_layernorm, cfg.rms_norm_eps, xn);
             }
-            None => rms_norm(x, &layer.input_layernorm, cfg.rms_norm_eps, xn),
+            (None, Some(hc)) => {
+                hc.attn_hc.before(x, coef, &mut mix.hc, mixed);
+                rms_norm(mixed, &layer.input_layernorm, cfg.rms_norm_eps, xn);
+            }
+            (None, None) => rms_norm(x, &layer.input_layernorm, cfg.rms_norm_eps, xn),
         }
         match (&layer.self_attn, layer_state) {
             (Mixer::Gqa(a), LayerState::Kv { k, v }) => a.forward(cfg, &self.rope, xn, pos, k, v, &mut mix.attn, y)?,
             (Mixer::Mla(a), LayerState::Latent(c)) => a.forward(xn, pos, c, &mut mix.mla, selection, y)?,
             (Mixer::Kda(a), LayerState::Kda(st)) => a.forward(xn, pos, st, &mut mix.kda, y),
             (Mixer::Gdn(a), LayerState::Gdn(st)) => a.forward(xn, pos, st, &mut mix.gdn, y),
+            (Mixer::V4(a), LayerState::V4(st)) => a.forward(xn, pos, st, &mut mix.v4, y)?,
             _ => return Err(Error::Arg(format!("layer {l}: the state was created for a different model"))),
         }
-        add_in_place(x, y);
-        match res {
-            Some(r) => {
+        match &layer.hc {
+            Some(_) => HyperConnection::after(x, y, coef, &mut mix.hc),
+            None => add_in_place(x, y),
+        }
+        match (res, &layer.hc) {
+            (Some(r), _) => {
                 r.before_mlp(bank, x, mixed);
                 rms_norm(mixed, &layer.post_attention_layernorm, cfg.rms_norm_eps, xn);
             }
-            None => rms_norm(x, &layer.post_attention_layernorm, cfg.rms_norm_eps, xn),
+            (None, Some(hc)) => {
+                hc.ffn_hc.before(x, coef, &mut mix.hc, mixed);
+                rms_norm(mixed, &layer.post_attention_layernorm, cfg.rms_norm_eps, xn);
+            }
+            (None, None) => rms_norm(x, &layer.post_attention_layernorm, cfg.rms_norm_eps, xn),
         }
         Ok(())
     }
@@ -515,15 +588,20 @@ impl Transformer {
         x: &[f32],
         mixed: &mut [f32],
         xn: &mut [f32],
+        hc: &mut HcScratch,
         out: &mut [f32],
     ) -> Result<()> {
         let cfg = &self.cfg;
-        match &self.output_mix {
-            Some(m) => {
+        match (&self.output_mix, &self.hc_head) {
+            (Some(m), _) => {
                 m.apply(bank, x, mixed);
                 rms_norm(mixed, &self.norm, cfg.rms_norm_eps, xn);
             }
-            None => rms_norm(x, &self.norm, cfg.rms_norm_eps, xn),
+            (None, Some(head)) => {
+                head.apply(x, hc, mixed);
+                rms_norm(mixed, &self.norm, cfg.rms_norm_eps, xn);
+            }
+            (None, None) => rms_norm(x, &self.norm, cfg.rms_norm_eps, xn),
         }
         // Tied embeddings are always resident (`embedding::load`).
         let head = match (&self.lm_head, self.embed_tokens.resident()) {
@@ -541,6 +619,7 @@ impl Transformer {
         &self,
         layer: usize,
         x: &[f32],
+        tok: u32,
         n: usize,
         probs: &mut [f32],
         spec: &mut Vec<(usize, f32)>,
@@ -552,7 +631,7 @@ impl Transformer {
             _ => None,
         });
         if let Some((l, router)) = next {
-            router.predict(x, probs, n, spec);
+            router.predict(x, tok, probs, n, spec);
             let ids: Vec<usize> = spec.iter().map(|p| p.0).collect();
             experts.prefetch(l, &ids, stats);
         }
@@ -591,6 +670,7 @@ impl Transformer {
                     &mut s.x,
                     &mut s.bank,
                     &mut s.selection,
+                    &mut s.coef,
                     &mut s.mixed,
                     &mut s.xn,
                     &mut s.mix,
@@ -599,9 +679,9 @@ impl Transformer {
                 match &layer.mlp {
                     FeedForward::Dense(mlp) => mlp.forward(&s.xn, &mut s.gate, &mut s.up, &mut s.y),
                     FeedForward::Moe(router) => {
-                        router.route(&s.xn, &mut s.probs, &mut s.picks);
+                        router.route(&s.xn, tok, &mut s.probs, &mut s.picks);
                         if lookahead > 0 {
-                            self.lookahead(l, &s.xn, lookahead, &mut s.probs, &mut spec, experts, stats);
+                            self.lookahead(l, &s.xn, tok, lookahead, &mut s.probs, &mut spec, experts, stats);
                         }
                         match &layer.latent_moe {
                             Some(lat) => lat.forward(l, &s.xn, &s.picks, experts, &mut s.latent, &mut s.y, stats)?,
@@ -614,7 +694,7 @@ impl Transformer {
                     layer.gate_shared(&s.xn, &mut s.shared_y);
                     add_in_place(&mut s.y, &s.shared_y);
                 }
-                add_in_place(&mut s.x, &s.y);
+                self.residual_add(l, &mut s.x, &s.y, &s.coef, &mut s.mix.hc);
                 check_finite(&s.x, || format!("layer {l}"), pos)?;
             }
             state.position = pos + 1;
@@ -622,7 +702,14 @@ impl Transformer {
             let last = i + 1 == tokens.len();
             if all_positions || last {
                 let row = if all_positions { i } else { 0 };
-                self.head_row(&s.bank, &s.x, &mut s.mixed, &mut s.xn, &mut logits[row * v..(row + 1) * v])?;
+                self.head_row(
+                    &s.bank,
+                    &s.x,
+                    &mut s.mixed,
+                    &mut s.xn,
+                    &mut s.mix.hc,
+                    &mut logits[row * v..(row + 1) * v],
+                )?;
                 check_finite(&logits[row * v..(row + 1) * v], || "the LM head".into(), pos)?;
             }
         }

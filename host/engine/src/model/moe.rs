@@ -68,12 +68,20 @@ pub struct Router {
     bias: Option<Vec<f32>>,
     /// `(n_group, topk_group)`: DeepSeek-V3's group-limited selection.
     groups: Option<(usize, usize)>,
+    /// DeepSeek-V4's hash layers: `tid2eid` `[V, top_k]`, the experts of
+    /// each token id (the router's scores still weigh them).
+    hash: Option<Vec<u32>>,
 }
 
 impl Router {
     pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Router> {
-        let bias =
-            if cfg.router_has_bias() { Some(load_vector(cfg, src, &cfg.router_bias_name(layer))?) } else { None };
+        let hashed = cfg.add.v4.as_ref().is_some_and(|v| v.hash_layers[layer]);
+        let hash = if hashed { Some(load_hash_table(cfg, src, layer)?) } else { None };
+        let bias = if cfg.router_has_bias() && !hashed {
+            Some(load_vector(cfg, src, &cfg.router_bias_name(layer))?)
+        } else {
+            None
+        };
         Ok(Router {
             weight: load_matrix(cfg, src, &cfg.router_name(layer))?,
             top_k: cfg.top_k,
@@ -81,24 +89,39 @@ impl Router {
             kind: cfg.router,
             bias,
             groups: cfg.expert_groups,
+            hash,
         })
     }
 
-    /// Fills `picks` with (expert, weight) in descending probability.
-    /// `probs`: scratch of length E.
-    pub fn route(&self, x: &[f32], probs: &mut [f32], picks: &mut Vec<(usize, f32)>) {
-        if let (RouterKind::SigmoidBias { routed_scaling_factor }, Some(bias)) = (self.kind, &self.bias) {
+    /// Fills `picks` with (expert, weight) for the token `tok` whose MoE
+    /// input is `x`, in descending probability (a hash layer: in table
+    /// order). `probs`: scratch of length E.
+    pub fn route(&self, x: &[f32], tok: u32, probs: &mut [f32], picks: &mut Vec<(usize, f32)>) {
+        let scored = match self.kind {
+            RouterKind::SigmoidBias { routed_scaling_factor } => Some((routed_scaling_factor, false)),
+            RouterKind::SqrtSoftplusBias { routed_scaling_factor } => Some((routed_scaling_factor, true)),
+            _ => None,
+        };
+        if let Some((routed_scaling_factor, sqrt_softplus)) = scored {
             // KimiLinearTopkRouter: scores = sigmoid(logits); pick top_k of
-            // scores + bias; weights are the unbiased scores.
+            // scores + bias; weights are the unbiased scores. DeepSeek-V4:
+            // `sqrt(softplus(logits))`, and a hash layer's picks are
+            // `tid2eid[input_ids]`.
             self.weight.matvec(x, probs);
             for p in probs.iter_mut() {
-                *p = 1.0 / (1.0 + (-*p).exp());
+                *p = if sqrt_softplus { softplus(*p).sqrt() } else { 1.0 / (1.0 + (-*p).exp()) };
             }
-            match self.groups {
-                Some((n_group, topk_group)) => {
+            match (&self.hash, &self.bias, self.groups) {
+                (Some(table), _, _) => {
+                    picks.clear();
+                    let row = tok as usize * self.top_k;
+                    picks.extend(table[row..row + self.top_k].iter().map(|&e| (e as usize, 0.0)));
+                }
+                (None, Some(bias), Some((n_group, topk_group))) => {
                     grouped_top_k(|i| probs[i] + bias[i], probs.len(), n_group, topk_group, self.top_k, picks)
                 }
-                None => top_k_by(probs.len(), |i| probs[i] + bias[i], self.top_k, picks),
+                (None, Some(bias), None) => top_k_by(probs.len(), |i| probs[i] + bias[i], self.top_k, picks),
+                (None, None, _) => top_k(probs, self.top_k, picks),
             }
             for p in picks.iter_mut() {
                 p.1 = probs[p.0];
@@ -147,10 +170,53 @@ impl Router {
 
     /// The `n` experts this router would rank first for `x` (lookahead:
     /// a guess at a later layer's choice, used only to start reads).
-    pub fn predict(&self, x: &[f32], probs: &mut [f32], n: usize, picks: &mut Vec<(usize, f32)>) {
+    /// A hash layer's guess is its table row: exact.
+    pub fn predict(&self, x: &[f32], tok: u32, probs: &mut [f32], n: usize, picks: &mut Vec<(usize, f32)>) {
+        if let Some(table) = &self.hash {
+            picks.clear();
+            let row = tok as usize * self.top_k;
+            picks.extend(table[row..row + self.top_k.min(n)].iter().map(|&e| (e as usize, 0.0)));
+            return;
+        }
         self.weight.matvec(x, probs);
         top_k(probs, n, picks);
     }
+}
+
+/// `F.softplus` (beta 1, threshold 20: linear above it).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// `mlp.gate.tid2eid` of a hash layer, every id checked to be an expert
+/// (the table is read from an untrusted file and indexes the experts).
+fn load_hash_table(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Vec<u32>> {
+    let name = format!("model.layers.{layer}.mlp.gate.tid2eid");
+    let raw = load_vector(cfg, src, &name)?;
+    if raw.len() != cfg.vocab_size * cfg.top_k {
+        return Err(crate::error::Error::Runtime(format!(
+            "weight `{name}` has {} entries, the config implies {} x {}",
+            raw.len(),
+            cfg.vocab_size,
+            cfg.top_k
+        )));
+    }
+    raw.iter()
+        .map(|&v| {
+            if v >= 0.0 && v.fract() == 0.0 && (v as usize) < cfg.num_experts {
+                Ok(v as u32)
+            } else {
+                Err(crate::error::Error::Runtime(format!(
+                    "weight `{name}` names expert {v}; the model has {}",
+                    cfg.num_experts
+                )))
+            }
+        })
+        .collect()
 }
 
 /// `DeepseekV3TopkRouter.get_topk_indices`: a group scores the sum of its

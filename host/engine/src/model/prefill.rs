@@ -18,6 +18,7 @@ use super::attnres::Bank;
 use super::dsa::Selection;
 use super::experts::ExpertProvider;
 use super::ops::add_in_place;
+use super::v4::hyper::Coef;
 use super::{FeedForward, Scratch, State, Transformer};
 
 /// Tokens per prefill chunk unless the caller chooses (1 = token at a time).
@@ -46,6 +47,8 @@ struct Chunk {
     banks: Vec<Bank>,
     /// DSA: each token's attended positions, across the layers.
     selections: Vec<Selection>,
+    /// V4: each token's feed-forward hyper-connection coefficients.
+    coefs: Vec<Coef>,
     picks: Vec<Vec<(usize, f32)>>,
     /// K3's latent MoE: the latent input and output of each token.
     z: Vec<f32>,
@@ -56,13 +59,15 @@ impl Chunk {
     fn new(cfg: &ModelConfig, n: usize, attn_res: bool) -> Chunk {
         let h = cfg.hidden_size;
         let latent = cfg.k3.and_then(|k| k.latent).unwrap_or(0);
+        let streams = cfg.add.v4.as_ref().map_or(0, |v| v.hc_mult);
         Chunk {
-            x: vec![0.0; n * h],
+            x: vec![0.0; n * cfg.residual_width()],
             xn: vec![0.0; n * h],
             y: vec![0.0; n * h],
-            mixed: vec![0.0; if attn_res { n * h } else { 0 }],
+            mixed: vec![0.0; if attn_res || streams > 0 { n * h } else { 0 }],
             banks: (0..n).map(|_| Bank::new(cfg)).collect(),
             selections: (0..n).map(|_| Selection::for_config(cfg)).collect(),
+            coefs: (0..n).map(|_| Coef::new(streams)).collect(),
             picks: (0..n).map(|_| Vec::with_capacity(cfg.top_k + 1)).collect(),
             z: vec![0.0; n * latent],
             zy: vec![0.0; n * latent],
@@ -75,6 +80,7 @@ impl Chunk {
         [&self.x, &self.xn, &self.y, &self.mixed, &self.z, &self.zy].iter().map(|b| b.len()).sum::<usize>()
             + self.banks.iter().map(Bank::floats).sum::<usize>()
             + self.selections.iter().map(Selection::floats).sum::<usize>()
+            + self.coefs.iter().map(Coef::floats).sum::<usize>()
             + self.picks.iter().map(|p| p.capacity() * pick).sum::<usize>()
     }
 }
@@ -103,7 +109,7 @@ impl Transformer {
         stats: &mut StepStats,
     ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
-        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let (rw, v) = (cfg.residual_width(), cfg.vocab_size);
         let size = self.prefill_chunk.clamp(1, tokens.len());
         let mut s = Scratch::new(cfg, state.context, self.output_mix.is_some());
         let mut c = Chunk::new(cfg, size, self.output_mix.is_some());
@@ -117,9 +123,10 @@ impl Transformer {
                     let row = if all_positions { g } else { 0 };
                     self.head_row(
                         &c.banks[i],
-                        &c.x[i * h..(i + 1) * h],
+                        &c.x[i * rw..(i + 1) * rw],
                         &mut s.mixed,
                         &mut s.xn,
+                        &mut s.mix.hc,
                         &mut logits[row * v..(row + 1) * v],
                     )?;
                     super::check_finite(&logits[row * v..(row + 1) * v], || "the LM head".into(), g)?;
@@ -140,27 +147,31 @@ impl Transformer {
         c: &mut Chunk,
         stats: &mut StepStats,
     ) -> Result<()> {
-        let h = self.cfg.hidden_size;
+        let (h, rw) = (self.cfg.hidden_size, self.cfg.residual_width());
         let n = toks.len();
         let start = state.position;
-        let Chunk { x, xn, y, mixed, banks, selections, picks, z, zy } = c;
-        let (x, xn, y) = (&mut x[..n * h], &mut xn[..n * h], &mut y[..n * h]);
+        let Chunk { x, xn, y, mixed, banks, selections, coefs, picks, z, zy } = c;
+        let (x, xn, y) = (&mut x[..n * rw], &mut xn[..n * h], &mut y[..n * h]);
         let (banks, picks, selections) = (&mut banks[..n], &mut picks[..n], &mut selections[..n]);
+        let coefs = &mut coefs[..n];
         for (i, &tok) in toks.iter().enumerate() {
-            self.embed(tok, &mut x[i * h..(i + 1) * h], stats)?;
+            self.embed(tok, &mut x[i * rw..(i + 1) * rw], stats)?;
             banks[i].clear();
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            for (i, (bank, selection)) in banks.iter_mut().zip(selections.iter_mut()).enumerate() {
+            for (i, ((bank, selection), coef)) in
+                banks.iter_mut().zip(selections.iter_mut()).zip(coefs.iter_mut()).enumerate()
+            {
                 let r = i * h..(i + 1) * h;
                 let mixed: &mut [f32] = if mixed.is_empty() { &mut [] } else { &mut mixed[r.clone()] };
                 self.mixer_step(
                     l,
                     start + i,
                     &mut state.layers[l],
-                    &mut x[r.clone()],
+                    &mut x[i * rw..(i + 1) * rw],
                     bank,
                     selection,
+                    coef,
                     mixed,
                     &mut xn[r],
                     &mut s.mix,
@@ -175,8 +186,8 @@ impl Transformer {
                     }
                 }
                 FeedForward::Moe(router) => {
-                    for (i, p) in picks.iter_mut().enumerate() {
-                        router.route(&xn[i * h..(i + 1) * h], &mut s.probs, p);
+                    for (i, (p, &tok)) in picks.iter_mut().zip(toks).enumerate() {
+                        router.route(&xn[i * h..(i + 1) * h], tok, &mut s.probs, p);
                     }
                     match &layer.latent_moe {
                         Some(lat) => {
@@ -195,10 +206,10 @@ impl Transformer {
                     add_in_place(&mut y[r], &s.shared_y);
                 }
             }
-            for i in 0..n {
-                let r = i * h..(i + 1) * h;
-                add_in_place(&mut x[r.clone()], &y[r]);
-                super::check_finite(&x[i * h..(i + 1) * h], || format!("layer {l}"), start + i)?;
+            for (i, coef) in coefs.iter().enumerate() {
+                let xr = &mut x[i * rw..(i + 1) * rw];
+                self.residual_add(l, xr, &y[i * h..(i + 1) * h], coef, &mut s.mix.hc);
+                super::check_finite(xr, || format!("layer {l}"), start + i)?;
             }
         }
         state.position = start + n;
@@ -238,6 +249,7 @@ mod tests {
             "qwen3_next",
             "qwen3_5_moe",
             "qwen3_5_moe_text",
+            "deepseek_v4",
         ] {
             let dir =
                 PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(format!("tiny-{family}"));

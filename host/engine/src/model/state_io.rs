@@ -38,6 +38,9 @@ pub enum BufferKind {
     Sequence,
     /// Written whole, whatever the position.
     Fixed,
+    /// `row_len` floats per `rate` tokens (DeepSeek-V4's compressed
+    /// entries); rows `[0, position / rate)` are live.
+    Compressed { rate: usize },
 }
 
 /// One buffer of a `State`, borrowed.
@@ -97,6 +100,11 @@ impl State {
                         data: c,
                     });
                 }
+                LayerState::V4(st) => {
+                    for (name, kind, row_len, data) in v4_buffers_mut(l, st, width) {
+                        out.push(StateBufferMut { name, kind, row_len, data });
+                    }
+                }
                 LayerState::Kda(st) | LayerState::Gdn(st) => {
                     let (n_s, n_c) = (st.s.len(), st.conv.len());
                     let kind = recurrent_name(&self.shape[l].0);
@@ -134,6 +142,11 @@ fn layer_buffers<'a>(l: usize, layer: &'a LayerState, kv_dim: usize, shape: &(At
             (format!("layers.{l}.v"), BufferKind::Sequence, kv_dim, v.as_slice()),
         ],
         LayerState::Latent(c) => vec![(format!("layers.{l}.latent"), BufferKind::Sequence, shape.1, c.as_slice())],
+        LayerState::V4(st) => vec![
+            (format!("layers.{l}.window"), BufferKind::Fixed, st.window.len(), st.window.as_slice()),
+            (format!("layers.{l}.compressor_windows"), BufferKind::Fixed, st.open.len(), st.open.as_slice()),
+            (format!("layers.{l}.entries"), BufferKind::Compressed { rate: st.rate }, shape.1, st.entries.as_slice()),
+        ],
         LayerState::Kda(st) | LayerState::Gdn(st) => {
             let kind = recurrent_name(&shape.0);
             vec![
@@ -142,6 +155,18 @@ fn layer_buffers<'a>(l: usize, layer: &'a LayerState, kv_dim: usize, shape: &(At
             ]
         }
     }
+}
+
+type BufMut<'a> = (String, BufferKind, usize, &'a mut [f32]);
+
+/// `layer_buffers` of a V4 layer, writable; `row` is its entry width.
+fn v4_buffers_mut(l: usize, st: &mut super::V4State, row: usize) -> Vec<BufMut<'_>> {
+    let (w, o, rate) = (st.window.len(), st.open.len(), st.rate);
+    vec![
+        (format!("layers.{l}.window"), BufferKind::Fixed, w, st.window.as_mut_slice()),
+        (format!("layers.{l}.compressor_windows"), BufferKind::Fixed, o, st.open.as_mut_slice()),
+        (format!("layers.{l}.entries"), BufferKind::Compressed { rate }, row, st.entries.as_mut_slice()),
+    ]
 }
 
 /// The buffer-name stem of a recurrent layer's state.
@@ -158,6 +183,7 @@ fn recurrent_name(kind: &AttnKind) -> &'static str {
 fn live_rows(kind: BufferKind, position: usize, row_len: usize, capacity: usize) -> usize {
     match kind {
         BufferKind::Sequence => position.min(capacity / row_len.max(1)),
+        BufferKind::Compressed { rate } => (position / rate.max(1)).min(capacity / row_len.max(1)),
         BufferKind::Fixed => 1,
     }
 }

@@ -165,6 +165,37 @@ fn load_names_missing_tensor() {
     assert!(err.to_string().contains(name), "{err}");
 }
 
+/// A DeepSeek-V4 hash table comes from an untrusted file and indexes the
+/// experts: an id past them (or not an integer) fails at load, naming the
+/// tensor, instead of routing to an expert that does not exist.
+#[test]
+fn hash_table_naming_a_missing_expert_is_refused() {
+    struct Patched<'a>(&'a HfCheckpoint, f32);
+    impl TensorSource for Patched<'_> {
+        fn matrix(&self, name: &str) -> crate::Result<crate::quant::QMatrix> {
+            self.0.matrix(name)
+        }
+        fn vector(&self, name: &str) -> crate::Result<Vec<f32>> {
+            let mut v = self.0.vector(name)?;
+            if name.ends_with(".tid2eid") {
+                v[7] = self.1;
+            }
+            Ok(v)
+        }
+        fn has(&self, name: &str) -> bool {
+            self.0.has(name)
+        }
+    }
+    let dir = fixture_dir("deepseek_v4");
+    require(&dir.join("config.json"));
+    let ckpt = HfCheckpoint::open(&dir).unwrap();
+    assert!(Transformer::load(ckpt.config(), &Patched(&ckpt, 15.0)).is_ok());
+    for bad in [16.0, -1.0, 2.5] {
+        let err = Transformer::load(ckpt.config(), &Patched(&ckpt, bad)).err().expect("load must fail");
+        assert!(err.to_string().contains("model.layers.0.mlp.gate.tid2eid"), "{err}");
+    }
+}
+
 /// Kimi-Linear (KDA + MLA layers, sigmoid router with bias, shared expert,
 /// dense layer 0) against transformers, prompt longer than one 64-token chunk.
 #[test]
@@ -267,4 +298,10 @@ fn oracle_deepseek_v3_and_dsa() {
         let e = oracle(family);
         assert!(e <= 1e-4, "{family}: relative error {e}");
     }
+}
+
+#[test]
+fn oracle_deepseek_v4() {
+    let err = oracle("deepseek_v4");
+    assert!(err < 1e-4, "deepseek_v4: max |Δ| / max |logit| = {err}");
 }

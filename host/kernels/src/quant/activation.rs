@@ -12,6 +12,8 @@ pub enum Activation {
     /// gpt-oss: `gate = min(gate, limit)`, `up = clamp(up, -limit, limit)`,
     /// `(up + 1) * gate * sigmoid(alpha * gate)`.
     ClampedSwiglu { alpha: f32, limit: f32 },
+    /// DeepSeek-V4: `silu(min(gate, limit)) * clamp(up, -limit, limit)`.
+    ClampedSilu { limit: f32 },
 }
 
 impl Activation {
@@ -32,6 +34,12 @@ impl Activation {
                 let g = gate.min(limit);
                 let u = up.clamp(-limit, limit);
                 (u + 1.0) * (g * (1.0 / (1.0 + (-(g * alpha)).exp())))
+            }
+            Activation::ClampedSilu { limit } => {
+                // DeepseekV4Experts._apply_gate: `gate.clamp(max=limit)`,
+                // `up.clamp(min=-limit, max=limit)`, `act_fn(gate) * up`.
+                let g = gate.min(limit);
+                g / (1.0 + (-g).exp()) * up.clamp(-limit, limit)
             }
         }
     }

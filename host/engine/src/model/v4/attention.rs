@@ -1,0 +1,260 @@
+//! DeepSeek-V4's attention (`DeepseekV4Attention`): shared-KV multi-query
+//! attention over the sliding window, plus the layer's compressed entries
+//! (all of them on HCA layers, the indexer's top `index_topk` on CSA).
+//!
+//! Per token at `pos`, with `x` the normed block input:
+//! `q_resid = q_a_norm(q_a_proj x)`, `q = rms(q_b_proj q_resid)` per head
+//! (unweighted), `kv = kv_norm(kv_proj x)`, both rotated on their trailing
+//! `qk_rope_head_dim` channels; keys and values are the same rows. The
+//! softmax over `q . k / sqrt(head_dim)` includes a learned sink per head,
+//! the output's rope channels are rotated back by `pos` ("so the
+//! contribution of each KV entry stays a function of the relative
+//! distance"), and the heads go through the grouped output projection:
+//! `o_b_proj(concat_g o_a_proj[g] heads_g)`.
+
+use crate::config::{ModelConfig, V4Attn, V4Params};
+use crate::error::{Error, Result};
+use crate::quant::QMatrix;
+use crate::source::TensorSource;
+
+use super::super::ops::{dot, rms_norm_in_place};
+use super::super::{load_matrix, load_norm, load_vector};
+use super::compressor::{Compressor, Indexer, IndexerScratch};
+use super::{V4Rope, V4State};
+
+/// `model.layers.L.self_attn`.
+pub struct V4Attention {
+    q_a_proj: QMatrix,  // [q_lora, H]
+    q_a_norm: Vec<f32>, // [q_lora]
+    q_b_proj: QMatrix,  // [n_heads * head_dim, q_lora]
+    kv_proj: QMatrix,   // [head_dim, H]
+    kv_norm: Vec<f32>,  // [head_dim]
+    o_a_proj: QMatrix,  // [o_groups * o_lora_rank, n_heads * head_dim / o_groups]
+    o_b_proj: QMatrix,  // [H, o_groups * o_lora_rank]
+    sinks: Vec<f32>,    // [n_heads]
+    compressor: Option<Compressor>,
+    indexer: Option<Indexer>,
+    /// `main` on sliding-only layers, `compress` on the others (their
+    /// compressors and indexer use it too).
+    rope: V4Rope,
+    kind: V4Attn,
+    n_heads: usize,
+    head_dim: usize,
+    window: usize,
+    o_groups: usize,
+    o_lora_rank: usize,
+    eps: f32,
+}
+
+/// Per-call buffers of the V4 attention.
+pub struct V4Scratch {
+    q_resid: Vec<f32>, // [q_lora]
+    q: Vec<f32>,       // [n_heads * head_dim]
+    out: Vec<f32>,     // [n_heads * head_dim]
+    mid: Vec<f32>,     // [o_groups * o_lora_rank]
+    scores: Vec<f32>,  // [window + entries]
+    /// The compressed entries attended (CSA: the indexer's picks).
+    picks: Vec<(usize, f32)>,
+    index: IndexerScratch,
+}
+
+impl V4Scratch {
+    pub fn new(cfg: &ModelConfig, context: usize) -> V4Scratch {
+        let Some(v) = &cfg.add.v4 else {
+            return V4Scratch {
+                q_resid: vec![],
+                q: vec![],
+                out: vec![],
+                mid: vec![],
+                scores: vec![],
+                picks: vec![],
+                index: IndexerScratch::new(None, 0),
+            };
+        };
+        let q = cfg.num_heads * v.head_dim;
+        let entries = context / v.csa_rate.min(v.hca_rate);
+        V4Scratch {
+            q_resid: vec![0.0; v.q_lora_rank],
+            q: vec![0.0; q],
+            out: vec![0.0; q],
+            mid: vec![0.0; v.o_groups * v.o_lora_rank],
+            scores: vec![0.0; v.sliding_window + entries],
+            picks: Vec::with_capacity(v.index_topk.min(entries)),
+            index: IndexerScratch::new(Some(v), context / v.csa_rate),
+        }
+    }
+
+    pub fn floats(&self) -> usize {
+        [&self.q_resid, &self.q, &self.out, &self.mid, &self.scores].iter().map(|b| b.len()).sum::<usize>()
+            + self.picks.capacity() * std::mem::size_of::<(usize, f32)>() / 4
+            + self.index.floats()
+    }
+}
+
+impl V4Attention {
+    pub fn load(cfg: &ModelConfig, v4: &V4Params, src: &dyn TensorSource, layer: usize) -> Result<V4Attention> {
+        let p = format!("model.layers.{layer}.self_attn");
+        let kind = v4.layers[layer];
+        let rope = V4Rope::new(if kind == V4Attn::Sliding { &v4.main_rope } else { &v4.compress_rope });
+        let sinks = load_vector(cfg, src, &format!("{p}.sinks"))?;
+        if sinks.len() != cfg.num_heads {
+            return Err(Error::Runtime(format!(
+                "weight `{p}.sinks` has {} values for {} heads",
+                sinks.len(),
+                cfg.num_heads
+            )));
+        }
+        let d = v4.head_dim;
+        let compressor = match kind {
+            V4Attn::Sliding => None,
+            V4Attn::Csa => Some(Compressor::load(cfg, src, &format!("{p}.compressor"), d, v4.csa_rate, true)?),
+            V4Attn::Hca => Some(Compressor::load(cfg, src, &format!("{p}.compressor"), d, v4.hca_rate, false)?),
+        };
+        let indexer = match kind {
+            V4Attn::Csa => Some(Indexer::load(cfg, v4, src, &format!("{p}.compressor.indexer"))?),
+            _ => None,
+        };
+        Ok(V4Attention {
+            q_a_proj: load_matrix(cfg, src, &format!("{p}.q_a_proj.weight"))?,
+            q_a_norm: load_norm(cfg, src, &format!("{p}.q_a_norm.weight"))?,
+            q_b_proj: load_matrix(cfg, src, &format!("{p}.q_b_proj.weight"))?,
+            kv_proj: load_matrix(cfg, src, &format!("{p}.kv_proj.weight"))?,
+            kv_norm: load_norm(cfg, src, &format!("{p}.kv_norm.weight"))?,
+            o_a_proj: load_matrix(cfg, src, &format!("{p}.o_a_proj.weight"))?,
+            o_b_proj: load_matrix(cfg, src, &format!("{p}.o_b_proj.weight"))?,
+            sinks,
+            compressor,
+            indexer,
+            rope,
+            kind,
+            n_heads: cfg.num_heads,
+            head_dim: d,
+            window: v4.sliding_window,
+            o_groups: v4.o_groups,
+            o_lora_rank: v4.o_lora_rank,
+            eps: cfg.rms_norm_eps,
+        })
+    }
+
+    /// The attention output of the token at `pos` (block input `x`) into
+    /// `y`, appending it to `st`.
+    pub fn forward(&self, x: &[f32], pos: usize, st: &mut V4State, s: &mut V4Scratch, y: &mut [f32]) -> Result<()> {
+        let d = self.head_dim;
+        self.q_a_proj.matvec(x, &mut s.q_resid);
+        rms_norm_in_place(&mut s.q_resid, &self.q_a_norm, self.eps);
+        self.q_b_proj.matvec(&s.q_resid, &mut s.q);
+        for head in s.q.chunks_exact_mut(d) {
+            // `DeepseekV4UnweightedRMSNorm` per head.
+            let ms = head.iter().map(|v| v * v).sum::<f32>() / d as f32;
+            let inv = 1.0 / (ms + self.eps).sqrt();
+            head.iter_mut().for_each(|v| *v *= inv);
+            self.rope.rotate(head, pos, false);
+        }
+        let row = pos % self.window;
+        {
+            let kv = &mut st.window[row * d..(row + 1) * d];
+            self.kv_proj.matvec(x, kv);
+            rms_norm_in_place(kv, &self.kv_norm, self.eps);
+            self.rope.rotate(kv, pos, false);
+        }
+
+        // The compressors, then the entries this token may attend.
+        let n_entries = self.push_compressors(x, pos, st)?;
+        s.picks.clear();
+        if let Some(ix) = &self.indexer {
+            let ef = self.entry_floats();
+            let entries = &st.entries;
+            ix.select(
+                x,
+                &s.q_resid,
+                pos,
+                n_entries,
+                |t| &entries[t * ef + d..(t + 1) * ef],
+                &self.rope,
+                &mut s.index,
+                &mut s.picks,
+            );
+        } else if self.kind == V4Attn::Hca {
+            s.picks.extend((0..n_entries).map(|t| (t, 0.0)));
+        }
+
+        // Keys: the window's rows (positions pos+1-W..=pos), then the picked
+        // entries; K = V.
+        let first = (pos + 1).saturating_sub(self.window);
+        let n_window = pos + 1 - first;
+        let ef = self.entry_floats().max(1);
+        let key = |i: usize| -> &[f32] {
+            if i < n_window {
+                let r = (first + i) % self.window;
+                &st.window[r * d..(r + 1) * d]
+            } else {
+                let t = s.picks[i - n_window].0;
+                &st.entries[t * ef..t * ef + d]
+            }
+        };
+        let n_keys = n_window + s.picks.len();
+        let scale = (d as f32).powf(-0.5);
+        let scores = &mut s.scores[..n_keys];
+        for (h, (q, out)) in s.q.chunks_exact(d).zip(s.out.chunks_exact_mut(d)).enumerate() {
+            let sink = self.sinks[h];
+            let mut max = sink;
+            for (i, sc) in scores.iter_mut().enumerate() {
+                *sc = dot(q, key(i)) * scale;
+                max = max.max(*sc);
+            }
+            let mut den = (sink - max).exp();
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                den += *sc;
+            }
+            out.fill(0.0);
+            for (i, &p) in scores.iter().enumerate() {
+                let w = p / den;
+                for (o, &k) in out.iter_mut().zip(key(i)) {
+                    *o += w * k;
+                }
+            }
+            self.rope.rotate(out, pos, true);
+        }
+        let group = self.n_heads * d / self.o_groups;
+        let r = self.o_lora_rank;
+        for (g, input) in s.out.chunks_exact(group).enumerate() {
+            self.o_a_proj.matvec_rows(g * r, input, &mut s.mid[g * r..(g + 1) * r]);
+        }
+        self.o_b_proj.matvec(&s.mid, y);
+        Ok(())
+    }
+
+    /// Floats of one entry row: the main entry, and the indexer's.
+    fn entry_floats(&self) -> usize {
+        self.head_dim + self.indexer.as_ref().map_or(0, |_| self.indexer_width())
+    }
+
+    fn indexer_width(&self) -> usize {
+        self.indexer.as_ref().map_or(0, |ix| ix.compressor.width())
+    }
+
+    /// Feeds `x` to the compressors; returns how many entries exist now.
+    fn push_compressors(&self, x: &[f32], pos: usize, st: &mut V4State) -> Result<usize> {
+        let Some(c) = &self.compressor else { return Ok(0) };
+        let rate = c.rate();
+        let (ef, d) = (self.entry_floats(), self.head_dim);
+        let (main_open, index_open) = st.open.split_at_mut(c.open_floats());
+        // A token that does not close its window writes no entry.
+        let closes = (pos + 1).is_multiple_of(rate);
+        let w = pos / rate;
+        let row: &mut [f32] = match closes {
+            true => st
+                .entries
+                .get_mut(w * ef..(w + 1) * ef)
+                .ok_or_else(|| Error::Runtime(format!("compressed entry {w} is past the state's capacity")))?,
+            false => &mut [],
+        };
+        let (main, index) = row.split_at_mut(if closes { d } else { 0 });
+        c.push(x, pos, c.window(main_open), &self.rope, main);
+        if let Some(ix) = &self.indexer {
+            ix.compressor.push(x, pos, ix.compressor.window(index_open), &self.rope, index);
+        }
+        Ok((pos + 1) / rate)
+    }
+}

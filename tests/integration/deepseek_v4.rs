@@ -1,0 +1,122 @@
+//! DeepSeek-V4 end to end against transformers: the tiny `deepseek_v4`
+//! fixture (tests/gen_deepseek_v4_fixture.py) has a sliding-window layer,
+//! two CSA layers (rate 4, indexer top 4) and an HCA layer (rate 16)
+//! behind a window of 8, four hyper-connection streams, a hash-routed
+//! first layer and a swiglu clamp that binds on about a quarter of the
+//! activations, so the 99-token prompt closes 24 CSA and 6 HCA windows.
+
+use waste_host::{Engine, Model, OpenOptions};
+
+use crate::common::*;
+
+const FAMILY: &str = "deepseek_v4";
+
+#[test]
+fn deepseek_v4_f32_matches_transformers_at_every_position() {
+    crate::oracle::check_f32(FAMILY);
+}
+
+/// A copy of the fixture with one config key changed, converted f32.
+fn variant(tmp: &TempDir, tag: &str, edit: impl Fn(&mut serde_json::Value)) -> std::path::PathBuf {
+    let src = tmp.path().join(format!("{FAMILY}-{tag}"));
+    std::fs::create_dir_all(&src).unwrap();
+    for entry in std::fs::read_dir(fixture(FAMILY)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(src.join("config.json"), config.to_string()).unwrap();
+    src
+}
+
+/// Each mechanism the oracle relies on, switched off through the config,
+/// moves the logits far from the reference: an engine that attended every
+/// CSA entry (no indexer) or skipped the clamp would fail the oracle.
+#[test]
+fn deepseek_v4_without_the_indexer_or_the_clamp_fails_the_oracle() {
+    let tmp = TempDir::new("v4-ablate");
+    let reference = reference(FAMILY);
+    let cases =
+        [("dense", "index_topk", serde_json::json!(1_000_000)), ("unclamped", "swiglu_limit", serde_json::json!(1e9))];
+    for (tag, key, value) in cases {
+        let src = variant(&tmp, tag, |c| c[key] = value.clone());
+        let out = tmp.path().join(format!("{tag}.waste"));
+        let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", "f32", "--trunk", "f32"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let model = Model::open(&out, &OpenOptions::default()).unwrap();
+        let mut state = model.new_state();
+        let (logits, _) = model.forward(&mut state, &reference.prompt_ids, true).unwrap();
+        let (rel, _) = compare_positions(&logits, &reference);
+        eprintln!("deepseek_v4 with {key} = {value}: max relative logit diff {rel:e}");
+        assert!(rel > 1e-2, "{key} = {value} stays within {rel:e} of the reference");
+    }
+}
+
+/// A session saved at position 42 (CSA windows closed, the HCA window and
+/// the sliding ring part-filled) continues bit-identically.
+#[test]
+fn deepseek_v4_saved_state_continues_bit_identically() {
+    let tmp = TempDir::new("v4-state");
+    let engine = Engine::new().unwrap();
+    for (experts, trunk) in [("f32", "f32"), ("rvq3", "q8")] {
+        let container = convert(FAMILY, experts, trunk, tmp.path());
+        let file = tmp.path().join(format!("{experts}.state"));
+        let reference = reference(FAMILY);
+        assert_saved_state_continues(&engine, &container, &file, reference.prompt_ids.split_at(42), experts);
+    }
+}
+
+/// `waste info` counts what torch counts plus the three router biases
+/// (buffers; the hash layer has a `tid2eid` table instead), names each
+/// layer's attention and compression rate, and gives each compressed
+/// layer's entry its share per token.
+#[test]
+fn deepseek_v4_info_counts_parameters_and_compressed_state() {
+    let tmp = TempDir::new("v4-info");
+    let container = convert(FAMILY, "f32", "f32", tmp.path());
+    let o = waste(&["info", container.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture(FAMILY).join("reference.json")).unwrap()).unwrap();
+    assert_eq!(j["total_params"].as_u64().unwrap(), reference["num_parameters"].as_u64().unwrap() + 3 * 16);
+    let kinds: Vec<String> = layer_pattern(&j).iter().map(|k| k.trim_end_matches("/moe").to_string()).collect();
+    assert_eq!(kinds, ["SWA", "CSA/4", "HCA/16", "CSA/4"]);
+    // CSA: a 32-float entry and a 16-float index entry per 4 tokens; HCA:
+    // 32 floats per 16 tokens; the sliding layer's ring is fixed.
+    assert_eq!(j["state_bytes_per_token"], 4 * 48 / 4 * 2 + 4 * 32 / 16);
+    assert_eq!(j["layer_pattern"][0]["state_bytes_per_token"], 0);
+    assert_eq!(j["layer_pattern"][1]["state_tokens_per_row"], 4);
+    assert!(j["router"].as_str().unwrap().contains("1 hash-routed"), "{}", j["router"]);
+}
+
+/// Config and weights that disagree fail at conversion with one line
+/// naming the place (a hash table naming an expert the model does not have:
+/// `model::moe`'s `hash_table_naming_a_missing_expert_is_refused`).
+#[test]
+fn deepseek_v4_bad_configs_and_tables_are_refused_by_name() {
+    let tmp = TempDir::new("v4-bad");
+    let cases: [(&str, Box<dyn Fn(&mut serde_json::Value)>, &str); 3] = [
+        (
+            "kinds",
+            Box::new(|c| c["layer_types"][2] = "compressed_sparse_attention".into()),
+            "makes layer 2 CSA, but its tensors are those of a HCA layer",
+        ),
+        (
+            "hash",
+            Box::new(|c| c["mlp_layer_types"][1] = "hash_moe".into()),
+            "makes layer 1 hash-routed, but the checkpoint has no `tid2eid`",
+        ),
+        ("scoring", Box::new(|c| c["scoring_func"] = "softmax".into()), "scoring_func"),
+    ];
+    for (tag, edit, want) in cases {
+        let src = variant(&tmp, tag, edit);
+        let out = tmp.path().join(format!("{tag}.waste"));
+        let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap()]);
+        assert!(!o.status.success(), "{tag}: converted");
+        let err = stderr(&o);
+        assert!(err.contains(want) && err.trim().lines().count() == 1, "{tag}: {err}");
+    }
+}

@@ -100,7 +100,9 @@ fn bench_runs_thread_counts_side_by_side_after_a_warmup() {
 /// them to 1%, so those two are held to their published rounding, as are
 /// DeepSeek-V3.2's "37B" (37.48B without the table) and GLM-5's "40B"
 /// (39.88B with neither). Totals: DeepSeek-V3.2 671B without its MTP layer
-/// (671.88B here, the indexers included), GLM-5 744B (743.91B).
+/// (671.88B here, the indexers included), GLM-5 744B (743.91B),
+/// DeepSeek-V4-Flash 284B (284.33B; "13B" active is 13.26B without the
+/// table).
 #[test]
 fn synth_like_second_wave_releases_reproduce_published_parameter_counts() {
     let tmp = TempDir::new("synth-like-wave2");
@@ -112,6 +114,7 @@ fn synth_like_second_wave_releases_reproduce_published_parameter_counts() {
         ("gpt-oss-120b", "gpt_oss", 116.8e9, 5.1e9, "without the table", 0.01 * 5.1e9),
         ("deepseek-v3.2", "deepseek_v32", 671e9, 37e9, "without the table", 0.5e9),
         ("glm-5", "glm_moe_dsa", 744e9, 40e9, "without embeddings", 0.5e9),
+        ("deepseek-v4-flash", "deepseek_v4", 284e9, 13e9, "without the table", 0.5e9),
     ];
     for (like, family, total, active, how, tol) in cases {
         let out = tmp.path().join(format!("{like}.waste"));

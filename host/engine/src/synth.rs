@@ -400,6 +400,7 @@ pub const LIKE: &[&str] = &[
     "gpt-oss-120b",
     "deepseek-v3.2",
     "glm-5",
+    "deepseek-v4-flash",
 ];
 
 /// How [`synth_like`] / [`synth_config`] fill a container.
@@ -442,6 +443,7 @@ pub fn like_config(like: &str, num_experts: Option<usize>) -> Result<serde_json:
         "gpt-oss-120b" => configs::gpt_oss_120b_config(),
         "deepseek-v3.2" => configs::deepseek_v3_2_config(),
         "glm-5" => configs::glm_5_config(),
+        "deepseek-v4-flash" => configs::deepseek_v4_flash_config(),
         _ => return Err(Error::Arg(format!("unknown model {like:?}: expected one of {}", LIKE.join(", ")))),
     };
     if let Some(n) = num_experts {
@@ -531,6 +533,10 @@ fn synth_config_as(
         offset = align_up(offset, TENSOR_ALIGN);
         let (bytes, crc32) = if options.manifest_only {
             (fmt.byte_len(rows, cols) as u64, None)
+        } else if name.ends_with(".tid2eid") {
+            let table: Vec<u8> = hash_table(&cfg).iter().flat_map(|v| v.to_le_bytes()).collect();
+            trunk_file.write_all_at(&table, offset).map_err(|e| Error::io(&trunk_path, e))?;
+            (table.len() as u64, Some(checksum::crc32(&table)))
         } else {
             let seed = options.seed ^ i as u64;
             let (bytes, crc) = write_matrix(&trunk_file, &trunk_path, offset, fmt, rows, cols, shape.len() == 1, seed)?;
@@ -608,6 +614,15 @@ fn synth_config_as(
     let mpath = out.join(MANIFEST_FILE);
     std::fs::write(&mpath, json).map_err(|e| Error::io(&mpath, e))?;
     Ok(report)
+}
+
+/// A DeepSeek-V4 hash layer's `tid2eid` `[V, top_k]`: distinct experts per
+/// token, spread over all of them (a table of ones would send every token
+/// to one expert).
+fn hash_table(cfg: &ModelConfig) -> Vec<f32> {
+    let (e, k) = (cfg.num_experts, cfg.top_k);
+    let step = (e / k).max(1);
+    (0..cfg.vocab_size).flat_map(|t| (0..k).map(move |j| ((t * 7919 + j * step) % e) as f32)).collect()
 }
 
 /// A file of `len` bytes that holds no data blocks (reads as zeros).

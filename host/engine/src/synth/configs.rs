@@ -377,3 +377,59 @@ pub fn glm_5_config() -> serde_json::Value {
         "eos_token_id": [154_820, 154_827, 154_829]
     })
 }
+
+/// DeepSeek-V4-Flash as transformers 5.24's `DeepseekV4Config` defaults
+/// describe it (its docstring's checkpoint is DeepSeek-V4-Flash-Base): 43
+/// layers, hidden 4096, 64 query heads of 512 sharing one K=V head (q-LoRA
+/// 1024, rope 64), output in 8 groups through 1024; two HCA layers then CSA
+/// and HCA alternating (rates 4 and 128, window 128, indexer 64 x 128
+/// choosing 512); 256 experts of 2048 top-6 with one shared, the first 3
+/// layers hash-routed; 4 hyper-connection streams; YaRN x16 on the
+/// compressed layers; one MTP layer (not run). 284B parameters.
+pub fn deepseek_v4_flash_config() -> serde_json::Value {
+    let layers = 43;
+    let layer_types: Vec<&str> = (0..layers)
+        .map(|l| if l < 2 || (l - 2) % 2 == 0 { "heavily_compressed_attention" } else { "compressed_sparse_attention" })
+        .collect();
+    serde_json::json!({
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "model_type": "deepseek_v4",
+        "vocab_size": 129_280,
+        "hidden_size": 4096,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 1,
+        "head_dim": 512,
+        "qk_rope_head_dim": 64,
+        "q_lora_rank": 1024,
+        "o_groups": 8,
+        "o_lora_rank": 1024,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 6,
+        "scoring_func": "sqrtsoftplus",
+        "routed_scaling_factor": 1.5,
+        "num_hash_layers": 3,
+        "layer_types": layer_types,
+        "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+        "sliding_window": 128,
+        "index_n_heads": 64,
+        "index_head_dim": 128,
+        "index_topk": 512,
+        "hc_mult": 4,
+        "hc_sinkhorn_iters": 20,
+        "hc_eps": 1e-6,
+        "swiglu_limit": 10.0,
+        "rope_theta": 10_000.0,
+        "compress_rope_theta": 160_000.0,
+        "rope_scaling": {"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65_536,
+                         "beta_fast": 32, "beta_slow": 1},
+        "max_position_embeddings": 1_048_576,
+        "num_nextn_predict_layers": 1,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": false,
+        "bos_token_id": 0,
+        "eos_token_id": 1
+    })
+}

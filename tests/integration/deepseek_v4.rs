@@ -120,3 +120,58 @@ fn deepseek_v4_bad_configs_and_tables_are_refused_by_name() {
         assert!(err.contains(want) && err.trim().lines().count() == 1, "{tag}: {err}");
     }
 }
+
+/// DeepSeek-V4's release ships its chat format as Python only: the
+/// container carries WASTE's Jinja port, and the component renders every
+/// case exactly as the release's encoder does (tests/fixtures/
+/// chat_templates/deepseek_v4/expected.json, written by
+/// tests/gen_deepseek_v4_template.py from `encode_messages`), in chat and
+/// thinking mode, with tools, tool results out of call order and reasoning
+/// in the history.
+#[test]
+fn deepseek_v4_bundled_template_renders_as_the_release_encoder() {
+    let tmp = TempDir::new("v4-template");
+    let e: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixtures().join("chat_templates/deepseek_v4/expected.json")).unwrap())
+            .unwrap();
+    let src = variant(&tmp, "release", |_| {});
+    let tc = serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": e["bos_token"], "eos_token": e["eos_token"],
+    });
+    std::fs::write(src.join("tokenizer_config.json"), tc.to_string()).unwrap();
+    let out = tmp.path().join("v4.waste");
+    let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", "q8", "--trunk", "q8"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("DeepSeek-V4's encoding_dsv4.py"), "{}", stderr(&o));
+    let engine = Engine::new().unwrap();
+    let mut s = open_session(&engine, &out);
+    let mut failures = Vec::new();
+    for case in e["cases"].as_array().unwrap() {
+        let msgs: Vec<waste_host::ChatMessage> = case["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| waste_host::ChatMessage {
+                role: m["role"].as_str().unwrap().to_string(),
+                content: m["content"].as_str().map(str::to_owned),
+                extra: m["extra"].as_str().map(str::to_owned),
+            })
+            .collect();
+        let what = format!("{} thinking={}", case["name"], case["thinking"]);
+        let got = s.render_chat_template_with_vars(
+            &msgs,
+            case["tools_json"].as_str(),
+            case["add_generation_prompt"].as_bool().unwrap(),
+            case["vars_json"].as_str(),
+        );
+        match got {
+            Ok(text) if text == case["text"].as_str().unwrap() => {}
+            got => failures.push(format!("{what}: got {got:?}\nwant {:?}", case["text"])),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // A chat turn runs on it.
+    let o = waste_with_stdin(&["chat", out.to_str().unwrap(), "-n", "2", "--temp", "0"], Some("Hello\n"));
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -5,7 +5,8 @@
 //! * Qwen3-Coder and Qwen3.5 XML: `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>..</function></tool_call>`;
 //! * GLM-4.5 / 4.6: `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>..</tool_call>`;
 //! * MiniMax-M2: `<minimax:tool_call><invoke name="NAME"><parameter name="KEY">VALUE</parameter>..</invoke></minimax:tool_call>`;
-//! * DeepSeek-V3.2's DSML: `<｜DSML｜function_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>..`
+//! * DeepSeek-V3.2's DSML: `<｜DSML｜function_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>..`,
+//!   and DeepSeek-V4's, the same in a `<｜DSML｜tool_calls>` block
 //!   (GLM-5 writes GLM-4.5's syntax);
 //! * gpt-oss's harmony channels: `analysis` is the reasoning, a
 //!   `commentary` message to `functions.NAME` a call, `final` the answer.

@@ -80,6 +80,29 @@ fn deepseek_v3_2_dsml_invocations_parse_back_to_what_its_template_rendered() {
     assert_eq!(p.calls[0].arguments, "{\"n\":[1,2]}");
 }
 
+/// DeepSeek-V4's `<｜DSML｜tool_calls>`: the assistant turn of our port's
+/// rendering (held to the release's encoder, tests/gen_deepseek_v4_template.py).
+#[test]
+fn deepseek_v4_dsml_tool_calls_parse_back_to_what_its_encoder_renders() {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/chat_templates/deepseek_v4/expected.json");
+    let e: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let case = e["cases"].as_array().unwrap().iter().find(|c| c["name"] == "tool_round_trip").unwrap();
+    let text = case["text"].as_str().unwrap();
+    let (open, close) = ("<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>");
+    // The system prompt's example block comes first; the turn's is the last.
+    let start = text.rfind(open).unwrap();
+    let end = text.rfind(close).unwrap() + close.len();
+    let p = parse(&text[start..end], &text[start..end], &Schema::default()).unwrap();
+    let got: Vec<(String, Value)> =
+        p.calls.iter().map(|c| (c.name.clone(), serde_json::from_str(&c.arguments).unwrap())).collect();
+    let want = vec![
+        ("get_weather".to_string(), serde_json::json!({"city": "北京", "days": 3})),
+        ("time_in".to_string(), serde_json::json!({"zone": "Asia/Shanghai"})),
+    ];
+    assert_eq!(got, want);
+}
+
 #[test]
 fn qwen3_hermes_calls_parse_back_to_what_its_template_rendered() {
     let out = rendered("Qwen-Qwen3-0.6B", "<tool_call>", "</tool_call>");

@@ -117,12 +117,15 @@ const DSML: Invocations = Invocations {
     parameter_end: "</｜DSML｜parameter>",
 };
 
+/// DeepSeek-V4: the same invocations in a `<｜DSML｜tool_calls>` block.
+const DSML_V4: Invocations = Invocations { open: "<｜DSML｜tool_calls>", close: "</｜DSML｜tool_calls>", ..DSML };
+
 pub(super) fn parse_minimax(text: &str, schema: &Schema) -> Option<Parsed> {
     parse_invocations(&MINIMAX, text, schema)
 }
 
 pub(super) fn parse_dsml(text: &str, schema: &Schema) -> Option<Parsed> {
-    parse_invocations(&DSML, text, schema)
+    parse_invocations(&DSML, text, schema).or_else(|| parse_invocations(&DSML_V4, text, schema))
 }
 
 fn parse_invocations(syntax: &Invocations, text: &str, schema: &Schema) -> Option<Parsed> {

@@ -7,6 +7,10 @@
 //! (tests/fixtures/chat_templates/llamacpp, byte for byte from the
 //! llama.cpp release SOURCES.md names), whose rendering the corpus test
 //! holds to transformers'.
+//!
+//! DeepSeek-V4's release has none either (`encoding/encoding_dsv4.py`) and
+//! no one had ported it: templates/deepseek_v4.jinja is ours, held to that
+//! encoder by tests/gen_deepseek_v4_template.py.
 
 /// The template carried into a container of `model_type` whose source has
 /// none, and where it comes from.
@@ -15,6 +19,10 @@ pub fn bundled_template(model_type: &str) -> Option<(&'static str, &'static str)
         "deepseek_v32" => Some((
             include_str!("../../../../tests/fixtures/chat_templates/llamacpp/deepseek-ai-DeepSeek-V3.2.jinja"),
             "llama.cpp's DeepSeek-V3.2 template (models/templates/deepseek-ai-DeepSeek-V3.2.jinja)",
+        )),
+        "deepseek_v4" => Some((
+            include_str!("templates/deepseek_v4.jinja"),
+            "WASTE's port of DeepSeek-V4's encoding_dsv4.py (convert/templates/deepseek_v4.jinja)",
         )),
         _ => None,
     }

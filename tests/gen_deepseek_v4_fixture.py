@@ -38,7 +38,8 @@ Recorded:
 
 How to run
 ----------
-    python3 tests/gen_deepseek_v4_fixture.py     # by hand, never by CI; CPU, under a minute
+    python3 tests/gen_deepseek_v4_fixture.py          # by hand, never by CI; CPU, under a minute
+    python3 tests/gen_deepseek_v4_fixture.py release  # then tiny-deepseek_v4-fp4 (see `release`)
 
 Needs torch, transformers 5.24, tokenizers, safetensors, numpy; offline. Deterministic.
 Writes tests/fixtures/tiny-deepseek_v4/ {config.json, generation_config.json,
@@ -426,5 +427,150 @@ def main():
     print(f"[deepseek_v4] wrote {OUT}")
 
 
+
+
+def release():
+    """tests/fixtures/tiny-deepseek_v4-fp4: tiny-deepseek_v4 stored as the V4-Flash release
+    is: DeepSeek's own names without `model.` (`embed.weight`, `layers.L.attn.wq_a.weight`,
+    `layers.L.ffn.experts.E.w1.weight`, `hc_head_fn`, ...); the routed experts FP4 (E2M1
+    pairs in int8 with an E8M0 `weight_scale_inv` per 32 values of a row, `expert_dtype`
+    fp4); the other matrices of the layers FP8 e4m3 with E8M0 block scales (`scale_fmt`
+    ue8m0; 16x16 blocks here, 128x128 in the release); the compressors' and the indexer's
+    kv/gate projections and `weights_proj` bf16 (transformers' `_keep_in_fp32_modules`
+    note: they ship without scales); routers, norms, sinks, position biases and
+    hyper-connection mixes f32; embeddings and head bf16; the legacy config keys
+    (`compress_ratios` with `compress_rate_hca`, `num_hash_layers`, `qk_rope_head_dim`, a
+    flat `rope_scaling`); and an MTP module `mtp.0.*` that the engine must skip. Reference:
+    DeepseekV4ForCausalLM on the weights transformers' `_dequantize_fp8_weight` (fp8) and
+    `Fp8Dequantize._dequantize_one` (fp4) give, causal path. Requantisation moves the routing: fp8 block shapes are tried in a
+    fixed order until every gap of the requantised model still exceeds 1e-4."""
+    for block in ([16, 16], [16, 8], [8, 16], [8, 8], [32, 32], [32, 16], [64, 64]):
+        if release_with(block):
+            return
+    raise AssertionError("no fp8 block shape kept the gaps above 1e-4")
+
+
+def release_with(block):
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize, _dequantize_fp8_weight
+    import gen_mxfp4_fixtures as gm
+
+    src_dir, out = OUT, FIXTURES / "tiny-deepseek_v4-fp4"
+    src = load_file(str(src_dir / "model.safetensors"))
+    deq_one = Fp8Dequantize(None)._dequantize_one
+    keep_bf16 = (".compressor.wkv.", ".compressor.wgate.", ".indexer.weights_proj.")
+    stored, deq, kinds = {}, {}, {"fp4": 0, "fp8": 0, "bf16": 0, "f32": 0}
+    for name in sorted(src):
+        w = src[name]
+        rel = name[len("model."):] if name.startswith("model.") else name
+        rel = "embed.weight" if rel == "embed_tokens.weight" else rel
+        if w.dtype == torch.int64:
+            stored[rel], deq[name] = w, w
+            continue
+        w = w.float()
+        if ".ffn.experts." in rel and rel.endswith(".weight"):
+            packed, scale = gm.mxfp4_quantize(w)
+            stored[rel], stored[rel + "_scale_inv"] = packed.view(torch.int8), scale.view(torch.float8_e8m0fnu)
+            deq[name] = deq_one(packed.view(torch.int8), scale.view(torch.float8_e8m0fnu), output_dtype=torch.float32)
+            kinds["fp4"] += 1
+        elif rel.startswith("layers.") and w.dim() == 2 and rel.endswith(".weight") and not any(
+                k in rel for k in keep_bf16) and ".ffn.gate." not in rel:
+            gm.BLOCK = block
+            q, s = gm.fp8_quantize(w)
+            # E8M0: each block's scale rounded up to a power of two.
+            e = torch.ceil(torch.log2(s)).clamp(-127, 127)
+            s2 = torch.pow(2.0, e)
+            q = (w / s2.repeat_interleave(block[0], 0)[:w.shape[0]].repeat_interleave(block[1], 1)[:, :w.shape[1]]
+                 ).to(torch.float8_e4m3fn)
+            scale = (e + 127).to(torch.uint8).view(torch.float8_e8m0fnu)
+            stored[rel], stored[rel + "_scale_inv"] = q, scale
+            # `_dequantize_fp8_weight` takes the block from the config, as the
+            # release's loader does; `_dequantize_one` would infer it from the grid,
+            # which differs where a block is partial (24 rows in blocks of 16).
+            deq[name] = _dequantize_fp8_weight(q, scale.float(), block, torch.float32)
+            kinds["fp8"] += 1
+        elif rel in ("embed.weight", "head.weight") or any(k in rel for k in keep_bf16):
+            stored[rel] = w.to(torch.bfloat16)
+            deq[name] = stored[rel].float()
+            kinds["bf16"] += 1
+        else:
+            stored[rel], deq[name] = w, w
+            kinds["f32"] += 1
+    # The MTP module: a few tensors under `mtp.0.` (the release's naming).
+    g = torch.Generator().manual_seed(4)
+    hidden = CONFIG["hidden_size"]
+    stored["mtp.0.e_proj.weight"] = (0.05 * torch.randn(hidden, hidden, generator=g)).to(torch.bfloat16)
+    stored["mtp.0.enorm.weight"] = torch.ones(hidden)
+    stored["mtp.0.attn_norm.weight"] = torch.ones(hidden)
+
+    cfg = json.loads((src_dir / "config.json").read_text())
+    kinds_to_ratio = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+    ratios = [kinds_to_ratio[k] for k in cfg.pop("layer_types")] + [0]
+    rates = cfg.pop("compress_rates")
+    n_hash = cfg.pop("mlp_layer_types").count("hash_moe")
+    rope = cfg.pop("rope_parameters")["compress"]
+    yarn = {"type": "yarn", "factor": rope["factor"], "original_max_position_embeddings":
+            rope["original_max_position_embeddings"], "beta_fast": rope["beta_fast"], "beta_slow": rope["beta_slow"]}
+    for k in ["partial_rotary_factor", "dtype", "transformers_version", "use_cache"]:
+        cfg.pop(k, None)
+    cfg.update(compress_ratios=ratios, compress_rate_hca=rates["heavily_compressed_attention"],
+               num_hash_layers=n_hash, qk_rope_head_dim=CONFIG["qk_rope_head_dim"], rope_scaling=yarn,
+               num_nextn_predict_layers=1, torch_dtype="bfloat16",
+               quantization_config={"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                    "weight_block_size": block, "scale_fmt": "ue8m0", "expert_dtype": "fp4"})
+    # transformers reads the release's keys as the fixture's.
+    a, b = DeepseekV4Config(**{k: v for k, v in cfg.items() if k != "quantization_config"}), reloaded_config()
+    # (`rope_scaling`'s legacy `type` stays beside the `rope_type` it implies.)
+    a.rope_parameters["compress"].pop("type", None)
+    for key in ["layer_types", "compress_rates", "mlp_layer_types", "rope_parameters", "qk_rope_head_dim"]:
+        assert getattr(a, key) == getattr(b, key), f"{key}: {getattr(a, key)} vs {getattr(b, key)}"
+
+    # The dequantised weights under the saved names, loaded as transformers loads a
+    # checkpoint (its conversion mapping renames them and fuses the experts).
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(src_dir / "config.json", Path(tmp) / "config.json")
+        save_file({k: v.contiguous() for k, v in deq.items()}, str(Path(tmp) / "model.safetensors"))
+        model = DeepseekV4ForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager").eval()
+    moved = max((p.float() - q.float()).abs().max().item() for p, q in
+                zip(model.state_dict().values(), reloaded_model().state_dict().values()))
+    assert moved > 0, "the dequantised weights did not load"
+    tok = Tokenizer.from_file(str(src_dir / "tokenizer.json"))
+    pids = tok.encode(PROMPT).ids
+    r = evaluate(model, pids)
+    if not acceptable(r):
+        print(f"[deepseek_v4 release] block {block}: {summary(r)}: gaps too small")
+        return False
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for f in ["generation_config.json", "tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(src_dir / f, out / f)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file(stored, str(out / "model.safetensors"))
+    (out / "reference_logits.f32").write_bytes(r["prompt_logits"].contiguous().numpy().astype("<f4").tobytes())
+    ref = json.loads((src_dir / "reference.json").read_text())
+    ref.update(
+        family="deepseek_v4", layout="the V4-Flash release: FP4 experts, FP8 ue8m0 matrices, DeepSeek's names",
+        kinds=kinds, fp8_block=block, greedy_ids=r["greedy"], greedy_text=tok.decode(r["greedy"]),
+        full_forward_vs_causal_max_rel_diff=r["full_vs_causal"], min_router_gap=r["min_router_gap"],
+        min_index_gap=r["min_index_gap"], min_top1_gap=r["min_top1_gap"],
+        logits_source="causal path on the dequantised release weights", config=cfg,
+        tensors={k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in sorted(stored.items())})
+    for k in ["candidates_tried", "ablation_max_rel_diff", "ablation_note", "swiglu_clamp_share"]:
+        ref.pop(k, None)
+    (out / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+    print(f"[deepseek_v4 release] block {block} {kinds} {summary(r)}; wrote {out}")
+    return True
+
+
+def reloaded_model():
+    return DeepseekV4ForCausalLM.from_pretrained(str(OUT), dtype=torch.float32, attn_implementation="eager")
+
+
+def reloaded_config():
+    return DeepseekV4Config.from_pretrained(str(OUT))
+
+
 if __name__ == "__main__":
-    main()
+    release() if sys.argv[1:] == ["release"] else main()

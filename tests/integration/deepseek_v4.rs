@@ -175,3 +175,34 @@ fn deepseek_v4_bundled_template_renders_as_the_release_encoder() {
     let o = waste_with_stdin(&["chat", out.to_str().unwrap(), "-n", "2", "--temp", "0"], Some("Hello\n"));
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// The V4-Flash release layout (tests/gen_deepseek_v4_fixture.py
+/// `release`): DeepSeek's own tensor names, FP4 experts with E8M0 scales,
+/// FP8 matrices with E8M0 block scales, bf16 compressor projections, the
+/// legacy config keys and an MTP module. Converted exactly (f32), it
+/// matches transformers on the dequantised weights at every position, with
+/// the same greedy continuation, and the MTP module is reported as skipped.
+#[test]
+fn deepseek_v4_release_layout_converts_and_matches_transformers() {
+    let tmp = TempDir::new("v4-release");
+    let out = tmp.path().join("v4-release.waste");
+    let src = fixture("deepseek_v4-fp4");
+    let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", "f32", "--trunk", "f32"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the multi-token-prediction head (mtp.*, 3 tensors)"), "{}", stderr(&o));
+    let reference = reference("deepseek_v4-fp4");
+    let model = Model::open(&out, &OpenOptions::default()).unwrap();
+    let mut state = model.new_state();
+    let (logits, _) = model.forward(&mut state, &reference.prompt_ids, true).unwrap();
+    let (rel, top1) = compare_positions(&logits, &reference);
+    eprintln!("deepseek_v4 release layout: max |logit diff| / max |logit| = {rel:e}, top-1 agreement {top1}");
+    assert!(rel <= 1e-4 && top1 == 1.0, "{rel} {top1}");
+    let engine = Engine::new().unwrap();
+    let mut s = engine.session(model).unwrap();
+    let got = s.generate(&reference.prompt_ids, &crate::oracle::greedy(), |_| true).unwrap();
+    assert_eq!(got.tokens, reference.greedy_ids);
+    // The default formats convert it too.
+    let q = tmp.path().join("v4-release-q.waste");
+    let o = waste(&["convert", src.to_str().unwrap(), q.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -233,7 +233,35 @@ fn build_entries(raws: HashMap<String, Raw>, shards: &[Shard], block: [usize; 2]
                 continue;
             }
         }
-        let entry = if let Some(base) = name.strip_suffix(".weight_packed") {
+        // DeepSeek-V4's FP4 experts: the same E2M1 pairs under `weight`,
+        // their E8M0 scales under `weight_scale_inv`.
+        let fp4_scale = match raw.dtype {
+            Dtype::I8 | Dtype::U8 => raws.get(&format!("{name}_scale_inv")).map(|s| (name.as_str(), s)),
+            _ => None,
+        };
+        let entry = if let Some((base, scale)) = fp4_scale {
+            let scale_name = format!("{base}_scale_inv");
+            let bad = |msg: String| Error::format(path_of(raw), format!("FP4 tensor `{name}`: {msg}"));
+            let [rows, half] = raw.shape[..] else {
+                return Err(bad(format!("shape {:?}, expected [rows, cols/2]", raw.shape)));
+            };
+            let cols = 2 * half;
+            if !matches!(scale.dtype, Dtype::U8 | Dtype::F8_E8M0)
+                || cols % MXFP4_GROUP != 0
+                || scale.shape != [rows, cols / MXFP4_GROUP]
+            {
+                return Err(bad(format!(
+                    "scale `{scale_name}` is {:?} {:?}; F8_E8M0 [{rows}, {}] expected for {rows} x {cols} values in groups of {MXFP4_GROUP}",
+                    scale.dtype,
+                    scale.shape,
+                    cols / MXFP4_GROUP
+                )));
+            }
+            (
+                name.clone(),
+                Entry { kind: Kind::Mxfp4 { packed: raw.clone(), scale: (*scale).clone() }, shape: vec![rows, cols] },
+            )
+        } else if let Some(base) = name.strip_suffix(".weight_packed") {
             let scale_name = format!("{base}.weight_scale");
             let scale = raws
                 .get(&scale_name)
@@ -269,9 +297,10 @@ fn build_entries(raws: HashMap<String, Raw>, shards: &[Shard], block: [usize; 2]
                 return Err(bad(format!("shape {:?}; fp8 block scaling needs a matrix", raw.shape)));
             };
             let want = [rows.div_ceil(block[0]), cols.div_ceil(block[1])];
-            if scale.dtype != Dtype::F32 || scale.shape != want {
+            // f32 scales (DeepSeek-V3), or E8M0 powers of two (V4's `ue8m0`).
+            if !matches!(scale.dtype, Dtype::F32 | Dtype::F8_E8M0 | Dtype::U8) || scale.shape != want {
                 return Err(bad(format!(
-                    "scale `{scale_name}` is {:?} {:?}; F32 {want:?} expected for {}x{} blocks",
+                    "scale `{scale_name}` is {:?} {:?}; F32 or F8_E8M0 {want:?} expected for {}x{} blocks",
                     scale.dtype, scale.shape, block[0], block[1]
                 )));
             }
@@ -504,8 +533,22 @@ impl HfCheckpoint {
             }
             Kind::Fp8 { weight, scale, block } => {
                 let bytes = self.read(weight, (r0 * cols) as u64, ((r0 + n) * cols) as u64)?;
-                let mut s = Vec::new();
-                decode_plain(Dtype::F32, &self.read(scale, 0, scale.end - scale.start)?, &mut s);
+                let grid = self.read(scale, 0, scale.end - scale.start)?;
+                let s = match scale.dtype {
+                    Dtype::F32 => {
+                        let mut s = Vec::new();
+                        decode_plain(Dtype::F32, &grid, &mut s);
+                        s
+                    }
+                    _ => {
+                        grid.iter().map(|&b| decode::e8m0_to_f32(b)).collect::<Option<Vec<f32>>>().ok_or_else(|| {
+                            Error::format(
+                                &self.shards[scale.shard].path,
+                                format!("fp8 tensor `{name}`: an E8M0 scale byte is NaN or overflows f32"),
+                            )
+                        })?
+                    }
+                };
                 decode::fp8_rows(&bytes, r0, cols, &s, *block, &mut out);
             }
             Kind::Mxfp4 { packed, scale } => {

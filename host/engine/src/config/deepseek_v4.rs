@@ -406,6 +406,9 @@ pub fn canonical_name(stored: &str) -> String {
     if let Some(t) = top {
         return t.to_string();
     }
+    if name.starts_with("mtp.") {
+        return name.to_string();
+    }
     let Some(rest) = name.strip_prefix("layers.") else { return stored.to_string() };
     let Some((layer, rest)) = rest.split_once('.') else { return stored.to_string() };
     // Matched on `.rest` so each pattern can anchor on a leading dot.

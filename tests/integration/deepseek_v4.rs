@@ -98,21 +98,29 @@ fn deepseek_v4_info_counts_parameters_and_compressed_state() {
 #[test]
 fn deepseek_v4_bad_configs_and_tables_are_refused_by_name() {
     let tmp = TempDir::new("v4-bad");
-    let cases: [(&str, Box<dyn Fn(&mut serde_json::Value)>, &str); 3] = [
+    // (tag, key, list index, new value, expected message)
+    let cases = [
         (
             "kinds",
-            Box::new(|c| c["layer_types"][2] = "compressed_sparse_attention".into()),
+            "layer_types",
+            Some(2),
+            "compressed_sparse_attention",
             "makes layer 2 CSA, but its tensors are those of a HCA layer",
         ),
         (
             "hash",
-            Box::new(|c| c["mlp_layer_types"][1] = "hash_moe".into()),
+            "mlp_layer_types",
+            Some(1),
+            "hash_moe",
             "makes layer 1 hash-routed, but the checkpoint has no `tid2eid`",
         ),
-        ("scoring", Box::new(|c| c["scoring_func"] = "softmax".into()), "scoring_func"),
+        ("scoring", "scoring_func", None, "softmax", "scoring_func"),
     ];
-    for (tag, edit, want) in cases {
-        let src = variant(&tmp, tag, edit);
+    for (tag, key, index, value, want) in cases {
+        let src = variant(&tmp, tag, |c| match index {
+            Some(i) => c[key][i] = value.into(),
+            None => c[key] = value.into(),
+        });
         let out = tmp.path().join(format!("{tag}.waste"));
         let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap()]);
         assert!(!o.status.success(), "{tag}: converted");

@@ -249,7 +249,7 @@ pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_l
         return Err(r.err("hc_eps", format!("{hc_eps} is outside [0, 1)")));
     }
     let swiglu_limit = r.f64_opt("swiglu_limit")?.unwrap_or(10.0);
-    if !(swiglu_limit > 0.0) {
+    if swiglu_limit.is_nan() || swiglu_limit <= 0.0 {
         return Err(r.err("swiglu_limit", format!("{swiglu_limit} is not positive")));
     }
     if let Some(act) = r.str_opt("hidden_act")? {

@@ -18,10 +18,9 @@ pub struct SynthArgs {
     /// Shape: kimi-linear-48b, olmoe-trace, kimi-trace or small.
     #[arg(long, default_value = "kimi-linear-48b", conflicts_with = "like")]
     pub shape: String,
-    /// A real model's config and layout instead of a shape, random weights:
-    /// kimi-linear-48b, qwen3.5-397b-a17b, glm-4.6, minimax-m2,
-    /// gpt-oss-120b, or kimi-k3 (needs --manifest-only).
-    #[arg(long)]
+    /// A real model's config and layout instead of a shape, random weights
+    /// (kimi-k3 needs --manifest-only).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(LIKE))]
     pub like: Option<String>,
     /// Write the manifest and sparse files only (for `plan` and `info`;
     /// the container cannot run).

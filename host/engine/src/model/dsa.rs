@@ -27,9 +27,9 @@ use super::{load_matrix, load_vector};
 use rayon::prelude::*;
 use waste_kernels::quant::dot_f32;
 
-/// Positions scored per parallel task: 512 keys of 64 x 128 are ~4 M
-/// multiply-adds, well above a task's overhead.
-const SCORE_BLOCK: usize = 512;
+/// Positions scored per parallel task (the V4 indexer's too): 512 keys of
+/// 64 x 128 are ~4 M multiply-adds, well above a task's overhead.
+pub(crate) const SCORE_BLOCK: usize = 512;
 
 /// `nn.LayerNorm(index_head_dim, eps=1e-6)` of the indexer's key.
 const K_NORM_EPS: f32 = 1e-6;

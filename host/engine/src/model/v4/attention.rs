@@ -17,7 +17,10 @@ use crate::error::{Error, Result};
 use crate::quant::QMatrix;
 use crate::source::TensorSource;
 
-use super::super::ops::{dot, rms_norm_in_place};
+use rayon::prelude::*;
+use waste_kernels::quant::dot_f32;
+
+use super::super::ops::rms_norm_in_place;
 use super::super::{load_matrix, load_norm, load_vector};
 use super::compressor::{Compressor, Indexer, IndexerScratch};
 use super::{V4Rope, V4State};
@@ -52,9 +55,11 @@ pub struct V4Scratch {
     q: Vec<f32>,       // [n_heads * head_dim]
     out: Vec<f32>,     // [n_heads * head_dim]
     mid: Vec<f32>,     // [o_groups * o_lora_rank]
-    scores: Vec<f32>,  // [window + entries]
-    /// The compressed entries attended (CSA: the indexer's picks).
-    picks: Vec<(usize, f32)>,
+    /// Each head's softmax over its keys, `[n_heads, max_keys]`.
+    scores: Vec<f32>,
+    max_keys: usize,
+    /// The compressed entries attended (CSA: the indexer's picks), ascending.
+    picks: Vec<usize>,
     index: IndexerScratch,
 }
 
@@ -67,26 +72,30 @@ impl V4Scratch {
                 out: vec![],
                 mid: vec![],
                 scores: vec![],
+                max_keys: 0,
                 picks: vec![],
                 index: IndexerScratch::new(None, 0),
             };
         };
         let q = cfg.num_heads * v.head_dim;
-        let entries = context / v.csa_rate.min(v.hca_rate);
+        // A CSA layer attends at most index_topk entries, an HCA layer all of its.
+        let attended = (v.index_topk.min(context / v.csa_rate)).max(context / v.hca_rate);
+        let max_keys = v.sliding_window + attended;
         V4Scratch {
             q_resid: vec![0.0; v.q_lora_rank],
             q: vec![0.0; q],
             out: vec![0.0; q],
             mid: vec![0.0; v.o_groups * v.o_lora_rank],
-            scores: vec![0.0; v.sliding_window + entries],
-            picks: Vec::with_capacity(v.index_topk.min(entries)),
+            scores: vec![0.0; cfg.num_heads * max_keys],
+            max_keys,
+            picks: Vec::with_capacity(attended),
             index: IndexerScratch::new(Some(v), context / v.csa_rate),
         }
     }
 
     pub fn floats(&self) -> usize {
         [&self.q_resid, &self.q, &self.out, &self.mid, &self.scores].iter().map(|b| b.len()).sum::<usize>()
-            + self.picks.capacity() * std::mem::size_of::<(usize, f32)>() / 4
+            + self.picks.capacity() * std::mem::size_of::<usize>() / 4
             + self.index.floats()
     }
 }
@@ -175,7 +184,7 @@ impl V4Attention {
                 &mut s.picks,
             );
         } else if self.kind == V4Attn::Hca {
-            s.picks.extend((0..n_entries).map(|t| (t, 0.0)));
+            s.picks.extend(0..n_entries);
         }
 
         // Keys: the window's rows (positions pos+1-W..=pos), then the picked
@@ -183,39 +192,48 @@ impl V4Attention {
         let first = (pos + 1).saturating_sub(self.window);
         let n_window = pos + 1 - first;
         let ef = self.entry_floats().max(1);
+        let (window, entries, picks) = (&st.window, &st.entries, &s.picks);
         let key = |i: usize| -> &[f32] {
             if i < n_window {
                 let r = (first + i) % self.window;
-                &st.window[r * d..(r + 1) * d]
+                &window[r * d..(r + 1) * d]
             } else {
-                let t = s.picks[i - n_window].0;
-                &st.entries[t * ef..t * ef + d]
+                let t = picks[i - n_window];
+                &entries[t * ef..t * ef + d]
             }
         };
-        let n_keys = n_window + s.picks.len();
-        let scale = (d as f32).powf(-0.5);
-        let scores = &mut s.scores[..n_keys];
-        for (h, (q, out)) in s.q.chunks_exact(d).zip(s.out.chunks_exact_mut(d)).enumerate() {
-            let sink = self.sinks[h];
-            let mut max = sink;
-            for (i, sc) in scores.iter_mut().enumerate() {
-                *sc = dot(q, key(i)) * scale;
-                max = max.max(*sc);
-            }
-            let mut den = (sink - max).exp();
-            for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
-                den += *sc;
-            }
-            out.fill(0.0);
-            for (i, &p) in scores.iter().enumerate() {
-                let w = p / den;
-                for (o, &k) in out.iter_mut().zip(key(i)) {
-                    *o += w * k;
-                }
-            }
-            self.rope.rotate(out, pos, true);
+        let n_keys = n_window + picks.len();
+        if n_keys > s.max_keys {
+            return Err(Error::Runtime(format!("{n_keys} keys exceed the scratch's {}", s.max_keys)));
         }
+        let scale = (d as f32).powf(-0.5);
+        // Heads are independent: in parallel, the same bits at any thread count.
+        s.q.par_chunks_exact(d)
+            .zip(s.out.par_chunks_exact_mut(d))
+            .zip(s.scores.par_chunks_exact_mut(s.max_keys))
+            .zip(self.sinks.par_iter())
+            .for_each(|(((q, out), scores), &sink)| {
+                let scores = &mut scores[..n_keys];
+                let mut max = sink;
+                for (i, sc) in scores.iter_mut().enumerate() {
+                    *sc = dot_f32(q, key(i)) * scale;
+                    max = max.max(*sc);
+                }
+                // The sink joins the softmax's denominator only.
+                let mut den = (sink - max).exp();
+                for sc in scores.iter_mut() {
+                    *sc = (*sc - max).exp();
+                    den += *sc;
+                }
+                out.fill(0.0);
+                for (i, &p) in scores.iter().enumerate() {
+                    let w = p / den;
+                    for (o, &k) in out.iter_mut().zip(key(i)) {
+                        *o += w * k;
+                    }
+                }
+                self.rope.rotate(out, pos, true);
+            });
         let group = self.n_heads * d / self.o_groups;
         let r = self.o_lora_rank;
         for (g, input) in s.out.chunks_exact(group).enumerate() {

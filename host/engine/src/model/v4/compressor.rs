@@ -18,7 +18,11 @@ use crate::error::{Error, Result};
 use crate::quant::QMatrix;
 use crate::source::TensorSource;
 
-use super::super::ops::{dot, rms_norm_in_place};
+use rayon::prelude::*;
+use waste_kernels::quant::dot_f32;
+
+use super::super::dsa::SCORE_BLOCK;
+use super::super::ops::rms_norm_in_place;
 use super::super::{load_matrix, load_norm, load_vector};
 use super::V4Rope;
 
@@ -168,9 +172,10 @@ pub struct Indexer {
 
 /// An indexer's per-call buffers.
 pub struct IndexerScratch {
-    q: Vec<f32>,          // [n_heads * head_dim]
-    weights: Vec<f32>,    // [n_heads]
-    pub scores: Vec<f32>, // [entries]
+    q: Vec<f32>,       // [n_heads * head_dim]
+    weights: Vec<f32>, // [n_heads]
+    scores: Vec<f32>,  // [entries]
+    order: Vec<u32>,   // [entries]
 }
 
 impl IndexerScratch {
@@ -180,13 +185,15 @@ impl IndexerScratch {
                 q: vec![0.0; v.index_heads * v.index_head_dim],
                 weights: vec![0.0; v.index_heads],
                 scores: vec![0.0; max_entries],
+                order: vec![0; max_entries],
             },
-            _ => IndexerScratch { q: vec![], weights: vec![], scores: vec![] },
+            _ => IndexerScratch { q: vec![], weights: vec![], scores: vec![], order: vec![] },
         }
     }
 
+    /// Floats held (a u32 counts as one), for the memory plan.
     pub fn floats(&self) -> usize {
-        self.q.len() + self.weights.len() + self.scores.len()
+        self.q.len() + self.weights.len() + self.scores.len() + self.order.len()
     }
 }
 
@@ -203,8 +210,9 @@ impl Indexer {
     }
 
     /// The entries (of the `keys(s)` for `s < n`) the token at `pos`
-    /// attends, into `picks`: the `index_topk` best scores, ties to the
-    /// earlier entry (fixtures keep a 1e-4 gap at the boundary).
+    /// attends, into `picks` in ascending order: the `index_topk` best
+    /// scores, ties to the earlier entry (fixtures keep a 1e-4 gap at the
+    /// boundary, where torch's order of exact ties is its partial sort's).
     #[allow(clippy::too_many_arguments)]
     pub fn select<'k>(
         &self,
@@ -212,10 +220,10 @@ impl Indexer {
         q_resid: &[f32],
         pos: usize,
         n: usize,
-        keys: impl Fn(usize) -> &'k [f32],
+        keys: impl Fn(usize) -> &'k [f32] + Sync,
         rope: &V4Rope,
         s: &mut IndexerScratch,
-        picks: &mut Vec<(usize, f32)>,
+        picks: &mut Vec<usize>,
     ) {
         let (nh, d) = (self.n_heads, self.head_dim);
         self.q_b_proj.matvec(q_resid, &mut s.q);
@@ -226,11 +234,32 @@ impl Indexer {
         let weights_scaling = (nh as f32).powf(-0.5);
         s.weights.iter_mut().for_each(|w| *w *= weights_scaling);
         let softmax_scale = (d as f32).powf(-0.5);
-        for (t, score) in s.scores[..n].iter_mut().enumerate() {
-            let k = keys(t);
-            // `relu(q . k) * softmax_scale * weight`, summed over heads.
-            *score = s.q.chunks_exact(d).zip(&s.weights).map(|(q, &w)| (dot(q, k).max(0.0) * softmax_scale) * w).sum();
+        let (q, weights) = (&s.q, &s.weights);
+        // `relu(q . k) * softmax_scale * weight`, summed over heads. Each
+        // entry's score depends on nothing else: blocks of entries run in
+        // parallel and give the same bits at any thread count.
+        s.scores[..n].par_chunks_mut(SCORE_BLOCK).enumerate().for_each(|(b, block)| {
+            for (i, score) in block.iter_mut().enumerate() {
+                let k = keys(b * SCORE_BLOCK + i);
+                *score =
+                    q.chunks_exact(d).zip(weights).map(|(qh, &w)| (dot_f32(qh, k).max(0.0) * softmax_scale) * w).sum();
+            }
+        });
+        let k = self.topk.min(n);
+        picks.clear();
+        if k == 0 {
+            return;
         }
-        super::super::moe::top_k(&s.scores[..n], self.topk.min(n), picks);
+        let scores = &s.scores[..n];
+        let order = &mut s.order[..n];
+        for (i, o) in order.iter_mut().enumerate() {
+            *o = i as u32;
+        }
+        let better = |a: &u32, b: &u32| scores[*b as usize].total_cmp(&scores[*a as usize]).then(a.cmp(b));
+        if k < n {
+            order.select_nth_unstable_by(k - 1, better);
+        }
+        picks.extend(order[..k].iter().map(|&i| i as usize));
+        picks.sort_unstable();
     }
 }

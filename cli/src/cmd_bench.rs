@@ -262,6 +262,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "achieved_over_raw": ratio(s.bytes_read as f64 / 1e9 / secs), "useful_over_raw": ratio(useful_gb / secs),
             "reader_sys_s": s.reader_sys_time.as_secs_f64(), "process_user_s": cpu.map(|c| c.0),
             "process_sys_s": cpu.map(|c| c.1),
+            "hash_layer_hits": s.hash_hits, "hash_layer_misses": s.hash_misses,
         });
         if let (Some(row), serde_json::Value::Object(more)) = (row.as_object_mut(), more) {
             row.extend(more);
@@ -298,6 +299,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 f("useful_gb_per_s"),
                 r["direct_io"]
             );
+            // DeepSeek-V4's hash layers pick by token id alone: their share
+            // of the hits says how much of the hit rate is the table's.
+            if let (Some(h), Some(m)) = (r["hash_layer_hits"].as_u64(), r["hash_layer_misses"].as_u64()) {
+                if h + m > 0 {
+                    outln!(
+                        "  of which hash-routed layers (experts fixed by the token id): {h} hit / {m} miss, {:.1}% hit",
+                        100.0 * h as f64 / (h + m) as f64
+                    );
+                }
+            }
         }
         for m in &summary {
             let f = |k: &str| m[k].as_f64().unwrap_or(f64::NAN);

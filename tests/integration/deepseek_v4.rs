@@ -214,3 +214,21 @@ fn deepseek_v4_release_layout_converts_and_matches_transformers() {
     let o = waste(&["convert", src.to_str().unwrap(), q.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// `waste bench` counts the hash-routed layer's uses apart: they are the
+/// table's picks for each token (4 per token on the one hash layer of 4),
+/// part of the total, and the text report says so.
+#[test]
+fn deepseek_v4_bench_counts_hash_layer_uses_apart() {
+    let tmp = TempDir::new("v4-bench");
+    let container = convert(FAMILY, "rvq3", "q8", tmp.path());
+    let c = container.to_str().unwrap();
+    let o = waste(&["bench", c, "--tokens", "8", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let n = |k: &str| j[k].as_u64().unwrap();
+    assert_eq!(n("hash_layer_hits") + n("hash_layer_misses"), 8 * 4);
+    assert_eq!(n("hits") + n("misses"), 8 * 4 * 4);
+    let o = waste(&["bench", c, "--tokens", "4"]);
+    assert!(o.status.success() && stdout(&o).contains("of which hash-routed layers"), "{}", stdout(&o));
+}

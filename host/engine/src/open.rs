@@ -152,6 +152,7 @@ impl Model {
             read_ahead: options.read_ahead,
             direct_io: options.direct_io,
             lookahead: options.lookahead,
+            hash_layers: container.config().add.v4.as_ref().map_or(Vec::new(), |v| v.hash_layers.clone()),
             ..StoreOptions::default()
         };
         let experts = ExpertStore::open(container.expert_banks()?, container.config().top_k, store_options)?;

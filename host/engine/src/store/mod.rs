@@ -50,6 +50,9 @@ pub struct StoreOptions {
     pub huge_pages: bool,
     /// Seed of the eviction sampler.
     pub seed: u64,
+    /// Per decoder layer: its experts are a fixed function of the token
+    /// (DeepSeek-V4's hash layers), counted apart in [`StoreStats`].
+    pub hash_layers: Vec<bool>,
 }
 
 impl Default for StoreOptions {
@@ -66,6 +69,7 @@ impl Default for StoreOptions {
             lookahead: 6,
             huge_pages: true,
             seed: 0x5EED,
+            hash_layers: Vec::new(),
         }
     }
 }
@@ -94,6 +98,11 @@ pub struct StoreStats {
     pub cache_slots: usize,
     pub cache_bytes: u64,
     pub record_bytes: u64,
+    /// Of `hits` / `misses`: those of hash-routed layers, whose picks
+    /// depend on the token alone (the same token always reads the same
+    /// records there), so they are told apart from routed layers'.
+    pub hash_hits: u64,
+    pub hash_misses: u64,
 }
 
 impl StoreStats {

@@ -143,6 +143,9 @@ impl ExpertStore {
                         st.stats.prefetch_used += 1;
                     }
                     st.stats.hits += 1;
+                    if self.options.hash_layers.get(layer).copied().unwrap_or(false) {
+                        st.stats.hash_hits += 1;
+                    }
                     step.experts_hit += 1;
                     return (st, Ok((slot, false)));
                 }
@@ -151,6 +154,9 @@ impl ExpertStore {
                 st.status[slot] = Status::Loading;
                 st.speculative[slot] = false;
                 st.stats.misses += 1;
+                if self.options.hash_layers.get(layer).copied().unwrap_or(false) {
+                    st.stats.hash_misses += 1;
+                }
                 st.stats.reads += 1;
                 st.stats.bytes_read += self.record_bytes() as u64;
                 step.experts_missed += 1;

@@ -172,13 +172,16 @@ fn read_header(path: &Path) -> Result<Vec<(String, Raw)>> {
     Ok(out)
 }
 
-fn plain_size(dtype: Dtype) -> Option<usize> {
+/// Bytes per element of a plainly stored tensor the engine can read as
+/// f32. Integers only for the integer tables (DeepSeek-V4's `tid2eid`:
+/// expert ids, exact in f32, range-checked where they are used); anywhere
+/// else an integer tensor is a layout this engine does not know.
+fn plain_size(name: &str, dtype: Dtype) -> Option<usize> {
     match dtype {
         Dtype::F32 => Some(4),
         Dtype::F16 | Dtype::BF16 => Some(2),
-        // Integer tables (DeepSeek-V4's `tid2eid`): small ids, exact in f32.
-        Dtype::I64 => Some(8),
-        Dtype::I32 => Some(4),
+        Dtype::I64 if name.ends_with(".tid2eid") => Some(8),
+        Dtype::I32 if name.ends_with(".tid2eid") => Some(4),
         _ => None,
     }
 }
@@ -503,7 +506,7 @@ impl HfCheckpoint {
         let entry = self.entry(name)?;
         let data = match &entry.kind {
             Kind::Plain(raw) => {
-                plain_size(raw.dtype).ok_or_else(|| self.unsupported(name, raw))?;
+                plain_size(name, raw.dtype).ok_or_else(|| self.unsupported(name, raw))?;
                 let mut out = Vec::new();
                 decode_plain(raw.dtype, &self.read(raw, 0, raw.end - raw.start)?, &mut out);
                 out
@@ -527,7 +530,7 @@ impl HfCheckpoint {
         let mut out = Vec::with_capacity(n * cols);
         match &entry.kind {
             Kind::Plain(raw) => {
-                let size = plain_size(raw.dtype).ok_or_else(|| self.unsupported(name, raw))? as u64;
+                let size = plain_size(name, raw.dtype).ok_or_else(|| self.unsupported(name, raw))? as u64;
                 let row = cols as u64 * size;
                 decode_plain(raw.dtype, &self.read(raw, r0 as u64 * row, (r0 + n) as u64 * row)?, &mut out);
             }
@@ -574,7 +577,7 @@ impl HfCheckpoint {
                 "tensor `{name}`: fused expert tensors are read in f32, f16 or bf16 only"
             )));
         };
-        let size = plain_size(raw.dtype).ok_or_else(|| self.unsupported(name, raw))? as u64;
+        let size = plain_size(name, raw.dtype).ok_or_else(|| self.unsupported(name, raw))? as u64;
         let (lo, hi) = (first as u64 * size, (first + count) as u64 * size);
         if raw.start + hi > raw.end {
             return Err(Error::format(

@@ -38,7 +38,7 @@ pub use session::{Session, Snapshot};
 // The engine below, as the front ends use it.
 pub use waste_engine::{
     checkpoint, config, container, convert, error, files, gguf, info, model, plan, pool, quant, skip, stats, store,
-    synth,
+    synth, vision,
 };
 pub use waste_engine::{
     ConvertOptions, ConvertProgress, ConvertReport, Error, LayerInfo, MemoryUse, Model, ModelInfo, OpenOptions,

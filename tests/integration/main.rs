@@ -19,6 +19,7 @@ mod gguf;
 mod integrity;
 mod jco;
 mod k3;
+mod k3_vision;
 mod kimi;
 mod layering;
 mod native_guest;

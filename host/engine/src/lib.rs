@@ -11,8 +11,8 @@
 //! Layering inside the crate, each module using only those listed before
 //! it: `size`, `error`, `stats`, `files`, `config`, `source`, `container`,
 //! `gguf`, `checkpoint`, `store`, `model`, `plan`, `info`, `synth`, `convert`,
-//! `open_progress`, `open`, `perplexity` (docs/ARCHITECTURE.md says how
-//! this is checked).
+//! `open_progress`, `open`, `perplexity`; `vision` uses only `error`
+//! (docs/ARCHITECTURE.md says how this is checked).
 
 pub mod checkpoint;
 pub mod config;
@@ -32,6 +32,7 @@ pub mod source;
 pub mod stats;
 pub mod store;
 pub mod synth;
+pub mod vision;
 
 pub use waste_kernels::{pool, quant, skip};
 

@@ -1,0 +1,5 @@
+//! Kimi K3's image input (issue 20). So far the release's preprocessing
+//! (`preprocess`), bit for bit against Pillow and numpy; the tower, the
+//! splice at `<|media_pad|>` and the front ends are still to come.
+
+pub mod preprocess;

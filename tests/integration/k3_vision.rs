@@ -3,6 +3,7 @@
 //! RGBA, unscaled and scaled down by the patch budget or the side limit,
 //! gives the same resized bytes and the same f32 `pixel_values` bit for bit.
 
+use waste_host::vision::decode::{decode, MAX_SOURCE_PIXELS};
 use waste_host::vision::preprocess::{preprocess, Chessboard, Pixels, PreprocessConfig};
 
 use crate::common::*;
@@ -107,5 +108,52 @@ fn bicubic_resize_matches_pillow_on_both_pass_orders_and_upscales() {
             out.data.iter().zip(&want).filter(|(a, b)| a != b).count(),
             want.len()
         );
+    }
+}
+
+/// Image files decode to the pixels Pillow gives the processor: PNG (RGB,
+/// RGBA, L, LA, palette with and without transparency), GIF and lossless
+/// WebP bit for bit, JPEG within the measured decoder difference; the
+/// mode (RGB or RGBA) as the processor's rule picks it.
+#[test]
+fn image_files_decode_as_pillow_opens_them() {
+    let dir = fixtures().join("k3_vision_decode");
+    let e: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+    let mut failures = Vec::new();
+    for case in e["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let bytes = std::fs::read(dir.join(case["file"].as_str().unwrap())).unwrap();
+        let d = decode(&bytes, MAX_SOURCE_PIXELS).unwrap_or_else(|err| panic!("{name}: {err}"));
+        let want = std::fs::read(dir.join(format!("{name}.pixels"))).unwrap();
+        let channels = if case["mode"] == "RGBA" { 4 } else { 3 };
+        if d.pixels.channels != channels
+            || [d.width, d.height]
+                != [case["width"].as_u64().unwrap() as usize, case["height"].as_u64().unwrap() as usize]
+        {
+            failures.push(format!("{name}: {}x{} with {} channels", d.width, d.height, d.pixels.channels));
+            continue;
+        }
+        let max_diff = d.pixels.data.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).max().unwrap_or(0);
+        eprintln!("{name}: max |decoded - Pillow| = {max_diff}");
+        // JPEG: zune-jpeg and libjpeg-turbo measured 3 apart at most (4:2:0).
+        let bound = if case["exact"].as_bool().unwrap() { 0 } else { 4 };
+        if max_diff > bound || d.pixels.data.len() != want.len() {
+            failures.push(format!("{name}: max difference {max_diff} (bound {bound})"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A file past the pixel bound is refused from its header, before any
+/// pixel is decoded; garbage and truncated files are one-line errors.
+#[test]
+fn oversized_garbage_and_truncated_images_are_refused_in_one_line() {
+    let dir = fixtures().join("k3_vision_decode");
+    let png = std::fs::read(dir.join("png_rgb.png")).unwrap();
+    let err = decode(&png, 37 * 23 - 1).err().expect("past the bound");
+    assert!(err.to_string().contains("37x23"), "{err}");
+    for bad in [&b"not an image at all"[..], &png[..png.len() / 2], &[0x89, b'P', b'N', b'G'][..]] {
+        let err = decode(bad, MAX_SOURCE_PIXELS).err().expect("refused");
+        assert!(!err.to_string().contains('\n'), "{err}");
     }
 }

@@ -70,9 +70,10 @@ from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_fixtures import TOKENIZER_CONFIG, VOCAB_SIZE, SPECIAL_TOKENS, train_tokenizer  # noqa: E402
+# The causal path and the greedy settings are the DSA fixtures' (one definition).
+from gen_dsa_fixtures import MAX_NEW_TOKENS, causal_logits, gen_config  # noqa: E402
 
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM, GenerationConfig  # noqa: E402
-from transformers.cache_utils import DynamicCache  # noqa: E402
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mv4  # noqa: E402
 
 torch.set_num_threads(1)
@@ -83,7 +84,6 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 OUT = FIXTURES / "tiny-deepseek_v4"
 GAP_MIN = 1e-4
 PATHS_AGREE = 1e-5
-MAX_NEW_TOKENS = 16
 SEEDS = list(range(7000, 7400))
 
 CONFIG = dict(
@@ -180,14 +180,6 @@ def build_model(seed):
     return model
 
 
-def gen_config():
-    return GenerationConfig(
-        max_new_tokens=MAX_NEW_TOKENS, min_new_tokens=0, do_sample=False, num_beams=1,
-        eos_token_id=None, pad_token_id=0, bos_token_id=None,
-        temperature=None, top_p=None, top_k=None,
-    )
-
-
 class Probe:
     """While installed: the smallest router and indexer gaps, and how often the swiglu
     clamp binds."""
@@ -248,18 +240,6 @@ class Probe:
             m.forward = m._orig_forward
         for m in self.experts:
             m._apply_gate = m._orig_gate
-
-
-@torch.no_grad()
-def causal_logits(model, ids):
-    """The prompt one token at a time through the cache: [T, V]."""
-    cache = DynamicCache(config=model.config)
-    rows = []
-    for t in range(ids.shape[1]):
-        out = model(input_ids=ids[:, t:t + 1], cache=cache, use_cache=True)
-        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
-        rows.append(out.logits[0, -1].float())
-    return torch.stack(rows)
 
 
 @torch.no_grad()

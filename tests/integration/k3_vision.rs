@@ -8,6 +8,15 @@ use waste_host::vision::preprocess::{preprocess, Chessboard, Pixels, PreprocessC
 
 use crate::common::*;
 
+/// A case's source pixels (`<name>.in`, RGB or RGBA by its `mode`).
+fn source(dir: &std::path::Path, case: &serde_json::Value) -> Pixels {
+    let n = |v: &serde_json::Value| v.as_u64().unwrap() as usize;
+    let channels = if case["mode"] == "RGBA" { 4 } else { 3 };
+    let name = case["name"].as_str().unwrap();
+    Pixels::new(n(&case["width"]), n(&case["height"]), channels, std::fs::read(dir.join(format!("{name}.in"))).unwrap())
+        .unwrap()
+}
+
 /// FNV-1a 64 of the bytes, as the generator records it.
 fn fnv_hex(bytes: &[u8]) -> String {
     let mut h = waste_host::files::Fnv::new();
@@ -37,14 +46,7 @@ fn k3_image_preprocessing_matches_pillow_and_numpy_bit_for_bit() {
                 gray: n(&board["gray"]) as u8,
             },
         };
-        let channels = if case["mode"] == "RGBA" { 4 } else { 3 };
-        let src = Pixels::new(
-            n(&case["width"]),
-            n(&case["height"]),
-            channels,
-            std::fs::read(dir.join(format!("{name}.in"))).unwrap(),
-        )
-        .unwrap();
+        let src = source(&dir, case);
         let out = preprocess(&src, &cfg);
         let plan = [
             out.plan.width,
@@ -92,14 +94,7 @@ fn bicubic_resize_matches_pillow_on_both_pass_orders_and_upscales() {
     assert!(cases.len() >= 7);
     for case in cases {
         let name = case["name"].as_str().unwrap();
-        let channels = if case["mode"] == "RGBA" { 4 } else { 3 };
-        let src = Pixels::new(
-            n(&case["width"]),
-            n(&case["height"]),
-            channels,
-            std::fs::read(dir.join(format!("{name}.in"))).unwrap(),
-        )
-        .unwrap();
+        let src = source(&dir, case);
         let out = waste_host::vision::preprocess::resize_bicubic(&src, n(&case["resized"][0]), n(&case["resized"][1]));
         let want = std::fs::read(dir.join(format!("{name}.resized"))).unwrap();
         assert!(

@@ -17,8 +17,9 @@
 //! the attention, the matvecs as the engine runs them).
 
 use std::path::Path;
-use std::time::Instant;
 
+mod common;
+use common::*;
 use waste_engine::config::ModelConfig;
 use waste_engine::model::dsa::{Indexer, IndexerScratch, Selection};
 use waste_engine::model::mla::{Mla, MlaScratch};
@@ -28,19 +29,6 @@ use waste_engine::source::TensorSource;
 
 const CONTEXTS: [usize; 3] = [4096, 32768, 131072];
 const RUNS: usize = 5;
-
-/// Deterministic values in [-scale, scale) (xorshift).
-fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
 
 /// Every trunk tensor of the config, random, stored q8 (f32 where the
 /// converter keeps f32: the indexer's head weights).
@@ -72,19 +60,6 @@ fn config(model_type: &str) -> ModelConfig {
     ModelConfig::from_json_str(&json.to_string(), Path::new("config.json")).expect("a valid config")
 }
 
-fn median_ms(mut f: impl FnMut()) -> f64 {
-    f();
-    let mut t: Vec<f64> = (0..RUNS)
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[RUNS / 2]
-}
-
 fn main() {
     let layer = 3; // the first MoE layer
     let dsa = config("deepseek_v32");
@@ -100,7 +75,7 @@ fn main() {
     let up = RandomTrunk(&dsa).matrix("model.layers.3.mlp.shared_experts.up_proj.weight").unwrap();
     let down = RandomTrunk(&dsa).matrix("model.layers.3.mlp.shared_experts.down_proj.weight").unwrap();
     let (mut gate_y, mut down_y) = (vec![0.0f32; i], vec![0.0f32; h]);
-    let moe_ms = median_ms(|| {
+    let moe_ms = median_ms(RUNS, || {
         for _ in 0..9 {
             up.matvec(&x, &mut gate_y);
             up.matvec(&x, &mut gate_y);
@@ -121,12 +96,13 @@ fn main() {
         let mut s = MlaScratch::new(&dsa, ctx);
         let mut sel = Selection::for_config(&dsa);
         let pos = ctx - 1;
-        let layer_ms = median_ms(|| sparse_layer.forward(&x, pos, &mut cache, &mut s, &mut sel, &mut out).unwrap());
+        let layer_ms =
+            median_ms(RUNS, || sparse_layer.forward(&x, pos, &mut cache, &mut s, &mut sel, &mut out).unwrap());
         let mut is = IndexerScratch::new(&dsa, ctx);
         let (cos, sin) = (vec![0.6f32; m.qk_rope_head_dim / 2], vec![0.8f32; m.qk_rope_head_dim / 2]);
         let w = m.cache_width();
         let q_resid = random(m.q_lora_rank.unwrap_or(0), 5, 1.0);
-        let index_ms = median_ms(|| {
+        let index_ms = median_ms(RUNS, || {
             let c: &[f32] = &cache;
             indexer.select(&x, &q_resid, pos, &cos, &sin, |t| &c[t * stride + w..(t + 1) * stride], &mut is, &mut sel)
         });
@@ -134,7 +110,7 @@ fn main() {
         let dstride = dense.state_floats_per_token(layer);
         let mut dcache = random(ctx * dstride, ctx as u64, 1.0);
         let mut ds = MlaScratch::new(&dense, ctx);
-        let dense_ms = median_ms(|| {
+        let dense_ms = median_ms(RUNS, || {
             dense_layer.forward(&x, pos, &mut dcache, &mut ds, &mut Selection::default(), &mut out).unwrap()
         });
         let step = dsa.num_layers as f64 * layer_ms + dsa.num_layers as f64 * moe_ms;

@@ -10,8 +10,9 @@
 //! `cargo bench -p waste-engine --bench v4` (medians of 5).
 
 use std::path::Path;
-use std::time::Instant;
 
+mod common;
+use common::*;
 use waste_engine::config::{ModelConfig, V4Attn};
 use waste_engine::model::v4::attention::{V4Attention, V4Scratch};
 use waste_engine::model::v4::V4State;
@@ -20,19 +21,6 @@ use waste_engine::source::TensorSource;
 
 const CONTEXTS: [usize; 3] = [4096, 32768, 131072];
 const RUNS: usize = 5;
-
-/// Deterministic values in [-scale, scale) (xorshift).
-fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
 
 /// Every trunk tensor of the config, random, q8 where the converter
 /// quantises and f32 where it keeps f32.
@@ -58,19 +46,6 @@ impl TensorSource for RandomTrunk<'_> {
     }
 }
 
-fn median_ms(mut f: impl FnMut()) -> f64 {
-    f();
-    let mut t: Vec<f64> = (0..RUNS)
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[RUNS / 2]
-}
-
 fn main() {
     let json = waste_engine::synth::like_config("deepseek-v4-flash", None).expect("the V4-Flash config");
     let cfg = ModelConfig::from_json_str(&json.to_string(), Path::new("config.json")).expect("a valid config");
@@ -89,7 +64,7 @@ fn main() {
     let up = t.matrix(&format!("model.layers.{csa_layer}.mlp.shared_experts.up_proj.weight")).unwrap();
     let down = t.matrix(&format!("model.layers.{csa_layer}.mlp.shared_experts.down_proj.weight")).unwrap();
     let (mut gate_y, mut down_y) = (vec![0.0f32; i], vec![0.0f32; h]);
-    let moe_ms = median_ms(|| {
+    let moe_ms = median_ms(RUNS, || {
         for _ in 0..7 {
             up.matvec(&x, &mut gate_y);
             up.matvec(&x, &mut gate_y);
@@ -123,7 +98,9 @@ fn main() {
             let pos = ctx - 1;
             let ms: Vec<f64> = pools
                 .iter()
-                .map(|(_, p)| p.install(|| median_ms(|| layer.forward(&x, pos, &mut st, &mut s, &mut y).unwrap())))
+                .map(|(_, p)| {
+                    p.install(|| median_ms(RUNS, || layer.forward(&x, pos, &mut st, &mut s, &mut y).unwrap()))
+                })
                 .collect();
             times.push((name, ms));
         }

@@ -6,21 +6,11 @@
 //!
 //! `cargo bench -p waste-engine --bench vision` (medians of 5).
 
-use std::time::Instant;
-
+mod common;
+use common::*;
 use waste_engine::vision::preprocess::{plan, preprocess, resize_bicubic, Pixels, PreprocessConfig};
 
-fn median_ms(mut f: impl FnMut()) -> f64 {
-    let mut t: Vec<f64> = (0..5)
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[2]
-}
+const RUNS: usize = 5;
 
 fn main() {
     let cfg = PreprocessConfig::default();
@@ -38,10 +28,10 @@ fn main() {
             .collect();
         let px = Pixels::new(w, h, c, data).expect("pixels");
         let p = plan(w, h, &cfg);
-        let resize = median_ms(|| {
+        let resize = median_ms(RUNS, || {
             std::hint::black_box(resize_bicubic(&px, p.width, p.height));
         });
-        let whole = median_ms(|| {
+        let whole = median_ms(RUNS, || {
             std::hint::black_box(preprocess(&px, &cfg));
         });
         println!(

@@ -287,18 +287,8 @@ pub(super) fn parse(
 /// Which layers are MoE: `mlp_layer_types` (transformers' DeepSeek-V3.2 and
 /// GLM-5 configs write it) or the first `first_k_dense_replace` dense.
 fn moe_layers(r: &Reader<'_>, num_layers: usize) -> Result<Vec<bool>> {
-    if let Some(Value::Array(kinds)) = r.get("mlp_layer_types") {
-        if kinds.len() != num_layers {
-            return Err(r.err("mlp_layer_types", format!("{} entries for {num_layers} layers", kinds.len())));
-        }
-        return kinds
-            .iter()
-            .map(|k| match k.as_str() {
-                Some("sparse") => Ok(true),
-                Some("dense") => Ok(false),
-                _ => Err(r.err("mlp_layer_types", format!("{k} is neither \"dense\" nor \"sparse\""))),
-            })
-            .collect();
+    if let Some(kinds) = r.label_list("mlp_layer_types", num_layers, false, &[("sparse", true), ("dense", false)])? {
+        return Ok(kinds);
     }
     let first_dense = r.usize_opt("first_k_dense_replace")?.unwrap_or(3);
     Ok((0..num_layers).map(|l| l >= first_dense).collect())

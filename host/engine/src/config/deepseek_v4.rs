@@ -141,21 +141,13 @@ fn read_v4_rope(
 }
 
 fn layer_kinds(r: &Reader<'_>, n: usize) -> Result<Vec<V4Attn>> {
-    if let Some(v) = r.get("layer_types") {
-        let Value::Array(items) = v else { return Err(r.err("layer_types", "expected a list")) };
-        let kinds = items
-            .iter()
-            .map(|k| match k.as_str() {
-                Some("sliding_attention") => Ok(V4Attn::Sliding),
-                Some("compressed_sparse_attention") => Ok(V4Attn::Csa),
-                Some("heavily_compressed_attention") => Ok(V4Attn::Hca),
-                _ => Err(r.err("layer_types", format!("{k} is not a DeepSeek-V4 attention type"))),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        if kinds.len() < n {
-            return Err(r.err("layer_types", format!("{} entries for {n} layers", kinds.len())));
-        }
-        return Ok(kinds[..n].to_vec());
+    let labels = [
+        ("sliding_attention", V4Attn::Sliding),
+        ("compressed_sparse_attention", V4Attn::Csa),
+        ("heavily_compressed_attention", V4Attn::Hca),
+    ];
+    if let Some(kinds) = r.label_list("layer_types", n, true, &labels)? {
+        return Ok(kinds);
     }
     if r.get("compress_ratios").is_some() {
         // `_COMPRESS_RATIO_TO_LAYER_TYPE`: 0, 4 and 128 only.
@@ -178,19 +170,8 @@ fn layer_kinds(r: &Reader<'_>, n: usize) -> Result<Vec<V4Attn>> {
 }
 
 fn hash_layers(r: &Reader<'_>, n: usize) -> Result<Vec<bool>> {
-    if let Some(v) = r.get("mlp_layer_types") {
-        let Value::Array(items) = v else { return Err(r.err("mlp_layer_types", "expected a list")) };
-        if items.len() < n {
-            return Err(r.err("mlp_layer_types", format!("{} entries for {n} layers", items.len())));
-        }
-        return items[..n]
-            .iter()
-            .map(|k| match k.as_str() {
-                Some("hash_moe") => Ok(true),
-                Some("moe") => Ok(false),
-                _ => Err(r.err("mlp_layer_types", format!("{k} is neither \"hash_moe\" nor \"moe\""))),
-            })
-            .collect();
+    if let Some(kinds) = r.label_list("mlp_layer_types", n, true, &[("hash_moe", true), ("moe", false)])? {
+        return Ok(kinds);
     }
     let n_hash = r.usize_opt("num_hash_layers")?.unwrap_or(3);
     Ok((0..n).map(|l| l < n_hash).collect())

@@ -109,6 +109,36 @@ impl Reader<'_> {
         Ok((moe, dense))
     }
 
+    /// A per-layer list of labels (`mlp_layer_types`, `layer_types`) as
+    /// the values `labels` gives them; `None` when absent. Exactly `n`
+    /// entries, or with `longer_ok` at least `n` of which the first `n`
+    /// count (DeepSeek-V4 lists its MTP layer too).
+    pub(super) fn label_list<T: Copy>(
+        &self,
+        key: &str,
+        n: usize,
+        longer_ok: bool,
+        labels: &[(&str, T)],
+    ) -> Result<Option<Vec<T>>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        let Value::Array(items) = v else { return Err(self.err(key, "expected a list")) };
+        if items.len() < n || (items.len() > n && !longer_ok) {
+            return Err(self.err(key, format!("{} entries for {n} layers", items.len())));
+        }
+        let names: Vec<String> = labels.iter().map(|(l, _)| format!("\"{l}\"")).collect();
+        items[..n]
+            .iter()
+            .map(|item| {
+                labels
+                    .iter()
+                    .find(|(l, _)| item.as_str() == Some(l))
+                    .map(|&(_, t)| t)
+                    .ok_or_else(|| self.err(key, format!("{item} is not one of {}", names.join(", "))))
+            })
+            .collect::<Result<Vec<T>>>()
+            .map(Some)
+    }
+
     pub(super) fn bounded(&self, key: &str, v: usize, max: usize) -> Result<usize> {
         if v == 0 || v > max {
             return Err(self.err(key, format!("{v} is outside 1..={max}")));

@@ -16,35 +16,10 @@ use common::*;
 use waste_engine::config::{ModelConfig, V4Attn};
 use waste_engine::model::v4::attention::{V4Attention, V4Scratch};
 use waste_engine::model::v4::V4State;
-use waste_engine::quant::{quantize_trunk, QMatrix, TrunkFormat};
 use waste_engine::source::TensorSource;
 
 const CONTEXTS: [usize; 3] = [4096, 32768, 131072];
 const RUNS: usize = 5;
-
-/// Every trunk tensor of the config, random, q8 where the converter
-/// quantises and f32 where it keeps f32.
-struct RandomTrunk<'a>(&'a ModelConfig);
-
-impl TensorSource for RandomTrunk<'_> {
-    fn matrix(&self, name: &str) -> waste_engine::Result<QMatrix> {
-        let shape = self.0.trunk_tensor_shape(name).expect("a trunk tensor of the config");
-        let (rows, cols) = (shape[0], shape[1]);
-        let w = random(rows * cols, name.len() as u64 * 7919 + rows as u64, 0.02);
-        if self.0.tensor_role(name) != waste_engine::config::TensorRole::Matrix {
-            return Ok(QMatrix::from_f32(w, rows, cols));
-        }
-        Ok(QMatrix::from_byte_vec(TrunkFormat::Q8, rows, cols, quantize_trunk(TrunkFormat::Q8, &w, rows, cols))
-            .expect("q8 bytes of the shape"))
-    }
-    fn vector(&self, name: &str) -> waste_engine::Result<Vec<f32>> {
-        let n = self.0.trunk_tensor_shape(name).expect("a trunk tensor")[0];
-        Ok(random(n, 3, 0.1).iter().map(|v| 1.0 + v).collect())
-    }
-    fn has(&self, _: &str) -> bool {
-        true
-    }
-}
 
 fn main() {
     let json = waste_engine::synth::like_config("deepseek-v4-flash", None).expect("the V4-Flash config");

@@ -2,6 +2,10 @@
 
 use std::time::Instant;
 
+use waste_engine::config::{ModelConfig, TensorRole};
+use waste_engine::quant::{quantize_trunk, QMatrix, TrunkFormat};
+use waste_engine::source::TensorSource;
+
 /// Deterministic values in [-scale, scale) (xorshift).
 #[allow(dead_code)] // not every bench draws floats
 pub fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -28,4 +32,30 @@ pub fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
         .collect();
     t.sort_by(f64::total_cmp);
     t[runs / 2]
+}
+
+/// Every trunk tensor of the config, random: q8 where the converter
+/// quantises (`TensorRole::Matrix`), f32 where it keeps f32 (routers, the
+/// indexers' head weights, V4's mixes); norms near 1.
+#[allow(dead_code)] // the vision bench has no trunk
+pub struct RandomTrunk<'a>(pub &'a ModelConfig);
+
+impl TensorSource for RandomTrunk<'_> {
+    fn matrix(&self, name: &str) -> waste_engine::Result<QMatrix> {
+        let shape = self.0.trunk_tensor_shape(name).expect("a trunk tensor of the config");
+        let (rows, cols) = (shape[0], shape[1]);
+        let w = random(rows * cols, name.len() as u64 * 7919 + rows as u64, 0.02);
+        if self.0.tensor_role(name) != TensorRole::Matrix {
+            return Ok(QMatrix::from_f32(w, rows, cols));
+        }
+        Ok(QMatrix::from_byte_vec(TrunkFormat::Q8, rows, cols, quantize_trunk(TrunkFormat::Q8, &w, rows, cols))
+            .expect("q8 bytes of the shape"))
+    }
+    fn vector(&self, name: &str) -> waste_engine::Result<Vec<f32>> {
+        let n = self.0.trunk_tensor_shape(name).expect("a trunk tensor")[0];
+        Ok(random(n, 3, 0.1).iter().map(|v| 1.0 + v).collect())
+    }
+    fn has(&self, _: &str) -> bool {
+        true
+    }
 }

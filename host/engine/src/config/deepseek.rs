@@ -107,10 +107,7 @@ fn read_rope(r: &Reader<'_>, dim: usize, max_pos: usize) -> Result<MlaRope> {
         if let Some(t) = sub.f64_opt("rope_theta")? {
             theta = Some(t);
         }
-        let kind = match sub.str_opt("rope_type")? {
-            Some(t) => t,
-            None => sub.str_opt("type")?.unwrap_or("default"),
-        };
+        let kind = sub.rope_type()?.unwrap_or("default");
         match kind {
             "default" => {}
             "yarn" => {

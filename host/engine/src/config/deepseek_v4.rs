@@ -119,10 +119,7 @@ fn read_v4_rope(
     if let Some(t) = sub.f64_opt("rope_theta")? {
         rope.theta = t;
     }
-    let kind = match sub.str_opt("rope_type")? {
-        Some(t) => t,
-        None => sub.str_opt("type")?.unwrap_or("default"),
-    };
+    let kind = sub.rope_type()?.unwrap_or("default");
     match kind {
         "default" => {}
         "yarn" => {

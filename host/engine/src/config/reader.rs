@@ -67,6 +67,15 @@ impl Reader<'_> {
         }
     }
 
+    /// A rope object's kind: `rope_type`, or the older `type`; `None`
+    /// when it names neither.
+    pub(super) fn rope_type(&self) -> Result<Option<&str>> {
+        match self.str_opt("rope_type")? {
+            Some(t) => Ok(Some(t)),
+            None => self.str_opt("type"),
+        }
+    }
+
     pub(super) fn token_id(&self, key: &str, v: &Value) -> Result<u32> {
         v.as_u64()
             .and_then(|n| u32::try_from(n).ok())

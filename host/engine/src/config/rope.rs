@@ -20,10 +20,7 @@ fn rope_objects<'a>(
             return Err(r.err(key, format!("expected an object, found {v}")));
         };
         let sub = Reader { obj, path: r.path };
-        let kind = match sub.str_opt("rope_type")? {
-            Some(t) => Some(t.to_string()),
-            None => sub.str_opt("type")?.map(str::to_string),
-        };
+        let kind = sub.rope_type()?.map(str::to_string);
         out.push((key, sub, kind));
     }
     Ok(out)

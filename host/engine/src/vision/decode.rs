@@ -44,7 +44,9 @@ fn reader(bytes: &[u8]) -> Result<ImageReader<Cursor<&[u8]>>> {
 /// Decodes `bytes` (a whole file), refusing more than `max_pixels` pixels
 /// before decoding and a malformed file with one line.
 pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Decoded> {
-    let (w, h) = reader(bytes)?.into_dimensions().map_err(|e| Error::Arg(format!("image header: {e}")))?;
+    let header = reader(bytes)?;
+    let gif = header.format() == Some(ImageFormat::Gif);
+    let (w, h) = header.into_dimensions().map_err(|e| Error::Arg(format!("image header: {e}")))?;
     let pixels = u64::from(w) * u64::from(h);
     if pixels == 0 || pixels > max_pixels {
         return Err(Error::Arg(format!("image of {w}x{h} pixels: more than the {max_pixels} this engine decodes")));
@@ -63,7 +65,7 @@ pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Decoded> {
         let buf = img.to_rgba8();
         // A GIF frame is always RGBA here; PIL keeps it RGB unless the
         // file has a transparency entry, which shows as a transparent pixel.
-        if buf.pixels().all(|p| p.0[3] == 255) && matches!(reader(bytes)?.format(), Some(ImageFormat::Gif)) {
+        if gif && buf.pixels().all(|p| p.0[3] == 255) {
             Pixels::new(width, height, 3, image::DynamicImage::ImageRgba8(buf).to_rgb8().into_raw())?
         } else {
             Pixels::new(width, height, 4, buf.into_raw())?

@@ -13,6 +13,10 @@ pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
 /// Rows per rayon task. Every row is computed whole by one thread, so the
 /// block size only affects speed, never the result.
 const ROW_BLOCK: usize = 16;
+/// `QMatrix::matmul`: inputs per task (32 rows of 4096 f32 are 512 KiB, in
+/// L2) and weight rows dequantised at a time. Speed only, never the result.
+const MATMUL_INPUTS: usize = 32;
+const MATMUL_ROWS: usize = 8;
 
 /// Quantise a row-major `[rows, cols]` f32 matrix into `fmt`'s byte layout
 /// (module docs). Panics if `w.len() != rows * cols`.
@@ -410,6 +414,75 @@ impl QMatrix {
         }
     }
 
+    /// `y[t] = W x[t]` for `n = x.len() / cols` inputs at once (`x`
+    /// `[n, cols]`, `y` `[n, rows]`): a vision tower's patches, where a
+    /// weight row serves many inputs. Each weight row is dequantised once per
+    /// block of inputs (`row`'s values) and dotted with `dot_f32`, so every
+    /// `y[t][r]` is `dot_f32(row r, x[t])` whatever the thread count or the
+    /// number of inputs; for an f32 matrix that is exactly what `matvec`
+    /// gives. Panics unless the lengths agree.
+    pub fn matmul(&self, x: &[f32], y: &mut [f32]) {
+        let (rows, cols) = (self.rows, self.cols);
+        assert!(
+            cols > 0 && x.len().is_multiple_of(cols),
+            "QMatrix::matmul: x of {} is not whole rows of {cols}",
+            x.len()
+        );
+        let n = x.len() / cols;
+        assert_eq!(y.len(), n * rows, "QMatrix::matmul: y length");
+        if n == 0 || rows == 0 {
+            return;
+        }
+        let v = self.view();
+        // A block of dequantised weight rows, then every input of the task
+        // against it: the rows stay in L1, the inputs in L2.
+        let rows_into = |r0: usize, nr: usize, w: &mut [f32]| {
+            for i in 0..nr {
+                v.row_into(r0 + i, &mut w[i * cols..(i + 1) * cols]);
+            }
+        };
+        if n >= 2 * MATMUL_INPUTS {
+            // Tasks own blocks of inputs and run every weight row.
+            y.par_chunks_mut(MATMUL_INPUTS * rows).zip(x.par_chunks(MATMUL_INPUTS * cols)).for_each(|(yb, xb)| {
+                let mut w = vec![0f32; MATMUL_ROWS * cols];
+                for r0 in (0..rows).step_by(MATMUL_ROWS) {
+                    let nr = MATMUL_ROWS.min(rows - r0);
+                    rows_into(r0, nr, &mut w);
+                    for (yt, xt) in yb.chunks_exact_mut(rows).zip(xb.chunks_exact(cols)) {
+                        for i in 0..nr {
+                            yt[r0 + i] = simd::dot_f32(&w[i * cols..(i + 1) * cols], xt);
+                        }
+                    }
+                }
+            });
+        } else {
+            // Few inputs: tasks own blocks of weight rows instead, into
+            // `y` transposed.
+            let mut yt = vec![0f32; rows * n];
+            let task = |(b, out): (usize, &mut [f32])| {
+                let r0 = b * MATMUL_ROWS;
+                let nr = out.len() / n;
+                let mut w = vec![0f32; nr * cols];
+                rows_into(r0, nr, &mut w);
+                for i in 0..nr {
+                    for (t, xt) in x.chunks_exact(cols).enumerate() {
+                        out[i * n + t] = simd::dot_f32(&w[i * cols..(i + 1) * cols], xt);
+                    }
+                }
+            };
+            if rows * cols * n >= PAR_MIN_WORK {
+                yt.par_chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
+            } else {
+                yt.chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
+            }
+            for (r, col) in yt.chunks_exact(n).enumerate() {
+                for (t, &val) in col.iter().enumerate() {
+                    y[t * rows + r] = val;
+                }
+            }
+        }
+    }
+
     /// Dequantised row `r` (embedding lookup). Panics unless `r < rows` and
     /// `out.len() == cols`; callers check token ids first.
     pub fn row(&self, r: usize, out: &mut [f32]) {
@@ -425,6 +498,44 @@ impl QMatrix {
 #[cfg(test)]
 mod tests {
     use super::{quantize_trunk, QMatrix, TrunkFormat};
+    use crate::quant::simd::dot_f32;
+
+    /// `matmul` gives `dot_f32` of each dequantised row with each input,
+    /// bit for bit, on both of its paths (few inputs: tasks over rows; many:
+    /// tasks over inputs) and on partial blocks; for f32 that is `matvec`.
+    #[test]
+    fn matmul_equals_dot_of_each_dequantised_row() {
+        for (rows, cols, n) in [(3, 300, 1), (20, 129, 5), (17, 64, 70), (9, 40, 100)] {
+            let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
+            let x: Vec<f32> = (0..n * cols).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 1e-2).collect();
+            for fmt in [TrunkFormat::F32, TrunkFormat::Q8, TrunkFormat::Q4] {
+                let m = if fmt == TrunkFormat::F32 {
+                    QMatrix::from_f32(w.clone(), rows, cols)
+                } else {
+                    QMatrix::from_byte_vec(fmt, rows, cols, quantize_trunk(fmt, &w, rows, cols)).unwrap()
+                };
+                let mut y = vec![0f32; n * rows];
+                m.matmul(&x, &mut y);
+                let mut row = vec![0f32; cols];
+                for r in 0..rows {
+                    m.row(r, &mut row);
+                    for t in 0..n {
+                        let want = dot_f32(&row, &x[t * cols..(t + 1) * cols]);
+                        assert_eq!(
+                            y[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{fmt:?} {rows}x{cols} n={n} r={r} t={t}"
+                        );
+                    }
+                }
+                if fmt == TrunkFormat::F32 {
+                    let mut one = vec![0f32; rows];
+                    m.matvec(&x[..cols], &mut one);
+                    assert_eq!(one, y[..rows]);
+                }
+            }
+        }
+    }
 
     /// `add_scaled_row` on a quantised matrix is bit-identical to the f32
     /// loop over its dequantised rows (MLA's query side relies on it), odd

@@ -286,8 +286,12 @@ def moe(x, w, m, gaps):
 
 
 def forward(w, ids, gaps=None):
+    return forward_embeds(w, w["model.embed_tokens.weight"][ids], gaps)
+
+
+def forward_embeds(w, P, gaps=None):
+    """The text model over input rows [T, H] (embedding rows, or spliced image rows)."""
     gaps = [] if gaps is None else gaps
-    P = w["model.embed_tokens.weight"][ids]
     bank = []
     for i in range(L):
         p = f"model.layers.{i}"

@@ -65,6 +65,10 @@ pub fn info(a: InfoArgs) -> Result<()> {
                     "state_tokens_per_row": l.state_tokens_per_row, "window": l.window,
                 })).collect::<Vec<_>>(),
                 "skipped": i.skipped,
+                "vision": i.vision.as_ref().map(|v| json!({
+                    "layers": v.layers, "hidden": v.hidden, "heads": v.heads, "parameters": v.parameters,
+                    "bytes": v.bytes, "format": v.format, "grid_resize": v.grid_resize,
+                })),
                 "state_bytes_fixed": i.layers.iter().map(|l| l.state_bytes_fixed).sum::<u64>(),
                 "state_bytes_per_token": i.layers.iter().map(|l| l.state_bytes_per_token).sum::<u64>(),
             })
@@ -127,6 +131,18 @@ pub fn info(a: InfoArgs) -> Result<()> {
         outln!("experts       {} ({} bytes per record)", i.expert_format, i.expert_record_bytes);
         outln!("tokenizer     {}", if i.has_tokenizer { "yes" } else { "none" });
         outln!("chat template {}", if i.has_chat_template { "yes" } else { "none" });
+        if let Some(v) = &i.vision {
+            outln!(
+                "vision tower  {} layers of width {}, {} heads, {} parameters, {:.2} MB ({}; read at the first image), position grid resized {}",
+                v.layers,
+                v.hidden,
+                v.heads,
+                short_count(v.parameters),
+                v.bytes as f64 / 1e6,
+                v.format,
+                v.grid_resize
+            );
+        }
         for s in &i.skipped {
             outln!("not converted {s}");
         }

@@ -25,6 +25,10 @@ pub struct PlanArgs {
     /// this one: what the automatic budget would be there.
     #[arg(long)]
     pub ram: Option<String>,
+    /// Plan for images too (Kimi K3): the vision tower's weights, its
+    /// buffers and the rows of the largest image the processor allows.
+    #[arg(long)]
+    pub vision: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -39,7 +43,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
                 .ok_or_else(|| usage(format!("--ram {t:?}: expected a size such as 64G or 16GiB")))?,
         ),
     };
-    let p = waste_host::plan::plan_path_for_ram(&a.model, a.ctx, budget, ram)
+    let p = waste_host::plan::plan_path_for_images(&a.model, a.ctx, budget, ram, a.vision)
         .with_context(|| format!("planning {}", a.model.display()))?;
     if a.json {
         let source = match p.budget_source {
@@ -49,7 +53,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         outln!(
             "{}",
             json!({
-                "context": p.context, "trunk": p.trunk, "embedding_on_disk": p.embedding_on_disk, "state": p.state, "scratch": p.scratch,
+                "context": p.context, "trunk": p.trunk, "embedding_on_disk": p.embedding_on_disk, "state": p.state, "scratch": p.scratch, "vision": p.vision,
                 "record_bytes": p.record_bytes, "top_k": p.top_k, "moe_layers": p.moe_layers,
                 "min_cache": p.min_cache, "floor": p.floor, "working_set": p.working_set,
                 "recommended": p.recommended, "all_experts": p.all_experts, "usable_ram": p.usable_ram,
@@ -71,6 +75,9 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         }
         outln!("state          {}", fmt_bytes(p.state));
         outln!("scratch        {}", fmt_bytes(p.scratch));
+        if p.vision > 0 {
+            outln!("vision tower   {} (weights, buffers and rows of the largest image)", fmt_bytes(p.vision));
+        }
         outln!(
             "min cache      {} (top-{} x {} record x 2)",
             fmt_bytes(p.min_cache),

@@ -152,3 +152,102 @@ fn oversized_garbage_and_truncated_images_are_refused_in_one_line() {
         assert!(!err.to_string().contains('\n'), "{err}");
     }
 }
+
+fn vision_reference() -> serde_json::Value {
+    let path = fixture("kimi_k3-vision").join("reference.json");
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn f32_file(name: &str) -> Vec<f32> {
+    let bytes = std::fs::read(fixture("kimi_k3-vision").join(name)).unwrap();
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+/// Worst |diff| relative to each row's largest value.
+fn worst_row_error(got: &[f32], want: &[f32], width: usize) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.chunks_exact(width)
+        .zip(want.chunks_exact(width))
+        .map(|(a, b)| {
+            let max = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / max
+        })
+        .fold(0f32, f32::max)
+}
+
+/// `waste convert` carries the tower into the container (8-bit under a
+/// 4-bit trunk, f32 in an f32 one) with the processor settings; the opened
+/// model turns each fixture image into the reference's rows and answers
+/// the prompt holding both with the reference's logits at every position.
+#[test]
+fn k3_container_carries_the_vision_tower_and_answers_from_images() {
+    let tmp = TempDir::new("k3-vision");
+    let r = vision_reference();
+    let ids: Vec<u32> = r["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    let want_logits = f32_file("reference_logits.f32");
+    for (experts, trunk, row_bound) in [("f32", "f32", 1e-4f32), ("rvq3", "q4", 0.05)] {
+        let c = convert("kimi_k3-vision", experts, trunk, tmp.path());
+        let o = waste(&["info", c.to_str().unwrap(), "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let info: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let want_format = if trunk == "f32" { "f32" } else { "q8" };
+        assert_eq!(info["vision"]["layers"], 3, "{info}");
+        assert_eq!(info["vision"]["format"], want_format, "{info}");
+        assert_eq!(info["vision"]["grid_resize"], "bilinear");
+
+        let model = waste_host::Model::open(&c, &waste_host::OpenOptions::default()).unwrap();
+        assert!(model.vision().is_some());
+        let text_hidden = model.vision().unwrap().text_hidden;
+        let mut images = Vec::new();
+        for name in ["a", "b"] {
+            let img = &r["images"][name];
+            let bytes = std::fs::read(fixture("kimi_k3-vision").join(img["file"].as_str().unwrap())).unwrap();
+            let rows = model.encode_image(&bytes).unwrap();
+            assert_eq!(
+                [rows.width, rows.height],
+                [img["size"][0].as_u64().unwrap() as usize, img["size"][1].as_u64().unwrap() as usize]
+            );
+            let e = worst_row_error(&rows.rows, &f32_file(img["features_file"].as_str().unwrap()), text_hidden);
+            println!("{trunk} trunk, image {name}: tower rows worst relative error {e:e}");
+            assert!(e <= row_bound, "{trunk} trunk, image {name}: row error {e}");
+            images.push(rows);
+        }
+        if trunk == "f32" {
+            let mut state = model.new_state();
+            let refs: Vec<&_> = images.iter().collect();
+            let (logits, _) = model.forward_with_images(&mut state, &ids, &refs, true).unwrap();
+            let v = model.info().vocab_size;
+            assert_eq!(logits.len(), want_logits.len());
+            let e = worst_row_error(&logits, &want_logits, v);
+            println!("f32 container: prompt logits worst relative error {e:e}");
+            assert!(e <= 1e-4, "prompt logits: {e}");
+            assert_eq!(state.position() as u64, r["expanded_length"].as_u64().unwrap());
+        }
+    }
+}
+
+/// The planner counts the tower only when asked (`--vision`), and a model
+/// without one says so in one line.
+#[test]
+fn plan_counts_the_vision_tower_only_when_asked() {
+    let tmp = TempDir::new("k3-vision-plan");
+    let c = convert("kimi_k3-vision", "rvq3", "q4", tmp.path());
+    let plan = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["plan", c.to_str().unwrap(), "--json"];
+        args.extend_from_slice(extra);
+        let o = waste(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let (text, vision) = (plan(&[]), plan(&["--vision"]));
+    assert_eq!(text["vision"], 0);
+    let v = vision["vision"].as_u64().unwrap();
+    assert!(v > 0 && vision["floor"].as_u64().unwrap() == text["floor"].as_u64().unwrap() + v, "{text} {vision}");
+    assert_eq!(text["trunk"], vision["trunk"], "the tower is not resident trunk");
+
+    let plain = convert("kimi_k3", "rvq3", "q4", tmp.path());
+    let o = waste(&["plan", plain.to_str().unwrap(), "--vision"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("no vision tower") && err.trim().lines().count() == 1, "{err}");
+}

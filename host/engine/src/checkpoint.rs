@@ -735,4 +735,12 @@ impl TensorSource for HfCheckpoint {
     fn has(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }
+
+    fn matrix_view(&self, name: &str, rows: usize, cols: usize) -> Result<QMatrix> {
+        let (w, shape) = self.tensor_f32(name)?;
+        if shape.len() < 2 || rows.checked_mul(cols) != Some(w.len()) {
+            return Err(self.shape_error(name, &shape, &format!("{rows} x {cols} values")));
+        }
+        Ok(QMatrix::from_f32(w, rows, cols))
+    }
 }

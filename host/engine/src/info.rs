@@ -43,6 +43,24 @@ pub struct ModelInfo {
     /// What the conversion left out of the source (a vision tower, MTP
     /// layers), one line each.
     pub skipped: Vec<String>,
+    /// Kimi K3's vision tower, when the container holds one.
+    pub vision: Option<VisionInfo>,
+}
+
+/// The vision tower and projector of a container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VisionInfo {
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    /// Tower and projector.
+    pub parameters: u64,
+    /// Stored bytes (read when the first image is given).
+    pub bytes: u64,
+    /// The matrices' format (`q8`, or `f32` in an f32 trunk).
+    pub format: String,
+    /// `bilinear` or `bicubic`: how the position grid is resized.
+    pub grid_resize: String,
 }
 
 /// One decoder layer as `ModelInfo` describes it.
@@ -71,7 +89,26 @@ impl ModelInfo {
         let c = container.config();
         let tokens_per_row = |l: usize| c.add.v4.as_ref().and_then(|v| v.rate(l)).unwrap_or(1) as u64;
         let e = &container.manifest().experts;
+        let vision = c.k3.as_ref().and_then(|k| k.vision.as_ref()).and_then(|v| {
+            let m = container.manifest();
+            let wqkv = format!("{}.encoder.blocks.0.wqkv.weight", crate::config::VISION_TOWER);
+            let stored = m.trunk.tensors.iter().find(|t| t.name == wqkv)?;
+            Some(VisionInfo {
+                layers: v.layers,
+                hidden: v.hidden,
+                heads: v.heads,
+                parameters: v.parameters(),
+                bytes: crate::plan::vision_tower_bytes(m),
+                format: stored.format.clone(),
+                grid_resize: match v.grid_resize {
+                    crate::config::GridResize::Bilinear => "bilinear",
+                    crate::config::GridResize::Bicubic => "bicubic",
+                }
+                .to_string(),
+            })
+        });
         ModelInfo {
+            vision,
             family: c.model_type.clone(),
             vocab_size: c.vocab_size,
             hidden_size: c.hidden_size,

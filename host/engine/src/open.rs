@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::container::Container;
 use crate::error::{Error, Result};
 use crate::info::ModelInfo;
-use crate::model::{State, Transformer};
+use crate::model::{Splice, State, Transformer};
 use crate::open_progress::CountingSource;
 pub use crate::open_progress::OpenProgress;
 use crate::plan::MemoryPlan;
@@ -108,6 +108,8 @@ pub struct Model {
     context: usize,
     plan: MemoryPlan,
     pool: crate::pool::Pool,
+    /// Kimi K3's vision tower, read from the container at the first image.
+    pub(crate) vision: std::sync::Mutex<Option<Arc<crate::vision::tower::VisionTower>>>,
 }
 
 impl Model {
@@ -174,7 +176,7 @@ impl Model {
             });
         }
         let info = ModelInfo::of(&container);
-        Ok(Arc::new(Model { container, transformer, experts, info, context, plan, pool }))
+        Ok(Arc::new(Model { container, transformer, experts, info, context, plan, pool, vision: Default::default() }))
     }
 
     /// The compute pool every forward pass runs in.
@@ -294,12 +296,28 @@ impl Model {
     /// Appends `tokens` to `state` and returns the logits of the last one, or
     /// of every one (`[tokens.len() * vocab]`) with `all_positions`.
     pub fn forward(&self, state: &mut State, tokens: &[u32], all_positions: bool) -> Result<(Vec<f32>, StepStats)> {
+        self.forward_spliced(state, tokens, Splice::default(), all_positions)
+    }
+
+    /// `forward` with some tokens' input rows given (`Transformer::forward_spliced`).
+    pub(crate) fn forward_spliced(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        splice: Splice<'_>,
+        all_positions: bool,
+    ) -> Result<(Vec<f32>, StepStats)> {
         if tokens.is_empty() {
             return Err(Error::Arg("no tokens to evaluate".into()));
         }
         let mut stats = StepStats::default();
         let (transformer, experts, st) = (&self.transformer, &self.experts, &mut stats);
-        let logits = self.pool.install(|| transformer.forward(state, tokens, experts, all_positions, st))??;
+        let logits =
+            self.pool.install(|| transformer.forward_spliced(state, tokens, splice, experts, all_positions, st))??;
         Ok((logits, stats))
+    }
+
+    pub(crate) fn container(&self) -> &Container {
+        &self.container
     }
 }

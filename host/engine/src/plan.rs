@@ -42,13 +42,17 @@ pub struct MemoryPlan {
     pub state: u64,
     /// Buffers of one forward pass (an upper estimate).
     pub scratch: u64,
+    /// Kimi K3's vision tower when planned for images (`waste plan
+    /// --vision`): its weights, its buffers and the rows of the largest
+    /// image the processor lets through; 0 otherwise.
+    pub vision: u64,
     pub record_bytes: u64,
     pub top_k: usize,
     pub moe_layers: usize,
     pub experts_per_layer: usize,
     /// top_k x record x 2: the least cache the store can run with.
     pub min_cache: u64,
-    /// trunk + state + scratch + min_cache.
+    /// trunk + state + scratch + vision + min_cache.
     pub floor: u64,
     /// top_k x record x MoE layers: what one token reads when nothing is cached.
     pub working_set: u64,
@@ -65,9 +69,9 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// Everything planned: trunk + state + scratch + cache.
+    /// Everything planned: trunk + state + scratch + vision + cache.
     pub fn total(&self) -> u64 {
-        self.trunk + self.state + self.scratch + self.cache_bytes
+        self.trunk + self.state + self.scratch + self.vision + self.cache_bytes
     }
 }
 
@@ -90,7 +94,9 @@ fn stays_on_disk(cfg: &ModelConfig, t: &TensorEntry) -> bool {
 /// (`model::mla::kv_b_resident_bytes`: its stored form since it stopped
 /// expanding a quantised one to f32), its stored bytes otherwise.
 pub fn resident_tensor_bytes(cfg: &ModelConfig, t: &TensorEntry) -> u64 {
-    if stays_on_disk(cfg, t) {
+    // K3's vision tower is read only when an image is given
+    // (`vision_tower_bytes`, `waste plan --vision`).
+    if stays_on_disk(cfg, t) || crate::config::is_vision_tensor(&t.name) {
         return 0;
     }
     let fmt = crate::quant::TrunkFormat::parse(&t.format);
@@ -106,6 +112,12 @@ pub fn resident_tensor_bytes(cfg: &ModelConfig, t: &TensorEntry) -> u64 {
 /// [`resident_tensor_bytes`]).
 pub fn resident_trunk_bytes(cfg: &ModelConfig, manifest: &Manifest) -> u64 {
     manifest.trunk.tensors.iter().map(|t| resident_tensor_bytes(cfg, t)).sum()
+}
+
+/// Bytes of Kimi K3's vision tower and projector in the container (what
+/// an image loads; 0 without a tower).
+pub fn vision_tower_bytes(manifest: &Manifest) -> u64 {
+    manifest.trunk.tensors.iter().filter(|t| crate::config::is_vision_tensor(&t.name)).map(|t| t.bytes).sum()
 }
 
 /// Bytes of the trunk left on disk (the untied embedding table).
@@ -155,8 +167,48 @@ pub fn plan_path_for_ram(
     budget: Option<u64>,
     usable_ram: Option<u64>,
 ) -> Result<MemoryPlan> {
+    plan_path_for_images(path, context, budget, usable_ram, false)
+}
+
+/// As [`plan_path_for_ram`]; with `vision`, also for images through Kimi
+/// K3's tower ([`vision_bytes`]; refused for a model without one).
+pub fn plan_path_for_images(
+    path: &Path,
+    context: Option<usize>,
+    budget: Option<u64>,
+    usable_ram: Option<u64>,
+    vision: bool,
+) -> Result<MemoryPlan> {
     let container = Container::open(path)?;
-    plan_for_ram(&container, context, budget, usable_ram)
+    let vision = match (vision, vision_bytes(&container)?) {
+        (false, _) => 0,
+        (true, Some(b)) => b,
+        (true, None) => return Err(Error::Unsupported("this model has no vision tower to plan for".into())),
+    };
+    plan_inputs(&container, context, budget, usable_ram, 1, vision)
+}
+
+/// What images add to a plan: the tower's weights as the model holds them
+/// (the stored matrices, the position grid expanded to f32), the tower's
+/// buffers for the largest image the processor lets through
+/// (`vision::tower::activation_bytes`) and that image's rows. None: the
+/// container has no tower.
+pub fn vision_bytes(container: &Container) -> Result<Option<u64>> {
+    let Some(cfg) = container.config().k3.as_ref().and_then(|k| k.vision) else {
+        return Ok(None);
+    };
+    let stored = vision_tower_bytes(container.manifest());
+    if stored == 0 {
+        return Ok(None);
+    }
+    let pre = container.image_preprocessing()?;
+    // Padding to whole merge cells adds at most a row and a column.
+    let patches = pre.in_patch_limit + 2 * pre.patch_limit_on_one_side + 1;
+    let grid = 4 * (cfg.pos_grid.0 * cfg.pos_grid.1 * cfg.hidden) as u64;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let buffers = crate::vision::tower::activation_bytes(&cfg, patches, threads);
+    let rows = 4 * (patches / 4 * cfg.text_hidden) as u64;
+    Ok(Some(stored + grid + buffers + rows))
 }
 
 pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Result<usize> {
@@ -183,7 +235,7 @@ pub fn plan_with_states(
     budget: Option<u64>,
     states: usize,
 ) -> Result<MemoryPlan> {
-    plan_inputs(container, context, budget, None, states)
+    plan_inputs(container, context, budget, None, states, 0)
 }
 
 /// As [`plan`], with the usable RAM given (`None`: this machine's).
@@ -193,7 +245,7 @@ pub fn plan_for_ram(
     budget: Option<u64>,
     usable_ram: Option<u64>,
 ) -> Result<MemoryPlan> {
-    plan_inputs(container, context, budget, usable_ram, 1)
+    plan_inputs(container, context, budget, usable_ram, 1, 0)
 }
 
 fn plan_inputs(
@@ -202,6 +254,7 @@ fn plan_inputs(
     budget: Option<u64>,
     usable_ram: Option<u64>,
     states: usize,
+    vision: u64,
 ) -> Result<MemoryPlan> {
     let cfg = container.config();
     let context = resolve_context(cfg, context)?;
@@ -216,6 +269,7 @@ fn plan_inputs(
         embedding_on_disk: on_disk_trunk_bytes(cfg, m),
         state: state_bytes(cfg, context) * states.max(1) as u64,
         scratch: scratch_bytes(cfg, context),
+        vision,
         record_bytes: record,
         top_k: cfg.top_k,
         moe_layers,
@@ -234,6 +288,7 @@ pub struct PlanInput {
     /// Every session state held (one, or more with a prefix cache).
     pub state: u64,
     pub scratch: u64,
+    pub vision: u64,
     pub record_bytes: u64,
     pub top_k: usize,
     pub moe_layers: usize,
@@ -244,7 +299,7 @@ pub struct PlanInput {
 
 pub fn plan_from(i: PlanInput) -> Result<MemoryPlan> {
     let record = i.record_bytes.max(1);
-    let fixed = i.trunk + i.state + i.scratch;
+    let fixed = i.trunk + i.state + i.scratch + i.vision;
     let min_cache = 2 * i.top_k as u64 * record;
     let floor = fixed + min_cache;
     let working_set = i.top_k as u64 * record * i.moe_layers as u64;
@@ -256,10 +311,11 @@ pub fn plan_from(i: PlanInput) -> Result<MemoryPlan> {
                     budget: b,
                     floor,
                     detail: format!(
-                        "trunk {}, state {}, scratch {}, minimum expert cache {}",
+                        "trunk {}, state {}, scratch {}, {}minimum expert cache {}",
                         fmt_bytes(i.trunk),
                         fmt_bytes(i.state),
                         fmt_bytes(i.scratch),
+                        if i.vision > 0 { format!("vision tower {}, ", fmt_bytes(i.vision)) } else { String::new() },
                         fmt_bytes(min_cache)
                     ),
                 });
@@ -284,6 +340,7 @@ pub fn plan_from(i: PlanInput) -> Result<MemoryPlan> {
         embedding_on_disk: i.embedding_on_disk,
         state: i.state,
         scratch: i.scratch,
+        vision: i.vision,
         record_bytes: i.record_bytes,
         top_k: i.top_k,
         moe_layers: i.moe_layers,
@@ -326,6 +383,7 @@ mod tests {
             embedding_on_disk: 1000,
             state: 20,
             scratch: 30,
+            vision: 0,
             record_bytes: 10,
             top_k: 2,
             moe_layers: 4,

@@ -3,7 +3,7 @@
 //! Face checkpoint (the oracle tests) and on a converted container; the
 //! routed experts come through `model::experts::ExpertProvider`.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::quant::QMatrix;
 
 /// The dense trunk, looked up by the checkpoint's own tensor names.
@@ -14,6 +14,21 @@ pub trait TensorSource {
     /// A 1-D f32 tensor (norm weights, biases, router bias).
     fn vector(&self, name: &str) -> Result<Vec<f32>>;
     fn has(&self, name: &str) -> bool;
+    /// A tensor of any rank read as a `[rows, cols]` matrix in its row-major
+    /// order: a conv kernel `[D, 3, 14, 14]` as `[D, 588]`, a position grid
+    /// `[64, 64, D]` as `[4096, D]`. Sources that store it flattened already
+    /// (containers) need only `matrix`.
+    fn matrix_view(&self, name: &str, rows: usize, cols: usize) -> Result<QMatrix> {
+        let m = self.matrix(name)?;
+        if (m.rows(), m.cols()) != (rows, cols) {
+            return Err(Error::Runtime(format!(
+                "weight `{name}` is [{}, {}], expected [{rows}, {cols}]",
+                m.rows(),
+                m.cols()
+            )));
+        }
+        Ok(m)
+    }
     /// The rows of a stored matrix, read on demand from where the source
     /// keeps them (a container's trunk file), for a table the model leaves
     /// on disk; `None` when the source can only hand out whole matrices.

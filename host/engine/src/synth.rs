@@ -13,7 +13,7 @@ use waste_platform::FileExt;
 
 use rayon::prelude::*;
 
-use crate::config::{ModelConfig, TensorRole};
+use crate::config::ModelConfig;
 use crate::container::checksum::{self, Crc32};
 use crate::container::manifest::{
     align_up, record, CodebookEntry, ExpertBankEntry, ExpertIndex, Manifest, TensorEntry, TrunkIndex, CODEBOOK_FILE,
@@ -285,16 +285,6 @@ fn write_codebooks(
     })
 }
 
-/// As the converter: embeddings and LM head 8-bit, vectors and routers f32.
-fn trunk_format_for(role: TensorRole, trunk: TrunkFormat) -> TrunkFormat {
-    match (role, trunk) {
-        (_, TrunkFormat::F32) => TrunkFormat::F32,
-        (TensorRole::Embedding | TensorRole::LmHead, _) => TrunkFormat::Q8,
-        (TensorRole::Vector | TensorRole::Router, _) => TrunkFormat::F32,
-        (TensorRole::Matrix, fmt) => fmt,
-    }
-}
-
 /// Byte ranges of the f16 scale blocks inside an expert payload (gate, up,
 /// down; see the layouts in `quant`).
 fn scale_blocks(fmt: ExpertFormat, shape: ExpertShape) -> Vec<std::ops::Range<usize>> {
@@ -527,7 +517,7 @@ fn synth_config_as(
         };
         let (fmt, rows, cols) = match shape.as_slice() {
             [n] => (TrunkFormat::F32, 1, *n),
-            [r, c] => (trunk_format_for(cfg.tensor_role(&name), options.trunk), *r, *c),
+            [r, c] => (cfg.tensor_role(&name).trunk_format(options.trunk), *r, *c),
             _ => return Err(Error::Runtime(format!("tensor {name} has shape {shape:?}"))),
         };
         offset = align_up(offset, TENSOR_ALIGN);

@@ -12,6 +12,7 @@
 
 use serde_json::{Map, Value};
 
+use super::k3_vision::{self, VisionConfig};
 use super::{kimi, AttnKind, ModelConfig, Reader, MAX_HIDDEN, MAX_INTER, MAX_LAYERS, MAX_VOCAB};
 use crate::error::{Error, Result};
 use crate::quant::Activation;
@@ -35,6 +36,8 @@ pub struct K3Params {
     pub kda_full_rank_gate: bool,
     /// `mla_use_output_gate`: `sigmoid(g_proj x)` before `o_proj`.
     pub mla_output_gate: bool,
+    /// `vision_config`: the image tower, when the release has one.
+    pub vision: Option<VisionConfig>,
 }
 
 fn unsupported(r: &Reader<'_>, key: &str, what: impl std::fmt::Display) -> Error {
@@ -87,7 +90,7 @@ pub(super) fn parse(r: &Reader<'_>) -> Result<ModelConfig> {
         }
         full_rank = l.bool_opt("use_full_rank_gate")?.unwrap_or(false);
     }
-    let k3 = K3Params {
+    let mut k3 = K3Params {
         attn_res_block,
         activation,
         latent,
@@ -95,6 +98,7 @@ pub(super) fn parse(r: &Reader<'_>) -> Result<ModelConfig> {
         kda_gate_lower_bound: lower_bound,
         kda_full_rank_gate: full_rank,
         mla_output_gate: t.bool_opt("mla_use_output_gate")?.unwrap_or(false),
+        vision: None,
     };
 
     // The Kimi-Linear reader refuses what it does not run; K3 runs these.
@@ -142,6 +146,7 @@ pub(super) fn parse(r: &Reader<'_>) -> Result<ModelConfig> {
     if cfg.eos_token_ids.is_empty() {
         cfg.eos_token_ids = r.token_ids("eos_token_id")?;
     }
+    k3.vision = k3_vision::parse(r, cfg.hidden_size)?;
     cfg.k3 = Some(k3);
     Ok(cfg)
 }
@@ -232,6 +237,10 @@ pub(super) fn trunk_tensor_names(cfg: &ModelConfig, k: &K3Params) -> Vec<String>
     if !cfg.tie_word_embeddings {
         names.push("lm_head.weight".to_string());
     }
+    // The tower is stored with the trunk but read only for an image.
+    if let Some(v) = &k.vision {
+        names.extend(v.tensor_shapes().into_iter().map(|(n, _)| n));
+    }
     names
 }
 
@@ -242,6 +251,9 @@ pub(super) fn trunk_tensor_names(cfg: &ModelConfig, k: &K3Params) -> Vec<String>
 /// that the rest are zero.
 pub(super) fn tensor_shape(cfg: &ModelConfig, k: &K3Params, name: &str) -> Option<Option<Vec<usize>>> {
     let h = cfg.hidden_size;
+    if let (Some(v), true) = (&k.vision, super::is_vision_tensor(name)) {
+        return Some(v.tensor_shapes().into_iter().find(|(n, _)| n == name).map(|(_, s)| s));
+    }
     if let Some(rest) = name.strip_prefix("model.") {
         if rest == "output_attn_res_proj.weight" || rest == "output_attn_res_norm.weight" {
             return Some(Some(vec![h]));

@@ -8,8 +8,16 @@ impl ModelConfig {
     /// shape is 1-D (a conv kernel `[C, 1, K]`, `A_log` `[1, 1, H, 1]`) is
     /// flattened to it when the element counts agree; anything else is kept.
     pub fn canonical_shape(&self, name: &str, stored: &[usize]) -> Vec<usize> {
+        // A vector stored `[1, H]`, or a conv kernel / position grid read as
+        // the matrix it is row-major (K3's vision tower).
         match self.trunk_tensor_shape(name) {
-            Some(want) if want.len() == 1 && stored.len() > 1 && stored.iter().product::<usize>() == want[0] => want,
+            Some(want)
+                if want.len() < stored.len()
+                    && want.len() <= 2
+                    && stored.iter().product::<usize>() == want.iter().product::<usize>() =>
+            {
+                want
+            }
             _ => stored.to_vec(),
         }
     }
@@ -57,6 +65,12 @@ impl ModelConfig {
     }
 
     pub fn tensor_role(&self, name: &str) -> TensorRole {
+        if super::is_vision_tensor(name) {
+            return match self.trunk_tensor_shape(name) {
+                Some(s) if s.len() == 2 => TensorRole::Vision,
+                _ => TensorRole::Vector,
+            };
+        }
         if name == "model.embed_tokens.weight" {
             TensorRole::Embedding
         } else if name == "lm_head.weight" {

@@ -40,7 +40,7 @@ use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use crate::checkpoint::{HfCheckpoint, OpenCheckpoint};
-use crate::config::{ModelConfig, TensorRole};
+use crate::config::ModelConfig;
 use crate::container::manifest::{
     align_up, record, ExpertBankEntry, ExpertIndex, Manifest, TrunkIndex, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
     RECORD_ALIGN, TRUNK_FILE,
@@ -52,7 +52,8 @@ use files::write_atomic;
 pub use reclaim::{ShardLedger, Unit};
 pub use verify::{check_limits, max_relative_error, verify, MatrixError};
 
-/// Files copied verbatim so a container is self-contained.
+/// Files copied verbatim so a container is self-contained (with Kimi K3's
+/// image processor settings).
 const TOKENIZER_FILES: &[&str] = &[
     "tokenizer.json",
     "tokenizer_config.json",
@@ -60,6 +61,7 @@ const TOKENIZER_FILES: &[&str] = &[
     "chat_template.jinja",
     "tokenizer.model",
     "tiktoken.model",
+    crate::vision::preprocess::PREPROCESSOR_FILE,
 ];
 
 /// Marks a directory as a conversion in progress (removed at the end).
@@ -489,17 +491,6 @@ fn remove_stale(dir: &Path, banks: &[ExpertBankEntry]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Embeddings and the LM head stay 8-bit even under a 4-bit trunk: they are
-/// read per token (embedding) or decide every token (head).
-fn trunk_format_for(role: TensorRole, trunk: TrunkFormat) -> TrunkFormat {
-    match (role, trunk) {
-        (_, TrunkFormat::F32) => TrunkFormat::F32,
-        (TensorRole::Embedding | TensorRole::LmHead, _) => TrunkFormat::Q8,
-        (TensorRole::Vector | TensorRole::Router, _) => TrunkFormat::F32,
-        (TensorRole::Matrix, fmt) => fmt,
-    }
 }
 
 fn side_json(ckpt: &HfCheckpoint, name: &str) -> Result<Option<serde_json::Value>> {

@@ -9,7 +9,6 @@ use std::path::Path;
 use waste_platform::FileExt;
 
 use super::files::{sidecar_path, tmp_path, valid_sidecar, write_sidecar, Sidecar};
-use super::trunk_format_for;
 use crate::checkpoint::HfCheckpoint;
 use crate::config::ModelConfig;
 use crate::container::checksum::{self, Crc32};
@@ -92,7 +91,7 @@ fn write_tensor(
             (TrunkFormat::F32, bytes.len() as u64, checksum::crc32(&bytes))
         }
         [rows, cols] => {
-            let fmt = trunk_format_for(cfg.tensor_role(name), trunk);
+            let fmt = cfg.tensor_role(name).trunk_format(trunk);
             let (g, row_bytes) = match fmt {
                 TrunkFormat::F32 => (0, 4 * cols),
                 TrunkFormat::Q8 => (cols.div_ceil(GROUP), cols),
@@ -100,13 +99,20 @@ fn write_tensor(
             };
             let data_at = (rows * g * 2) as u64;
             let step = (slice_values / cols.max(1)).max(1);
+            // A tensor stored with more dimensions than the matrix it is
+            // read as (K3's conv kernel and position grid, tens of MB) is
+            // decoded whole; rows_f32 slices stored matrices only.
+            let whole = if stored.len() == 2 { None } else { Some(ckpt.tensor_f32(name)?.0) };
             // The scale block precedes the data block: each hashed in row
             // order, then joined.
             let (mut scales_crc, mut data_crc) = (Crc32::new(), Crc32::new());
             let mut r0 = 0;
             while r0 < rows {
                 let n = step.min(rows - r0);
-                let w = ckpt.rows_f32(name, r0, n)?;
+                let w = match &whole {
+                    Some(all) => all[r0 * cols..(r0 + n) * cols].to_vec(),
+                    None => ckpt.rows_f32(name, r0, n)?,
+                };
                 let q = quant::quantize_trunk(fmt, &w, n, cols);
                 let (scales, data) = q.split_at(n * g * 2);
                 put((r0 * g * 2) as u64, scales)?;

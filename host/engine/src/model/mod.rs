@@ -465,10 +465,25 @@ impl Transformer {
         all_positions: bool,
         stats: &mut StepStats,
     ) -> Result<Vec<f32>> {
+        self.forward_spliced(state, tokens, Splice::default(), experts, all_positions, stats)
+    }
+
+    /// `forward` with the input rows of some tokens given instead of their
+    /// embeddings (Kimi K3's image rows at its placeholder tokens).
+    pub fn forward_spliced(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        splice: Splice<'_>,
+        experts: &dyn ExpertProvider,
+        all_positions: bool,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         if tokens.is_empty() {
             return Err(Error::Arg("forward needs at least one token".into()));
         }
+        splice.check(tokens.len(), cfg.hidden_size)?;
         if state.shape != state_shape(cfg) || state.kv_dim != cfg.kv_dim() {
             return Err(Error::Arg("the state was created for a different model".into()));
         }
@@ -488,7 +503,7 @@ impl Transformer {
                 state.context
             )));
         }
-        let result = self.forward_tokens(state, tokens, experts, all_positions, stats);
+        let result = self.forward_tokens(state, tokens, splice, experts, all_positions, stats);
         if result.is_err() {
             state.position = start;
             state.poisoned = self.cfg.has_unrewindable_state();
@@ -496,18 +511,24 @@ impl Transformer {
         result
     }
 
-    /// The embedding row of `tok` into the residual `x`: into each of
-    /// V4's streams (`inputs_embeds.unsqueeze(2).expand(.., hc_mult, ..)`).
-    fn embed(&self, tok: u32, x: &mut [f32], stats: &mut StepStats) -> Result<()> {
+    /// The embedding row of `tok`, or the spliced row given for it, into
+    /// the residual `x`: into each of V4's streams
+    /// (`inputs_embeds.unsqueeze(2).expand(.., hc_mult, ..)`).
+    fn embed(&self, tok: u32, spliced: Option<&[f32]>, x: &mut [f32], stats: &mut StepStats) -> Result<()> {
         let h = self.cfg.hidden_size;
         let (first, rest) = x.split_at_mut(h);
-        self.embed_tokens.row(tok as usize, first)?;
-        check_finite(first, || format!("the embedding row of token {tok}"), usize::MAX)?;
+        match spliced {
+            Some(row) => first.copy_from_slice(row),
+            None => {
+                self.embed_tokens.row(tok as usize, first)?;
+                check_finite(first, || format!("the embedding row of token {tok}"), usize::MAX)?;
+                if self.embed_tokens.resident().is_none() {
+                    stats.embedding_rows_read += 1;
+                }
+            }
+        }
         for stream in rest.chunks_exact_mut(h) {
             stream.copy_from_slice(first);
-        }
-        if self.embed_tokens.resident().is_none() {
-            stats.embedding_rows_read += 1;
         }
         Ok(())
     }
@@ -641,12 +662,13 @@ impl Transformer {
         &self,
         state: &mut State,
         tokens: &[u32],
+        splice: Splice<'_>,
         experts: &dyn ExpertProvider,
         all_positions: bool,
         stats: &mut StepStats,
     ) -> Result<Vec<f32>> {
         if tokens.len() > 1 && self.prefill_chunk > 1 {
-            return self.forward_chunked(state, tokens, experts, all_positions, stats);
+            return self.forward_chunked(state, tokens, splice, experts, all_positions, stats);
         }
         let cfg = &self.cfg;
         let v = cfg.vocab_size;
@@ -660,7 +682,7 @@ impl Transformer {
 
         for (i, &tok) in tokens.iter().enumerate() {
             let pos = state.position;
-            self.embed(tok, &mut s.x, stats)?;
+            self.embed(tok, splice.row(i, cfg.hidden_size), &mut s.x, stats)?;
             s.bank.clear();
             for (l, layer) in self.layers.iter().enumerate() {
                 self.mixer_step(
@@ -714,6 +736,37 @@ impl Transformer {
             }
         }
         Ok(logits)
+    }
+}
+
+/// Input rows that replace the embeddings of some of a forward call's
+/// tokens: Kimi K3's image rows at its placeholder tokens
+/// (`vision::expand_placeholders` gives both).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Splice<'a> {
+    /// Indices into the call's tokens, strictly ascending.
+    pub at: &'a [usize],
+    /// `[at.len(), hidden]`, in the order of `at`.
+    pub rows: &'a [f32],
+}
+
+impl Splice<'_> {
+    fn check(&self, tokens: usize, hidden: usize) -> Result<()> {
+        if self.rows.len() != self.at.len() * hidden {
+            return Err(Error::Arg(format!(
+                "{} spliced values for {} rows of width {hidden}",
+                self.rows.len(),
+                self.at.len()
+            )));
+        }
+        if self.at.windows(2).any(|w| w[0] >= w[1]) || self.at.last().is_some_and(|&i| i >= tokens) {
+            return Err(Error::Arg(format!("spliced rows must go to ascending positions among the {tokens} tokens")));
+        }
+        check_finite(self.rows, || "a spliced input row".into(), usize::MAX)
+    }
+
+    fn row(&self, i: usize, hidden: usize) -> Option<&[f32]> {
+        self.at.binary_search(&i).ok().map(|k| &self.rows[k * hidden..(k + 1) * hidden])
     }
 }
 

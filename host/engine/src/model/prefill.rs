@@ -19,7 +19,7 @@ use super::dsa::Selection;
 use super::experts::ExpertProvider;
 use super::ops::add_in_place;
 use super::v4::hyper::Coef;
-use super::{FeedForward, Scratch, State, Transformer};
+use super::{FeedForward, Scratch, Splice, State, Transformer};
 
 /// Tokens per prefill chunk unless the caller chooses (1 = token at a time).
 pub const DEFAULT_PREFILL_CHUNK: usize = 64;
@@ -104,6 +104,7 @@ impl Transformer {
         &self,
         state: &mut State,
         tokens: &[u32],
+        splice: Splice<'_>,
         experts: &dyn ExpertProvider,
         all_positions: bool,
         stats: &mut StepStats,
@@ -116,7 +117,7 @@ impl Transformer {
         let n_out = if all_positions { tokens.len() } else { 1 };
         let mut logits = vec![0.0f32; n_out * v];
         for (ci, toks) in tokens.chunks(size).enumerate() {
-            self.forward_chunk(state, toks, experts, &mut s, &mut c, stats)?;
+            self.forward_chunk(state, toks, (splice, ci * size), experts, &mut s, &mut c, stats)?;
             for i in 0..toks.len() {
                 let g = ci * size + i;
                 if all_positions || g + 1 == tokens.len() {
@@ -137,11 +138,14 @@ impl Transformer {
     }
 
     /// Runs `toks` through every layer and advances the state past them;
-    /// each token's final hidden state is left in `c.x`.
+    /// each token's final hidden state is left in `c.x`. `splice` indexes
+    /// the whole call's tokens, of which `toks` start at `first`.
+    #[allow(clippy::too_many_arguments)]
     fn forward_chunk(
         &self,
         state: &mut State,
         toks: &[u32],
+        (splice, first): (Splice<'_>, usize),
         experts: &dyn ExpertProvider,
         s: &mut Scratch,
         c: &mut Chunk,
@@ -155,7 +159,7 @@ impl Transformer {
         let (banks, picks, selections) = (&mut banks[..n], &mut picks[..n], &mut selections[..n]);
         let coefs = &mut coefs[..n];
         for (i, &tok) in toks.iter().enumerate() {
-            self.embed(tok, &mut x[i * rw..(i + 1) * rw], stats)?;
+            self.embed(tok, splice.row(first + i, h), &mut x[i * rw..(i + 1) * rw], stats)?;
             banks[i].clear();
         }
         for (l, layer) in self.layers.iter().enumerate() {

@@ -32,6 +32,96 @@ pub struct Chessboard {
     pub gray: u8,
 }
 
+/// The release's file of processor settings, copied into a container.
+pub const PREPROCESSOR_FILE: &str = "preprocessor_config.json";
+
+impl PreprocessConfig {
+    /// `media_proc_cfg` of preprocessor_config.json (`path` names the file
+    /// in errors). Keys it lacks keep the release's values; settings this
+    /// pipeline does not implement (a fixed token count, a fill stage other
+    /// than after the resize, a background other than the chessboard) are
+    /// refused by name.
+    pub fn from_json(v: &serde_json::Value, path: &std::path::Path) -> Result<PreprocessConfig> {
+        let bad = |key: &str, msg: String| Error::format(path, format!("media_proc_cfg.{key}: {msg}"));
+        let cfg = v.get("media_proc_cfg").unwrap_or(v);
+        let mut out = PreprocessConfig::default();
+        let size = |key: &str, max: usize| -> Result<Option<usize>> {
+            match cfg.get(key).filter(|x| !x.is_null()) {
+                None => Ok(None),
+                Some(x) => match x.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                    Some(n) if (1..=max).contains(&n) => Ok(Some(n)),
+                    _ => Err(bad(key, format!("{x} is not an integer in 1..={max}"))),
+                },
+            }
+        };
+        if let Some(p) = size("patch_size", 64)? {
+            out.patch_size = p;
+        }
+        if let Some(m) = size("merge_kernel_size", 8)? {
+            out.merge_kernel_size = m;
+        }
+        if let Some(l) = size("in_patch_limit", 1 << 20)? {
+            out.in_patch_limit = l;
+        }
+        if let Some(s) = size("patch_limit_on_one_side", 4096)? {
+            out.patch_limit_on_one_side = s;
+        }
+        if cfg.get("fixed_output_tokens").is_some_and(|x| !x.is_null()) {
+            return Err(bad(
+                "fixed_output_tokens",
+                "a fixed token count is not supported (the release has null)".into(),
+            ));
+        }
+        for (key, dst) in [("image_mean", &mut out.image_mean), ("image_std", &mut out.image_std)] {
+            if let Some(x) = cfg.get(key).filter(|x| !x.is_null()) {
+                let vals: Option<Vec<f32>> =
+                    x.as_array().map(|a| a.iter().filter_map(|v| v.as_f64()).map(|f| f as f32).collect());
+                match vals.as_deref() {
+                    Some(&[a, b, c]) if [a, b, c].iter().all(|v| v.is_finite()) => *dst = [a, b, c],
+                    _ => return Err(bad(key, format!("{x} is not three numbers"))),
+                }
+            }
+        }
+        if out.image_std.contains(&0.0) {
+            return Err(bad("image_std", "a zero standard deviation".into()));
+        }
+        if let Some(stage) = cfg.get("transparent_bg_fill_stage").and_then(|x| x.as_str()) {
+            if stage != "after_resize" {
+                return Err(bad("transparent_bg_fill_stage", format!("`{stage}` (after_resize only)")));
+            }
+        }
+        if let Some(bg) = cfg.get("transparent_bg_config").filter(|x| !x.is_null()) {
+            if bg.get("type").and_then(|t| t.as_str()).is_some_and(|t| t != "chessboard")
+                || bg.get("on_top_left").and_then(|t| t.as_bool()) == Some(false)
+            {
+                return Err(bad(
+                    "transparent_bg_config",
+                    format!("{bg} (a chessboard with a white top-left square only)"),
+                ));
+            }
+            let byte = |k: &str, d: u8| -> Result<u8> {
+                match bg.get(k) {
+                    None => Ok(d),
+                    Some(x) => x
+                        .as_u64()
+                        .and_then(|n| u8::try_from(n).ok())
+                        .ok_or_else(|| bad("transparent_bg_config", format!("{k}: {x} is not 0..=255"))),
+                }
+            };
+            out.chessboard.white = byte("white", out.chessboard.white)?;
+            out.chessboard.gray = byte("gray", out.chessboard.gray)?;
+            if let Some(sq) = bg.get("square") {
+                out.chessboard.square = sq
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|&n| (1..=4096).contains(&n))
+                    .ok_or_else(|| bad("transparent_bg_config", format!("square: {sq}")))?;
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl Default for PreprocessConfig {
     /// The release's values.
     fn default() -> Self {

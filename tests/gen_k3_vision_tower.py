@@ -315,6 +315,17 @@ def main():
         cur = torch.cat([cur, wt64["model.embed_tokens.weight"][t].unsqueeze(0)])
     tf_checks = check_against_transformers(wv)
 
+    # The CLI's layout (`waste run --image A --image B -p TEXT`): every image
+    # before the text, as the release's own CLI puts them.
+    cli_text = "Which one is taller?"
+    cli_ids = tok.encode(markup("a") + markup("b")).ids + tok.encode(cli_text).ids
+    cli_cont, cur = [], expand(wt64["model.embed_tokens.weight"], cli_ids, [feats64[n] for n in IMAGES])
+    for _ in range(GREEDY):
+        t = int(torch.argmax(k3.forward_embeds(wt64, cur)[-1]))
+        cli_cont.append(t)
+        cur = torch.cat([cur, wt64["model.embed_tokens.weight"][t].unsqueeze(0)])
+    cli_top1_gap = k3.top1_gap(k3.forward_embeds(wt64, cur)[:-1])
+
     if OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
@@ -357,6 +368,10 @@ def main():
         "logits_note": "every position of the prompt after each pad is replaced by its image's rows",
         "greedy_ids": cont,
         "greedy_note": "each step a full forward over the expanded prompt + tokens so far (no cache)",
+        "cli": {"images": ["image_a.png", "image_b.png"], "text": cli_text, "prompt_ids": cli_ids,
+                "greedy_ids": cli_cont, "greedy_text": tok.decode(cli_cont),
+                "min_top1_gap": cli_top1_gap,
+                "note": "both images' markup before the text; greedy from the float64 reference"},
         "min_router_gap": rgap,
         "min_top1_gap": tgap,
         "f32_vs_f64_max_abs_feature_diff": feat_diff,

@@ -10,7 +10,7 @@ use serde_json::json;
 use waste_host::GenerateParams;
 
 use crate::errors::usage;
-use crate::input::{encode, read_prompt};
+use crate::input::{attach_images, encode, read_prompt};
 use crate::open::{open, sampler_plugin, ModelArgs};
 use crate::output;
 use crate::output::outln;
@@ -53,6 +53,11 @@ pub struct RunArgs {
     /// Encode the prompt as template markup (special-token strings become control tokens).
     #[arg(long)]
     pub markup: bool,
+    /// An image for the prompt (repeatable; PNG, JPEG, WebP or a GIF's
+    /// first frame): through the model's vision tower (Kimi K3), placed
+    /// before the prompt text.
+    #[arg(long = "image", value_name = "FILE")]
+    pub images: Vec<PathBuf>,
     /// Write the routing of every token run on its own (decode, single-token
     /// prompt steps) to FILE as JSON lines, the trace `waste bench
     /// --route-trace` replays: `{"tok": i, "layers": [[experts], ...]}`.
@@ -78,6 +83,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     if let (Some(bos), 0) = (session.model().info().bos_token, session.tokens().len()) {
         tokens.push(bos);
     }
+    tokens.extend(attach_images(&mut session, &a.images)?);
     tokens.extend(encode(&mut session, &prompt, a.markup)?);
     if tokens.is_empty() {
         bail!(usage("the prompt encodes to no tokens"));

@@ -36,6 +36,26 @@ pub fn encode(session: &mut Session, text: &str, markup: bool) -> Result<Vec<u32
     Ok(tokens)
 }
 
+/// The largest image file taken; its pixels are bounded again when decoded.
+const MAX_IMAGE_FILE_BYTES: u64 = 256 << 20;
+
+/// Attaches each image file to the session (through the model's vision
+/// tower) and returns the markup tokens that stand for them, in order: the
+/// images go before the text, as the release's own CLI puts them.
+pub fn attach_images(session: &mut Session, paths: &[std::path::PathBuf]) -> Result<Vec<u32>> {
+    let mut markup = String::new();
+    for path in paths {
+        let bytes = waste_host::files::read_file(path, MAX_IMAGE_FILE_BYTES)
+            .with_context(|| format!("reading the image {}", path.display()))?;
+        let image = session.attach_image(&bytes).with_context(|| format!("the image {}", path.display()))?;
+        markup.push_str(&image.markup());
+    }
+    if markup.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(session.tokenize_markup(&markup)?)
+}
+
 /// The largest `--file` prompt: far past any context, well under RAM.
 const MAX_PROMPT_FILE_BYTES: u64 = 64 << 20;
 

@@ -18,8 +18,11 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::bindings::{engine::Engine as EngineBindings, wit_model as wit, wit_step_stats};
 use crate::params::TokenEvent;
+use std::collections::VecDeque;
 use waste_engine::model::state_io::Transcript;
-use waste_engine::model::State;
+use waste_engine::model::{Splice, State};
+use waste_engine::vision::expand_placeholders;
+use waste_engine::vision::images::ImageRows;
 use waste_engine::{Error, Model, StepStats};
 
 /// The guest's embedded bytes, built from guest/ by build.rs.
@@ -49,16 +52,46 @@ pub(crate) struct ModelSlot {
     pub model: Arc<Model>,
     pub state: State,
     pub transcript: Transcript,
+    /// Images attached for the next evaluations, in prompt order: the
+    /// placeholder tokens of `forward`'s `tokens` take them one each.
+    pub images: VecDeque<Arc<ImageRows>>,
 }
 
 impl ModelSlot {
+    pub fn new(model: Arc<Model>, state: State) -> ModelSlot {
+        ModelSlot { model, state, transcript: Transcript::default(), images: VecDeque::new() }
+    }
+
     /// Evaluates the held token (if any) and `tokens`; returns the logits of
-    /// the last position, or of each of `tokens` with `all_positions`.
+    /// the last position, or of each of `tokens` with `all_positions`. Each
+    /// image placeholder among `tokens` is replaced by the next attached
+    /// image's rows (and its logits by theirs): the state and transcript
+    /// advance by the expanded length.
     pub fn forward(&mut self, tokens: &[u32], all_positions: bool) -> waste_engine::Result<(Vec<f32>, StepStats)> {
-        let fed = self.transcript.feed(tokens);
-        let (mut logits, stats) = self.model.forward(&mut self.state, &fed, all_positions)?;
+        let held = self.transcript.pending().is_some();
+        let placeholder = self.model.vision().map(|v| v.placeholder);
+        let wanted = placeholder.map_or(0, |p| tokens.iter().filter(|&&t| t == p).count());
+        let (fed, at, rows) = match placeholder {
+            Some(p) if wanted > 0 => {
+                if self.images.len() < wanted {
+                    return Err(Error::Arg(format!(
+                        "the prompt has {wanted} image placeholders but {} images are attached",
+                        self.images.len()
+                    )));
+                }
+                let counts: Vec<usize> = self.images.iter().take(wanted).map(|i| i.tokens).collect();
+                let (expanded, at) = expand_placeholders(tokens, p, &counts)?;
+                let fed = self.transcript.feed(&expanded);
+                let rows: Vec<f32> = self.images.iter().take(wanted).flat_map(|i| i.rows.iter().copied()).collect();
+                (fed, at.into_iter().map(|i| i + held as usize).collect(), rows)
+            }
+            _ => (self.transcript.feed(tokens), Vec::new(), Vec::new()),
+        };
+        let splice = Splice { at: &at, rows: &rows };
+        let (mut logits, stats) = self.model.forward_spliced(&mut self.state, &fed, splice, all_positions)?;
+        self.images.drain(..wanted);
         self.transcript.committed(&fed);
-        if all_positions && fed.len() > tokens.len() {
+        if all_positions && held {
             // The held token's row is not one the caller asked for.
             logits.drain(..logits.len() / fed.len());
         }
@@ -68,6 +101,7 @@ impl ModelSlot {
     pub fn reset(&mut self) {
         self.state.reset();
         self.transcript.clear();
+        self.images.clear();
     }
 }
 

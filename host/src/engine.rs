@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use crate::component::{CompiledGuest, HostState, ModelSlot};
 use crate::session::Session;
-use waste_engine::model::state_io::Transcript;
 use waste_engine::{Error, Model, Result};
 
 /// The compiled control component. Create one per process and start any
@@ -37,7 +36,7 @@ impl Engine {
     /// A session on `model`: its own component instance and its own state.
     pub fn session(&self, model: Arc<Model>) -> Result<Session> {
         let state = model.new_state();
-        let slot = ModelSlot { model, state, transcript: Transcript::default() };
+        let slot = ModelSlot::new(model, state);
         let (store, bindings, instantiate_time) =
             self.guest.instantiate(HostState::new(Some(slot))).map_err(|(_, e)| e)?;
         Ok(Session::new(self.guest.clone(), store, bindings, instantiate_time))

@@ -33,7 +33,7 @@ pub use params::{
     check_template_vars, ChatMessage, Completion, Constraint, GenerateParams, StopReason, TokenEvent, TokenStats,
     MAX_CONSTRAINT_BYTES, RESERVED_TEMPLATE_VARS,
 };
-pub use session::{Session, Snapshot};
+pub use session::{AttachedImage, Session, Snapshot};
 
 // The engine below, as the front ends use it.
 pub use waste_engine::{

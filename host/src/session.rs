@@ -73,9 +73,27 @@ impl Session {
         self.slot().state.position()
     }
 
-    /// Forgets the conversation (position 0).
+    /// Forgets the conversation (position 0) and any attached image.
     pub fn reset(&mut self) {
         self.slot_mut().reset();
+    }
+
+    /// Attaches an image file's bytes (PNG, JPEG, WebP, GIF) for the next
+    /// evaluations: decoded, preprocessed and run through the model's
+    /// vision tower now; the next image placeholder token of an evaluated
+    /// prompt takes it (in attachment order). Put
+    /// [`AttachedImage::markup`] in the prompt where the image belongs.
+    pub fn attach_image(&mut self, bytes: &[u8]) -> Result<AttachedImage> {
+        let slot = self.slot_mut();
+        let rows = slot.model.encode_image(bytes)?;
+        let attached = AttachedImage { width: rows.width, height: rows.height, tokens: rows.tokens };
+        slot.images.push_back(Arc::new(rows));
+        Ok(attached)
+    }
+
+    /// Images attached and not yet taken by a placeholder.
+    pub fn pending_images(&self) -> usize {
+        self.slot().images.len()
     }
 
     /// The conversation's state and tokens as they are now, to resume from
@@ -85,7 +103,8 @@ impl Session {
         let slot = self.slot();
         let mut transcript = slot.transcript.clone();
         transcript.truncate(slot.state.position());
-        Snapshot { state: slot.state.clone(), transcript }
+        let placeholder = slot.model.vision().map(|v| v.placeholder);
+        Snapshot { state: slot.state.clone(), transcript, placeholder }
     }
 
     /// Continues from `snapshot` cut back to its first `keep` tokens (cut
@@ -333,6 +352,26 @@ impl Session {
 pub struct Snapshot {
     state: waste_engine::model::State,
     transcript: waste_engine::model::state_io::Transcript,
+    /// The image placeholder token: positions from the first one on hold
+    /// an image's rows, which equal tokens do not identify.
+    placeholder: Option<u32>,
+}
+
+/// An image attached to a session ([`Session::attach_image`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachedImage {
+    /// The size the file declares.
+    pub width: usize,
+    pub height: usize,
+    /// Prompt positions its rows take.
+    pub tokens: usize,
+}
+
+impl AttachedImage {
+    /// The prompt text that stands for the image (special tokens).
+    pub fn markup(&self) -> String {
+        waste_engine::vision::image_markup(self.width, self.height)
+    }
 }
 
 impl Snapshot {
@@ -345,10 +384,11 @@ impl Snapshot {
     /// snapshot, leaving at least one to evaluate (its logits start the
     /// answer): the common prefix when the state can be rewound
     /// (`rewindable`), else all of the snapshot when it is a prefix of
-    /// `prompt`, else none.
+    /// `prompt`, else none. Never past an image placeholder: the rows an
+    /// image left in the state are not named by its tokens.
     pub fn usable_prefix(&self, prompt: &[u32], rewindable: bool) -> usize {
         let mine = self.tokens();
-        let common = mine.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let common = mine.iter().zip(prompt).take_while(|(a, b)| a == b && Some(**a) != self.placeholder).count();
         let common = common.min(prompt.len().saturating_sub(1));
         if rewindable || common == mine.len() {
             common

@@ -251,3 +251,90 @@ fn plan_counts_the_vision_tower_only_when_asked() {
     let err = stderr(&o);
     assert!(err.contains("no vision tower") && err.trim().lines().count() == 1, "{err}");
 }
+
+/// `waste run --image A --image B -p TEXT` puts both images before the
+/// text and decodes the reference's greedy tokens (an f32 container, so
+/// the comparison is exact); a text-only model refuses `--image` in one
+/// line.
+#[test]
+fn waste_run_answers_from_images_given_with_image() {
+    let tmp = TempDir::new("k3-vision-run");
+    let r = vision_reference();
+    let cli = &r["cli"];
+    let c = convert("kimi_k3-vision", "f32", "f32", tmp.path());
+    let dir = fixture("kimi_k3-vision");
+    let (a, b) = (dir.join("image_a.png"), dir.join("image_b.png"));
+    let text = cli["text"].as_str().unwrap();
+    let n = cli["greedy_ids"].as_array().unwrap().len().to_string();
+    let o = waste(&[
+        "run",
+        c.to_str().unwrap(),
+        "--image",
+        a.to_str().unwrap(),
+        "--image",
+        b.to_str().unwrap(),
+        "-p",
+        text,
+        "--temp",
+        "0",
+        "-n",
+        &n,
+        "--logprobs",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids: Vec<u64> = stderr(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["token"].as_u64())
+        .collect();
+    let want: Vec<u64> = cli["greedy_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(ids, want, "greedy tokens after two images");
+
+    let plain = convert("kimi_k3", "f32", "f32", tmp.path());
+    let o = waste(&["run", plain.to_str().unwrap(), "--image", a.to_str().unwrap(), "-p", text, "-n", "2"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("no vision tower") && err.trim().lines().count() == 1, "{err}");
+}
+
+/// A conversation holding images saves and loads like any other: the
+/// loaded session continues with the logits the original would give, and
+/// the prefix cache never resumes across an image (equal placeholder
+/// tokens do not mean equal images).
+#[test]
+fn a_conversation_with_images_saves_loads_and_is_never_reused_past_an_image() {
+    let tmp = TempDir::new("k3-vision-state");
+    let r = vision_reference();
+    let cli = &r["cli"];
+    let c = convert("kimi_k3-vision", "f32", "f32", tmp.path());
+    let engine = waste_host::Engine::new().unwrap();
+    let mut s = open_session(&engine, &c);
+    let dir = fixture("kimi_k3-vision");
+    for name in ["image_a.png", "image_b.png"] {
+        s.attach_image(&std::fs::read(dir.join(name)).unwrap()).unwrap();
+    }
+    assert_eq!(s.pending_images(), 2);
+    let ids: Vec<u32> = cli["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    s.eval(&ids, false).unwrap();
+    assert_eq!(s.pending_images(), 0);
+    let snapshot = s.snapshot();
+    let path = tmp.path().join("images.state");
+    s.save_state(&path).unwrap();
+    let next = [cli["greedy_ids"][0].as_u64().unwrap() as u32];
+    let (want, _) = s.eval(&next, false).unwrap();
+
+    let mut t = open_session(&engine, &c);
+    t.load_state(&path).unwrap();
+    assert_eq!(t.position(), s.position() - 1);
+    let (got, _) = t.eval(&next, false).unwrap();
+    assert_eq!(got, want, "the loaded conversation continues bit for bit");
+
+    // The same tokens with other images behind them must not be resumed.
+    let pad = s.model().vision().unwrap().placeholder;
+    assert_eq!(snapshot.usable_prefix(&ids, true), ids.iter().position(|&t| t == pad).unwrap());
+    // A placeholder without an attached image is refused, not run.
+    let mut u = open_session(&engine, &c);
+    let err = u.eval(&ids, false).unwrap_err().to_string();
+    assert!(err.contains("image placeholders"), "{err}");
+}

@@ -300,7 +300,7 @@ impl Model {
     }
 
     /// `forward` with some tokens' input rows given (`Transformer::forward_spliced`).
-    pub(crate) fn forward_spliced(
+    pub fn forward_spliced(
         &self,
         state: &mut State,
         tokens: &[u32],

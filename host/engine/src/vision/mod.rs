@@ -13,6 +13,13 @@ mod oracle;
 
 use crate::error::{Error, Result};
 
+/// The text that stands for one image in a K3 prompt (the release's
+/// `make_image_prompt`): the original file size, then the one placeholder
+/// the image's rows replace. Tokenized with special tokens recognised.
+pub fn image_markup(width: usize, height: usize) -> String {
+    format!("<|media_begin|>image {width}x{height}<|media_content|><|media_pad|><|media_end|>")
+}
+
 /// The prompt the text model runs: each image's one placeholder token
 /// repeated once per row of that image (`counts[i]` rows for the i-th
 /// placeholder), as the release's `_merge_input_ids_with_image_features`

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use waste_engine::config::{ModelConfig, TensorRole};
+use waste_engine::config::ModelConfig;
 use waste_engine::quant::{quantize_trunk, QMatrix, TrunkFormat};
 use waste_engine::source::TensorSource;
 
@@ -34,9 +34,9 @@ pub fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
     t[runs / 2]
 }
 
-/// Every trunk tensor of the config, random: q8 where the converter
-/// quantises (`TensorRole::Matrix`), f32 where it keeps f32 (routers, the
-/// indexers' head weights, V4's mixes); norms near 1.
+/// Every trunk tensor of the config, random, in the format a q8 trunk
+/// stores it (`TensorRole::trunk_format`): q8 matrices, f32 routers, the
+/// indexers' head weights and V4's mixes; norms near 1.
 #[allow(dead_code)] // the vision bench has no trunk
 pub struct RandomTrunk<'a>(pub &'a ModelConfig);
 
@@ -45,11 +45,11 @@ impl TensorSource for RandomTrunk<'_> {
         let shape = self.0.trunk_tensor_shape(name).expect("a trunk tensor of the config");
         let (rows, cols) = (shape[0], shape[1]);
         let w = random(rows * cols, name.len() as u64 * 7919 + rows as u64, 0.02);
-        if self.0.tensor_role(name) != TensorRole::Matrix {
+        let fmt = self.0.tensor_role(name).trunk_format(TrunkFormat::Q8);
+        if fmt == TrunkFormat::F32 {
             return Ok(QMatrix::from_f32(w, rows, cols));
         }
-        Ok(QMatrix::from_byte_vec(TrunkFormat::Q8, rows, cols, quantize_trunk(TrunkFormat::Q8, &w, rows, cols))
-            .expect("q8 bytes of the shape"))
+        Ok(QMatrix::from_byte_vec(fmt, rows, cols, quantize_trunk(fmt, &w, rows, cols)).expect("q8 bytes of the shape"))
     }
     fn vector(&self, name: &str) -> waste_engine::Result<Vec<f32>> {
         let n = self.0.trunk_tensor_shape(name).expect("a trunk tensor")[0];

@@ -326,6 +326,17 @@ def main():
         cur = torch.cat([cur, wt64["model.embed_tokens.weight"][t].unsqueeze(0)])
     cli_top1_gap = k3.top1_gap(k3.forward_embeds(wt64, cur)[:-1])
 
+    # `waste chat` with `/image A`, `/image B`, then the text: the fixture's
+    # ChatML template with the images' markup before the user's content.
+    chat_text = "<|im_start|>user\n" + markup("a") + markup("b") + cli_text + "<|im_end|>\n<|im_start|>assistant\n"
+    chat_ids = tok.encode(chat_text).ids
+    chat_cont, cur = [], expand(wt64["model.embed_tokens.weight"], chat_ids, [feats64[n] for n in IMAGES])
+    for _ in range(GREEDY):
+        t = int(torch.argmax(k3.forward_embeds(wt64, cur)[-1]))
+        chat_cont.append(t)
+        cur = torch.cat([cur, wt64["model.embed_tokens.weight"][t].unsqueeze(0)])
+    chat_top1_gap = k3.top1_gap(k3.forward_embeds(wt64, cur)[:-1])
+
     if OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
@@ -372,6 +383,9 @@ def main():
                 "greedy_ids": cli_cont, "greedy_text": tok.decode(cli_cont),
                 "min_top1_gap": cli_top1_gap,
                 "note": "both images' markup before the text; greedy from the float64 reference"},
+        "chat": {"rendered": chat_text, "prompt_ids": chat_ids, "greedy_ids": chat_cont,
+                 "greedy_text": tok.decode(chat_cont), "min_top1_gap": chat_top1_gap,
+                 "note": "/image A, /image B, then the text through the fixture's ChatML template"},
         "min_router_gap": rgap,
         "min_top1_gap": tgap,
         "f32_vs_f64_max_abs_feature_diff": feat_diff,

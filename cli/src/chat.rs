@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use waste_host::{ChatMessage, GenerateParams, Session};
+use waste_host::{ChatMessage, GenerateParams, Image, Session};
 
+use crate::chat_images;
 use crate::errors::usage;
 use crate::open::ModelArgs;
 use crate::output;
@@ -80,6 +81,7 @@ const HELP: &str = "\
 \"\"\"           start or end a message of several lines
 /reset        forget the conversation (the system message stays)
 /stats        position, context, turns and expert-cache counters
+/image FILE   an image for your next message (models with a vision tower: Kimi K3)
 /save FILE    save the conversation (state, tokens, messages, template variables) to FILE
 /load FILE    restore a conversation saved with /save, template variables included
 /help         this list
@@ -90,6 +92,10 @@ struct Chat {
     session: Session,
     system: Option<String>,
     messages: Vec<ChatMessage>,
+    /// Each message's images, in step with `messages`.
+    images: Vec<Vec<Image>>,
+    /// Images given with /image for the next user message.
+    next_images: Vec<Image>,
     template_vars: Option<String>,
     params: GenerateParams,
     turns: u64,
@@ -143,6 +149,8 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         session,
         system: a.system,
         messages: Vec::new(),
+        images: Vec::new(),
+        next_images: Vec::new(),
         template_vars,
         params,
         turns: 0,
@@ -153,6 +161,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         pending: None,
     };
     chat.messages = chat.opening();
+    chat.images = vec![Vec::new(); chat.messages.len()];
     if std::io::stdin().is_terminal() {
         repl_tty(&mut chat)
     } else {
@@ -281,9 +290,25 @@ impl Chat {
             "reset" => {
                 self.session.reset();
                 self.messages = self.opening();
+                self.images = vec![Vec::new(); self.messages.len()];
+                self.next_images.clear();
                 outln!("conversation reset");
             }
             "stats" => self.stats(),
+            "image" => {
+                let path = need_file("image")?;
+                let bytes = waste_host::files::read_file(&path, crate::input::MAX_IMAGE_FILE_BYTES)
+                    .with_context(|| format!("reading the image {}", path.display()))?;
+                let image =
+                    self.session.encode_image(&bytes).with_context(|| format!("the image {}", path.display()))?;
+                outln!(
+                    "image {}x{}: {} positions, with your next message",
+                    image.width(),
+                    image.height(),
+                    image.tokens()
+                );
+                self.next_images.push(image);
+            }
             "save" => {
                 let path = need_file("save")?;
                 self.save(&path)?;
@@ -331,6 +356,9 @@ impl Chat {
     /// beside it: the template renders both, so a restored conversation needs
     /// them to go on rendering the history the session already holds.
     fn save(&self, path: &Path) -> Result<()> {
+        if self.images.iter().any(|i| !i.is_empty()) {
+            bail!("saving a conversation that holds images is not supported yet (its images are not saved); /reset starts over");
+        }
         self.session.save_state(path).with_context(|| format!("saving the session to {}", path.display()))?;
         let messages: Vec<_> = self.messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect();
         let vars = match &self.template_vars {
@@ -370,16 +398,23 @@ impl Chat {
         // The session file is checked against the model before anything
         // changes: a failed load leaves the conversation as it was.
         self.session.load_state(path).with_context(|| format!("loading the session from {}", path.display()))?;
+        self.images = vec![Vec::new(); messages.len()];
         self.messages = messages;
         self.template_vars = template_vars;
         Ok(())
     }
 
     fn turn(&mut self, text: &str) -> Result<()> {
-        self.messages.push(ChatMessage::new("user", text));
+        let images = std::mem::take(&mut self.next_images);
+        let mut message = ChatMessage::new("user", text);
+        message.media = images.iter().map(Image::markup).collect();
+        self.messages.push(message);
+        self.images.push(images);
         let result = self.reply();
         if result.is_err() {
             self.messages.pop();
+            // The images stay for the next message.
+            self.next_images = self.images.pop().unwrap_or_default();
         }
         result
     }
@@ -406,6 +441,7 @@ impl Chat {
             let end = next_user.map_or(self.messages.len() - 1, |i| system + 1 + i);
             dropped += end - system;
             self.messages.drain(system..end);
+            self.images.drain(system..end);
             full = self.render()?;
         }
         if dropped > 0 {
@@ -431,14 +467,24 @@ impl Chat {
     fn reply(&mut self) -> Result<()> {
         let full = self.fitted_prompt()?;
         let held = self.session.tokens();
-        let prompt = if full.len() > held.len() && full.starts_with(&held) {
-            full[held.len()..].to_vec()
-        } else {
-            // The session's tokens are not a prefix of the rendering (a
-            // reply whose text re-encodes differently): replay it all.
-            self.session.reset();
-            self.replays += 1;
-            full
+        let placeholder = self.session.model().vision().map(|v| v.placeholder);
+        let images: Vec<Image> = self.images.iter().flatten().cloned().collect();
+        let refs: Vec<&Image> = images.iter().collect();
+        // Whatever an earlier failed turn left queued is not this prompt's.
+        self.session.detach_images();
+        let prompt = match chat_images::cover(&full, &held, placeholder, &refs)? {
+            chat_images::Cover::Prefix { cut, first_image } => {
+                chat_images::attach_all(&mut self.session, &refs[first_image..]);
+                full[cut..].to_vec()
+            }
+            chat_images::Cover::Replay => {
+                // The session's tokens are not a prefix of the rendering (a
+                // reply whose text re-encodes differently): replay it all.
+                self.session.reset();
+                self.replays += 1;
+                chat_images::attach_all(&mut self.session, &refs);
+                full
+            }
         };
         self.last_prompt = prompt.len();
         let mut params = self.params.clone();
@@ -457,6 +503,7 @@ impl Chat {
         outln!();
         self.turns += 1;
         self.messages.push(ChatMessage::new("assistant", completion.text));
+        self.images.push(Vec::new());
         eprintln!("{} (stop: {})", output::stats_line(&r.totals, r.seconds()), completion.stop_reason.as_str());
         if completion.stop_reason == waste_host::StopReason::ContextFull {
             eprintln!(

@@ -37,7 +37,7 @@ pub fn encode(session: &mut Session, text: &str, markup: bool) -> Result<Vec<u32
 }
 
 /// The largest image file taken; its pixels are bounded again when decoded.
-const MAX_IMAGE_FILE_BYTES: u64 = 256 << 20;
+pub const MAX_IMAGE_FILE_BYTES: u64 = 256 << 20;
 
 /// Attaches each image file to the session (through the model's vision
 /// tower) and returns the markup tokens that stand for them, in order: the

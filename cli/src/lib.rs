@@ -4,6 +4,7 @@
 //! do. Exit codes: 0 success, 1 runtime error, 2 usage error.
 
 mod chat;
+mod chat_images;
 mod cmd_bench;
 mod cmd_convert;
 mod cmd_convert_verify;

@@ -32,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
                     role: m.get("role").and_then(|r| r.as_str()).unwrap_or("user").to_string(),
                     content: m.get("content").and_then(|c| c.as_str()).map(str::to_string),
                     extra: m.get("extra").map(|e| e.to_string()),
+                    media: Vec::new(),
                 })
                 .collect()
         })

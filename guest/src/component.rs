@@ -100,7 +100,10 @@ fn chat_template(with_tools: bool) -> Result<Rc<ChatTemplate>, Error> {
 }
 
 fn chat_messages(messages: Vec<control::ChatMessage>) -> Vec<ChatMessage> {
-    messages.into_iter().map(|m| ChatMessage { role: m.role, content: m.content, extra: m.extra }).collect()
+    messages
+        .into_iter()
+        .map(|m| ChatMessage { role: m.role, content: m.content, extra: m.extra, media: m.media })
+        .collect()
 }
 
 fn tokenizer() -> Result<Rc<Tokenizer>, Error> {

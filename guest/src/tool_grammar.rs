@@ -68,11 +68,15 @@ fn syntax(
     let probe_tools = json!([{"type": "function", "function": {"name": PROBE_NAME, "description": "probe",
         "parameters": {"type": "object", "properties": {PROBE_KEY: {"type": "string"}}, "required": [PROBE_KEY]}}}])
     .to_string();
-    let user = ChatMessage { role: "user".into(), content: Some("probe".into()), extra: None };
+    let user = ChatMessage { role: "user".into(), content: Some("probe".into()), ..Default::default() };
     let call = json!({"tool_calls": [{"id": "call_0", "type": "function",
         "function": {"name": PROBE_NAME, "arguments": {PROBE_KEY: PROBE_VALUE}}}]});
-    let assistant =
-        ChatMessage { role: "assistant".into(), content: Some(String::new()), extra: Some(call.to_string()) };
+    let assistant = ChatMessage {
+        role: "assistant".into(),
+        content: Some(String::new()),
+        extra: Some(call.to_string()),
+        ..Default::default()
+    };
     let open = template
         .render_with_vars(std::slice::from_ref(&user), Some(&probe_tools), true, vars)
         .map_err(|e| unsupported(&format!("the chat template refused the probe: {e}")))?;

@@ -26,6 +26,7 @@ fn messages(e: &Value, conversation: &str) -> Vec<ChatMessage> {
             role: m["role"].as_str().unwrap().to_string(),
             content: m["content"].as_str().map(str::to_owned),
             extra: m["extra"].as_str().map(str::to_owned),
+            media: Vec::new(),
         })
         .collect()
 }

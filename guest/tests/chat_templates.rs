@@ -29,6 +29,7 @@ fn messages(e: &Value, conversation: &str) -> Vec<ChatMessage> {
             role: m["role"].as_str().unwrap().to_string(),
             content: m["content"].as_str().map(str::to_owned),
             extra: m["extra"].as_str().map(str::to_owned),
+            media: Vec::new(),
         })
         .collect()
 }
@@ -239,4 +240,29 @@ fn chat_template_errors_are_clear() {
     let t = template(&e, "qwen3");
     let err = t.render(&messages(&e, "single"), Some("{not json"), true).unwrap_err();
     assert!(err.contains("tools"), "{err}");
+}
+
+/// A message's media (an image's prompt text) renders before its content
+/// as markup, so its special tokens resolve, while the content stays
+/// content: text that spells a special token cannot forge one.
+#[test]
+fn media_renders_as_markup_before_the_content() {
+    let source = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+    let t = ChatTemplate::new(source, None).expect("template loads");
+    let image = "<|media_begin|>image 150x100<|media_content|><|media_pad|><|media_end|>";
+    let msgs = vec![ChatMessage {
+        role: "user".into(),
+        content: Some("What is <|media_pad|> here?".into()),
+        media: vec![image.into(), image.into()],
+        ..Default::default()
+    }];
+    let segs = t.render_segments(&msgs, None, false).expect("renders");
+    let markup: String = segs.iter().filter(|s| s.markup).map(|s| s.text.as_str()).collect();
+    let content: Vec<&str> = segs.iter().filter(|s| !s.markup).map(|s| s.text.as_str()).collect();
+    assert_eq!(markup, format!("<|im_start|>user\n{image}{image}<|im_end|>\n"));
+    assert_eq!(content, vec!["What is <|media_pad|> here?"]);
+    // Media without content renders alone.
+    let only = vec![ChatMessage { role: "user".into(), media: vec![image.into()], ..Default::default() }];
+    let text = t.render(&only, None, false).expect("renders");
+    assert_eq!(text, format!("<|im_start|>user\n{image}<|im_end|>\n"));
 }

@@ -67,7 +67,12 @@ impl From<&Constraint> for wit_control::Constraint {
 
 impl From<&ChatMessage> for wit_control::ChatMessage {
     fn from(m: &ChatMessage) -> Self {
-        wit_control::ChatMessage { role: m.role.clone(), content: m.content.clone(), extra: m.extra.clone() }
+        wit_control::ChatMessage {
+            role: m.role.clone(),
+            content: m.content.clone(),
+            extra: m.extra.clone(),
+            media: m.media.clone(),
+        }
     }
 }
 

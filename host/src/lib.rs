@@ -33,7 +33,7 @@ pub use params::{
     check_template_vars, ChatMessage, Completion, Constraint, GenerateParams, StopReason, TokenEvent, TokenStats,
     MAX_CONSTRAINT_BYTES, RESERVED_TEMPLATE_VARS,
 };
-pub use session::{AttachedImage, Session, Snapshot};
+pub use session::{Image, Session, Snapshot};
 
 // The engine below, as the front ends use it.
 pub use waste_engine::{
@@ -52,7 +52,7 @@ pub fn component_bytes() -> &'static [u8] {
 }
 
 /// The WIT package of the bundled component's contract (wit/engine.wit).
-pub const WIT_PACKAGE: &str = "waste:engine@0.3.0";
+pub const WIT_PACKAGE: &str = "waste:engine@0.4.0";
 
 /// The engine's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

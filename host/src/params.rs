@@ -116,7 +116,7 @@ impl Default for GenerateParams {
 
 /// One message of a conversation for
 /// [`Session::apply_chat_template`](crate::Session::apply_chat_template).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatMessage {
     /// "system", "user", "assistant", "tool", ...
     pub role: String,
@@ -125,11 +125,15 @@ pub struct ChatMessage {
     /// Further fields as a JSON object text (`tool_calls`, `name`,
     /// `tool_call_id`, `reasoning_content`, ...), key order kept.
     pub extra: Option<String>,
+    /// The prompt text of each image in the message, in order
+    /// ([`Image::markup`](crate::Image::markup) of images
+    /// attached to the session): rendered before the content as markup.
+    pub media: Vec<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: Some(content.into()), extra: None }
+        ChatMessage { role: role.into(), content: Some(content.into()), extra: None, media: Vec::new() }
     }
 }
 

@@ -78,17 +78,30 @@ impl Session {
         self.slot_mut().reset();
     }
 
-    /// Attaches an image file's bytes (PNG, JPEG, WebP, GIF) for the next
-    /// evaluations: decoded, preprocessed and run through the model's
-    /// vision tower now; the next image placeholder token of an evaluated
-    /// prompt takes it (in attachment order). Put
-    /// [`AttachedImage::markup`] in the prompt where the image belongs.
-    pub fn attach_image(&mut self, bytes: &[u8]) -> Result<AttachedImage> {
-        let slot = self.slot_mut();
-        let rows = slot.model.encode_image(bytes)?;
-        let attached = AttachedImage { width: rows.width, height: rows.height, tokens: rows.tokens };
-        slot.images.push_back(Arc::new(rows));
-        Ok(attached)
+    /// An image file's bytes (PNG, JPEG, WebP, GIF), decoded, preprocessed
+    /// and run through the model's vision tower: a handle to attach to
+    /// this session's prompts (once per prompt that holds it).
+    pub fn encode_image(&self, bytes: &[u8]) -> Result<Image> {
+        Ok(Image(Arc::new(self.slot().model.encode_image(bytes)?)))
+    }
+
+    /// Queues `image` for the next evaluations: the next image placeholder
+    /// token of an evaluated prompt takes it (in attachment order). Put
+    /// [`Image::markup`] in the prompt where the image belongs.
+    pub fn attach(&mut self, image: &Image) {
+        self.slot_mut().images.push_back(Arc::clone(&image.0));
+    }
+
+    /// Drops the images attached and not yet taken by a placeholder.
+    pub fn detach_images(&mut self) {
+        self.slot_mut().images.clear();
+    }
+
+    /// [`encode_image`](Self::encode_image), then [`attach`](Self::attach).
+    pub fn attach_image(&mut self, bytes: &[u8]) -> Result<Image> {
+        let image = self.encode_image(bytes)?;
+        self.attach(&image);
+        Ok(image)
     }
 
     /// Images attached and not yet taken by a placeholder.
@@ -357,20 +370,27 @@ pub struct Snapshot {
     placeholder: Option<u32>,
 }
 
-/// An image attached to a session ([`Session::attach_image`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AttachedImage {
-    /// The size the file declares.
-    pub width: usize,
-    pub height: usize,
-    /// Prompt positions its rows take.
-    pub tokens: usize,
-}
+/// An image run through the model's vision tower ([`Session::encode_image`]):
+/// its rows, shared by every prompt that attaches it.
+#[derive(Debug, Clone)]
+pub struct Image(Arc<waste_engine::vision::images::ImageRows>);
 
-impl AttachedImage {
-    /// The prompt text that stands for the image (special tokens).
+impl Image {
+    /// The size the file declares.
+    pub fn width(&self) -> usize {
+        self.0.width
+    }
+    pub fn height(&self) -> usize {
+        self.0.height
+    }
+    /// Prompt positions its rows take.
+    pub fn tokens(&self) -> usize {
+        self.0.tokens
+    }
+    /// The prompt text that stands for the image (special tokens): in a
+    /// prompt's markup, or a chat message's `media`.
     pub fn markup(&self) -> String {
-        waste_engine::vision::image_markup(self.width, self.height)
+        waste_engine::vision::image_markup(self.0.width, self.0.height)
     }
 }
 

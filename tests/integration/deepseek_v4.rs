@@ -164,6 +164,7 @@ fn deepseek_v4_bundled_template_renders_as_the_release_encoder() {
                 role: m["role"].as_str().unwrap().to_string(),
                 content: m["content"].as_str().map(str::to_owned),
                 extra: m["extra"].as_str().map(str::to_owned),
+                media: Vec::new(),
             })
             .collect();
         let what = format!("{} thinking={}", case["name"], case["thinking"]);

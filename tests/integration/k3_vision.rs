@@ -338,3 +338,35 @@ fn a_conversation_with_images_saves_loads_and_is_never_reused_past_an_image() {
     let err = u.eval(&ids, false).unwrap_err().to_string();
     assert!(err.contains("image placeholders"), "{err}");
 }
+
+/// `/image FILE` in `waste chat` attaches the image to the next message:
+/// its markup goes before the content through the model's template, and
+/// the reply is the reference's (the text up to its first partial
+/// character); a later turn that replays the conversation attaches the
+/// images again.
+#[test]
+fn chat_image_command_attaches_images_to_the_next_message() {
+    let tmp = TempDir::new("k3-vision-chat");
+    let r = vision_reference();
+    let chat = &r["chat"];
+    let c = convert("kimi_k3-vision", "f32", "f32", tmp.path());
+    let dir = fixture("kimi_k3-vision");
+    let text = r["cli"]["text"].as_str().unwrap();
+    let input = format!(
+        "/image {}\n/image {}\n{text}\nAnd the other one?\n/stats\n",
+        dir.join("image_a.png").display(),
+        dir.join("image_b.png").display()
+    );
+    let n = chat["greedy_ids"].as_array().unwrap().len().to_string();
+    let o = waste_with_stdin(&["chat", c.to_str().unwrap(), "--temp", "0", "-n", &n], Some(&input));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("image 150x100: 24 positions") && out.contains("image 40x130: 10 positions"), "{out}");
+    let want = chat["greedy_text"].as_str().unwrap();
+    let clean = &want[..want.find('\u{FFFD}').unwrap_or(want.len())];
+    assert!(clean.len() >= 4 && out.contains(clean), "reply {clean:?} not in {out}");
+    // The reply holds partial characters, so its text re-encodes to other
+    // tokens and the second turn replays the conversation: the images are
+    // attached again and the turn is answered.
+    assert!(out.contains("turns 2 |") && out.contains("replays 1"), "{out}");
+}

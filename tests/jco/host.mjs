@@ -130,7 +130,7 @@ const wasi = {
 const imports = {};
 for (const [k, v] of Object.entries(wasi)) {
   imports[k] = v;
-  imports[`${k}@${k.startsWith('waste:') ? '0.3.0' : '0.2.6'}`] = v;
+  imports[`${k}@${k.startsWith('waste:') ? '0.4.0' : '0.2.6'}`] = v;
 }
 const getCoreModule = (path) => new WebAssembly.Module(readFileSync(join(spec.out_dir, path)));
 const { control } = instantiate(getCoreModule, imports);
@@ -158,7 +158,7 @@ out.tokenize = Array.from(control.tokenize(spec.text));
 out.tokenize_markup = Array.from(control.tokenizeMarkup(spec.text));
 out.detokenize = control.detokenize(new Uint32Array(out.tokenize));
 out.detokenize_prompt = control.detokenize(new Uint32Array(spec.prompt_ids));
-const messages = spec.messages.map((m) => ({ role: m.role, content: m.content }));
+const messages = spec.messages.map((m) => ({ role: m.role, content: m.content, media: [] }));
 out.chat_ids = Array.from(control.applyChatTemplate(messages, undefined, true, undefined));
 out.chat_text = control.renderChatTemplate(messages, undefined, true, undefined);
 // Template variables cross the JS boundary as JSON text: a reserved name

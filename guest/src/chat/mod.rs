@@ -50,7 +50,7 @@ const MARK_CLOSE: char = '\u{F0001}';
 const SPECIAL_KEYS: &[&str] =
     &["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ChatMessage {
     pub role: String,
     /// None: the message has no `content` field (an assistant turn with
@@ -59,6 +59,9 @@ pub struct ChatMessage {
     /// Further fields as a JSON object (`tool_calls`, `name`,
     /// `tool_call_id`, `reasoning_content`, ...), key order kept.
     pub extra: Option<String>,
+    /// Prompt text of each image in the message, rendered before the
+    /// content as markup (WIT `chat-message.media`).
+    pub media: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -491,8 +494,13 @@ fn messages_value(messages: &[ChatMessage], mut markers: Option<&mut Vec<String>
     for (n, m) in messages.iter().enumerate() {
         let mut fields: Vec<(String, Value)> = vec![("role".into(), Value::from(m.role.clone()))];
         // transformers' apply_chat_template drops a null content entirely.
-        if let Some(c) = &m.content {
-            fields.push(("content".into(), Value::from(c.clone())));
+        // The images' markup goes before the content, inside it, as the
+        // release's processor puts it.
+        let media: String = m.media.concat();
+        match &m.content {
+            Some(c) => fields.push(("content".into(), Value::from(format!("{media}{c}")))),
+            None if !media.is_empty() => fields.push(("content".into(), Value::from(media.clone()))),
+            None => {}
         }
         if let Some(extra) = &m.extra {
             let v: Value =
@@ -523,12 +531,14 @@ fn messages_value(messages: &[ChatMessage], mut markers: Option<&mut Vec<String>
         if let Some(texts) = markers.as_deref_mut() {
             for (name, val) in fields.iter_mut() {
                 if CONTENT_FIELDS.contains(&name.as_str()) {
+                    // The media markup stays outside the marker: markup.
+                    let prefix = if name == "content" { media.as_str() } else { "" };
                     // An empty text has nothing to protect, and a marker
                     // in its place would turn `{% if content %}` true (Qwen3
                     // then adds a newline before an assistant's tool call).
-                    if let Some(s) = val.as_str().filter(|s| !s.is_empty()) {
+                    if let Some(s) = val.as_str().and_then(|s| s.strip_prefix(prefix)).filter(|s| !s.is_empty()) {
                         texts.push(s.to_string());
-                        *val = Value::from(format!("{MARK_OPEN}{}{MARK_CLOSE}", texts.len() - 1));
+                        *val = Value::from(format!("{prefix}{MARK_OPEN}{}{MARK_CLOSE}", texts.len() - 1));
                     }
                 }
             }

@@ -41,6 +41,12 @@ fn reader(bytes: &[u8]) -> Result<ImageReader<Cursor<&[u8]>>> {
     }
 }
 
+/// The size an image file declares, from its header alone.
+pub fn dimensions(bytes: &[u8]) -> Result<(usize, usize)> {
+    let (w, h) = reader(bytes)?.into_dimensions().map_err(|e| Error::Arg(format!("image header: {e}")))?;
+    Ok((w as usize, h as usize))
+}
+
 /// Decodes `bytes` (a whole file), refusing more than `max_pixels` pixels
 /// before decoding and a malformed file with one line.
 pub fn decode(bytes: &[u8], max_pixels: u64) -> Result<Decoded> {

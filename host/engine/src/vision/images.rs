@@ -51,6 +51,17 @@ impl Model {
         Ok(tower)
     }
 
+    /// Prompt positions an image file will take, from its header and the
+    /// processor's plan alone (no decoding, no tower).
+    pub fn image_tokens(&self, bytes: &[u8]) -> Result<usize> {
+        if self.vision().is_none() {
+            return Err(Error::Unsupported("this model has no vision tower: text input only".into()));
+        }
+        let (w, h) = super::decode::dimensions(bytes)?;
+        let cfg = self.image_preprocessing()?;
+        Ok(super::preprocess::plan(w, h, &cfg).tokens(&cfg))
+    }
+
     /// An image file's bytes (PNG, JPEG, WebP, GIF) to its rows: bounded in
     /// pixels before decoding, preprocessed as the release's processor does.
     pub fn encode_image(&self, bytes: &[u8]) -> Result<ImageRows> {

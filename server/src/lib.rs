@@ -7,6 +7,7 @@ mod anthropic;
 mod body;
 mod error;
 mod http;
+mod images;
 mod ollama;
 mod openai;
 mod ordered;

@@ -7,6 +7,7 @@ use waste_host::{ChatMessage, GenerateParams};
 
 use crate::body::{bad, field, raw_field, Obj};
 use crate::error::ApiError;
+use crate::images::Images;
 
 pub enum Prompt {
     Chat {
@@ -15,6 +16,9 @@ pub enum Prompt {
         /// `chat_template_kwargs` (as vLLM and llama.cpp's server accept it):
         /// further template variables as a JSON object text.
         template_vars: Option<String>,
+        /// The images of the messages, in order (their markup is in the
+        /// messages' `media`).
+        images: Images,
     },
     Text(String),
 }
@@ -80,34 +84,43 @@ fn stop_strings(o: &Obj) -> Result<Vec<String>, ApiError> {
     Ok(list)
 }
 
-/// Message content: a string, or a list of parts of which only text parts
-/// can be used by a text model.
-fn content(v: Option<&Value>, i: usize) -> Result<Option<String>, ApiError> {
+/// Message content: a string, or a list of text parts and `image_url`
+/// parts (inline `data:` URLs); the images' markup is returned apart, for
+/// the message's `media` (before the text, whatever the parts' order).
+fn content(v: Option<&Value>, i: usize, images: &mut Images) -> Result<(Option<String>, Vec<String>), ApiError> {
     let param = format!("messages[{i}].content");
     match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
+        None | Some(Value::Null) => Ok((None, Vec::new())),
+        Some(Value::String(s)) => Ok((Some(s.clone()), Vec::new())),
         Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for part in parts {
+            let (mut text, mut media) = (String::new(), Vec::new());
+            for (k, part) in parts.iter().enumerate() {
                 match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
                     (Some("text"), Some(t)) => text.push_str(t),
+                    (Some("image_url"), _) => {
+                        let at = format!("{param}[{k}].image_url.url");
+                        let url = part
+                            .get("image_url")
+                            .and_then(|u| u.get("url").and_then(Value::as_str).or_else(|| u.as_str()))
+                            .ok_or_else(|| bad(&at, "a data: URL"))?;
+                        media.push(images.add_url(url, &at)?);
+                    }
                     (Some(kind), _) if kind != "text" => {
                         return Err(ApiError::bad_request(
-                            format!("`{param}`: content parts of type {kind:?} are not supported by a text model"),
+                            format!("`{param}`: content parts of type {kind:?} are not supported"),
                             Some(&param),
                         ))
                     }
                     _ => return Err(bad(&param, "a string or a list of {\"type\": \"text\", \"text\": ...} parts")),
                 }
             }
-            Ok(Some(text))
+            Ok((Some(text), media))
         }
         Some(_) => Err(bad(&param, "a string or a list of content parts")),
     }
 }
 
-fn messages(o: &Obj, body: &[u8]) -> Result<Vec<ChatMessage>, ApiError> {
+fn messages(o: &Obj, body: &[u8], images: &mut Images) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match field(o, "messages") {
         Some(Value::Array(list)) if !list.is_empty() => list,
         None => return Err(ApiError::bad_request("`messages` is required", Some("messages"))),
@@ -123,7 +136,7 @@ fn messages(o: &Obj, body: &[u8]) -> Result<Vec<ChatMessage>, ApiError> {
             Some(Value::String(r)) if !r.is_empty() => r.clone(),
             _ => return Err(bad(&format!("messages[{i}].role"), "a non-empty string")),
         };
-        let content = content(m.get("content"), i)?;
+        let (content, media) = content(m.get("content"), i, images)?;
         let extra = match raw.get(i) {
             Some(r) => crate::ordered::message_extra(r),
             None => {
@@ -135,7 +148,7 @@ fn messages(o: &Obj, body: &[u8]) -> Result<Vec<ChatMessage>, ApiError> {
                 (!extra.is_empty()).then(|| Value::Object(extra).to_string())
             }
         };
-        out.push(ChatMessage { role, content, extra });
+        out.push(ChatMessage { role, content, extra, media });
     }
     Ok(out)
 }
@@ -202,7 +215,9 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
     let (prompt, tools_enabled) = if chat {
         let (tools, enabled) = tools(o)?;
         let tools = tools.map(|sorted| raw_field(body, "tools").unwrap_or(sorted));
-        (Prompt::Chat { messages: messages(o, body)?, tools, template_vars: template_vars(o, body)? }, enabled)
+        let mut images = Images::default();
+        let messages = messages(o, body, &mut images)?;
+        (Prompt::Chat { messages, tools, template_vars: template_vars(o, body)?, images }, enabled)
     } else {
         let text = match field(o, "prompt") {
             Some(Value::String(s)) => s.clone(),

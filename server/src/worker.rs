@@ -251,6 +251,15 @@ impl Worker {
     }
 }
 
+/// An image the model cannot take (no tower, a malformed or oversized
+/// file) is the request's fault.
+fn image_error(e: waste_host::Error) -> ApiError {
+    match e {
+        waste_host::Error::Arg(m) | waste_host::Error::Unsupported(m) => ApiError::bad_request(m, Some("messages")),
+        other => host_error(other),
+    }
+}
+
 fn host_error(e: waste_host::Error) -> ApiError {
     match e {
         waste_host::Error::Arg(m) => ApiError::bad_request(m, None),
@@ -260,7 +269,7 @@ fn host_error(e: waste_host::Error) -> ApiError {
 
 fn prompt_tokens(session: &mut Session, prompt: &Prompt) -> std::result::Result<Vec<u32>, ApiError> {
     match prompt {
-        Prompt::Chat { messages, tools, template_vars } => {
+        Prompt::Chat { messages, tools, template_vars, .. } => {
             match session.model().chat_template(tools.is_some()) {
                 Ok(Some(_)) => {}
                 Ok(None) => {
@@ -295,19 +304,42 @@ fn run_job(
     mut job: Job,
 ) {
     session.reset();
+    let files: &[Vec<u8>] = match &job.prompt {
+        Prompt::Chat { images, .. } => &images.files,
+        Prompt::Text(_) => &[],
+    };
     if job.count_only {
-        let _ = job.events.send(match prompt_tokens(session, &job.prompt) {
-            Ok(t) => Event::Counted(t.len()),
-            Err(e) => Event::Failed(e),
+        // An image takes its rows' positions, known from its size alone.
+        let extra =
+            files.iter().map(|f| model.image_tokens(f).map(|n| n.saturating_sub(1))).sum::<waste_host::Result<usize>>();
+        let _ = job.events.send(match (prompt_tokens(session, &job.prompt), extra) {
+            (Ok(t), Ok(extra)) => Event::Counted(t.len() + extra),
+            (Err(e), _) => Event::Failed(e),
+            (_, Err(e)) => Event::Failed(image_error(e)),
         });
         return;
     }
+    // The images run through the tower first: the context must hold their
+    // rows too.
+    let images = match files.iter().map(|f| session.encode_image(f)).collect::<waste_host::Result<Vec<_>>>() {
+        Ok(i) => i,
+        Err(e) => {
+            counters.failed.fetch_add(1, Ordering::Relaxed);
+            let _ = job.events.send(Event::Failed(image_error(e)));
+            return;
+        }
+    };
+    let image_rows: usize = images.iter().map(|i| i.tokens().saturating_sub(1)).sum();
     let tokens = match prompt_tokens(session, &job.prompt) {
         Ok(t) if t.is_empty() => Err(ApiError::bad_request("the prompt encodes to no tokens", Some("prompt"))),
-        Ok(t) if t.len() >= model.context() => Err(ApiError {
+        Ok(t) if t.len() + image_rows >= model.context() => Err(ApiError {
             code: Some("context_length_exceeded"),
             ..ApiError::bad_request(
-                format!("the prompt is {} tokens; this model's context is {} tokens", t.len(), model.context()),
+                format!(
+                    "the prompt is {} tokens; this model's context is {} tokens",
+                    t.len() + image_rows,
+                    model.context()
+                ),
                 // The field that carried the prompt.
                 Some(match job.prompt {
                     Prompt::Chat { .. } => "messages",
@@ -350,7 +382,7 @@ fn run_job(
         let _ = job.events.send(Event::Failed(e));
         return;
     }
-    let prompt_tokens = tokens.len();
+    let prompt_tokens = tokens.len() + image_rows;
     if job.events.send(Event::Started(prompt_tokens)).is_err() {
         counters.dropped_queued.fetch_add(1, Ordering::Relaxed);
         return;
@@ -363,6 +395,11 @@ fn run_job(
             return;
         }
     };
+    // A held state never covers an image (`Snapshot::usable_prefix`): every
+    // image of the prompt lies in what is evaluated now.
+    for image in &images {
+        session.attach(image);
+    }
     let tx = job.events.clone();
     let want = job.want_texts;
     let words = Arc::clone(vocab);

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::common::{report_skip, stderr, stdout, waste, waste_bin, TempDir};
+use crate::common::{convert, fixture, report_skip, stderr, stdout, waste, waste_bin, TempDir};
 
 /// Kills the server however the test ends; holds what it wrote to stderr.
 pub(crate) struct Server(Child, std::sync::Arc<std::sync::Mutex<Vec<String>>>);
@@ -757,4 +757,22 @@ fn server_ollama_tool_calls() {
         return;
     }
     each_scripted_tool_server(|name, url, served| run_ollama_script(name, url, &[served, "tools", name]));
+}
+
+/// Images through the OpenAI and Anthropic clients (tests/server/test_images.py):
+/// base64 `image_url` parts and `image` blocks answer as the pure-torch
+/// reference does on the tiny K3 with a vision tower; remote URLs are
+/// refused, never fetched.
+#[test]
+fn server_answers_image_prompts_from_both_clients() {
+    if let Err(why) = python_has("openai, anthropic", "openai anthropic") {
+        report_skip(&format!("SKIP server_answers_image_prompts_from_both_clients: {why}"));
+        return;
+    }
+    let tmp = TempDir::new("server-images");
+    let c = convert("kimi_k3-vision", "f32", "f32", tmp.path());
+    let (_server, url) = start(&c, &[]);
+    let id = c.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+    let fixture = fixture("kimi_k3-vision");
+    run_client_script("test_images.py", "all image checks passed", "images", &url, &[id, fixture.to_str().unwrap()]);
 }

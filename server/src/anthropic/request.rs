@@ -12,6 +12,7 @@ use waste_host::{ChatMessage, GenerateParams};
 
 use crate::body::{bad, field, raw_field, Obj};
 use crate::error::ApiError;
+use crate::images::Images;
 use crate::ordered::Ordered;
 use crate::request::Prompt;
 
@@ -66,10 +67,15 @@ fn compact(json: &str) -> String {
 
 /// The messages as the chat template's input. `raw` is the same list as
 /// the client wrote it, for `tool_use` inputs in their own key order.
-fn messages(list: &[Value], raw: &[Box<RawValue>], system: Option<String>) -> Result<Vec<ChatMessage>, ApiError> {
+fn messages(
+    list: &[Value],
+    raw: &[Box<RawValue>],
+    system: Option<String>,
+    images: &mut Images,
+) -> Result<Vec<ChatMessage>, ApiError> {
     let mut out = Vec::with_capacity(list.len() + 1);
     if let Some(text) = system {
-        out.push(ChatMessage { role: "system".into(), content: Some(text), extra: None });
+        out.push(ChatMessage { role: "system".into(), content: Some(text), extra: None, media: Vec::new() });
     }
     let mut tool_ids: Vec<String> = Vec::new();
     for (i, m) in list.iter().enumerate() {
@@ -82,7 +88,7 @@ fn messages(list: &[Value], raw: &[Box<RawValue>], system: Option<String>) -> Re
         let content_param = format!("{param}.content");
         let blocks = match m.get("content") {
             Some(Value::String(s)) => {
-                out.push(ChatMessage { role, content: Some(s.clone()), extra: None });
+                out.push(ChatMessage { role, content: Some(s.clone()), extra: None, media: Vec::new() });
                 continue;
             }
             Some(Value::Array(blocks)) => blocks,
@@ -94,7 +100,7 @@ fn messages(list: &[Value], raw: &[Box<RawValue>], system: Option<String>) -> Re
             .and_then(|Ordered(pairs)| pairs.into_iter().find(|(k, _)| k == "content"))
             .and_then(|(_, v)| serde_json::from_str(v.get()).ok())
             .unwrap_or_default();
-        let (mut text, mut calls, mut results) = (String::new(), Vec::new(), Vec::new());
+        let (mut text, mut calls, mut results, mut media) = (String::new(), Vec::new(), Vec::new(), Vec::new());
         for (j, b) in blocks.iter().enumerate() {
             let bp = format!("{content_param}[{j}]");
             match b.get("type").and_then(Value::as_str) {
@@ -142,7 +148,31 @@ fn messages(list: &[Value], raw: &[Box<RawValue>], system: Option<String>) -> Re
                         role: "tool".into(),
                         content: Some(content),
                         extra: Some(format!("{{\"tool_call_id\":{}}}", Value::from(id))),
+                        media: Vec::new(),
                     });
+                }
+                Some("image") if role == "user" => {
+                    let source = b.get("source");
+                    match source.and_then(|s| s.get("type")).and_then(Value::as_str) {
+                        Some("base64") => {
+                            let data = source
+                                .and_then(|s| s.get("data"))
+                                .and_then(Value::as_str)
+                                .ok_or_else(|| bad(&format!("{bp}.source.data"), "base64 image data"))?;
+                            media.push(images.add_base64(data, &format!("{bp}.source.data"))?);
+                        }
+                        Some(other) => {
+                            return Err(ApiError::bad_request(
+                                format!(
+                                    "`{bp}.source`: {other:?} image sources are not fetched; send the image as base64"
+                                ),
+                                Some(&format!("{bp}.source")),
+                            ))
+                        }
+                        None => {
+                            return Err(bad(&format!("{bp}.source"), "an image source {\"type\": \"base64\", ...}"))
+                        }
+                    }
                 }
                 Some(kind @ ("image" | "document" | "search_result" | "container_upload")) => {
                     return Err(ApiError::bad_request(
@@ -166,9 +196,9 @@ fn messages(list: &[Value], raw: &[Box<RawValue>], system: Option<String>) -> Re
         if !calls.is_empty() {
             // An empty string, not null: Qwen3's template fails on a null.
             let extra = format!("{{\"tool_calls\":[{}]}}", calls.join(","));
-            out.push(ChatMessage { role, content: Some(text), extra: Some(extra) });
-        } else if !had_results || !text.is_empty() {
-            out.push(ChatMessage { role, content: Some(text), extra: None });
+            out.push(ChatMessage { role, content: Some(text), extra: Some(extra), media: Vec::new() });
+        } else if !had_results || !text.is_empty() || !media.is_empty() {
+            out.push(ChatMessage { role, content: Some(text), extra: None, media });
         }
     }
     Ok(out)
@@ -266,7 +296,8 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
     let system = field(o, "system").map(|s| text_blocks(s, "system")).transpose()?;
     let raw: Vec<Box<RawValue>> =
         raw_field(body, "messages").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
-    let messages = messages(list, &raw, system)?;
+    let mut images = Images::default();
+    let messages = messages(list, &raw, system, &mut images)?;
     let tools = tools(o, body)?;
     let tools_enabled = tool_choice(o, tools.as_ref().map(|(_, n)| n.as_slice()))?;
     let number = |key: &str, lo: f64, hi: f64| -> Result<Option<f64>, ApiError> {
@@ -325,7 +356,13 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
         ..GenerateParams::default()
     };
     let tools = if tools_enabled { tools.map(|(t, _)| t) } else { None };
-    Ok(Request { model, prompt: Prompt::Chat { messages, tools, template_vars: None }, params, stream, tools_enabled })
+    Ok(Request {
+        model,
+        prompt: Prompt::Chat { messages, tools, template_vars: None, images },
+        params,
+        stream,
+        tools_enabled,
+    })
 }
 
 #[cfg(test)]

@@ -124,7 +124,7 @@ fn messages(o: &Obj, body: &[u8]) -> Result<Vec<ChatMessage>, ApiError> {
         // Further fields (tool_calls with object arguments, tool_name,
         // tool_call_id) reach the template as the client wrote them.
         let extra = raw.get(i).and_then(|r| crate::ordered::message_extra(r));
-        out.push(ChatMessage { role, content: Some(content), extra });
+        out.push(ChatMessage { role, content: Some(content), extra, media: Vec::new() });
     }
     Ok(out)
 }
@@ -169,7 +169,12 @@ pub fn parse_chat(body: &[u8], context: usize) -> Result<Request, ApiError> {
     };
     let params = GenerateParams { constraint, ..options(&o, context)? };
     let tools_enabled = tools.is_some();
-    let prompt = (!messages.is_empty()).then_some(Prompt::Chat { messages, tools, template_vars: None });
+    let prompt = (!messages.is_empty()).then_some(Prompt::Chat {
+        messages,
+        tools,
+        template_vars: None,
+        images: Default::default(),
+    });
     Ok(Request { model, prompt, params, stream, tools_enabled, unload })
 }
 
@@ -206,11 +211,11 @@ pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> 
             Prompt::Text(text)
         } else {
             let mut messages: Vec<ChatMessage> = system
-                .map(|s| ChatMessage { role: "system".into(), content: Some(s), extra: None })
+                .map(|s| ChatMessage { role: "system".into(), content: Some(s), extra: None, media: Vec::new() })
                 .into_iter()
                 .collect();
-            messages.push(ChatMessage { role: "user".into(), content: Some(text), extra: None });
-            Prompt::Chat { messages, tools: None, template_vars: None }
+            messages.push(ChatMessage { role: "user".into(), content: Some(text), extra: None, media: Vec::new() });
+            Prompt::Chat { messages, tools: None, template_vars: None, images: Default::default() }
         }
     });
     Ok(Request { model, prompt, params, stream, tools_enabled: false, unload })

@@ -66,7 +66,11 @@ class TokenEvent(C.Structure):
 
 
 class ChatMessage(C.Structure):
-    _fields_ = [("role", Str), ("content", Str), ("extra", Str)]
+    _fields_ = [("role", Str), ("content", Str), ("extra", Str), ("media", C.POINTER(Str)), ("n_media", C.c_size_t)]
+
+
+class ImageInfo(C.Structure):
+    _fields_ = [("width", C.c_size_t), ("height", C.c_size_t), ("tokens", C.c_size_t)]
 
 
 class SamplerOption(C.Structure):
@@ -165,8 +169,14 @@ class Session:
         def s(text):
             b = None if text is None else text.encode()
             return Str(b, 0 if b is None else len(b))
+        def media(m):
+            items = m.get("media") or []
+            return (Str * max(len(items), 1))(*[s(t) for t in items]), len(items)
+        kept = [media(m) for m in messages]   # the arrays must outlive the call
         arr = (ChatMessage * len(messages))(
-            *[ChatMessage(s(m["role"]), s(m.get("content")), s(m.get("extra"))) for m in messages])
+            *[ChatMessage(s(m["role"]), s(m.get("content")), s(m.get("extra")), a, n)
+              for m, (a, n) in zip(messages, kept)])
+        arr._media = kept
         return arr, Str(None, 0)
 
     @staticmethod
@@ -207,6 +217,19 @@ class Session:
         self.e._check(_lib.waste_session_apply_chat_template_vars(*args, buf, C.c_size_t(n.value),
                                                                   C.byref(n)))
         return list(buf[:n.value])
+
+    def attach_image(self, image):
+        """Runs an image (a file path or its bytes: PNG, JPEG, WebP, GIF)
+        through the model's vision tower and attaches it for the next prompt.
+        Returns its width, height, prompt positions and `markup`: put the
+        markup in a chat message's "media" list, or tokenize it as markup."""
+        data = image if isinstance(image, (bytes, bytearray)) else open(image, "rb").read()
+        info, n = ImageInfo(), C.c_size_t()
+        buf = C.create_string_buffer(128)   # WASTE_IMAGE_MARKUP_MAX
+        self.e._check(_lib.waste_session_attach_image(self._s, data, C.c_size_t(len(data)), C.byref(info),
+                                                      buf, C.c_size_t(128), C.byref(n)))
+        return {"width": info.width, "height": info.height, "tokens": info.tokens,
+                "markup": buf.raw[:n.value].decode()}
 
     def set_sampler(self, path, **options):
         """Routes every draw to the sampler plugin component at `path`."""

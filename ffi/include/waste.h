@@ -8,6 +8,12 @@
 #include <stdint.h>
 
 /**
+ * Bytes that always hold an image's markup (a size of up to 20 digits a
+ * side and K3's four media tokens).
+ */
+#define WASTE_IMAGE_MARKUP_MAX 128
+
+/**
  * The outcome of every fallible call.
  */
 typedef enum waste_result {
@@ -251,6 +257,21 @@ typedef struct waste_matrix_error {
  * Receives one [`waste_matrix_error`] per expert matrix; it lives for the call.
  */
 typedef void (*waste_matrix_callback)(void *user, const struct waste_matrix_error *row);
+
+/**
+ * An image attached with [`waste_session_attach_image`].
+ */
+typedef struct waste_image_info {
+  /**
+   * The size the file declares.
+   */
+  size_t width;
+  size_t height;
+  /**
+   * Prompt positions the image's rows take.
+   */
+  size_t tokens;
+} waste_image_info;
 
 /**
  * Options of [`waste_model_open`]; fill with [`waste_open_options_default`].
@@ -506,6 +527,13 @@ typedef struct waste_chat_message {
    * Further fields as a JSON object text; `ptr` NULL = none.
    */
   struct waste_str extra;
+  /**
+   * The markup of each image in the message
+   * ([`waste_session_attach_image`](crate::images::waste_session_attach_image)),
+   * rendered before the content: `n_media` strings (NULL when 0).
+   */
+  const struct waste_str *media;
+  size_t n_media;
 } waste_chat_message;
 
 /**
@@ -684,6 +712,30 @@ enum waste_result waste_convert_verify(const struct waste_ctx *ctx,
                                        waste_matrix_callback row,
                                        void *user,
                                        size_t *n_rows);
+
+/**
+ * Runs an image file's bytes (PNG, JPEG, WebP, a GIF's first frame)
+ * through the model's vision tower and attaches it to the session: the
+ * next image placeholder of an evaluated prompt takes it (in attachment
+ * order). `*info` receives its size and positions; `markup` (`cap` bytes,
+ * [`WASTE_IMAGE_MARKUP_MAX`] always suffice) the prompt text that stands
+ * for it, UTF-8, not NUL-terminated, `*markup_len` bytes. A model without
+ * a tower gives `WASTE_UNSUPPORTED`; a malformed or oversized image
+ * `WASTE_ARG`; a short buffer `WASTE_BUFFER_TOO_SMALL` and nothing is
+ * attached.
+ */
+enum waste_result waste_session_attach_image(struct waste_session *session,
+                                             const uint8_t *bytes,
+                                             size_t len,
+                                             struct waste_image_info *info,
+                                             char *markup,
+                                             size_t cap,
+                                             size_t *markup_len);
+
+/**
+ * Drops the images attached and not yet taken by a placeholder.
+ */
+enum waste_result waste_session_detach_images(struct waste_session *session);
 
 /**
  * The defaults of the Rust API's `OpenOptions`.

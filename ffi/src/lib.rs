@@ -18,12 +18,14 @@ use std::sync::{Arc, Mutex};
 use waste_host::{Engine, Error};
 
 mod convert;
+mod images;
 mod model;
 mod sampler;
 mod session;
 mod tools;
 
 pub use convert::*;
+pub use images::*;
 pub use model::*;
 pub use sampler::*;
 pub use session::*;

@@ -26,6 +26,11 @@ pub struct waste_chat_message {
     pub content: waste_str,
     /// Further fields as a JSON object text; `ptr` NULL = none.
     pub extra: waste_str,
+    /// The markup of each image in the message
+    /// ([`waste_session_attach_image`](crate::images::waste_session_attach_image)),
+    /// rendered before the content: `n_media` strings (NULL when 0).
+    pub media: *const waste_str,
+    pub n_media: usize,
 }
 
 /// Sampling and stopping; fill with [`waste_generate_params_default`].
@@ -428,12 +433,19 @@ pub(crate) unsafe fn messages_arg(
     for m in unsafe { slice_arg("messages", messages, n) }? {
         // SAFETY: each waste_str is pointer and length from the caller.
         let role = unsafe { opt_str("role", m.role) }?.ok_or_else(|| null("role"))?;
+        // SAFETY: pointer and length from the caller.
+        let media = unsafe { slice_arg("media", m.media, m.n_media) }?
+            .iter()
+            // SAFETY: each waste_str is pointer and length from the caller.
+            .map(|t| unsafe { opt_str("media", *t) }?.ok_or_else(|| null("media")))
+            .collect::<Result<Vec<_>, _>>()?;
         msgs.push(ChatMessage {
             role,
             // SAFETY: as above.
             content: unsafe { opt_str("content", m.content) }?,
             // SAFETY: as above.
             extra: unsafe { opt_str("extra", m.extra) }?,
+            media,
         });
     }
     Ok(msgs)

@@ -66,6 +66,11 @@ fn every_entry_point_reports_null_arguments_bad_paths_and_budget_under_floor() {
         assert_eq!(waste_session_save_state(null_mut(), null(), 0), WASTE_NULL_ARG);
         assert_eq!(waste_session_load_state(null_mut(), null(), 0), WASTE_NULL_ARG);
         assert_eq!(waste_session_reset(null_mut()), WASTE_NULL_ARG);
+        assert_eq!(
+            waste_session_attach_image(null_mut(), null(), 0, null_mut(), null_mut(), 0, null_mut()),
+            WASTE_NULL_ARG
+        );
+        assert_eq!(waste_session_detach_images(null_mut()), WASTE_NULL_ARG);
         assert_eq!(waste_session_position(null_mut(), null_mut()), WASTE_NULL_ARG);
         assert_eq!(waste_open_options_default(null_mut()), WASTE_NULL_ARG);
         assert_eq!(waste_generate_params_default(null_mut()), WASTE_NULL_ARG);
@@ -143,6 +148,19 @@ fn every_entry_point_reports_null_arguments_bad_paths_and_budget_under_floor() {
         expect(ctx, r, WASTE_NULL_ARG, "perplexity");
         expect(ctx, waste_model_get_info(model, null_mut()), WASTE_NULL_ARG, "out");
         expect(ctx, waste_session_position(s, null_mut()), WASTE_NULL_ARG, "position");
+        // Images: NULL outputs first, then a text-only model says so.
+        let png = std::fs::read(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-kimi_k3-vision/image_a.png"),
+        )
+        .unwrap();
+        let mut info = waste_image_info::default();
+        let mut markup = [0 as std::ffi::c_char; WASTE_IMAGE_MARKUP_MAX];
+        let r = waste_session_attach_image(s, png.as_ptr(), png.len(), null_mut(), markup.as_mut_ptr(), 128, &mut n);
+        expect(ctx, r, WASTE_NULL_ARG, "info");
+        let r = waste_session_attach_image(s, png.as_ptr(), png.len(), &mut info, markup.as_mut_ptr(), 128, null_mut());
+        expect(ctx, r, WASTE_NULL_ARG, "out_len");
+        let r = waste_session_attach_image(s, png.as_ptr(), png.len(), &mut info, markup.as_mut_ptr(), 128, &mut n);
+        expect(ctx, r, WASTE_UNSUPPORTED, "no vision tower");
         waste_session_close(s);
         waste_model_close(model);
         waste_ctx_close(ctx);

@@ -62,8 +62,20 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         // The chat template as text: bible-moe's ChatML template rendered
         // by hand; its tokens are that text as markup.
         let msgs = [
-            waste_chat_message { role: s("system"), content: s("Be brief."), extra: NONE },
-            waste_chat_message { role: s("user"), content: s("And God said"), extra: NONE },
+            waste_chat_message {
+                role: s("system"),
+                content: s("Be brief."),
+                extra: NONE,
+                media: std::ptr::null(),
+                n_media: 0,
+            },
+            waste_chat_message {
+                role: s("user"),
+                content: s("And God said"),
+                extra: NONE,
+                media: std::ptr::null(),
+                n_media: 0,
+            },
         ];
         let mut text = vec![0u8; 512];
         let mut n = 0;
@@ -114,7 +126,8 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         let r = waste_session_render_chat_template(o.session, msgs.as_ptr(), 2, NONE, true, null_mut(), 4, &mut n);
         expect(o.ctx, r, WASTE_BUFFER_TOO_SMALL, "buffer");
         assert_eq!(n, rendered.len());
-        let roleless = [waste_chat_message { role: NONE, content: s("x"), extra: NONE }];
+        let roleless =
+            [waste_chat_message { role: NONE, content: s("x"), extra: NONE, media: std::ptr::null(), n_media: 0 }];
         let r = waste_session_render_chat_template(o.session, roleless.as_ptr(), 1, NONE, true, null_mut(), 0, &mut n);
         expect(o.ctx, r, WASTE_NULL_ARG, "role");
         let r = waste_session_render_chat_template(o.session, null(), 1, NONE, true, null_mut(), 0, &mut n);

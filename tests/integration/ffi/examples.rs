@@ -193,3 +193,34 @@ fn rust_example_plans_opens_streams_and_reloads_state() {
     assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
     assert!(err.contains("[16 tokens, cache hits"), "progress lines missing: {err}");
 }
+
+/// Images through the C ABI from Python (examples/python/image.py): both
+/// fixture images attached, their markup in the message's `media`, and the
+/// greedy answer is the pure-torch reference's (tests/gen_k3_vision_tower.py).
+#[test]
+fn python_example_answers_from_images() {
+    if !python3_present("python_example_answers_from_images") {
+        return;
+    }
+    let tmp = TempDir::new("ffi-py-image");
+    let c = crate::common::convert("kimi_k3-vision", "f32", "f32", tmp.path());
+    let fixture = crate::common::fixture("kimi_k3-vision");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(fixture.join("reference.json")).unwrap()).unwrap();
+    let want: Vec<String> =
+        r["chat"]["greedy_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap().to_string()).collect();
+    let o = Command::new("python3")
+        .arg(root().join("examples/python/image.py"))
+        .arg(&c)
+        .arg(want.len().to_string())
+        .arg(r["cli"]["text"].as_str().unwrap())
+        .arg(fixture.join("image_a.png"))
+        .arg(fixture.join("image_b.png"))
+        .env("WASTE_LIB", shared_lib())
+        .output()
+        .expect("run python3");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "the Python image example failed:\n{out}\n{err}");
+    assert!(out.contains("150x100, 24 positions") && out.contains("40x130, 10 positions"), "{out}");
+    assert!(out.contains(&format!("tokens: {}", want.join(" "))), "{out}");
+}

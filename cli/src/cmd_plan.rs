@@ -43,7 +43,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
                 .ok_or_else(|| usage(format!("--ram {t:?}: expected a size such as 64G or 16GiB")))?,
         ),
     };
-    let p = waste_host::plan::plan_path_for_images(&a.model, a.ctx, budget, ram, a.vision)
+    let p = waste_host::vision::plan::plan_path_for_images(&a.model, a.ctx, budget, ram, a.vision)
         .with_context(|| format!("planning {}", a.model.display()))?;
     if a.json {
         let source = match p.budget_source {

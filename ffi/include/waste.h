@@ -528,9 +528,8 @@ typedef struct waste_chat_message {
    */
   struct waste_str extra;
   /**
-   * The markup of each image in the message
-   * ([`waste_session_attach_image`](crate::images::waste_session_attach_image)),
-   * rendered before the content: `n_media` strings (NULL when 0).
+   * The markup of each image in the message (as `waste_session_attach_image`
+   * returns it), rendered before the content: `n_media` strings (NULL when 0).
    */
   const struct waste_str *media;
   size_t n_media;

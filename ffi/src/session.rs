@@ -26,9 +26,8 @@ pub struct waste_chat_message {
     pub content: waste_str,
     /// Further fields as a JSON object text; `ptr` NULL = none.
     pub extra: waste_str,
-    /// The markup of each image in the message
-    /// ([`waste_session_attach_image`](crate::images::waste_session_attach_image)),
-    /// rendered before the content: `n_media` strings (NULL when 0).
+    /// The markup of each image in the message (as `waste_session_attach_image`
+    /// returns it), rendered before the content: `n_media` strings (NULL when 0).
     pub media: *const waste_str,
     pub n_media: usize,
 }

@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 use waste_engine::model::state_io::Transcript;
 use waste_engine::model::{Splice, State};
 use waste_engine::vision::expand_placeholders;
-use waste_engine::vision::images::ImageRows;
+use waste_engine::images::ImageRows;
 use waste_engine::{Error, Model, StepStats};
 
 /// The guest's embedded bytes, built from guest/ by build.rs.

@@ -373,7 +373,7 @@ pub struct Snapshot {
 /// An image run through the model's vision tower ([`Session::encode_image`]):
 /// its rows, shared by every prompt that attaches it.
 #[derive(Debug, Clone)]
-pub struct Image(Arc<waste_engine::vision::images::ImageRows>);
+pub struct Image(Arc<waste_engine::images::ImageRows>);
 
 impl Image {
     /// The size the file declares.

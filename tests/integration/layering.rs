@@ -231,15 +231,22 @@ fn find_cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     None
 }
 
+/// Every circle of every graph: after each one found, its closing edge is
+/// taken out and the search runs again, so a second circle is not hidden
+/// behind the first (one was, and cost a CI run to find).
 fn circles(src: &Path) -> Vec<String> {
-    sibling_graphs(src)
-        .iter()
-        .filter_map(|(parent, g)| {
-            let c = find_cycle(g)?;
-            let at = if parent.is_empty() { "crate".to_string() } else { format!("crate::{}", parent.join("::")) };
-            Some(format!("under {at}: {}", c.join(" -> ")))
-        })
-        .collect()
+    let mut out = Vec::new();
+    for (parent, mut g) in sibling_graphs(src) {
+        let at = if parent.is_empty() { "crate".to_string() } else { format!("crate::{}", parent.join("::")) };
+        while let Some(c) = find_cycle(&g) {
+            out.push(format!("under {at}: {}", c.join(" -> ")));
+            let (from, to) = (&c[c.len() - 2], &c[c.len() - 1]);
+            if let Some(edges) = g.get_mut(from) {
+                edges.remove(to);
+            }
+        }
+    }
+    out
 }
 
 #[test]
@@ -253,8 +260,8 @@ fn no_crate_has_an_import_circle_between_its_modules() {
     assert!(found.is_empty(), "import circles:\n{}", found.join("\n"));
 }
 
-/// The checker itself: a circle of top-level modules, one among the
-/// submodules of a module, `super::` chains, groups, and test code left out.
+/// The checker itself: a circle of top-level modules, a second one among
+/// the same modules, one among the submodules of a module, `super::` chains, groups, and test code left out.
 #[test]
 fn the_layering_check_sees_circles_at_every_depth() {
     let dir = crate::common::TempDir::new("layering");
@@ -264,18 +271,22 @@ fn the_layering_check_sees_circles_at_every_depth() {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
     };
-    write("lib.rs", "mod a; mod b; mod c;");
+    write("lib.rs", "mod a; mod b; mod c; mod d; mod e;");
     write("a.rs", "use crate::b::X;");
+    // A second circle among the same siblings, reported beside the first.
+    write("d.rs", "use crate::e::X;");
+    write("e.rs", "use crate::d::Y;");
     write("b/mod.rs", "mod x; mod y;");
     // `super::x` here is `b::x` (a sibling), `super::super::c` is `crate::c`.
     write("b/y.rs", "use super::x::Z;\nuse super::super::c::Y;");
     write("b/x.rs", "use crate::b::{y::W, Q};");
     write("c.rs", "#[cfg(test)]\nmod more_tests;\nfn f() { crate::a::g() }\n#[cfg(test)]\nmod tests { use crate::b; }");
     let found = circles(src);
-    assert_eq!(found.len(), 2, "{found:?}");
-    assert!(found.iter().any(|c| c.starts_with("under crate: ")), "{found:?}");
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert_eq!(found.iter().filter(|c| c.starts_with("under crate: ")).count(), 2, "{found:?}");
     assert!(found.iter().any(|c| c.starts_with("under crate::b: ")), "{found:?}");
     write("b/x.rs", "fn z() {}");
+    write("e.rs", "fn e() {}");
     write("c.rs", "fn f() {}\n#[cfg(test)]\nmod tests { use crate::a; }");
     assert_eq!(circles(src), Vec::<String>::new());
 }

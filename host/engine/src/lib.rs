@@ -21,6 +21,7 @@ pub mod convert;
 pub mod error;
 pub mod files;
 pub mod gguf;
+pub mod images;
 pub mod info;
 pub mod model;
 mod open;

@@ -167,48 +167,8 @@ pub fn plan_path_for_ram(
     budget: Option<u64>,
     usable_ram: Option<u64>,
 ) -> Result<MemoryPlan> {
-    plan_path_for_images(path, context, budget, usable_ram, false)
-}
-
-/// As [`plan_path_for_ram`]; with `vision`, also for images through Kimi
-/// K3's tower ([`vision_bytes`]; refused for a model without one).
-pub fn plan_path_for_images(
-    path: &Path,
-    context: Option<usize>,
-    budget: Option<u64>,
-    usable_ram: Option<u64>,
-    vision: bool,
-) -> Result<MemoryPlan> {
     let container = Container::open(path)?;
-    let vision = match (vision, vision_bytes(&container)?) {
-        (false, _) => 0,
-        (true, Some(b)) => b,
-        (true, None) => return Err(Error::Unsupported("this model has no vision tower to plan for".into())),
-    };
-    plan_inputs(&container, context, budget, usable_ram, 1, vision)
-}
-
-/// What images add to a plan: the tower's weights as the model holds them
-/// (the stored matrices, the position grid expanded to f32), the tower's
-/// buffers for the largest image the processor lets through
-/// (`vision::tower::activation_bytes`) and that image's rows. None: the
-/// container has no tower.
-pub fn vision_bytes(container: &Container) -> Result<Option<u64>> {
-    let Some(cfg) = container.config().k3.as_ref().and_then(|k| k.vision) else {
-        return Ok(None);
-    };
-    let stored = vision_tower_bytes(container.manifest());
-    if stored == 0 {
-        return Ok(None);
-    }
-    let pre = container.image_preprocessing()?;
-    // Padding to whole merge cells adds at most a row and a column.
-    let patches = pre.in_patch_limit + 2 * pre.patch_limit_on_one_side + 1;
-    let grid = 4 * (cfg.pos_grid.0 * cfg.pos_grid.1 * cfg.hidden) as u64;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let buffers = crate::vision::tower::activation_bytes(&cfg, patches, threads);
-    let rows = 4 * (patches / 4 * cfg.text_hidden) as u64;
-    Ok(Some(stored + grid + buffers + rows))
+    plan_inputs(&container, context, budget, usable_ram, 1, 0)
 }
 
 pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Result<usize> {
@@ -248,7 +208,7 @@ pub fn plan_for_ram(
     plan_inputs(container, context, budget, usable_ram, 1, 0)
 }
 
-fn plan_inputs(
+pub(crate) fn plan_inputs(
     container: &Container,
     context: Option<usize>,
     budget: Option<u64>,

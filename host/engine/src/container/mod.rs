@@ -233,19 +233,6 @@ impl Container {
     }
 
     /// The tokenizer and template files as (file name, bytes).
-    /// Kimi K3's image processor settings: `media_proc_cfg` of the copied
-    /// preprocessor_config.json, the release's values without one.
-    pub fn image_preprocessing(&self) -> Result<crate::vision::preprocess::PreprocessConfig> {
-        use crate::vision::preprocess::{PreprocessConfig, PREPROCESSOR_FILE};
-        let Some((_, bytes)) = self.tokenizer_files.iter().find(|(n, _)| n == PREPROCESSOR_FILE) else {
-            return Ok(PreprocessConfig::default());
-        };
-        let path = self.dir.join(PREPROCESSOR_FILE);
-        let v: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| Error::format(&path, format!("malformed JSON: {e}")))?;
-        PreprocessConfig::from_json(&v, &path)
-    }
-
     pub fn tokenizer_files(&self) -> &[(String, Vec<u8>)] {
         &self.tokenizer_files
     }

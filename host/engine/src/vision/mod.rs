@@ -1,10 +1,12 @@
 //! Kimi K3's image input (issue 20): the files (`decode`), the release's
 //! preprocessing bit for bit against Pillow and numpy (`preprocess`), and
 //! the vision tower with its projector (`tower`), whose rows replace the
-//! prompt's `<|media_pad|>` tokens (`Transformer::forward_spliced`).
+//! prompt's `<|media_pad|>` tokens (`Transformer::forward_spliced`); what
+//! images add to a memory plan (`plan`). Nothing here names the opened
+//! model, which holds its tower: the model's image methods come after it.
 
 pub mod decode;
-pub mod images;
+pub mod plan;
 pub mod preprocess;
 pub mod tower;
 

@@ -6,6 +6,7 @@
 //! patches in raster order. Bit for bit against Pillow and numpy
 //! (tests/gen_k3_vision_preprocess.py).
 
+use crate::container::Container;
 use crate::error::{Error, Result};
 
 /// The processor's settings (`media_proc_cfg` of preprocessor_config.json).
@@ -36,6 +37,19 @@ pub struct Chessboard {
 pub const PREPROCESSOR_FILE: &str = "preprocessor_config.json";
 
 impl PreprocessConfig {
+    /// Kimi K3's image processor settings for a container: `media_proc_cfg`
+    /// of its copied preprocessor_config.json, the release's values without
+    /// one.
+    pub fn of_container(container: &Container) -> Result<PreprocessConfig> {
+        let Some((_, bytes)) = container.tokenizer_files().iter().find(|(n, _)| n == PREPROCESSOR_FILE) else {
+            return Ok(PreprocessConfig::default());
+        };
+        let path = container.dir().join(PREPROCESSOR_FILE);
+        let v: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| Error::format(&path, format!("malformed JSON: {e}")))?;
+        PreprocessConfig::from_json(&v, &path)
+    }
+
     /// `media_proc_cfg` of preprocessor_config.json (`path` names the file
     /// in errors). Keys it lacks keep the release's values; settings this
     /// pipeline does not implement (a fixed token count, a fill stage other

@@ -5,16 +5,16 @@
 
 use std::sync::Arc;
 
-use super::decode::{decode, MAX_SOURCE_PIXELS};
-use super::expand_placeholders;
-use super::preprocess::{preprocess, PreprocessConfig};
-use super::tower::VisionTower;
 use crate::config::VisionConfig;
 use crate::error::{Error, Result};
 use crate::model::{Splice, State};
 use crate::open::Model;
 use crate::source::TensorSource;
 use crate::stats::StepStats;
+use crate::vision::decode::{decode, MAX_SOURCE_PIXELS};
+use crate::vision::expand_placeholders;
+use crate::vision::preprocess::{preprocess, PreprocessConfig};
+use crate::vision::tower::VisionTower;
 
 /// One image, ready for a prompt.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,9 +36,9 @@ impl Model {
         self.container().has(&format!("{}.patch_embed.proj.weight", crate::config::VISION_TOWER)).then_some(v)
     }
 
-    /// The container's `media_proc_cfg` (`Container::image_preprocessing`).
+    /// The container's `media_proc_cfg` (`PreprocessConfig::of_container`).
     pub fn image_preprocessing(&self) -> Result<PreprocessConfig> {
-        self.container().image_preprocessing()
+        PreprocessConfig::of_container(self.container())
     }
 
     fn tower(&self, cfg: &VisionConfig) -> Result<Arc<VisionTower>> {
@@ -57,9 +57,9 @@ impl Model {
         if self.vision().is_none() {
             return Err(Error::Unsupported("this model has no vision tower: text input only".into()));
         }
-        let (w, h) = super::decode::dimensions(bytes)?;
+        let (w, h) = crate::vision::decode::dimensions(bytes)?;
         let cfg = self.image_preprocessing()?;
-        Ok(super::preprocess::plan(w, h, &cfg).tokens(&cfg))
+        Ok(crate::vision::preprocess::plan(w, h, &cfg).tokens(&cfg))
     }
 
     /// An image file's bytes (PNG, JPEG, WebP, GIF) to its rows: bounded in

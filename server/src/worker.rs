@@ -387,7 +387,7 @@ fn run_job(
         counters.dropped_queued.fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let (start, boundary) = match resume(session, model, counters, prefixes, &tokens) {
+    let (start, boundary) = match resume(session, model, counters, prefixes, &tokens, &images) {
         Ok(r) => r,
         Err(e) => {
             counters.failed.fetch_add(1, Ordering::Relaxed);
@@ -395,11 +395,6 @@ fn run_job(
             return;
         }
     };
-    // A held state never covers an image (`Snapshot::usable_prefix`): every
-    // image of the prompt lies in what is evaluated now.
-    for image in &images {
-        session.attach(image);
-    }
     let tx = job.events.clone();
     let want = job.want_texts;
     let words = Arc::clone(vocab);
@@ -461,6 +456,7 @@ fn resume(
     counters: &Counters,
     prefixes: &mut PrefixCache,
     tokens: &[u32],
+    images: &[waste_host::Image],
 ) -> waste_host::Result<(usize, Option<Snapshot>)> {
     let rewindable = model.rewindable_state();
     let mut start = match prefixes.take_best(tokens, rewindable) {
@@ -476,6 +472,12 @@ fn resume(
             0
         }
     };
+    // A held state never covers an image (`Snapshot::usable_prefix`): every
+    // image of the prompt lies in what is evaluated from here, the boundary
+    // evaluation below included, so they are attached before it.
+    for image in images {
+        session.attach(image);
+    }
     counters.prompt_tokens_evaluated.fetch_add((tokens.len() - start) as u64, Ordering::Relaxed);
     let mut boundary = None;
     if !rewindable && prefixes.capacity > 0 && tokens.len() - start > 1 {

@@ -762,7 +762,10 @@ fn server_ollama_tool_calls() {
 /// Images through the OpenAI and Anthropic clients (tests/server/test_images.py):
 /// base64 `image_url` parts and `image` blocks answer as the pure-torch
 /// reference does on the tiny K3 with a vision tower; remote URLs are
-/// refused, never fetched.
+/// refused, never fetched. Run with the prefix cache, where K3's recurrent
+/// layers make the worker evaluate the prompt up to its last token before
+/// generating (the images must be attached by then: they once were not), and
+/// without it, where the whole prompt goes to generation.
 #[test]
 fn server_answers_image_prompts_from_both_clients() {
     if let Err(why) = python_has("openai, anthropic", "openai anthropic") {
@@ -771,8 +774,10 @@ fn server_answers_image_prompts_from_both_clients() {
     }
     let tmp = TempDir::new("server-images");
     let c = convert("kimi_k3-vision", "f32", "f32", tmp.path());
-    let (_server, url) = start(&c, &[]);
     let id = c.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
     let fixture = fixture("kimi_k3-vision");
-    run_client_script("test_images.py", "all image checks passed", "images", &url, &[id, fixture.to_str().unwrap()]);
+    for (name, args) in [("images", &[][..]), ("images, no prefix cache", &["--cache-sessions", "0"][..])] {
+        let (_server, url) = start(&c, args);
+        run_client_script("test_images.py", "all image checks passed", name, &url, &[id, fixture.to_str().unwrap()]);
+    }
 }

@@ -19,10 +19,10 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use crate::bindings::{engine::Engine as EngineBindings, wit_model as wit, wit_step_stats};
 use crate::params::TokenEvent;
 use std::collections::VecDeque;
+use waste_engine::images::ImageRows;
 use waste_engine::model::state_io::Transcript;
 use waste_engine::model::{Splice, State};
 use waste_engine::vision::expand_placeholders;
-use waste_engine::images::ImageRows;
 use waste_engine::{Error, Model, StepStats};
 
 /// The guest's embedded bytes, built from guest/ by build.rs.
@@ -55,11 +55,15 @@ pub(crate) struct ModelSlot {
     /// Images attached for the next evaluations, in prompt order: the
     /// placeholder tokens of `forward`'s `tokens` take them one each.
     pub images: VecDeque<Arc<ImageRows>>,
+    /// The image placeholder token when the model has a vision tower,
+    /// looked up once rather than on every evaluation.
+    placeholder: Option<u32>,
 }
 
 impl ModelSlot {
     pub fn new(model: Arc<Model>, state: State) -> ModelSlot {
-        ModelSlot { model, state, transcript: Transcript::default(), images: VecDeque::new() }
+        let placeholder = model.vision().map(|v| v.placeholder);
+        ModelSlot { model, state, transcript: Transcript::default(), images: VecDeque::new(), placeholder }
     }
 
     /// Evaluates the held token (if any) and `tokens`; returns the logits of
@@ -69,9 +73,8 @@ impl ModelSlot {
     /// advance by the expanded length.
     pub fn forward(&mut self, tokens: &[u32], all_positions: bool) -> waste_engine::Result<(Vec<f32>, StepStats)> {
         let held = self.transcript.pending().is_some();
-        let placeholder = self.model.vision().map(|v| v.placeholder);
-        let wanted = placeholder.map_or(0, |p| tokens.iter().filter(|&&t| t == p).count());
-        let (fed, at, rows) = match placeholder {
+        let wanted = self.placeholder.map_or(0, |p| tokens.iter().filter(|&&t| t == p).count());
+        let (fed, at, rows) = match self.placeholder {
             Some(p) if wanted > 0 => {
                 if self.images.len() < wanted {
                     return Err(Error::Arg(format!(

@@ -759,17 +759,18 @@ fn server_ollama_tool_calls() {
     each_scripted_tool_server(|name, url, served| run_ollama_script(name, url, &[served, "tools", name]));
 }
 
-/// Images through the OpenAI and Anthropic clients (tests/server/test_images.py):
-/// base64 `image_url` parts and `image` blocks answer as the pure-torch
+/// Images through the OpenAI, Anthropic and Ollama clients
+/// (tests/server/test_images.py): base64 `image_url` parts, `image` blocks
+/// and Ollama `images` answer as the pure-torch
 /// reference does on the tiny K3 with a vision tower; remote URLs are
 /// refused, never fetched. Run with the prefix cache, where K3's recurrent
 /// layers make the worker evaluate the prompt up to its last token before
 /// generating (the images must be attached by then: they once were not), and
 /// without it, where the whole prompt goes to generation.
 #[test]
-fn server_answers_image_prompts_from_both_clients() {
-    if let Err(why) = python_has("openai, anthropic", "openai anthropic") {
-        report_skip(&format!("SKIP server_answers_image_prompts_from_both_clients: {why}"));
+fn server_answers_image_prompts_from_every_client() {
+    if let Err(why) = python_has("openai, anthropic, ollama", "openai anthropic ollama") {
+        report_skip(&format!("SKIP server_answers_image_prompts_from_every_client: {why}"));
         return;
     }
     let tmp = TempDir::new("server-images");

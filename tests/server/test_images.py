@@ -15,6 +15,10 @@ template and the images' markup before the text. Checked:
     fetched; a data URL that is not an image is a 400 naming the part.
   - Anthropic: `image` blocks with base64 sources answer with the same text;
     count_tokens equals the run's input_tokens; a `url` source is refused.
+  - Ollama: a message's `images` (the client base64-encodes the files) in
+    /api/chat, and `images` beside the prompt in /api/generate, answer with
+    the same text, prompt_eval_count counting every image row; images with
+    `raw` are refused.
 
 Exits 0 printing "all image checks passed", 1 with the failures listed otherwise.
 """
@@ -24,6 +28,7 @@ import pathlib
 import sys
 
 import anthropic
+import ollama
 import openai
 
 url, key, model, fixture = sys.argv[1:5]
@@ -77,6 +82,21 @@ try:
     failures.append("anthropic: a url source was accepted")
 except anthropic.BadRequestError as e:
     check("not fetched" in str(e), f"anthropic url source: {e}")
+
+ol = ollama.Client(host=url, headers={"Authorization": "Bearer " + key}, timeout=120)
+files = [(fixture / f"image_{k}.png").read_bytes() for k in ("a", "b")]
+options = {"temperature": 0, "num_predict": n}
+r = ol.chat(model=model, messages=[{"role": "user", "content": text, "images": files}], options=options)
+check(r.message.content == want, f"ollama chat: {r.message.content!r} != {want!r}")
+check(r.prompt_eval_count == expanded, f"ollama chat: prompt_eval_count {r.prompt_eval_count} != {expanded}")
+r = ol.generate(model=model, prompt=text, images=files, options=options)
+check(r.response == want, f"ollama generate: {r.response!r} != {want!r}")
+check(r.prompt_eval_count == expanded, f"ollama generate: prompt_eval_count {r.prompt_eval_count} != {expanded}")
+try:
+    ol.generate(model=model, prompt=text, images=files, raw=True, options=options)
+    failures.append("ollama: images with raw were accepted")
+except ollama.ResponseError as e:
+    check(e.status_code == 400 and "raw must be false" in str(e), f"ollama raw with images: {e}")
 
 if failures:
     print("\n".join(failures))

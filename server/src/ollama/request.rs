@@ -9,6 +9,7 @@ use waste_host::{ChatMessage, GenerateParams};
 
 use crate::body::{field, raw_field, Obj};
 use crate::error::ApiError;
+use crate::images::Images;
 use crate::request::Prompt;
 
 pub struct Request {
@@ -92,15 +93,25 @@ fn options(o: &Obj, context: usize) -> Result<GenerateParams, ApiError> {
     })
 }
 
-fn no_images(v: Option<&Value>, what: &str) -> Result<(), ApiError> {
+/// An `images` field: a list of base64 image files (the clients encode a
+/// path or bytes before sending), each decoded into `images` and its
+/// markup returned, in order.
+fn images_of(v: Option<&Value>, param: &str, images: &mut Images) -> Result<Vec<String>, ApiError> {
     match v {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Array(a)) if a.is_empty() => Ok(()),
-        Some(_) => Err(bad(format!("{what}: images are not supported by a text model"))),
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(k, x)| match x.as_str() {
+                Some(data) => images.add_base64(data, &format!("{param}[{k}]")),
+                None => Err(bad(format!("{param}[{k}] must be a base64 string"))),
+            })
+            .collect(),
+        Some(_) => Err(bad(format!("{param} must be a list of base64 strings"))),
     }
 }
 
-fn messages(o: &Obj, body: &[u8]) -> Result<Vec<ChatMessage>, ApiError> {
+fn messages(o: &Obj, body: &[u8], images: &mut Images) -> Result<Vec<ChatMessage>, ApiError> {
     let list: &[Value] = match field(o, "messages") {
         Some(Value::Array(list)) => list,
         None => &[],
@@ -120,11 +131,11 @@ fn messages(o: &Obj, body: &[u8]) -> Result<Vec<ChatMessage>, ApiError> {
             Some(Value::String(s)) => s.clone(),
             Some(_) => return Err(bad(format!("messages[{i}].content must be a string"))),
         };
-        no_images(m.get("images"), &format!("messages[{i}]"))?;
+        let media = images_of(m.get("images"), &format!("messages[{i}].images"), images)?;
         // Further fields (tool_calls with object arguments, tool_name,
         // tool_call_id) reach the template as the client wrote them.
         let extra = raw.get(i).and_then(|r| crate::ordered::message_extra(r));
-        out.push(ChatMessage { role, content: Some(content), extra, media: Vec::new() });
+        out.push(ChatMessage { role, content: Some(content), extra, media });
     }
     Ok(out)
 }
@@ -158,7 +169,8 @@ fn object(body: &[u8]) -> Result<Obj, ApiError> {
 pub fn parse_chat(body: &[u8], context: usize) -> Result<Request, ApiError> {
     let o = object(body)?;
     let model = model(&o)?;
-    let messages = messages(&o, body)?;
+    let mut images = Images::default();
+    let messages = messages(&o, body, &mut images)?;
     let constraint = crate::structured::constraint(crate::structured::ollama(&o)?);
     let (stream, unload) = stream_and_keep_alive(&o)?;
     let tools = match field(&o, "tools") {
@@ -169,12 +181,7 @@ pub fn parse_chat(body: &[u8], context: usize) -> Result<Request, ApiError> {
     };
     let params = GenerateParams { constraint, ..options(&o, context)? };
     let tools_enabled = tools.is_some();
-    let prompt = (!messages.is_empty()).then_some(Prompt::Chat {
-        messages,
-        tools,
-        template_vars: None,
-        images: Default::default(),
-    });
+    let prompt = (!messages.is_empty()).then_some(Prompt::Chat { messages, tools, template_vars: None, images });
     Ok(Request { model, prompt, params, stream, tools_enabled, unload })
 }
 
@@ -183,7 +190,6 @@ pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> 
     let model = model(&o)?;
     let constraint = crate::structured::constraint(crate::structured::ollama(&o)?);
     let (stream, unload) = stream_and_keep_alive(&o)?;
-    no_images(o.get("images"), "images")?;
     for key in ["suffix", "template"] {
         if field(&o, key).is_some_and(|v| v.as_str() != Some("")) {
             return Err(bad(format!("{key} is not supported by this server")));
@@ -205,6 +211,13 @@ pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> 
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(bad("system must be a string")),
     };
+    let mut images = Images::default();
+    let media = images_of(field(&o, "images"), "images", &mut images)?;
+    if raw && !media.is_empty() {
+        // A raw prompt is the model's text as written: there is no
+        // template to place the images' markup in.
+        return Err(bad("images need a templated prompt: raw must be false"));
+    }
     let params = GenerateParams { constraint, ..options(&o, context)? };
     let prompt = text.map(|text| {
         if raw {
@@ -214,8 +227,8 @@ pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> 
                 .map(|s| ChatMessage { role: "system".into(), content: Some(s), extra: None, media: Vec::new() })
                 .into_iter()
                 .collect();
-            messages.push(ChatMessage { role: "user".into(), content: Some(text), extra: None, media: Vec::new() });
-            Prompt::Chat { messages, tools: None, template_vars: None, images: Default::default() }
+            messages.push(ChatMessage { role: "user".into(), content: Some(text), extra: None, media });
+            Prompt::Chat { messages, tools: None, template_vars: None, images }
         }
     });
     Ok(Request { model, prompt, params, stream, tools_enabled: false, unload })

@@ -209,20 +209,31 @@ impl<'a> MatRef<'a> {
         assert_eq!(out.len(), c, "row: out.len() != cols");
         match self.kind {
             Kind::F32(w) => out.copy_from_slice(&w[r * c..(r + 1) * c]),
+            // One scale conversion per group, not per value: the software
+            // f16 conversion cost 1.5 ns a value, which `matmul` paid for
+            // every weight of every input block (docs/PERFORMANCE.md).
             Kind::Q8 { scales, q } => {
                 let sc = self.row_scales(scales, r);
-                for (i, (o, &b)) in out.iter_mut().zip(&q[r * c..(r + 1) * c]).enumerate() {
-                    *o = f16_at(sc, i / GROUP) * (b as i8) as f32;
+                for (g, (og, qg)) in out.chunks_mut(GROUP).zip(q[r * c..(r + 1) * c].chunks(GROUP)).enumerate() {
+                    let s = f16_at(sc, g);
+                    for (o, &b) in og.iter_mut().zip(qg) {
+                        *o = s * (b as i8) as f32;
+                    }
                 }
             }
             Kind::Q4 { scales, q } => {
                 let sc = self.row_scales(scales, r);
                 let rb = c.div_ceil(2);
                 let qr = &q[r * rb..(r + 1) * rb];
-                for (i, o) in out.iter_mut().enumerate() {
-                    let b = qr[i / 2];
-                    let nib = if i % 2 == 0 { b & 0x0F } else { b >> 4 };
-                    *o = f16_at(sc, i / GROUP) * (nib as i32 - 8) as f32;
+                // GROUP is even, so every group starts on a byte.
+                for (g, (og, qg)) in out.chunks_mut(GROUP).zip(qr.chunks(GROUP / 2)).enumerate() {
+                    let s = f16_at(sc, g);
+                    for (o2, &b) in og.chunks_mut(2).zip(qg) {
+                        o2[0] = s * ((b & 0x0F) as i32 - 8) as f32;
+                        if let Some(hi) = o2.get_mut(1) {
+                            *hi = s * ((b >> 4) as i32 - 8) as f32;
+                        }
+                    }
                 }
             }
         }
@@ -499,6 +510,32 @@ impl QMatrix {
 mod tests {
     use super::{quantize_trunk, QMatrix, TrunkFormat};
     use crate::quant::simd::dot_f32;
+
+    /// Dequantised rows (`row_into`, one scale conversion per group) equal
+    /// what the dot kernels compute against unit vectors (a group's scale
+    /// times the exact code), on odd widths and partial last groups.
+    #[test]
+    fn dequantised_rows_equal_the_dot_kernels_on_unit_vectors() {
+        for (rows, cols) in [(3, 7), (4, 129), (2, 300)] {
+            let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
+            for fmt in [TrunkFormat::Q8, TrunkFormat::Q4] {
+                let m = QMatrix::from_byte_vec(fmt, rows, cols, quantize_trunk(fmt, &w, rows, cols)).unwrap();
+                let d = m.dequantize();
+                let mut e = vec![0f32; cols];
+                let mut col = vec![0f32; rows];
+                for j in 0..cols {
+                    e.fill(0.0);
+                    e[j] = 1.0;
+                    m.matvec(&e, &mut col);
+                    for r in 0..rows {
+                        // `==`: a zero code under a negative scale dequantises to
+                        // -0, which the dot's sum starting at +0 makes +0.
+                        assert!(d[r * cols + j] == col[r], "{fmt:?} {rows}x{cols} ({r}, {j})");
+                    }
+                }
+            }
+        }
+    }
 
     /// `matmul` gives `dot_f32` of each dequantised row with each input,
     /// bit for bit, on both of its paths (few inputs: tasks over rows; many:

@@ -89,7 +89,7 @@ pub use expert::{
     expert_forward_act, expert_payload_len, gate_up_tables_peak_bytes, ExpertScratch, GateUpTables,
 };
 pub use rvq::{fit_layer_codebooks, Codebooks, LayerCodebooks};
-pub use simd::{dot_f32, force_isa, isa, Isa};
+pub use simd::{dot_f32, force_isa, isa, matmul_block, Isa};
 pub use trunk::{quantize_trunk, QMatrix};
 
 /// Values per quantisation group along a row (q8/q4).

@@ -15,6 +15,72 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// `simd::matmul_block` in `R x T` register tiles (`simd::for_each_tile`),
+/// each pair exactly `simd::dot8_scalar`: one 8-lane FMA accumulator per
+/// pair, `hsum`'s lane order, the tail unfused.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `w` and `x` hold whole rows of `cols`
+/// and `out` holds `(w.len() / cols) * (x.len() / cols)` floats.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn matmul_block(w: &[f32], x: &[f32], cols: usize, out: &mut [f32]) {
+    use super::{TILE_INPUTS as T, TILE_ROWS as R};
+    let (nr, nt) = (w.len() / cols, x.len() / cols);
+    super::for_each_tile(nr, nt, |r, t, rr, tt| {
+        let (wp, xp) = (w[r * cols..].as_ptr(), x[t * cols..].as_ptr());
+        let op = out[r * nt + t..].as_mut_ptr();
+        // SAFETY: the tile's rr rows of w from r, tt rows of x from t and
+        // its outputs (rows r..r+rr at stride nt) lie inside the slices.
+        unsafe {
+            match (rr, tt) {
+                (R, T) => tile::<R, T>(wp, xp, cols, op, nt),
+                (R, 1) => tile::<R, 1>(wp, xp, cols, op, nt),
+                (1, T) => tile::<1, T>(wp, xp, cols, op, nt),
+                _ => tile::<1, 1>(wp, xp, cols, op, nt),
+            }
+        }
+    });
+}
+
+/// One tile: rows `wp[i * cols..]` (i < RR) against inputs `xp[t * cols..]`
+/// (t < TT) into `op[i * nt + t]`.
+///
+/// # Safety
+/// AVX2 and FMA; those rows, inputs and outputs are readable / writable.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile<const RR: usize, const TT: usize>(wp: *const f32, xp: *const f32, cols: usize, op: *mut f32, nt: usize) {
+    let whole = cols / 8 * 8;
+    let mut acc = [[_mm256_setzero_ps(); TT]; RR];
+    let mut k = 0;
+    while k < whole {
+        let mut xv = [_mm256_setzero_ps(); TT];
+        for (t, v) in xv.iter_mut().enumerate() {
+            // SAFETY: k + 8 <= cols inside input t.
+            *v = unsafe { _mm256_loadu_ps(xp.add(t * cols + k)) };
+        }
+        for (i, a) in acc.iter_mut().enumerate() {
+            // SAFETY: k + 8 <= cols inside row i.
+            let wv = unsafe { _mm256_loadu_ps(wp.add(i * cols + k)) };
+            for (at, v) in a.iter_mut().zip(&xv) {
+                *at = _mm256_fmadd_ps(wv, *v, *at);
+            }
+        }
+        k += 8;
+    }
+    for (i, a) in acc.iter().enumerate() {
+        for (t, at) in a.iter().enumerate() {
+            let mut s = hsum(*at);
+            for j in whole..cols {
+                // SAFETY: j < cols inside row i and input t.
+                s += unsafe { *wp.add(i * cols + j) * *xp.add(t * cols + j) };
+            }
+            // SAFETY: output (i, t) of the tile.
+            unsafe { *op.add(i * nt + t) = s };
+        }
+    }
+}
+
 /// # Safety
 /// The CPU supports AVX2 and FMA; `w.len() == x.len()`.
 #[target_feature(enable = "avx2,fma")]

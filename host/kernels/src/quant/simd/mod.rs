@@ -366,6 +366,66 @@ pub(crate) fn build_tables(x: &[f32], cbt: &[f32], stages: usize, entries: usize
     build_tables_generic(x, cbt, stages, entries, out)
 }
 
+/// Rows by inputs of `QMatrix::matmul`'s register tiles (AVX2: 12
+/// accumulators, 3 inputs and a weight vector fill the 16 registers).
+/// Only the x86-64 kernel tiles; elsewhere the portable loop runs.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) const TILE_ROWS: usize = 4;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) const TILE_INPUTS: usize = 3;
+
+/// `out[i * nt + t] = dot8(w row i, x row t)` for the `nr = w.len() / cols`
+/// rows of `w` and the `nt = x.len() / cols` rows of `x`: the matmul's
+/// pair product, computed in register tiles of several rows against several
+/// inputs (each vector load feeds three or four FMAs instead of one).
+///
+/// `dot8` (`dot8_scalar`) is one definition on every level: eight lanes,
+/// lane `l` accumulating the fused products of positions `l, l + 8, ..`
+/// below the last multiple of 8, the lanes summed as
+/// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`, then the tail's
+/// products added (unfused) in order. A pair's value depends on its row and
+/// input alone, never on the tile, the block or the thread it ran in.
+pub fn matmul_block(w: &[f32], x: &[f32], cols: usize, out: &mut [f32]) {
+    assert!(
+        cols > 0
+            && w.len().is_multiple_of(cols)
+            && x.len().is_multiple_of(cols)
+            && out.len() == (w.len() / cols) * (x.len() / cols),
+        "matmul_block: inconsistent lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected; lengths checked above.
+        return unsafe { avx2::matmul_block(w, x, cols, out) };
+    }
+    matmul_block_scalar(w, x, cols, out)
+}
+
+/// The tiles of an `nr x nt` block: whole `TILE_ROWS x TILE_INPUTS` tiles,
+/// then the leftover inputs of each row group one at a time, then each
+/// leftover row against input groups and single inputs. `f(r, t, rr, tt)`
+/// covers rows `r..r + rr` and inputs `t..t + tt`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn for_each_tile(nr: usize, nt: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
+    let (whole_r, whole_t) = (nr / TILE_ROWS * TILE_ROWS, nt / TILE_INPUTS * TILE_INPUTS);
+    for r in (0..whole_r).step_by(TILE_ROWS) {
+        for t in (0..whole_t).step_by(TILE_INPUTS) {
+            f(r, t, TILE_ROWS, TILE_INPUTS);
+        }
+        for t in whole_t..nt {
+            f(r, t, TILE_ROWS, 1);
+        }
+    }
+    for r in whole_r..nr {
+        for t in (0..whole_t).step_by(TILE_INPUTS) {
+            f(r, t, 1, TILE_INPUTS);
+        }
+        for t in whole_t..nt {
+            f(r, t, 1, 1);
+        }
+    }
+}
+
 // ---------------------------------------------------------------- scalar
 
 pub(crate) fn dot_f32_scalar(w: &[f32], x: &[f32]) -> f32 {
@@ -426,6 +486,34 @@ pub(crate) fn dot_q4_scalar(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
         total += f16_at(scales, g) * s;
     }
     total
+}
+
+/// The matmul's pair product (`matmul_block`'s definition): eight fused
+/// lanes, a fixed lane sum, the tail unfused. `mul_add` is the FMA
+/// instruction where the CPU has one (a library call elsewhere, which only
+/// the portable fallback pays).
+pub(crate) fn dot8_scalar(w: &[f32], x: &[f32]) -> f32 {
+    let (wc, xc) = (w.as_chunks::<8>(), x.as_chunks::<8>());
+    let mut l = [0f32; 8];
+    for (a, b) in wc.0.iter().zip(xc.0) {
+        for k in 0..8 {
+            l[k] = a[k].mul_add(b[k], l[k]);
+        }
+    }
+    let mut s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (a, b) in wc.1.iter().zip(xc.1) {
+        s += a * b;
+    }
+    s
+}
+
+pub(crate) fn matmul_block_scalar(w: &[f32], x: &[f32], cols: usize, out: &mut [f32]) {
+    let nt = x.len() / cols;
+    for (i, wr) in w.chunks_exact(cols).enumerate() {
+        for (t, xt) in x.chunks_exact(cols).enumerate() {
+            out[i * nt + t] = dot8_scalar(wr, xt);
+        }
+    }
 }
 
 /// The definition of an RVQ row: `sum_j table[j*256 + codes[j]]`, summed in

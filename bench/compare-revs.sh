@@ -15,7 +15,8 @@
 # OLD_CARGO_ARGS replaces the cargo arguments for the revision, when a
 # bench moved between crates (`-p waste-host --bench kernels` before the
 # host split); OLD_TARGET_DIR its target directory (a directory that
-# already holds a build of the same dependencies saves rebuilding them).
+# already holds a build of the same dependencies saves rebuilding them; not
+# the working tree's own, which the script refuses: see below).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 [ $# -ge 1 ] || { echo "usage: $0 REV [-n ROUNDS] -- CARGO_BENCH_ARGS..." >&2; exit 2; }
@@ -49,6 +50,10 @@ old="$(bench_bin "$tree" "${OLD_TARGET_DIR:-$cache/target-$commit}")"
 cargo_args=("${new_args[@]}")
 new="$(bench_bin "$root" "${CARGO_TARGET_DIR:-$root/target}")"
 [ -x "$old" ] && [ -x "$new" ] || { echo "could not build the bench (old: '$old', new: '$new')" >&2; exit 1; }
+# One target directory for both builds gives both the same executable path
+# (cargo's hash does not tell the worktree's packages from ours), and the
+# second build overwrites the first: both columns would run the new code.
+[ "$old" != "$new" ] || { echo "the revision and the working tree built to the same executable $new: give OLD_TARGET_DIR a directory of its own" >&2; exit 1; }
 for ((i = 1; i <= rounds; i++)); do
   for which in old new; do
     bin="$old"; name="$commit"

@@ -16,7 +16,9 @@ pub enum Isa {
     /// Portable Rust, always compiled; the reference of every test.
     Scalar,
     /// aarch64 Advanced SIMD: the `rvq4p` kernel, the trunk dot products
-    /// and the table build; the rvq3/rvq2 row walk runs its portable loop.
+    /// and the table build; the rvq3/rvq2 row walk runs its portable loop
+    /// (a `tbl`/`tbx` formulation models 3-5x slower on Neoverse cores:
+    /// bench/mca, docs/PERFORMANCE.md).
     Neon,
     /// x86-64 AVX2 + FMA (+ F16C-free: scales are converted in software).
     Avx2,

@@ -491,15 +491,13 @@ pub(crate) fn dot_q4_scalar(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
 }
 
 /// The matmul's pair product (`matmul_block`'s definition): eight fused
-/// lanes, a fixed lane sum, the tail unfused. `mul_add` is the FMA
-/// instruction where the CPU has one (a library call elsewhere, which only
-/// the portable fallback pays).
+/// lanes, a fixed lane sum, the tail unfused.
 pub(crate) fn dot8_scalar(w: &[f32], x: &[f32]) -> f32 {
     let (wc, xc) = (w.as_chunks::<8>(), x.as_chunks::<8>());
     let mut l = [0f32; 8];
     for (a, b) in wc.0.iter().zip(xc.0) {
         for k in 0..8 {
-            l[k] = a[k].mul_add(b[k], l[k]);
+            l[k] = fused_mul_add(a[k], b[k], l[k]);
         }
     }
     let mut s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
@@ -507,6 +505,36 @@ pub(crate) fn dot8_scalar(w: &[f32], x: &[f32]) -> f32 {
         s += a * b;
     }
     s
+}
+
+/// `a * b + c` rounded once, as the FMA instruction does. On aarch64 that
+/// is `mul_add` (FMA is baseline there). Elsewhere `mul_add` may be a C
+/// library call, and MinGW's `fmaf` is not fused (12 ulps off under wine,
+/// where CI caught it), so it is computed here: the product is exact in
+/// f64, the sum is rounded to odd (Boldo and Melquiond: then rounding to
+/// f32 is correct, 53 >= 24 + 2 bits), infinities and NaNs as f64 gives them.
+#[inline]
+pub(crate) fn fused_mul_add(a: f32, b: f32, c: f32) -> f32 {
+    if cfg!(target_arch = "aarch64") {
+        return a.mul_add(b, c);
+    }
+    let p = a as f64 * b as f64;
+    let c = c as f64;
+    let s = p + c;
+    if !s.is_finite() {
+        return s as f32;
+    }
+    // TwoSum: s + e == p + c exactly.
+    let pb = s - c;
+    let e = (p - pb) + (c - (s - pb));
+    let bits = s.to_bits();
+    let odd = if e != 0.0 && bits & 1 == 0 {
+        // One ulp toward the exact sum (bits + 1 moves away from zero).
+        f64::from_bits(if (e > 0.0) == (s > 0.0) { bits + 1 } else { bits - 1 })
+    } else {
+        s
+    };
+    odd as f32
 }
 
 pub(crate) fn matmul_block_scalar(w: &[f32], x: &[f32], cols: usize, out: &mut [f32]) {

@@ -53,18 +53,9 @@ pub unsafe extern "C" fn neon16(planes: *const u8, tc: *const u8, len: usize, ac
             let r = vqtbx4q_u8(r, vld1q_u8_x4(pb.add(128)), i2);
             *bk = vqtbx4q_u8(r, vld1q_u8_x4(pb.add(192)), i3);
         }
-        let l01 = vzip1q_u8(b[0], b[1]);
-        let h01 = vzip2q_u8(b[0], b[1]);
-        let l23 = vzip1q_u8(b[2], b[3]);
-        let h23 = vzip2q_u8(b[2], b[3]);
-        let f = [
-            vzip1q_u16(vreinterpretq_u16_u8(l01), vreinterpretq_u16_u8(l23)),
-            vzip2q_u16(vreinterpretq_u16_u8(l01), vreinterpretq_u16_u8(l23)),
-            vzip1q_u16(vreinterpretq_u16_u8(h01), vreinterpretq_u16_u8(h23)),
-            vzip2q_u16(vreinterpretq_u16_u8(h01), vreinterpretq_u16_u8(h23)),
-        ];
+        let f = planes_to_floats(b);
         for k in 0..4 {
-            a[k] = vaddq_f32(a[k], vreinterpretq_f32_u16(f[k]));
+            a[k] = vaddq_f32(a[k], f[k]);
         }
     }
     for k in 0..4 {
@@ -98,19 +89,26 @@ pub unsafe extern "C" fn neon64(planes: *const u8, tc: *const u8, len: usize, ac
         }
         for g in 0..4 {
             let ap = acc.add(16 * g);
-            let l01 = vzip1q_u8(b[g][0], b[g][1]);
-            let h01 = vzip2q_u8(b[g][0], b[g][1]);
-            let l23 = vzip1q_u8(b[g][2], b[g][3]);
-            let h23 = vzip2q_u8(b[g][2], b[g][3]);
-            let f = [
-                vzip1q_u16(vreinterpretq_u16_u8(l01), vreinterpretq_u16_u8(l23)),
-                vzip2q_u16(vreinterpretq_u16_u8(l01), vreinterpretq_u16_u8(l23)),
-                vzip1q_u16(vreinterpretq_u16_u8(h01), vreinterpretq_u16_u8(h23)),
-                vzip2q_u16(vreinterpretq_u16_u8(h01), vreinterpretq_u16_u8(h23)),
-            ];
+            let f = planes_to_floats(b[g]);
             for k in 0..4 {
-                vst1q_f32(ap.add(4 * k), vaddq_f32(vld1q_f32(ap.add(4 * k)), vreinterpretq_f32_u16(f[k])));
+                vst1q_f32(ap.add(4 * k), vaddq_f32(vld1q_f32(ap.add(4 * k)), f[k]));
             }
         }
     }
+}
+
+/// Four byte planes of 16 rows (byte b of each row's f32 in plane b) back
+/// into the rows' floats, 4 a register: two rounds of zips.
+#[inline(always)]
+unsafe fn planes_to_floats(b: [uint8x16_t; 4]) -> [float32x4_t; 4] {
+    let l01 = vreinterpretq_u16_u8(vzip1q_u8(b[0], b[1]));
+    let h01 = vreinterpretq_u16_u8(vzip2q_u8(b[0], b[1]));
+    let l23 = vreinterpretq_u16_u8(vzip1q_u8(b[2], b[3]));
+    let h23 = vreinterpretq_u16_u8(vzip2q_u8(b[2], b[3]));
+    [
+        vreinterpretq_f32_u16(vzip1q_u16(l01, l23)),
+        vreinterpretq_f32_u16(vzip2q_u16(l01, l23)),
+        vreinterpretq_f32_u16(vzip1q_u16(h01, h23)),
+        vreinterpretq_f32_u16(vzip2q_u16(h01, h23)),
+    ]
 }

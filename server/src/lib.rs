@@ -4,10 +4,9 @@
 //! carry the HTTP side and never run the engine themselves.
 
 mod anthropic;
-mod body;
 mod error;
 mod http;
-mod images;
+mod neutral;
 mod ollama;
 mod openai;
 mod ordered;

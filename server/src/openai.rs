@@ -13,6 +13,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use waste_host::StopReason;
 
 use crate::error::ApiError;
+use crate::neutral::engine_dropped;
 use crate::request::{self, Request};
 use crate::state::{
     add_warning, model_warning, next_id, now, read_body, streamed_response, RequestLog, Shared, Tokens,
@@ -87,7 +88,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
         system_fingerprint: state.system_fingerprint.clone(),
         logprobs: req.logprobs,
         tools: match (&req.prompt, req.tools_enabled) {
-            (request::Prompt::Chat { tools: Some(t), .. }, true) => Some(tools::Schema::from_tools(t)),
+            (crate::neutral::Prompt::Chat { tools: Some(t), .. }, true) => Some(tools::Schema::from_tools(t)),
             _ => None,
         },
         harmony: chat && matches!(state.model.chat_template(false), Ok(Some(t)) if t.contains("<|channel|>")),
@@ -105,7 +106,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
     match rx.recv().await {
         Some(Event::Started(_)) => {}
         Some(Event::Failed(e)) => return Err(e),
-        _ => return Err(ApiError::internal("the engine thread dropped the request")),
+        _ => return Err(engine_dropped()),
     }
     let mut response = if req.stream {
         let log = RequestLog::streamed(&state, &headers, if chat { "/v1/chat/completions" } else { "/v1/completions" });
@@ -126,7 +127,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
                     break response;
                 }
                 Some(Event::Failed(e)) => return Err(e),
-                None => return Err(ApiError::internal("the engine thread dropped the request")),
+                None => return Err(engine_dropped()),
             }
         }
     };
@@ -466,7 +467,7 @@ async fn sse_next(mut st: SseState) -> Option<(Result<String, Infallible>, SseSt
                 return Some((Ok(out), st));
             }
             None => {
-                out.push_str(&data(&ApiError::internal("the engine thread dropped the request").body().to_string()));
+                out.push_str(&data(&engine_dropped().body().to_string()));
                 out.push_str("data: [DONE]\n\n");
                 st.done = true;
                 st.log.finish(500, None);

@@ -5,23 +5,12 @@
 use serde_json::Value;
 use waste_host::{ChatMessage, GenerateParams};
 
-use crate::body::{bad, field, raw_field, Obj};
 use crate::error::ApiError;
-use crate::images::Images;
-
-pub enum Prompt {
-    Chat {
-        messages: Vec<ChatMessage>,
-        tools: Option<String>,
-        /// `chat_template_kwargs` (as vLLM and llama.cpp's server accept it):
-        /// further template variables as a JSON object text.
-        template_vars: Option<String>,
-        /// The images of the messages, in order (their markup is in the
-        /// messages' `media`).
-        images: Images,
-    },
-    Text(String),
-}
+use crate::neutral::fields::{
+    bad, boolean, field, integer, number, object, raw_field, raw_items, string, strings, Obj,
+};
+use crate::neutral::images::Images;
+use crate::neutral::{fresh_seed, Prompt};
 
 pub struct Request {
     pub model: Option<String>,
@@ -39,45 +28,9 @@ pub struct Request {
     pub constraint_field: Option<&'static str>,
 }
 
-fn number(o: &Obj, key: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
-    match field(o, key) {
-        None => Ok(None),
-        Some(v) => match v.as_f64() {
-            Some(x) if x >= lo && x <= hi => Ok(Some(x)),
-            _ => Err(bad(key, &format!("a number in [{lo}, {hi}]"))),
-        },
-    }
-}
-
-fn integer(o: &Obj, key: &str, lo: u64, hi: u64) -> Result<Option<u64>, ApiError> {
-    match field(o, key) {
-        None => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(x) if x >= lo && x <= hi => Ok(Some(x)),
-            _ => Err(bad(key, &format!("an integer in [{lo}, {hi}]"))),
-        },
-    }
-}
-
-fn boolean(o: &Obj, key: &str) -> Result<bool, ApiError> {
-    match field(o, key) {
-        None => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(bad(key, "a boolean")),
-    }
-}
-
 fn stop_strings(o: &Obj) -> Result<Vec<String>, ApiError> {
-    let list = match field(o, "stop") {
-        None => return Ok(Vec::new()),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| v.as_str().map(str::to_string))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad("stop", "a string or a list of strings"))?,
-        Some(_) => return Err(bad("stop", "a string or a list of strings")),
-    };
+    let Some(v) = field(o, "stop") else { return Ok(Vec::new()) };
+    let list = strings(v, true).ok_or_else(|| bad("stop", "a string or a list of strings"))?;
     if list.iter().any(String::is_empty) {
         return Err(bad("stop", "non-empty strings"));
     }
@@ -121,14 +74,9 @@ fn content(v: Option<&Value>, i: usize, images: &mut Images) -> Result<(Option<S
 }
 
 fn messages(o: &Obj, body: &[u8], images: &mut Images) -> Result<Vec<ChatMessage>, ApiError> {
-    let list = match field(o, "messages") {
-        Some(Value::Array(list)) if !list.is_empty() => list,
-        None => return Err(ApiError::bad_request("`messages` is required", Some("messages"))),
-        Some(_) => return Err(bad("messages", "a non-empty list of messages")),
-    };
+    let list = crate::neutral::fields::messages(o)?;
     // The same messages as raw JSON, for their fields in the client's order.
-    let raw: Vec<Box<serde_json::value::RawValue>> =
-        raw_field(body, "messages").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    let raw = raw_items(body, "messages");
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let m = m.as_object().ok_or_else(|| bad(&format!("messages[{i}]"), "an object"))?;
@@ -198,14 +146,8 @@ fn template_vars(o: &Obj, body: &[u8]) -> Result<Option<String>, ApiError> {
 /// Parses a request body. `chat` selects the chat shape (messages) over the
 /// completions shape (prompt); `context` bounds max_tokens' default.
 pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}"), None))?;
-    let o = value.as_object().ok_or_else(|| ApiError::bad_request("the request body must be a JSON object", None))?;
-    let model = match field(o, "model") {
-        None => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(bad("model", "a string")),
-    };
+    let o = &object(body)?;
+    let model = string(o, "model")?;
     // Fields that would change the answer are refused rather than ignored.
     for key in ["n", "best_of"] {
         if field(o, key).is_some_and(|n| n.as_u64() != Some(1)) {
@@ -312,16 +254,6 @@ fn logit_bias(o: &Obj) -> Result<Vec<(u32, f32)>, ApiError> {
         out.push((id, bias as f32));
     }
     Ok(out)
-}
-
-/// A seed for a request that gives none: different per request, as
-/// OpenAI's sampling is.
-pub(crate) fn fresh_seed() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    nanos ^ COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 #[cfg(test)]

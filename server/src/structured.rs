@@ -12,8 +12,8 @@
 use serde_json::Value;
 use waste_host::{Constraint, MAX_CONSTRAINT_BYTES};
 
-use crate::body::{bad, field, Obj};
 use crate::error::ApiError;
+use crate::neutral::fields::{bad, field, Obj};
 
 /// A request's constraint and the field that carried it.
 pub type Asked = Option<(Constraint, &'static str)>;

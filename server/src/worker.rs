@@ -12,7 +12,7 @@ use waste_host::plugin::SamplerPlugin;
 use waste_host::{Completion, Engine, Model, Session, Snapshot, StopReason, TokenEvent};
 
 use crate::error::{ApiError, Error, Result};
-use crate::request::Prompt;
+use crate::neutral::Prompt;
 
 /// The text of one token and of its alternatives, for log-probabilities.
 pub struct TokenTexts {

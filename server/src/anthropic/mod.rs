@@ -15,6 +15,7 @@ use tokio::sync::mpsc::unbounded_channel;
 use waste_host::{Completion, StopReason};
 
 use crate::error::ApiError;
+use crate::neutral::engine_dropped;
 use crate::state::{
     add_warning, json_answer, model_warning, next_id, read_body, streamed_response, RequestLog, Shared, Tokens,
 };
@@ -72,7 +73,7 @@ async fn count(state: Shared, headers: HeaderMap, body: Body) -> Result<Response
     match rx.recv().await {
         Some(Event::Counted(n)) => Ok(axum::Json(json!({"input_tokens": n})).into_response()),
         Some(Event::Failed(e)) => Err(e),
-        _ => Err(ApiError::internal("the engine thread dropped the request")),
+        _ => Err(engine_dropped()),
     }
 }
 
@@ -175,7 +176,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body) -> Result<Respons
     let req = request::parse(&bytes, false, state.context)?;
     let warning = model_warning(&state, req.model.as_deref())?;
     let waste_host_tools = match (&req.prompt, req.tools_enabled) {
-        (crate::request::Prompt::Chat { tools: Some(t), .. }, true) => Some(tools::Schema::from_tools(t)),
+        (crate::neutral::Prompt::Chat { tools: Some(t), .. }, true) => Some(tools::Schema::from_tools(t)),
         _ => None,
     };
     let reply = Reply {
@@ -200,7 +201,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body) -> Result<Respons
     let input_tokens = match rx.recv().await {
         Some(Event::Started(n)) => n,
         Some(Event::Failed(e)) => return Err(e),
-        _ => return Err(ApiError::internal("the engine thread dropped the request")),
+        _ => return Err(engine_dropped()),
     };
     let mut response = if req.stream {
         let log = RequestLog::streamed(&state, &headers, "/v1/messages");
@@ -221,7 +222,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body) -> Result<Respons
                 }
                 Some(Event::Failed(e)) => return Err(e),
                 Some(_) => {}
-                None => return Err(ApiError::internal("the engine thread dropped the request")),
+                None => return Err(engine_dropped()),
             }
         }
     };

@@ -10,11 +10,11 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use waste_host::{ChatMessage, GenerateParams};
 
-use crate::body::{bad, field, raw_field, Obj};
 use crate::error::ApiError;
-use crate::images::Images;
+use crate::neutral::fields::{self, bad, boolean, field, integer_in, number, object, raw_items, string, strings, Obj};
+use crate::neutral::images::Images;
+use crate::neutral::{fresh_seed, Prompt};
 use crate::ordered::Ordered;
-use crate::request::Prompt;
 
 pub struct Request {
     pub model: Option<String>,
@@ -215,8 +215,7 @@ fn tools(o: &Obj, body: &[u8]) -> Result<Option<(String, Vec<String>)>, ApiError
     if list.is_empty() {
         return Ok(None);
     }
-    let raw: Vec<Box<RawValue>> =
-        raw_field(body, "tools").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    let raw = raw_items(body, "tools");
     let (mut out, mut names) = (Vec::new(), Vec::new());
     for (i, t) in list.iter().enumerate() {
         let param = format!("tools[{i}]");
@@ -269,69 +268,38 @@ fn tool_choice(o: &Obj, names: Option<&[String]>) -> Result<bool, ApiError> {
     }
 }
 
+/// A count (`max_tokens`, `top_k`) of at least `lo`, in Anthropic's words.
+fn at_least(v: &Value, key: &str, lo: u64) -> Result<u64, ApiError> {
+    integer_in(v, lo, u32::MAX as u64).map_err(|_| bad(key, &format!("an integer of at least {lo}")))
+}
+
 /// Parses a Messages request; `count_only` for count_tokens, which has no
 /// `max_tokens` and generates nothing.
 pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}"), None))?;
-    let o = value.as_object().ok_or_else(|| ApiError::bad_request("the request body must be a JSON object", None))?;
-    let model = match field(o, "model") {
-        None => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(bad("model", "a string")),
-    };
+    let o = &object(body)?;
+    let model = string(o, "model")?;
     let max_tokens = match (field(o, "max_tokens"), count_only) {
         (None, false) => return Err(ApiError::bad_request("`max_tokens` is required", Some("max_tokens"))),
         (None, true) => 1,
-        (Some(v), _) => v
-            .as_u64()
-            .filter(|&n| n >= 1 && n <= u32::MAX as u64)
-            .ok_or_else(|| bad("max_tokens", "an integer of at least 1"))?,
+        (Some(v), _) => at_least(v, "max_tokens", 1)?,
     };
-    let list = match field(o, "messages") {
-        Some(Value::Array(list)) if !list.is_empty() => list,
-        None => return Err(ApiError::bad_request("`messages` is required", Some("messages"))),
-        Some(_) => return Err(bad("messages", "a non-empty list of messages")),
-    };
+    let list = fields::messages(o)?;
     let system = field(o, "system").map(|s| text_blocks(s, "system")).transpose()?;
-    let raw: Vec<Box<RawValue>> =
-        raw_field(body, "messages").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    let raw = raw_items(body, "messages");
     let mut images = Images::default();
     let messages = messages(list, &raw, system, &mut images)?;
     let tools = tools(o, body)?;
     let tools_enabled = tool_choice(o, tools.as_ref().map(|(_, n)| n.as_slice()))?;
-    let number = |key: &str, lo: f64, hi: f64| -> Result<Option<f64>, ApiError> {
-        field(o, key)
-            .map(|v| {
-                v.as_f64()
-                    .filter(|x| (lo..=hi).contains(x))
-                    .ok_or_else(|| bad(key, &format!("a number in [{lo}, {hi}]")))
-            })
-            .transpose()
-    };
-    let temperature = number("temperature", 0.0, 1.0)?.unwrap_or(1.0);
-    let top_p = number("top_p", 0.0, 1.0)?.unwrap_or(1.0);
-    let top_k = field(o, "top_k")
-        .map(|v| v.as_u64().filter(|&k| k <= u32::MAX as u64).ok_or_else(|| bad("top_k", "an integer of at least 0")))
-        .transpose()?;
+    let temperature = number(o, "temperature", 0.0, 1.0)?.unwrap_or(1.0);
+    let top_p = number(o, "top_p", 0.0, 1.0)?.unwrap_or(1.0);
+    let top_k = field(o, "top_k").map(|v| at_least(v, "top_k", 0)).transpose()?;
     let stop_strings = match field(o, "stop_sequences") {
         None => Vec::new(),
-        Some(Value::Array(list)) => list
-            .iter()
-            .map(|s| {
-                s.as_str()
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .ok_or_else(|| bad("stop_sequences", "a list of non-empty strings"))
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(bad("stop_sequences", "a list of non-empty strings")),
+        Some(v) => strings(v, false)
+            .filter(|list| list.iter().all(|s| !s.is_empty()))
+            .ok_or_else(|| bad("stop_sequences", "a list of non-empty strings"))?,
     };
-    let stream = match field(o, "stream") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(bad("stream", "a boolean")),
-    };
+    let stream = boolean(o, "stream")?;
     // `any` / `tool`: the answer is a call, its input valid against the
     // tool's schema (when the template's call syntax carries JSON).
     let forced = match field(o, "tool_choice").and_then(|c| c.get("type")).and_then(Value::as_str) {
@@ -351,7 +319,7 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
         top_k: top_k.unwrap_or(0) as u32,
         max_tokens: max_tokens.min(context as u64) as u32,
         stop_strings,
-        seed: crate::request::fresh_seed(),
+        seed: fresh_seed(),
         constraint,
         ..GenerateParams::default()
     };

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::{error_body, Block, Reply};
-use crate::error::ApiError;
+use crate::neutral::engine_dropped;
 use crate::state::RequestLog;
 use crate::worker::Event;
 
@@ -183,7 +183,7 @@ async fn next(mut st: Sse) -> Option<(Result<String, Infallible>, Sse)> {
             }
             Some(Event::Started(_)) | Some(Event::Counted(_)) => {}
             None => {
-                frame(&mut out, error_body(&ApiError::internal("the engine thread dropped the request")));
+                frame(&mut out, error_body(&engine_dropped()));
                 st.done = true;
                 st.log.finish(500, None);
                 return Some((Ok(out), st));

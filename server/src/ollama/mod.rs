@@ -19,6 +19,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use waste_host::{Completion, StopReason};
 
 use crate::error::ApiError;
+use crate::neutral::engine_dropped;
 use crate::state::{add_warning, json_answer, read_body, streamed_response, RequestLog, Shared, Tokens};
 use crate::tools;
 use crate::worker::{Event, Job};
@@ -258,7 +259,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
         chat,
         model: state.model_id.clone(),
         tools: match (&req.prompt, req.tools_enabled) {
-            (Some(crate::request::Prompt::Chat { tools: Some(t), .. }), true) => Some(tools::Schema::from_tools(t)),
+            (Some(crate::neutral::Prompt::Chat { tools: Some(t), .. }), true) => Some(tools::Schema::from_tools(t)),
             _ => None,
         },
         harmony: matches!(state.model.chat_template(false), Ok(Some(t)) if t.contains("<|channel|>")),
@@ -285,7 +286,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
     match rx.recv().await {
         Some(Event::Started(_)) => clock.started = Some(Instant::now()),
         Some(Event::Failed(e)) => return Err(e),
-        _ => return Err(ApiError::internal("the engine thread dropped the request")),
+        _ => return Err(engine_dropped()),
     }
     let mut response = if req.stream {
         let path = if chat { "/api/chat" } else { "/api/generate" };
@@ -306,7 +307,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
                 }
                 Some(Event::Failed(e)) => return Err(e),
                 Some(_) => {}
-                None => return Err(ApiError::internal("the engine thread dropped the request")),
+                None => return Err(engine_dropped()),
             }
         }
     };
@@ -373,7 +374,7 @@ async fn next_line(mut st: Ndjson) -> Option<(Result<String, Infallible>, Ndjson
             }
             Some(Event::Started(_)) | Some(Event::Counted(_)) => {}
             None => {
-                line(&mut out, &json!({"error": "the engine thread dropped the request"}));
+                line(&mut out, &json!({"error": engine_dropped().message}));
                 st.done = true;
                 st.log.finish(500, None);
                 return Some((Ok(out), st));

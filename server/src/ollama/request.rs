@@ -3,14 +3,13 @@
 //! Ollama's `Options.FromMap` does, Ollama's sampling defaults where an
 //! option is absent (temperature 0.8, top_k 40, top_p 0.9).
 
-use serde_json::value::RawValue;
 use serde_json::Value;
 use waste_host::{ChatMessage, GenerateParams};
 
-use crate::body::{field, raw_field, Obj};
 use crate::error::ApiError;
-use crate::images::Images;
-use crate::request::Prompt;
+use crate::neutral::fields::{field, number_in, raw_field, raw_items, strings, Obj, Refused};
+use crate::neutral::images::Images;
+use crate::neutral::{fresh_seed, Prompt};
 
 pub struct Request {
     pub model: String,
@@ -36,20 +35,16 @@ fn options(o: &Obj, context: usize) -> Result<GenerateParams, ApiError> {
         Some(_) => return Err(bad("options must be an object")),
     };
     let float = |k: &str, lo: f64, hi: f64| -> Result<Option<f64>, ApiError> {
-        match opts.get(k).filter(|v| !v.is_null()) {
-            None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
-                Some(_) => Err(bad(format!("option {k:?} must be in [{lo}, {hi}]"))),
-                None => Err(bad(format!("option {k:?} must be of type float"))),
-            },
-        }
+        let wrong = |why| match why {
+            Refused::Range => bad(format!("option {k:?} must be in [{lo}, {hi}]")),
+            Refused::Type => bad(format!("option {k:?} must be of type float")),
+        };
+        field(&opts, k).map(|v| number_in(v, lo, hi).map_err(wrong)).transpose()
     };
     let int = |k: &str| -> Result<Option<i64>, ApiError> {
-        match opts.get(k).filter(|v| !v.is_null()) {
-            None => Ok(None),
-            Some(v) => v.as_i64().map(Some).ok_or_else(|| bad(format!("option {k:?} must be of type integer"))),
-        }
+        field(&opts, k)
+            .map(|v| v.as_i64().ok_or_else(|| bad(format!("option {k:?} must be of type integer"))))
+            .transpose()
     };
     // Accepted and meaningless here (the runner's own settings), but still
     // of the right type, as Ollama checks them.
@@ -61,16 +56,12 @@ fn options(o: &Obj, context: usize) -> Result<GenerateParams, ApiError> {
         Some(n) if n >= 1 => (n as u64).min(context as u64) as usize,
         Some(n) => return Err(bad(format!("option \"num_predict\" must be -1, -2 or at least 1, not {n}"))),
     };
-    let stop_strings = match opts.get("stop").filter(|v| !v.is_null()) {
+    let stop_strings = match field(&opts, "stop") {
         None => Vec::new(),
-        Some(Value::Array(list)) => list
-            .iter()
-            .map(|s| s.as_str().map(str::to_string).ok_or_else(|| bad("option \"stop\" must be of type []string")))
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(bad("option \"stop\" must be of type []string")),
+        Some(v) => strings(v, false).ok_or_else(|| bad("option \"stop\" must be of type []string"))?,
     };
     let seed = match int("seed")? {
-        None | Some(-1) => crate::request::fresh_seed(),
+        None | Some(-1) => fresh_seed(),
         Some(s) => s as u64,
     };
     let top_k = match int("top_k")? {
@@ -117,8 +108,7 @@ fn messages(o: &Obj, body: &[u8], images: &mut Images) -> Result<Vec<ChatMessage
         None => &[],
         Some(_) => return Err(bad("messages must be a list of messages")),
     };
-    let raw: Vec<Box<RawValue>> =
-        raw_field(body, "messages").and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    let raw = raw_items(body, "messages");
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let m = m.as_object().ok_or_else(|| bad(format!("messages[{i}] must be an object")))?;
@@ -148,12 +138,17 @@ fn model(o: &Obj) -> Result<String, ApiError> {
     }
 }
 
+/// A boolean field, `default` when absent.
+fn boolean(o: &Obj, key: &str, default: bool) -> Result<bool, ApiError> {
+    match field(o, key) {
+        None => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(bad(format!("{key} must be a boolean"))),
+    }
+}
+
 fn stream_and_keep_alive(o: &Obj) -> Result<(bool, bool), ApiError> {
-    let stream = match field(o, "stream") {
-        None => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(bad("stream must be a boolean")),
-    };
+    let stream = boolean(o, "stream", true)?;
     let unload = matches!(field(o, "keep_alive"), Some(v) if v.as_f64() == Some(0.0) || v.as_str() == Some("0"));
     Ok((stream, unload))
 }
@@ -201,11 +196,7 @@ pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> 
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return Err(bad("prompt must be a string")),
     };
-    let raw = match field(&o, "raw") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(bad("raw must be a boolean")),
-    };
+    let raw = boolean(&o, "raw", false)?;
     let system = match field(&o, "system") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),

@@ -1,13 +1,13 @@
 //! Images in requests (issue 20): inline only, as base64 (OpenAI's
 //! `image_url` parts with a `data:` URL, Anthropic's `image` blocks with a
-//! base64 source). A URL is never fetched. Each image becomes its markup in
+//! base64 source, Ollama's `images` lists). A URL is never fetched. Each image becomes its markup in
 //! the message's `media` (the size comes from the file's header) and its
 //! bytes go with the prompt; the engine thread runs them through the
 //! model's vision tower.
 
 use base64::Engine as _;
 
-use crate::body::bad;
+use super::fields::bad;
 use crate::error::ApiError;
 
 /// Images one request may carry (the earlier engine's limit).

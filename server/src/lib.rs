@@ -10,7 +10,6 @@ mod neutral;
 mod ollama;
 mod openai;
 mod ordered;
-mod request;
 mod state;
 mod structured;
 mod tools;

@@ -7,6 +7,7 @@ use serde_json::Value;
 use tokio::sync::mpsc::unbounded_channel;
 use waste_host::{Completion, StopReason, TokenEvent};
 
+use super::stream::{sse_next, SseState};
 use super::*;
 use crate::state::RequestLog;
 

@@ -15,11 +15,11 @@ use tokio::sync::mpsc::unbounded_channel;
 use waste_host::{Completion, StopReason};
 
 use crate::error::ApiError;
+use crate::neutral::answer::{speaks_harmony, Reading};
 use crate::neutral::engine_dropped;
 use crate::state::{
     add_warning, json_answer, model_warning, next_id, read_body, streamed_response, RequestLog, Shared, Tokens,
 };
-use crate::tools;
 use crate::worker::{Event, Job};
 
 /// Anthropic's error type for an HTTP status.
@@ -81,10 +81,9 @@ async fn count(state: Shared, headers: HeaderMap, body: Body) -> Result<Response
 pub(crate) struct Reply {
     pub id: String,
     pub model: String,
-    /// The declared tools, when the answer is searched for calls.
-    pub tools: Option<tools::Schema>,
-    /// gpt-oss's harmony channels: reasoning split out even without tools.
-    pub harmony: bool,
+    /// The answer searched for the declared tools' calls and, with
+    /// gpt-oss, its reasoning.
+    pub reading: Reading,
     pub stop_sequences: Vec<String>,
 }
 
@@ -106,23 +105,10 @@ impl Block {
 }
 
 impl Reply {
-    /// Whether the answer is parsed once complete (a stream then holds its
-    /// text back until the end).
-    pub(crate) fn parses(&self) -> bool {
-        self.tools.is_some() || self.harmony
-    }
-
     /// The answer's blocks: reasoning, text, then calls (`tool_use`) when
     /// tools were declared.
     pub(crate) fn blocks(&self, c: &Completion, raw: &str) -> Vec<Block> {
-        let parsed = if self.parses() {
-            let empty = tools::Schema::default();
-            tools::parse(&c.text, raw, self.tools.as_ref().unwrap_or(&empty))
-                .filter(|p| self.tools.is_some() || p.calls.is_empty())
-        } else {
-            None
-        };
-        let Some(p) = parsed else {
+        let Some(p) = self.reading.split(&c.text, raw) else {
             return if c.text.is_empty() { Vec::new() } else { vec![Block::Text(c.text.clone())] };
         };
         let mut blocks = Vec::new();
@@ -175,16 +161,11 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body) -> Result<Respons
     let bytes = read_body(&state, &headers, body).await?;
     let req = request::parse(&bytes, false, state.context)?;
     let warning = model_warning(&state, req.model.as_deref())?;
-    let waste_host_tools = match (&req.prompt, req.tools_enabled) {
-        (crate::neutral::Prompt::Chat { tools: Some(t), .. }, true) => Some(tools::Schema::from_tools(t)),
-        _ => None,
-    };
     let reply = Reply {
         // Anthropic's ids are `msg_...` (the SDK's users match on it).
         id: next_id("msg").replacen("msg-", "msg_", 1),
         model: state.model_id.clone(),
-        tools: waste_host_tools,
-        harmony: matches!(state.model.chat_template(false), Ok(Some(t)) if t.contains("<|channel|>")),
+        reading: Reading::new(req.prompt.tools().filter(|_| req.tools_enabled), speaks_harmony(&state.model)),
         stop_sequences: req.params.stop_strings.clone(),
     };
     let (tx, mut rx) = unbounded_channel();

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::{error_body, Block, Reply};
+use crate::neutral::answer::unsent;
 use crate::neutral::engine_dropped;
 use crate::state::RequestLog;
 use crate::worker::Event;
@@ -144,7 +145,7 @@ async fn next(mut st: Sse) -> Option<(Result<String, Infallible>, Sse)> {
         match st.rx.recv().await {
             Some(Event::Token(ev, _)) => {
                 st.streamed.push_str(&ev.text);
-                if st.reply.parses() || ev.text.is_empty() {
+                if st.reply.reading.holds() || ev.text.is_empty() {
                     continue;
                 }
                 st.text_delta(&mut out, &ev.text);
@@ -152,15 +153,15 @@ async fn next(mut st: Sse) -> Option<(Result<String, Infallible>, Sse)> {
             }
             Some(Event::Done { completion, prompt_tokens, raw, .. }) => {
                 let blocks = st.reply.blocks(&completion, &raw);
-                if st.reply.parses() {
+                if st.reply.reading.holds() {
                     for b in &blocks {
                         st.block(&mut out, b);
                     }
                 } else {
                     // What the engine held back (a possible stop string that
                     // was not one).
-                    let rest = completion.text.strip_prefix(st.streamed.as_str()).unwrap_or("").to_string();
-                    st.text_delta(&mut out, &rest);
+                    let rest = unsent(&completion.text, &st.streamed);
+                    st.text_delta(&mut out, rest);
                     st.close_text(&mut out);
                 }
                 let (stop_reason, stop_sequence) = st.reply.stop(&completion, &raw, &blocks);

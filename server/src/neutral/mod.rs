@@ -5,6 +5,7 @@
 //! (`answer`), and the error of an engine thread that went away. A
 //! dialect's folder words and shapes these; it does not redo them.
 
+pub(crate) mod answer;
 pub(crate) mod fields;
 pub(crate) mod images;
 

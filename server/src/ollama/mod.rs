@@ -19,6 +19,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use waste_host::{Completion, StopReason};
 
 use crate::error::ApiError;
+use crate::neutral::answer::{speaks_harmony, unsent, Reading};
 use crate::neutral::engine_dropped;
 use crate::state::{add_warning, json_answer, read_body, streamed_response, RequestLog, Shared, Tokens};
 use crate::tools;
@@ -157,8 +158,9 @@ pub async fn generate(State(state): State<Shared>, headers: HeaderMap, body: Bod
 struct Reply {
     chat: bool,
     model: String,
-    tools: Option<tools::Schema>,
-    harmony: bool,
+    /// The answer searched for the request's tool calls and, in a chat
+    /// with gpt-oss, its reasoning.
+    reading: Reading,
     received: Instant,
 }
 
@@ -182,16 +184,13 @@ impl Reply {
 
     /// The answer's text, thinking and calls; calls only with tools.
     fn split(&self, c: &Completion, raw: &str) -> (String, Option<String>, Vec<tools::Call>) {
-        if self.chat && (self.tools.is_some() || self.harmony) {
-            let empty = tools::Schema::default();
-            if let Some(p) = tools::parse(&c.text, raw, self.tools.as_ref().unwrap_or(&empty)) {
-                if self.tools.is_some() || p.calls.is_empty() {
-                    let content = if p.calls.is_empty() { p.content.unwrap_or_default() } else { String::new() };
-                    return (content, p.reasoning, p.calls);
-                }
+        match self.reading.split(&c.text, raw) {
+            Some(p) => {
+                let content = if p.calls.is_empty() { p.content.unwrap_or_default() } else { String::new() };
+                (content, p.reasoning, p.calls)
             }
+            None => (c.text.clone(), None, Vec::new()),
         }
-        (c.text.clone(), None, Vec::new())
     }
 
     fn message(&self, content: &str, thinking: Option<&str>, calls: &[tools::Call]) -> Value {
@@ -258,11 +257,10 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
     let reply = Reply {
         chat,
         model: state.model_id.clone(),
-        tools: match (&req.prompt, req.tools_enabled) {
-            (Some(crate::neutral::Prompt::Chat { tools: Some(t), .. }), true) => Some(tools::Schema::from_tools(t)),
-            _ => None,
-        },
-        harmony: matches!(state.model.chat_template(false), Ok(Some(t)) if t.contains("<|channel|>")),
+        reading: Reading::new(
+            req.prompt.as_ref().and_then(|p| p.tools()).filter(|_| req.tools_enabled),
+            chat && speaks_harmony(&state.model),
+        ),
         received,
     };
     let Some(prompt) = req.prompt else {
@@ -333,7 +331,7 @@ async fn next_line(mut st: Ndjson) -> Option<(Result<String, Infallible>, Ndjson
     if st.done {
         return None;
     }
-    let holds = st.reply.chat && (st.reply.tools.is_some() || st.reply.harmony);
+    let holds = st.reply.reading.holds();
     let mut out = String::new();
     loop {
         match st.rx.recv().await {
@@ -356,7 +354,7 @@ async fn next_line(mut st: Ndjson) -> Option<(Result<String, Infallible>, Ndjson
                     }
                 } else {
                     // What the engine held back (a possible stop string).
-                    let rest = completion.text.strip_prefix(st.streamed.as_str()).unwrap_or("");
+                    let rest = unsent(&completion.text, &st.streamed);
                     if !rest.is_empty() {
                         line(&mut out, &st.reply.piece(rest));
                     }

@@ -15,11 +15,11 @@ use tokio::sync::mpsc::unbounded_channel;
 use waste_host::StopReason;
 
 use crate::error::ApiError;
+use crate::neutral::answer::{speaks_harmony, Reading};
 use crate::neutral::engine_dropped;
 use crate::state::{
     add_warning, model_warning, next_id, now, read_body, streamed_response, RequestLog, Shared, Tokens,
 };
-use crate::tools;
 use crate::worker::{Event, Job, TokenTexts};
 use request::Request;
 use stream::{sse_next, SseState};
@@ -40,35 +40,10 @@ pub(crate) struct Reply {
     pub model: String,
     pub system_fingerprint: String,
     pub logprobs: bool,
-    /// The request's tools (given, and `tool_choice` not "none"): the
-    /// answer's tool calls are parsed out of it.
-    pub tools: Option<tools::Schema>,
-    /// The model answers in gpt-oss's harmony channels: its reasoning and
-    /// content are split out of the answer even without tools.
-    pub harmony: bool,
+    /// The answer searched for the request's tool calls and, with gpt-oss,
+    /// its reasoning.
+    pub reading: Reading,
     pub include_usage: bool,
-}
-
-impl Reply {
-    /// Whether the answer is parsed when it is complete (and so a stream
-    /// holds its text back until then).
-    fn parses(&self) -> bool {
-        self.chat && (self.tools.is_some() || self.harmony)
-    }
-
-    /// The answer split into content, reasoning and calls; None: plain text.
-    fn parse(&self, c: &waste_host::Completion, raw: &str) -> Option<tools::Parsed> {
-        if !self.parses() {
-            return None;
-        }
-        let empty = tools::Schema::default();
-        let parsed = tools::parse(&c.text, raw, self.tools.as_ref().unwrap_or(&empty))?;
-        // Without tools in the request, calls stay text.
-        if self.tools.is_none() && !parsed.calls.is_empty() {
-            return None;
-        }
-        Some(parsed)
-    }
 }
 
 async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Result<Response, ApiError> {
@@ -90,11 +65,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
         model: state.model_id.clone(),
         system_fingerprint: state.system_fingerprint.clone(),
         logprobs: req.logprobs,
-        tools: match (&req.prompt, req.tools_enabled) {
-            (crate::neutral::Prompt::Chat { tools: Some(t), .. }, true) => Some(tools::Schema::from_tools(t)),
-            _ => None,
-        },
-        harmony: chat && matches!(state.model.chat_template(false), Ok(Some(t)) if t.contains("<|channel|>")),
+        reading: Reading::new(req.prompt.tools().filter(|_| req.tools_enabled), chat && speaks_harmony(&state.model)),
         include_usage: req.include_usage,
     };
     state.worker.submit(Job {
@@ -254,7 +225,7 @@ pub(crate) fn full_answer(
         Value::Null
     };
     let mut message = json!({"role": "assistant", "content": c.text});
-    if let Some(p) = r.parse(&c, raw) {
+    if let Some(p) = r.reading.split(&c.text, raw) {
         message = json!({"role": "assistant", "content": p.content});
         if let Some(reasoning) = &p.reasoning {
             message["reasoning_content"] = json!(reasoning);

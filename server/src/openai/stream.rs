@@ -11,6 +11,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::{
     chat_logprob, finish_reason, text_logprobs, to_json, usage, Reply, TextChoice, TextCompletion, TextLogprobs,
 };
+use crate::neutral::answer::unsent;
 use crate::neutral::engine_dropped;
 use crate::state::RequestLog;
 use crate::worker::Event;
@@ -129,7 +130,7 @@ pub(super) async fn sse_next(mut st: SseState) -> Option<(Result<String, Infalli
             Some(Event::Started(_)) | Some(Event::Counted(_)) => {}
             Some(Event::Token(ev, texts)) => {
                 st.streamed.push_str(&ev.text);
-                if st.reply.parses() {
+                if st.reply.reading.holds() {
                     continue;
                 }
                 let offset = st.streamed.len() - ev.text.len();
@@ -149,7 +150,7 @@ pub(super) async fn sse_next(mut st: SseState) -> Option<(Result<String, Infalli
             }
             Some(Event::Done { completion, prompt_tokens, raw, .. }) => {
                 let mut finish = finish_reason(completion.stop_reason);
-                if let Some(p) = st.reply.parse(&completion, &raw) {
+                if let Some(p) = st.reply.reading.split(&completion.text, &raw) {
                     if let Some(text) = &p.reasoning {
                         let delta = json!({"reasoning_content": text});
                         out.push_str(&data(&st.reply.chunk(delta, ChunkLogprobs::None, None)));
@@ -178,8 +179,8 @@ pub(super) async fn sse_next(mut st: SseState) -> Option<(Result<String, Infalli
                 } else {
                     // Text the engine held back (a possible stop string that
                     // was not one) or, when parsing, everything.
-                    let sent = if st.reply.parses() { "" } else { st.streamed.as_str() };
-                    let rest = completion.text.strip_prefix(sent).unwrap_or("");
+                    let sent = if st.reply.reading.holds() { "" } else { st.streamed.as_str() };
+                    let rest = unsent(&completion.text, sent);
                     if !rest.is_empty() {
                         out.push_str(&data(&st.reply.chunk(st.reply.content(rest), ChunkLogprobs::None, None)));
                     }

@@ -22,8 +22,7 @@ fn reply(chat: bool, tools: bool) -> Reply {
         model: "m".into(),
         system_fingerprint: "fp_test".into(),
         logprobs: false,
-        tools: tools.then(crate::tools::Schema::default),
-        harmony: false,
+        reading: Reading::new(tools.then_some("[]"), false),
         include_usage: true,
     }
 }

@@ -4,6 +4,7 @@
 //! carry the HTTP side and never run the engine themselves.
 
 mod anthropic;
+mod driver;
 mod error;
 mod http;
 mod neutral;

@@ -141,14 +141,6 @@ pub fn streamed_response(body: Body, content_type: &'static str) -> axum::respon
     response
 }
 
-/// A whole JSON answer carrying its token counts for the log line.
-pub fn json_answer(body: serde_json::Value, tokens: Tokens) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let mut response = axum::Json(body).into_response();
-    response.extensions_mut().insert(tokens);
-    response
-}
-
 /// The header of an answer to a request that named a model this server
 /// does not serve (see [`model_warning`]).
 pub const MODEL_WARNING: &str = "x-waste-warning";

@@ -1,7 +1,8 @@
 //! Anthropic's Messages API: `POST /v1/messages` (whole or streamed as
-//! Anthropic's events) and `POST /v1/messages/count_tokens`, over the same
-//! engine thread, chat templates and tool-call parsers as the OpenAI
-//! routes; errors in Anthropic's shape (server/API_NOTES.md, part A).
+//! Anthropic's events, `stream`) and `POST /v1/messages/count_tokens`,
+//! over the same driver, engine thread, chat templates and tool-call
+//! parsers as the other APIs; errors in Anthropic's shape
+//! (server/API_NOTES.md, part A).
 
 mod request;
 mod stream;
@@ -11,16 +12,13 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::unbounded_channel;
-use waste_host::{Completion, StopReason};
+use waste_host::{Completion, StopReason, TokenEvent};
 
+use crate::driver::{self, Answer, Dialect, Generation, Parsed};
 use crate::error::ApiError;
 use crate::neutral::answer::{speaks_harmony, Reading};
-use crate::neutral::engine_dropped;
-use crate::state::{
-    add_warning, json_answer, model_warning, next_id, read_body, streamed_response, RequestLog, Shared, Tokens,
-};
-use crate::worker::{Event, Job};
+use crate::state::{model_warning, next_id, read_body, AppState, Shared};
+use crate::worker::TokenTexts;
 
 /// Anthropic's error type for an HTTP status.
 fn error_type(status: StatusCode) -> &'static str {
@@ -51,7 +49,7 @@ pub(crate) fn error_response(e: ApiError) -> Response {
 }
 
 pub async fn messages(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    handle(state, headers, body).await.unwrap_or_else(error_response)
+    driver::serve(state, headers, body, "/v1/messages", parse).await
 }
 
 pub async fn count_tokens(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
@@ -61,20 +59,8 @@ pub async fn count_tokens(State(state): State<Shared>, headers: HeaderMap, body:
 async fn count(state: Shared, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let bytes = read_body(&state, &headers, body).await?;
     let req = request::parse(&bytes, true, state.context)?;
-    let (tx, mut rx) = unbounded_channel();
-    state.worker.submit(Job {
-        prompt: req.prompt,
-        params: req.params,
-        want_texts: false,
-        count_only: true,
-        constraint_field: None,
-        events: tx,
-    })?;
-    match rx.recv().await {
-        Some(Event::Counted(n)) => Ok(axum::Json(json!({"input_tokens": n})).into_response()),
-        Some(Event::Failed(e)) => Err(e),
-        _ => Err(engine_dropped()),
-    }
+    let n = driver::count(&state, req.prompt, req.params).await?;
+    Ok(axum::Json(json!({"input_tokens": n})).into_response())
 }
 
 /// What the answer of one request needs besides the completion.
@@ -85,6 +71,31 @@ pub(crate) struct Reply {
     /// gpt-oss, its reasoning.
     pub reading: Reading,
     pub stop_sequences: Vec<String>,
+    /// Where a stream of this answer is among its blocks.
+    streamed: stream::Blocks,
+}
+
+fn parse(state: &AppState, body: &[u8]) -> Result<Parsed<Reply>, ApiError> {
+    let req = request::parse(body, false, state.context)?;
+    let warning = model_warning(state, req.model.as_deref())?;
+    let reply = Reply {
+        // Anthropic's ids are `msg_...` (the SDK's users match on it).
+        id: next_id("msg").replacen("msg-", "msg_", 1),
+        model: state.model_id.clone(),
+        reading: Reading::new(req.prompt.tools().filter(|_| req.tools_enabled), speaks_harmony(&state.model)),
+        stop_sequences: req.params.stop_strings.clone(),
+        streamed: stream::Blocks::default(),
+    };
+    Ok(Generation {
+        prompt: req.prompt,
+        params: req.params,
+        want_texts: false,
+        constraint_field: None,
+        stream: req.stream,
+        warning,
+        dialect: reply,
+    }
+    .into())
 }
 
 /// One block of an answer.
@@ -157,56 +168,39 @@ impl Reply {
     }
 }
 
-async fn handle(state: Shared, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let bytes = read_body(&state, &headers, body).await?;
-    let req = request::parse(&bytes, false, state.context)?;
-    let warning = model_warning(&state, req.model.as_deref())?;
-    let reply = Reply {
-        // Anthropic's ids are `msg_...` (the SDK's users match on it).
-        id: next_id("msg").replacen("msg-", "msg_", 1),
-        model: state.model_id.clone(),
-        reading: Reading::new(req.prompt.tools().filter(|_| req.tools_enabled), speaks_harmony(&state.model)),
-        stop_sequences: req.params.stop_strings.clone(),
-    };
-    let (tx, mut rx) = unbounded_channel();
-    state.worker.submit(Job {
-        prompt: req.prompt,
-        params: req.params,
-        want_texts: false,
-        count_only: false,
-        constraint_field: None,
-        events: tx,
-    })?;
-    // Waiting for the prompt lets its errors (an over-long prompt) be HTTP
-    // errors, streaming or not.
-    let input_tokens = match rx.recv().await {
-        Some(Event::Started(n)) => n,
-        Some(Event::Failed(e)) => return Err(e),
-        _ => return Err(engine_dropped()),
-    };
-    let mut response = if req.stream {
-        let log = RequestLog::streamed(&state, &headers, "/v1/messages");
-        streamed_response(Body::from_stream(stream::events(rx, reply, input_tokens, log)), "text/event-stream")
-    } else {
-        loop {
-            match rx.recv().await {
-                Some(Event::Done { completion, prompt_tokens, raw, .. }) => {
-                    let blocks = reply.blocks(&completion, &raw);
-                    let (stop_reason, stop_sequence) = reply.stop(&completion, &raw, &blocks);
-                    let message = json!({
-                        "id": reply.id, "type": "message", "role": "assistant", "model": reply.model,
-                        "content": blocks.iter().map(Block::json).collect::<Vec<_>>(),
-                        "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-                        "usage": {"input_tokens": prompt_tokens, "output_tokens": completion.tokens.len()},
-                    });
-                    break json_answer(message, Tokens { prompt: prompt_tokens, completion: completion.tokens.len() });
-                }
-                Some(Event::Failed(e)) => return Err(e),
-                Some(_) => {}
-                None => return Err(engine_dropped()),
-            }
-        }
-    };
-    add_warning(&mut response, warning);
-    Ok(response)
+impl Dialect for Reply {
+    const STREAM: &'static str = "text/event-stream";
+
+    fn open(&mut self, prompt_tokens: usize, out: &mut String) -> bool {
+        self.start(prompt_tokens, out);
+        true
+    }
+
+    fn frame(&mut self, token: &TokenEvent, _texts: Option<&TokenTexts>, _text: &str, out: &mut String) {
+        self.delta(token, out);
+    }
+
+    fn finish(&mut self, answer: &Answer, text: &str, out: &mut String) {
+        self.end(answer, text, out);
+    }
+
+    fn error_frame(&mut self, e: &ApiError, out: &mut String) {
+        stream::frame(out, error_body(e));
+    }
+
+    fn answer(self, a: Answer) -> String {
+        let blocks = self.blocks(&a.completion, &a.raw);
+        let (stop_reason, stop_sequence) = self.stop(&a.completion, &a.raw, &blocks);
+        json!({
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "content": blocks.iter().map(Block::json).collect::<Vec<_>>(),
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+            "usage": {"input_tokens": a.prompt_tokens, "output_tokens": a.completion.tokens.len()},
+        })
+        .to_string()
+    }
+
+    fn error_response(e: ApiError) -> Response {
+        error_response(e)
+    }
 }

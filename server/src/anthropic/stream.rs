@@ -4,37 +4,27 @@
 //! `message_stop`. Every frame names its event (the SDK drops frames
 //! without `event:`) and there is no `[DONE]`.
 
-use std::convert::Infallible;
-
-use futures_util::Stream;
 use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
+use waste_host::TokenEvent;
 
-use super::{error_body, Block, Reply};
+use super::{Block, Reply};
+use crate::driver::Answer;
 use crate::neutral::answer::unsent;
-use crate::neutral::engine_dropped;
-use crate::state::RequestLog;
-use crate::worker::Event;
 
-fn frame(out: &mut String, data: Value) {
+pub(super) fn frame(out: &mut String, data: Value) {
     let name = data["type"].as_str().unwrap_or("error").to_string();
     out.push_str(&format!("event: {name}\ndata: {data}\n\n"));
 }
 
-struct Sse {
-    rx: UnboundedReceiver<Event>,
-    reply: Reply,
-    input_tokens: usize,
-    started: bool,
+/// Where a stream is among its blocks.
+#[derive(Default)]
+pub(super) struct Blocks {
     /// Index of the next block, and whether a text block is open now.
     next_index: usize,
     text_open: bool,
-    streamed: String,
-    done: bool,
-    log: RequestLog,
 }
 
-impl Sse {
+impl Blocks {
     fn open_text(&mut self, out: &mut String) {
         if !self.text_open {
             let index = self.next_index;
@@ -105,90 +95,48 @@ impl Sse {
     }
 }
 
-pub(super) fn events(
-    rx: UnboundedReceiver<Event>,
-    reply: Reply,
-    input_tokens: usize,
-    log: RequestLog,
-) -> impl Stream<Item = Result<String, Infallible>> {
-    let st = Sse {
-        rx,
-        reply,
-        input_tokens,
-        started: false,
-        next_index: 0,
-        text_open: false,
-        streamed: String::new(),
-        done: false,
-        log,
-    };
-    futures_util::stream::unfold(st, next)
-}
-
-async fn next(mut st: Sse) -> Option<(Result<String, Infallible>, Sse)> {
-    if st.done {
-        return None;
-    }
-    let mut out = String::new();
-    if !st.started {
-        st.started = true;
+impl Reply {
+    /// `message_start` and a `ping`, sent before the first token: the SDK
+    /// reports the input count from it at once.
+    pub(super) fn start(&self, input_tokens: usize, out: &mut String) {
         let message = json!({
-            "id": st.reply.id, "type": "message", "role": "assistant", "model": st.reply.model, "content": [],
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
             "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": st.input_tokens, "output_tokens": 0},
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
         });
-        frame(&mut out, json!({"type": "message_start", "message": message}));
-        frame(&mut out, json!({"type": "ping"}));
-        return Some((Ok(out), st));
+        frame(out, json!({"type": "message_start", "message": message}));
+        frame(out, json!({"type": "ping"}));
     }
-    loop {
-        match st.rx.recv().await {
-            Some(Event::Token(ev, _)) => {
-                st.streamed.push_str(&ev.text);
-                if st.reply.reading.holds() || ev.text.is_empty() {
-                    continue;
-                }
-                st.text_delta(&mut out, &ev.text);
-                return Some((Ok(out), st));
-            }
-            Some(Event::Done { completion, prompt_tokens, raw, .. }) => {
-                let blocks = st.reply.blocks(&completion, &raw);
-                if st.reply.reading.holds() {
-                    for b in &blocks {
-                        st.block(&mut out, b);
-                    }
-                } else {
-                    // What the engine held back (a possible stop string that
-                    // was not one).
-                    let rest = unsent(&completion.text, &st.streamed);
-                    st.text_delta(&mut out, rest);
-                    st.close_text(&mut out);
-                }
-                let (stop_reason, stop_sequence) = st.reply.stop(&completion, &raw, &blocks);
-                let n = completion.tokens.len();
-                frame(
-                    &mut out,
-                    json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                           "usage": {"output_tokens": n}}),
-                );
-                frame(&mut out, json!({"type": "message_stop"}));
-                st.done = true;
-                st.log.finish(200, Some((prompt_tokens, n)));
-                return Some((Ok(out), st));
-            }
-            Some(Event::Failed(e)) => {
-                frame(&mut out, error_body(&e));
-                st.done = true;
-                st.log.finish(e.status.as_u16(), None);
-                return Some((Ok(out), st));
-            }
-            Some(Event::Started(_)) | Some(Event::Counted(_)) => {}
-            None => {
-                frame(&mut out, error_body(&engine_dropped()));
-                st.done = true;
-                st.log.finish(500, None);
-                return Some((Ok(out), st));
-            }
+
+    /// A token's text delta, unless the answer is held back for parsing.
+    pub(super) fn delta(&mut self, ev: &TokenEvent, out: &mut String) {
+        if self.reading.holds() || ev.text.is_empty() {
+            return;
         }
+        self.streamed.text_delta(out, &ev.text);
+    }
+
+    /// The parsed blocks or the text not yet sent, then `message_delta`
+    /// and `message_stop`.
+    pub(super) fn end(&mut self, a: &Answer, text: &str, out: &mut String) {
+        let completion = &a.completion;
+        let blocks = self.blocks(completion, &a.raw);
+        if self.reading.holds() {
+            for b in &blocks {
+                self.streamed.block(out, b);
+            }
+        } else {
+            // What the engine held back (a possible stop string that was
+            // not one).
+            self.streamed.text_delta(out, unsent(&completion.text, text));
+            self.streamed.close_text(out);
+        }
+        let (stop_reason, stop_sequence) = self.stop(completion, &a.raw, &blocks);
+        frame(
+            out,
+            json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                   "usage": {"output_tokens": completion.tokens.len()}}),
+        );
+        frame(out, json!({"type": "message_stop"}));
     }
 }

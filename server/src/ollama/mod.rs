@@ -1,13 +1,13 @@
 //! Ollama's API (docs/api.md at v0.33.0): /api/chat and /api/generate,
 //! NDJSON streams by default with the final object's statistics under
-//! Ollama's names, and the metadata routes /api/tags, /api/show, /api/ps,
-//! /api/version; errors as `{"error": "..."}` (server/API_NOTES.md, part B).
-//! The same engine thread, templates and tool-call parsers as the OpenAI
-//! routes, so the same conversation gives the same text and counts.
+//! Ollama's names, and the routes about the model (`models`); errors as
+//! `{"error": "..."}` (server/API_NOTES.md, part B). The same driver,
+//! engine thread, templates and tool-call parsers as the other APIs, so the
+//! same conversation gives the same text and counts.
 
+mod models;
 mod request;
 
-use std::convert::Infallible;
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::body::Body;
@@ -15,19 +15,15 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-use waste_host::{Completion, StopReason};
+use waste_host::{Completion, StopReason, TokenEvent};
 
+use crate::driver::{self, Answer, Clock, Dialect, Generation, Parsed};
 use crate::error::ApiError;
 use crate::neutral::answer::{speaks_harmony, unsent, Reading};
-use crate::neutral::engine_dropped;
-use crate::state::{add_warning, json_answer, read_body, streamed_response, RequestLog, Shared, Tokens};
+use crate::state::{model_warning, AppState, Shared};
 use crate::tools;
-use crate::worker::{Event, Job};
-
-/// The Ollama API version these routes follow (clients compare it against
-/// the minimum they need; WASTE's own version would read as too old).
-const API_VERSION: &str = "0.33.0";
+use crate::worker::TokenTexts;
+pub use models::{ps, root, show, tags, version};
 
 pub(crate) fn error_response(e: ApiError) -> Response {
     let status = e.status;
@@ -56,102 +52,12 @@ fn rfc3339(t: SystemTime) -> String {
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{nanos:09}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-/// `MODEL` and `MODEL:latest` are this model.
-fn is_ours(state: &Shared, name: &str) -> bool {
-    name == state.model_id || name.strip_suffix(":latest") == Some(state.model_id.as_str())
-}
-
-fn tag(state: &Shared) -> String {
-    format!("{}:latest", state.model_id)
-}
-
-fn details(state: &Shared) -> Value {
-    let info = state.model.info();
-    let params = info.total_params as f64;
-    let size = if params >= 1e9 { format!("{:.1}B", params / 1e9) } else { format!("{:.1}M", params / 1e6) };
-    json!({"parent_model": "", "format": "waste", "family": info.family, "families": [info.family],
-           "parameter_size": size, "quantization_level": info.expert_format})
-}
-
-fn container_bytes(state: &Shared) -> u64 {
-    let info = state.model.info();
-    info.trunk_bytes + (info.moe_layers * info.num_experts) as u64 * info.expert_record_bytes
-}
-
-fn digest(state: &Shared) -> String {
-    state.system_fingerprint.trim_start_matches("fp_").to_string()
-}
-
-fn modified_at(state: &Shared) -> String {
-    rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(state.created))
-}
-
-pub async fn root() -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "Ollama is running").into_response()
-}
-
-pub async fn version() -> Response {
-    axum::Json(json!({"version": API_VERSION})).into_response()
-}
-
-pub async fn tags(State(state): State<Shared>) -> Response {
-    let name = tag(&state);
-    axum::Json(json!({"models": [{"name": name, "model": name, "modified_at": modified_at(&state),
-        "size": container_bytes(&state), "digest": digest(&state), "details": details(&state)}]}))
-    .into_response()
-}
-
-pub async fn ps(State(state): State<Shared>) -> Response {
-    let name = tag(&state);
-    // Loaded for as long as the server runs.
-    let expires = rfc3339(SystemTime::now() + Duration::from_secs(10 * 365 * 86_400));
-    axum::Json(json!({"models": [{"name": name, "model": name, "size": state.model.memory_plan().budget,
-        "digest": digest(&state), "details": details(&state), "expires_at": expires, "size_vram": 0,
-        "context_length": state.context}]}))
-    .into_response()
-}
-
-pub async fn show(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    let answer = async {
-        let bytes = read_body(&state, &headers, body).await?;
-        let v: Value =
-            serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("invalid JSON: {e}"), None))?;
-        let name = v.get("model").or_else(|| v.get("name")).and_then(Value::as_str).filter(|s| !s.is_empty());
-        let name = name.ok_or_else(|| ApiError::bad_request("model is required", None))?;
-        if !is_ours(&state, name) {
-            return Err(ApiError::not_found(format!("model '{name}' not found"), "model_not_found"));
-        }
-        let info = state.model.info();
-        let template = state.model.chat_template(false).ok().flatten().unwrap_or("{{ .Prompt }}").to_string();
-        let mut capabilities = vec!["completion"];
-        if state.model.chat_template(true).ok().flatten().is_some_and(|t| t.contains("tools")) {
-            capabilities.push("tools");
-        }
-        let arch = info.family.clone();
-        let mut model_info = serde_json::Map::new();
-        model_info.insert("general.architecture".into(), json!(arch));
-        model_info.insert("general.parameter_count".into(), json!(info.total_params));
-        model_info.insert(format!("{arch}.context_length"), json!(state.context));
-        model_info.insert(format!("{arch}.embedding_length"), json!(info.hidden_size));
-        model_info.insert(format!("{arch}.block_count"), json!(info.num_layers));
-        model_info.insert(format!("{arch}.expert_count"), json!(info.num_experts));
-        model_info.insert(format!("{arch}.expert_used_count"), json!(info.top_k));
-        Ok(axum::Json(json!({
-            "modelfile": format!("# a waste container served by waste serve\nFROM {}\n", state.model_id),
-            "parameters": "", "template": template, "details": details(&state),
-            "model_info": model_info, "capabilities": capabilities, "modified_at": modified_at(&state),
-        }))
-        .into_response())
-    };
-    answer.await.unwrap_or_else(error_response)
-}
-
 pub async fn chat(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    handle(state, headers, body, true).await.unwrap_or_else(error_response)
+    driver::serve(state, headers, body, "/api/chat", |state, body| parse(state, body, true)).await
 }
 
 pub async fn generate(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    handle(state, headers, body, false).await.unwrap_or_else(error_response)
+    driver::serve(state, headers, body, "/api/generate", |state, body| parse(state, body, false)).await
 }
 
 /// What the answers of one request share.
@@ -161,14 +67,42 @@ struct Reply {
     /// The answer searched for the request's tool calls and, in a chat
     /// with gpt-oss, its reasoning.
     reading: Reading,
-    received: Instant,
 }
 
-/// The clock of one generation, for the statistics.
-#[derive(Default)]
-struct Clock {
-    started: Option<Instant>,
-    first_token: Option<Instant>,
+fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, ApiError> {
+    let req =
+        if chat { request::parse_chat(body, state.context)? } else { request::parse_generate(body, state.context)? };
+    // `MODEL:latest` is this model too; any other name is answered with a
+    // warning, or Ollama's 404 when strict.
+    let other = Some(req.model.as_str()).filter(|m| !models::is_ours(state, m));
+    let warning = model_warning(state, other)
+        .map_err(|_| ApiError::not_found(format!("model '{}' not found", req.model), "model_not_found"))?;
+    let reply = Reply {
+        chat,
+        model: state.model_id.clone(),
+        reading: Reading::new(
+            req.prompt.as_ref().and_then(|p| p.tools()).filter(|_| req.tools_enabled),
+            chat && speaks_harmony(&state.model),
+        ),
+    };
+    let Some(prompt) = req.prompt else {
+        // Ollama's way to load (or unload) a model: an empty request. The
+        // one model here stays loaded either way.
+        let mut v = reply.piece("");
+        v["done"] = json!(true);
+        v["done_reason"] = json!(if req.unload { "unload" } else { "load" });
+        return Ok(Parsed::Answered(axum::Json(v).into_response()));
+    };
+    Ok(Generation {
+        prompt,
+        params: req.params,
+        want_texts: false,
+        constraint_field: None,
+        stream: req.stream,
+        warning,
+        dialect: reply,
+    }
+    .into())
 }
 
 impl Reply {
@@ -218,7 +152,7 @@ impl Reply {
     /// The final object: done, the reason, the statistics (nanoseconds).
     fn last(&self, c: &Completion, prompt_tokens: usize, clock: &Clock, text: Option<Value>) -> Value {
         let now = Instant::now();
-        let started = clock.started.unwrap_or(self.received);
+        let started = clock.started;
         let first = clock.first_token.unwrap_or(now);
         let ns = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
         let reason = match c.stop_reason {
@@ -227,7 +161,7 @@ impl Reply {
         };
         let mut v = json!({
             "model": self.model, "created_at": rfc3339(SystemTime::now()), "done": true, "done_reason": reason,
-            "total_duration": ns(now - self.received).max(1), "load_duration": ns(started - self.received),
+            "total_duration": ns(now - clock.received).max(1), "load_duration": ns(started - clock.received),
             "prompt_eval_count": prompt_tokens, "prompt_eval_duration": ns(first - started),
             "eval_count": c.tokens.len(), "eval_duration": ns(now - first),
         });
@@ -241,142 +175,50 @@ impl Reply {
     }
 }
 
-async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Result<Response, ApiError> {
-    let received = Instant::now();
-    let bytes = read_body(&state, &headers, body).await?;
-    let req = if chat {
-        request::parse_chat(&bytes, state.context)?
-    } else {
-        request::parse_generate(&bytes, state.context)?
-    };
-    let warning = (!is_ours(&state, &req.model))
-        .then(|| format!("the model {:?} is not served here; {:?} answered", req.model, state.model_id));
-    if warning.is_some() && state.strict_model_name {
-        return Err(ApiError::not_found(format!("model '{}' not found", req.model), "model_not_found"));
-    }
-    let reply = Reply {
-        chat,
-        model: state.model_id.clone(),
-        reading: Reading::new(
-            req.prompt.as_ref().and_then(|p| p.tools()).filter(|_| req.tools_enabled),
-            chat && speaks_harmony(&state.model),
-        ),
-        received,
-    };
-    let Some(prompt) = req.prompt else {
-        // Ollama's way to load (or unload) a model: an empty request. The
-        // one model here stays loaded either way.
-        let mut v = reply.piece("");
-        v["done"] = json!(true);
-        v["done_reason"] = json!(if req.unload { "unload" } else { "load" });
-        return Ok(axum::Json(v).into_response());
-    };
-    let (tx, mut rx) = unbounded_channel();
-    state.worker.submit(Job {
-        prompt,
-        params: req.params,
-        want_texts: false,
-        count_only: false,
-        constraint_field: None,
-        events: tx,
-    })?;
-    let mut clock = Clock::default();
-    match rx.recv().await {
-        Some(Event::Started(_)) => clock.started = Some(Instant::now()),
-        Some(Event::Failed(e)) => return Err(e),
-        _ => return Err(engine_dropped()),
-    }
-    let mut response = if req.stream {
-        let path = if chat { "/api/chat" } else { "/api/generate" };
-        let log = RequestLog::streamed(&state, &headers, path);
-        let st = Ndjson { rx, reply, clock, streamed: String::new(), done: false, log };
-        streamed_response(Body::from_stream(futures_util::stream::unfold(st, next_line)), "application/x-ndjson")
-    } else {
-        loop {
-            match rx.recv().await {
-                Some(Event::Token(..)) => {
-                    clock.first_token.get_or_insert_with(Instant::now);
-                }
-                Some(Event::Done { completion, prompt_tokens, raw, .. }) => {
-                    let (content, thinking, calls) = reply.split(&completion, &raw);
-                    let text = if chat { reply.message(&content, thinking.as_deref(), &calls) } else { json!(content) };
-                    let v = reply.last(&completion, prompt_tokens, &clock, Some(text));
-                    break json_answer(v, Tokens { prompt: prompt_tokens, completion: completion.tokens.len() });
-                }
-                Some(Event::Failed(e)) => return Err(e),
-                Some(_) => {}
-                None => return Err(engine_dropped()),
-            }
-        }
-    };
-    add_warning(&mut response, warning);
-    Ok(response)
-}
-
-struct Ndjson {
-    rx: UnboundedReceiver<Event>,
-    reply: Reply,
-    clock: Clock,
-    streamed: String,
-    done: bool,
-    log: RequestLog,
-}
-
 fn line(out: &mut String, v: &Value) {
     out.push_str(&v.to_string());
     out.push('\n');
 }
 
-async fn next_line(mut st: Ndjson) -> Option<(Result<String, Infallible>, Ndjson)> {
-    if st.done {
-        return None;
+impl Dialect for Reply {
+    const STREAM: &'static str = "application/x-ndjson";
+
+    fn frame(&mut self, token: &TokenEvent, _texts: Option<&TokenTexts>, _text: &str, out: &mut String) {
+        if !self.reading.holds() && !token.text.is_empty() {
+            line(out, &self.piece(&token.text));
+        }
     }
-    let holds = st.reply.reading.holds();
-    let mut out = String::new();
-    loop {
-        match st.rx.recv().await {
-            Some(Event::Token(ev, _)) => {
-                st.clock.first_token.get_or_insert_with(Instant::now);
-                st.streamed.push_str(&ev.text);
-                if holds || ev.text.is_empty() {
-                    continue;
-                }
-                line(&mut out, &st.reply.piece(&ev.text));
-                return Some((Ok(out), st));
+
+    fn finish(&mut self, a: &Answer, text: &str, out: &mut String) {
+        let c = &a.completion;
+        if self.reading.holds() {
+            let (content, thinking, calls) = self.split(c, &a.raw);
+            if !content.is_empty() || thinking.is_some() || !calls.is_empty() {
+                let mut v = self.piece("");
+                v["message"] = self.message(&content, thinking.as_deref(), &calls);
+                line(out, &v);
             }
-            Some(Event::Done { completion, prompt_tokens, raw, .. }) => {
-                if holds {
-                    let (content, thinking, calls) = st.reply.split(&completion, &raw);
-                    if !content.is_empty() || thinking.is_some() || !calls.is_empty() {
-                        let mut v = st.reply.piece("");
-                        v["message"] = st.reply.message(&content, thinking.as_deref(), &calls);
-                        line(&mut out, &v);
-                    }
-                } else {
-                    // What the engine held back (a possible stop string).
-                    let rest = unsent(&completion.text, &st.streamed);
-                    if !rest.is_empty() {
-                        line(&mut out, &st.reply.piece(rest));
-                    }
-                }
-                line(&mut out, &st.reply.last(&completion, prompt_tokens, &st.clock, None));
-                st.done = true;
-                st.log.finish(200, Some((prompt_tokens, completion.tokens.len())));
-                return Some((Ok(out), st));
-            }
-            Some(Event::Failed(e)) => {
-                line(&mut out, &json!({"error": e.message}));
-                st.done = true;
-                st.log.finish(e.status.as_u16(), None);
-                return Some((Ok(out), st));
-            }
-            Some(Event::Started(_)) | Some(Event::Counted(_)) => {}
-            None => {
-                line(&mut out, &json!({"error": engine_dropped().message}));
-                st.done = true;
-                st.log.finish(500, None);
-                return Some((Ok(out), st));
+        } else {
+            // What the engine held back (a possible stop string).
+            let rest = unsent(&c.text, text);
+            if !rest.is_empty() {
+                line(out, &self.piece(rest));
             }
         }
+        line(out, &self.last(c, a.prompt_tokens, &a.clock, None));
+    }
+
+    fn error_frame(&mut self, e: &ApiError, out: &mut String) {
+        line(out, &json!({"error": e.message}));
+    }
+
+    fn answer(self, a: Answer) -> String {
+        let (content, thinking, calls) = self.split(&a.completion, &a.raw);
+        let text = if self.chat { self.message(&content, thinking.as_deref(), &calls) } else { json!(content) };
+        self.last(&a.completion, a.prompt_tokens, &a.clock, Some(text)).to_string()
+    }
+
+    fn error_response(e: ApiError) -> Response {
+        error_response(e)
     }
 }

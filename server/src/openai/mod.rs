@@ -1,35 +1,30 @@
-//! OpenAI's chat and legacy completions: the request into a job for the
-//! engine thread, its events into the JSON answer or the SSE stream
-//! (`stream`); the bodies are read by `request`.
+//! OpenAI's chat and legacy completions: the request (`request`) into a
+//! generation for the driver, its answer as OpenAI's JSON, or as the SSE
+//! stream (`stream`).
 
 mod request;
 mod stream;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::unbounded_channel;
-use waste_host::StopReason;
+use waste_host::{Completion, StopReason, TokenEvent};
 
+use crate::driver::{self, Answer, Dialect, Generation, Parsed};
 use crate::error::ApiError;
 use crate::neutral::answer::{speaks_harmony, Reading};
-use crate::neutral::engine_dropped;
-use crate::state::{
-    add_warning, model_warning, next_id, now, read_body, streamed_response, RequestLog, Shared, Tokens,
-};
-use crate::worker::{Event, Job, TokenTexts};
-use request::Request;
-use stream::{sse_next, SseState};
+use crate::state::{model_warning, next_id, now, AppState, Shared};
+use crate::worker::TokenTexts;
 
 pub async fn chat(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    handle(state, headers, body, true).await.unwrap_or_else(IntoResponse::into_response)
+    driver::serve(state, headers, body, "/v1/chat/completions", |state, body| parse(state, body, true)).await
 }
 
 pub async fn completions(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    handle(state, headers, body, false).await.unwrap_or_else(IntoResponse::into_response)
+    driver::serve(state, headers, body, "/v1/completions", |state, body| parse(state, body, false)).await
 }
 
 /// What the answers of one request share.
@@ -46,9 +41,8 @@ pub(crate) struct Reply {
     pub include_usage: bool,
 }
 
-async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Result<Response, ApiError> {
-    let bytes = read_body(&state, &headers, body).await?;
-    let req: Request = request::parse(&bytes, chat, state.context)?;
+fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, ApiError> {
+    let req = request::parse(body, chat, state.context)?;
     let vocab = state.model.info().vocab_size;
     if let Some((id, _)) = req.params.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
         return Err(ApiError::bad_request(
@@ -56,8 +50,7 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
             Some("logit_bias"),
         ));
     }
-    let warning = model_warning(&state, req.model.as_deref())?;
-    let (tx, mut rx) = unbounded_channel();
+    let warning = model_warning(state, req.model.as_deref())?;
     let reply = Reply {
         chat,
         id: next_id(if chat { "chatcmpl" } else { "cmpl" }),
@@ -68,45 +61,45 @@ async fn handle(state: Shared, headers: HeaderMap, body: Body, chat: bool) -> Re
         reading: Reading::new(req.prompt.tools().filter(|_| req.tools_enabled), chat && speaks_harmony(&state.model)),
         include_usage: req.include_usage,
     };
-    state.worker.submit(Job {
+    Ok(Generation {
         prompt: req.prompt,
         params: req.params,
         want_texts: req.logprobs,
-        count_only: false,
         constraint_field: req.constraint_field,
-        events: tx,
-    })?;
-    // Waiting for the prompt lets its errors be HTTP errors, streaming or not.
-    match rx.recv().await {
-        Some(Event::Started(_)) => {}
-        Some(Event::Failed(e)) => return Err(e),
-        _ => return Err(engine_dropped()),
+        stream: req.stream,
+        warning,
+        dialect: reply,
     }
-    let mut response = if req.stream {
-        let log = RequestLog::streamed(&state, &headers, if chat { "/v1/chat/completions" } else { "/v1/completions" });
-        let stream = futures_util::stream::unfold(
-            SseState { rx, reply, streamed: String::new(), role_sent: false, done: false, log },
-            sse_next,
-        );
-        streamed_response(Body::from_stream(stream), "text/event-stream")
-    } else {
-        loop {
-            match rx.recv().await {
-                Some(Event::Started(_)) | Some(Event::Token(..)) | Some(Event::Counted(_)) => {}
-                Some(Event::Done { completion, prompt_tokens, texts, raw }) => {
-                    let tokens = Tokens { prompt: prompt_tokens, completion: completion.tokens.len() };
-                    let text = full_answer(&reply, completion, &raw, prompt_tokens, &texts);
-                    let mut response = ([(header::CONTENT_TYPE, "application/json")], text).into_response();
-                    response.extensions_mut().insert(tokens);
-                    break response;
-                }
-                Some(Event::Failed(e)) => return Err(e),
-                None => return Err(engine_dropped()),
-            }
-        }
-    };
-    add_warning(&mut response, warning);
-    Ok(response)
+    .into())
+}
+
+impl Dialect for Reply {
+    const STREAM: &'static str = "text/event-stream";
+
+    fn open(&mut self, _prompt_tokens: usize, out: &mut String) -> bool {
+        self.open_stream(out);
+        false
+    }
+
+    fn frame(&mut self, token: &TokenEvent, texts: Option<&TokenTexts>, text: &str, out: &mut String) {
+        self.token_chunk(token, texts, text, out);
+    }
+
+    fn finish(&mut self, answer: &Answer, text: &str, out: &mut String) {
+        self.last_chunks(answer, text, out);
+    }
+
+    fn error_frame(&mut self, e: &ApiError, out: &mut String) {
+        stream::error(e, out);
+    }
+
+    fn answer(self, a: Answer) -> String {
+        full_answer(&self, a.completion, &a.raw, a.prompt_tokens, &a.texts)
+    }
+
+    fn error_response(e: ApiError) -> Response {
+        e.into_response()
+    }
 }
 
 fn finish_reason(reason: StopReason) -> &'static str {
@@ -193,13 +186,7 @@ struct TextCompletion<'a> {
 }
 
 /// The whole answer of a request that did not stream, as JSON text.
-pub(crate) fn full_answer(
-    r: &Reply,
-    c: waste_host::Completion,
-    raw: &str,
-    prompt_tokens: usize,
-    texts: &[TokenTexts],
-) -> String {
+pub(crate) fn full_answer(r: &Reply, c: Completion, raw: &str, prompt_tokens: usize, texts: &[TokenTexts]) -> String {
     let mut finish = finish_reason(c.stop_reason);
     if !r.chat {
         let texts: Vec<&TokenTexts> = texts.iter().collect();

@@ -3,13 +3,17 @@
 //! (The shipped test models write no tool calls, so the end-to-end tests
 //! cover the request side; these cover the answer side.)
 
+use std::time::Instant;
+
+use futures_util::StreamExt;
 use serde_json::Value;
-use tokio::sync::mpsc::unbounded_channel;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use waste_host::{Completion, StopReason, TokenEvent};
 
-use super::stream::{sse_next, SseState};
 use super::*;
+use crate::driver::{frames, Clock};
 use crate::state::RequestLog;
+use crate::worker::Event;
 
 const CALL: &str =
     "Let me look.\n<tool_call>\n{\"name\": \"verse\", \"arguments\": {\"book\": \"Genesis\"}}\n</tool_call>";
@@ -41,6 +45,11 @@ fn event(text: &str) -> TokenEvent {
     TokenEvent { token: 0, text: text.into(), logprob: 0.0, top_logprobs: Vec::new(), stats: Default::default() }
 }
 
+/// The chunks of the SSE stream the driver sends for `events`.
+fn chunks(reply: Reply, events: UnboundedReceiver<Event>) -> impl futures_util::Stream<Item = String> {
+    frames(events, reply, 7, Clock::start(Instant::now()), RequestLog::none()).map(|c| c.unwrap_or_else(|e| match e {}))
+}
+
 /// Runs the SSE stream over `pieces` (one token each) and the completion;
 /// returns the parsed `data:` payloads, `[DONE]` as the string "[DONE]".
 async fn stream(reply: Reply, pieces: &[&str], done: Completion) -> Vec<Value> {
@@ -50,14 +59,7 @@ async fn stream(reply: Reply, pieces: &[&str], done: Completion) -> Vec<Value> {
     }
     let raw = done.text.clone();
     tx.send(Event::Done { completion: done, prompt_tokens: 7, texts: Vec::new(), raw }).unwrap();
-    let st = SseState { rx, reply, streamed: String::new(), role_sent: false, done: false, log: RequestLog::none() };
-    let (mut next, mut text) = (Some(st), String::new());
-    while let Some(state) = next.take() {
-        if let Some((chunk, after)) = sse_next(state).await {
-            text.push_str(&chunk.unwrap_or_else(|e| match e {}));
-            next = Some(after);
-        }
-    }
+    let text: String = chunks(reply, rx).collect::<Vec<_>>().await.concat();
     text.split("\n\n")
         .filter(|e| !e.is_empty())
         .map(|e| {
@@ -175,9 +177,7 @@ async fn legacy_completion_top_logprobs_are_most_likely_first() {
     .unwrap();
     let mut r = reply(false, false);
     r.logprobs = true;
-    let st = SseState { rx, reply: r, streamed: String::new(), role_sent: false, done: false, log: RequestLog::none() };
-    let (chunk, _) = sse_next(st).await.unwrap();
-    let chunk = chunk.unwrap_or_else(|e| match e {});
+    let chunk = Box::pin(chunks(r, rx)).next().await.unwrap();
     assert!(chunk.find("\"z\":").unwrap() < chunk.find("\"a\":").unwrap(), "{chunk}");
     assert!(chunk.contains("\"system_fingerprint\":\"fp_test\""), "{chunk}");
 }

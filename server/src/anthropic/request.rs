@@ -15,6 +15,7 @@ use crate::neutral::fields::{self, bad, boolean, field, integer_in, number, obje
 use crate::neutral::images::Images;
 use crate::neutral::{fresh_seed, Prompt};
 use crate::ordered::Ordered;
+use crate::structured::{self, schema, with_grammar, Asked};
 
 pub struct Request {
     pub model: Option<String>,
@@ -268,6 +269,24 @@ fn tool_choice(o: &Obj, names: Option<&[String]>) -> Result<bool, ApiError> {
     }
 }
 
+/// `output_config.format` (or the beta's `output_format`)
+/// `{"type": "json_schema", "schema": {...}}`.
+fn output_format(o: &Obj) -> Result<Asked, ApiError> {
+    let (param, format): (&'static str, _) = match field(o, "output_config").and_then(|c| c.get("format")) {
+        Some(f) => ("output_config.format", Some(f)),
+        None => ("output_format", field(o, "output_format")),
+    };
+    let format = match format {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(f)) if f.get("type").and_then(Value::as_str) == Some("json_schema") => {
+            let s = f.get("schema").ok_or_else(|| bad(param, "{\"type\": \"json_schema\", \"schema\": {...}}"))?;
+            Some(schema(s, param, param)?)
+        }
+        Some(_) => return Err(bad(param, "{\"type\": \"json_schema\", \"schema\": {...}}")),
+    };
+    with_grammar(o, format.map(|c| (c, param)), "an output format and `grammar`")
+}
+
 /// A count (`max_tokens`, `top_k`) of at least `lo`, in Anthropic's words.
 fn at_least(v: &Value, key: &str, lo: u64) -> Result<u64, ApiError> {
     integer_in(v, lo, u32::MAX as u64).map_err(|_| bad(key, &format!("an integer of at least {lo}")))
@@ -307,10 +326,10 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
         Some("tool") => Some(field(o, "tool_choice").and_then(|c| c.get("name")).and_then(Value::as_str)),
         _ => None,
     };
-    let format = crate::structured::constraint(crate::structured::anthropic(o)?);
+    let format = structured::constraint(output_format(o)?);
     let constraint = match (format, forced, &tools) {
         (Some(c), _, _) => Some(c),
-        (None, Some(name), Some((tools, _))) if tools_enabled => crate::structured::forced_tool(tools, name, None),
+        (None, Some(name), Some((tools, _))) if tools_enabled => structured::forced_tool(tools, name, None),
         _ => None,
     };
     let params = GenerateParams {
@@ -335,7 +354,19 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
 
 #[cfg(test)]
 mod tests {
+    use waste_host::Constraint;
+
     use super::*;
+
+    #[test]
+    fn output_config_format_becomes_one_constraint() {
+        let schema = r#"{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}"#;
+        let oc = format!(r#"{{"output_config": {{"format": {{"type": "json_schema", "schema": {schema}}}}}}}"#);
+        let o: Obj = serde_json::from_str(&oc).unwrap();
+        assert_eq!(output_format(&o).unwrap(), Some((Constraint::JsonSchema(schema.into()), "output_config.format")));
+        let text: Obj = serde_json::from_str(r#"{"output_config": {"format": {"type": "text"}}}"#).unwrap();
+        assert!(output_format(&text).is_err());
+    }
 
     #[test]
     fn compact_drops_whitespace_outside_strings_only() {

@@ -4,12 +4,13 @@
 //! option is absent (temperature 0.8, top_k 40, top_p 0.9).
 
 use serde_json::Value;
-use waste_host::{ChatMessage, GenerateParams};
+use waste_host::{ChatMessage, Constraint, GenerateParams};
 
 use crate::error::ApiError;
 use crate::neutral::fields::{field, number_in, raw_field, raw_items, strings, Obj, Refused};
 use crate::neutral::images::Images;
 use crate::neutral::{fresh_seed, Prompt};
+use crate::structured::{self, schema, with_grammar, Asked};
 
 pub struct Request {
     pub model: String,
@@ -82,6 +83,24 @@ fn options(o: &Obj, context: usize) -> Result<GenerateParams, ApiError> {
         stop_strings,
         ..GenerateParams::default()
     })
+}
+
+/// `format` `"json"` or a JSON schema object.
+fn format(o: &Obj) -> Result<Asked, ApiError> {
+    const P: &str = "format";
+    let format = match field(o, P) {
+        None => None,
+        Some(Value::String(s)) if s.is_empty() => None,
+        Some(Value::String(s)) if s == "json" => Some(Constraint::JsonObject),
+        Some(v @ Value::Object(_)) => Some(schema(v, P, P)?),
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                format!("invalid format: {other}; expected \"json\" or a valid JSON Schema object"),
+                Some(P),
+            ))
+        }
+    };
+    with_grammar(o, format.map(|c| (c, P)), "`format` and `grammar`")
 }
 
 /// An `images` field: a list of base64 image files (the clients encode a
@@ -166,7 +185,7 @@ pub fn parse_chat(body: &[u8], context: usize) -> Result<Request, ApiError> {
     let model = model(&o)?;
     let mut images = Images::default();
     let messages = messages(&o, body, &mut images)?;
-    let constraint = crate::structured::constraint(crate::structured::ollama(&o)?);
+    let constraint = structured::constraint(format(&o)?);
     let (stream, unload) = stream_and_keep_alive(&o)?;
     let tools = match field(&o, "tools") {
         None => None,
@@ -183,7 +202,7 @@ pub fn parse_chat(body: &[u8], context: usize) -> Result<Request, ApiError> {
 pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> {
     let o = object(body)?;
     let model = model(&o)?;
-    let constraint = crate::structured::constraint(crate::structured::ollama(&o)?);
+    let constraint = structured::constraint(format(&o)?);
     let (stream, unload) = stream_and_keep_alive(&o)?;
     for key in ["suffix", "template"] {
         if field(&o, key).is_some_and(|v| v.as_str() != Some("")) {
@@ -223,4 +242,32 @@ pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> 
         }
     });
     Ok(Request { model, prompt, params, stream, tools_enabled: false, unload })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(text: &str) -> Obj {
+        serde_json::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn format_and_grammar_become_one_constraint() {
+        let schema = r#"{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}"#;
+        assert_eq!(
+            structured::constraint(format(&obj(&format!(r#"{{"format": {schema}}}"#))).unwrap()),
+            Some(Constraint::JsonSchema(schema.to_string())),
+            "keys keep the client's order"
+        );
+        assert_eq!(
+            structured::constraint(format(&obj(r#"{"format": "json"}"#)).unwrap()),
+            Some(Constraint::JsonObject)
+        );
+        assert_eq!(
+            structured::constraint(format(&obj(r#"{"grammar": "%llguidance {}\nstart: \"a\""}"#)).unwrap()),
+            Some(Constraint::Lark("%llguidance {}\nstart: \"a\"".into()))
+        );
+        assert!(format(&obj(r#"{"format": "yaml"}"#)).is_err());
+    }
 }

@@ -3,7 +3,7 @@
 //! server does not know are ignored, as OpenAI-compatible servers do.
 
 use serde_json::Value;
-use waste_host::{ChatMessage, GenerateParams};
+use waste_host::{ChatMessage, Constraint, GenerateParams};
 
 use crate::error::ApiError;
 use crate::neutral::fields::{
@@ -11,6 +11,7 @@ use crate::neutral::fields::{
 };
 use crate::neutral::images::Images;
 use crate::neutral::{fresh_seed, Prompt};
+use crate::structured::{self, schema, with_grammar, Asked};
 
 pub struct Request {
     pub model: Option<String>,
@@ -202,9 +203,9 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         // Negative seeds are legal in OpenAI's API; their bit pattern is the seed.
         Some(v) => v.as_i64().map(|s| s as u64).or_else(|| v.as_u64()).ok_or_else(|| bad("seed", "an integer"))?,
     };
-    let asked = crate::structured::openai(o)?;
+    let asked = response_format(o)?;
     let constraint_field = asked.as_ref().map(|(_, f)| *f);
-    let mut constraint = crate::structured::constraint(asked);
+    let mut constraint = structured::constraint(asked);
     if let (None, Prompt::Chat { tools: Some(tools), template_vars, .. }, true) = (&constraint, &prompt, tools_enabled)
     {
         // "required", or one named function: the answer is that call.
@@ -214,7 +215,7 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
             _ => None,
         };
         if let Some(name) = name {
-            constraint = crate::structured::forced_tool(tools, name, template_vars.as_deref());
+            constraint = structured::forced_tool(tools, name, template_vars.as_deref());
         }
     }
     let params = GenerateParams {
@@ -234,6 +235,31 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         ..GenerateParams::default()
     };
     Ok(Request { model, prompt, params, stream, include_usage, logprobs, tools_enabled, constraint_field })
+}
+
+/// `response_format` `{"type": "text" | "json_object"}` or
+/// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`.
+/// Strict or not, the schema is enforced: decoding cannot leave it.
+fn response_format(o: &Obj) -> Result<Asked, ApiError> {
+    const P: &str = "response_format";
+    let invalid = |what: &str| ApiError::bad_request(format!("`{P}`: {what}"), Some(P));
+    let format = match field(o, P) {
+        None => None,
+        Some(Value::Object(rf)) => match rf.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(Constraint::JsonObject),
+            Some("json_schema") => match rf.get("json_schema") {
+                Some(Value::Object(js)) => match js.get("schema") {
+                    Some(s) => Some(schema(s, "response_format.json_schema.schema", P)?),
+                    None => return Err(invalid("`json_schema` needs a `schema`")),
+                },
+                _ => return Err(invalid("type json_schema needs a `json_schema` object with a `schema`")),
+            },
+            _ => return Err(invalid("`type` must be \"text\", \"json_object\" or \"json_schema\"")),
+        },
+        Some(_) => return Err(invalid("must be an object")),
+    };
+    with_grammar(o, format.map(|c| (c, P)), "`response_format` and `grammar`")
 }
 
 /// OpenAI's `logit_bias`: token ids (as JSON object keys) to a bias in
@@ -259,6 +285,54 @@ fn logit_bias(o: &Obj) -> Result<Vec<(u32, f32)>, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn obj(text: &str) -> Obj {
+        serde_json::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn response_format_and_grammar_become_one_constraint() {
+        let schema = r#"{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}"#;
+        let rf = format!(
+            r#"{{"response_format": {{"type": "json_schema", "json_schema": {{"name": "x", "schema": {schema}}}}}}}"#
+        );
+        assert_eq!(
+            response_format(&obj(&rf)).unwrap(),
+            Some((Constraint::JsonSchema(schema.into()), "response_format"))
+        );
+        assert_eq!(
+            structured::constraint(response_format(&obj(r#"{"response_format": {"type": "json_object"}}"#)).unwrap()),
+            Some(Constraint::JsonObject)
+        );
+        assert_eq!(response_format(&obj(r#"{"response_format": {"type": "text"}}"#)).unwrap(), None);
+        assert_eq!(
+            response_format(&obj(r#"{"grammar": "root ::= \"a\""}"#)).unwrap(),
+            Some((Constraint::Gbnf("root ::= \"a\"".into()), "grammar"))
+        );
+        assert_eq!(
+            structured::constraint(
+                response_format(&obj(r#"{"grammar": {"syntax": "regex", "definition": "a+"}}"#)).unwrap()
+            ),
+            Some(Constraint::Regex("a+".into()))
+        );
+    }
+
+    #[test]
+    fn malformed_response_formats_are_400s_naming_the_field() {
+        for (body, param) in [
+            (r#"{"response_format": "json"}"#, "response_format"),
+            (r#"{"response_format": {"type": "yaml"}}"#, "response_format"),
+            (r#"{"response_format": {"type": "json_schema"}}"#, "response_format"),
+            (r#"{"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}"#, "response_format"),
+            (r#"{"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}}"#, "response_format"),
+            (r#"{"response_format": {"type": "json_object"}, "grammar": "start: \"a\""}"#, "grammar"),
+            (r#"{"grammar": 5}"#, "grammar"),
+            (r#"{"grammar": {"syntax": "ebnf", "definition": "a"}}"#, "grammar"),
+        ] {
+            let e = response_format(&obj(body)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+        }
+    }
 
     #[test]
     fn tools_keep_the_clients_key_order() {

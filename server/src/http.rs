@@ -1,6 +1,8 @@
 //! Routes and what every request goes through: authentication, CORS, the
-//! one log line per request, `/metrics`. The answers of each API are in
-//! their own modules (`openai`); what they share is `state`.
+//! one log line per request, `/metrics`. Each API is its own folder
+//! (`openai`, `anthropic`, `ollama`) over the one request driver
+//! (`driver`); what they share is `neutral` and `state`. A new API is its
+//! folder and its lines in [`router`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,7 +1,9 @@
 //! `waste serve`: an HTTP server over the WASTE Rust API speaking OpenAI's
-//! chat and completions API, Anthropic's Messages API and Ollama's API.
-//! One engine thread per model generates (see [`worker`]); tokio + axum
-//! carry the HTTP side and never run the engine themselves.
+//! chat and completions API, Anthropic's Messages API and Ollama's API,
+//! each a folder that parses its requests and shapes its answers around
+//! one request driver (see [`driver`]). One engine thread per model
+//! generates (see [`worker`]); tokio + axum carry the HTTP side and never
+//! run the engine themselves.
 
 mod anthropic;
 mod driver;

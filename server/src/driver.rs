@@ -84,6 +84,21 @@ pub(crate) struct Generation<D> {
     pub dialect: D,
 }
 
+impl<D> Generation<D> {
+    /// A generation that wants no token texts and whose constraint names
+    /// no field (what a dialect without log-probabilities or field-naming
+    /// errors asks for).
+    pub(crate) fn new(
+        prompt: Prompt,
+        params: GenerateParams,
+        stream: bool,
+        warning: Option<String>,
+        dialect: D,
+    ) -> Self {
+        Generation { prompt, params, want_texts: false, constraint_field: None, stream, warning, dialect }
+    }
+}
+
 /// A finished generation, for the dialect to shape.
 pub(crate) struct Answer {
     pub completion: Completion,

@@ -92,10 +92,7 @@ pub fn with_grammar(o: &Obj, format: Asked, names: &str) -> Result<Asked, ApiErr
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn obj(text: &str) -> Obj {
-        serde_json::from_str(text).unwrap()
-    }
+    use crate::neutral::fields::obj;
 
     fn grammar_of(text: &str) -> Result<Asked, ApiError> {
         with_grammar(&obj(text), None, "a format and `grammar`")

@@ -86,16 +86,7 @@ fn parse(state: &AppState, body: &[u8]) -> Result<Parsed<Reply>, ApiError> {
         stop_sequences: req.params.stop_strings.clone(),
         streamed: stream::Blocks::default(),
     };
-    Ok(Generation {
-        prompt: req.prompt,
-        params: req.params,
-        want_texts: false,
-        constraint_field: None,
-        stream: req.stream,
-        warning,
-        dialect: reply,
-    }
-    .into())
+    Ok(Generation::new(req.prompt, req.params, req.stream, warning, reply).into())
 }
 
 /// One block of an answer.

@@ -357,15 +357,17 @@ mod tests {
     use waste_host::Constraint;
 
     use super::*;
+    use crate::neutral::fields::obj;
 
     #[test]
     fn output_config_format_becomes_one_constraint() {
         let schema = r#"{"type":"object","properties":{"b":{"type":"integer"},"a":{"type":"string"}}}"#;
         let oc = format!(r#"{{"output_config": {{"format": {{"type": "json_schema", "schema": {schema}}}}}}}"#);
-        let o: Obj = serde_json::from_str(&oc).unwrap();
-        assert_eq!(output_format(&o).unwrap(), Some((Constraint::JsonSchema(schema.into()), "output_config.format")));
-        let text: Obj = serde_json::from_str(r#"{"output_config": {"format": {"type": "text"}}}"#).unwrap();
-        assert!(output_format(&text).is_err());
+        assert_eq!(
+            output_format(&obj(&oc)).unwrap(),
+            Some((Constraint::JsonSchema(schema.into()), "output_config.format"))
+        );
+        assert!(output_format(&obj(r#"{"output_config": {"format": {"type": "text"}}}"#)).is_err());
     }
 
     #[test]

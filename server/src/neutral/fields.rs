@@ -68,24 +68,24 @@ pub(crate) enum Refused {
     Range,
 }
 
-/// A number in `[lo, hi]`.
-pub(crate) fn number_in(v: &Value, lo: f64, hi: f64) -> Result<f64, Refused> {
-    let x = v.as_f64().ok_or(Refused::Type)?;
-    if (lo..=hi).contains(&x) {
+/// A value read as `T` (None: not of that type) and held to `[lo, hi]`.
+fn within<T: PartialOrd>(x: Option<T>, lo: T, hi: T) -> Result<T, Refused> {
+    let x = x.ok_or(Refused::Type)?;
+    if lo <= x && x <= hi {
         Ok(x)
     } else {
         Err(Refused::Range)
     }
 }
 
+/// A number in `[lo, hi]`.
+pub(crate) fn number_in(v: &Value, lo: f64, hi: f64) -> Result<f64, Refused> {
+    within(v.as_f64(), lo, hi)
+}
+
 /// A whole number in `[lo, hi]` (none is negative).
 pub(crate) fn integer_in(v: &Value, lo: u64, hi: u64) -> Result<u64, Refused> {
-    let x = v.as_u64().ok_or(Refused::Type)?;
-    if (lo..=hi).contains(&x) {
-        Ok(x)
-    } else {
-        Err(Refused::Range)
-    }
+    within(v.as_u64(), lo, hi)
 }
 
 /// An optional number field in `[lo, hi]`.
@@ -107,6 +107,12 @@ pub(crate) fn boolean(o: &Obj, key: &str) -> Result<bool, ApiError> {
         Some(Value::Bool(b)) => Ok(*b),
         Some(_) => Err(bad(key, "a boolean")),
     }
+}
+
+/// A JSON object from its text, for the parsers' tests.
+#[cfg(test)]
+pub(crate) fn obj(text: &str) -> Obj {
+    serde_json::from_str(text).unwrap()
 }
 
 /// Stop strings: a list of strings or, where `one` allows it, a lone

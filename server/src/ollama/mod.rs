@@ -93,16 +93,7 @@ fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, Api
         v["done_reason"] = json!(if req.unload { "unload" } else { "load" });
         return Ok(Parsed::Answered(axum::Json(v).into_response()));
     };
-    Ok(Generation {
-        prompt,
-        params: req.params,
-        want_texts: false,
-        constraint_field: None,
-        stream: req.stream,
-        warning,
-        dialect: reply,
-    }
-    .into())
+    Ok(Generation::new(prompt, req.params, req.stream, warning, reply).into())
 }
 
 impl Reply {

@@ -247,10 +247,7 @@ pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn obj(text: &str) -> Obj {
-        serde_json::from_str(text).unwrap()
-    }
+    use crate::neutral::fields::obj;
 
     #[test]
     fn format_and_grammar_become_one_constraint() {

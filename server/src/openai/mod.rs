@@ -62,13 +62,9 @@ fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, Api
         include_usage: req.include_usage,
     };
     Ok(Generation {
-        prompt: req.prompt,
-        params: req.params,
         want_texts: req.logprobs,
         constraint_field: req.constraint_field,
-        stream: req.stream,
-        warning,
-        dialect: reply,
+        ..Generation::new(req.prompt, req.params, req.stream, warning, reply)
     }
     .into())
 }
@@ -78,6 +74,8 @@ impl Dialect for Reply {
 
     fn open(&mut self, _prompt_tokens: usize, out: &mut String) -> bool {
         self.open_stream(out);
+        // The role chunk rides with the first content chunk: a role alone
+        // tells a client nothing, and the stream's chunks stay as they were.
         false
     }
 
@@ -185,26 +183,33 @@ struct TextCompletion<'a> {
     usage: Option<Value>,
 }
 
+impl Reply {
+    /// A legacy completion, whole or one chunk, as JSON text.
+    fn text_completion(&self, choices: Vec<TextChoice<'_>>, usage: Option<Value>) -> String {
+        to_json(&TextCompletion {
+            id: &self.id,
+            object: "text_completion",
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: &self.system_fingerprint,
+            choices,
+            usage,
+        })
+    }
+}
+
 /// The whole answer of a request that did not stream, as JSON text.
 pub(crate) fn full_answer(r: &Reply, c: Completion, raw: &str, prompt_tokens: usize, texts: &[TokenTexts]) -> String {
     let mut finish = finish_reason(c.stop_reason);
     if !r.chat {
         let texts: Vec<&TokenTexts> = texts.iter().collect();
-        let answer = TextCompletion {
-            id: &r.id,
-            object: "text_completion",
-            created: r.created,
-            model: &r.model,
-            system_fingerprint: &r.system_fingerprint,
-            choices: vec![TextChoice {
-                index: 0,
-                text: &c.text,
-                logprobs: r.logprobs.then(|| text_logprobs(&texts, &c.logprobs, 0)),
-                finish_reason: Some(finish),
-            }],
-            usage: Some(usage(prompt_tokens, c.tokens.len())),
+        let choice = TextChoice {
+            index: 0,
+            text: &c.text,
+            logprobs: r.logprobs.then(|| text_logprobs(&texts, &c.logprobs, 0)),
+            finish_reason: Some(finish),
         };
-        return to_json(&answer);
+        return r.text_completion(vec![choice], Some(usage(prompt_tokens, c.tokens.len())));
     }
     let logprobs = if r.logprobs {
         json!({"content": texts.iter().zip(&c.logprobs).map(|(t, &lp)| chat_logprob(t, lp)).collect::<Vec<_>>()})

@@ -285,10 +285,7 @@ fn logit_bias(o: &Obj) -> Result<Vec<(u32, f32)>, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn obj(text: &str) -> Obj {
-        serde_json::from_str(text).unwrap()
-    }
+    use crate::neutral::fields::obj;
 
     #[test]
     fn response_format_and_grammar_become_one_constraint() {

@@ -6,9 +6,7 @@
 use serde_json::{json, Value};
 use waste_host::TokenEvent;
 
-use super::{
-    chat_logprob, finish_reason, text_logprobs, to_json, usage, Reply, TextChoice, TextCompletion, TextLogprobs,
-};
+use super::{chat_logprob, finish_reason, text_logprobs, usage, Reply, TextChoice, TextLogprobs};
 use crate::driver::Answer;
 use crate::error::ApiError;
 use crate::neutral::answer::unsent;
@@ -37,37 +35,23 @@ impl Reply {
     /// JSON string.
     fn chunk(&self, delta: Value, logprobs: ChunkLogprobs<'_>, finish: Option<&str>) -> String {
         if !self.chat {
-            let chunk = TextCompletion {
-                id: &self.id,
-                object: "text_completion",
-                created: self.created,
-                model: &self.model,
-                system_fingerprint: &self.system_fingerprint,
-                choices: vec![TextChoice {
-                    index: 0,
-                    text: delta.as_str().unwrap_or(""),
-                    logprobs: match logprobs {
-                        ChunkLogprobs::Text(t) => Some(t),
-                        _ => None,
-                    },
-                    finish_reason: finish,
-                }],
-                usage: self.include_usage.then_some(Value::Null),
+            let choice = TextChoice {
+                index: 0,
+                text: delta.as_str().unwrap_or(""),
+                logprobs: match logprobs {
+                    ChunkLogprobs::Text(t) => Some(t),
+                    _ => None,
+                },
+                finish_reason: finish,
             };
-            return to_json(&chunk);
+            return self.text_completion(vec![choice], self.include_usage.then_some(Value::Null));
         }
         let logprobs = match logprobs {
             ChunkLogprobs::Chat(v) => v,
             _ => Value::Null,
         };
-        let mut v = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.system_fingerprint,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-        });
+        let choices = json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]);
+        let mut v = self.chat_chunk(choices);
         if self.include_usage {
             v["usage"] = Value::Null;
         }
@@ -77,27 +61,23 @@ impl Reply {
     /// The final usage chunk of a stream with `include_usage`.
     fn usage_chunk(&self, prompt: usize, completion: usize) -> String {
         if !self.chat {
-            let chunk = TextCompletion {
-                id: &self.id,
-                object: "text_completion",
-                created: self.created,
-                model: &self.model,
-                system_fingerprint: &self.system_fingerprint,
-                choices: Vec::new(),
-                usage: Some(usage(prompt, completion)),
-            };
-            return to_json(&chunk);
+            return self.text_completion(Vec::new(), Some(usage(prompt, completion)));
         }
+        let mut v = self.chat_chunk(json!([]));
+        v["usage"] = usage(prompt, completion);
+        v.to_string()
+    }
+
+    /// A chat chunk with these choices, its fields in OpenAI's order.
+    fn chat_chunk(&self, choices: Value) -> Value {
         json!({
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "system_fingerprint": self.system_fingerprint,
-            "choices": [],
-            "usage": usage(prompt, completion),
+            "choices": choices,
         })
-        .to_string()
     }
 
     fn content(&self, text: &str) -> Value {

@@ -69,6 +69,11 @@ async fn stream(reply: Reply, pieces: &[&str], done: Completion) -> Vec<Value> {
         .collect()
 }
 
+/// The chunks' finish reasons that are set.
+fn finishes(chunks: &[Value]) -> Vec<&Value> {
+    chunks.iter().filter_map(|c| c["choices"].get(0).map(|ch| &ch["finish_reason"])).filter(|f| !f.is_null()).collect()
+}
+
 #[test]
 fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
     let v: Value =
@@ -118,12 +123,7 @@ async fn streamed_tool_call_is_one_tool_calls_delta_then_finish_then_usage() {
     assert_eq!(calls.len(), 1, "{chunks:?}");
     assert_eq!(calls[0][0]["index"], 0);
     assert_eq!(calls[0][0]["function"]["name"], "verse");
-    let finishes: Vec<&Value> = chunks
-        .iter()
-        .filter_map(|c| c["choices"].get(0).map(|ch| &ch["finish_reason"]))
-        .filter(|f| !f.is_null())
-        .collect();
-    assert_eq!(finishes, ["tool_calls"]);
+    assert_eq!(finishes(chunks), ["tool_calls"]);
     let usage = chunks.last().unwrap();
     assert_eq!(usage["choices"], serde_json::json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], 4);
@@ -141,12 +141,7 @@ async fn streamed_text_with_tools_but_no_call_is_sent_whole_at_the_end() {
     let content: String =
         chunks.iter().filter_map(|c| c["choices"].get(0)?["delta"]["content"].as_str().map(str::to_string)).collect();
     assert_eq!(content, "In the beginning");
-    let finishes: Vec<&Value> = chunks
-        .iter()
-        .filter_map(|c| c["choices"].get(0).map(|ch| &ch["finish_reason"]))
-        .filter(|f| !f.is_null())
-        .collect();
-    assert_eq!(finishes, ["length"]);
+    assert_eq!(finishes(chunks), ["length"]);
 }
 
 /// Regression (the legacy completions listed each token's alternatives in

@@ -4,7 +4,7 @@ large releases ship (Kimi K3: MXFP4 routed experts; DeepSeek-V3: fp8 block-scale
 the f32 tensors transformers' own dequantisation code computes from it, and the logits
 transformers computes on those dequantised weights.
 
-Layout written (what `waste convert` accepts; host/src/checkpoint/decode.rs):
+Layout written (what `waste convert` accepts; host/engine/src/checkpoint/decode.rs):
   * routed experts `...experts.N.{gate,up,down}_proj.weight_packed` uint8 [rows, cols/2] (two
     E2M1 codes a byte, low nibble = even column) + `.weight_scale` uint8 [rows, cols/32] (E8M0,
     2^(s-127)): the compressed-tensors `mxfp4-pack-quantized` naming that K3.md section 5 lists;

@@ -135,8 +135,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         None => vec![None],
     };
     let chunks = a.chunk.clone().unwrap_or_else(|| vec![OpenOptions::default().prefill_chunk]);
-    if let Some(&bad) = chunks.iter().find(|&&c| waste_host::model::prefill::check_chunk(c).is_err()) {
-        bail!(usage(format!("--chunk {bad}: expected 1 to {}", waste_host::model::prefill::MAX_PREFILL_CHUNK)));
+    if let Some(&bad) = chunks.iter().find(|&&c| waste_host::transformer::prefill::check_chunk(c).is_err()) {
+        bail!(usage(format!("--chunk {bad}: expected 1 to {}", waste_host::transformer::prefill::MAX_PREFILL_CHUNK)));
     }
     let mut configs: Vec<(Option<u64>, usize, Option<usize>, usize)> = Vec::new();
     for &b in &budgets {

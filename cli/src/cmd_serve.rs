@@ -1,4 +1,4 @@
-//! `waste serve`: the OpenAI-compatible server (crate waste-server).
+//! `waste serve`: the HTTP server speaking OpenAI's, Anthropic's and Ollama's APIs (crate waste-server).
 
 use std::sync::Arc;
 

@@ -5,8 +5,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use waste_host::config::family;
 use waste_host::plan::fmt_bytes;
-use waste_host::synth::{preset, LikeOptions, LIKE, PRESETS};
+use waste_host::synth::{like_names, preset, LikeOptions, PRESETS};
 
 use crate::errors::usage;
 use crate::output;
@@ -20,7 +21,7 @@ pub struct SynthArgs {
     pub shape: String,
     /// A real model's config and layout instead of a shape, random weights
     /// (kimi-k3 needs --manifest-only).
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(LIKE))]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(like_names()))]
     pub like: Option<String>,
     /// Write the manifest and sparse files only (for `plan` and `info`;
     /// the container cannot run).
@@ -75,10 +76,11 @@ pub fn synth(a: SynthArgs) -> Result<()> {
 }
 
 fn synth_like(a: &SynthArgs, like: &str) -> Result<()> {
-    if !LIKE.contains(&like) {
-        bail!(usage(format!("--like {like:?}: expected one of {}", LIKE.join(", "))));
-    }
-    if like == "kimi-k3" && !a.manifest_only {
+    let Some(release) = family::release(like) else {
+        let names: Vec<&str> = like_names().collect();
+        bail!(usage(format!("--like {like:?}: expected one of {}", names.join(", "))));
+    };
+    if release.manifest_only && !a.manifest_only {
         bail!(usage(format!(
             "--like {like} writes a manifest-only container (its experts are terabytes): pass --manifest-only"
         )));

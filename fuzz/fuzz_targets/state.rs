@@ -1,7 +1,7 @@
 //! A session file loaded into a fresh state of the tiny model.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use waste_engine::model::state_io::{load_session, SessionShape};
+use waste_engine::transformer::state_io::{load_session, SessionShape};
 use waste_engine::{Model, OpenOptions};
 
 fuzz_target!(|data: &[u8]| {

@@ -53,7 +53,7 @@ fn per_token(raw: &[f32], c: &Case, recent: &[u32], rng: &mut sampling::Rng) -> 
         frequency_penalty: if c.penalties { 0.5 } else { 0.0 },
         top_logprobs: c.top_logprobs,
         seed: 7,
-        ..sampling::SamplingParams::default()
+        ..sampling::SamplingParams::greedy()
     };
     let adjusted = sampling::adjust(raw, &sp, recent);
     let token = sampling::sample(&adjusted, &sp, rng);

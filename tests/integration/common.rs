@@ -4,7 +4,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-pub const FAMILIES: &[&str] = &["qwen3_moe", "olmoe", "mixtral"];
+/// The three plain-GQA model types that the CLI-level quantised-format and
+/// thread-count tests convert four formats each of: a sample of the family
+/// table (`waste_host::config::FAMILIES`), chosen for CI time, whose error
+/// bounds were measured on these. Every row of the table has its exact f32
+/// oracle and chunked-prefill test in the engine's own tests.
+pub const SAMPLED_FAMILIES: &[&str] = &["qwen3_moe", "olmoe", "mixtral"];
 
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")

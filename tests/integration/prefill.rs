@@ -1,4 +1,4 @@
-//! Chunked prefill (host/src/model/prefill.rs): a prompt run layer-major in
+//! Chunked prefill (host/engine/src/transformer/prefill.rs): a prompt run layer-major in
 //! chunks, each distinct expert read once per chunk, must give the logits of
 //! token-at-a-time prefill bit for bit, on every tiny fixture and for exact
 //! and quantised expert formats, whatever the store does with the bytes.

@@ -21,10 +21,10 @@ use std::path::Path;
 mod common;
 use common::*;
 use waste_engine::config::ModelConfig;
-use waste_engine::model::dsa::{Indexer, IndexerScratch, Selection};
-use waste_engine::model::mla::{Mla, MlaScratch};
-use waste_engine::model::rope::Rope;
 use waste_engine::source::TensorSource;
+use waste_engine::transformer::dsa::{Indexer, IndexerScratch, Selection};
+use waste_engine::transformer::mla::{Mla, MlaScratch};
+use waste_engine::transformer::rope::Rope;
 
 const CONTEXTS: [usize; 3] = [4096, 32768, 131072];
 const RUNS: usize = 5;

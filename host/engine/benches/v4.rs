@@ -14,9 +14,9 @@ use std::path::Path;
 mod common;
 use common::*;
 use waste_engine::config::{ModelConfig, V4Attn};
-use waste_engine::model::v4::attention::{V4Attention, V4Scratch};
-use waste_engine::model::v4::V4State;
 use waste_engine::source::TensorSource;
+use waste_engine::transformer::v4::attention::{V4Attention, V4Scratch};
+use waste_engine::transformer::v4::V4State;
 
 const CONTEXTS: [usize; 3] = [4096, 32768, 131072];
 const RUNS: usize = 5;

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use crate::config::VisionConfig;
 use crate::error::{Error, Result};
-use crate::model::{Splice, State};
-use crate::open::Model;
+use crate::model::Model;
 use crate::source::TensorSource;
 use crate::stats::StepStats;
+use crate::transformer::{Splice, State};
 use crate::vision::decode::{decode, MAX_SOURCE_PIXELS};
 use crate::vision::expand_placeholders;
 use crate::vision::preprocess::{preprocess, PreprocessConfig};

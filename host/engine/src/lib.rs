@@ -4,15 +4,16 @@
 //! container ([`Model`]) keeps its dense trunk resident, leaves the routed
 //! experts on disk behind the [`store`] (direct reads into a bounded cache
 //! carved out of the RAM budget the [`plan`] sets) and runs the forward
-//! pass of [`model`]. Built on the weight formats and kernels of
+//! pass of [`transformer`]. The model types it reads are the rows of
+//! [`config::FAMILIES`]. Built on the weight formats and kernels of
 //! `waste-kernels`, re-exported here as [`quant`] and [`pool`]; no wasmtime
 //! (the host crate embeds the component on top of this one).
 //!
 //! Layering inside the crate, each module using only those listed before
-//! it: `size`, `error`, `stats`, `files`, `config`, `source`, `container`,
-//! `gguf`, `checkpoint`, `store`, `model`, `plan`, `info`, `synth`, `convert`,
-//! `open_progress`, `open`, `perplexity`; `vision` uses only `error`
-//! (docs/ARCHITECTURE.md says how this is checked).
+//! it (tests/integration/layering.rs holds the crate to this order): `size`,
+//! `error`, `stats`, `files`, `config`, `source`, `container`, `gguf`,
+//! `checkpoint`, `store`, `transformer`, `plan`, `info`, `vision`, `synth`,
+//! `convert`, `open_progress`, `model`, `images`, `perplexity`.
 
 pub mod checkpoint;
 pub mod config;
@@ -23,8 +24,7 @@ pub mod files;
 pub mod gguf;
 pub mod images;
 pub mod info;
-pub mod model;
-mod open;
+mod model;
 mod open_progress;
 mod perplexity;
 pub mod plan;
@@ -33,6 +33,7 @@ pub mod source;
 pub mod stats;
 pub mod store;
 pub mod synth;
+pub mod transformer;
 pub mod vision;
 
 pub use waste_kernels::{pool, quant, skip};
@@ -40,7 +41,7 @@ pub use waste_kernels::{pool, quant, skip};
 pub use convert::{convert, ConvertOptions, ConvertProgress, ConvertReport};
 pub use error::{Error, Result};
 pub use info::{LayerInfo, ModelInfo};
-pub use open::{MemoryUse, Model, OpenOptions, OpenProgress};
+pub use model::{MemoryUse, Model, OpenOptions, OpenProgress};
 pub use perplexity::{Perplexity, PERPLEXITY_CHUNK};
 pub use plan::DEFAULT_CONTEXT;
 pub use stats::StepStats;

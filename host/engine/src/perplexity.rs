@@ -1,7 +1,7 @@
 //! Perplexity of a text under an open model, prefilled in chunks.
 
 use crate::error::{Error, Result};
-use crate::open::Model;
+use crate::model::Model;
 
 impl Model {
     /// Scores `tokens` as a text: window k is `tokens[k*(window-1) ..][..window]`

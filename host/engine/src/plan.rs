@@ -12,8 +12,8 @@ use crate::config::ModelConfig;
 use crate::container::manifest::{Manifest, TensorEntry};
 use crate::container::Container;
 use crate::error::{Error, Result};
-use crate::model::embedding::EMBED_TOKENS;
 pub use crate::size::{fmt_bytes, parse_size};
+use crate::transformer::embedding::EMBED_TOKENS;
 
 /// How the budget of a plan was chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,8 +101,8 @@ pub fn resident_tensor_bytes(cfg: &ModelConfig, t: &TensorEntry) -> u64 {
     }
     let fmt = crate::quant::TrunkFormat::parse(&t.format);
     match (&t.shape[..], fmt) {
-        ([rows, cols], Some(fmt)) if t.name.ends_with(crate::model::mla::KV_B_SUFFIX) => {
-            crate::model::mla::kv_b_resident_bytes(fmt, *rows as usize, *cols as usize) as u64
+        ([rows, cols], Some(fmt)) if t.name.ends_with(crate::transformer::mla::KV_B_SUFFIX) => {
+            crate::transformer::mla::kv_b_resident_bytes(fmt, *rows as usize, *cols as usize) as u64
         }
         _ => t.bytes,
     }
@@ -128,16 +128,16 @@ pub fn on_disk_trunk_bytes(cfg: &ModelConfig, manifest: &Manifest) -> u64 {
 /// The buffers of one forward pass, sized by the constructors that allocate
 /// them: the model's own for a full prefill chunk (token scratch, GQA / MLA
 /// / KDA scratch, the chunk's per-token buffers, logits:
-/// [`crate::model::prefill::forward_buffer_floats`]), and the expert
+/// [`crate::transformer::prefill::forward_buffer_floats`]), and the expert
 /// provider's for the largest expert format (one token's gate/up tables and
 /// the kernel scratch, which the store allocates once per call and uses one
 /// expert at a time), its per-pick outputs for every token of a chunk
-/// (`store::batch`) and per-expert bookkeeping. Rounded up to a MiB, plus a
+/// (`transformer::experts`) and per-expert bookkeeping (`store::pin`). Rounded up to a MiB, plus a
 /// MiB for the small per-call lists (picks, slots).
 pub fn scratch_bytes(cfg: &ModelConfig, context: usize) -> u64 {
     use crate::quant::{gate_up_tables_peak_bytes, ExpertFormat, ExpertScratch};
-    let chunk = crate::model::prefill::MAX_PREFILL_CHUNK;
-    let model = 4 * crate::model::prefill::forward_buffer_floats(cfg, context, chunk);
+    let chunk = crate::transformer::prefill::MAX_PREFILL_CHUNK;
+    let model = 4 * crate::transformer::prefill::forward_buffer_floats(cfg, context, chunk);
     let shape = cfg.expert_shape();
     let kernels = ExpertFormat::ALL
         .into_iter()
@@ -145,7 +145,7 @@ pub fn scratch_bytes(cfg: &ModelConfig, context: usize) -> u64 {
         .max()
         .unwrap_or(0);
     let outputs = 4 * (chunk * cfg.top_k + 1) * shape.hidden;
-    // store::batch: a use count and a held slot per expert of the layer.
+    // store::pin: a use count and a held slot per expert of the layer.
     let per_expert = 32 * cfg.num_experts;
     let bytes = (model + kernels + outputs + per_expert) as u64;
     bytes.div_ceil(1 << 20) * (1 << 20) + (1 << 20)
@@ -334,7 +334,7 @@ pub fn peak_rss() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::State;
+    use crate::transformer::State;
 
     fn input(budget: Option<u64>, usable: u64) -> PlanInput {
         PlanInput {
@@ -420,7 +420,7 @@ mod tests {
             let ql = m.q_lora_rank.unwrap_or(0);
             m.num_heads * m.qk_head_dim()
                 + m.cache_width()
-                + crate::model::mla::MLA_LANES * (2 * m.kv_lora_rank + ctx)
+                + crate::transformer::mla::MLA_LANES * (2 * m.kv_lora_rank + ctx)
                 + m.num_heads * m.v_head_dim
                 + 2 * ql
                 + 2 * m.qk_rope_head_dim
@@ -447,7 +447,7 @@ mod tests {
     /// and scratch and a chunk's per-pick outputs.
     #[test]
     fn scratch_covers_the_forward_pass_buffers_of_kimi_linear_and_deepseek() {
-        use crate::model::prefill::{forward_buffer_floats, MAX_PREFILL_CHUNK};
+        use crate::transformer::prefill::{forward_buffer_floats, MAX_PREFILL_CHUNK};
         let released = ModelConfig::from_json_str(
             &crate::synth::like_config("kimi-linear-48b", None).unwrap().to_string(),
             Path::new("config.json"),

@@ -3,8 +3,8 @@
 
 mod reader {
     use super::super::*;
-    use crate::model::experts::DenseExperts;
     use crate::stats::StepStats;
+    use crate::transformer::experts::DenseExperts;
 
     /// A fresh, empty directory under the system temp dir.
     fn scratch_dir(name: &str) -> PathBuf {
@@ -199,8 +199,8 @@ mod reader {
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        let model = crate::model::Transformer::load(&cfg, &ckpt).unwrap();
-        let mut state = crate::model::State::new(&cfg, prompt.len());
+        let model = crate::transformer::Transformer::load(&cfg, &ckpt).unwrap();
+        let mut state = crate::transformer::State::new(&cfg, prompt.len());
         let got = model.forward(&mut state, &prompt, &DenseExperts(&ckpt), false, &mut StepStats::default()).unwrap();
         let want = &want[(prompt.len() - 1) * cfg.vocab_size..];
         let max = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));

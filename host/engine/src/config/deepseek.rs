@@ -16,7 +16,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{
-    AttnKind, ExpertLayout, Family, MlaDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS,
+    AttnKind, Dims, ExpertLayout, Family, MlaDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS,
     MAX_HEAD_DIM, MAX_INTER, MAX_POSITIONS,
 };
 use crate::error::{Error, Result};
@@ -133,13 +133,15 @@ fn read_rope(r: &Reader<'_>, dim: usize, max_pos: usize) -> Result<MlaRope> {
     Ok(MlaRope { theta, dim, interleave: r.bool_opt("rope_interleave")?.unwrap_or(true), yarn, softmax_scale_factor })
 }
 
-pub(super) fn parse(
-    r: &Reader<'_>,
-    model_type: &str,
-    vocab_size: usize,
-    hidden_size: usize,
-    num_layers: usize,
-) -> Result<ModelConfig> {
+/// The table's parser (`family::FAMILIES`): the common dimensions, then
+/// this family's own keys.
+pub(super) fn parse_config(r: &Reader<'_>, _family: Family, model_type: &str) -> Result<ModelConfig> {
+    r.require_silu()?;
+    parse(r, model_type, &Dims::read(r)?)
+}
+
+pub(super) fn parse(r: &Reader<'_>, model_type: &str, dims: &Dims) -> Result<ModelConfig> {
+    let &Dims { vocab_size, hidden_size, num_layers } = dims;
     let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     if let Some(kv) = r.usize_opt("num_key_value_heads")? {
         if kv != num_heads {
@@ -277,7 +279,7 @@ pub(super) fn parse(
         mla_rope: Some(rope),
         expert_groups,
         k3: None,
-        add: super::Additions { dsa, ..super::Additions::default() },
+        add: super::Switches { dsa, ..super::Switches::default() },
     })
 }
 

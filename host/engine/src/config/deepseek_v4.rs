@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::{
-    AttnKind, ExpertLayout, Family, MlaRope, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS,
+    AttnKind, Dims, ExpertLayout, Family, MlaRope, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS,
     MAX_HEAD_DIM, MAX_INTER, MAX_POSITIONS,
 };
 use crate::error::Result;
@@ -190,7 +190,15 @@ fn compress_rate(r: &Reader<'_>, kind: &str, legacy: &str, default: usize) -> Re
     r.bounded(&format!("compress_rates.{kind}"), rate, 1 << 16)
 }
 
-pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_layers: usize) -> Result<ModelConfig> {
+/// The table's parser (`family::FAMILIES`): the common dimensions, then
+/// this family's own keys.
+pub(super) fn parse_config(r: &Reader<'_>, _family: Family, _model_type: &str) -> Result<ModelConfig> {
+    r.require_silu()?;
+    parse(r, &Dims::read(r)?)
+}
+
+pub(super) fn parse(r: &Reader<'_>, dims: &Dims) -> Result<ModelConfig> {
+    let &Dims { vocab_size, hidden_size, num_layers } = dims;
     let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     if let Some(kv) = r.usize_opt("num_key_value_heads")? {
         if kv != 1 {
@@ -229,11 +237,6 @@ pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_l
     let swiglu_limit = r.f64_opt("swiglu_limit")?.unwrap_or(10.0);
     if swiglu_limit.is_nan() || swiglu_limit <= 0.0 {
         return Err(r.err("swiglu_limit", format!("{swiglu_limit} is not positive")));
-    }
-    if let Some(act) = r.str_opt("hidden_act")? {
-        if act != "silu" {
-            return Err(r.unsupported("hidden_act", format!("`{act}` (only silu)")));
-        }
     }
     if r.bool_opt("attention_bias")?.unwrap_or(false) {
         return Err(r.unsupported("attention_bias", "true (DeepSeek-V4 has no attention biases)"));
@@ -361,7 +364,7 @@ pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_l
         mla_rope: None,
         expert_groups: None,
         k3: None,
-        add: super::Additions { v4: Some(v4), ..super::Additions::default() },
+        add: super::Switches { v4: Some(v4), ..super::Switches::default() },
     })
 }
 

@@ -13,7 +13,7 @@
 use serde_json::{Map, Value};
 
 use super::k3_vision::{self, VisionConfig};
-use super::{kimi, AttnKind, ModelConfig, Reader, MAX_HIDDEN, MAX_INTER, MAX_LAYERS, MAX_VOCAB};
+use super::{kimi, AttnKind, Dims, Family, ModelConfig, Reader, MAX_HIDDEN, MAX_INTER, MAX_LAYERS};
 use crate::error::{Error, Result};
 use crate::quant::Activation;
 
@@ -44,7 +44,7 @@ fn unsupported(r: &Reader<'_>, key: &str, what: impl std::fmt::Display) -> Error
     Error::Unsupported(format!("{}: key `text_config.{key}`: {what}", r.path.display()))
 }
 
-pub(super) fn parse(r: &Reader<'_>) -> Result<ModelConfig> {
+pub(super) fn parse_config(r: &Reader<'_>, _family: Family, _model_type: &str) -> Result<ModelConfig> {
     let text: &Map<String, Value> = match r.get("text_config") {
         Some(Value::Object(o)) => o,
         Some(v) => return Err(r.err("text_config", format!("expected an object, found {v}"))),
@@ -115,10 +115,7 @@ pub(super) fn parse(r: &Reader<'_>) -> Result<ModelConfig> {
         rest.remove(k);
     }
     let kr = Reader { obj: &rest, path: r.path };
-    let vocab = kr.bounded("vocab_size", kr.usize_req("vocab_size")?, MAX_VOCAB)?;
-    let hidden = kr.bounded("hidden_size", kr.usize_req("hidden_size")?, MAX_HIDDEN)?;
-    let layers = kr.bounded("num_hidden_layers", kr.usize_req("num_hidden_layers")?, MAX_LAYERS)?;
-    let mut cfg = kimi::parse(&kr, vocab, hidden, layers)?;
+    let mut cfg = kimi::parse(&kr, &Dims::read(&kr)?)?;
     cfg.model_type = "kimi_k3".to_string();
     if n_group > 1 && topk_group < n_group {
         let key = group_key.unwrap_or("num_expert_group");

@@ -19,8 +19,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{
-    AttnKind, ExpertLayout, Family, KdaDims, MlaDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS,
-    MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
+    AttnKind, Dims, ExpertLayout, Family, KdaDims, MlaDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS,
+    MAX_HEADS, MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
 };
 use crate::error::{Error, Result};
 
@@ -29,7 +29,15 @@ fn first_key<'k>(r: &Reader<'_>, keys: &[&'k str]) -> &'k str {
     keys.iter().copied().find(|k| r.get(k).is_some()).unwrap_or(keys[0])
 }
 
-pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_layers: usize) -> Result<ModelConfig> {
+/// The table's parser (`family::FAMILIES`): the common dimensions, then
+/// this family's own keys.
+pub(super) fn parse_config(r: &Reader<'_>, _family: Family, _model_type: &str) -> Result<ModelConfig> {
+    r.require_silu()?;
+    parse(r, &Dims::read(r)?)
+}
+
+pub(super) fn parse(r: &Reader<'_>, dims: &Dims) -> Result<ModelConfig> {
+    let &Dims { vocab_size, hidden_size, num_layers } = dims;
     let lac = match r.get("linear_attn_config") {
         None => None,
         Some(Value::Object(obj)) => Some(Reader { obj, path: r.path }),
@@ -178,7 +186,7 @@ pub(super) fn parse(r: &Reader<'_>, vocab_size: usize, hidden_size: usize, num_l
         mla_rope: None,
         expert_groups: None,
         k3: None,
-        add: super::Additions::default(),
+        add: super::Switches::default(),
     })
 }
 

@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use super::rope::rope_settings;
 use super::{
-    Additions, AttnKind, ExpertLayout, Family, GdnDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS,
-    MAX_HEADS, MAX_HEAD_DIM, MAX_HIDDEN, MAX_INTER, MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB,
+    AttnKind, Dims, ExpertLayout, Family, GdnDims, ModelConfig, QkNorm, Reader, RouterKind, Switches, MAX_EXPERTS,
+    MAX_HEADS, MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
 };
 use crate::error::Result;
 
@@ -38,7 +38,7 @@ fn layer_kinds(r: &Reader<'_>, num_layers: usize) -> Result<Vec<AttnKind>> {
     Ok((0..num_layers).map(|l| if (l + 1) % interval == 0 { AttnKind::Gqa } else { AttnKind::Gdn }).collect())
 }
 
-pub(super) fn parse(top: &Reader<'_>, model_type: &str) -> Result<ModelConfig> {
+pub(super) fn parse(top: &Reader<'_>, _family: Family, model_type: &str) -> Result<ModelConfig> {
     // The release wraps the text model: its keys are in `text_config`.
     let wrapped = model_type == "qwen3_5_moe";
     let text = match (wrapped, top.get("text_config")) {
@@ -52,14 +52,8 @@ pub(super) fn parse(top: &Reader<'_>, model_type: &str) -> Result<ModelConfig> {
         None => top,
     };
     let qwen35 = model_type != "qwen3_next";
-    if let Some(act) = r.str_opt("hidden_act")? {
-        if act != "silu" {
-            return Err(r.unsupported("hidden_act", format!("`{act}` (only silu)")));
-        }
-    }
-    let vocab_size = r.bounded("vocab_size", r.usize_req("vocab_size")?, MAX_VOCAB)?;
-    let hidden_size = r.bounded("hidden_size", r.usize_req("hidden_size")?, MAX_HIDDEN)?;
-    let num_layers = r.bounded("num_hidden_layers", r.usize_req("num_hidden_layers")?, MAX_LAYERS)?;
+    r.require_silu()?;
+    let Dims { vocab_size, hidden_size, num_layers } = Dims::read(r)?;
     let attn_kinds = layer_kinds(r, num_layers)?;
     let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     let num_kv_heads =
@@ -125,7 +119,7 @@ pub(super) fn parse(top: &Reader<'_>, model_type: &str) -> Result<ModelConfig> {
         Some(t) => t,
         None => top.bool_opt("tie_word_embeddings")?.unwrap_or(false),
     };
-    let add = Additions {
+    let add = Switches {
         rotary_dim: rope.rotary_dim,
         zero_centred_norms: true,
         attn_output_gate: true,
@@ -133,7 +127,7 @@ pub(super) fn parse(top: &Reader<'_>, model_type: &str) -> Result<ModelConfig> {
         gdn: Some(gdn),
         gdn_fused: !qwen35,
         vl_wrapper: wrapped,
-        ..Additions::default()
+        ..Switches::default()
     };
     Ok(ModelConfig {
         family: Family::Qwen3Next,

@@ -148,6 +148,14 @@ impl Reader<'_> {
             .map(Some)
     }
 
+    /// Every family but Kimi K3 gates its MLPs with SiLU.
+    pub(super) fn require_silu(&self) -> Result<()> {
+        match self.str_opt("hidden_act")? {
+            Some(act) if act != "silu" => Err(self.unsupported("hidden_act", format!("`{act}` (only silu)"))),
+            _ => Ok(()),
+        }
+    }
+
     pub(super) fn bounded(&self, key: &str, v: usize, max: usize) -> Result<usize> {
         if v == 0 || v > max {
             return Err(self.err(key, format!("{v} is outside 1..={max}")));

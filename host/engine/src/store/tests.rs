@@ -8,9 +8,9 @@ use std::path::PathBuf;
 
 use super::{ExpertStore, StoreOptions};
 use crate::container::Container;
-use crate::model::experts::ExpertProvider;
 use crate::stats::StepStats;
 use crate::synth::{preset, synth};
+use crate::transformer::experts::ExpertProvider;
 
 struct Dir(PathBuf);
 

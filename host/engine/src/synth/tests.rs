@@ -82,7 +82,7 @@ fn synth_like_kimi_linear_manifest_only_has_full_scale_records() {
 /// A Kimi-Linear config in the released layout at a small size: KDA and
 /// MLA layers, a dense first layer, a shared expert, the sigmoid router.
 fn small_kimi_linear(layers: usize) -> serde_json::Value {
-    let mut config = kimi_linear_48b_config();
+    let mut config = crate::config::releases::kimi_linear_48b();
     let full: Vec<usize> = (1..=layers).filter(|i| i % 2 == 0).collect();
     let kda: Vec<usize> = (1..=layers).filter(|i| i % 2 == 1).collect();
     let small = serde_json::json!({

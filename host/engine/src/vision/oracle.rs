@@ -12,10 +12,10 @@ use super::tower::VisionTower;
 use crate::checkpoint::HfCheckpoint;
 use crate::config::{GridResize, VisionConfig};
 use crate::files::Fnv;
-use crate::model::experts::DenseExperts;
-use crate::model::ops::argmax;
-use crate::model::{Splice, State, Transformer};
 use crate::stats::StepStats;
+use crate::transformer::experts::DenseExperts;
+use crate::transformer::ops::argmax;
+use crate::transformer::{Splice, State, Transformer};
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-kimi_k3-vision")

@@ -18,10 +18,10 @@ use rayon::prelude::*;
 use super::preprocess::Preprocessed;
 use crate::config::{GridResize, VisionConfig, MAX_GRID_SIDE, MM_PROJECTOR, VISION_TOWER};
 use crate::error::{Error, Result};
-use crate::model::check_finite;
-use crate::model::ops::rms_norm_in_place;
 use crate::quant::{matmul_block, QMatrix};
 use crate::source::TensorSource;
+use crate::transformer::check_finite;
+use crate::transformer::ops::rms_norm_in_place;
 
 /// Patches whose MLP runs at once: bounds the `[tokens, intermediate]`
 /// buffer (65536 patches x 4096 would be 1 GiB) without changing a value.
@@ -306,7 +306,7 @@ fn attention(qkv: &[f32], n: usize, heads: usize, hd: usize, out: &mut [f32]) {
                 for (key, pk) in p.iter_mut().enumerate() {
                     *pk = scores[key * nb + i] * scale;
                 }
-                crate::model::ops::softmax(p);
+                crate::transformer::ops::softmax(p);
             }
             // o[j][i] = sum over keys of p_i[key] v[key][j]
             let mut o = vec![0f32; hd * nb];

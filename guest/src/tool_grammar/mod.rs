@@ -1,0 +1,237 @@
+//! A forced tool call (OpenAI `tool_choice` "required" or a named
+//! function, Anthropic `any` / `tool`) as a grammar: the call in the
+//! model's own syntax, its arguments valid against the tool's schema.
+//!
+//! The syntax is read off the model's chat template rather than listed per
+//! model: the template renders a probe conversation whose last assistant
+//! turn makes one call with known arguments, and the text it adds after
+//! the generation prompt is the call's shape: what precedes the JSON (the
+//! `<tool_call>` tag, harmony's `to=functions.NAME` header, DeepSeek's
+//! markers), the JSON itself (the arguments, or a `{"name", "arguments"}`
+//! wrapper as Hermes writes it) and what follows it, up to the end of the
+//! turn. Templates that write arguments as text (the XML syntaxes) have no
+//! JSON to find: they are `unsupported`, and the caller decides.
+//!
+//! A reasoning model may think first: where the template shows reasoning
+//! before a call (a `</think>` in the probe's prefix, or harmony's analysis
+//! channel), whatever precedes the call's opening marker is free text,
+//! ended lazily at the first marker. Elsewhere the call comes first. A
+//! marker made of special tokens (harmony's real `<|channel|>`) cannot be
+//! matched inside free text; then too the call comes first.
+
+use serde_json::{json, Map, Value};
+
+use crate::chat::{ChatMessage, ChatTemplate};
+use crate::tokenizer::Tokenizer;
+
+const PROBE_NAME: &str = "waste_probe_function";
+const PROBE_KEY: &str = "waste_probe_key";
+const PROBE_VALUE: &str = "waste probe value";
+
+/// Why a forced call cannot be a grammar.
+#[derive(Debug, PartialEq)]
+pub enum ToolGrammarError {
+    /// The request is wrong (no such tool, tools not a list).
+    Invalid(String),
+    /// The template's call syntax has no JSON arguments to constrain.
+    Unsupported(String),
+}
+
+/// How the call's JSON holds the arguments.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Shape {
+    /// The JSON is the arguments object.
+    Arguments,
+    /// `{"name": NAME, KEY: arguments}`; `name_first` keeps the template's order.
+    Wrapper { key: &'static str, name_first: bool },
+}
+
+/// The call as the template writes it.
+#[derive(Debug, PartialEq)]
+struct Syntax {
+    prefix: String,
+    shape: Shape,
+    suffix: String,
+    /// The model may reason before the call.
+    reasons: bool,
+}
+
+/// Finds the call in the template's rendering of the probe conversation.
+fn syntax(
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    eos: &[u32],
+    vars: Option<&str>,
+) -> Result<Syntax, ToolGrammarError> {
+    let unsupported =
+        |why: &str| ToolGrammarError::Unsupported(format!("a forced tool call cannot be constrained: {why}"));
+    let probe_tools = json!([{"type": "function", "function": {"name": PROBE_NAME, "description": "probe",
+        "parameters": {"type": "object", "properties": {PROBE_KEY: {"type": "string"}}, "required": [PROBE_KEY]}}}])
+    .to_string();
+    let user = ChatMessage { role: "user".into(), content: Some("probe".into()), ..Default::default() };
+    let call = json!({"tool_calls": [{"id": "call_0", "type": "function",
+        "function": {"name": PROBE_NAME, "arguments": {PROBE_KEY: PROBE_VALUE}}}]});
+    let assistant = ChatMessage {
+        role: "assistant".into(),
+        content: Some(String::new()),
+        extra: Some(call.to_string()),
+        ..Default::default()
+    };
+    let open = template
+        .render_with_vars(std::slice::from_ref(&user), Some(&probe_tools), true, vars)
+        .map_err(|e| unsupported(&format!("the chat template refused the probe: {e}")))?;
+    let with_call = template
+        .render_with_vars(&[user, assistant], Some(&probe_tools), false, vars)
+        .map_err(|e| unsupported(&format!("the chat template refused the probe: {e}")))?;
+    let turn = with_call
+        .strip_prefix(open.as_str())
+        .ok_or_else(|| unsupported("the template's assistant turn does not continue its generation prompt"))?;
+    if turn.contains("<|channel|>") && turn.contains("to=functions.") {
+        // Harmony (gpt-oss): its template renders a past call with the
+        // recipient in the role header, but the model writes it in the
+        // channel header, as OpenAI's harmony format documents it (and as
+        // tools/harmony.rs in the server parses it).
+        let prefix = format!("<|channel|>commentary to=functions.{PROBE_NAME} <|constrain|>json<|message|>");
+        let suffix = until_end_of_turn("<|call|>", tok, eos);
+        return Ok(Syntax { prefix, shape: Shape::Arguments, suffix, reasons: true });
+    }
+    let args = json!({PROBE_KEY: PROBE_VALUE});
+    for (at, _) in turn.match_indices('{') {
+        let mut values = serde_json::Deserializer::from_str(&turn[at..]).into_iter::<Value>();
+        let Some(Ok(value)) = values.next() else { continue };
+        let end = at + values.byte_offset();
+        let shape = if value == args {
+            Shape::Arguments
+        } else {
+            let Some(obj) = value.as_object().filter(|o| o.get("name") == Some(&Value::from(PROBE_NAME))) else {
+                continue;
+            };
+            let Some(key) = ["arguments", "parameters"].into_iter().find(|k| obj.get(*k) == Some(&args)) else {
+                continue;
+            };
+            Shape::Wrapper { key, name_first: obj.keys().next().is_some_and(|k| k == "name") }
+        };
+        let suffix = until_end_of_turn(&turn[end..], tok, eos);
+        let prefix = turn[..at].to_string();
+        let reasons = prefix.contains("</think>");
+        return Ok(Syntax { prefix, shape, suffix, reasons });
+    }
+    Err(unsupported("the chat template writes a call's arguments as text, not as JSON"))
+}
+
+/// `text` up to the first end-of-sequence token in it: the grammar ends
+/// there, and the model's own end of turn may follow.
+fn until_end_of_turn(text: &str, tok: &Tokenizer, eos: &[u32]) -> String {
+    let ids = tok.encode_markup(text);
+    let cut = ids.iter().position(|t| eos.contains(t)).unwrap_or(ids.len());
+    tok.decode_bytes(&ids[..cut]).ok().and_then(|b| String::from_utf8(b).ok()).unwrap_or_else(|| text.to_string())
+}
+
+/// The call's own opening: the probe's prefix past the reasoning the
+/// template wrote before it (an empty think block), without leading
+/// whitespace.
+fn opening_marker(prefix: &str) -> &str {
+    let after = prefix.rfind("</think>").map_or(prefix, |at| &prefix[at + "</think>".len()..]);
+    after.trim_start()
+}
+
+/// `text` as a regular expression matching exactly it.
+fn regex_literal(text: &str) -> String {
+    text.chars().map(|c| format!("\\x{{{:x}}}", c as u32)).collect()
+}
+
+/// Lark for literal text: special tokens by id (they are tokens, not text
+/// a grammar can spell), the rest as JSON-escaped strings.
+fn lark_text(text: &str, tok: &Tokenizer) -> String {
+    let mut parts = Vec::new();
+    let mut run: Vec<u32> = Vec::new();
+    let flush = |run: &mut Vec<u32>, parts: &mut Vec<String>| {
+        if !run.is_empty() {
+            let bytes = tok.decode_bytes(run).unwrap_or_default();
+            let s = String::from_utf8_lossy(&bytes).into_owned();
+            parts.push(serde_json::to_string(&s).unwrap_or_default().replace('\u{7f}', "\\u007f"));
+            run.clear();
+        }
+    };
+    for id in tok.encode_markup(text) {
+        if tok.is_special(id) {
+            flush(&mut run, &mut parts);
+            parts.push(format!("<[{id}]>"));
+        } else {
+            run.push(id);
+        }
+    }
+    flush(&mut run, &mut parts);
+    parts.join(" ")
+}
+
+/// The Lark grammar of one call to `name` (or to any of `tools`), in the
+/// syntax `template` renders. `tools` is the JSON array the prompt was
+/// rendered with (OpenAI's shape); `vars` the template variables.
+pub fn lark(
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    eos: &[u32],
+    tools: &str,
+    name: Option<&str>,
+    vars: Option<&str>,
+) -> Result<String, ToolGrammarError> {
+    let list: Vec<Value> = serde_json::from_str(tools)
+        .map_err(|e| ToolGrammarError::Invalid(format!("the tools are not a JSON list: {e}")))?;
+    let mut chosen = Vec::new();
+    for t in &list {
+        let f = t.get("function").unwrap_or(t);
+        let Some(n) = f.get("name").and_then(Value::as_str) else { continue };
+        if name.is_none_or(|want| want == n) {
+            let params =
+                f.get("parameters").filter(|p| p.is_object()).cloned().unwrap_or_else(|| json!({"type": "object"}));
+            chosen.push((n.to_string(), params));
+        }
+    }
+    if chosen.is_empty() {
+        return Err(ToolGrammarError::Invalid(match name {
+            Some(n) => format!("no tool named {n:?} is declared"),
+            None => "no tool is declared".into(),
+        }));
+    }
+    let syntax = syntax(template, tok, eos, vars)?;
+    let mut out =
+        format!("start: {}\n", (0..chosen.len()).map(|i| format!("call_{i}")).collect::<Vec<_>>().join(" | "));
+    for (i, (n, params)) in chosen.iter().enumerate() {
+        let schema = match syntax.shape {
+            Shape::Arguments => params.clone(),
+            Shape::Wrapper { key, name_first } => {
+                let mut props = Map::new();
+                let name_schema = json!({"const": n});
+                if name_first {
+                    props.insert("name".into(), name_schema);
+                    props.insert(key.into(), params.clone());
+                } else {
+                    props.insert(key.into(), params.clone());
+                    props.insert("name".into(), name_schema);
+                }
+                let order: Vec<&String> = props.keys().collect();
+                json!({"type": "object", "properties": props, "required": order, "additionalProperties": false})
+            }
+        };
+        // One optional space between JSON tokens: templates write calls as
+        // `{"name": "f", "arguments": {"a": 1}}` (tojson's separators), so a
+        // model writes them so; more would let it pad forever.
+        let mut schema = schema;
+        if let Value::Object(m) = &mut schema {
+            m.entry("x-guidance").or_insert_with(|| json!({"whitespace_pattern": "\\x20"}));
+        }
+        let marker = opening_marker(&syntax.prefix).replace(PROBE_NAME, n);
+        let suffix = lark_text(&syntax.suffix.replace(PROBE_NAME, n), tok);
+        if !syntax.reasons || tok.encode_markup(&marker).iter().any(|&t| tok.is_special(t)) {
+            out.push_str(&format!("call_{i}: {} %json {schema} {suffix}\n", lark_text(&marker, tok)));
+        } else {
+            out.push_str(&format!("call_{i}: before_{i} %json {schema} {suffix}\n"));
+            out.push_str(&format!("before_{i}[lazy]: /(?s:.*){}/\n", regex_literal(&marker)));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

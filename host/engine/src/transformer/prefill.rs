@@ -1,0 +1,270 @@
+//! Chunked prefill: a prompt runs in chunks of up to `prefill_chunk`
+//! tokens, layer-major inside a chunk. For each layer the token mixer runs
+//! over the chunk's tokens in order (each token's math and state update
+//! exactly as token at a time), then the router routes every token and the
+//! expert provider gets the whole chunk at once, so a streaming store reads
+//! each distinct expert once per chunk instead of once per use.
+//!
+//! Nothing is mixed across tokens except through the layer state, which is
+//! written in token order, and the expert provider's batch entry point keeps
+//! each token's accumulation order: the logits are bit-identical to the
+//! token-at-a-time path (tests/integration/prefill.rs).
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::stats::StepStats;
+
+use super::attnres::Bank;
+use super::dsa::Selection;
+use super::experts::ExpertProvider;
+use super::ops::add_in_place;
+use super::v4::hyper::Coef;
+use super::{FeedForward, Scratch, Splice, State, Transformer};
+
+/// Tokens per prefill chunk unless the caller chooses (1 = token at a time).
+pub const DEFAULT_PREFILL_CHUNK: usize = 64;
+
+/// The largest chunk: the memory plan reserves its buffers
+/// (`plan::scratch_bytes`).
+pub const MAX_PREFILL_CHUNK: usize = 64;
+
+/// A chunk size must be 1..=`MAX_PREFILL_CHUNK`.
+pub fn check_chunk(tokens: usize) -> Result<()> {
+    if (1..=MAX_PREFILL_CHUNK).contains(&tokens) {
+        Ok(())
+    } else {
+        Err(Error::Arg(format!("prefill chunk of {tokens} tokens: expected 1 to {MAX_PREFILL_CHUNK}")))
+    }
+}
+
+/// The per-token buffers of a chunk, `[n, width]` each.
+struct Chunk {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    y: Vec<f32>,
+    /// AttnRes mixes (empty without AttnRes).
+    mixed: Vec<f32>,
+    banks: Vec<Bank>,
+    /// DSA: each token's attended positions, across the layers.
+    selections: Vec<Selection>,
+    /// V4: each token's feed-forward hyper-connection coefficients.
+    coefs: Vec<Coef>,
+    picks: Vec<Vec<(usize, f32)>>,
+    /// K3's latent MoE: the latent input and output of each token.
+    z: Vec<f32>,
+    zy: Vec<f32>,
+}
+
+impl Chunk {
+    fn new(cfg: &ModelConfig, n: usize, attn_res: bool) -> Chunk {
+        let h = cfg.hidden_size;
+        let latent = cfg.k3.and_then(|k| k.latent).unwrap_or(0);
+        let streams = cfg.add.v4.as_ref().map_or(0, |v| v.hc_mult);
+        Chunk {
+            x: vec![0.0; n * cfg.residual_width()],
+            xn: vec![0.0; n * h],
+            y: vec![0.0; n * h],
+            mixed: vec![0.0; if attn_res || streams > 0 { n * h } else { 0 }],
+            banks: (0..n).map(|_| Bank::new(cfg)).collect(),
+            selections: (0..n).map(|_| Selection::for_config(cfg)).collect(),
+            coefs: (0..n).map(|_| Coef::new(streams)).collect(),
+            picks: (0..n).map(|_| Vec::with_capacity(cfg.top_k + 1)).collect(),
+            z: vec![0.0; n * latent],
+            zy: vec![0.0; n * latent],
+        }
+    }
+
+    /// Floats held; a pick `(usize, f32)` counts as 16 bytes.
+    fn floats(&self) -> usize {
+        let pick = std::mem::size_of::<(usize, f32)>() / 4;
+        [&self.x, &self.xn, &self.y, &self.mixed, &self.z, &self.zy].iter().map(|b| b.len()).sum::<usize>()
+            + self.banks.iter().map(Bank::floats).sum::<usize>()
+            + self.selections.iter().map(Selection::floats).sum::<usize>()
+            + self.coefs.iter().map(Coef::floats).sum::<usize>()
+            + self.picks.iter().map(|p| p.capacity() * pick).sum::<usize>()
+    }
+}
+
+/// The floats of the buffers the model itself allocates for one forward
+/// call over `tokens` tokens (decode: 1) with `context` tokens of state and
+/// logits for the last position: the token scratch, the mixers' scratch,
+/// a prefill chunk's per-token buffers (more than one token), the logits.
+/// Built from the very constructors the forward pass uses, so the memory
+/// plan (`plan::scratch_bytes`) cannot drift from them. The expert
+/// provider's own buffers are not included.
+pub fn forward_buffer_floats(cfg: &ModelConfig, context: usize, tokens: usize) -> usize {
+    let attn_res = cfg.k3.and_then(|k| k.attn_res_block).is_some();
+    let chunk = if tokens > 1 { Chunk::new(cfg, tokens.min(MAX_PREFILL_CHUNK), attn_res).floats() } else { 0 };
+    Scratch::new(cfg, context, attn_res).floats() + chunk + cfg.vocab_size
+}
+
+impl Transformer {
+    /// `forward_tokens` for a prompt of more than one token, in chunks.
+    pub(super) fn forward_chunked(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        splice: Splice<'_>,
+        experts: &dyn ExpertProvider,
+        all_positions: bool,
+        stats: &mut StepStats,
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let (rw, v) = (cfg.residual_width(), cfg.vocab_size);
+        let size = self.prefill_chunk.clamp(1, tokens.len());
+        let mut s = Scratch::new(cfg, state.context, self.output_mix.is_some());
+        let mut c = Chunk::new(cfg, size, self.output_mix.is_some());
+        let n_out = if all_positions { tokens.len() } else { 1 };
+        let mut logits = vec![0.0f32; n_out * v];
+        for (ci, toks) in tokens.chunks(size).enumerate() {
+            self.forward_chunk(state, toks, (splice, ci * size), experts, &mut s, &mut c, stats)?;
+            for i in 0..toks.len() {
+                let g = ci * size + i;
+                if all_positions || g + 1 == tokens.len() {
+                    let row = if all_positions { g } else { 0 };
+                    self.head_row(
+                        &c.banks[i],
+                        &c.x[i * rw..(i + 1) * rw],
+                        &mut s.mixed,
+                        &mut s.xn,
+                        &mut s.mix.hc,
+                        &mut logits[row * v..(row + 1) * v],
+                    )?;
+                    super::check_finite(&logits[row * v..(row + 1) * v], || "the LM head".into(), g)?;
+                }
+            }
+        }
+        Ok(logits)
+    }
+
+    /// Runs `toks` through every layer and advances the state past them;
+    /// each token's final hidden state is left in `c.x`. `splice` indexes
+    /// the whole call's tokens, of which `toks` start at `first`.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_chunk(
+        &self,
+        state: &mut State,
+        toks: &[u32],
+        (splice, first): (Splice<'_>, usize),
+        experts: &dyn ExpertProvider,
+        s: &mut Scratch,
+        c: &mut Chunk,
+        stats: &mut StepStats,
+    ) -> Result<()> {
+        let (h, rw) = (self.cfg.hidden_size, self.cfg.residual_width());
+        let n = toks.len();
+        let start = state.position;
+        let Chunk { x, xn, y, mixed, banks, selections, coefs, picks, z, zy } = c;
+        let (x, xn, y) = (&mut x[..n * rw], &mut xn[..n * h], &mut y[..n * h]);
+        let (banks, picks, selections) = (&mut banks[..n], &mut picks[..n], &mut selections[..n]);
+        let coefs = &mut coefs[..n];
+        for (i, &tok) in toks.iter().enumerate() {
+            self.embed(tok, splice.row(first + i, h), &mut x[i * rw..(i + 1) * rw], stats)?;
+            banks[i].clear();
+        }
+        for (l, layer) in self.layers.iter().enumerate() {
+            for (i, ((bank, selection), coef)) in
+                banks.iter_mut().zip(selections.iter_mut()).zip(coefs.iter_mut()).enumerate()
+            {
+                let r = i * h..(i + 1) * h;
+                let mixed: &mut [f32] = if mixed.is_empty() { &mut [] } else { &mut mixed[r.clone()] };
+                self.mixer_step(
+                    l,
+                    start + i,
+                    &mut state.layers[l],
+                    &mut x[i * rw..(i + 1) * rw],
+                    bank,
+                    selection,
+                    coef,
+                    mixed,
+                    &mut xn[r],
+                    &mut s.mix,
+                    &mut s.y,
+                )?;
+            }
+            match &layer.mlp {
+                FeedForward::Dense(mlp) => {
+                    for i in 0..n {
+                        let r = i * h..(i + 1) * h;
+                        mlp.forward(&xn[r.clone()], &mut s.gate, &mut s.up, &mut y[r]);
+                    }
+                }
+                FeedForward::Moe(router) => {
+                    for (i, (p, &tok)) in picks.iter_mut().zip(toks).enumerate() {
+                        router.route(&xn[i * h..(i + 1) * h], tok, &mut s.probs, p);
+                    }
+                    match &layer.latent_moe {
+                        Some(lat) => {
+                            let w = n * self.cfg.k3.and_then(|k| k.latent).unwrap_or(0);
+                            lat.forward_batch(l, xn, picks, experts, &mut z[..w], &mut zy[..w], y, stats)?
+                        }
+                        None => experts.forward_experts_batch(l, xn, picks, y, stats)?,
+                    }
+                }
+            }
+            if let Some(shared) = &layer.shared_experts {
+                for i in 0..n {
+                    let r = i * h..(i + 1) * h;
+                    shared.forward(&xn[r.clone()], &mut s.shared_gate, &mut s.shared_up, &mut s.shared_y);
+                    layer.gate_shared(&xn[r.clone()], &mut s.shared_y);
+                    add_in_place(&mut y[r], &s.shared_y);
+                }
+            }
+            for (i, coef) in coefs.iter().enumerate() {
+                let xr = &mut x[i * rw..(i + 1) * rw];
+                self.residual_add(l, xr, &y[i * h..(i + 1) * h], coef, &mut s.mix.hc);
+                super::check_finite(xr, || format!("layer {l}"), start + i)?;
+            }
+        }
+        state.position = start + n;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use crate::checkpoint::HfCheckpoint;
+    use crate::stats::StepStats;
+    use crate::transformer::experts::DenseExperts;
+    use crate::transformer::{State, Transformer};
+
+    /// The exact f32 oracle path (`DenseExperts`, whose batch entry point is
+    /// the trait's token-by-token default) through chunks of 1, 3 and 64:
+    /// all-position logits equal bit for bit, and the state ends at the
+    /// same position, on every family's checkpoint.
+    #[test]
+    fn chunked_prefill_on_the_f32_checkpoints_is_bit_identical() {
+        // Every row of the family table (an alias is read as its row), and
+        // a quantised release layout whose experts the checkpoint reader
+        // decodes (MXFP4).
+        let model_types = crate::config::FAMILIES.iter().map(|row| row.model_type);
+        for family in model_types.chain(["gpt_oss-mxfp4"]) {
+            let dir =
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(format!("tiny-{family}"));
+            assert!(dir.join("config.json").is_file(), "fixture missing: {}", dir.display());
+            let ckpt = HfCheckpoint::open(&dir).unwrap();
+            let cfg = ckpt.config().clone();
+            let mut model = Transformer::load(&cfg, &ckpt).unwrap();
+            let experts = DenseExperts(&ckpt);
+            let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 5) % cfg.vocab_size as u32).collect();
+            let mut run = |chunk: usize| {
+                model.set_prefill_chunk(chunk).unwrap();
+                let mut state = State::new(&cfg, 80);
+                let logits = model.forward(&mut state, &prompt, &experts, true, &mut StepStats::default()).unwrap();
+                assert_eq!(state.position(), prompt.len());
+                logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            let plain = run(1);
+            for chunk in [3, 64] {
+                assert!(run(chunk) == plain, "{family}: chunk {chunk} differs");
+            }
+        }
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-olmoe");
+        let ckpt = HfCheckpoint::open(&dir).unwrap();
+        let mut m = Transformer::load(ckpt.config(), &ckpt).unwrap();
+        assert!(m.set_prefill_chunk(0).is_err() && m.set_prefill_chunk(65).is_err());
+        assert_eq!(m.prefill_chunk(), super::DEFAULT_PREFILL_CHUNK);
+    }
+}

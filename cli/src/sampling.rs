@@ -13,31 +13,34 @@ use waste_host::{Constraint, GenerateParams, MAX_CONSTRAINT_BYTES};
 use crate::errors::usage;
 use crate::input::read_text;
 
+/// The flags' defaults are the library's (`GenerateParams::DEFAULTS`).
+const DEFAULTS: GenerateParams = GenerateParams::DEFAULTS;
+
 #[derive(Args, Clone)]
 pub struct SamplingArgs {
     /// Sampling temperature; 0 = greedy.
-    #[arg(long = "temp", visible_alias = "temperature", default_value_t = 0.8, allow_negative_numbers = true)]
+    #[arg(long = "temp", visible_alias = "temperature", default_value_t = DEFAULTS.temperature, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Keep the K most likely tokens; 0 = off.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = DEFAULTS.top_k)]
     pub top_k: u32,
     /// Keep the smallest set of tokens whose probability reaches P; 1 = off.
-    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULTS.top_p, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Drop tokens less likely than P times the most likely one; 0 = off.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULTS.min_p, allow_negative_numbers = true)]
     pub min_p: f32,
     /// Repetition penalty (llama.cpp / HF definition); 1 = off.
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULTS.repetition_penalty, allow_negative_numbers = true)]
     pub repeat_penalty: f32,
     /// Presence penalty in [-2, 2]; 0 = off.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULTS.presence_penalty, allow_negative_numbers = true)]
     pub presence_penalty: f32,
     /// Frequency penalty in [-2, 2]; 0 = off.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULTS.frequency_penalty, allow_negative_numbers = true)]
     pub frequency_penalty: f32,
     /// Recent tokens (prompt included) the penalties look at; 0 = off.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = DEFAULTS.penalty_last_n)]
     pub repeat_last_n: u32,
     /// Add BIAS to the logit of token ID: ID=BIAS (repeatable; BIAS in [-100, 100]).
     #[arg(long = "logit-bias", value_name = "ID=BIAS", allow_negative_numbers = true)]

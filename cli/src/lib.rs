@@ -2,6 +2,13 @@
 //!
 //! A thin client of the waste-host API: everything it does, an embedder can
 //! do. Exit codes: 0 success, 1 runtime error, 2 usage error.
+//!
+//! Layering inside the crate, each module using only those listed before
+//! it (tests/integration/layering.rs holds it): `errors`, `output`,
+//! `render`, `input`, `open`, `sampling`, `compat`, `cmd_convert_verify`,
+//! `cmd_convert`, `cmd_info`, `cmd_synth`, `cmd_plan`, `cmd_bench`,
+//! `cmd_tokens`, `cmd_eval`, `cmd_perplexity`, `cmd_run`, `cmd_serve`,
+//! `chat_images`, `chat`.
 
 mod chat;
 mod chat_images;
@@ -63,7 +70,7 @@ enum Command {
     Synth(cmd_synth::SynthArgs),
     /// Write the bundled control component (wasm32-wasip2) for other wasmtime hosts.
     Component(cmd_info::ComponentArgs),
-    /// OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models.
+    /// HTTP server: OpenAI (/v1/chat/completions, /v1/completions), Anthropic (/v1/messages), Ollama (/api/chat).
     Serve(cmd_serve::ServeArgs),
 }
 

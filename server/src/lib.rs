@@ -4,6 +4,11 @@
 //! one request driver (see [`driver`]). One engine thread per model
 //! generates (see [`worker`]); tokio + axum carry the HTTP side and never
 //! run the engine themselves.
+//!
+//! Layering inside the crate, each module using only those listed before
+//! it (tests/integration/layering.rs holds it): `error`, `ordered`,
+//! `tools`, `neutral`, `structured`, `worker`, `state`, `driver`, `openai`,
+//! `anthropic`, `ollama`, `http`.
 
 mod anthropic;
 mod driver;

@@ -1,7 +1,8 @@
 //! The layering of every crate's modules: no two sibling modules of a crate,
 //! at any depth, import each other, directly or around a circle (Cargo
-//! enforces the same between crates). docs/ARCHITECTURE.md lists the order
-//! each crate's modules are meant to read in.
+//! enforces the same between crates), and each crate's top-level modules
+//! keep the order its lib.rs claims (a paragraph starting "Layering inside
+//! the crate", each module using only those listed before it).
 //!
 //! Each file is a module path (`src/model/kda.rs` is `model::kda`). Every
 //! path it names (`crate::a::b`, `super::b`, `super::super::c::d`,
@@ -25,7 +26,7 @@ fn root() -> PathBuf {
 const CRATES: &[(&str, &str)] = &[
     ("waste-kernels", "host/kernels/src"),
     ("waste-engine", "host/engine/src"),
-    ("waste-host", "host/src"),
+    ("waste-host", "host/runtime/src"),
     ("waste-cli", "cli/src"),
     ("waste-server", "server/src"),
     ("waste-ffi", "ffi/src"),
@@ -247,6 +248,79 @@ fn circles(src: &Path) -> Vec<String> {
         }
     }
     out
+}
+
+/// The top-level order `lib` claims: the backticked names of its doc
+/// paragraph that starts with `Layering inside the crate`.
+fn claimed_order(lib: &str) -> Option<Vec<String>> {
+    let docs: Vec<&str> = lib.lines().filter_map(|l| l.strip_prefix("//!")).map(str::trim).collect();
+    let start = docs.iter().position(|l| l.starts_with("Layering inside the crate"))?;
+    let paragraph: String = docs[start..].iter().take_while(|l| !l.is_empty()).copied().collect::<Vec<_>>().join(" ");
+    Some(paragraph.split('`').skip(1).step_by(2).map(str::to_string).collect())
+}
+
+/// Where the top-level modules of `src` break the order its lib.rs
+/// claims: a module missing from the claim, a claimed name that is no
+/// module, or a module that names one listed after it.
+fn order_violations(src: &Path) -> Vec<String> {
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    let Some(order) = claimed_order(&lib) else {
+        return vec!["lib.rs claims no order (a doc paragraph starting \"Layering inside the crate\")".into()];
+    };
+    let graphs = sibling_graphs(src);
+    let top = graphs.get(&Vec::new()).cloned().unwrap_or_default();
+    let mut out = Vec::new();
+    for module in top.keys().filter(|m| !order.contains(m)) {
+        out.push(format!("`{module}` is not in the claimed order"));
+    }
+    for name in order.iter().filter(|n| !top.contains_key(*n)) {
+        out.push(format!("`{name}` is claimed but is no module"));
+    }
+    let at = |m: &str| order.iter().position(|n| n == m);
+    for (from, uses) in &top {
+        for to in uses {
+            if let (Some(f), Some(t)) = (at(from), at(to)) {
+                if t > f {
+                    out.push(format!("`{from}` uses `{to}`, which is listed after it"));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_crate_keeps_the_module_order_its_lib_rs_claims() {
+    let mut found = Vec::new();
+    for (name, dir) in CRATES {
+        found.extend(order_violations(&root().join(dir)).into_iter().map(|v| format!("{name}: {v}")));
+    }
+    assert!(found.is_empty(), "module order:\n{}", found.join("\n"));
+}
+
+/// The order check itself: a use of a later module, an unlisted module and
+/// a listed name that is no module are each reported; test code is not.
+#[test]
+fn the_order_check_sees_a_use_of_a_later_module() {
+    let dir = crate::common::TempDir::new("layering-order");
+    let src = dir.path();
+    let write = |name: &str, text: &str| std::fs::write(src.join(name), text).unwrap();
+    write(
+        "lib.rs",
+        "//! Layering inside the crate: `a`, `b`,\n//! `c`.\n//!\n//! `zz` is not claimed.\nmod a; mod b; mod c;",
+    );
+    write("a.rs", "fn f() {}\n#[cfg(test)]\nmod tests { use crate::c::X; }");
+    write("b.rs", "use crate::a::X;");
+    write("c.rs", "use crate::b::Y;");
+    assert_eq!(order_violations(src), Vec::<String>::new());
+    write("a.rs", "use crate::c::X;");
+    write("d.rs", "fn d() {}");
+    write("lib.rs", "//! Layering inside the crate: `a`, `b`, `c`, `e`.\nmod a; mod b; mod c; mod d;");
+    let found = order_violations(src);
+    assert!(found.contains(&"`a` uses `c`, which is listed after it".to_string()), "{found:?}");
+    assert!(found.contains(&"`d` is not in the claimed order".to_string()), "{found:?}");
+    assert!(found.contains(&"`e` is claimed but is no module".to_string()), "{found:?}");
+    assert_eq!(found.len(), 3, "{found:?}");
 }
 
 #[test]

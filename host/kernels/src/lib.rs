@@ -6,6 +6,9 @@
 //! per ISA. [`pool`] is the compute pool every parallel kernel runs in. No
 //! file I/O, no model knowledge, no wasmtime: the engine crate builds on
 //! this one.
+//!
+//! Layering inside the crate, each module using only those listed before
+//! it (tests/integration/layering.rs holds it): `skip`, `pool`, `quant`.
 
 pub mod pool;
 pub mod quant;

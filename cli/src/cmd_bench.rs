@@ -9,6 +9,7 @@ use serde_json::json;
 use waste_host::plan::fmt_bytes;
 use waste_host::store::trace::read_route_trace;
 use waste_host::store::CachePolicy;
+use waste_host::store::StoreOptions;
 use waste_host::{Model, OpenOptions};
 
 use crate::errors::usage;
@@ -125,7 +126,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let lookaheads = match (&a.lookahead, &trace) {
         (Some(l), _) => l.clone(),
         (None, Some(_)) => vec![0],
-        (None, None) => vec![OpenOptions::default().lookahead],
+        (None, None) => vec![OpenOptions::default().store.lookahead],
     };
     if a.threads.as_ref().is_some_and(|t| t.contains(&0)) {
         bail!(usage("--threads must be at least 1"));
@@ -153,12 +154,15 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let options = OpenOptions {
             context: Some(ctx),
             budget,
-            cache: !a.no_cache,
-            cache_policy: policy,
-            readers: a.readers,
-            read_ahead: !a.no_read_ahead,
-            direct_io: !a.buffered,
-            lookahead,
+            store: StoreOptions {
+                keep: !a.no_cache,
+                policy,
+                readers: a.readers,
+                read_ahead: !a.no_read_ahead,
+                direct_io: !a.buffered,
+                lookahead,
+                ..StoreOptions::default()
+            },
             preload: !a.no_preload,
             threads,
             cpus: None,

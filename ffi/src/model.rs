@@ -159,12 +159,12 @@ pub unsafe extern "C" fn waste_open_options_default(out: *mut waste_open_options
         threads: 0,
         cpus: std::ptr::null(),
         n_cpus: 0,
-        cache: d.cache,
-        cache_policy: if d.cache_policy == CachePolicy::Frequency { 1 } else { 0 },
-        readers: d.readers,
-        read_ahead: d.read_ahead,
-        direct_io: d.direct_io,
-        lookahead: d.lookahead,
+        cache: d.store.keep,
+        cache_policy: if d.store.policy == CachePolicy::Frequency { 1 } else { 0 },
+        readers: d.store.readers,
+        read_ahead: d.store.read_ahead,
+        direct_io: d.store.direct_io,
+        lookahead: d.store.lookahead,
         preload: d.preload,
         verify: d.verify,
     };
@@ -323,16 +323,16 @@ unsafe fn open_model(
                 let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
                 o.cpus = Some(waste_host::pool::CpuSet::parse(&list.join(",")).map_err(|e| host(e.into()))?);
             }
-            o.cache = c.cache;
-            o.cache_policy = match c.cache_policy {
+            o.store.keep = c.cache;
+            o.store.policy = match c.cache_policy {
                 0 => CachePolicy::Lru,
                 1 => CachePolicy::Frequency,
                 n => return Err((WASTE_ARG, format!("cache_policy {n}: expected 0 (LRU) or 1 (frequency)"))),
             };
-            o.readers = c.readers;
-            o.read_ahead = c.read_ahead;
-            o.direct_io = c.direct_io;
-            o.lookahead = c.lookahead;
+            o.store.readers = c.readers;
+            o.store.read_ahead = c.read_ahead;
+            o.store.direct_io = c.direct_io;
+            o.store.lookahead = c.lookahead;
             o.preload = c.preload;
             o.verify = c.verify;
         }

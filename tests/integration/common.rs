@@ -262,3 +262,13 @@ pub fn bible_moe_with_qwen3_template(tmp: &TempDir) -> PathBuf {
     std::fs::write(&cfg, v.to_string()).unwrap();
     dir
 }
+
+/// `base` with its expert-store options changed by `change`.
+pub fn with_store(
+    base: waste_host::OpenOptions,
+    change: impl FnOnce(&mut waste_host::store::StoreOptions),
+) -> waste_host::OpenOptions {
+    let mut options = base;
+    change(&mut options.store);
+    options
+}

@@ -99,7 +99,7 @@ fn open_progress_reports_the_hotlist_preload() {
     assert_eq!(bytes, records as u64 * record);
     // With the cache off nothing is preloaded, and nothing is reported.
     let mut off = Vec::new();
-    Model::open_with_progress(&dir, &OpenOptions { cache: false, ..OpenOptions::default() }, &mut |p| off.push(*p))
+    Model::open_with_progress(&dir, &with_store(OpenOptions::default(), |s| s.keep = false), &mut |p| off.push(*p))
         .unwrap();
     assert!(off.iter().all(|e| matches!(e, OpenProgress::Trunk { .. })), "{off:?}");
 }
@@ -107,7 +107,7 @@ fn open_progress_reports_the_hotlist_preload() {
 #[test]
 fn token_event_direct_io_agrees_with_the_store() {
     for direct in [true, false] {
-        let model = Model::open(&bible(), &OpenOptions { direct_io: direct, ..OpenOptions::default() }).unwrap();
+        let model = Model::open(&bible(), &with_store(OpenOptions::default(), |s| s.direct_io = direct)).unwrap();
         let expected = model.expert_store().direct_io();
         if !direct {
             assert!(!expected, "direct I/O off was asked for");

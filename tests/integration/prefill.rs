@@ -83,11 +83,14 @@ fn chunked_prefill_logits_are_bit_identical_on_every_fixture_and_format() {
             ("chunk 64, cache", options(64)),
             (
                 "chunk 64, smallest cache, no readers",
-                OpenOptions { budget: Some(floor), readers: 0, cache: false, ..options(64) },
+                with_store(OpenOptions { budget: Some(floor), ..options(64) }, |s| {
+                    s.readers = 0;
+                    s.keep = false;
+                }),
             ),
             (
                 "chunk 3, smallest cache, no read-ahead",
-                OpenOptions { budget: Some(floor), read_ahead: false, ..options(3) },
+                with_store(OpenOptions { budget: Some(floor), ..options(3) }, |s| s.read_ahead = false),
             ),
         ];
         for (what, o) in variants {
@@ -169,7 +172,14 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
     let floor = plan_path(&path, Some(CONTEXT), None).unwrap().floor;
     let prompt = prompt("olmoe")[..40].to_vec();
     let open = |chunk: usize| {
-        Model::open(&path, &OpenOptions { budget: Some(floor), cache: false, readers: 0, ..options(chunk) }).unwrap()
+        Model::open(
+            &path,
+            &with_store(OpenOptions { budget: Some(floor), ..options(chunk) }, |s| {
+                s.keep = false;
+                s.readers = 0;
+            }),
+        )
+        .unwrap()
     };
     let plain = open(1);
     let info = plain.info().clone();

@@ -11,7 +11,7 @@ use waste_host::store::{simulate, CachePolicy, StoreOptions};
 use waste_host::synth::{preset, synth};
 use waste_host::{Model, OpenOptions};
 
-use crate::common::{greedy_next, report_skip, stderr, stdout, waste, TempDir};
+use crate::common::{greedy_next, report_skip, stderr, stdout, waste, with_store, TempDir};
 
 fn synthetic(dir: &TempDir, shape: &str) -> PathBuf {
     let out = dir.path().join(format!("{shape}.waste"));
@@ -47,18 +47,23 @@ fn cache_readers_read_ahead_and_lookahead_are_bit_identical_to_the_plain_path() 
     // A cache of 1.5 working sets: records are evicted all the time, yet
     // some survive (below one working set nothing would).
     let small = plan.floor + plan.working_set * 3 / 2;
-    let plain = OpenOptions { cache: false, readers: 0, read_ahead: false, lookahead: 0, ..options(plan.floor) };
+    let plain = with_store(options(plan.floor), |s| {
+        s.keep = false;
+        s.readers = 0;
+        s.read_ahead = false;
+        s.lookahead = 0;
+    });
     let prompt = [3, 17, 42, 5, 99];
     let (want_tokens, want_logits) = decode(&Model::open(&path, &plain).unwrap(), &prompt, 10);
     let variants: Vec<(&str, OpenOptions)> = vec![
         ("cache, 2 readers, read-ahead", options(small)),
-        ("cache, synchronous reads", OpenOptions { readers: 0, ..options(small) }),
-        ("cache, no read-ahead", OpenOptions { read_ahead: false, ..options(small) }),
-        ("cache, 1 reader", OpenOptions { readers: 1, ..options(small) }),
-        ("no cache, 2 readers", OpenOptions { cache: false, ..options(small) }),
-        ("lru", OpenOptions { cache_policy: CachePolicy::Lru, ..options(small) }),
-        ("lookahead 6", OpenOptions { lookahead: 6, ..options(small) }),
-        ("lookahead 8, big cache", OpenOptions { lookahead: 8, ..options(plan.floor + 3 * plan.working_set) }),
+        ("cache, synchronous reads", with_store(options(small), |s| s.readers = 0)),
+        ("cache, no read-ahead", with_store(options(small), |s| s.read_ahead = false)),
+        ("cache, 1 reader", with_store(options(small), |s| s.readers = 1)),
+        ("no cache, 2 readers", with_store(options(small), |s| s.keep = false)),
+        ("lru", with_store(options(small), |s| s.policy = CachePolicy::Lru)),
+        ("lookahead 6", with_store(options(small), |s| s.lookahead = 6)),
+        ("lookahead 8, big cache", with_store(options(plan.floor + 3 * plan.working_set), |s| s.lookahead = 8)),
     ];
     for (name, opts) in variants {
         let model = Model::open(&path, &opts).unwrap();
@@ -67,10 +72,10 @@ fn cache_readers_read_ahead_and_lookahead_are_bit_identical_to_the_plain_path() 
         assert!(logits == want_logits, "{name}: logits differ bitwise");
         let s = model.store_stats();
         // Lookahead (on by default) runs only with a cache and readers.
-        if opts.lookahead > 0 && opts.cache && opts.readers > 0 {
+        if opts.store.lookahead > 0 && opts.store.keep && opts.store.readers > 0 {
             assert!(s.prefetch_issued > 0, "{name}: lookahead issued no reads");
         }
-        if opts.cache && name != "lookahead 6" {
+        if opts.store.keep && name != "lookahead 6" {
             assert!(s.hits > 0 && s.misses > 0, "{name}: cache unused ({s:?})");
         }
     }
@@ -95,7 +100,7 @@ fn direct_io_is_on_for_a_container_on_this_machine() {
         n += 1;
     }
     assert_eq!(n, 16);
-    let buffered = Model::open(&path, &OpenOptions { direct_io: false, ..options(plan.floor) }).unwrap();
+    let buffered = Model::open(&path, &with_store(options(plan.floor), |s| s.direct_io = false)).unwrap();
     assert!(!buffered.store_stats().direct_io);
     assert!(buffered.expert_store().bank_files().all(|f| !fd_is_direct(f)));
 }
@@ -242,7 +247,7 @@ fn trace_simulator_agrees_with_the_engine_cache_on_the_shared_traces() {
         let plan = plan_path(&path, Some(64), None).unwrap();
         for (policy, sets) in [(CachePolicy::Frequency, 1), (CachePolicy::Lru, 1), (CachePolicy::Frequency, 3)] {
             let budget = plan.floor + sets * plan.working_set;
-            let model = Model::open(&path, &OpenOptions { cache_policy: policy, ..options(budget) }).unwrap();
+            let model = Model::open(&path, &with_store(options(budget), |s| s.policy = policy)).unwrap();
             for step in &trace.steps {
                 model.replay_routing(step).unwrap();
             }

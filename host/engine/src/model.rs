@@ -13,7 +13,7 @@ use crate::open_progress::CountingSource;
 pub use crate::open_progress::OpenProgress;
 use crate::plan::MemoryPlan;
 use crate::stats::StepStats;
-use crate::store::{CachePolicy, ExpertStore, StoreOptions, StoreStats, USAGE_FILE};
+use crate::store::{ExpertStore, StoreOptions, StoreStats, USAGE_FILE};
 use crate::transformer::{Splice, State, Transformer};
 
 /// Options for [`Model::open`].
@@ -25,18 +25,11 @@ pub struct OpenOptions {
     /// one session's state, scratch, expert cache); `None` = chosen from
     /// usable RAM (see [`crate::plan`]). Under the floor, open fails.
     pub budget: Option<u64>,
-    /// Keep expert records in the cache; `false` reads every use.
-    pub cache: bool,
-    pub cache_policy: CachePolicy,
-    /// Reader threads (0 = read on the calling thread).
-    pub readers: usize,
-    /// Request a layer's whole top-k before using the first record.
-    pub read_ahead: bool,
-    /// Bypass the page cache for expert reads when the file system allows.
-    pub direct_io: bool,
-    /// Router lookahead in decode: experts of the next MoE layer read
-    /// speculatively; 0 = off.
-    pub lookahead: usize,
+    /// How expert records are read and kept: whether the cache keeps them
+    /// (`keep`), its policy, reader threads, read-ahead, direct I/O and
+    /// router lookahead. `cache_slots` and `hash_layers` are set at open,
+    /// from the memory plan and the model.
+    pub store: StoreOptions,
     /// Preload the hottest experts recorded in the container's usage file.
     pub preload: bool,
     /// Compute threads; `None` = one per CPU of `cpus`, or of the machine.
@@ -61,16 +54,10 @@ pub struct OpenOptions {
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        let s = StoreOptions::default();
         OpenOptions {
             context: None,
             budget: None,
-            cache: s.keep,
-            cache_policy: s.policy,
-            readers: s.readers,
-            read_ahead: s.read_ahead,
-            direct_io: s.direct_io,
-            lookahead: s.lookahead,
+            store: StoreOptions::default(),
             preload: true,
             threads: None,
             cpus: None,
@@ -108,6 +95,8 @@ pub struct Model {
     context: usize,
     plan: MemoryPlan,
     pool: crate::pool::Pool,
+    /// `OpenOptions::extra_states`: states the budget holds beside the first.
+    extra_states: usize,
     /// Kimi K3's vision tower, read from the container at the first image.
     pub(crate) vision: std::sync::Mutex<Option<Arc<crate::vision::tower::VisionTower>>>,
 }
@@ -148,18 +137,12 @@ impl Model {
         source.finish();
         let store_options = StoreOptions {
             cache_slots: plan.cache_slots,
-            keep: options.cache,
-            policy: options.cache_policy,
-            readers: options.readers,
-            read_ahead: options.read_ahead,
-            direct_io: options.direct_io,
-            lookahead: options.lookahead,
             hash_layers: container.config().add.v4.as_ref().map_or(Vec::new(), |v| v.hash_layers.clone()),
-            ..StoreOptions::default()
+            ..options.store.clone()
         };
         let experts = ExpertStore::open(container.expert_banks()?, container.config().top_k, store_options)?;
         let usage = container.dir().join(USAGE_FILE);
-        if options.preload && options.cache && usage.is_file() {
+        if options.preload && options.store.keep && usage.is_file() {
             let before = experts.stats().preloaded;
             let record = experts.record_bytes() as u64;
             experts.preload_usage(&usage, &mut |done, total| {
@@ -176,7 +159,17 @@ impl Model {
             });
         }
         let info = ModelInfo::of(&container);
-        Ok(Arc::new(Model { container, transformer, experts, info, context, plan, pool, vision: Default::default() }))
+        Ok(Arc::new(Model {
+            container,
+            transformer,
+            experts,
+            info,
+            context,
+            plan,
+            pool,
+            extra_states: options.extra_states,
+            vision: Default::default(),
+        }))
     }
 
     /// The compute pool every forward pass runs in.
@@ -264,6 +257,12 @@ impl Model {
     /// The tokens of context each session allocates state for.
     pub fn context(&self) -> usize {
         self.context
+    }
+
+    /// Session states the budget holds room for beside the first
+    /// ([`OpenOptions::extra_states`]): a server's prefix cache keeps this many.
+    pub fn extra_states(&self) -> usize {
+        self.extra_states
     }
 
     pub fn tokenizer_json(&self) -> Option<&str> {

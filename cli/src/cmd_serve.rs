@@ -116,7 +116,6 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         body_timeout: std::time::Duration::from_secs(a.body_timeout),
         max_connections: a.max_connections as usize,
         max_request_rate: a.max_request_rate,
-        cache_sessions: a.cache_sessions as usize,
     };
     let local_only = options.api_key.is_none();
     waste_server::serve(engine, model, options, |addr| {

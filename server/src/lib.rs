@@ -64,9 +64,6 @@ pub struct ServeOptions {
     pub max_connections: usize,
     /// Requests one connection may send per second; past it 429.
     pub max_request_rate: u32,
-    /// Conversation states kept for the prefix cache (the model must have
-    /// been opened with room for them: `OpenOptions::extra_states`).
-    pub cache_sessions: usize,
 }
 
 impl Default for ServeOptions {
@@ -87,7 +84,6 @@ impl Default for ServeOptions {
             body_timeout: std::time::Duration::from_secs(30),
             max_connections: 256,
             max_request_rate: 100,
-            cache_sessions: 0,
         }
     }
 }
@@ -108,7 +104,6 @@ pub fn serve(
         options.queue_limit.max(1),
         options.sampler,
         options.chat_template,
-        options.cache_sessions,
     )?;
     let state = Arc::new(state::AppState {
         worker,

@@ -178,13 +178,13 @@ impl Worker {
         limit: usize,
         sampler: Option<SamplerPlugin>,
         chat_template: Option<String>,
-        cache_sessions: usize,
     ) -> Result<Worker> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let pending = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&pending);
         let counters = Arc::new(Counters::default());
+        let cache_sessions = model.extra_states();
         counters.prefix_capacity.store(cache_sessions, Ordering::Relaxed);
         let tally = Arc::clone(&counters);
         std::thread::Builder::new().name("waste-engine".into()).spawn(move || {

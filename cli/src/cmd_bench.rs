@@ -50,8 +50,8 @@ pub struct BenchArgs {
     /// steps (0 = decode).
     #[arg(long, default_value_t = 0)]
     pub prefill: usize,
-    /// Prefill chunk sizes (1 = token at a time); several (`1,64`) run side
-    /// by side in this process. Default: the engine's.
+    /// Prefill chunk sizes (1 = token at a time); several (`1,64,2048`)
+    /// run side by side in this process. Default: the memory plan's choice.
     #[arg(long, value_delimiter = ',')]
     pub chunk: Option<Vec<usize>>,
     /// Read every use (no cache).
@@ -135,11 +135,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         Some(t) => t.iter().map(|&n| Some(n)).collect(),
         None => vec![None],
     };
-    let chunks = a.chunk.clone().unwrap_or_else(|| vec![OpenOptions::default().prefill_chunk]);
-    if let Some(&bad) = chunks.iter().find(|&&c| waste_host::transformer::prefill::check_chunk(c).is_err()) {
+    let chunks: Vec<Option<usize>> = match &a.chunk {
+        Some(c) => c.iter().map(|&n| Some(n)).collect(),
+        None => vec![OpenOptions::default().prefill_chunk],
+    };
+    if let Some(bad) = chunks.iter().flatten().find(|&&c| waste_host::transformer::prefill::check_chunk(c).is_err()) {
         bail!(usage(format!("--chunk {bad}: expected 1 to {}", waste_host::transformer::prefill::MAX_PREFILL_CHUNK)));
     }
-    let mut configs: Vec<(Option<u64>, usize, Option<usize>, usize)> = Vec::new();
+    let mut configs: Vec<(Option<u64>, usize, Option<usize>, Option<usize>)> = Vec::new();
     for &b in &budgets {
         for &l in &lookaheads {
             for &t in &threads {
@@ -255,7 +258,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "readers": a.readers, "lookahead": lookahead, "threads": model.pool().threads(), "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "prefetch_issued": s.prefetch_issued,
             "prefetch_used": s.prefetch_used, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
-            "prefill": a.prefill, "chunk": chunk, "reads": s.reads,
+            "prefill": a.prefill, "chunk": plan.prefill_chunk, "reads": s.reads,
             "peak_rss": waste_host::plan::peak_rss(), "round": run / configs.len(),
         });
         // Speculative reads never used inflate `gb_read`: `useful_*` counts

@@ -53,7 +53,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         outln!(
             "{}",
             json!({
-                "context": p.context, "trunk": p.trunk, "embedding_on_disk": p.embedding_on_disk, "state": p.state, "scratch": p.scratch, "vision": p.vision,
+                "context": p.context, "trunk": p.trunk, "embedding_on_disk": p.embedding_on_disk, "state": p.state, "scratch": p.scratch, "prefill_chunk": p.prefill_chunk, "vision": p.vision,
                 "record_bytes": p.record_bytes, "top_k": p.top_k, "moe_layers": p.moe_layers,
                 "min_cache": p.min_cache, "floor": p.floor, "working_set": p.working_set,
                 "recommended": p.recommended, "all_experts": p.all_experts, "usable_ram": p.usable_ram,
@@ -74,7 +74,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
             outln!("trunk          {}", fmt_bytes(p.trunk));
         }
         outln!("state          {}", fmt_bytes(p.state));
-        outln!("scratch        {}", fmt_bytes(p.scratch));
+        outln!("scratch        {} (prefill chunks of {} tokens)", fmt_bytes(p.scratch), p.prefill_chunk);
         if p.vision > 0 {
             outln!("vision tower   {} (weights, buffers and rows of the largest image)", fmt_bytes(p.vision));
         }

@@ -1,5 +1,6 @@
 //! Opening a model from the command line: the options every command that
-//! opens one takes (`--budget`, `--ctx`, `--threads`, `--cpus`, `--verify`)
+//! opens one takes (`--budget`, `--ctx`, `--threads`, `--cpus`, `--verify`,
+//! `--prefill-chunk`)
 //! and the sampler plugin of `run` and `serve`.
 
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use waste_host::plan::{fmt_bytes, parse_size, BudgetSource, MemoryPlan};
 use waste_host::{Engine, OpenOptions, Session};
 
 use crate::errors::usage;
+use waste_host::transformer::prefill::MAX_PREFILL_CHUNK;
 
 #[derive(Args)]
 pub struct ModelArgs {
@@ -30,6 +32,9 @@ pub struct ModelArgs {
     /// Check every checksum in the container: the whole trunk at open and each expert record as it is read.
     #[arg(long)]
     pub verify: bool,
+    /// Tokens per prefill chunk, 1 (token at a time) to 8192; default: the largest the budget leaves room for.
+    #[arg(long)]
+    pub prefill_chunk: Option<usize>,
 }
 
 impl ModelArgs {
@@ -37,7 +42,18 @@ impl ModelArgs {
     pub fn open_options(&self) -> Result<OpenOptions> {
         let budget = budget_arg(&self.budget)?;
         let (threads, cpus) = thread_args(self)?;
-        Ok(OpenOptions { context: self.ctx, budget, threads, cpus, verify: self.verify, ..OpenOptions::default() })
+        if let Some(bad) = self.prefill_chunk.filter(|&c| waste_host::transformer::prefill::check_chunk(c).is_err()) {
+            return Err(usage(format!("--prefill-chunk {bad}: expected 1 to {}", MAX_PREFILL_CHUNK)));
+        }
+        Ok(OpenOptions {
+            context: self.ctx,
+            budget,
+            threads,
+            cpus,
+            verify: self.verify,
+            prefill_chunk: self.prefill_chunk,
+            ..OpenOptions::default()
+        })
     }
 }
 

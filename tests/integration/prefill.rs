@@ -58,7 +58,7 @@ fn prompt(family: &str) -> Vec<u32> {
 }
 
 fn options(chunk: usize) -> OpenOptions {
-    OpenOptions { context: Some(CONTEXT), preload: false, prefill_chunk: chunk, ..OpenOptions::default() }
+    OpenOptions { context: Some(CONTEXT), preload: false, prefill_chunk: Some(chunk), ..OpenOptions::default() }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -81,6 +81,7 @@ fn chunked_prefill_logits_are_bit_identical_on_every_fixture_and_format() {
         let variants: Vec<(&str, OpenOptions)> = vec![
             ("chunk 3, cache", options(3)),
             ("chunk 64, cache", options(64)),
+            ("the plan's chunk (the whole prompt)", OpenOptions { prefill_chunk: None, ..options(1) }),
             (
                 "chunk 64, smallest cache, no readers",
                 with_store(OpenOptions { budget: Some(floor), ..options(64) }, |s| {
@@ -215,10 +216,10 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
 }
 
 #[test]
-fn prefill_chunk_outside_1_to_64_is_refused() {
+fn prefill_chunk_outside_1_to_8192_is_refused() {
     let tmp = TempDir::new("prefill-arg");
     let path = convert("qwen3_moe", "f32", "f32", tmp.path());
-    for bad in [0, 65] {
+    for bad in [0, 8193] {
         match Model::open(&path, &options(bad)) {
             Err(Error::Arg(msg)) => assert!(msg.contains("prefill chunk"), "{msg}"),
             Err(e) => panic!("chunk {bad}: {e}"),

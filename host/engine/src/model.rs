@@ -38,10 +38,13 @@ pub struct OpenOptions {
     /// Bind the compute threads and the calling thread to these CPUs
     /// (Linux; elsewhere opening fails with `Error::Unsupported`).
     pub cpus: Option<crate::pool::CpuSet>,
-    /// Tokens per prefill chunk (1 to 64): a prompt runs layer-major in
-    /// chunks, each distinct expert read once per chunk; 1 = token at a
-    /// time. Logits do not depend on it.
-    pub prefill_chunk: usize,
+    /// Tokens per prefill chunk (1 to `MAX_PREFILL_CHUNK`): a prompt runs
+    /// layer-major in chunks, each distinct expert read once per chunk and
+    /// computed over its tokens as matrix products; 1 = token at a time.
+    /// `None`: the memory plan picks the largest that fits
+    /// (`plan::choose_prefill_chunk`). Logits differ from token at a time
+    /// by float rounding only (docs/PERFORMANCE.md states the bound).
+    pub prefill_chunk: Option<usize>,
     /// Check every checksum the container carries: the trunk tensors read a
     /// row at a time (read whole once, at open) and each expert record as
     /// it lands, on top of what is always checked (tensors and codebooks
@@ -61,7 +64,7 @@ impl Default for OpenOptions {
             preload: true,
             threads: None,
             cpus: None,
-            prefill_chunk: crate::transformer::prefill::DEFAULT_PREFILL_CHUNK,
+            prefill_chunk: None,
             verify: false,
             extra_states: 0,
         }
@@ -115,14 +118,16 @@ impl Model {
     ) -> Result<Arc<Model>> {
         // Thread options are checked (and CPUs bound) before any file work.
         let pool = crate::pool::Pool::new(options.threads, options.cpus.as_ref())?;
-        crate::transformer::prefill::check_chunk(options.prefill_chunk)?;
+        if let Some(chunk) = options.prefill_chunk {
+            crate::transformer::prefill::check_chunk(chunk)?;
+        }
         let mut container = Container::open(path)?;
         if options.verify {
             container.require_checksums()?;
         }
         // The budget is checked before anything large is allocated.
         let states = 1 + options.extra_states;
-        let plan = crate::plan::plan_with_states(&container, options.context, options.budget, states)?;
+        let plan = crate::plan::plan_with_states(&container, options.context, options.budget, states, options.prefill_chunk)?;
         let context = plan.context;
         let tensors = container
             .manifest()
@@ -133,7 +138,7 @@ impl Model {
         let resident = crate::plan::resident_trunk_bytes(container.config(), container.manifest());
         let source = CountingSource::new(&container, tensors, resident, &mut *progress);
         let mut transformer = Transformer::load(container.config(), &source)?;
-        transformer.set_prefill_chunk(options.prefill_chunk)?;
+        transformer.set_prefill_chunk(plan.prefill_chunk)?;
         source.finish();
         let store_options = StoreOptions {
             cache_slots: plan.cache_slots,
@@ -187,7 +192,7 @@ impl Model {
         MemoryUse {
             trunk: crate::plan::resident_trunk_bytes(self.container.config(), self.container.manifest()),
             state: crate::plan::state_bytes(self.container.config(), self.context),
-            scratch: crate::plan::scratch_bytes(self.container.config(), self.context),
+            scratch: crate::plan::scratch_bytes(self.container.config(), self.context, self.plan.prefill_chunk),
             cache: self.experts.allocated_bytes(),
         }
     }

@@ -40,8 +40,13 @@ pub struct MemoryPlan {
     /// One session's state: GQA keys and values, MLA latent rows, KDA
     /// recurrent state and conv rings.
     pub state: u64,
-    /// Buffers of one forward pass (an upper estimate).
+    /// Buffers of one forward pass (an upper estimate), a prefill chunk's
+    /// included.
     pub scratch: u64,
+    /// Tokens per prefill chunk: given, or the largest whose buffers take
+    /// at most an eighth of what the budget leaves beside the trunk and
+    /// states ([`choose_prefill_chunk`]).
+    pub prefill_chunk: usize,
     /// Kimi K3's vision tower when planned for images (`waste plan
     /// --vision`): its weights, its buffers and the rows of the largest
     /// image the processor lets through; 0 otherwise.
@@ -52,7 +57,9 @@ pub struct MemoryPlan {
     pub experts_per_layer: usize,
     /// top_k x record x 2: the least cache the store can run with.
     pub min_cache: u64,
-    /// trunk + state + scratch + vision + min_cache.
+    /// trunk + state + vision + min_cache + the scratch of the chunk the
+    /// caller named, or of the smallest the plan picks
+    /// ([`SMALLEST_CHUNK`]): a budget the model opens in.
     pub floor: u64,
     /// top_k x record x MoE layers: what one token reads when nothing is cached.
     pub working_set: u64,
@@ -126,30 +133,56 @@ pub fn on_disk_trunk_bytes(cfg: &ModelConfig, manifest: &Manifest) -> u64 {
 }
 
 /// The buffers of one forward pass, sized by the constructors that allocate
-/// them: the model's own for a full prefill chunk (token scratch, GQA / MLA
-/// / KDA scratch, the chunk's per-token buffers, logits:
+/// them: the model's own for a prefill chunk of `chunk` tokens (token
+/// scratch, GQA / MLA / KDA scratch, the chunk's per-token buffers, logits:
 /// [`crate::transformer::prefill::forward_buffer_floats`]), and the expert
-/// provider's for the largest expert format (one token's gate/up tables and
-/// the kernel scratch, which the store allocates once per call and uses one
-/// expert at a time), its per-pick outputs for every token of a chunk
-/// (`transformer::experts`) and per-expert bookkeeping (`store::pin`). Rounded up to a MiB, plus a
-/// MiB for the small per-call lists (picks, slots).
-pub fn scratch_bytes(cfg: &ModelConfig, context: usize) -> u64 {
-    use crate::quant::{gate_up_tables_peak_bytes, ExpertFormat, ExpertScratch};
-    let chunk = crate::transformer::prefill::MAX_PREFILL_CHUNK;
+/// provider's for the largest expert format: one token's gate/up tables
+/// and the kernel scratch (decode), the batch kernel's `[tokens, inter]`
+/// products, the gathered inputs and outputs of one expert's tokens and a
+/// token's per-pick outputs (`transformer::experts`), and the routing
+/// turned around plus per-expert bookkeeping (`store::pin`). Rounded up to
+/// a MiB, plus a MiB for the small per-call lists (picks, slots).
+pub fn scratch_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
+    use crate::quant::{gate_up_tables_peak_bytes, ExpertBatchScratch, ExpertFormat};
+    let chunk = chunk.max(1);
     let model = 4 * crate::transformer::prefill::forward_buffer_floats(cfg, context, chunk);
     let shape = cfg.expert_shape();
     let kernels = ExpertFormat::ALL
         .into_iter()
-        .map(|f| gate_up_tables_peak_bytes(f, shape.hidden) + ExpertScratch::new(f, shape).bytes())
+        .map(|f| gate_up_tables_peak_bytes(f, shape.hidden) + ExpertBatchScratch::peak_bytes(f, shape, chunk))
         .max()
         .unwrap_or(0);
-    let outputs = 4 * (chunk * cfg.top_k + 1) * shape.hidden;
+    let outputs = 4 * (cfg.top_k + 2 * chunk) * shape.hidden;
+    // experts::Routed: a (token, weight) per pick and an index per expert;
     // store::pin: a use count and a held slot per expert of the layer.
+    let routing = 16 * chunk * cfg.top_k + 8 * cfg.num_experts;
     let per_expert = 32 * cfg.num_experts;
-    let bytes = (model + kernels + outputs + per_expert) as u64;
+    let bytes = (model + kernels + outputs + routing + per_expert) as u64;
     bytes.div_ceil(1 << 20) * (1 << 20) + (1 << 20)
 }
+
+/// The prefill chunk a plan picks when the caller does not name one: the
+/// largest of [`CHUNK_CHOICES`] whose buffers beyond a decode step's take
+/// at most an eighth of `room` (what the budget leaves for scratch and
+/// expert cache once the trunk, states, vision and the least cache are
+/// counted), so the expert cache keeps the rest; the smallest choice when
+/// none does.
+pub fn choose_prefill_chunk(cfg: &ModelConfig, context: usize, room: u64) -> usize {
+    let decode = scratch_bytes(cfg, context, 1);
+    CHUNK_CHOICES
+        .into_iter()
+        .find(|&c| {
+            let s = scratch_bytes(cfg, context, c);
+            s - decode <= room / 8 && s <= room
+        })
+        .unwrap_or(SMALLEST_CHUNK)
+}
+
+/// The smallest chunk the plan picks, whose buffers the floor counts.
+pub const SMALLEST_CHUNK: usize = CHUNK_CHOICES[CHUNK_CHOICES.len() - 1];
+
+/// The chunk sizes [`choose_prefill_chunk`] picks from, largest first.
+pub const CHUNK_CHOICES: [usize; 7] = [4096, 2048, 1024, 512, 256, 128, 64];
 
 /// The plan for the container at `path`, read from its manifest (the trunk
 /// is not loaded). `context`: tokens of state (`None`: min(model maximum, 4096)).
@@ -168,7 +201,7 @@ pub fn plan_path_for_ram(
     usable_ram: Option<u64>,
 ) -> Result<MemoryPlan> {
     let container = Container::open(path)?;
-    plan_inputs(&container, context, budget, usable_ram, 1, 0)
+    plan_inputs(&container, context, budget, usable_ram, 1, 0, None)
 }
 
 pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Result<usize> {
@@ -188,14 +221,16 @@ pub fn plan(container: &Container, context: Option<usize>, budget: Option<u64>) 
 }
 
 /// As [`plan`], with room for `states` session states (a server keeps
-/// earlier conversations' states for its prefix cache) instead of one.
+/// earlier conversations' states for its prefix cache) instead of one,
+/// and the prefill chunk given (`None`: [`choose_prefill_chunk`]).
 pub fn plan_with_states(
     container: &Container,
     context: Option<usize>,
     budget: Option<u64>,
     states: usize,
+    prefill_chunk: Option<usize>,
 ) -> Result<MemoryPlan> {
-    plan_inputs(container, context, budget, None, states, 0)
+    plan_inputs(container, context, budget, None, states, 0, prefill_chunk)
 }
 
 /// As [`plan`], with the usable RAM given (`None`: this machine's).
@@ -205,7 +240,7 @@ pub fn plan_for_ram(
     budget: Option<u64>,
     usable_ram: Option<u64>,
 ) -> Result<MemoryPlan> {
-    plan_inputs(container, context, budget, usable_ram, 1, 0)
+    plan_inputs(container, context, budget, usable_ram, 1, 0, None)
 }
 
 pub(crate) fn plan_inputs(
@@ -215,6 +250,7 @@ pub(crate) fn plan_inputs(
     usable_ram: Option<u64>,
     states: usize,
     vision: u64,
+    prefill_chunk: Option<usize>,
 ) -> Result<MemoryPlan> {
     let cfg = container.config();
     let context = resolve_context(cfg, context)?;
@@ -223,12 +259,20 @@ pub(crate) fn plan_inputs(
     let moe_layers = m.experts.layers.len();
     let experts = cfg.num_experts;
     let usable = usable_ram.unwrap_or_else(self::usable_ram);
-    plan_from(PlanInput {
+    let (trunk, state) = (resident_trunk_bytes(cfg, m), state_bytes(cfg, context) * states.max(1) as u64);
+    if let Some(c) = prefill_chunk {
+        crate::transformer::prefill::check_chunk(c)?;
+    }
+    // The floor and an automatic budget are planned with the given chunk or
+    // the smallest; a larger chunk then takes its buffers from the cache.
+    let least = prefill_chunk.unwrap_or(SMALLEST_CHUNK);
+    let input = PlanInput {
         context,
-        trunk: resident_trunk_bytes(cfg, m),
+        trunk,
         embedding_on_disk: on_disk_trunk_bytes(cfg, m),
-        state: state_bytes(cfg, context) * states.max(1) as u64,
-        scratch: scratch_bytes(cfg, context),
+        state,
+        scratch: scratch_bytes(cfg, context, least),
+        prefill_chunk: least,
         vision,
         record_bytes: record,
         top_k: cfg.top_k,
@@ -236,7 +280,19 @@ pub(crate) fn plan_inputs(
         experts,
         usable_ram: usable,
         budget,
-    })
+    };
+    let first = plan_from(input)?;
+    if prefill_chunk.is_some() {
+        return Ok(first);
+    }
+    let room = first.budget.saturating_sub(trunk + state + vision + first.min_cache);
+    let chunk = choose_prefill_chunk(cfg, context, room);
+    if chunk == least {
+        return Ok(first);
+    }
+    let scratch = scratch_bytes(cfg, context, chunk);
+    let plan = plan_from(PlanInput { scratch, prefill_chunk: chunk, budget: Some(first.budget), ..input })?;
+    Ok(MemoryPlan { floor: first.floor, recommended: first.recommended, budget_source: first.budget_source, ..plan })
 }
 
 /// The sizes a plan is made of.
@@ -248,6 +304,8 @@ pub struct PlanInput {
     /// Every session state held (one, or more with a prefix cache).
     pub state: u64,
     pub scratch: u64,
+    /// Tokens per prefill chunk, whose buffers `scratch` counts.
+    pub prefill_chunk: usize,
     pub vision: u64,
     pub record_bytes: u64,
     pub top_k: usize,
@@ -300,6 +358,7 @@ pub fn plan_from(i: PlanInput) -> Result<MemoryPlan> {
         embedding_on_disk: i.embedding_on_disk,
         state: i.state,
         scratch: i.scratch,
+        prefill_chunk: i.prefill_chunk,
         vision: i.vision,
         record_bytes: i.record_bytes,
         top_k: i.top_k,
@@ -343,6 +402,7 @@ mod tests {
             embedding_on_disk: 1000,
             state: 20,
             scratch: 30,
+            prefill_chunk: 64,
             vision: 0,
             record_bytes: 10,
             top_k: 2,
@@ -435,7 +495,11 @@ mod tests {
         let shared = 2 * cfg.shared_intermediate_size + if cfg.shared_intermediate_size > 0 { h } else { 0 };
         let token =
             3 * h + attn + mla + kda + dsa + selection + 2 * cfg.intermediate_size + cfg.num_experts + shared + picks;
-        let chunk = if chunk > 1 { chunk * (3 * h + picks + selection) } else { 0 };
+        // Per token of a chunk: x, xn, y, picks, selection, the dense or
+        // shared gate/up products and the shared experts' output.
+        let products = 2 * cfg.intermediate_size.max(cfg.shared_intermediate_size);
+        let shared_y = if cfg.shared_intermediate_size > 0 { h } else { 0 };
+        let chunk = if chunk > 1 { chunk * (3 * h + picks + selection + products + shared_y) } else { 0 };
         token + chunk + cfg.vocab_size
     }
 
@@ -462,7 +526,7 @@ mod tests {
         ];
         for (name, cfg) in &configs {
             for ctx in [1usize, 64, 4096] {
-                for chunk in [1, MAX_PREFILL_CHUNK] {
+                for chunk in [1, 64, MAX_PREFILL_CHUNK] {
                     assert_eq!(
                         forward_buffer_floats(cfg, ctx, chunk),
                         forward_floats_by_hand(cfg, ctx, chunk),
@@ -470,20 +534,42 @@ mod tests {
                     );
                 }
                 let (h, i) = (cfg.expert_hidden(), cfg.moe_intermediate_size);
-                let rvq3 = 4 * (h / 8 * 3 * 256 + 2 * i + i / 8 * 3 * 256);
-                let rvq4p = 4 * (h / 8 * 4 * 64 + 2 * i + i / 8 * 4 * 64) + (h / 8 + i / 8) * 256;
-                let outputs = 4 * MAX_PREFILL_CHUNK * cfg.top_k * h;
-                let need = 4 * forward_floats_by_hand(cfg, ctx, MAX_PREFILL_CHUNK) + rvq3.max(rvq4p) + outputs;
-                let got = scratch_bytes(cfg, ctx);
-                assert!(got >= need as u64, "{name}: context {ctx}: {got} < {need}");
-                // An estimate, not a blanket: within a few MiB of the count.
-                assert!(got <= need as u64 + (4 << 20), "{name}: context {ctx}: {got} vs {need}");
+                for chunk in [64, 2048] {
+                    // One token's tables and kernel scratch; for a matrix
+                    // format also the batch's [chunk, inter] gate and up.
+                    let rvq3 = 4 * (h / 8 * 3 * 256 + 2 * i + i / 8 * 3 * 256);
+                    let rvq4p = 4 * (h / 8 * 4 * 64 + 2 * i + i / 8 * 4 * 64) + (h / 8 + i / 8) * 256;
+                    let matrices = 4 * (h + 2 * i + 2 * chunk * i);
+                    // A token's per-pick outputs, one expert's gathered
+                    // inputs and outputs, the routing turned around.
+                    let outputs = 4 * (cfg.top_k + 2 * chunk) * h + 16 * chunk * cfg.top_k + 40 * cfg.num_experts;
+                    let need = 4 * forward_floats_by_hand(cfg, ctx, chunk)
+                        + rvq3.max(rvq4p).max(matrices)
+                        + outputs;
+                    let got = scratch_bytes(cfg, ctx, chunk);
+                    assert!(got >= need as u64, "{name}: context {ctx}, chunk {chunk}: {got} < {need}");
+                    // An estimate, not a blanket: within a few MiB of the count.
+                    assert!(got <= need as u64 + (4 << 20), "{name}: context {ctx}, chunk {chunk}: {got} vs {need}");
+                }
             }
         }
         // K3 (AttnRes banks, latent MoE): the figure covers the model's part.
         let k3 = fixture_config("kimi_k3");
-        let model = 4 * forward_buffer_floats(&k3, 512, MAX_PREFILL_CHUNK) as u64;
-        assert!(scratch_bytes(&k3, 512) > model);
+        let model = 4 * forward_buffer_floats(&k3, 512, 64) as u64;
+        assert!(scratch_bytes(&k3, 512, 64) > model);
+    }
+
+    /// The plan's chunk: the largest whose buffers beyond decode's take at
+    /// most an eighth of the room, the smallest when none does.
+    #[test]
+    fn the_plan_picks_the_largest_chunk_an_eighth_of_the_room_holds() {
+        let cfg = fixture_config("qwen3_moe");
+        let extra = |c: usize| scratch_bytes(&cfg, 64, c) - scratch_bytes(&cfg, 64, 1);
+        assert_eq!(choose_prefill_chunk(&cfg, 64, 0), SMALLEST_CHUNK);
+        assert_eq!(choose_prefill_chunk(&cfg, 64, 8 * extra(4096)), 4096);
+        assert!(extra(2048) < extra(4096));
+        assert_eq!(choose_prefill_chunk(&cfg, 64, 8 * extra(2048)), 2048);
+        assert_eq!(choose_prefill_chunk(&cfg, 64, 8 * extra(512) + 7), 512);
     }
 
     #[test]

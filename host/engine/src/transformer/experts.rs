@@ -6,12 +6,12 @@
 //! their stored bytes by the quant kernels as they land), and the exact f32
 //! experts of a Hugging Face checkpoint (the oracle path).
 //!
-//! Placement never changes a bit: each pick's output is computed into its
-//! own row from the same bytes and the same per-token gate/up tables, and
-//! the rows are summed in router order, whatever order the records landed
-//! in, whether they came from the cache, a read-ahead, a speculative
-//! lookahead read or a synchronous read, one token at a time or a prefill
-//! chunk at once.
+//! Placement never changes a bit: each pick's output is computed from the
+//! same bytes by the same row kernels, and a token's picks are summed in
+//! ascending expert id (the order of transformers' `index_add_` loop over
+//! the experts), whatever order the records landed in, whether they came
+//! from the cache, a read-ahead, a speculative lookahead read or a
+//! synchronous read, one token at a time or a prefill chunk at once.
 
 use crate::checkpoint::HfCheckpoint;
 use crate::error::{Error, Result};
@@ -96,7 +96,7 @@ impl ExpertProvider for ExpertStore {
         let hidden = shape.hidden;
         let k = picks.len();
         // Each pick's output lands in its own row and the rows are summed in
-        // router order at the end, so the order in which records are
+        // expert order at the end, so the order in which records are
         // computed (as they land) never changes a bit of `out`.
         let mut ys = vec![0.0f32; k * hidden];
         let mut left: Vec<usize> = (0..k).collect();
@@ -121,16 +121,17 @@ impl ExpertProvider for ExpertStore {
             );
         }
         drop(pinned);
-        sum_in_router_order(picks, &ys, hidden, out);
+        sum_in_expert_order(picks, &ys, hidden, out);
         Ok(())
     }
 
     /// Each distinct expert of the chunk is pinned (and, on a miss, read)
-    /// once, held while every token routed to it uses it, and released.
-    /// Bit-identity with the token-at-a-time path: each (token, pick)
-    /// output is computed by the same kernel from the same bytes and the
-    /// same per-token gate/up tables into its own row, and each token then
-    /// sums its rows in its own router order, exactly as `forward_experts`.
+    /// once, in ascending id, computed over every token routed to it at
+    /// once (`quant::expert_forward_batch`: each weight row loaded once per
+    /// tile of tokens for q8/q4/f32), and released. Bit-identity with the
+    /// token-at-a-time path: every (token, pick) output is that token's
+    /// own kernel result, and each token adds its picks' weighted outputs
+    /// in ascending expert id, exactly as `forward_experts` sums them.
     fn forward_experts_batch(
         &self,
         layer: usize,
@@ -145,7 +146,8 @@ impl ExpertProvider for ExpertStore {
         }
         let banks = self.banks();
         let bank = banks.bank(layer).ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
-        let width = banks.shape().hidden;
+        let (format, shape) = (banks.format(), banks.shape());
+        let width = shape.hidden;
         if xs.len() != n * width || outs.len() != n * width {
             return Err(Error::Arg(format!(
                 "expert batch of {n} tokens: input/output lengths {}/{} != {n} x {width}",
@@ -164,39 +166,34 @@ impl ExpertProvider for ExpertStore {
             }
             k_max = k_max.max(p.len());
         }
-        // Distinct experts in first-use order, and how many tokens use each.
-        let mut uses = vec![0u64; bank.experts];
-        let mut distinct = Vec::new();
-        for p in picks {
-            for &(e, _) in p {
-                if uses[e] == 0 {
-                    distinct.push(e);
-                }
-                uses[e] += 1;
-            }
-        }
+        let routed = Routed::of(picks, bank.experts);
+        let cb = bank.codebooks.as_ref();
         // Half the cache at most per group, so that another session's
         // token still finds slots to pin; never less than one token's picks.
         let group = (slots_total / 2).max(k_max).max(1);
-        let mut ys = vec![0.0f32; n * k_max * width];
-        // Expert -> its index among the current group's pinned experts.
-        let mut member: Vec<Option<usize>> = vec![None; bank.experts];
-        for members in distinct.chunks(group) {
-            let counts: Vec<u64> = members.iter().map(|&e| uses[e]).collect();
-            let result = self.pin(layer, members, &counts, stats).and_then(|mut pinned| {
-                for (i, &e) in members.iter().enumerate() {
-                    member[e] = Some(i);
+        let most = routed.tokens.iter().map(Vec::len).max().unwrap_or(0);
+        let mut gathered = vec![0.0f32; most * width];
+        let mut ys = vec![0.0f32; most * width];
+        let mut scratch = quant::ExpertBatchScratch::new(format, shape);
+        outs.fill(0.0);
+        for (g, members) in routed.experts.chunks(group).enumerate() {
+            let tokens = &routed.tokens[g * group..g * group + members.len()];
+            let counts: Vec<u64> = tokens.iter().map(|t| t.len() as u64).collect();
+            let mut pinned = self.pin(layer, members, &counts, stats)?;
+            for (i, tokens) in tokens.iter().enumerate() {
+                let m = tokens.len();
+                let (xe, ye) = (&mut gathered[..m * width], &mut ys[..m * width]);
+                for (row, &(t, _)) in xe.chunks_exact_mut(width).zip(tokens) {
+                    row.copy_from_slice(&xs[t * width..(t + 1) * width]);
                 }
-                compute_group(&mut pinned, layer, xs, picks, &member, &mut ys, k_max, stats)
-            });
-            for &e in members {
-                member[e] = None;
+                pinned.wait(i, &mut stats.io_time)?;
+                quant::expert_forward_batch(format, shape, &pinned.payload(i), cb, xe, ye, &mut scratch, banks.activation());
+                for (y, &(t, weight)) in ye.chunks_exact(width).zip(tokens) {
+                    for (o, v) in outs[t * width..(t + 1) * width].iter_mut().zip(y) {
+                        *o += weight * v;
+                    }
+                }
             }
-            result?;
-        }
-        for (t, p) in picks.iter().enumerate() {
-            let y = &ys[t * k_max * width..(t + 1) * k_max * width];
-            sum_in_router_order(p, y, width, &mut outs[t * width..(t + 1) * width]);
         }
         Ok(())
     }
@@ -210,55 +207,48 @@ impl ExpertProvider for ExpertStore {
     }
 }
 
-/// Token by token (its gate/up tables built once for the group), each pick
-/// of a pinned expert computed into its own row of `ys`.
-#[allow(clippy::too_many_arguments)]
-fn compute_group(
-    pinned: &mut crate::store::Pinned<'_>,
-    layer: usize,
-    xs: &[f32],
-    picks: &[Vec<(usize, f32)>],
-    member: &[Option<usize>],
-    ys: &mut [f32],
-    k_max: usize,
-    stats: &mut StepStats,
-) -> Result<()> {
-    let banks = pinned.store().banks();
-    let (format, shape) = (banks.format(), banks.shape());
-    let width = shape.hidden;
-    let cb = banks.bank(layer).and_then(|b| b.codebooks.as_ref());
-    let mut scratch = ExpertScratch::new(format, shape);
-    for (t, p) in picks.iter().enumerate() {
-        if !p.iter().any(|&(e, _)| member[e].is_some()) {
-            continue;
-        }
-        let x = &xs[t * width..(t + 1) * width];
-        let tables = quant::build_gate_up_tables(format, cb, x);
-        for (j, &(e, _)) in p.iter().enumerate() {
-            let Some(i) = member[e] else { continue };
-            pinned.wait(i, &mut stats.io_time)?;
-            quant::expert_forward_act(
-                format,
-                shape,
-                &pinned.payload(i),
-                cb,
-                &tables,
-                x,
-                &mut ys[(t * k_max + j) * width..][..width],
-                &mut scratch,
-                banks.activation(),
-            );
-        }
-    }
-    Ok(())
+/// A chunk's routing turned around: the distinct experts in ascending id,
+/// and for each the tokens routed to it (ascending, a token's repeated
+/// picks of one expert in router order) with their weights.
+struct Routed {
+    experts: Vec<usize>,
+    tokens: Vec<Vec<(usize, f32)>>,
 }
 
-/// `out = sum_j weight_j * y_j` over the picks in router order (`ys`: one
-/// row of `width` per pick).
-fn sum_in_router_order(picks: &[(usize, f32)], ys: &[f32], width: usize, out: &mut [f32]) {
+impl Routed {
+    /// `picks[t]`: token t's (expert, weight), every expert below `experts`.
+    fn of(picks: &[Vec<(usize, f32)>], experts: usize) -> Routed {
+        let mut index = vec![usize::MAX; experts];
+        for p in picks {
+            for &(e, _) in p {
+                index[e] = 0;
+            }
+        }
+        let mut routed = Routed { experts: Vec::new(), tokens: Vec::new() };
+        for (e, i) in index.iter_mut().enumerate().filter(|(_, i)| **i == 0) {
+            *i = routed.experts.len();
+            routed.experts.push(e);
+            routed.tokens.push(Vec::new());
+        }
+        for (t, p) in picks.iter().enumerate() {
+            for &(e, weight) in p {
+                routed.tokens[index[e]].push((t, weight));
+            }
+        }
+        routed
+    }
+}
+
+/// `out = sum_j weight_j * y_j` over the picks in ascending expert id, a
+/// repeated expert's picks in router order (`ys`: one row of `width` per
+/// pick, in router order): the order a prefill chunk's batch adds them in.
+fn sum_in_expert_order(picks: &[(usize, f32)], ys: &[f32], width: usize, out: &mut [f32]) {
+    let mut order: Vec<usize> = (0..picks.len()).collect();
+    order.sort_by_key(|&j| picks[j].0);
     out.fill(0.0);
-    for (&(_, weight), y) in picks.iter().zip(ys.chunks_exact(width)) {
-        for (o, v) in out.iter_mut().zip(y) {
+    for j in order {
+        let weight = picks[j].1;
+        for (o, v) in out.iter_mut().zip(&ys[j * width..(j + 1) * width]) {
             *o += weight * v;
         }
     }

@@ -55,6 +55,22 @@ impl Mlp {
         }
         self.down_proj.matvec(gate, out);
     }
+
+    /// `forward` for the tokens of a prefill chunk (`xs`, `outs`: `[n, H]`;
+    /// `gate`, `up`: `[n, I]` scratch), each weight row loaded once per
+    /// tile of tokens (`QMatrix::matvec_many`): every token's output is
+    /// bit-identical to `forward`'s for that token.
+    pub fn forward_batch(&self, xs: &[f32], gate: &mut [f32], up: &mut [f32], outs: &mut [f32]) {
+        self.gate_proj.matvec_many(xs, gate);
+        self.up_proj.matvec_many(xs, up);
+        for (g, u) in gate.iter_mut().zip(up.iter()) {
+            *g = match self.act {
+                Activation::Silu => silu(*g) * u,
+                act => act.apply(*g, *u),
+            };
+        }
+        self.down_proj.matvec_many(gate, outs);
+    }
 }
 
 /// The router of `model.layers.L.{mlp|block_sparse_moe}.gate`.
@@ -345,7 +361,8 @@ impl LatentMoe {
 
 impl LatentMoe {
     /// `forward` for the tokens of a prefill chunk (`xs`, `outs`: `[n, H]`;
-    /// `z`, `zy`: `[n, L]` scratch), the experts run as one batch.
+    /// `z`, `zy`: `[n, L]` scratch): the projections over every token at
+    /// once (`QMatrix::matvec_many`), the experts as one batch.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_batch(
         &self,
@@ -358,18 +375,15 @@ impl LatentMoe {
         outs: &mut [f32],
         stats: &mut StepStats,
     ) -> Result<()> {
-        let n = picks.len().max(1);
-        let (h, l) = (xs.len() / n, z.len() / n);
-        for (x, zt) in xs.chunks_exact(h).zip(z.chunks_exact_mut(l)) {
-            self.down.matvec(x, zt);
-        }
+        let l = z.len() / picks.len().max(1);
+        self.down.matvec_many(xs, z);
         experts.forward_experts_batch(layer, z, picks, zy, stats)?;
-        for (yt, out) in zy.chunks_exact_mut(l).zip(outs.chunks_exact_mut(h)) {
-            if let Some(w) = &self.norm {
+        if let Some(w) = &self.norm {
+            for yt in zy.chunks_exact_mut(l) {
                 rms_norm_in_place(yt, w, self.eps);
             }
-            self.up.matvec(yt, out);
         }
+        self.up.matvec_many(zy, outs);
         Ok(())
     }
 }

@@ -1,14 +1,19 @@
 //! Chunked prefill: a prompt runs in chunks of up to `prefill_chunk`
-//! tokens, layer-major inside a chunk. For each layer the token mixer runs
-//! over the chunk's tokens in order (each token's math and state update
-//! exactly as token at a time), then the router routes every token and the
-//! expert provider gets the whole chunk at once, so a streaming store reads
-//! each distinct expert once per chunk instead of once per use.
+//! tokens (the memory plan picks thousands when the budget allows),
+//! layer-major inside a chunk. For each layer the token mixer runs over the
+//! chunk's tokens in order (each token's math and state update exactly as
+//! token at a time), then the router routes every token and the expert
+//! provider gets the whole chunk at once: a streaming store reads each
+//! distinct expert once per chunk and runs it over all its tokens, each
+//! weight row loaded once per tile of tokens. Dense MLPs, shared experts
+//! and K3's latent projections run over the chunk the same way
+//! (`QMatrix::matvec_many`).
 //!
 //! Nothing is mixed across tokens except through the layer state, which is
-//! written in token order, and the expert provider's batch entry point keeps
-//! each token's accumulation order: the logits are bit-identical to the
-//! token-at-a-time path (tests/integration/prefill.rs).
+//! written in token order; every batched product is the row kernel of
+//! token at a time, per token, and the expert provider's batch entry point
+//! keeps each token's accumulation order: the logits are bit-identical to
+//! the token-at-a-time path (tests/integration/prefill.rs).
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -21,12 +26,14 @@ use super::ops::add_in_place;
 use super::v4::hyper::Coef;
 use super::{FeedForward, Scratch, Splice, State, Transformer};
 
-/// Tokens per prefill chunk unless the caller chooses (1 = token at a time).
+/// Tokens per prefill chunk of a `Transformer` loaded without a memory plan
+/// (oracles, tests); a model opened from a container uses the plan's.
 pub const DEFAULT_PREFILL_CHUNK: usize = 64;
 
-/// The largest chunk: the memory plan reserves its buffers
-/// (`plan::scratch_bytes`).
-pub const MAX_PREFILL_CHUNK: usize = 64;
+/// The largest chunk a caller may name; the memory plan counts the
+/// buffers of the chunk in use (`plan::scratch_bytes`) and picks one when
+/// the caller does not (`plan::choose_prefill_chunk`).
+pub const MAX_PREFILL_CHUNK: usize = 8192;
 
 /// A chunk size must be 1..=`MAX_PREFILL_CHUNK`.
 pub fn check_chunk(tokens: usize) -> Result<()> {
@@ -53,6 +60,11 @@ struct Chunk {
     /// K3's latent MoE: the latent input and output of each token.
     z: Vec<f32>,
     zy: Vec<f32>,
+    /// A dense MLP's or the shared experts' gate and up products, `[n, I]`
+    /// (I the larger of the two), and the shared experts' output `[n, H]`.
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    shared_y: Vec<f32>,
 }
 
 impl Chunk {
@@ -71,13 +83,19 @@ impl Chunk {
             picks: (0..n).map(|_| Vec::with_capacity(cfg.top_k + 1)).collect(),
             z: vec![0.0; n * latent],
             zy: vec![0.0; n * latent],
+            gate: vec![0.0; n * cfg.intermediate_size.max(cfg.shared_intermediate_size)],
+            up: vec![0.0; n * cfg.intermediate_size.max(cfg.shared_intermediate_size)],
+            shared_y: vec![0.0; if cfg.shared_intermediate_size > 0 { n * h } else { 0 }],
         }
     }
 
     /// Floats held; a pick `(usize, f32)` counts as 16 bytes.
     fn floats(&self) -> usize {
         let pick = std::mem::size_of::<(usize, f32)>() / 4;
-        [&self.x, &self.xn, &self.y, &self.mixed, &self.z, &self.zy].iter().map(|b| b.len()).sum::<usize>()
+        [&self.x, &self.xn, &self.y, &self.mixed, &self.z, &self.zy, &self.gate, &self.up, &self.shared_y]
+            .iter()
+            .map(|b| b.len())
+            .sum::<usize>()
             + self.banks.iter().map(Bank::floats).sum::<usize>()
             + self.selections.iter().map(Selection::floats).sum::<usize>()
             + self.coefs.iter().map(Coef::floats).sum::<usize>()
@@ -154,7 +172,7 @@ impl Transformer {
         let (h, rw) = (self.cfg.hidden_size, self.cfg.residual_width());
         let n = toks.len();
         let start = state.position;
-        let Chunk { x, xn, y, mixed, banks, selections, coefs, picks, z, zy } = c;
+        let Chunk { x, xn, y, mixed, banks, selections, coefs, picks, z, zy, gate, up, shared_y } = c;
         let (x, xn, y) = (&mut x[..n * rw], &mut xn[..n * h], &mut y[..n * h]);
         let (banks, picks, selections) = (&mut banks[..n], &mut picks[..n], &mut selections[..n]);
         let coefs = &mut coefs[..n];
@@ -184,10 +202,8 @@ impl Transformer {
             }
             match &layer.mlp {
                 FeedForward::Dense(mlp) => {
-                    for i in 0..n {
-                        let r = i * h..(i + 1) * h;
-                        mlp.forward(&xn[r.clone()], &mut s.gate, &mut s.up, &mut y[r]);
-                    }
+                    let w = n * self.cfg.intermediate_size;
+                    mlp.forward_batch(xn, &mut gate[..w], &mut up[..w], y);
                 }
                 FeedForward::Moe(router) => {
                     for (i, (p, &tok)) in picks.iter_mut().zip(toks).enumerate() {
@@ -203,11 +219,12 @@ impl Transformer {
                 }
             }
             if let Some(shared) = &layer.shared_experts {
+                let (w, shared_y) = (n * self.cfg.shared_intermediate_size, &mut shared_y[..n * h]);
+                shared.forward_batch(xn, &mut gate[..w], &mut up[..w], shared_y);
                 for i in 0..n {
                     let r = i * h..(i + 1) * h;
-                    shared.forward(&xn[r.clone()], &mut s.shared_gate, &mut s.shared_up, &mut s.shared_y);
-                    layer.gate_shared(&xn[r.clone()], &mut s.shared_y);
-                    add_in_place(&mut y[r], &s.shared_y);
+                    layer.gate_shared(&xn[r.clone()], &mut shared_y[r.clone()]);
+                    add_in_place(&mut y[r.clone()], &shared_y[r]);
                 }
             }
             for (i, coef) in coefs.iter().enumerate() {
@@ -231,7 +248,8 @@ mod tests {
     use crate::transformer::{State, Transformer};
 
     /// The exact f32 oracle path (`DenseExperts`, whose batch entry point is
-    /// the trait's token-by-token default) through chunks of 1, 3 and 64:
+    /// the trait's token-by-token default; dense MLPs and shared experts
+    /// batched) through chunks of 1, 3 and 64:
     /// all-position logits equal bit for bit, and the state ends at the
     /// same position, on every family's checkpoint.
     #[test]
@@ -264,7 +282,7 @@ mod tests {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-olmoe");
         let ckpt = HfCheckpoint::open(&dir).unwrap();
         let mut m = Transformer::load(ckpt.config(), &ckpt).unwrap();
-        assert!(m.set_prefill_chunk(0).is_err() && m.set_prefill_chunk(65).is_err());
+        assert!(m.set_prefill_chunk(0).is_err() && m.set_prefill_chunk(super::MAX_PREFILL_CHUNK + 1).is_err());
         assert_eq!(m.prefill_chunk(), super::DEFAULT_PREFILL_CHUNK);
     }
 }

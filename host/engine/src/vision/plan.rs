@@ -26,7 +26,7 @@ pub fn plan_path_for_images(
         (true, Some(b)) => b,
         (true, None) => return Err(Error::Unsupported("this model has no vision tower to plan for".into())),
     };
-    plan_inputs(&container, context, budget, usable_ram, 1, vision)
+    plan_inputs(&container, context, budget, usable_ram, 1, vision, None)
 }
 
 /// What images add to a plan: the tower's weights as the model holds them

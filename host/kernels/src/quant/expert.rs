@@ -92,7 +92,7 @@ fn check_codebooks(fmt: ExpertFormat, cb: Option<&LayerCodebooks>) -> Result<(),
 
 /// `(gate, up, down)` byte ranges of a payload, and its biases' bytes
 /// (empty without them).
-fn split(fmt: ExpertFormat, shape: ExpertShape, payload: &[u8]) -> ([&[u8]; 3], &[u8]) {
+pub(crate) fn split_payload(fmt: ExpertFormat, shape: ExpertShape, payload: &[u8]) -> ([&[u8]; 3], &[u8]) {
     assert_eq!(payload.len(), expert_payload_len(fmt, shape), "expert payload length");
     let gu = mat_len(fmt, shape.inter, shape.hidden);
     let (matrices, biases) = payload.split_at(payload.len() - bias_len(shape));
@@ -106,7 +106,7 @@ pub fn decode_expert_biases(fmt: ExpertFormat, shape: ExpertShape, payload: &[u8
     if !shape.biases {
         return None;
     }
-    let (_, b) = split(fmt, shape, payload);
+    let (_, b) = split_payload(fmt, shape, payload);
     let all = f32_from_le(b);
     let (g, rest) = all.split_at(shape.inter);
     let (u, d) = rest.split_at(shape.inter);
@@ -277,7 +277,7 @@ pub fn decode_expert(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (h, i) = (shape.hidden, shape.inter);
     let cb = codebooks_for(fmt, cb);
-    let ([g, u, d], _) = split(fmt, shape, payload);
+    let ([g, u, d], _) = split_payload(fmt, shape, payload);
     let dec = |bytes: &[u8], rows: usize, cols: usize, book: Option<&Codebooks>| -> Vec<f32> {
         match (fmt.group_format(), book) {
             (Some(t), _) => MatRef::quant(t, bytes, rows, cols).dequantize(),
@@ -513,7 +513,7 @@ fn expert_forward_impl(
         *scratch = ExpertScratch::new(fmt, shape);
     }
     let cb = codebooks_for(fmt, cb);
-    let ([gb, ub, db], bias_bytes) = split(fmt, shape, payload);
+    let ([gb, ub, db], bias_bytes) = split_payload(fmt, shape, payload);
     let biases = (!bias_bytes.is_empty()).then(|| f32_from_le(bias_bytes));
     let ExpertScratch { gate, up, down_tables, down_q, .. } = scratch;
     match (fmt.group_format(), cb) {
@@ -581,6 +581,6 @@ fn expert_forward_impl(
 }
 
 #[inline]
-fn silu(v: f32) -> f32 {
+pub(crate) fn silu(v: f32) -> f32 {
     v / (1.0 + (-v).exp())
 }

@@ -72,6 +72,7 @@
 
 mod activation;
 mod expert;
+mod expert_batch;
 mod kmeans;
 mod rvq;
 mod rvq4p;
@@ -88,6 +89,7 @@ pub use expert::{
     build_gate_up_tables, check_expert_payload, decode_expert, decode_expert_biases, encode_expert, expert_forward,
     expert_forward_act, expert_payload_len, gate_up_tables_peak_bytes, ExpertScratch, GateUpTables,
 };
+pub use expert_batch::{batch_shares_weights, expert_forward_batch, ExpertBatchScratch};
 pub use rvq::{fit_layer_codebooks, Codebooks, LayerCodebooks};
 pub use simd::{dot_f32, force_isa, isa, matmul_block, Isa};
 pub use trunk::{quantize_trunk, QMatrix};

@@ -332,6 +332,73 @@ fn biased_clamped_swiglu_expert_matches_decoded_reference() {
     assert!(clamped.0 > 0 && clamped.1 > 0, "the inputs must reach both clamps: {clamped:?}");
 }
 
+/// A chunk's tokens through one expert at once (`expert_forward_batch`)
+/// give, token by token, the bits of `expert_forward_act` for that token
+/// alone, in every format: 100 tokens (both of `matvec_many`'s task
+/// splits, whole and partial tiles), 5 tokens, one token; with biases and a
+/// clamped activation too; odd widths with partial groups and tails.
+#[test]
+fn expert_batch_is_bit_identical_to_each_token_alone() {
+    let clamped = Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 };
+    let biased = ExpertShape { biases: true, ..ExpertShape::new(130, 72) };
+    let mut rng = Rng::new(41);
+    for (shape, act) in
+        [(ExpertShape::new(130, 72), Activation::Silu), (biased, clamped), (ExpertShape::new(301, 45), Activation::Silu)]
+    {
+        let n = shape.hidden * shape.inter;
+        let (g, u, d) = (gauss(&mut rng, n, 0.05), gauss(&mut rng, n, 0.05), gauss(&mut rng, n, 0.05));
+        let b = [gauss(&mut rng, shape.inter, 0.5), gauss(&mut rng, shape.inter, 0.5), gauss(&mut rng, shape.hidden, 0.5)];
+        let biases = shape.biases.then(|| [&b[0][..], &b[1][..], &b[2][..]]);
+        let view = ExpertF32 { gate: &g, up: &u, down: &d, biases };
+        for fmt in ExpertFormat::ALL {
+            let cb = fit_layer_codebooks(fmt, shape, &[view], 7);
+            let payload = encode_expert(fmt, shape, &view, cb.as_ref());
+            let mut scratch = ExpertBatchScratch::new(fmt, shape);
+            let mut one = ExpertScratch::new(fmt, shape);
+            for tokens in [100, 5, 1] {
+                let xs = gauss(&mut rng, tokens * shape.hidden, 1.0);
+                let mut batch = vec![f32::NAN; xs.len()];
+                expert_forward_batch(fmt, shape, &payload, cb.as_ref(), &xs, &mut batch, &mut scratch, act);
+                for (t, (x, row)) in xs.chunks_exact(shape.hidden).zip(batch.chunks_exact(shape.hidden)).enumerate() {
+                    let tables = build_gate_up_tables(fmt, cb.as_ref(), x);
+                    let mut alone = vec![f32::NAN; shape.hidden];
+                    expert_forward_act(fmt, shape, &payload, cb.as_ref(), &tables, x, &mut alone, &mut one, act);
+                    assert_eq!(bits(&alone), bits(row), "{} of {tokens} tokens: token {t} differs", fmt.name());
+                }
+            }
+        }
+    }
+}
+
+/// `matvec_many` is `matvec` per input, bit for bit, in every trunk
+/// format, on both task splits, whole and partial tiles, odd widths.
+#[test]
+fn matvec_many_is_bit_identical_to_matvec_per_input() {
+    let mut rng = Rng::new(43);
+    for (rows, cols, n) in [(3, 300, 1), (20, 129, 5), (17, 64, 70), (40, 257, 100), (6, 23, 7), (300, 128, 3)] {
+        let w = gauss(&mut rng, rows * cols, 0.1);
+        let x = gauss(&mut rng, n * cols, 1.0);
+        for fmt in TRUNK {
+            let m = if fmt == TrunkFormat::F32 {
+                QMatrix::from_f32(w.clone(), rows, cols)
+            } else {
+                QMatrix::from_byte_vec(fmt, rows, cols, quantize_trunk(fmt, &w, rows, cols)).unwrap()
+            };
+            let mut many = vec![f32::NAN; n * rows];
+            m.matvec_many(&x, &mut many);
+            let mut one = vec![f32::NAN; rows];
+            for (t, xt) in x.chunks_exact(cols).enumerate() {
+                m.matvec(xt, &mut one);
+                assert_eq!(bits(&one), bits(&many[t * rows..(t + 1) * rows]), "{fmt:?} {rows}x{cols} n={n} input {t}");
+            }
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 #[test]
 fn results_do_not_depend_on_thread_count() {
     let mut rng = Rng::new(6);

@@ -13,6 +13,10 @@ pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
 /// Rows per rayon task. Every row is computed whole by one thread, so the
 /// block size only affects speed, never the result.
 const ROW_BLOCK: usize = 16;
+/// `matvec_many`: inputs per task when tasks own blocks of inputs (32
+/// rows of 4096 f32 are 512 KB, in L2, while every weight row passes
+/// over them once). Speed only, never the result.
+const MANY_INPUTS: usize = 32;
 /// `QMatrix::matmul`: inputs per task (48 rows of 4096 f32, the K3 tower's
 /// widest, are 786 KB, in L2) and weight rows dequantised at a time, whole
 /// register tiles of `simd::matmul_block` (3 inputs, 4 rows). Speed only,
@@ -205,6 +209,74 @@ impl<'a> MatRef<'a> {
         }
     }
 
+    /// `out[t] = row_dot(r, x row t)` for the `out.len()` rows of `x`, bit
+    /// for bit, the row's weights loaded and decoded once per tile of
+    /// inputs (`simd::dot_*_rows`).
+    #[inline]
+    pub fn row_dots(&self, r: usize, x: &[f32], out: &mut [f32]) {
+        let c = self.cols;
+        match self.kind {
+            Kind::F32(w) => simd::dot_f32_rows(&w[r * c..(r + 1) * c], x, out),
+            Kind::Q8 { scales, q } => simd::dot_q8_rows(self.row_scales(scales, r), &q[r * c..(r + 1) * c], x, out),
+            Kind::Q4 { scales, q } => {
+                let rb = c.div_ceil(2);
+                simd::dot_q4_rows(self.row_scales(scales, r), &q[r * rb..(r + 1) * rb], c, x, out)
+            }
+        }
+    }
+
+    /// `y[t] = W x[t]` for the `n = x.len() / cols` inputs of a prefill
+    /// chunk (`x` `[n, cols]`, `y` `[n, rows]`), every value bit-identical
+    /// to what `matvec` gives for that input alone: the same row-dot
+    /// kernel, run over several inputs per load of the weights. Panics
+    /// unless the lengths agree.
+    pub fn matvec_many(&self, x: &[f32], y: &mut [f32]) {
+        let (rows, cols) = (self.rows, self.cols);
+        assert!(
+            cols > 0 && x.len().is_multiple_of(cols),
+            "matvec_many: x of {} is not whole rows of {cols}",
+            x.len()
+        );
+        let n = x.len() / cols;
+        assert_eq!(y.len(), n * rows, "matvec_many: y length");
+        if n == 0 || rows == 0 {
+            return;
+        }
+        if n == 1 {
+            return self.matvec(x, y);
+        }
+        if n >= 2 * MANY_INPUTS {
+            // Tasks own blocks of inputs and pass every weight row over them.
+            y.par_chunks_mut(MANY_INPUTS * rows).zip(x.par_chunks(MANY_INPUTS * cols)).for_each(|(yb, xb)| {
+                let mut col = vec![0f32; xb.len() / cols];
+                for r in 0..rows {
+                    self.row_dots(r, xb, &mut col);
+                    for (yt, &v) in yb.chunks_exact_mut(rows).zip(&col) {
+                        yt[r] = v;
+                    }
+                }
+            });
+            return;
+        }
+        // Few inputs: tasks own blocks of rows, into `y` transposed.
+        let mut yt = vec![0f32; rows * n];
+        let task = |(b, out): (usize, &mut [f32])| {
+            for (i, col) in out.chunks_exact_mut(n).enumerate() {
+                self.row_dots(b * ROW_BLOCK + i, x, col);
+            }
+        };
+        if rows * cols * n >= PAR_MIN_WORK {
+            yt.par_chunks_mut(ROW_BLOCK * n).enumerate().for_each(task);
+        } else {
+            yt.chunks_mut(ROW_BLOCK * n).enumerate().for_each(task);
+        }
+        for (r, col) in yt.chunks_exact(n).enumerate() {
+            for (t, &v) in col.iter().enumerate() {
+                y[t * rows + r] = v;
+            }
+        }
+    }
+
     /// Dequantised row `r` into `out` (`out.len() == cols`).
     pub fn row_into(&self, r: usize, out: &mut [f32]) {
         let c = self.cols;
@@ -245,6 +317,73 @@ impl<'a> MatRef<'a> {
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
         assert!(x.len() == self.cols && y.len() == self.rows, "matvec: x/y length");
         par_rows(y, self.rows * self.cols, |r| self.row_dot(r, x));
+    }
+
+    /// `y[t] = W x[t]` for `n = x.len() / cols` inputs at once (`x`
+    /// `[n, cols]`, `y` `[n, rows]`). Each weight row is dequantised once per
+    /// block of inputs and the block runs in register tiles
+    /// (`simd::matmul_block`), so every `y[t][r]` is `dot8` of row r's
+    /// values and x[t] (`simd::dot8_scalar`) whatever the thread count, the
+    /// number of inputs or the CPU. Panics unless the lengths agree.
+    pub fn matmul(&self, x: &[f32], y: &mut [f32]) {
+        let (rows, cols) = (self.rows, self.cols);
+        assert!(
+            cols > 0 && x.len().is_multiple_of(cols),
+            "MatRef::matmul: x of {} is not whole rows of {cols}",
+            x.len()
+        );
+        let n = x.len() / cols;
+        assert_eq!(y.len(), n * rows, "MatRef::matmul: y length");
+        if n == 0 || rows == 0 {
+            return;
+        }
+        let v = *self;
+        // A block of dequantised weight rows, then every input of the task
+        // against it: the rows stay in L1/L2, the inputs in L2.
+        let rows_into = |r0: usize, nr: usize, w: &mut [f32]| {
+            for i in 0..nr {
+                v.row_into(r0 + i, &mut w[i * cols..(i + 1) * cols]);
+            }
+        };
+        if n >= 2 * MATMUL_INPUTS {
+            // Tasks own blocks of inputs and run every weight row.
+            y.par_chunks_mut(MATMUL_INPUTS * rows).zip(x.par_chunks(MATMUL_INPUTS * cols)).for_each(|(yb, xb)| {
+                let nt = xb.len() / cols;
+                let mut w = vec![0f32; MATMUL_ROWS * cols];
+                let mut out = vec![0f32; MATMUL_ROWS * nt];
+                for r0 in (0..rows).step_by(MATMUL_ROWS) {
+                    let nr = MATMUL_ROWS.min(rows - r0);
+                    rows_into(r0, nr, &mut w);
+                    simd::matmul_block(&w[..nr * cols], xb, cols, &mut out[..nr * nt]);
+                    for (t, yt) in yb.chunks_exact_mut(rows).enumerate() {
+                        for i in 0..nr {
+                            yt[r0 + i] = out[i * nt + t];
+                        }
+                    }
+                }
+            });
+        } else {
+            // Few inputs: tasks own blocks of weight rows instead, into
+            // `y` transposed.
+            let mut yt = vec![0f32; rows * n];
+            let task = |(b, out): (usize, &mut [f32])| {
+                let r0 = b * MATMUL_ROWS;
+                let nr = out.len() / n;
+                let mut w = vec![0f32; nr * cols];
+                rows_into(r0, nr, &mut w);
+                simd::matmul_block(&w, x, cols, out);
+            };
+            if rows * cols * n >= PAR_MIN_WORK {
+                yt.par_chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
+            } else {
+                yt.chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
+            }
+            for (r, col) in yt.chunks_exact(n).enumerate() {
+                for (t, &val) in col.iter().enumerate() {
+                    y[t * rows + r] = val;
+                }
+            }
+        }
     }
 
     pub fn dequantize(&self) -> Vec<f32> {
@@ -428,71 +567,18 @@ impl QMatrix {
     }
 
     /// `y[t] = W x[t]` for `n = x.len() / cols` inputs at once (`x`
-    /// `[n, cols]`, `y` `[n, rows]`): a vision tower's patches, where a
-    /// weight row serves many inputs. Each weight row is dequantised once per
-    /// block of inputs and the block runs in register tiles
-    /// (`simd::matmul_block`), so every `y[t][r]` is `dot8` of row r's
-    /// values and x[t] (`simd::dot8_scalar`) whatever the thread count, the
-    /// number of inputs or the CPU. Panics unless the lengths agree.
+    /// `[n, cols]`, `y` `[n, rows]`): a vision tower's patches or a prefill
+    /// chunk's tokens, where a weight row serves many inputs. See
+    /// `MatRef::matmul`. Panics unless the lengths agree.
     pub fn matmul(&self, x: &[f32], y: &mut [f32]) {
-        let (rows, cols) = (self.rows, self.cols);
-        assert!(
-            cols > 0 && x.len().is_multiple_of(cols),
-            "QMatrix::matmul: x of {} is not whole rows of {cols}",
-            x.len()
-        );
-        let n = x.len() / cols;
-        assert_eq!(y.len(), n * rows, "QMatrix::matmul: y length");
-        if n == 0 || rows == 0 {
-            return;
-        }
-        let v = self.view();
-        // A block of dequantised weight rows, then every input of the task
-        // against it: the rows stay in L1/L2, the inputs in L2.
-        let rows_into = |r0: usize, nr: usize, w: &mut [f32]| {
-            for i in 0..nr {
-                v.row_into(r0 + i, &mut w[i * cols..(i + 1) * cols]);
-            }
-        };
-        if n >= 2 * MATMUL_INPUTS {
-            // Tasks own blocks of inputs and run every weight row.
-            y.par_chunks_mut(MATMUL_INPUTS * rows).zip(x.par_chunks(MATMUL_INPUTS * cols)).for_each(|(yb, xb)| {
-                let nt = xb.len() / cols;
-                let mut w = vec![0f32; MATMUL_ROWS * cols];
-                let mut out = vec![0f32; MATMUL_ROWS * nt];
-                for r0 in (0..rows).step_by(MATMUL_ROWS) {
-                    let nr = MATMUL_ROWS.min(rows - r0);
-                    rows_into(r0, nr, &mut w);
-                    simd::matmul_block(&w[..nr * cols], xb, cols, &mut out[..nr * nt]);
-                    for (t, yt) in yb.chunks_exact_mut(rows).enumerate() {
-                        for i in 0..nr {
-                            yt[r0 + i] = out[i * nt + t];
-                        }
-                    }
-                }
-            });
-        } else {
-            // Few inputs: tasks own blocks of weight rows instead, into
-            // `y` transposed.
-            let mut yt = vec![0f32; rows * n];
-            let task = |(b, out): (usize, &mut [f32])| {
-                let r0 = b * MATMUL_ROWS;
-                let nr = out.len() / n;
-                let mut w = vec![0f32; nr * cols];
-                rows_into(r0, nr, &mut w);
-                simd::matmul_block(&w, x, cols, out);
-            };
-            if rows * cols * n >= PAR_MIN_WORK {
-                yt.par_chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
-            } else {
-                yt.chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
-            }
-            for (r, col) in yt.chunks_exact(n).enumerate() {
-                for (t, &val) in col.iter().enumerate() {
-                    y[t * rows + r] = val;
-                }
-            }
-        }
+        self.view().matmul(x, y)
+    }
+
+    /// `y[t] = W x[t]` for the inputs of a prefill chunk, each value
+    /// bit-identical to `matvec`'s for that input (see
+    /// `MatRef::matvec_many`). Panics unless the lengths agree.
+    pub fn matvec_many(&self, x: &[f32], y: &mut [f32]) {
+        self.view().matvec_many(x, y)
     }
 
     /// Dequantised row `r` (embedding lookup). Panics unless `r < rows` and

@@ -85,30 +85,76 @@ unsafe fn tile<const RR: usize, const TT: usize>(wp: *const f32, xp: *const f32,
 /// The CPU supports AVX2 and FMA; `w.len() == x.len()`.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    let mut out = [0f32];
+    // SAFETY: one input of w.len() floats at x.
+    unsafe { dot_f32_multi::<1>(w, x.as_ptr(), &mut out) };
+    out[0]
+}
+
+/// `out[t] = dot_f32(w, x row t)` for the `out.len()` rows of `x`, each
+/// `w.len()` long: tiles of `F32_INPUTS` rows share each load of `w`.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `x.len() == out.len() * w.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_f32_rows(w: &[f32], x: &[f32], out: &mut [f32]) {
     let n = w.len();
-    let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 4];
+    for (o, xs) in out.chunks_mut(F32_INPUTS).zip(x.chunks(F32_INPUTS * n.max(1))) {
+        // SAFETY: `xs` holds `o.len()` inputs of n floats.
+        unsafe {
+            match o.len() {
+                F32_INPUTS => dot_f32_multi::<F32_INPUTS>(w, xs.as_ptr(), o.try_into().unwrap()),
+                _ => dot_f32_multi::<1>(w, xs.as_ptr(), (&mut o[..1]).try_into().unwrap()),
+            }
+        }
+    }
+}
+
+/// Inputs per tile of the f32 multi-input dot (4 accumulators each).
+const F32_INPUTS: usize = 2;
+/// Inputs per tile of the q8/q4 multi-input dots (2 accumulators and a
+/// running sum each; the decoded weights are shared).
+const QUANT_INPUTS: usize = 4;
+
+/// `dot_f32` of `w` with the `T` inputs `xp[t * n..][..n]` (`n = w.len()`),
+/// each input's operations exactly those of the one-input kernel.
+///
+/// # Safety
+/// AVX2 and FMA; `T * w.len()` floats are readable at `xp`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f32_multi<const T: usize>(w: &[f32], xp: *const f32, out: &mut [f32; T]) {
+    let n = w.len();
+    let wp = w.as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); 4]; T];
     let mut i = 0;
     // SAFETY (all loads): i + 32 <= n, resp. i + 8 <= n, bounds every
-    // unaligned 8-lane load inside both slices.
+    // unaligned 8-lane load inside `w` and inside each input.
     while i + 32 <= n {
-        for (k, a) in acc.iter_mut().enumerate() {
+        for k in 0..4 {
             let o = i + 8 * k;
-            *a = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(o)), _mm256_loadu_ps(xp.add(o)), *a);
+            let wv = _mm256_loadu_ps(wp.add(o));
+            for (t, a) in acc.iter_mut().enumerate() {
+                a[k] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(t * n + o)), a[k]);
+            }
         }
         i += 32;
     }
     while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(xp.add(i)), acc[0]);
+        let wv = _mm256_loadu_ps(wp.add(i));
+        for (t, a) in acc.iter_mut().enumerate() {
+            a[0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(t * n + i)), a[0]);
+        }
         i += 8;
     }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut s = hsum(v);
-    while i < n {
-        s += w[i] * x[i];
-        i += 1;
+    for (t, (a, o)) in acc.iter().zip(out.iter_mut()).enumerate() {
+        let v = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        let mut s = hsum(v);
+        for j in i..n {
+            s += w[j] * *xp.add(t * n + j);
+        }
+        *o = s;
     }
-    s
 }
 
 /// # Safety
@@ -116,42 +162,10 @@ pub(crate) unsafe fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
 /// holds `2 * ceil(x.len() / 128)` bytes.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_q8(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
-    let n = x.len();
-    let mut racc = _mm256_setzero_ps();
-    let mut tail = 0f32;
-    let mut g0 = 0;
-    while g0 < n {
-        let glen = GROUP.min(n - g0);
-        let scale = f16_at(scales, g0 / GROUP);
-        let mut a0 = _mm256_setzero_ps();
-        let mut a1 = _mm256_setzero_ps();
-        let mut i = 0;
-        // SAFETY (all loads): g0 + i + 16 <= n (resp. + 8) keeps the
-        // 8-byte and 8-float loads inside `q` and `x`.
-        while i + 16 <= glen {
-            let p = g0 + i;
-            let qa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i));
-            let qb = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p + 8) as *const __m128i));
-            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qa), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
-            a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qb), _mm256_loadu_ps(x.as_ptr().add(p + 8)), a1);
-            i += 16;
-        }
-        if i + 8 <= glen {
-            let p = g0 + i;
-            let qa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i));
-            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qa), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
-            i += 8;
-        }
-        let mut ts = 0f32;
-        while i < glen {
-            ts += (q[g0 + i] as i8) as f32 * x[g0 + i];
-            i += 1;
-        }
-        tail += scale * ts;
-        racc = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(scale), racc);
-        g0 += glen;
-    }
-    hsum(racc) + tail
+    let mut out = [0f32];
+    // SAFETY: one input of x.len() floats.
+    unsafe { quant_multi::<1, 8>(scales, q, x.len(), x.as_ptr(), &mut out) };
+    out[0]
 }
 
 /// # Safety
@@ -159,46 +173,161 @@ pub(crate) unsafe fn dot_q8(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
 /// `scales` holds `2 * ceil(x.len() / 128)` bytes.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_q4(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
-    let n = x.len();
-    let mask = _mm_set1_epi8(0x0F);
-    let eight = _mm256_set1_epi32(8);
-    let mut racc = _mm256_setzero_ps();
-    let mut tail = 0f32;
+    let mut out = [0f32];
+    // SAFETY: one input of x.len() floats.
+    unsafe { quant_multi::<1, 4>(scales, q, x.len(), x.as_ptr(), &mut out) };
+    out[0]
+}
+
+/// `out[t] = dot_q8 / dot_q4 (BITS 8 / 4) of the row with x row t` for the
+/// `out.len()` rows of `x`, each `n` long: tiles of `QUANT_INPUTS` rows
+/// share each decoded block of weights.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `x.len() == out.len() * n`, `q` holds
+/// the row's `n` (q8) or `ceil(n / 2)` (q4) bytes and `scales` its
+/// `2 * ceil(n / 128)`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot_quant_rows<const BITS: usize>(
+    scales: &[u8],
+    q: &[u8],
+    n: usize,
+    x: &[f32],
+    out: &mut [f32],
+) {
+    for (o, xs) in out.chunks_mut(QUANT_INPUTS).zip(x.chunks(QUANT_INPUTS * n.max(1))) {
+        // SAFETY: `xs` holds `o.len()` inputs of n floats.
+        unsafe {
+            match o.len() {
+                QUANT_INPUTS => quant_multi::<QUANT_INPUTS, BITS>(scales, q, n, xs.as_ptr(), o.try_into().unwrap()),
+                _ => {
+                    for (t, v) in o.iter_mut().enumerate() {
+                        let mut one = [0f32];
+                        quant_multi::<1, BITS>(scales, q, n, xs.as_ptr().add(t * n), &mut one);
+                        *v = one[0];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sixteen weights of a q8 (`BITS == 8`) or q4 row from position `p`,
+/// as two vectors of eight signed values.
+///
+/// # Safety
+/// AVX2; the row's bytes for positions `p..p + 16` (`p` even for q4) lie
+/// inside `q`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decode16<const BITS: usize>(q: &[u8], p: usize) -> (__m256, __m256) {
+    if BITS == 8 {
+        let qa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i));
+        let qb = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p + 8) as *const __m128i));
+        (_mm256_cvtepi32_ps(qa), _mm256_cvtepi32_ps(qb))
+    } else {
+        let eight = _mm256_set1_epi32(8);
+        let b = _mm_loadl_epi64(q.as_ptr().add(p / 2) as *const __m128i);
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(b, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+        // Interleaving restores column order: low nibble = even column.
+        let v = _mm_unpacklo_epi8(lo, hi);
+        let va = _mm256_sub_epi32(_mm256_cvtepu8_epi32(v), eight);
+        let vb = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)), eight);
+        (_mm256_cvtepi32_ps(va), _mm256_cvtepi32_ps(vb))
+    }
+}
+
+/// Eight weights of a q8 row from position `p` (q4 never takes this step).
+///
+/// # Safety
+/// AVX2; bytes `p..p + 8` lie inside `q`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn decode8_q8(q: &[u8], p: usize) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i)))
+}
+
+/// Weight `p` of a q8 or q4 row as a float.
+#[inline]
+fn weight<const BITS: usize>(q: &[u8], p: usize) -> f32 {
+    if BITS == 8 {
+        (q[p] as i8) as f32
+    } else {
+        let b = q[p / 2];
+        let nib = if p % 2 == 0 { b & 0x0F } else { b >> 4 };
+        (nib as i32 - 8) as f32
+    }
+}
+
+/// The q8 / q4 row dot of one row with the `T` inputs `xp[t * n..][..n]`:
+/// per group of 128, two 8-lane FMA chains over 16 values at a time (q8:
+/// then one chain over a last 8), the rest summed unfused and scaled into
+/// `tail`, the chains' sum scaled into a running 8-lane sum; at the end
+/// `hsum(running) + tail`. Each input's operations are those of the
+/// one-input kernel (`T == 1`), in the same order.
+///
+/// # Safety
+/// AVX2 and FMA; `T * n` floats are readable at `xp`; `q` and `scales`
+/// hold the row (see `dot_quant_rows`).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quant_multi<const T: usize, const BITS: usize>(
+    scales: &[u8],
+    q: &[u8],
+    n: usize,
+    xp: *const f32,
+    out: &mut [f32; T],
+) {
+    let mut racc = [_mm256_setzero_ps(); T];
+    let mut tail = [0f32; T];
     let mut g0 = 0;
     while g0 < n {
         let glen = GROUP.min(n - g0);
         let scale = f16_at(scales, g0 / GROUP);
-        let mut a0 = _mm256_setzero_ps();
-        let mut a1 = _mm256_setzero_ps();
+        let mut a0 = [_mm256_setzero_ps(); T];
+        let mut a1 = [_mm256_setzero_ps(); T];
         let mut i = 0;
+        // SAFETY (all loads): g0 + i + 16 <= n (resp. + 8) keeps the weight
+        // bytes inside `q` and each input's 8-float loads inside it.
         while i + 16 <= glen {
             let p = g0 + i;
-            // SAFETY: p is even and p + 16 <= n, so bytes p/2..p/2+8 lie
-            // inside `q` and floats p..p+16 inside `x`.
-            let b = _mm_loadl_epi64(q.as_ptr().add(p / 2) as *const __m128i);
-            let lo = _mm_and_si128(b, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-            // Interleaving restores column order: low nibble = even column.
-            let v = _mm_unpacklo_epi8(lo, hi);
-            let va = _mm256_sub_epi32(_mm256_cvtepu8_epi32(v), eight);
-            let vb = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)), eight);
-            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(va), _mm256_loadu_ps(x.as_ptr().add(p)), a0);
-            a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(vb), _mm256_loadu_ps(x.as_ptr().add(p + 8)), a1);
+            let (wa, wb) = decode16::<BITS>(q, p);
+            for t in 0..T {
+                let x = xp.add(t * n + p);
+                a0[t] = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x), a0[t]);
+                a1[t] = _mm256_fmadd_ps(wb, _mm256_loadu_ps(x.add(8)), a1[t]);
+            }
             i += 16;
         }
-        let mut ts = 0f32;
+        if BITS == 8 && i + 8 <= glen {
+            let p = g0 + i;
+            let wa = decode8_q8(q, p);
+            for (t, a) in a0.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(wa, _mm256_loadu_ps(xp.add(t * n + p)), *a);
+            }
+            i += 8;
+        }
+        let mut ts = [0f32; T];
         while i < glen {
             let p = g0 + i;
-            let b = q[p / 2];
-            let nib = if p % 2 == 0 { b & 0x0F } else { b >> 4 };
-            ts += (nib as i32 - 8) as f32 * x[p];
+            let w = weight::<BITS>(q, p);
+            for (t, s) in ts.iter_mut().enumerate() {
+                *s += w * *xp.add(t * n + p);
+            }
             i += 1;
         }
-        tail += scale * ts;
-        racc = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(scale), racc);
+        let vs = _mm256_set1_ps(scale);
+        for t in 0..T {
+            tail[t] += scale * ts[t];
+            racc[t] = _mm256_fmadd_ps(_mm256_add_ps(a0[t], a1[t]), vs, racc[t]);
+        }
         g0 += glen;
     }
-    hsum(racc) + tail
+    for t in 0..T {
+        out[t] = hsum(racc[t]) + tail[t];
+    }
 }
 
 /// # Safety

@@ -200,6 +200,66 @@ pub(crate) fn dot_q4(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
     dot_q4_scalar(scales, q, x)
 }
 
+/// `out[t] = dot_f32(w, x row t)` for the `out.len()` rows of `x`, each
+/// `w.len()` long, bit for bit: the matrix-product form of a matvec, where
+/// each load of `w` serves several inputs (AVX2; elsewhere one input at a
+/// time, the same kernel).
+pub(crate) fn dot_f32_rows(w: &[f32], x: &[f32], out: &mut [f32]) {
+    assert_eq!(x.len(), out.len() * w.len(), "dot_f32_rows: inputs are not whole rows");
+    if out.is_empty() || x.is_empty() {
+        out.fill(0.0);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected; lengths checked above.
+        return unsafe { avx2::dot_f32_rows(w, x, out) };
+    }
+    for (o, xr) in out.iter_mut().zip(x.chunks(w.len().max(1))) {
+        *o = dot_f32(w, &xr[..w.len()]);
+    }
+}
+
+/// `out[t] = dot_q8(scales, q, x row t)` for the `out.len()` rows of `x`
+/// (each `q.len()` long), bit for bit, each decoded block of weights
+/// serving several inputs (AVX2; elsewhere one input at a time).
+pub(crate) fn dot_q8_rows(scales: &[u8], q: &[u8], x: &[f32], out: &mut [f32]) {
+    let n = q.len();
+    check_row(scales, q.len(), n, n);
+    assert_eq!(x.len(), out.len() * n, "dot_q8_rows: inputs are not whole rows");
+    if out.is_empty() || x.is_empty() {
+        out.fill(0.0);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected; lengths checked above.
+        return unsafe { avx2::dot_quant_rows::<8>(scales, q, n, x, out) };
+    }
+    for (o, xr) in out.iter_mut().zip(x.chunks(n.max(1))) {
+        *o = dot_q8(scales, q, &xr[..n]);
+    }
+}
+
+/// `out[t] = dot_q4(scales, q, x row t)` for the `out.len()` rows of `x`,
+/// each `n` long, bit for bit, as `dot_q8_rows`.
+pub(crate) fn dot_q4_rows(scales: &[u8], q: &[u8], n: usize, x: &[f32], out: &mut [f32]) {
+    check_row(scales, q.len(), n, n.div_ceil(2));
+    assert_eq!(x.len(), out.len() * n, "dot_q4_rows: inputs are not whole rows");
+    if out.is_empty() || x.is_empty() {
+        out.fill(0.0);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected; lengths checked above.
+        return unsafe { avx2::dot_quant_rows::<4>(scales, q, n, x, out) };
+    }
+    for (o, xr) in out.iter_mut().zip(x.chunks(n.max(1))) {
+        *o = dot_q4(scales, q, &xr[..n]);
+    }
+}
+
 fn check_row(scales: &[u8], qlen: usize, cols: usize, want_q: usize) {
     assert!(scales.len() == 2 * cols.div_ceil(GROUP) && qlen == want_q, "quantised row: inconsistent lengths");
 }

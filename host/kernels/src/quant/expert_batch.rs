@@ -1,0 +1,123 @@
+//! One routed expert over the many tokens a prefill chunk sends it.
+//!
+//! Decode computes an expert for one token as three matrix-vector products
+//! on the stored format (`expert::expert_forward_act`). A long prompt sends
+//! each expert tens to hundreds of tokens per chunk; for q8, q4 and f32
+//! experts every weight row is then loaded and decoded once per tile of
+//! tokens and run against all of them (`MatRef::matvec_many`), instead of
+//! once per token. The RVQ formats keep their per-token lookup-table walk
+//! (their tables are built from each token's activation; a matrix form
+//! over a decoded tile is not built yet).
+//!
+//! Arithmetic: each token's gate, up and down values come from the very
+//! row-dot kernels decode uses, in the same order, so every token's output
+//! is bit-identical to `expert_forward_act` for that token alone, whatever
+//! the batch, the thread count or the tile it ran in.
+
+use super::activation::Activation;
+use super::expert::{build_gate_up_tables, expert_forward_act, silu, split_payload, ExpertScratch};
+use super::rvq::LayerCodebooks;
+use super::trunk::{f32_from_le, MatRef};
+use super::{ExpertFormat, ExpertShape, TrunkFormat};
+
+/// Reusable buffers of [`expert_forward_batch`], grown to the largest batch
+/// seen.
+#[derive(Debug, Clone)]
+pub struct ExpertBatchScratch {
+    /// `[m, inter]` each.
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// The per-token kernel's buffers (RVQ formats).
+    one: ExpertScratch,
+}
+
+impl ExpertBatchScratch {
+    pub fn new(fmt: ExpertFormat, shape: ExpertShape) -> Self {
+        ExpertBatchScratch { gate: Vec::new(), up: Vec::new(), one: ExpertScratch::new(fmt, shape) }
+    }
+
+    /// The most bytes this scratch holds for batches of up to `tokens`
+    /// tokens (the memory plan counts it), from the lengths it allocates.
+    pub fn peak_bytes(fmt: ExpertFormat, shape: ExpertShape, tokens: usize) -> usize {
+        let matrices = if batch_shares_weights(fmt) { 2 * 4 * tokens * shape.inter } else { 0 };
+        matrices + ExpertScratch::new(fmt, shape).bytes()
+    }
+}
+
+/// Whether `fmt`'s batch loads each weight row once for many tokens (q8,
+/// q4, f32) rather than running token by token (the RVQ formats).
+pub fn batch_shares_weights(fmt: ExpertFormat) -> bool {
+    !fmt.uses_codebooks()
+}
+
+/// `outs[t] = down(act(gate xs[t], up xs[t]))` for the `m = xs.len() /
+/// hidden` tokens routed to one expert (`xs`, `outs`: `[m, hidden]`),
+/// computed on the stored format. Panics on lengths that do not match
+/// `shape` (validate payloads with `check_expert_payload`).
+#[allow(clippy::too_many_arguments)]
+pub fn expert_forward_batch(
+    fmt: ExpertFormat,
+    shape: ExpertShape,
+    payload: &[u8],
+    cb: Option<&LayerCodebooks>,
+    xs: &[f32],
+    outs: &mut [f32],
+    scratch: &mut ExpertBatchScratch,
+    act: Activation,
+) {
+    let (h, i) = (shape.hidden, shape.inter);
+    assert!(
+        h > 0 && xs.len().is_multiple_of(h) && outs.len() == xs.len(),
+        "expert_forward_batch: xs/outs are not whole rows of hidden {h}"
+    );
+    let m = xs.len() / h;
+    if !batch_shares_weights(fmt) {
+        for (x, out) in xs.chunks_exact(h).zip(outs.chunks_exact_mut(h)) {
+            let tables = build_gate_up_tables(fmt, cb, x);
+            expert_forward_act(fmt, shape, payload, cb, &tables, x, out, &mut scratch.one, act);
+        }
+        return;
+    }
+    let ([gb, ub, db], bias_bytes) = split_payload(fmt, shape, payload);
+    let matrix = |bytes: &[u8], rows: usize, cols: usize, f: &mut dyn FnMut(MatRef<'_>)| match fmt {
+        ExpertFormat::Q8 => f(MatRef::quant(TrunkFormat::Q8, bytes, rows, cols)),
+        ExpertFormat::Q4 => f(MatRef::quant(TrunkFormat::Q4, bytes, rows, cols)),
+        _ => f(MatRef::f32(&f32_from_le(bytes), rows, cols)),
+    };
+    scratch.gate.resize(m * i, 0.0);
+    scratch.up.resize(m * i, 0.0);
+    let (gate, up) = (&mut scratch.gate[..m * i], &mut scratch.up[..m * i]);
+    matrix(gb, i, h, &mut |w| w.matvec_many(xs, gate));
+    matrix(ub, i, h, &mut |w| w.matvec_many(xs, up));
+    let biases = (!bias_bytes.is_empty()).then(|| f32_from_le(bias_bytes));
+    if let Some(b) = &biases {
+        // `hidden_states @ gate_up_proj[e] + gate_up_proj_bias[e]`, before the activation.
+        for (g, u) in gate.chunks_exact_mut(i).zip(up.chunks_exact_mut(i)) {
+            for (v, bias) in g.iter_mut().chain(u.iter_mut()).zip(b.iter()) {
+                *v += bias;
+            }
+        }
+    }
+    // The activation exactly as `expert_forward_act` applies it.
+    match act {
+        Activation::Silu => {
+            for (g, u) in gate.iter_mut().zip(up.iter()) {
+                *g = silu(*g) * u;
+            }
+        }
+        other => {
+            for (g, u) in gate.iter_mut().zip(up.iter()) {
+                *g = other.apply(*g, *u);
+            }
+        }
+    }
+    matrix(db, h, i, &mut |w| w.matvec_many(gate, outs));
+    if let Some(b) = &biases {
+        // `... @ down_proj[e] + down_proj_bias[e]`
+        for out in outs.chunks_exact_mut(h) {
+            for (o, bias) in out.iter_mut().zip(&b[2 * i..]) {
+                *o += bias;
+            }
+        }
+    }
+}

@@ -127,7 +127,8 @@ impl Model {
         }
         // The budget is checked before anything large is allocated.
         let states = 1 + options.extra_states;
-        let plan = crate::plan::plan_with_states(&container, options.context, options.budget, states, options.prefill_chunk)?;
+        let plan =
+            crate::plan::plan_with_states(&container, options.context, options.budget, states, options.prefill_chunk)?;
         let context = plan.context;
         let tensors = container
             .manifest()

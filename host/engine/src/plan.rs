@@ -543,9 +543,7 @@ mod tests {
                     // A token's per-pick outputs, one expert's gathered
                     // inputs and outputs, the routing turned around.
                     let outputs = 4 * (cfg.top_k + 2 * chunk) * h + 16 * chunk * cfg.top_k + 40 * cfg.num_experts;
-                    let need = 4 * forward_floats_by_hand(cfg, ctx, chunk)
-                        + rvq3.max(rvq4p).max(matrices)
-                        + outputs;
+                    let need = 4 * forward_floats_by_hand(cfg, ctx, chunk) + rvq3.max(rvq4p).max(matrices) + outputs;
                     let got = scratch_bytes(cfg, ctx, chunk);
                     assert!(got >= need as u64, "{name}: context {ctx}, chunk {chunk}: {got} < {need}");
                     // An estimate, not a blanket: within a few MiB of the count.

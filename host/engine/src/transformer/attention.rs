@@ -4,7 +4,9 @@
 //! sliding window per layer held in a ring of that many rows, gpt-oss's
 //! attention sinks and Qwen3-Next's sigmoid output gate.
 
-use crate::config::{MlaRope, ModelConfig, QkNorm};
+use rayon::prelude::*;
+
+use crate::config::{AttnKind, MlaRope, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
 
@@ -187,10 +189,7 @@ impl Attention {
             return;
         }
         self.q_proj.matvec(x, &mut s.qg);
-        for (h, both) in s.qg.chunks_exact(2 * d).enumerate() {
-            s.q[h * d..(h + 1) * d].copy_from_slice(&both[..d]);
-            s.gate[h * d..(h + 1) * d].copy_from_slice(&both[d..]);
-        }
+        split_query_gate(d, &s.qg, &mut s.q, &mut s.gate);
     }
 
     /// One token at `pos`: writes its k, v into the cache rows of this layer
@@ -209,11 +208,116 @@ impl Attention {
         out: &mut [f32],
     ) -> Result<()> {
         let d = cfg.head_dim;
-        let kv_dim = cfg.kv_dim();
         self.project_query(d, x, s);
         self.k_proj.matvec(x, &mut s.k);
         self.v_proj.matvec(x, &mut s.v);
-        for (buf, b) in [(&mut s.q, &self.q_proj_bias), (&mut s.k, &self.k_proj_bias), (&mut s.v, &self.v_proj_bias)] {
+        self.finish_qkv(cfg, rope, pos, (&mut s.q, &mut s.k, &mut s.v), (&mut s.cos, &mut s.sin));
+        let (first, rows) = self.store_kv(cfg, pos, &s.k, &s.v, k_cache, v_cache)?;
+        for (h, o) in s.out.chunks_exact_mut(d).enumerate() {
+            self.attend_head(cfg, h, (first, pos, rows), &s.q, (k_cache, v_cache), &mut s.scores, o);
+        }
+        self.gate_output(&mut s.out, &s.gate);
+        self.o_proj.matvec(&s.out, out);
+        if let Some(b) = &self.o_proj_bias {
+            super::ops::add_in_place(out, b);
+        }
+        Ok(())
+    }
+
+    /// `forward` for the `n` tokens of a prefill chunk at positions
+    /// `start..start + n` (`xs`, `outs`: `[n, H]`): the projections over
+    /// every token at once (`QMatrix::matvec_many`), each token's keys and
+    /// values written, every (token, head) pair's attention on its own
+    /// (in parallel when there is enough of it), then the output
+    /// projection over every token. Each step is `forward`'s for that
+    /// token, so every output is bit-identical to it. A windowed layer
+    /// whose ring would wrap inside the chunk (a later token's row
+    /// overwriting one an earlier token reads) runs token at a time.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_chunk(
+        &self,
+        cfg: &ModelConfig,
+        rope: &Rope,
+        xs: &[f32],
+        start: usize,
+        (k_cache, v_cache): (&mut [f32], &mut [f32]),
+        s: &mut AttnScratch,
+        c: &mut GqaChunk,
+        outs: &mut [f32],
+    ) -> Result<()> {
+        let (h, d, qd, kvd) = (cfg.hidden_size, cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
+        let n = xs.len() / h;
+        let rows = k_cache.len() / kvd.max(1);
+        if self.window.is_some() && start + n > rows {
+            for (i, (x, out)) in xs.chunks_exact(h).zip(outs.chunks_exact_mut(h)).enumerate() {
+                self.forward(cfg, rope, x, start + i, k_cache, v_cache, s, out)?;
+            }
+            return Ok(());
+        }
+        let (q, k, v) = (&mut c.q[..n * qd], &mut c.k[..n * kvd], &mut c.v[..n * kvd]);
+        let gate = &mut c.gate[..if self.output_gate { n * qd } else { 0 }];
+        if self.output_gate {
+            let qg = &mut c.qg[..2 * n * qd];
+            self.q_proj.matvec_many(xs, qg);
+            for ((both, qt), gt) in qg.chunks_exact(2 * qd).zip(q.chunks_exact_mut(qd)).zip(gate.chunks_exact_mut(qd)) {
+                split_query_gate(d, both, qt, gt);
+            }
+        } else {
+            self.q_proj.matvec_many(xs, q);
+        }
+        self.k_proj.matvec_many(xs, k);
+        self.v_proj.matvec_many(xs, v);
+        let mut firsts = Vec::with_capacity(n);
+        for (i, ((qt, kt), vt)) in
+            q.chunks_exact_mut(qd).zip(k.chunks_exact_mut(kvd)).zip(v.chunks_exact_mut(kvd)).enumerate()
+        {
+            self.finish_qkv(cfg, rope, start + i, (qt, kt, vt), (&mut s.cos, &mut s.sin));
+            firsts.push(self.store_kv(cfg, start + i, kt, vt, k_cache, v_cache)?.0);
+        }
+        let heads = cfg.num_heads;
+        let att = &mut c.out[..n * qd];
+        let (q, kv) = (&*q, (&*k_cache, &*v_cache));
+        let unit = |u: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+            let (i, head) = (u / heads, u % heads);
+            let at = (firsts[i], start + i, rows);
+            self.attend_head(cfg, head, at, &q[i * qd..(i + 1) * qd], kv, scores, o);
+        };
+        // Multiply-adds of the chunk's attention, about.
+        let work = n * heads * d * (start + n);
+        if work >= 1 << 20 {
+            att.par_chunks_mut(d).enumerate().for_each_init(|| vec![0f32; rows], |scores, (u, o)| unit(u, o, scores));
+        } else {
+            let mut scores = vec![0f32; rows];
+            for (u, o) in att.chunks_mut(d).enumerate() {
+                unit(u, o, &mut scores);
+            }
+        }
+        if self.output_gate {
+            for (ot, gt) in att.chunks_exact_mut(qd).zip(gate.chunks_exact(qd)) {
+                self.gate_output(ot, gt);
+            }
+        }
+        self.o_proj.matvec_many(att, outs);
+        if let Some(b) = &self.o_proj_bias {
+            for out in outs.chunks_exact_mut(h) {
+                super::ops::add_in_place(out, b);
+            }
+        }
+        Ok(())
+    }
+
+    /// One token's projections made ready: biases, q/k norms, the QKV
+    /// clip, then rotary embeddings at `pos`.
+    fn finish_qkv(
+        &self,
+        cfg: &ModelConfig,
+        rope: &Rope,
+        pos: usize,
+        (q, k, v): (&mut [f32], &mut [f32], &mut [f32]),
+        (cos, sin): (&mut [f32], &mut [f32]),
+    ) {
+        let d = cfg.head_dim;
+        for (buf, b) in [(&mut *q, &self.q_proj_bias), (&mut *k, &self.k_proj_bias), (&mut *v, &self.v_proj_bias)] {
             if let Some(b) = b {
                 super::ops::add_in_place(buf, b);
             }
@@ -223,36 +327,47 @@ impl Attention {
             QkNorm::PerHead => {
                 // Qwen3: `self.q_norm(self.q_proj(h).view(hidden_shape))`, over head_dim.
                 if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-                    s.q.chunks_exact_mut(d).for_each(|h| rms_norm_in_place(h, qn, cfg.rms_norm_eps));
-                    s.k.chunks_exact_mut(d).for_each(|h| rms_norm_in_place(h, kn, cfg.rms_norm_eps));
+                    q.chunks_exact_mut(d).for_each(|h| rms_norm_in_place(h, qn, cfg.rms_norm_eps));
+                    k.chunks_exact_mut(d).for_each(|h| rms_norm_in_place(h, kn, cfg.rms_norm_eps));
                 }
             }
             QkNorm::Full => {
                 // OLMoE: `self.q_norm(self.q_proj(h))`, over the whole projection.
                 if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-                    rms_norm_in_place(&mut s.q, qn, cfg.rms_norm_eps);
-                    rms_norm_in_place(&mut s.k, kn, cfg.rms_norm_eps);
+                    rms_norm_in_place(q, qn, cfg.rms_norm_eps);
+                    rms_norm_in_place(k, kn, cfg.rms_norm_eps);
                 }
             }
         }
         if let Some(c) = cfg.clip_qkv {
-            for v in s.q.iter_mut().chain(s.k.iter_mut()).chain(s.v.iter_mut()) {
+            for v in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
                 *v = v.clamp(-c, c);
             }
         }
-        rope.tables(pos, &mut s.cos, &mut s.sin);
-        Rope::apply(&mut s.q, d, &s.cos, &s.sin);
-        Rope::apply(&mut s.k, d, &s.cos, &s.sin);
+        rope.tables(pos, cos, sin);
+        Rope::apply(q, d, cos, sin);
+        Rope::apply(k, d, cos, sin);
+    }
 
+    /// Writes the token at `pos`'s k, v into its cache row and returns
+    /// `(first, rows)`: the first position it attends and the layer's rows.
+    fn store_kv(
+        &self,
+        cfg: &ModelConfig,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+        k_cache: &mut [f32],
+        v_cache: &mut [f32],
+    ) -> Result<(usize, usize)> {
+        let kv_dim = cfg.kv_dim();
         let rows = k_cache.len() / kv_dim.max(1);
         if rows == 0 || (self.window.is_none() && pos >= rows) {
             return Err(Error::Runtime(format!("position {pos} is past the KV cache")));
         }
-        let row_of = |t: usize| (t % rows) * kv_dim;
-        let row = row_of(pos);
-        k_cache[row..row + kv_dim].copy_from_slice(&s.k);
-        v_cache[row..row + kv_dim].copy_from_slice(&s.v);
-
+        let row = (pos % rows) * kv_dim;
+        k_cache[row..row + kv_dim].copy_from_slice(k);
+        v_cache[row..row + kv_dim].copy_from_slice(v);
         // masking_utils: causal `kv <= q`, sliding `kv > q - window`.
         let first = match self.window {
             Some(w) => (pos + 1).saturating_sub(w),
@@ -264,40 +379,97 @@ impl Attention {
                 pos + 1 - first
             )));
         }
+        Ok((first, rows))
+    }
+
+    /// Head `h` of the query `q` (`[heads * d]`) at `pos` over the cached
+    /// keys `first..=pos` into `o` (`[d]`); `scores`: scratch of at least
+    /// `pos + 1 - first`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_head(
+        &self,
+        cfg: &ModelConfig,
+        h: usize,
+        (first, pos, rows): (usize, usize, usize),
+        q: &[f32],
+        (k_cache, v_cache): (&[f32], &[f32]),
+        scores: &mut [f32],
+        o: &mut [f32],
+    ) {
+        let d = cfg.head_dim;
+        let kv_dim = cfg.kv_dim();
+        let row_of = |t: usize| (t % rows) * kv_dim;
         let group = cfg.num_heads / cfg.num_kv_heads;
         let scale = 1.0 / (d as f32).sqrt();
-        let scores = &mut s.scores[..pos + 1 - first];
-        for h in 0..cfg.num_heads {
-            let q = &s.q[h * d..(h + 1) * d];
-            let kvh = h / group; // repeat_kv: query head h reads kv head h / n_rep
-            for (t, sc) in (first..=pos).zip(scores.iter_mut()) {
-                let k = &k_cache[row_of(t) + kvh * d..][..d];
-                *sc = dot(q, k) * scale;
-            }
-            match &self.sinks {
-                None => softmax(scores),
-                Some(sinks) => softmax_with_sink(scores, sinks[h]),
-            }
-            let o = &mut s.out[h * d..(h + 1) * d];
-            o.fill(0.0);
-            for (t, &a) in (first..=pos).zip(scores.iter()) {
-                let v = &v_cache[row_of(t) + kvh * d..][..d];
-                for (oi, vi) in o.iter_mut().zip(v) {
-                    *oi += a * vi;
-                }
+        let scores = &mut scores[..pos + 1 - first];
+        let q = &q[h * d..(h + 1) * d];
+        let kvh = h / group; // repeat_kv: query head h reads kv head h / n_rep
+        for (t, sc) in (first..=pos).zip(scores.iter_mut()) {
+            let k = &k_cache[row_of(t) + kvh * d..][..d];
+            *sc = dot(q, k) * scale;
+        }
+        match &self.sinks {
+            None => softmax(scores),
+            Some(sinks) => softmax_with_sink(scores, sinks[h]),
+        }
+        o.fill(0.0);
+        for (t, &a) in (first..=pos).zip(scores.iter()) {
+            let v = &v_cache[row_of(t) + kvh * d..][..d];
+            for (oi, vi) in o.iter_mut().zip(v) {
+                *oi += a * vi;
             }
         }
+    }
+
+    /// Qwen3-Next: `attn_output = attn_output * torch.sigmoid(gate)`.
+    fn gate_output(&self, out: &mut [f32], gate: &[f32]) {
         if self.output_gate {
-            // Qwen3-Next: `attn_output = attn_output * torch.sigmoid(gate)`.
-            for (o, g) in s.out.iter_mut().zip(&s.gate) {
+            for (o, g) in out.iter_mut().zip(gate) {
                 *o *= 1.0 / (1.0 + (-g).exp());
             }
         }
-        self.o_proj.matvec(&s.out, out);
-        if let Some(b) = &self.o_proj_bias {
-            super::ops::add_in_place(out, b);
+    }
+}
+
+/// Splits one token's gated q projection (`[heads * 2d]`, per head
+/// `[query | gate]`) into its query and gate (`[heads * d]` each).
+fn split_query_gate(d: usize, both: &[f32], q: &mut [f32], gate: &mut [f32]) {
+    for (h, pair) in both.chunks_exact(2 * d).enumerate() {
+        q[h * d..(h + 1) * d].copy_from_slice(&pair[..d]);
+        gate[h * d..(h + 1) * d].copy_from_slice(&pair[d..]);
+    }
+}
+
+/// A prefill chunk's buffers for a GQA layer, `[n, width]` each (empty for
+/// a model without GQA layers).
+pub struct GqaChunk {
+    q: Vec<f32>,
+    /// The gated q projection, `[n, heads * 2d]` (empty without a gate).
+    qg: Vec<f32>,
+    gate: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    out: Vec<f32>,
+}
+
+impl GqaChunk {
+    pub fn new(cfg: &ModelConfig, n: usize) -> GqaChunk {
+        let any = (0..cfg.num_layers).any(|l| cfg.attn_kind(l) == AttnKind::Gqa);
+        let n = if any { n } else { 0 };
+        let gated = if cfg.add.attn_output_gate { n * cfg.q_dim() } else { 0 };
+        GqaChunk {
+            q: vec![0.0; n * cfg.q_dim()],
+            qg: vec![0.0; 2 * gated],
+            gate: vec![0.0; gated],
+            k: vec![0.0; n * cfg.kv_dim()],
+            v: vec![0.0; n * cfg.kv_dim()],
+            out: vec![0.0; n * cfg.q_dim()],
         }
-        Ok(())
+    }
+
+    /// Floats held, for the memory plan (`plan::scratch_bytes`).
+    pub fn floats(&self) -> usize {
+        [&self.q, &self.qg, &self.gate, &self.k, &self.v, &self.out].iter().map(|b| b.len()).sum()
     }
 }
 

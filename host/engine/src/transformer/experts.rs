@@ -187,7 +187,16 @@ impl ExpertProvider for ExpertStore {
                     row.copy_from_slice(&xs[t * width..(t + 1) * width]);
                 }
                 pinned.wait(i, &mut stats.io_time)?;
-                quant::expert_forward_batch(format, shape, &pinned.payload(i), cb, xe, ye, &mut scratch, banks.activation());
+                quant::expert_forward_batch(
+                    format,
+                    shape,
+                    &pinned.payload(i),
+                    cb,
+                    xe,
+                    ye,
+                    &mut scratch,
+                    banks.activation(),
+                );
                 for (y, &(t, weight)) in ye.chunks_exact(width).zip(tokens) {
                     for (o, v) in outs[t * width..(t + 1) * width].iter_mut().zip(y) {
                         *o += weight * v;

@@ -19,12 +19,13 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::stats::StepStats;
 
+use super::attention::GqaChunk;
 use super::attnres::Bank;
 use super::dsa::Selection;
 use super::experts::ExpertProvider;
-use super::ops::add_in_place;
+use super::ops::{add_in_place, rms_norm};
 use super::v4::hyper::Coef;
-use super::{FeedForward, Scratch, Splice, State, Transformer};
+use super::{FeedForward, LayerState, Mixer, Scratch, Splice, State, Transformer};
 
 /// Tokens per prefill chunk of a `Transformer` loaded without a memory plan
 /// (oracles, tests); a model opened from a container uses the plan's.
@@ -65,6 +66,8 @@ struct Chunk {
     gate: Vec<f32>,
     up: Vec<f32>,
     shared_y: Vec<f32>,
+    /// A GQA layer's projections and attention outputs.
+    gqa: GqaChunk,
 }
 
 impl Chunk {
@@ -86,6 +89,7 @@ impl Chunk {
             gate: vec![0.0; n * cfg.intermediate_size.max(cfg.shared_intermediate_size)],
             up: vec![0.0; n * cfg.intermediate_size.max(cfg.shared_intermediate_size)],
             shared_y: vec![0.0; if cfg.shared_intermediate_size > 0 { n * h } else { 0 }],
+            gqa: GqaChunk::new(cfg, n),
         }
     }
 
@@ -100,6 +104,7 @@ impl Chunk {
             + self.selections.iter().map(Selection::floats).sum::<usize>()
             + self.coefs.iter().map(Coef::floats).sum::<usize>()
             + self.picks.iter().map(|p| p.capacity() * pick).sum::<usize>()
+            + self.gqa.floats()
     }
 }
 
@@ -172,7 +177,7 @@ impl Transformer {
         let (h, rw) = (self.cfg.hidden_size, self.cfg.residual_width());
         let n = toks.len();
         let start = state.position;
-        let Chunk { x, xn, y, mixed, banks, selections, coefs, picks, z, zy, gate, up, shared_y } = c;
+        let Chunk { x, xn, y, mixed, banks, selections, coefs, picks, z, zy, gate, up, shared_y, gqa } = c;
         let (x, xn, y) = (&mut x[..n * rw], &mut xn[..n * h], &mut y[..n * h]);
         let (banks, picks, selections) = (&mut banks[..n], &mut picks[..n], &mut selections[..n]);
         let coefs = &mut coefs[..n];
@@ -181,24 +186,39 @@ impl Transformer {
             banks[i].clear();
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            for (i, ((bank, selection), coef)) in
-                banks.iter_mut().zip(selections.iter_mut()).zip(coefs.iter_mut()).enumerate()
+            let plain_gqa = layer.attn_res.is_none() && layer.hc.is_none();
+            if let (Mixer::Gqa(a), LayerState::Kv { k, v }, true) = (&layer.self_attn, &mut state.layers[l], plain_gqa)
             {
-                let r = i * h..(i + 1) * h;
-                let mixed: &mut [f32] = if mixed.is_empty() { &mut [] } else { &mut mixed[r.clone()] };
-                self.mixer_step(
-                    l,
-                    start + i,
-                    &mut state.layers[l],
-                    &mut x[i * rw..(i + 1) * rw],
-                    bank,
-                    selection,
-                    coef,
-                    mixed,
-                    &mut xn[r],
-                    &mut s.mix,
-                    &mut s.y,
-                )?;
+                // `mixer_step` for every token, the attention over the chunk.
+                let eps = self.cfg.rms_norm_eps;
+                for (xr, xnr) in x.chunks_exact(rw).zip(xn.chunks_exact_mut(h)) {
+                    rms_norm(xr, &layer.input_layernorm, eps, xnr);
+                }
+                a.forward_chunk(&self.cfg, &self.rope, xn, start, (k, v), &mut s.mix.attn, gqa, y)?;
+                for ((xr, xnr), yr) in x.chunks_exact_mut(rw).zip(xn.chunks_exact_mut(h)).zip(y.chunks_exact(h)) {
+                    add_in_place(xr, yr);
+                    rms_norm(xr, &layer.post_attention_layernorm, eps, xnr);
+                }
+            } else {
+                for (i, ((bank, selection), coef)) in
+                    banks.iter_mut().zip(selections.iter_mut()).zip(coefs.iter_mut()).enumerate()
+                {
+                    let r = i * h..(i + 1) * h;
+                    let mixed: &mut [f32] = if mixed.is_empty() { &mut [] } else { &mut mixed[r.clone()] };
+                    self.mixer_step(
+                        l,
+                        start + i,
+                        &mut state.layers[l],
+                        &mut x[i * rw..(i + 1) * rw],
+                        bank,
+                        selection,
+                        coef,
+                        mixed,
+                        &mut xn[r],
+                        &mut s.mix,
+                        &mut s.y,
+                    )?;
+                }
             }
             match &layer.mlp {
                 FeedForward::Dense(mlp) => {

@@ -93,6 +93,10 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
+/// One configuration of a bench run: budget, lookahead, threads and
+/// prefill chunk (`None`: the engine's or the plan's choice).
+type RunConfig = (Option<u64>, usize, Option<usize>, Option<usize>);
+
 pub fn bench(a: BenchArgs) -> Result<()> {
     let policy = CachePolicy::parse(&a.policy)
         .ok_or_else(|| usage(format!("--policy {:?}: expected frequency or lru", a.policy)))?;
@@ -142,7 +146,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if let Some(bad) = chunks.iter().flatten().find(|&&c| waste_host::transformer::prefill::check_chunk(c).is_err()) {
         bail!(usage(format!("--chunk {bad}: expected 1 to {}", waste_host::transformer::prefill::MAX_PREFILL_CHUNK)));
     }
-    let mut configs: Vec<(Option<u64>, usize, Option<usize>, Option<usize>)> = Vec::new();
+    let mut configs: Vec<RunConfig> = Vec::new();
     for &b in &budgets {
         for &l in &lookaheads {
             for &t in &threads {

@@ -497,7 +497,8 @@ mod tests {
             3 * h + attn + mla + kda + dsa + selection + 2 * cfg.intermediate_size + cfg.num_experts + shared + picks;
         // Per token of a chunk: x, xn, y, picks, selection, the dense or
         // shared gate/up products and the shared experts' output.
-        let products = 2 * cfg.intermediate_size.max(cfg.shared_intermediate_size);
+        let dense = (0..cfg.num_layers).any(|l| !cfg.is_moe_layer(l));
+        let products = 2 * if dense { cfg.intermediate_size } else { 0 }.max(cfg.shared_intermediate_size);
         let shared_y = if cfg.shared_intermediate_size > 0 { h } else { 0 };
         let chunk = if chunk > 1 { chunk * (3 * h + picks + selection + products + shared_y) } else { 0 };
         token + chunk + cfg.vocab_size

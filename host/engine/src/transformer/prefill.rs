@@ -75,6 +75,9 @@ impl Chunk {
         let h = cfg.hidden_size;
         let latent = cfg.k3.and_then(|k| k.latent).unwrap_or(0);
         let streams = cfg.add.v4.as_ref().map_or(0, |v| v.hc_mult);
+        // Only a model with dense layers runs its dense MLP's products.
+        let dense = (0..cfg.num_layers).any(|l| !cfg.is_moe_layer(l));
+        let products = if dense { cfg.intermediate_size } else { 0 }.max(cfg.shared_intermediate_size);
         Chunk {
             x: vec![0.0; n * cfg.residual_width()],
             xn: vec![0.0; n * h],
@@ -86,8 +89,8 @@ impl Chunk {
             picks: (0..n).map(|_| Vec::with_capacity(cfg.top_k + 1)).collect(),
             z: vec![0.0; n * latent],
             zy: vec![0.0; n * latent],
-            gate: vec![0.0; n * cfg.intermediate_size.max(cfg.shared_intermediate_size)],
-            up: vec![0.0; n * cfg.intermediate_size.max(cfg.shared_intermediate_size)],
+            gate: vec![0.0; n * products],
+            up: vec![0.0; n * products],
             shared_y: vec![0.0; if cfg.shared_intermediate_size > 0 { n * h } else { 0 }],
             gqa: GqaChunk::new(cfg, n),
         }

@@ -542,18 +542,7 @@ fn expert_forward_impl(
             *v += bias;
         }
     }
-    match act {
-        Activation::Silu => {
-            for (g, u) in gate.iter_mut().zip(up.iter()) {
-                *g = silu(*g) * u;
-            }
-        }
-        other => {
-            for (g, u) in gate.iter_mut().zip(up.iter()) {
-                *g = other.apply(*g, *u);
-            }
-        }
-    }
+    gate_activation(act, gate, up);
     let act: &[f32] = gate;
     match (fmt.group_format(), cb) {
         (Some(t), _) => MatRef::quant(t, db, h, i).matvec(act, out),
@@ -580,7 +569,24 @@ fn expert_forward_impl(
     }
 }
 
+/// `gate = act(gate, up)` elementwise: decode's and a chunk's one
+/// definition of an expert's activation step.
+pub(crate) fn gate_activation(act: Activation, gate: &mut [f32], up: &[f32]) {
+    match act {
+        Activation::Silu => {
+            for (g, u) in gate.iter_mut().zip(up.iter()) {
+                *g = silu(*g) * u;
+            }
+        }
+        other => {
+            for (g, u) in gate.iter_mut().zip(up.iter()) {
+                *g = other.apply(*g, *u);
+            }
+        }
+    }
+}
+
 #[inline]
-pub(crate) fn silu(v: f32) -> f32 {
+fn silu(v: f32) -> f32 {
     v / (1.0 + (-v).exp())
 }

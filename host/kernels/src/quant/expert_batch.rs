@@ -15,7 +15,7 @@
 //! the batch, the thread count or the tile it ran in.
 
 use super::activation::Activation;
-use super::expert::{build_gate_up_tables, expert_forward_act, silu, split_payload, ExpertScratch};
+use super::expert::{build_gate_up_tables, expert_forward_act, gate_activation, split_payload, ExpertScratch};
 use super::rvq::LayerCodebooks;
 use super::trunk::{f32_from_le, MatRef};
 use super::{ExpertFormat, ExpertShape, TrunkFormat};
@@ -98,19 +98,7 @@ pub fn expert_forward_batch(
             }
         }
     }
-    // The activation exactly as `expert_forward_act` applies it.
-    match act {
-        Activation::Silu => {
-            for (g, u) in gate.iter_mut().zip(up.iter()) {
-                *g = silu(*g) * u;
-            }
-        }
-        other => {
-            for (g, u) in gate.iter_mut().zip(up.iter()) {
-                *g = other.apply(*g, *u);
-            }
-        }
-    }
+    gate_activation(act, gate, up);
     matrix(db, h, i, &mut |w| w.matvec_many(gate, outs));
     if let Some(b) = &biases {
         // `... @ down_proj[e] + down_proj_bias[e]`

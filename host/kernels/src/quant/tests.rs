@@ -342,12 +342,15 @@ fn expert_batch_is_bit_identical_to_each_token_alone() {
     let clamped = Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 };
     let biased = ExpertShape { biases: true, ..ExpertShape::new(130, 72) };
     let mut rng = Rng::new(41);
-    for (shape, act) in
-        [(ExpertShape::new(130, 72), Activation::Silu), (biased, clamped), (ExpertShape::new(301, 45), Activation::Silu)]
-    {
+    for (shape, act) in [
+        (ExpertShape::new(130, 72), Activation::Silu),
+        (biased, clamped),
+        (ExpertShape::new(301, 45), Activation::Silu),
+    ] {
         let n = shape.hidden * shape.inter;
         let (g, u, d) = (gauss(&mut rng, n, 0.05), gauss(&mut rng, n, 0.05), gauss(&mut rng, n, 0.05));
-        let b = [gauss(&mut rng, shape.inter, 0.5), gauss(&mut rng, shape.inter, 0.5), gauss(&mut rng, shape.hidden, 0.5)];
+        let b =
+            [gauss(&mut rng, shape.inter, 0.5), gauss(&mut rng, shape.inter, 0.5), gauss(&mut rng, shape.hidden, 0.5)];
         let biases = shape.biases.then(|| [&b[0][..], &b[1][..], &b[2][..]]);
         let view = ExpertF32 { gate: &g, up: &u, down: &d, biases };
         for fmt in ExpertFormat::ALL {

@@ -232,11 +232,7 @@ impl<'a> MatRef<'a> {
     /// unless the lengths agree.
     pub fn matvec_many(&self, x: &[f32], y: &mut [f32]) {
         let (rows, cols) = (self.rows, self.cols);
-        assert!(
-            cols > 0 && x.len().is_multiple_of(cols),
-            "matvec_many: x of {} is not whole rows of {cols}",
-            x.len()
-        );
+        assert!(cols > 0 && x.len().is_multiple_of(cols), "matvec_many: x of {} is not whole rows of {cols}", x.len());
         let n = x.len() / cols;
         assert_eq!(y.len(), n * rows, "matvec_many: y length");
         if n == 0 || rows == 0 {

@@ -150,8 +150,8 @@ unsafe fn dot_f32_multi<const T: usize>(w: &[f32], xp: *const f32, out: &mut [f3
     for (t, (a, o)) in acc.iter().zip(out.iter_mut()).enumerate() {
         let v = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
         let mut s = hsum(v);
-        for j in i..n {
-            s += w[j] * *xp.add(t * n + j);
+        for (j, wj) in w.iter().enumerate().skip(i) {
+            s += wj * *xp.add(t * n + j);
         }
         *o = s;
     }
@@ -188,13 +188,7 @@ pub(crate) unsafe fn dot_q4(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
 /// the row's `n` (q8) or `ceil(n / 2)` (q4) bytes and `scales` its
 /// `2 * ceil(n / 128)`.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn dot_quant_rows<const BITS: usize>(
-    scales: &[u8],
-    q: &[u8],
-    n: usize,
-    x: &[f32],
-    out: &mut [f32],
-) {
+pub(crate) unsafe fn dot_quant_rows<const BITS: usize>(scales: &[u8], q: &[u8], n: usize, x: &[f32], out: &mut [f32]) {
     for (o, xs) in out.chunks_mut(QUANT_INPUTS).zip(x.chunks(QUANT_INPUTS * n.max(1))) {
         // SAFETY: `xs` holds `o.len()` inputs of n floats.
         unsafe {
@@ -256,7 +250,7 @@ fn weight<const BITS: usize>(q: &[u8], p: usize) -> f32 {
         (q[p] as i8) as f32
     } else {
         let b = q[p / 2];
-        let nib = if p % 2 == 0 { b & 0x0F } else { b >> 4 };
+        let nib = if p.is_multiple_of(2) { b & 0x0F } else { b >> 4 };
         (nib as i32 - 8) as f32
     }
 }

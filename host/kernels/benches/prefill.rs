@@ -1,0 +1,190 @@
+//! A prefill chunk's products on this machine: `QMatrix::matvec_many` and
+//! `expert_forward_batch` (one weight load per tile of tokens) against one
+//! `matvec` / `expert_forward_act` per token (what decode, and prefill
+//! before them, ran), interleaved in one run, on 1 and 2 threads, beside
+//! the machine's FMA peak (an 8-lane FMA loop with independent
+//! accumulators, per thread). Both forms give the same bits.
+//!
+//! Shapes: the peer benchmark's Qwen3-MoE (hidden 2048, 32 query and 4 KV
+//! heads of 128, experts of width 768): the q projection over a chunk of
+//! 512 tokens, and one expert over 16, 64 and 256 tokens (a 2048-token
+//! chunk routes 64 tokens per expert on average with top-8 of 256).
+//! GMAC/s is multiply-accumulates per second, best of `REPEATS`.
+//!
+//! `cargo bench -p waste-kernels --bench prefill` (`--quick`: fewer tokens).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use waste_kernels::pool::Pool;
+use waste_kernels::quant::{
+    build_gate_up_tables, encode_expert, expert_forward_act, expert_forward_batch, isa, quantize_trunk, Activation,
+    ExpertBatchScratch, ExpertF32, ExpertFormat, ExpertScratch, ExpertShape, QMatrix, TrunkFormat,
+};
+
+const REPEATS: usize = 3;
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let mut seed = 0x5EEDu64;
+    let mut unit = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    println!("kernel level: {}", isa().name());
+    for threads in [1, 2] {
+        let pool = Pool::new(Some(threads), None).expect("pool");
+        let peak = pool.install(|| peak_gmacs(threads)).expect("pool");
+        println!("\n{threads} thread(s): FMA peak {peak:.1} GMAC/s");
+        println!(
+            "{:<22} {:>7} {:>14} {:>14} {:>7} {:>9}",
+            "product", "tokens", "per token", "batched", "ratio", "% of peak"
+        );
+        // The q projection of a chunk.
+        let (rows, cols, n) = (4096, 2048, if quick { 128 } else { 512 });
+        for fmt in [TrunkFormat::Q4, TrunkFormat::Q8] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| unit() * 0.05).collect();
+            let m = QMatrix::from_byte_vec(fmt, rows, cols, quantize_trunk(fmt, &w, rows, cols)).expect("matrix");
+            let x: Vec<f32> = (0..n * cols).map(|_| unit()).collect();
+            let mut y = vec![0f32; n * rows];
+            let (one, many) = side_by_side(
+                &pool,
+                || {
+                    for (xt, yt) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
+                        m.matvec(xt, yt);
+                    }
+                    black_box(&y);
+                },
+                || {
+                    let mut z = vec![0f32; n * rows];
+                    m.matvec_many(&x, &mut z);
+                    black_box(&z);
+                },
+            );
+            report(&format!("q_proj {} 4096x2048", fmt.name()), n, (rows * cols * n) as f64, one, many, peak);
+        }
+        // One expert over the tokens routed to it.
+        let shape = ExpertShape::new(2048, 768);
+        let size = shape.hidden * shape.inter;
+        let (g, u, d): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+            (0..size).map(|_| unit() * 0.05).collect(),
+            (0..size).map(|_| unit() * 0.05).collect(),
+            (0..size).map(|_| unit() * 0.05).collect(),
+        );
+        let view = ExpertF32 { gate: &g, up: &u, down: &d, biases: None };
+        for fmt in [ExpertFormat::Q4, ExpertFormat::Q8] {
+            let payload = encode_expert(fmt, shape, &view, None);
+            for tokens in if quick { vec![16, 64] } else { vec![16, 64, 256] } {
+                let xs: Vec<f32> = (0..tokens * shape.hidden).map(|_| unit()).collect();
+                let mut out = vec![0f32; xs.len()];
+                let mut scratch = ExpertScratch::new(fmt, shape);
+                let mut batch = ExpertBatchScratch::new(fmt, shape);
+                let (one, many) = {
+                    let mut per_token = || {
+                        for (x, o) in xs.chunks_exact(shape.hidden).zip(out.chunks_exact_mut(shape.hidden)) {
+                            let tables = build_gate_up_tables(fmt, None, x);
+                            expert_forward_act(
+                                fmt,
+                                shape,
+                                &payload,
+                                None,
+                                &tables,
+                                x,
+                                o,
+                                &mut scratch,
+                                Activation::Silu,
+                            );
+                        }
+                        black_box(&out);
+                    };
+                    let mut batched = || {
+                        let mut o = vec![0f32; xs.len()];
+                        expert_forward_batch(fmt, shape, &payload, None, &xs, &mut o, &mut batch, Activation::Silu);
+                        black_box(&o);
+                    };
+                    side_by_side(&pool, &mut per_token, &mut batched)
+                };
+                report(
+                    &format!("expert {} 3x768x2048", fmt.name()),
+                    tokens,
+                    (3 * size * tokens) as f64,
+                    one,
+                    many,
+                    peak,
+                );
+            }
+        }
+    }
+}
+
+/// Best seconds of `a` and of `b`, run alternately `REPEATS` times in the pool.
+fn side_by_side(pool: &Pool, mut a: impl FnMut() + Send, mut b: impl FnMut() + Send) -> (f64, f64) {
+    let (mut ta, mut tb) = (f64::MAX, f64::MAX);
+    for _ in 0..REPEATS {
+        let t = Instant::now();
+        pool.install(&mut a).expect("pool");
+        ta = ta.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        pool.install(&mut b).expect("pool");
+        tb = tb.min(t.elapsed().as_secs_f64());
+    }
+    (ta, tb)
+}
+
+fn report(what: &str, tokens: usize, macs: f64, one: f64, many: f64, peak: f64) {
+    let (g1, g2) = (macs / one / 1e9, macs / many / 1e9);
+    println!(
+        "{what:<22} {tokens:>7} {g1:>9.1} GMAC/s {g2:>7.1} GMAC/s {:>6.2}x {:>8.0}%",
+        one / many,
+        100.0 * g2 / peak
+    );
+}
+
+/// Multiply-accumulates per second of `threads` threads each running
+/// twelve independent 8-lane FMA chains (f32), the kernels' ceiling.
+fn peak_gmacs(threads: usize) -> f64 {
+    use rayon::prelude::*;
+    const ITERS: usize = 20_000_000;
+    let t = Instant::now();
+    let sums: Vec<f32> = (0..threads).into_par_iter().map(|_| fma_loop(ITERS)).collect();
+    black_box(sums);
+    (threads * ITERS * 12 * 8) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+fn fma_loop(iters: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA were detected just above.
+        return unsafe { fma_loop_avx2(iters) };
+    }
+    let mut acc = [[0f32; 8]; 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            for v in a.iter_mut() {
+                *v = v.mul_add(0.999_999, 1e-7);
+            }
+        }
+    }
+    acc.iter().flatten().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_loop_avx2(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+    let mut acc = [_mm256_setzero_ps(); 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm256_fmadd_ps(*a, m, c);
+        }
+    }
+    let mut out = [0f32; 8];
+    let mut s = _mm256_setzero_ps();
+    for a in acc {
+        s = _mm256_add_ps(s, a);
+    }
+    // SAFETY: `out` holds 8 floats.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
+    out.iter().sum()
+}

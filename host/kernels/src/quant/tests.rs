@@ -158,6 +158,69 @@ fn simd_matches_scalar() {
     simd_against_scalar();
 }
 
+/// The multi-input q8/q4 row dots give every input the single-input
+/// kernel's bits, on the AVX2 tiles of 4 and on the AVX-512VL tiles of 8
+/// (called directly, so both run on one CPU), whole and partial tiles,
+/// odd widths, partial groups and tails.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn multi_input_dots_equal_the_single_input_kernel_on_every_level() {
+    use crate::quant::simd::avx2;
+    if !simd::has_avx2() {
+        crate::skip::report_skip("SKIP multi-input dots: no AVX2+FMA on this CPU");
+        return;
+    }
+    let wide = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl");
+    if !wide {
+        crate::skip::report_skip("SKIP multi-input dots, tiles of 8: this CPU lacks AVX-512VL");
+    }
+    let mut rng = Rng::new(47);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for cols in [7, 16, 128, 129, 300] {
+        let w = gauss(&mut rng, cols, 0.1);
+        for fmt in [TrunkFormat::Q8, TrunkFormat::Q4] {
+            let bytes = quantize_trunk(fmt, &w, 1, cols);
+            let (scales, q) = bytes.split_at(2 * cols.div_ceil(GROUP));
+            for n in [1, 3, 4, 5, 8, 9, 17] {
+                let x = gauss(&mut rng, n * cols, 1.0);
+                // SAFETY (all calls): AVX2 and FMA detected above (AVX-512F
+                // and VL for the wide kernel); `q` and `scales` are one row
+                // of `cols`, `x` holds n rows and the outputs n floats.
+                let want: Vec<f32> = x
+                    .chunks_exact(cols)
+                    .map(|xt| unsafe {
+                        if fmt == TrunkFormat::Q8 {
+                            avx2::dot_q8(scales, q, xt)
+                        } else {
+                            avx2::dot_q4(scales, q, xt)
+                        }
+                    })
+                    .collect();
+                let mut got = vec![f32::NAN; n];
+                unsafe {
+                    if fmt == TrunkFormat::Q8 {
+                        avx2::dot_quant_rows::<8>(scales, q, cols, &x, &mut got)
+                    } else {
+                        avx2::dot_quant_rows::<4>(scales, q, cols, &x, &mut got)
+                    }
+                }
+                assert_eq!(bits(&got), bits(&want), "{fmt:?} cols {cols} n {n}: tiles of 4");
+                if wide {
+                    let mut got = vec![f32::NAN; n];
+                    unsafe {
+                        if fmt == TrunkFormat::Q8 {
+                            avx2::dot_quant_rows_wide::<8>(scales, q, cols, &x, &mut got)
+                        } else {
+                            avx2::dot_quant_rows_wide::<4>(scales, q, cols, &x, &mut got)
+                        }
+                    }
+                    assert_eq!(bits(&got), bits(&want), "{fmt:?} cols {cols} n {n}: tiles of 8");
+                }
+            }
+        }
+    }
+}
+
 /// The kernels `simd_matches_scalar` holds to their scalar twins.
 #[cfg(target_arch = "x86_64")]
 mod level {

@@ -112,6 +112,14 @@ pub(crate) fn has_avx2() -> bool {
     isa() >= Isa::Avx2
 }
 
+/// Whether the AVX-512 level is in force and the CPU has AVX-512VL (the
+/// wide multi-input dots, which use its registers for AVX2 operations).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn has_avx512vl() -> bool {
+    isa() == Isa::Avx512 && is_x86_feature_detected!("avx512vl")
+}
+
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Isa {
     if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
@@ -232,6 +240,11 @@ pub(crate) fn dot_q8_rows(scales: &[u8], q: &[u8], x: &[f32], out: &mut [f32]) {
         return;
     }
     #[cfg(target_arch = "x86_64")]
+    if has_avx512vl() {
+        // SAFETY: AVX2, FMA, AVX-512F and VL were detected; lengths checked above.
+        return unsafe { avx2::dot_quant_rows_wide::<8>(scales, q, n, x, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA were detected; lengths checked above.
         return unsafe { avx2::dot_quant_rows::<8>(scales, q, n, x, out) };
@@ -249,6 +262,11 @@ pub(crate) fn dot_q4_rows(scales: &[u8], q: &[u8], n: usize, x: &[f32], out: &mu
     if out.is_empty() || x.is_empty() {
         out.fill(0.0);
         return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512vl() {
+        // SAFETY: AVX2, FMA, AVX-512F and VL were detected; lengths checked above.
+        return unsafe { avx2::dot_quant_rows_wide::<4>(scales, q, n, x, out) };
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {

@@ -336,18 +336,14 @@ impl Chat {
     fn stats(&self) {
         let model = self.session.model();
         let s = model.store_stats();
-        let uses = s.hits + s.misses;
-        let rate = if uses == 0 { 0.0 } else { 100.0 * s.hits as f64 / uses as f64 };
         outln!(
-            "turns {} | position {} / {} context | last prompt {} tokens evaluated | replays {} | experts {} hit / {} miss = {:.0}% | {:.1} MB read",
+            "turns {} | position {} / {} context | last prompt {} tokens evaluated | replays {} | experts {} | {:.1} MB read",
             self.turns,
             self.session.position(),
             model.context(),
             self.last_prompt,
             self.replays,
-            s.hits,
-            s.misses,
-            rate,
+            s.picks,
             s.bytes_read as f64 / 1e6
         );
     }

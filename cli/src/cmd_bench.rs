@@ -1,4 +1,4 @@
-//! `waste bench`: decode speed, expert hits and misses, bytes and GB/s read.
+//! `waste bench`: decode speed, where expert picks came from, bytes and GB/s read.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -32,6 +32,11 @@ pub struct BenchArgs {
     /// Replay recorded routing (JSONL) instead of running the model.
     #[arg(long)]
     pub route_trace: Option<PathBuf>,
+    /// Feed this UTF-8 text's tokens (in order, from the start again when
+    /// they run out) instead of random ones: routing on real text, which
+    /// is what the cache's reuse and the lookahead's recall depend on.
+    #[arg(long, conflicts_with = "route_trace")]
+    pub text: Option<PathBuf>,
     /// Tokens of context (default: 512, or the model's maximum if smaller).
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -113,6 +118,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         Some(p) => Some(read_route_trace(p)?),
         None => None,
     };
+    let text = match &a.text {
+        Some(p) => Some(crate::input::read_text(p, MAX_TEXT_FILE_BYTES, "the text")?),
+        None => None,
+    };
+    // Tokenized once, with the first model opened.
+    let mut text_tokens: Option<Vec<u32>> = None;
     if a.tokens == 0 {
         bail!(usage("--tokens must be at least 1"));
     }
@@ -197,10 +208,18 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 *(if huge { &mut raw_huge } else { &mut raw_4k }) = Some(bytes as f64 / secs / 1e9);
             }
         }
+        if let (Some(text), None) = (&text, &text_tokens) {
+            let ids = waste_host::Engine::new()?.session(model.clone())?.tokenize(text)?;
+            if ids.is_empty() {
+                bail!(usage("--text: the file holds no tokens"));
+            }
+            text_tokens = Some(ids);
+        }
         let preloaded = model.store_stats().preloaded;
         warm_up(&model, trace.as_ref(), a.warmup.min(ctx))?;
         model.reset_store_stats();
         let cpu_before = waste_host::stats::cpu_times(false);
+        let process_read_before = waste_host::stats::process_read_bytes();
         let started = Instant::now();
         let mut embedding_rows_read = 0u64;
         let steps = match &trace {
@@ -214,24 +233,27 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 let mut state = model.new_state();
                 let vocab = model.info().vocab_size as u64;
                 let mut rng = 0x2545_F491_4F6C_DD1Du64;
+                let mut fed = 0usize;
+                let mut next_token = || match &text_tokens {
+                    Some(ids) => {
+                        fed += 1;
+                        ids[(fed - 1) % ids.len()]
+                    }
+                    None => {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        (rng % vocab) as u32
+                    }
+                };
                 let n = if a.prefill > 0 { 0 } else { a.tokens.min(ctx) };
                 if a.prefill > 0 {
-                    let prompt: Vec<u32> = (0..a.prefill.min(ctx))
-                        .map(|_| {
-                            rng ^= rng << 13;
-                            rng ^= rng >> 7;
-                            rng ^= rng << 17;
-                            (rng % vocab) as u32
-                        })
-                        .collect();
+                    let prompt: Vec<u32> = (0..a.prefill.min(ctx)).map(|_| next_token()).collect();
                     let (_, step) = model.forward(&mut state, &prompt, false)?;
                     embedding_rows_read += step.embedding_rows_read as u64;
                 }
                 for _ in 0..n {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    let (_, step) = model.forward(&mut state, &[(rng % vocab) as u32], false)?;
+                    let (_, step) = model.forward(&mut state, &[next_token()], false)?;
                     embedding_rows_read += step.embedding_rows_read as u64;
                 }
                 if a.prefill > 0 {
@@ -243,6 +265,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         };
         let secs = started.elapsed().as_secs_f64();
         let cpu = cpu_times_since(cpu_before);
+        // What the kernel fetched for this process: the store's reads plus
+        // anything it does not count (trunk pages faulted back, embedding
+        // rows read from disk).
+        let process_gb_read = process_read_before
+            .zip(waste_host::stats::process_read_bytes())
+            .map(|(before, now)| now.saturating_sub(before) as f64 / 1e9);
         let s = model.store_stats();
         let useful_gb = s.useful_bytes() as f64 / 1e9;
         let ratio = |gb_per_s: f64| raw.map(|r| gb_per_s / r);
@@ -255,14 +283,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "budget": plan.budget, "cache_slots": plan.cache_slots, "cache_bytes": plan.cache_bytes,
             "planned_total": plan.total(), "used_total": used.total(), "floor": plan.floor,
             "working_set": plan.working_set, "tokens": steps, "seconds": secs,
-            "tok_per_s": steps as f64 / secs, "hits": s.hits, "misses": s.misses, "hit_rate": s.hit_rate(),
+            "tok_per_s": steps as f64 / secs,
             "gb_read": s.bytes_read as f64 / 1e9, "gb_per_token": s.bytes_read as f64 / 1e9 / steps as f64,
             "achieved_gb_per_s": s.bytes_read as f64 / 1e9 / secs, "io_wait_s": s.io_wait.as_secs_f64(),
             "read_time_s": s.read_time.as_secs_f64(), "direct_io": s.direct_io, "policy": policy.name(),
-            "readers": a.readers, "lookahead": lookahead, "threads": model.pool().threads(), "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "prefetch_issued": s.prefetch_issued,
-            "prefetch_used": s.prefetch_used, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
+            "readers": a.readers, "lookahead": lookahead, "threads": model.pool().threads(), "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
-            "prefill": a.prefill, "chunk": plan.prefill_chunk, "reads": s.reads,
+            "prefill": a.prefill, "chunk": plan.prefill_chunk, "text": a.text.as_ref().map(|p| p.display().to_string()), "reads": s.reads,
             "peak_rss": waste_host::plan::peak_rss(), "round": run / configs.len(),
         });
         // Speculative reads never used inflate `gb_read`: `useful_*` counts
@@ -273,10 +300,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "achieved_over_raw": ratio(s.bytes_read as f64 / 1e9 / secs), "useful_over_raw": ratio(useful_gb / secs),
             "reader_sys_s": s.reader_sys_time.as_secs_f64(), "process_user_s": cpu.map(|c| c.0),
             "process_sys_s": cpu.map(|c| c.1),
-            "hash_layer_hits": s.hash_hits, "hash_layer_misses": s.hash_misses,
+            "hash_layer_picks": s.hash_picks.total(), "hash_layer_reused": s.hash_picks.reused,
+            "process_gb_read": process_gb_read,
+            "process_gb_per_token": process_gb_read.map(|g| g / steps as f64),
         });
-        if let (Some(row), serde_json::Value::Object(more)) = (row.as_object_mut(), more) {
-            row.extend(more);
+        for extra in [more, s.picks_json()] {
+            if let (Some(row), serde_json::Value::Object(extra)) = (row.as_object_mut(), extra) {
+                row.extend(extra);
+            }
         }
         rows.push(row);
     }
@@ -295,15 +326,27 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 .as_f64()
                 .map(|v| format!(", raw random read {v:.2} GB/s"))
                 .unwrap_or_default();
+            let n = |k: &str| r[k].as_u64().unwrap_or(0);
+            let picks =
+                waste_host::stats::Picks { reused: n("reused"), prefetched: n("prefetched"), missed: n("missed") };
+            let lookahead = r["lookahead_recall"]
+                .as_f64()
+                .map(|v| {
+                    format!(
+                        ", lookahead named {:.0}% of its layers' picks, {} reads unused",
+                        100.0 * v,
+                        n("prefetch_wasted")
+                    )
+                })
+                .unwrap_or_default();
+            let process =
+                r["process_gb_read"].as_f64().map(|v| format!(" (the process: {v:.3} GB)")).unwrap_or_default();
             outln!(
-                "budget {}, lookahead {}, threads {}: {:.2} tok/s, hit {:.1}% ({} hit / {} miss), {:.3} GB read, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, direct_io {}",
+                "budget {}, lookahead {}, threads {}: {:.2} tok/s, experts {picks}{lookahead}, {:.3} GB read{process}, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, direct_io {}",
                 fmt_bytes(f("budget") as u64),
                 r["lookahead"],
                 r["threads"],
                 f("tok_per_s"),
-                100.0 * f("hit_rate"),
-                r["hits"],
-                r["misses"],
                 f("gb_read"),
                 f("gb_per_token"),
                 f("achieved_gb_per_s"),
@@ -311,12 +354,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 r["direct_io"]
             );
             // DeepSeek-V4's hash layers pick by token id alone: their share
-            // of the hits says how much of the hit rate is the table's.
-            if let (Some(h), Some(m)) = (r["hash_layer_hits"].as_u64(), r["hash_layer_misses"].as_u64()) {
-                if h + m > 0 {
+            // of the reuse says how much of it is the table's.
+            if let (Some(picks), Some(reused)) = (r["hash_layer_picks"].as_u64(), r["hash_layer_reused"].as_u64()) {
+                if picks > 0 {
                     outln!(
-                        "  of which hash-routed layers (experts fixed by the token id): {h} hit / {m} miss, {:.1}% hit",
-                        100.0 * h as f64 / (h + m) as f64
+                        "  of which hash-routed layers (experts fixed by the token id): {picks} picks, {reused} reused = {:.1}%",
+                        100.0 * reused as f64 / picks as f64
                     );
                 }
             }
@@ -340,6 +383,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// The largest `--text` file taken: far past any context.
+const MAX_TEXT_FILE_BYTES: u64 = 64 << 20;
 
 /// Per configuration (rows `i`, `i + configs`, ...): the median, min and max
 /// of tok/s and of achieved / raw bandwidth over the rounds.

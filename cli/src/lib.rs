@@ -64,7 +64,7 @@ enum Command {
     Plan(cmd_plan::PlanArgs),
     /// Perplexity of a text file, scored in windows of the context.
     Perplexity(cmd_perplexity::PerplexityArgs),
-    /// Decode benchmark: tok/s, cache hit rate, GB read, achieved GB/s.
+    /// Decode benchmark: tok/s, where the expert picks came from (reused, prefetched, read), GB read, achieved GB/s.
     Bench(cmd_bench::BenchArgs),
     /// Write a synthetic container with a real model's shapes and random codes.
     Synth(cmd_synth::SynthArgs),

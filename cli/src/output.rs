@@ -60,8 +60,7 @@ pub fn error_line(e: &anyhow::Error) {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RunTotals {
     pub tokens: u64,
-    pub experts_hit: u64,
-    pub experts_missed: u64,
+    pub picks: waste_host::stats::Picks,
     pub bytes_read: u64,
     /// Whether the last token's expert reads bypassed the page cache
     /// (`None` before the first token).
@@ -69,16 +68,12 @@ pub struct RunTotals {
 }
 
 pub fn stats_line(t: &RunTotals, seconds: f64) -> String {
-    let uses = t.experts_hit + t.experts_missed;
-    let rate = if uses == 0 { 0.0 } else { 100.0 * t.experts_hit as f64 / uses as f64 };
     format!(
-        "[{} tokens, {:.2} s, {:.2} tok/s | experts {} hit / {} miss = {:.0}% | {:.1} MB read{}]",
+        "[{} tokens, {:.2} s, {:.2} tok/s | experts {} | {:.1} MB read{}]",
         t.tokens,
         seconds,
         if seconds > 0.0 { t.tokens as f64 / seconds } else { 0.0 },
-        t.experts_hit,
-        t.experts_missed,
-        rate,
+        t.picks,
         t.bytes_read as f64 / 1e6,
         match t.direct_io {
             Some(true) => ", direct_io on",

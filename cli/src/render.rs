@@ -47,8 +47,7 @@ impl Renderer {
     pub fn token(&mut self, event: &TokenEvent) -> bool {
         let written = crate::output::write_stdout(format_args!("{}", event.text), true);
         self.totals.tokens += 1;
-        self.totals.experts_hit += event.stats.experts_hit as u64;
-        self.totals.experts_missed += event.stats.experts_missed as u64;
+        self.totals.picks.add(&event.stats.picks());
         self.totals.bytes_read += event.stats.bytes_read;
         self.direct_io = event.stats.direct_io;
         self.totals.direct_io = Some(event.stats.direct_io);
@@ -79,18 +78,17 @@ impl Drop for Renderer {
     }
 }
 
-/// `12 tokens | 8.1 tok/s | cache 91% | disk 35.2 MB/s direct`; `buffered`
+/// `12 tokens | 8.1 tok/s | reuse 41% | disk 35.2 MB/s direct` (reuse: the
+/// picks the cache served from what it held, `Picks::reuse_rate`); `buffered`
 /// instead of `direct` when the file system refused to bypass the page
 /// cache, where disk MB/s may be partly page-cache hits.
 pub fn status_text(t: &RunTotals, seconds: f64, direct_io: bool) -> String {
-    let uses = t.experts_hit + t.experts_missed;
-    let hit = if uses == 0 { 0.0 } else { 100.0 * t.experts_hit as f64 / uses as f64 };
     let per_s = |v: f64| if seconds > 0.0 { v / seconds } else { 0.0 };
     format!(
-        "{} tokens | {:.1} tok/s | cache {:.0}% | disk {:.1} MB/s {}",
+        "{} tokens | {:.1} tok/s | reuse {:.0}% | disk {:.1} MB/s {}",
         t.tokens,
         per_s(t.tokens as f64),
-        hit,
+        100.0 * t.picks.reuse_rate(),
         per_s(t.bytes_read as f64 / 1e6),
         if direct_io { "direct" } else { "buffered" }
     )
@@ -141,19 +139,19 @@ mod tests {
 
     #[test]
     fn status_text_reports_rates_and_survives_zero_time() {
-        let t =
-            RunTotals { tokens: 10, experts_hit: 9, experts_missed: 1, bytes_read: 20_000_000, direct_io: Some(true) };
-        assert_eq!(status_text(&t, 2.0, true), "10 tokens | 5.0 tok/s | cache 90% | disk 10.0 MB/s direct");
+        let picks = waste_host::stats::Picks { reused: 6, prefetched: 3, missed: 1 };
+        let t = RunTotals { tokens: 10, picks, bytes_read: 20_000_000, direct_io: Some(true) };
+        assert_eq!(status_text(&t, 2.0, true), "10 tokens | 5.0 tok/s | reuse 60% | disk 10.0 MB/s direct");
         assert_eq!(
             crate::output::stats_line(&t, 2.0),
-            "[10 tokens, 2.00 s, 5.00 tok/s | experts 9 hit / 1 miss = 90% | 20.0 MB read, direct_io on]"
+            "[10 tokens, 2.00 s, 5.00 tok/s | experts 6 reused / 3 prefetched / 1 read = 60% reuse | 20.0 MB read, direct_io on]"
         );
         let buffered = RunTotals { direct_io: Some(false), ..t };
         assert!(crate::output::stats_line(&buffered, 2.0).ends_with("MB read, direct_io off]"));
         assert!(crate::output::stats_line(&RunTotals::default(), 0.0).ends_with("0.0 MB read]"));
         assert_eq!(
             status_text(&RunTotals::default(), 0.0, false),
-            "0 tokens | 0.0 tok/s | cache 0% | disk 0.0 MB/s buffered"
+            "0 tokens | 0.0 tok/s | reuse 0% | disk 0.0 MB/s buffered"
         );
     }
 }

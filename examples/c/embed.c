@@ -16,19 +16,20 @@ static int fail(const char *what, waste_result r) {
     return 1;
 }
 
-struct progress { unsigned tokens, hit, missed; unsigned long long bytes; double ms_io, ms_total; };
+struct progress { unsigned tokens, reused, prefetched, missed; unsigned long long bytes; double ms_io, ms_total; };
 
 static bool on_token(void *user, const waste_token_event *ev) {
     struct progress *p = user;
     p->tokens++;
-    p->hit += ev->experts_hit;
+    p->reused += ev->experts_reused;
+    p->prefetched += ev->experts_prefetched;
     p->missed += ev->experts_missed;
     p->bytes += ev->bytes_read;
     p->ms_io += ev->ms_io;
     p->ms_total += ev->ms_total;
     fwrite(ev->text, 1, ev->text_len, stdout);
-    fprintf(stderr, "\r[%u tokens, cache hits %u, misses %u, %llu bytes read, %.1f of %.1f ms in I/O]",
-            p->tokens, p->hit, p->missed, p->bytes, p->ms_io, p->ms_total);
+    fprintf(stderr, "\r[%u tokens, experts reused %u, prefetched %u, read %u, %llu bytes read, %.1f of %.1f ms in I/O]",
+            p->tokens, p->reused, p->prefetched, p->missed, p->bytes, p->ms_io, p->ms_total);
     return true;
 }
 
@@ -123,8 +124,9 @@ int main(int argc, char **argv) {
 
     waste_store_stats stats;
     waste_model_store_stats(model, &stats);
-    printf("store: %llu hits, %llu misses, %llu bytes read\n", (unsigned long long)stats.hits,
-           (unsigned long long)stats.misses, (unsigned long long)stats.bytes_read);
+    printf("store: %llu reused, %llu prefetched, %llu read, %llu bytes read\n", (unsigned long long)stats.reused,
+           (unsigned long long)stats.prefetched, (unsigned long long)stats.missed,
+           (unsigned long long)stats.bytes_read);
     waste_session_close(session);
     waste_model_close(model);
     waste_ctx_close(ctx);

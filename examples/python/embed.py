@@ -18,15 +18,17 @@ def main(model_path, state_path):
     print(f"plan: floor {plan.floor}, recommended {plan.recommended} bytes")
     model = engine.open(model_path, budget=plan.recommended)
     session = engine.session(model)
-    seen = {"tokens": 0, "hit": 0, "missed": 0, "bytes": 0, "text": b""}
+    seen = {"tokens": 0, "reused": 0, "prefetched": 0, "missed": 0, "bytes": 0, "text": b""}
 
     def on_token(ev):
         seen["tokens"] += 1
-        seen["hit"] += ev.experts_hit
+        seen["reused"] += ev.experts_reused
+        seen["prefetched"] += ev.experts_prefetched
         seen["missed"] += ev.experts_missed
         seen["bytes"] += ev.bytes_read
         seen["text"] += ev.text[:ev.text_len]
-        print(f"[{seen['tokens']} tokens, cache hits {seen['hit']}, misses {seen['missed']}, "
+        print(f"[{seen['tokens']} tokens, experts reused {seen['reused']}, prefetched {seen['prefetched']}, "
+              f"read {seen['missed']}, "
               f"{seen['bytes']} bytes read, {ev.ms_io:.2f} of {ev.ms_total:.2f} ms in I/O]", file=sys.stderr)
         return True
 

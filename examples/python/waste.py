@@ -56,7 +56,8 @@ class TopLogprob(C.Structure):
 
 class TokenEvent(C.Structure):
     _fields_ = [("token", C.c_uint32), ("text", C.POINTER(C.c_char)), ("text_len", C.c_size_t),
-                ("logprob", C.c_float), ("experts_hit", C.c_uint32), ("experts_missed", C.c_uint32),
+                ("logprob", C.c_float), ("experts_reused", C.c_uint32),
+                ("experts_prefetched", C.c_uint32), ("experts_missed", C.c_uint32),
                 ("bytes_read", C.c_uint64), ("ms_total", C.c_float), ("ms_io", C.c_float),
                 ("top", C.POINTER(TopLogprob)), ("n_top", C.c_size_t), ("direct_io", C.c_bool)]
 

@@ -426,14 +426,28 @@ typedef struct waste_model_info {
  * Expert-store counters since open or the last reset.
  */
 typedef struct waste_store_stats {
-  uint64_t hits;
-  uint64_t misses;
+  /**
+   * Routed-expert picks served by a record in RAM before the step asked
+   * for it (the cache's own work), by a record a router lookahead read
+   * (its first use), and read on demand.
+   */
+  uint64_t reused;
+  uint64_t prefetched;
+  uint64_t missed;
   uint64_t reads;
   uint64_t bytes_read;
   double ms_io_wait;
   double ms_read;
+  /**
+   * Speculative reads issued, and those no pick has used.
+   */
   uint64_t prefetch_issued;
-  uint64_t prefetch_used;
+  uint64_t prefetch_wasted;
+  /**
+   * Picks of layers a lookahead predicted, and of those the ones it named.
+   */
+  uint64_t lookahead_picks;
+  uint64_t lookahead_named;
   uint64_t preloaded;
   size_t cache_slots;
   uint64_t cache_bytes;
@@ -553,9 +567,11 @@ typedef struct waste_token_event {
   size_t text_len;
   float logprob;
   /**
-   * Expert records found in the cache / read from disk for this token.
+   * Routed-expert picks of this token served by a record already in
+   * RAM, by one a router lookahead read, and read on demand.
    */
-  uint32_t experts_hit;
+  uint32_t experts_reused;
+  uint32_t experts_prefetched;
   uint32_t experts_missed;
   uint64_t bytes_read;
   float ms_total;
@@ -618,7 +634,11 @@ typedef struct waste_memory_use {
  * Counters of one forward step (see [`waste_model_replay_routing`]).
  */
 typedef struct waste_step_stats {
-  uint32_t experts_hit;
+  /**
+   * As in `waste_token_event`.
+   */
+  uint32_t experts_reused;
+  uint32_t experts_prefetched;
   uint32_t experts_missed;
   uint64_t bytes_read;
   double ms_io;

@@ -120,14 +120,22 @@ pub struct waste_layer_info {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct waste_store_stats {
-    pub hits: u64,
-    pub misses: u64,
+    /// Routed-expert picks served by a record in RAM before the step asked
+    /// for it (the cache's own work), by a record a router lookahead read
+    /// (its first use), and read on demand.
+    pub reused: u64,
+    pub prefetched: u64,
+    pub missed: u64,
     pub reads: u64,
     pub bytes_read: u64,
     pub ms_io_wait: f64,
     pub ms_read: f64,
+    /// Speculative reads issued, and those no pick has used.
     pub prefetch_issued: u64,
-    pub prefetch_used: u64,
+    pub prefetch_wasted: u64,
+    /// Picks of layers a lookahead predicted, and of those the ones it named.
+    pub lookahead_picks: u64,
+    pub lookahead_named: u64,
     pub preloaded: u64,
     pub cache_slots: usize,
     pub cache_bytes: u64,
@@ -481,14 +489,17 @@ pub unsafe extern "C" fn waste_model_store_stats(
             }
             let s = m.model.store_stats();
             *out = waste_store_stats {
-                hits: s.hits,
-                misses: s.misses,
+                reused: s.picks.reused,
+                prefetched: s.picks.prefetched,
+                missed: s.picks.missed,
                 reads: s.reads,
                 bytes_read: s.bytes_read,
                 ms_io_wait: s.io_wait.as_secs_f64() * 1e3,
                 ms_read: s.read_time.as_secs_f64() * 1e3,
                 prefetch_issued: s.prefetch_issued,
-                prefetch_used: s.prefetch_used,
+                prefetch_wasted: s.prefetch_wasted(),
+                lookahead_picks: s.lookahead_picks,
+                lookahead_named: s.lookahead_named,
                 preloaded: s.preloaded,
                 cache_slots: s.cache_slots,
                 cache_bytes: s.cache_bytes,

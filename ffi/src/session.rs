@@ -103,8 +103,10 @@ pub struct waste_token_event {
     pub text: *const c_char,
     pub text_len: usize,
     pub logprob: f32,
-    /// Expert records found in the cache / read from disk for this token.
-    pub experts_hit: u32,
+    /// Routed-expert picks of this token served by a record already in
+    /// RAM, by one a router lookahead read, and read on demand.
+    pub experts_reused: u32,
+    pub experts_prefetched: u32,
     pub experts_missed: u32,
     pub bytes_read: u64,
     pub ms_total: f32,
@@ -240,7 +242,8 @@ impl waste_token_event {
             text: e.text.as_ptr() as *const c_char,
             text_len: e.text.len(),
             logprob: e.logprob,
-            experts_hit: s.experts_hit,
+            experts_reused: s.experts_reused,
+            experts_prefetched: s.experts_prefetched,
             experts_missed: s.experts_missed,
             bytes_read: s.bytes_read,
             ms_total: s.ms_total,

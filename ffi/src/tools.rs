@@ -12,7 +12,9 @@ use crate::{copy_out, guard, host, null, slice_arg, str_arg, waste_ctx, waste_la
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct waste_step_stats {
-    pub experts_hit: u32,
+    /// As in `waste_token_event`.
+    pub experts_reused: u32,
+    pub experts_prefetched: u32,
     pub experts_missed: u32,
     pub bytes_read: u64,
     pub ms_io: f64,
@@ -144,7 +146,8 @@ pub unsafe extern "C" fn waste_model_replay_routing(
             let s = m.model.replay_routing(&routing).map_err(host)?;
             if !out.is_null() {
                 *out = waste_step_stats {
-                    experts_hit: s.experts_hit,
+                    experts_reused: s.experts_reused,
+                    experts_prefetched: s.experts_prefetched,
                     experts_missed: s.experts_missed,
                     bytes_read: s.bytes_read,
                     ms_io: s.io_time.as_secs_f64() * 1e3,
@@ -270,7 +273,8 @@ pub unsafe extern "C" fn waste_model_replay_trace(
             }
             if !out.is_null() {
                 *out = waste_step_stats {
-                    experts_hit: total.experts_hit,
+                    experts_reused: total.experts_reused,
+                    experts_prefetched: total.experts_prefetched,
                     experts_missed: total.experts_missed,
                     bytes_read: total.bytes_read,
                     ms_io: total.io_time.as_secs_f64() * 1e3,

@@ -114,15 +114,39 @@ fn tokenizer() -> Result<Rc<Tokenizer>, Error> {
 
 impl From<model::StepStats> for generate::StepStats {
     fn from(s: model::StepStats) -> Self {
-        let model::StepStats { experts_hit, experts_missed, bytes_read, ms_total, ms_io, direct_io } = s;
-        generate::StepStats { experts_hit, experts_missed, bytes_read, ms_total, ms_io, direct_io }
+        let model::StepStats {
+            experts_reused,
+            experts_prefetched,
+            experts_missed,
+            bytes_read,
+            ms_total,
+            ms_io,
+            direct_io,
+        } = s;
+        generate::StepStats {
+            experts_reused,
+            experts_prefetched,
+            experts_missed,
+            bytes_read,
+            ms_total,
+            ms_io,
+            direct_io,
+        }
     }
 }
 
 impl From<generate::StepStats> for model::StepStats {
     fn from(s: generate::StepStats) -> Self {
-        let generate::StepStats { experts_hit, experts_missed, bytes_read, ms_total, ms_io, direct_io } = s;
-        model::StepStats { experts_hit, experts_missed, bytes_read, ms_total, ms_io, direct_io }
+        let generate::StepStats {
+            experts_reused,
+            experts_prefetched,
+            experts_missed,
+            bytes_read,
+            ms_total,
+            ms_io,
+            direct_io,
+        } = s;
+        model::StepStats { experts_reused, experts_prefetched, experts_missed, bytes_read, ms_total, ms_io, direct_io }
     }
 }
 

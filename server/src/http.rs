@@ -249,19 +249,29 @@ async fn metrics(State(state): State<Shared>) -> Response {
         "Requests queued or running at most.",
         &[(String::new(), state.worker.limit() as f64)],
     );
+    let picks: Vec<(String, f64)> =
+        [("reused", s.picks.reused), ("prefetched", s.picks.prefetched), ("missed", s.picks.missed)]
+            .iter()
+            .map(|(how, n)| (format!("{{served=\"{how}\"}}"), *n as f64))
+            .collect();
     family(
-        "waste_expert_cache_hits_total",
+        "waste_expert_picks_total",
         "counter",
-        "Routed-expert uses served from RAM.",
-        &[(String::new(), s.hits as f64)],
+        "Routed-expert picks by where the record came from: reused (in RAM before the step asked), prefetched (a router lookahead read it), missed (read on demand).",
+        &picks,
     );
     family(
-        "waste_expert_cache_misses_total",
-        "counter",
-        "Routed-expert uses read from disk.",
-        &[(String::new(), s.misses as f64)],
+        "waste_expert_cache_reuse_ratio",
+        "gauge",
+        "Picks served from what the cache already held, over all picks, since start.",
+        &[(String::new(), s.picks.reuse_rate())],
     );
-    family("waste_expert_cache_hit_ratio", "gauge", "Hits over uses since start.", &[(String::new(), s.hit_rate())]);
+    family(
+        "waste_expert_prefetch_wasted_total",
+        "counter",
+        "Speculative reads no pick has used.",
+        &[(String::new(), s.prefetch_wasted() as f64)],
+    );
     family(
         "waste_expert_bytes_read_total",
         "counter",
@@ -317,6 +327,7 @@ async fn stats(State(state): State<Shared>) -> Json<Value> {
             "tokens_reused": n(&c.prefix_tokens_reused),
             "prompt_tokens_evaluated": n(&c.prompt_tokens_evaluated),
         },
+        "experts": state.model.store_stats().picks_json(),
         "tokens_generated": n(&c.tokens_generated),
         "max_tokens_after_disconnect": n(&c.max_tokens_after_disconnect),
         "last_cancelled": last,

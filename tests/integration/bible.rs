@@ -203,3 +203,54 @@ fn readme_command_prints_kjv_words() {
     let hits = said.iter().filter(|w| known.contains(*w)).count();
     assert!(hits * 10 >= said.len() * 9, "only {hits} of {} words occur in the held-out text: {out:?}", said.len());
 }
+
+/// `waste bench --text` on the trained model: every pick is counted once, as
+/// reused, prefetched or read; the lookahead's recall is reported and a
+/// top-k lookahead names most of the next layer's picks on real text (82%
+/// measured; docs/PERFORMANCE.md, "What the counters mean"); the process's
+/// own I/O counter agrees with the store's bytes when reads are direct.
+#[test]
+fn bench_on_real_text_counts_each_pick_once_and_reports_lookahead_recall() {
+    let text = checkpoint().join("heldout.txt");
+    let tokens = 120u64;
+    let o = waste(&[
+        "bench",
+        shipped().to_str().unwrap(),
+        "--tokens",
+        &tokens.to_string(),
+        "--ctx",
+        "256",
+        "--budget",
+        "5M",
+        "--lookahead",
+        "0,2",
+        "--text",
+        text.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let info = Model::open(&shipped(), &OpenOptions::default()).unwrap().info().clone();
+    for r in rows.as_array().unwrap() {
+        let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {r}"));
+        let picks = n("reused") + n("prefetched") + n("missed");
+        assert_eq!(picks, tokens * info.moe_layers as u64 * info.top_k as u64, "{r}");
+        assert!(n("prefetch_wasted") <= n("prefetch_issued"), "{r}");
+        assert_eq!(n("bytes_missed"), n("missed") * n("record_bytes"), "{r}");
+        if r["lookahead"] == 0 {
+            assert_eq!((n("prefetched"), n("prefetch_issued")), (0, 0), "{r}");
+            assert!(r["lookahead_recall"].is_null(), "{r}");
+        } else {
+            let recall = r["lookahead_recall"].as_f64().unwrap();
+            assert!((0.6..=1.0).contains(&recall), "lookahead recall {recall} on real text: {r}");
+            assert!(n("prefetched") > 0, "{r}");
+        }
+        match r["process_gb_read"].as_f64() {
+            Some(process) if r["direct_io"] == true => {
+                let store = r["gb_read"].as_f64().unwrap();
+                assert!(process >= 0.99 * store, "the process read {process} GB, the store says {store} GB");
+            }
+            _ => report_skip("bench_on_real_text_counts_each_pick_once: no direct reads or no /proc/self/io here"),
+        }
+    }
+}

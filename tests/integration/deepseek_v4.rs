@@ -228,8 +228,8 @@ fn deepseek_v4_bench_counts_hash_layer_uses_apart() {
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let n = |k: &str| j[k].as_u64().unwrap();
-    assert_eq!(n("hash_layer_hits") + n("hash_layer_misses"), 8 * 4);
-    assert_eq!(n("hits") + n("misses"), 8 * 4 * 4);
+    assert_eq!(n("hash_layer_picks"), 8 * 4);
+    assert_eq!(n("reused") + n("prefetched") + n("missed"), 8 * 4 * 4);
     let o = waste(&["bench", c, "--tokens", "4"]);
     assert!(o.status.success() && stdout(&o).contains("of which hash-routed layers"), "{}", stdout(&o));
 }

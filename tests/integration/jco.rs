@@ -70,6 +70,8 @@ fn jco_host_runs_the_exported_component_over_a_stub_model() {
 
     let spec = json!({
         "component": wasm,
+        // The contract's version, from its one statement.
+        "wit_version": waste_host::WIT_PACKAGE.rsplit_once('@').unwrap().1,
         "out_dir": tmp.path().join("js"),
         "tokenizer_dir": container,
         "vocab_size": vocab,

@@ -188,7 +188,7 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
     let (_, step) = plain.forward(&mut state, &prompt, false).unwrap();
     let uses = (prompt.len() * info.top_k * info.moe_layers) as u64;
     let s = plain.store_stats();
-    assert_eq!((s.reads, s.misses, step.experts_missed as u64), (uses, uses, uses));
+    assert_eq!((s.reads, s.picks.missed, step.experts_missed as u64), (uses, uses, uses));
     // One chunk holds the whole prompt: reads = distinct (layer, expert)
     // pairs the prompt routes to, which the plain run's usage counts show.
     let distinct = plain.expert_store().usage().iter().filter(|&&n| n > 0).count() as u64;
@@ -197,7 +197,7 @@ fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
     let mut state = one.new_state();
     let (_, step) = one.forward(&mut state, &prompt, false).unwrap();
     let s = one.store_stats();
-    assert_eq!((s.reads, s.misses, s.hits), (distinct, distinct, 0));
+    assert_eq!((s.reads, s.picks.missed, s.picks.reused + s.picks.prefetched), (distinct, distinct, 0));
     assert_eq!(step.experts_missed as u64, distinct);
     assert_eq!(step.bytes_read, distinct * s.record_bytes);
     // The hotlist still counts every token's use.

@@ -76,7 +76,7 @@ fn cache_readers_read_ahead_and_lookahead_are_bit_identical_to_the_plain_path() 
             assert!(s.prefetch_issued > 0, "{name}: lookahead issued no reads");
         }
         if opts.store.keep && name != "lookahead 6" {
-            assert!(s.hits > 0 && s.misses > 0, "{name}: cache unused ({s:?})");
+            assert!(s.picks.reused > 0 && s.picks.missed > 0, "{name}: cache unused ({s:?})");
         }
     }
 }
@@ -152,7 +152,7 @@ fn peak_rss_stays_under_budget_plus_overhead_on_a_container_six_times_larger() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let peak = v["peak_rss"].as_u64().expect("VmHWM reported");
     println!("peak RSS {peak} with budget {budget} (+{} MB)", (peak as i64 - budget as i64) / 1_000_000);
-    assert!(v["misses"].as_u64().unwrap() > v["cache_slots"].as_u64().unwrap(), "every slot was filled");
+    assert!(v["missed"].as_u64().unwrap() > v["cache_slots"].as_u64().unwrap(), "every slot was filled");
     assert!(peak <= budget + RSS_OVERHEAD, "peak RSS {peak} > budget {budget} + {RSS_OVERHEAD}");
 }
 
@@ -232,7 +232,7 @@ fn second_run_after_learn_has_fewer_misses() {
     assert!(path.join("usage.json").is_file());
     let second = run();
     assert!(second["preloaded"].as_u64().unwrap() > 0);
-    let (m1, m2) = (first["misses"].as_u64().unwrap(), second["misses"].as_u64().unwrap());
+    let (m1, m2) = (first["missed"].as_u64().unwrap(), second["missed"].as_u64().unwrap());
     println!("misses {m1} -> {m2} after --learn");
     assert!(m2 < m1, "misses {m1} -> {m2}");
 }
@@ -256,10 +256,15 @@ fn trace_simulator_agrees_with_the_engine_cache_on_the_shared_traces() {
             let sim = simulate(&trace.steps, &layers, s.cache_slots, policy, StoreOptions::default().seed);
             println!(
                 "{file} {policy:?} {} slots: engine {}/{} sim {}/{}",
-                s.cache_slots, s.hits, s.misses, sim.hits, sim.misses
+                s.cache_slots, s.picks.reused, s.picks.missed, sim.hits, sim.misses
             );
-            assert_eq!((s.hits, s.misses), (sim.hits, sim.misses), "{file} {policy:?}");
-            assert!(s.hits > 0);
+            // A replay runs no lookahead: every pick is reused or read.
+            assert_eq!(
+                (s.picks.reused, s.picks.prefetched, s.picks.missed),
+                (sim.hits, 0, sim.misses),
+                "{file} {policy:?}"
+            );
+            assert!(s.picks.reused > 0);
         }
     }
 }

@@ -74,15 +74,16 @@ fn bench_runs_thread_counts_side_by_side_after_a_warmup() {
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0]["threads"], 1);
     assert_eq!(rows[1]["threads"], 2);
-    let uses = |r: &serde_json::Value| r["hits"].as_u64().unwrap() + r["misses"].as_u64().unwrap();
+    let uses =
+        |r: &serde_json::Value| ["reused", "prefetched", "missed"].map(|k| r[k].as_u64().unwrap()).iter().sum::<u64>();
     assert_eq!(uses(&rows[0]), uses(&rows[1]));
-    assert_eq!(rows[0]["hits"], rows[1]["hits"]);
+    assert_eq!(rows[0]["reused"], rows[1]["reused"]);
     // 3 measured tokens x 16 layers x top-8, whatever the warm-up.
     assert_eq!(uses(&rows[0]), 3 * 16 * 8);
     let cold = json_of(&args("0"));
-    let warm_misses = rows[0]["misses"].as_u64().unwrap();
+    let warm_misses = rows[0]["missed"].as_u64().unwrap();
     assert!(
-        warm_misses < cold[0]["misses"].as_u64().unwrap(),
+        warm_misses < cold[0]["missed"].as_u64().unwrap(),
         "warm-up did not fill the cache: {warm_misses} misses vs {}",
         cold[0]["misses"]
     );

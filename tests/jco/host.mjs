@@ -42,7 +42,7 @@ let cancelAfter = Infinity;
 
 function zeroStats() {
   // direct-io is a later field of step-stats; an older contract ignores it.
-  return { expertsHit: 0, expertsMissed: 0, bytesRead: 0n, msTotal: 0, msIo: 0, directIo: false };
+  return { expertsReused: 0, expertsPrefetched: 0, expertsMissed: 0, bytesRead: 0n, msTotal: 0, msIo: 0, directIo: false };
 }
 
 // The host chooses the chat template (wit: `chat-template`): this stub
@@ -130,7 +130,7 @@ const wasi = {
 const imports = {};
 for (const [k, v] of Object.entries(wasi)) {
   imports[k] = v;
-  imports[`${k}@${k.startsWith('waste:') ? '0.4.0' : '0.2.6'}`] = v;
+  imports[`${k}@${k.startsWith('waste:') ? spec.wit_version : '0.2.6'}`] = v;
 }
 const getCoreModule = (path) => new WebAssembly.Module(readFileSync(join(spec.out_dir, path)));
 const { control } = instantiate(getCoreModule, imports);

@@ -251,7 +251,7 @@ def test_first_hour():
     text = b.decode()
     check(s == 200 and h.get("content-type", "").startswith("text/plain"), f"metrics: {s} {h}")
     for name in ("waste_http_requests_total", "waste_completion_tokens_total", "waste_queue_requests",
-                 "waste_expert_cache_hit_ratio", "waste_expert_bytes_read_total"):
+                 "waste_expert_picks_total", "waste_expert_cache_reuse_ratio", "waste_expert_bytes_read_total"):
         check(f"# TYPE {name} " in text, f"metrics lack {name}")
     ok = [l for l in text.splitlines() if l.startswith('waste_http_requests_total{code="2xx"}')]
     check(ok and float(ok[0].split()[-1]) > 0, f"metrics count no 2xx answers: {ok}")

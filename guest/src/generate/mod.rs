@@ -15,7 +15,8 @@ use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepStats {
-    pub experts_hit: u32,
+    pub experts_reused: u32,
+    pub experts_prefetched: u32,
     pub experts_missed: u32,
     pub bytes_read: u64,
     pub ms_total: f32,

@@ -107,6 +107,14 @@ pub fn peak_rss() -> Option<u64> {
     os::peak_rss()
 }
 
+/// Bytes this process has caused to be fetched from storage so far, as the
+/// kernel counts them (Linux's `read_bytes` in `/proc/self/io`, which also
+/// counts direct reads and not page-cache hits); `None` where the OS keeps
+/// no such counter for us.
+pub fn process_read_bytes() -> Option<u64> {
+    os::process_read_bytes()
+}
+
 /// Memory for I/O buffers on huge pages: an anonymous private mapping
 /// (zero-filled by the kernel) of exactly the length asked for, starting on
 /// a `huge_page` boundary and advised huge, unmapped on drop. Linux only

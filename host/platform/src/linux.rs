@@ -140,6 +140,11 @@ pub(crate) fn cpu_times(thread: bool) -> Option<(Duration, Duration)> {
     crate::unix::rusage(who).map(|(u, s, _)| (u, s))
 }
 
+pub(crate) fn process_read_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    text.lines().find_map(|l| l.strip_prefix("read_bytes:"))?.trim().parse().ok()
+}
+
 pub(crate) fn peak_rss() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;

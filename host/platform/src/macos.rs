@@ -54,6 +54,11 @@ pub(crate) fn cpu_times(thread: bool) -> Option<(Duration, Duration)> {
 }
 
 /// `ru_maxrss` is in bytes on macOS (kilobytes on Linux).
+/// Not read here (see `process_read_bytes` in lib.rs).
+pub(crate) fn process_read_bytes() -> Option<u64> {
+    None
+}
+
 pub(crate) fn peak_rss() -> Option<u64> {
     crate::unix::rusage(libc::RUSAGE_SELF).and_then(|(_, _, rss)| u64::try_from(rss).ok())
 }

@@ -27,6 +27,11 @@ pub(crate) fn current_affinity() -> io::Result<Vec<usize>> {
 pub(crate) fn cpu_times(_thread: bool) -> Option<(Duration, Duration)> {
     None
 }
+/// Not read here (see `process_read_bytes` in lib.rs).
+pub(crate) fn process_read_bytes() -> Option<u64> {
+    None
+}
+
 pub(crate) fn peak_rss() -> Option<u64> {
     None
 }

@@ -156,6 +156,11 @@ pub(crate) fn cpu_times(thread: bool) -> Option<(Duration, Duration)> {
     ok.then(|| (ticks(user), ticks(kernel)))
 }
 
+/// Not read here (see `process_read_bytes` in lib.rs).
+pub(crate) fn process_read_bytes() -> Option<u64> {
+    None
+}
+
 pub(crate) fn peak_rss() -> Option<u64> {
     // SAFETY: plain data, filled by the call.
     let mut counters: PROCESS_MEMORY_COUNTERS = unsafe { std::mem::zeroed() };

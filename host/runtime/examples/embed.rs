@@ -23,14 +23,16 @@ fn main() -> waste_host::Result<()> {
     let prompt = session.tokenize("And God said")?;
     let params = GenerateParams { temperature: 0.0, max_tokens: 16, ..GenerateParams::default() };
     // The callback must be 'static: progress is shared through an Arc.
-    let progress = Arc::new(Mutex::new((0u32, 0u32, 0u32, 0u64)));
+    let progress = Arc::new(Mutex::new((0u32, waste_host::stats::Picks::default(), 0u64)));
     let seen = Arc::clone(&progress);
     let done = session.generate(&prompt, &params, move |ev| {
         let mut p = seen.lock().unwrap();
-        *p = (p.0 + 1, p.1 + ev.stats.experts_hit, p.2 + ev.stats.experts_missed, p.3 + ev.stats.bytes_read);
+        p.0 += 1;
+        p.1.add(&ev.stats.picks());
+        p.2 += ev.stats.bytes_read;
         eprintln!(
-            "[{} tokens, cache hits {}, misses {}, {} bytes read, {:.2} of {:.2} ms in I/O]",
-            p.0, p.1, p.2, p.3, ev.stats.ms_io, ev.stats.ms_total
+            "[{} tokens, experts reused {}, prefetched {}, read {}, {} bytes read, {:.2} of {:.2} ms in I/O]",
+            p.0, p.1.reused, p.1.prefetched, p.1.missed, p.2, ev.stats.ms_io, ev.stats.ms_total
         );
         true
     })?;
@@ -41,6 +43,6 @@ fn main() -> waste_host::Result<()> {
     session.load_state(state_path)?;
     println!("state: saved at {saved}, loaded at {}", session.position());
     let s = model.store_stats();
-    println!("store: {} hits, {} misses, {} bytes read", s.hits, s.misses, s.bytes_read);
+    println!("store: experts {}, {} bytes read", s.picks, s.bytes_read);
     Ok(())
 }

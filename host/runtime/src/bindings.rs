@@ -118,8 +118,16 @@ impl From<wit_control::Error> for Error {
 
 impl From<wit_model::StepStats> for TokenStats {
     fn from(s: wit_model::StepStats) -> Self {
-        let wit_model::StepStats { experts_hit, experts_missed, bytes_read, ms_total, ms_io, direct_io } = s;
-        TokenStats { experts_hit, experts_missed, bytes_read, ms_total, ms_io, direct_io }
+        let wit_model::StepStats {
+            experts_reused,
+            experts_prefetched,
+            experts_missed,
+            bytes_read,
+            ms_total,
+            ms_io,
+            direct_io,
+        } = s;
+        TokenStats { experts_reused, experts_prefetched, experts_missed, bytes_read, ms_total, ms_io, direct_io }
     }
 }
 
@@ -140,7 +148,8 @@ impl From<wit_model::TokenEvent> for TokenEvent {
 /// page cache.
 pub(crate) fn wit_step_stats(stats: &StepStats, ms_total: f32, direct_io: bool) -> wit_model::StepStats {
     wit_model::StepStats {
-        experts_hit: stats.experts_hit,
+        experts_reused: stats.experts_reused,
+        experts_prefetched: stats.experts_prefetched,
         experts_missed: stats.experts_missed,
         bytes_read: stats.bytes_read,
         ms_total,

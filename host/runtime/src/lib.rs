@@ -57,7 +57,7 @@ pub fn component_bytes() -> &'static [u8] {
 }
 
 /// The WIT package of the bundled component's contract (wit/engine.wit).
-pub const WIT_PACKAGE: &str = "waste:engine@0.4.0";
+pub const WIT_PACKAGE: &str = "waste:engine@0.5.0";
 
 /// The engine's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -182,8 +182,10 @@ pub struct TokenEvent {
 /// `step-stats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TokenStats {
-    /// Routed-expert uses served from RAM / read from disk.
-    pub experts_hit: u32,
+    /// Routed-expert picks served by a record already in RAM, by one a
+    /// router lookahead read, and read on demand (`Picks`).
+    pub experts_reused: u32,
+    pub experts_prefetched: u32,
     pub experts_missed: u32,
     pub bytes_read: u64,
     /// Wall time of the whole forward pass, milliseconds.
@@ -193,6 +195,16 @@ pub struct TokenStats {
     /// Expert reads bypass the page cache; false when the file system
     /// refused O_DIRECT / F_NOCACHE and reads are buffered.
     pub direct_io: bool,
+}
+
+impl TokenStats {
+    pub fn picks(&self) -> waste_engine::stats::Picks {
+        waste_engine::stats::Picks {
+            reused: self.experts_reused.into(),
+            prefetched: self.experts_prefetched.into(),
+            missed: self.experts_missed.into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -247,13 +247,13 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         assert!(rss > used.trunk, "peak RSS {rss} under the trunk's {}", used.trunk);
         assert_eq!(waste_peak_rss(null_mut()), WASTE_NULL_ARG);
 
-        // Routing replay: one use per routed expert, counted as hit or miss.
+        // Routing replay: one use per routed expert, counted as reused, prefetched or missed.
         let (layers, k) = (info.moe_layers, info.top_k);
         let routing: Vec<u32> = (0..layers * k).map(|i| (i % info.num_experts) as u32).collect();
         let mut st = waste_step_stats::default();
         let r = waste_model_replay_routing(o.model, routing.as_ptr(), layers, k, &mut st);
         assert_eq!(r, WASTE_OK, "{}", last_error(o.ctx));
-        assert_eq!((st.experts_hit + st.experts_missed) as usize, layers * k);
+        assert_eq!((st.experts_reused + st.experts_prefetched + st.experts_missed) as usize, layers * k);
         let r = waste_model_replay_routing(o.model, routing.as_ptr(), layers - 1, k, &mut st);
         expect(o.ctx, r, WASTE_ARG, "MoE layers");
         let bad = vec![info.num_experts as u32; layers * k];
@@ -276,7 +276,7 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         let tp = trace.to_str().unwrap();
         let r = waste_model_replay_trace(o.model, tp.as_ptr() as *const _, tp.len(), 3, &mut st);
         assert_eq!(r, WASTE_OK, "{}", last_error(o.ctx));
-        assert_eq!((st.experts_hit + st.experts_missed) as usize, 3 * layers * k);
+        assert_eq!((st.experts_reused + st.experts_prefetched + st.experts_missed) as usize, 3 * layers * k);
         let r = waste_model_replay_trace(o.model, tp.as_ptr() as *const _, tp.len(), 0, &mut st);
         expect(o.ctx, r, WASTE_ARG, "steps 0");
         let foreign = dir.join("foreign.jsonl");

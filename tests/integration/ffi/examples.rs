@@ -86,7 +86,7 @@ fn c_example_plans_opens_streams_and_reloads_state() {
     assert!(out.contains("generated 16 tokens"), "{out}");
     check_chat_turn(&out);
     assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
-    assert!(err.contains("[16 tokens, cache hits"), "progress lines missing: {err}");
+    assert!(err.contains("[16 tokens, experts reused"), "progress lines missing: {err}");
 }
 
 #[test]
@@ -140,7 +140,7 @@ fn python_example_plans_opens_streams_and_reloads_state() {
     assert!(out.contains("generated 16 tokens"), "{out}");
     check_chat_turn(&out);
     assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
-    assert!(err.contains("[16 tokens, cache hits"), "progress lines missing: {err}");
+    assert!(err.contains("[16 tokens, experts reused"), "progress lines missing: {err}");
     // The schema-constrained answer parses and holds to the schema.
     let json = out.lines().find_map(|l| l.strip_prefix("json: ")).unwrap_or_else(|| panic!("no json line: {out}"));
     let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json:?}"));
@@ -191,7 +191,7 @@ fn rust_example_plans_opens_streams_and_reloads_state() {
     assert!(o.status.success(), "the Rust example failed:\n{out}\n{err}");
     assert!(out.contains("generated 16 tokens"), "{out}");
     assert!(out.contains("state: saved at 18, loaded at 18"), "{out}");
-    assert!(err.contains("[16 tokens, cache hits"), "progress lines missing: {err}");
+    assert!(err.contains("[16 tokens, experts reused"), "progress lines missing: {err}");
 }
 
 /// Images through the C ABI from Python (examples/python/image.py): both

@@ -28,6 +28,7 @@ pub use usage::USAGE_FILE;
 
 use crate::container::ExpertBanks;
 use crate::error::{Error, Result};
+use crate::stats::{ratio, Picks};
 
 /// How the store moves bytes. None of it changes a logit.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,8 +78,8 @@ impl Default for StoreOptions {
 /// Aggregate counters of a store since open (or the last reset).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StoreStats {
-    pub hits: u64,
-    pub misses: u64,
+    /// Where each routed-expert pick's record came from.
+    pub picks: Picks,
     /// Records read (demand, speculative and preload).
     pub reads: u64,
     pub bytes_read: u64,
@@ -88,39 +89,65 @@ pub struct StoreStats {
     pub read_time: Duration,
     /// System CPU time the reader threads spent in their reads (Linux).
     pub reader_sys_time: Duration,
+    /// Speculative reads issued; `picks.prefetched` of them were used.
     pub prefetch_issued: u64,
-    /// Speculative reads that a later demand used.
-    pub prefetch_used: u64,
     pub preloaded: u64,
+    /// Of the picks of layers a router lookahead had predicted: how many
+    /// there were, and how many the prediction named (whether or not the
+    /// record still had to be read: one already cached is not read again).
+    pub lookahead_picks: u64,
+    pub lookahead_named: u64,
     pub direct_io: bool,
     /// The cache slots are advised to use transparent huge pages.
     pub huge_pages: bool,
     pub cache_slots: usize,
     pub cache_bytes: u64,
     pub record_bytes: u64,
-    /// Of `hits` / `misses`: those of hash-routed layers, whose picks
-    /// depend on the token alone (the same token always reads the same
-    /// records there), so they are told apart from routed layers'.
-    pub hash_hits: u64,
-    pub hash_misses: u64,
+    /// Of `picks`: those of hash-routed layers, whose picks depend on the
+    /// token alone (the same token always reads the same records there),
+    /// so they are told apart from routed layers'.
+    pub hash_picks: Picks,
 }
 
 impl StoreStats {
-    /// Bytes of the records a forward pass actually used after reading
-    /// them: demand reads, and speculative reads that a demand then hit.
-    /// `bytes_read` less this is speculation that never paid (or has not
-    /// yet).
-    pub fn useful_bytes(&self) -> u64 {
-        (self.misses + self.prefetch_used) * self.record_bytes
+    /// Speculative reads no demand has used (yet: a record still cached
+    /// may be). At the end of a run, the lookahead's wasted reads.
+    pub fn prefetch_wasted(&self) -> u64 {
+        self.prefetch_issued.saturating_sub(self.picks.prefetched)
     }
 
-    pub fn hit_rate(&self) -> f64 {
-        let total = self.hits + self.misses;
-        if total == 0 {
-            0.0
-        } else {
-            self.hits as f64 / total as f64
-        }
+    /// Bytes of `records` records.
+    pub fn bytes_of(&self, records: u64) -> u64 {
+        records * self.record_bytes
+    }
+
+    /// Bytes of the records a forward pass actually used after reading
+    /// them: demand reads, and speculative reads that a demand then used.
+    /// `bytes_read` less this is speculation that never paid (or has not
+    /// yet) and the preload.
+    pub fn useful_bytes(&self) -> u64 {
+        self.bytes_of(self.picks.missed + self.picks.prefetched)
+    }
+
+    /// Fraction of the predicted layers' picks the lookahead named; `None`
+    /// when no lookahead ran.
+    pub fn lookahead_recall(&self) -> Option<f64> {
+        (self.lookahead_picks > 0).then(|| ratio(self.lookahead_named, self.lookahead_picks))
+    }
+
+    /// Where the picks' records came from, with the bytes of each, as every
+    /// JSON report (`waste bench`, the server's `/stats`) states it.
+    pub fn picks_json(&self) -> serde_json::Value {
+        let p = &self.picks;
+        serde_json::json!({
+            "reused": p.reused, "prefetched": p.prefetched, "missed": p.missed, "reuse_rate": p.reuse_rate(),
+            "bytes_reused": self.bytes_of(p.reused), "bytes_prefetched": self.bytes_of(p.prefetched),
+            "bytes_missed": self.bytes_of(p.missed),
+            "prefetch_issued": self.prefetch_issued, "prefetch_wasted": self.prefetch_wasted(),
+            "bytes_prefetch_wasted": self.bytes_of(self.prefetch_wasted()),
+            "lookahead_recall": self.lookahead_recall(), "lookahead_picks": self.lookahead_picks,
+            "reads": self.reads, "bytes_read": self.bytes_read,
+        })
     }
 }
 
@@ -144,6 +171,9 @@ struct Ledger {
     stats: StoreStats,
     /// Demand uses per (MoE layer index, expert), for the learned hotlist.
     usage: Vec<u64>,
+    /// Per decoder layer: the experts a router lookahead last named for it,
+    /// until that layer's next pin counts how many of its picks they were.
+    predicted: Vec<Vec<u32>>,
     /// With `log_routes`: each single token's routing as (MoE layer index,
     /// sorted experts), in the order the layers ran.
     routes: Option<Vec<(usize, Vec<u32>)>>,
@@ -294,6 +324,7 @@ impl ExpertStore {
             reading: vec![false; slots],
             stats,
             usage: vec![0; layers.len() * experts],
+            predicted: vec![Vec::new(); moe_index.len()],
             routes: None,
         };
         let shared = Arc::new(Shared {

@@ -71,6 +71,11 @@ impl ExpertStore {
         let mut failure = None;
         {
             let mut st = self.shared.lock();
+            let predicted = std::mem::take(&mut st.predicted[layer]);
+            if !predicted.is_empty() {
+                st.stats.lookahead_picks += experts.len() as u64;
+                st.stats.lookahead_named += experts.iter().filter(|&&e| predicted.contains(&(e as u32))).count() as u64;
+            }
             if experts.len() == self.top_k && uses.iter().all(|&n| n <= 1) {
                 if let (Some(log), Some(index)) = (st.routes.as_mut(), self.shared.moe_index[layer]) {
                     let mut ids: Vec<u32> = experts.iter().map(|&e| e as u32).collect();
@@ -133,29 +138,35 @@ impl ExpertStore {
         step: &mut StepStats,
     ) -> (MutexGuard<'a, Ledger>, Result<(usize, bool)>) {
         let key = (layer as u32, expert as u32);
+        let hash_layer = self.options.hash_layers.get(layer).copied().unwrap_or(false);
         loop {
             if let Some(i) = self.key_index(layer, expert) {
                 st.usage[i] += 1;
             }
             if self.options.keep {
                 if let Some(slot) = st.core.lookup(key) {
-                    if std::mem::take(&mut st.speculative[slot]) {
-                        st.stats.prefetch_used += 1;
+                    let prefetched = std::mem::take(&mut st.speculative[slot]);
+                    let picks = if prefetched {
+                        step.experts_prefetched += 1;
+                        &mut st.stats.picks.prefetched
+                    } else {
+                        step.experts_reused += 1;
+                        &mut st.stats.picks.reused
+                    };
+                    *picks += 1;
+                    if hash_layer {
+                        let hash = &mut st.stats.hash_picks;
+                        *(if prefetched { &mut hash.prefetched } else { &mut hash.reused }) += 1;
                     }
-                    st.stats.hits += 1;
-                    if self.options.hash_layers.get(layer).copied().unwrap_or(false) {
-                        st.stats.hash_hits += 1;
-                    }
-                    step.experts_hit += 1;
                     return (st, Ok((slot, false)));
                 }
             }
             if let Some(slot) = st.core.insert(key) {
                 st.status[slot] = Status::Loading;
                 st.speculative[slot] = false;
-                st.stats.misses += 1;
-                if self.options.hash_layers.get(layer).copied().unwrap_or(false) {
-                    st.stats.hash_misses += 1;
+                st.stats.picks.missed += 1;
+                if hash_layer {
+                    st.stats.hash_picks.missed += 1;
                 }
                 st.stats.reads += 1;
                 st.stats.bytes_read += self.record_bytes() as u64;
@@ -293,6 +304,7 @@ impl ExpertStore {
         let mut issued = Vec::new();
         {
             let mut st = self.shared.lock();
+            st.predicted[layer] = experts.iter().map(|&e| e as u32).collect();
             for &expert in experts {
                 let key = (layer as u32, expert as u32);
                 // Room for a whole demand top-k always stays unpinned.

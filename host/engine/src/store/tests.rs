@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use super::{ExpertStore, StoreOptions};
 use crate::container::Container;
+use crate::stats::Picks;
 use crate::stats::StepStats;
 use crate::synth::{preset, synth};
 use crate::transformer::experts::ExpertProvider;
@@ -70,14 +71,57 @@ fn run(store: &ExpertStore, layers: &[usize], experts: usize, top_k: usize, hidd
     bits
 }
 
-#[test]
-fn huge_pages_landing_order_and_held_back_prefetch_are_bit_identical_to_the_plain_path() {
-    let dir = Dir(std::env::temp_dir().join(format!("waste-store-ident-{}", std::process::id())));
+/// A synthetic OLMoE container in its own folder, removed when dropped.
+fn olmoe_container(tag: &str) -> (Dir, Container) {
+    let dir = Dir(std::env::temp_dir().join(format!("waste-store-{tag}-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&dir.0);
     std::fs::create_dir_all(&dir.0).unwrap();
     let path = dir.0.join("olmoe.waste");
     synth(&path, &preset("olmoe-trace").unwrap(), &mut |_, _| {}).unwrap();
     let container = Container::open(&path).unwrap();
+    (dir, container)
+}
+
+/// Regression: a record a lookahead read, then used, was counted as a cache
+/// hit, so `hit_rate` reported lookahead's work as the cache's.
+#[test]
+fn a_prefetched_record_is_counted_as_prefetched_not_as_reused() {
+    let (_dir, container) = olmoe_container("picks");
+    let banks = container.expert_banks().unwrap();
+    let layers = banks.moe_layers();
+    let (first, second) = (layers[0], layers[1]);
+    let hidden = banks.shape().hidden;
+    let top_k = container.config().top_k;
+    let options = StoreOptions { cache_slots: 8 * top_k, keep: true, ..StoreOptions::default() };
+    let store = ExpertStore::open(container.expert_banks().unwrap(), top_k, options).unwrap();
+    let x = vec![0.5f32; hidden];
+    let mut out = vec![0.0f32; hidden];
+    let mut step = |layer: usize, experts: &[usize]| {
+        let picks: Vec<(usize, f32)> = experts.iter().map(|&e| (e, 1.0)).collect();
+        let mut stats = StepStats::default();
+        store.forward_experts(layer, &x, &picks, &mut out, &mut stats).unwrap();
+        stats.picks()
+    };
+    let picks = |reused, prefetched, missed| Picks { reused, prefetched, missed };
+    assert_eq!(step(first, &[0, 1]), picks(0, 0, 2));
+    // The lookahead names 2 and 3; the layer then picks 2 and 4.
+    store.prefetch(second, &[2, 3], &mut StepStats::default());
+    assert_eq!(step(second, &[2, 4]), picks(0, 1, 1));
+    assert_eq!(step(first, &[0, 1]), picks(2, 0, 0));
+    // Used once, the prefetched record is the cache's own from then on.
+    assert_eq!(step(second, &[2]), picks(1, 0, 0));
+    let s = store.stats();
+    assert_eq!(s.picks, picks(3, 1, 3));
+    assert_eq!((s.prefetch_issued, s.prefetch_wasted()), (2, 1));
+    assert_eq!((s.lookahead_picks, s.lookahead_named, s.lookahead_recall()), (2, 1, Some(0.5)));
+    assert_eq!(s.reads, 5);
+    assert_eq!(s.useful_bytes(), s.bytes_of(4));
+    assert_eq!(s.bytes_read, s.bytes_of(5));
+}
+
+#[test]
+fn huge_pages_landing_order_and_held_back_prefetch_are_bit_identical_to_the_plain_path() {
+    let (_dir, container) = olmoe_container("ident");
     let cfg = container.config().clone();
     let banks = container.expert_banks().unwrap();
     let (layers, hidden) = (banks.moe_layers(), banks.shape().hidden);
@@ -114,11 +158,13 @@ fn huge_pages_landing_order_and_held_back_prefetch_are_bit_identical_to_the_plai
         assert!(got == want, "{name}: outputs differ bitwise from the plain path");
         let s = store.stats();
         if guess {
-            assert!(s.prefetch_issued > 0 && s.prefetch_used > 0, "{name}: prefetch never paid ({s:?})");
+            assert!(s.prefetch_issued > 0 && s.picks.prefetched > 0, "{name}: prefetch never paid ({s:?})");
             assert!(s.useful_bytes() <= s.bytes_read, "{name}: useful bytes above bytes read");
         }
-        if options.keep {
-            assert!(s.hits > 0 && s.misses > 0, "{name}: cache unused ({s:?})");
+        // With a one-working-set cache, the wrong half of the guesses can
+        // evict every record before its reuse: then nothing is reused.
+        if options.keep && !guess {
+            assert!(s.picks.reused > 0 && s.picks.missed > 0, "{name}: cache unused ({s:?})");
         }
         let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
         if options.huge_pages && cfg!(target_os = "linux") && !thp.contains("[never]") && !thp.is_empty() {

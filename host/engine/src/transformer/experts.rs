@@ -296,7 +296,7 @@ impl ExpertProvider for DenseExperts<'_> {
             for (r, o) in out.iter_mut().enumerate() {
                 *o += weight * (dot(&down[r * inter..(r + 1) * inter], &act) + bias(2, r));
             }
-            stats.experts_hit += 1;
+            stats.experts_reused += 1;
         }
         Ok(())
     }

@@ -68,9 +68,8 @@ pub struct BenchArgs {
     /// Read through the page cache.
     #[arg(long)]
     pub buffered: bool,
-    /// Check every checksum: the trunk at open, each record as it lands.
-    #[arg(long)]
-    pub verify: bool,
+    #[command(flatten)]
+    pub verify: crate::open::VerifyArgs,
     /// Also measure raw random-read bandwidth of records: this many reads.
     #[arg(long, default_value_t = 0)]
     pub raw_reads: usize,
@@ -185,7 +184,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             threads,
             cpus: None,
             prefill_chunk: chunk,
-            verify: a.verify,
+            verify: a.verify.level(),
             extra_states: 0,
         };
         let model =

@@ -1,5 +1,5 @@
 //! Opening a model from the command line: the options every command that
-//! opens one takes (`--budget`, `--ctx`, `--threads`, `--cpus`, `--verify`,
+//! opens one takes (`--budget`, `--ctx`, `--threads`, `--cpus`, `--verify`/`--no-verify`,
 //! `--prefill-chunk`)
 //! and the sampler plugin of `run` and `serve`.
 
@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use waste_host::container::Verify;
 use waste_host::plan::{fmt_bytes, parse_size, BudgetSource, MemoryPlan};
 use waste_host::{Engine, OpenOptions, Session};
 
@@ -29,9 +30,8 @@ pub struct ModelArgs {
     /// Bind the compute threads to these CPUs, Linux cpu-list syntax: 0-2,6-8.
     #[arg(long)]
     pub cpus: Option<String>,
-    /// Check every checksum in the container: the whole trunk at open and each expert record as it is read.
-    #[arg(long)]
-    pub verify: bool,
+    #[command(flatten)]
+    pub verify: VerifyArgs,
     /// Tokens per prefill chunk, 1 (token at a time) to 8192; default: the largest the budget leaves room for.
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
@@ -50,10 +50,31 @@ impl ModelArgs {
             budget,
             threads,
             cpus,
-            verify: self.verify,
+            verify: self.verify.level(),
             prefill_chunk: self.prefill_chunk,
             ..OpenOptions::default()
         })
+    }
+}
+
+/// Which checksums to check, for every command that opens a model.
+#[derive(Args)]
+pub struct VerifyArgs {
+    /// Check every checksum in the container: also the whole trunk at open (expert records are checked by default); a container without checksums is refused.
+    #[arg(long, conflicts_with = "no_verify")]
+    pub verify: bool,
+    /// Do not check each expert record's checksum as it lands: a damaged record then changes the output silently.
+    #[arg(long)]
+    pub no_verify: bool,
+}
+
+impl VerifyArgs {
+    pub fn level(&self) -> Verify {
+        match (self.verify, self.no_verify) {
+            (true, _) => Verify::All,
+            (false, true) => Verify::Off,
+            (false, false) => Verify::Records,
+        }
     }
 }
 

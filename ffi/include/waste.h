@@ -14,6 +14,22 @@
 #define WASTE_IMAGE_MARKUP_MAX 128
 
 /**
+ * `waste_open_options.verify`: each expert record's checksum as it lands
+ * (the default).
+ */
+#define WASTE_VERIFY_RECORDS 0
+
+/**
+ * `waste_open_options.verify`: every checksum, the whole trunk's at open too.
+ */
+#define WASTE_VERIFY_ALL 1
+
+/**
+ * `waste_open_options.verify`: no record checksums.
+ */
+#define WASTE_VERIFY_OFF 2
+
+/**
  * The outcome of every fallible call.
  */
 typedef enum waste_result {
@@ -317,10 +333,12 @@ typedef struct waste_open_options {
    */
   bool preload;
   /**
-   * Check every checksum: the whole trunk at open, each expert record as
-   * it is read; a container without checksums is refused.
+   * Which checksums to check: `WASTE_VERIFY_RECORDS` (the default: each
+   * expert record as it lands), `WASTE_VERIFY_ALL` (also the whole trunk
+   * at open; a container without checksums is refused) or
+   * `WASTE_VERIFY_OFF` (a damaged record changes the output silently).
    */
-  bool verify;
+  uint32_t verify;
 } waste_open_options;
 
 /**

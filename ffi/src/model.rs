@@ -4,6 +4,7 @@ use std::ffi::{c_char, CString};
 use std::path::Path;
 use std::sync::Arc;
 
+use waste_host::container::Verify;
 use waste_host::plan::{plan_path, MemoryPlan};
 use waste_host::store::CachePolicy;
 use waste_host::{Model, OpenOptions, OpenProgress};
@@ -36,9 +37,27 @@ pub struct waste_open_options {
     pub lookahead: usize,
     /// Preload the hottest experts of the container's usage file.
     pub preload: bool,
-    /// Check every checksum: the whole trunk at open, each expert record as
-    /// it is read; a container without checksums is refused.
-    pub verify: bool,
+    /// Which checksums to check: `WASTE_VERIFY_RECORDS` (the default: each
+    /// expert record as it lands), `WASTE_VERIFY_ALL` (also the whole trunk
+    /// at open; a container without checksums is refused) or
+    /// `WASTE_VERIFY_OFF` (a damaged record changes the output silently).
+    pub verify: u32,
+}
+
+/// `waste_open_options.verify`: each expert record's checksum as it lands
+/// (the default).
+pub const WASTE_VERIFY_RECORDS: u32 = 0;
+/// `waste_open_options.verify`: every checksum, the whole trunk's at open too.
+pub const WASTE_VERIFY_ALL: u32 = 1;
+/// `waste_open_options.verify`: no record checksums.
+pub const WASTE_VERIFY_OFF: u32 = 2;
+
+fn verify_code(v: Verify) -> u32 {
+    match v {
+        Verify::Records => WASTE_VERIFY_RECORDS,
+        Verify::All => WASTE_VERIFY_ALL,
+        Verify::Off => WASTE_VERIFY_OFF,
+    }
 }
 
 /// A memory plan, in bytes.
@@ -174,7 +193,7 @@ pub unsafe extern "C" fn waste_open_options_default(out: *mut waste_open_options
         direct_io: d.store.direct_io,
         lookahead: d.store.lookahead,
         preload: d.preload,
-        verify: d.verify,
+        verify: verify_code(d.verify),
     };
     // SAFETY: checked non-NULL.
     unsafe { *out = o };
@@ -342,7 +361,12 @@ unsafe fn open_model(
             o.store.direct_io = c.direct_io;
             o.store.lookahead = c.lookahead;
             o.preload = c.preload;
-            o.verify = c.verify;
+            o.verify = match c.verify {
+                WASTE_VERIFY_RECORDS => Verify::Records,
+                WASTE_VERIFY_ALL => Verify::All,
+                WASTE_VERIFY_OFF => Verify::Off,
+                n => return Err((WASTE_ARG, format!("verify {n}: expected 0 (records), 1 (all) or 2 (off)"))),
+            };
         }
         let mut report = |p: &OpenProgress| {
             let Some(f) = callback else { return };

@@ -67,9 +67,12 @@ fn a_flipped_bit_in_a_codebook_is_refused_at_open_naming_the_layer() {
 }
 
 /// 36 of 42 flipped bits changed the output silently, those in expert
-/// payloads among them; `run` had no way to check the records.
+/// payloads among them; `run` had no way to check the records. Then only
+/// `--verify` checked them (12 of 513 runs on damaged copies still changed
+/// the output silently): records are now checked by default, and
+/// `--no-verify` is the opt-out.
 #[test]
-fn a_flipped_bit_in_an_expert_record_is_reported_by_verify_naming_layer_and_expert() {
+fn a_flipped_bit_in_an_expert_record_is_refused_by_default_naming_layer_and_expert() {
     let tmp = TempDir::new("flip-record");
     let m = convert("qwen3_moe", "q4", "q8", tmp.path());
     let experts = &manifest(&m)["experts"];
@@ -84,7 +87,14 @@ fn a_flipped_bit_in_an_expert_record_is_reported_by_verify_naming_layer_and_expe
     }
     let dir = m.to_str().unwrap();
     let what = format!("layer {} expert", bank["layer"]);
-    fails_with(&["run", dir, "Hello", "-n", "2", "--verify"], &[&what, "checksum mismatch", &file]);
+    for flags in [&[][..], &["--verify"]] {
+        let args: Vec<&str> = ["run", dir, "Hello", "-n", "2"].iter().chain(flags).copied().collect();
+        fails_with(&args, &[&what, "checksum mismatch", &file]);
+    }
+    let o = waste(&["run", dir, "Hello", "-n", "2", "--no-verify"]);
+    assert!(o.status.success(), "--no-verify runs the damaged copy: {}", stderr(&o));
+    let both = waste(&["run", dir, "Hello", "-n", "2", "--verify", "--no-verify"]);
+    assert!(!both.status.success(), "--verify with --no-verify was accepted");
     // The undamaged copy passes the same checks.
     let clean = convert("qwen3_moe", "q4", "f32", tmp.path());
     let o = waste(&["run", clean.to_str().unwrap(), "Hello", "-n", "2", "--verify"]);
@@ -108,6 +118,23 @@ fn verify_refuses_a_container_written_without_checksums() {
     );
     let o = waste(&["run", dir, "Hello", "-n", "1"]);
     assert!(o.status.success(), "without --verify an older container still runs: {}", stderr(&o));
+}
+
+/// A container whose end-of-sequence id lies outside the vocabulary was
+/// accepted: generation could never stop at it.
+#[test]
+fn an_eos_id_outside_the_vocabulary_is_refused_at_open() {
+    let tmp = TempDir::new("eos-outside");
+    let m = convert("qwen3_moe", "q8", "q8", tmp.path());
+    let mut v = manifest(&m);
+    let vocab = v["config"]["vocab_size"].as_u64().unwrap();
+    v["config"]["eos_token_id"] = serde_json::json!(vocab + 7);
+    std::fs::write(m.join("manifest.json"), serde_json::to_vec(&v).unwrap()).unwrap();
+    let bad = (vocab + 7).to_string();
+    fails_with(
+        &["run", m.to_str().unwrap(), "Hello", "-n", "1"],
+        &["end-of-sequence token id", &bad, "outside the vocabulary"],
+    );
 }
 
 fn files_of(dir: &Path) -> Vec<(String, Vec<u8>)> {

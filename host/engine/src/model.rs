@@ -45,11 +45,9 @@ pub struct OpenOptions {
     /// (`plan::choose_prefill_chunk`). Logits differ from token at a time
     /// by float rounding only (docs/PERFORMANCE.md states the bound).
     pub prefill_chunk: Option<usize>,
-    /// Check every checksum the container carries: the trunk tensors read a
-    /// row at a time (read whole once, at open) and each expert record as
-    /// it lands, on top of what is always checked (tensors and codebooks
-    /// read whole). A container without checksums is refused.
-    pub verify: bool,
+    /// Which checksums to check beyond those of what is read whole: by
+    /// default each expert record as it lands (`Verify::Records`).
+    pub verify: crate::container::Verify,
     /// Session states held besides the first (a server's prefix cache),
     /// counted inside the budget.
     pub extra_states: usize,
@@ -65,7 +63,7 @@ impl Default for OpenOptions {
             threads: None,
             cpus: None,
             prefill_chunk: None,
-            verify: false,
+            verify: crate::container::Verify::default(),
             extra_states: 0,
         }
     }
@@ -122,9 +120,7 @@ impl Model {
             crate::transformer::prefill::check_chunk(chunk)?;
         }
         let mut container = Container::open(path)?;
-        if options.verify {
-            container.require_checksums()?;
-        }
+        container.set_verify(options.verify)?;
         // The budget is checked before anything large is allocated.
         let states = 1 + options.extra_states;
         let plan =

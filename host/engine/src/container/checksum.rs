@@ -15,6 +15,23 @@ use waste_platform::FileExt;
 
 use crate::error::{Error, Result};
 
+/// Which checksums an open model checks, beyond those of the bytes it reads
+/// whole (the trunk tensors loaded at open and the codebooks), which are
+/// checked whenever the container carries them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verify {
+    /// Nothing more: a damaged expert record changes the output silently.
+    /// For users who accept that risk for the last percent of speed.
+    Off,
+    /// Each expert record's payload as it lands, where the record carries
+    /// a checksum (every container since checksums were introduced).
+    #[default]
+    Records,
+    /// Also the trunk tensors read a row at a time (whole, once, at open);
+    /// a container lacking any checksum is refused.
+    All,
+}
+
 pub fn crc32(bytes: &[u8]) -> u32 {
     crc32fast::hash(bytes)
 }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::manifest::{record, Manifest, MANIFEST_FILE, RECORD_ALIGN};
-use super::{checksum, expert_format, plain_file_name};
+use super::{checksum, expert_format, plain_file_name, Verify};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{Error, Result};
 use crate::files::read_file;
@@ -28,12 +28,12 @@ pub struct ExpertBanks {
     banks: Vec<Option<Bank>>,
     /// The experts' gated activation (SiTU on Kimi K3).
     activation: Activation,
-    /// Check each record's payload checksum as it lands (`--verify`).
-    verify: bool,
+    /// Which record checksums to check as records land.
+    verify: Verify,
 }
 
 impl ExpertBanks {
-    pub(super) fn open(dir: &Path, manifest: &Manifest, config: &ModelConfig, verify: bool) -> Result<ExpertBanks> {
+    pub(super) fn open(dir: &Path, manifest: &Manifest, config: &ModelConfig, verify: Verify) -> Result<ExpertBanks> {
         let mpath = dir.join(MANIFEST_FILE);
         let e = &manifest.experts;
         let format = expert_format(&e.format, &mpath)?;
@@ -175,9 +175,10 @@ impl ExpertBanks {
                 format!("{}: record has header {header:?}, expected {expected:?}", what()),
             ));
         }
-        if self.verify {
-            let crc = header.payload_crc32.ok_or_else(|| checksum::missing(path, &what()))?;
-            checksum::check(path, &what(), crc, &buf[self.payload_range()])?;
+        match (self.verify, header.payload_crc32) {
+            (Verify::Off, _) | (Verify::Records, None) => {}
+            (Verify::All, None) => return Err(checksum::missing(path, &what())),
+            (_, Some(crc)) => checksum::check(path, &what(), crc, &buf[self.payload_range()])?,
         }
         Ok(())
     }
@@ -208,7 +209,7 @@ fn load_codebooks(dir: &Path, layer: u64, cb: &super::manifest::CodebookEntry, m
     let stages = cb.stages as usize;
     let (gate_up, down) = (slice(cb.gate_up_offset, cb.gate_up_bytes)?, slice(cb.down_offset, cb.down_bytes)?);
     // Read whole anyway: checked whenever a checksum was written
-    // (`require_checksums` refused their absence under --verify).
+    // (`set_verify` refused their absence under `Verify::All`).
     for (bytes, crc, part) in [(gate_up, cb.gate_up_crc32, "gate/up"), (down, cb.down_crc32, "down")] {
         if let Some(crc) = crc {
             checksum::check(&path, &format!("layer {layer}'s {part} codebooks"), crc, bytes)?;

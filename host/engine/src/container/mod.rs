@@ -20,6 +20,7 @@ use waste_platform::FileExt;
 
 use crate::files::read_file;
 
+pub use checksum::Verify;
 pub use experts::ExpertBanks;
 use manifest::{Manifest, TensorEntry, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, TENSOR_ALIGN};
 pub use rows::TrunkRows;
@@ -55,7 +56,7 @@ pub struct Container {
     /// of tensors read a row at a time and of each expert record as it
     /// lands. Without it, whatever is read whole (trunk tensors,
     /// codebooks) is still checked when it has a checksum.
-    verify: bool,
+    verify: Verify,
 }
 
 /// Rejects names that could reach outside the container directory.
@@ -128,6 +129,16 @@ impl Container {
                 }
             }
         }
+        // Generation could never stop at an id the model cannot produce.
+        if let Some(&bad) = eos_tokens.iter().find(|&&id| id as usize >= config.vocab_size) {
+            return Err(Error::format(
+                &manifest_path,
+                format!(
+                    "end-of-sequence token id {bad} is outside the vocabulary of {} ids, so generation could never stop at it; fix eos_token_id in the checkpoint's config or generation config and convert again",
+                    config.vocab_size
+                ),
+            ));
+        }
 
         let mut chat_templates = ChatTemplates::None;
         let mut tokenizer_files = Vec::new();
@@ -162,13 +173,18 @@ impl Container {
             eos_tokens,
             chat_templates,
             tokenizer_files,
-            verify: false,
+            verify: Verify::default(),
         })
     }
 
-    /// Turns on `--verify` (see the field): refused at once when the
-    /// manifest lacks a checksum for a trunk tensor or a codebook.
-    pub fn require_checksums(&mut self) -> Result<()> {
+    /// Which checksums to check (see [`Verify`]); [`Verify::All`] is
+    /// refused at once when the manifest lacks a checksum for a trunk
+    /// tensor or a codebook.
+    pub fn set_verify(&mut self, verify: Verify) -> Result<()> {
+        if verify != Verify::All {
+            self.verify = verify;
+            return Ok(());
+        }
         for t in &self.manifest.trunk.tensors {
             if t.crc32.is_none() {
                 return Err(checksum::missing(&self.trunk_path, &format!("tensor {}", t.name)));
@@ -184,11 +200,11 @@ impl Container {
                 }
             }
         }
-        self.verify = true;
+        self.verify = Verify::All;
         Ok(())
     }
 
-    pub fn verifies(&self) -> bool {
+    pub fn verify(&self) -> Verify {
         self.verify
     }
 
@@ -269,7 +285,9 @@ impl Container {
     fn check_tensor(&self, t: &TensorEntry, bytes: &[u8]) -> Result<()> {
         match t.crc32 {
             Some(crc) => checksum::check(&self.trunk_path, &format!("tensor {}", t.name), crc, bytes),
-            None if self.verify => Err(checksum::missing(&self.trunk_path, &format!("tensor {}", t.name))),
+            None if self.verify == Verify::All => {
+                Err(checksum::missing(&self.trunk_path, &format!("tensor {}", t.name)))
+            }
             None => Ok(()),
         }
     }
@@ -385,7 +403,7 @@ impl TensorSource for Container {
         let [rows, cols] = t.shape[..] else { return None };
         let format = TrunkFormat::parse(&t.format)?;
         // Read a row at a time later, so checked here, whole, only when asked.
-        let checked = if self.verify {
+        let checked = if self.verify == Verify::All {
             checksum::crc32_of_range(&self.trunk, &self.trunk_path, t.offset, t.bytes)
                 .and_then(|crc| self.check_tensor_value(t, crc))
         } else {

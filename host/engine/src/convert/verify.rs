@@ -94,7 +94,7 @@ pub fn error_stats(got: &[f32], want: &[f32]) -> (f64, f64, f64) {
 pub fn verify(src: &Path, out: &Path, tick: &mut dyn FnMut(u64, u64)) -> Result<Vec<MatrixError>> {
     let ckpt = HfCheckpoint::open(src)?;
     let mut container = Container::open(out)?;
-    container.require_checksums()?;
+    container.set_verify(crate::container::Verify::All)?;
     container.check_trunk()?;
     let banks = container.expert_banks()?;
     let (fmt, shape, record) = (banks.format(), banks.shape(), banks.record_bytes());

@@ -379,23 +379,32 @@ def cold_runs(one, tok_per_s, rounds: int) -> dict:
     return median
 
 
-def measure_waste(waste: str, container: Path, a, cgroup: Cgroup | None, prompt: str) -> dict:
+# Router lookahead settings every WASTE decode figure is given with: the
+# engine's default and off, so a reader sees lookahead's share.
+LOOKAHEADS = (6, 0)
+
+
+def measure_waste(waste: str, container: Path, a, cgroup: Cgroup | None, prompt: str, tag: str) -> dict:
+    """`tag` names this run's routing log (one per run, never overwritten)."""
     common = ["--budget", a.budget, "--threads", str(a.threads)]
     tps = lambda r: parse_json_tail(r["stdout"])["tok_per_s"] if r["status"] == 0 else None
-    dec = cold_runs(
-        lambda: run([waste, "bench", str(container), "--tokens", str(a.tokens), "--json", "--ctx", "512"] + common, cgroup),
-        tps, a.rounds,
-    )
+    decode = {}
+    for la in LOOKAHEADS:
+        decode[la] = cold_runs(
+            lambda: run([waste, "bench", str(container), "--tokens", str(a.tokens), "--json", "--ctx", "512",
+                         "--lookahead", str(la)] + common, cgroup),
+            tps, a.rounds,
+        )
     pre = run([waste, "bench", str(container), "--prefill", str(a.prompt_tokens), "--json", "--ctx", "512"] + common, cgroup)
     gen = run(
         [waste, "run", str(container), prompt, "-n", str(a.tokens), "--temp", "0", "--ctx", "512", "--seed", "0",
-         "--route-log", str(a.work / f"routes-{container.stem}.jsonl")] + common,
+         "--route-log", str(a.work / f"routes-{tag}.jsonl")] + common,
         cgroup,
     )
     pre["tok_per_s"] = tps(pre)
-    for r in (dec, pre):
+    for r in (*decode.values(), pre):
         r["bench"] = parse_json_tail(r["stdout"]) if r["status"] == 0 else None
-    return {"decode": dec, "prefill": pre, "generate": gen}
+    return {"decode": decode[LOOKAHEADS[0]], "decode_lookahead_off": decode[0], "prefill": pre, "generate": gen}
 
 
 def routing_diversity(path: Path) -> dict | None:
@@ -475,9 +484,11 @@ def main() -> None:
         results["runs"][f"llama.cpp, {whole}"] = measure_llama(bins, gguf, a, machine, prompt)
         results["runs"][f"llama.cpp, {a.cap} cgroup"] = measure_llama(bins, gguf, a, group, prompt)
         for fmt, c in containers.items():
-            results["runs"][f"WASTE {fmt}, --budget {a.budget}, {whole}"] = measure_waste(a.waste, c, a, machine, prompt)
-            results["runs"][f"WASTE {fmt}, --budget {a.budget}, {a.cap} cgroup"] = measure_waste(a.waste, c, a, group, prompt)
-            results[f"routing_{fmt}"] = routing_diversity(a.work / f"routes-{c.stem}.jsonl")
+            for where, cgroup, tag in ((whole, machine, "machine"), (f"{a.cap} cgroup", group, "cap")):
+                tag = f"{c.stem}-{tag}"
+                results["runs"][f"WASTE {fmt}, --budget {a.budget}, {where}"] = measure_waste(
+                    a.waste, c, a, cgroup, prompt, tag)
+                results[f"routing_{tag}"] = routing_diversity(a.work / f"routes-{tag}.jsonl")
     finally:
         group.remove()
         if machine:
@@ -491,22 +502,38 @@ def main() -> None:
             shutil.rmtree(c)
 
 
+def picks(bench: dict | None) -> str:
+    """Where a WASTE decode's expert picks came from, and the lookahead's
+    recall, from its bench JSON; '-' for llama.cpp."""
+    if not bench or "reused" not in bench:
+        return "-"
+    recall = bench.get("lookahead_recall")
+    named = f", lookahead named {100 * recall:.0f}%" if recall is not None else ""
+    return (f"{bench['reused']} reused / {bench['prefetched']} prefetched / {bench['missed']} read "
+            f"({100 * bench['reuse_rate']:.0f}% reuse{named})")
+
+
 def print_table(r: dict) -> None:
     runs = r["runs"]
     base = next(iter(runs.values()))
     fmt = lambda x, f="{:.3f}": "-" if x is None else f.format(x)
     print(f"\nmodel: {r['model']['layers']} layers, GGUF {r['model']['gguf_bytes'] / 1e9:.1f} GB; load average "
           f"{r['loadavg_start']} at the start, {r['loadavg_end']} at the end")
-    print("| run | decode tok/s (median; all runs) | x first row | prefill tok/s | first token s | peak RSS GB | GB the process read / decoded token | tokens |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run | decode tok/s (median; all runs) | x first row | prefill tok/s | first token s | peak RSS GB | GB the process read / decoded token | expert picks (median run) | tokens |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, m in runs.items():
-        d, p, g = m["decode"], m["prefill"], m["generate"]
-        ratio = d["tok_per_s"] / base["decode"]["tok_per_s"] if d["tok_per_s"] and base["decode"]["tok_per_s"] else None
-        per_tok = d["read_bytes"] / 1e9 / max(1, int(r["args"]["tokens"]))
-        every = ", ".join(fmt(x, "{:.2f}") for x in d.get("all_tok_per_s", []))
-        print(f"| {name} | {fmt(d['tok_per_s'])} ({every}) | {fmt(ratio, '{:.1f}x')} | {fmt(p['tok_per_s'])} | "
-              f"{fmt(g['first_output_s'], '{:.1f}')} | {g['peak_rss_bytes'] / 1e9:.2f} | {per_tok:.2f} | "
-              f"{g['stdout'].strip()[:40]!r} |")
+        p, g = m["prefill"], m["generate"]
+        decodes = [(name, m["decode"])]
+        if "decode_lookahead_off" in m:
+            decodes = [(f"{name}, lookahead {LOOKAHEADS[0]}", m["decode"]),
+                       (f"{name}, lookahead off", m["decode_lookahead_off"])]
+        for label, d in decodes:
+            ratio = d["tok_per_s"] / base["decode"]["tok_per_s"] if d["tok_per_s"] and base["decode"]["tok_per_s"] else None
+            per_tok = d["read_bytes"] / 1e9 / max(1, int(r["args"]["tokens"]))
+            every = ", ".join(fmt(x, "{:.2f}") for x in d.get("all_tok_per_s", []))
+            print(f"| {label} | {fmt(d['tok_per_s'])} ({every}) | {fmt(ratio, '{:.1f}x')} | {fmt(p['tok_per_s'])} | "
+                  f"{fmt(g['first_output_s'], '{:.1f}')} | {g['peak_rss_bytes'] / 1e9:.2f} | {per_tok:.2f} | "
+                  f"{picks(d.get('bench'))} | {g['stdout'].strip()[:40]!r} |")
     for k, v in r.items():
         if k.startswith("routing_"):
             print(f"{k}: {v}")

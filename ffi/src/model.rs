@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use waste_host::container::Verify;
-use waste_host::plan::{plan_path, MemoryPlan};
+use waste_host::plan::{plan_path, MemoryPlan, PlanRequest};
 use waste_host::store::CachePolicy;
 use waste_host::{Model, OpenOptions, OpenProgress};
 
@@ -247,7 +247,8 @@ pub unsafe extern "C" fn waste_plan(
         // SAFETY: pointer and length from the caller.
         let path = Path::new(unsafe { str_arg("path", path, path_len) }?);
         let budget = (budget != 0).then_some(budget);
-        let plan = plan_path(path, opt(context), budget).map_err(host)?;
+        let plan =
+            plan_path(path, &PlanRequest { context: opt(context), budget, ..PlanRequest::default() }).map_err(host)?;
         // SAFETY: checked non-NULL.
         unsafe { *out = plan_out(&plan) };
         Ok(())

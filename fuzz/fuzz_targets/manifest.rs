@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
     std::fs::write(dir.join("manifest.json"), data).unwrap();
     if let Ok(mut c) = Container::open(&dir) {
         let _ = c.expert_banks();
-        let _ = waste_engine::plan::plan(&c, None, None);
+        let _ = waste_engine::plan::plan(&c, &Default::default());
         let _ = c.require_checksums();
     }
 });

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use waste_host::plan::plan_path;
+use waste_host::plan::{plan_path, PlanRequest};
 use waste_host::{Engine, Error, GenerateParams, Model, OpenOptions};
 
 use crate::common::*;
@@ -76,7 +76,7 @@ fn chunked_prefill_logits_are_bit_identical_on_every_fixture_and_format() {
         let (want, _) = plain.forward(&mut state, &prompt, true).unwrap();
         let want = bits(&want);
         let v = plain.info().vocab_size;
-        let floor = plan_path(&path, Some(CONTEXT), None).unwrap().floor;
+        let floor = plan_path(&path, &PlanRequest { context: Some(CONTEXT), ..PlanRequest::default() }).unwrap().floor;
         // The store moves bytes differently in each; none may change a bit.
         let variants: Vec<(&str, OpenOptions)> = vec![
             ("chunk 3, cache", options(3)),
@@ -170,7 +170,7 @@ fn engine() -> &'static Engine {
 fn chunked_prefill_reads_each_distinct_expert_once_per_chunk() {
     let tmp = TempDir::new("prefill-reads");
     let path = convert("olmoe", "q8", "q8", tmp.path());
-    let floor = plan_path(&path, Some(CONTEXT), None).unwrap().floor;
+    let floor = plan_path(&path, &PlanRequest { context: Some(CONTEXT), ..PlanRequest::default() }).unwrap().floor;
     let prompt = prompt("olmoe")[..40].to_vec();
     let open = |chunk: usize| {
         Model::open(

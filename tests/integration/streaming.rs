@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use waste_host::plan::plan_path;
+use waste_host::plan::{plan_path, PlanRequest};
 use waste_host::store::io::fd_is_direct;
 use waste_host::store::trace::read_route_trace;
 use waste_host::store::{simulate, CachePolicy, StoreOptions};
@@ -43,7 +43,7 @@ fn decode(model: &Model, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<u32
 fn cache_readers_read_ahead_and_lookahead_are_bit_identical_to_the_plain_path() {
     let dir = TempDir::new("stream-ident");
     let path = synthetic(&dir, "olmoe-trace");
-    let plan = plan_path(&path, Some(64), None).unwrap();
+    let plan = plan_path(&path, &PlanRequest { context: Some(64), ..PlanRequest::default() }).unwrap();
     // A cache of 1.5 working sets: records are evicted all the time, yet
     // some survive (below one working set nothing would).
     let small = plan.floor + plan.working_set * 3 / 2;
@@ -91,7 +91,7 @@ fn direct_io_is_on_for_a_container_on_this_machine() {
         return;
     }
     let path = synthetic(&dir, "olmoe-trace");
-    let plan = plan_path(&path, Some(64), None).unwrap();
+    let plan = plan_path(&path, &PlanRequest { context: Some(64), ..PlanRequest::default() }).unwrap();
     let model = Model::open(&path, &options(plan.floor)).unwrap();
     assert!(model.store_stats().direct_io, "direct I/O fell back on {fs}");
     let mut n = 0;
@@ -124,7 +124,7 @@ fn planned_equals_used_after_open() {
     let dir = TempDir::new("stream-plan");
     let path = synthetic(&dir, "olmoe-trace");
     for budget in [None, Some(4_000_000), Some(6_500_000)] {
-        let plan = plan_path(&path, Some(64), budget).unwrap();
+        let plan = plan_path(&path, &PlanRequest { context: Some(64), budget, ..PlanRequest::default() }).unwrap();
         let model = Model::open(&path, &OpenOptions { context: Some(64), budget, ..OpenOptions::default() }).unwrap();
         assert_eq!(model.memory_plan(), &plan);
         assert_eq!(model.memory_used().total(), plan.total(), "budget {budget:?}");
@@ -133,7 +133,14 @@ fn planned_equals_used_after_open() {
     let o = waste(&["plan", path.to_str().unwrap(), "--budget", "4M", "--ctx", "64", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(v["total"].as_u64(), Some(plan_path(&path, Some(64), Some(4_000_000)).unwrap().total()));
+    assert_eq!(
+        v["total"].as_u64(),
+        Some(
+            plan_path(&path, &PlanRequest { context: Some(64), budget: Some(4_000_000), ..PlanRequest::default() })
+                .unwrap()
+                .total()
+        )
+    );
 }
 
 /// Runtime memory outside the budget: the binary, thread stacks, the
@@ -170,7 +177,7 @@ fn peak_rss_counts_the_trunk_once() {
     spec.vocab = 160_000;
     spec.trunk = waste_host::quant::TrunkFormat::F32;
     synth(&path, &spec, &mut |_, _| {}).expect("synth");
-    let plan = plan_path(&path, Some(64), None).unwrap();
+    let plan = plan_path(&path, &PlanRequest { context: Some(64), ..PlanRequest::default() }).unwrap();
     assert!(plan.trunk > 150_000_000, "trunk {} bytes", plan.trunk);
     let budget = plan.floor + plan.working_set;
     let o = waste(&[
@@ -208,7 +215,7 @@ fn second_run_after_learn_has_fewer_misses() {
     let trace = committed_trace("trace_olmoe_299.jsonl");
     let dir = TempDir::new("stream-learn");
     let path = synthetic(&dir, "olmoe-trace");
-    let plan = plan_path(&path, Some(64), None).unwrap();
+    let plan = plan_path(&path, &PlanRequest { context: Some(64), ..PlanRequest::default() }).unwrap();
     let budget = (plan.floor + 2 * plan.working_set).to_string();
     let run = || {
         let o = waste(&[
@@ -244,7 +251,7 @@ fn trace_simulator_agrees_with_the_engine_cache_on_the_shared_traces() {
         let trace = read_route_trace(&trace_path).unwrap();
         let dir = TempDir::new("stream-sim");
         let path = synthetic(&dir, shape);
-        let plan = plan_path(&path, Some(64), None).unwrap();
+        let plan = plan_path(&path, &PlanRequest { context: Some(64), ..PlanRequest::default() }).unwrap();
         for (policy, sets) in [(CachePolicy::Frequency, 1), (CachePolicy::Lru, 1), (CachePolicy::Frequency, 3)] {
             let budget = plan.floor + sets * plan.working_set;
             let model = Model::open(&path, &with_store(options(budget), |s| s.policy = policy)).unwrap();

@@ -122,9 +122,14 @@ impl Model {
         let mut container = Container::open(path)?;
         container.set_verify(options.verify)?;
         // The budget is checked before anything large is allocated.
-        let states = 1 + options.extra_states;
-        let plan =
-            crate::plan::plan_with_states(&container, options.context, options.budget, states, options.prefill_chunk)?;
+        let request = crate::plan::PlanRequest {
+            context: options.context,
+            budget: options.budget,
+            extra_states: options.extra_states,
+            prefill_chunk: options.prefill_chunk,
+            ..Default::default()
+        };
+        let plan = crate::plan::plan(&container, &request)?;
         let context = plan.context;
         let tensors = container
             .manifest()

@@ -184,24 +184,29 @@ pub const SMALLEST_CHUNK: usize = CHUNK_CHOICES[CHUNK_CHOICES.len() - 1];
 /// The chunk sizes [`choose_prefill_chunk`] picks from, largest first.
 pub const CHUNK_CHOICES: [usize; 7] = [4096, 2048, 1024, 512, 256, 128, 64];
 
-/// The plan for the container at `path`, read from its manifest (the trunk
-/// is not loaded). `context`: tokens of state (`None`: min(model maximum, 4096)).
-pub fn plan_path(path: &Path, context: Option<usize>, budget: Option<u64>) -> Result<MemoryPlan> {
-    let container = Container::open(path)?;
-    plan(&container, context, budget)
+/// What a plan is asked for. `PlanRequest::default()` is one session on
+/// this machine, with the planner's context, budget and prefill chunk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanRequest {
+    /// Tokens of state (`None`: min(model maximum, [`DEFAULT_CONTEXT`])).
+    pub context: Option<usize>,
+    /// The budget (`None`: chosen from the usable RAM).
+    pub budget: Option<u64>,
+    /// Usable RAM of the machine planned for (`None`: this one's, see
+    /// [`usable_ram`]): what the automatic budget would be there.
+    pub usable_ram: Option<u64>,
+    /// Session states held besides the first (a server's prefix cache).
+    pub extra_states: usize,
+    /// Bytes images add (`vision::plan::vision_bytes`); 0 without images.
+    pub vision: u64,
+    /// Tokens per prefill chunk (`None`: [`choose_prefill_chunk`]).
+    pub prefill_chunk: Option<usize>,
 }
 
-/// As [`plan_path`], for a machine whose usable RAM is `usable_ram` instead
-/// of this one's (`None`: this machine's, see [`usable_ram`]): what the
-/// automatic budget would be there.
-pub fn plan_path_for_ram(
-    path: &Path,
-    context: Option<usize>,
-    budget: Option<u64>,
-    usable_ram: Option<u64>,
-) -> Result<MemoryPlan> {
-    let container = Container::open(path)?;
-    plan_inputs(&container, context, budget, usable_ram, 1, 0, None)
+/// The plan for the container at `path`, read from its manifest (the trunk
+/// is not loaded).
+pub fn plan_path(path: &Path, request: &PlanRequest) -> Result<MemoryPlan> {
+    plan(&Container::open(path)?, request)
 }
 
 pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Result<usize> {
@@ -216,42 +221,10 @@ pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Resu
     }
 }
 
-pub fn plan(container: &Container, context: Option<usize>, budget: Option<u64>) -> Result<MemoryPlan> {
-    plan_for_ram(container, context, budget, None)
-}
-
-/// As [`plan`], with room for `states` session states (a server keeps
-/// earlier conversations' states for its prefix cache) instead of one,
-/// and the prefill chunk given (`None`: [`choose_prefill_chunk`]).
-pub fn plan_with_states(
-    container: &Container,
-    context: Option<usize>,
-    budget: Option<u64>,
-    states: usize,
-    prefill_chunk: Option<usize>,
-) -> Result<MemoryPlan> {
-    plan_inputs(container, context, budget, None, states, 0, prefill_chunk)
-}
-
-/// As [`plan`], with the usable RAM given (`None`: this machine's).
-pub fn plan_for_ram(
-    container: &Container,
-    context: Option<usize>,
-    budget: Option<u64>,
-    usable_ram: Option<u64>,
-) -> Result<MemoryPlan> {
-    plan_inputs(container, context, budget, usable_ram, 1, 0, None)
-}
-
-pub(crate) fn plan_inputs(
-    container: &Container,
-    context: Option<usize>,
-    budget: Option<u64>,
-    usable_ram: Option<u64>,
-    states: usize,
-    vision: u64,
-    prefill_chunk: Option<usize>,
-) -> Result<MemoryPlan> {
+/// The memory plan of `container` for `request`: the one entry point every
+/// caller (opening a model, `waste plan`, the C ABI) plans through.
+pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> {
+    let PlanRequest { context, budget, usable_ram, extra_states, vision, prefill_chunk } = *request;
     let cfg = container.config();
     let context = resolve_context(cfg, context)?;
     let m = container.manifest();
@@ -259,7 +232,7 @@ pub(crate) fn plan_inputs(
     let moe_layers = m.experts.layers.len();
     let experts = cfg.num_experts;
     let usable = usable_ram.unwrap_or_else(self::usable_ram);
-    let (trunk, state) = (resident_trunk_bytes(cfg, m), state_bytes(cfg, context) * states.max(1) as u64);
+    let (trunk, state) = (resident_trunk_bytes(cfg, m), state_bytes(cfg, context) * (1 + extra_states) as u64);
     if let Some(c) = prefill_chunk {
         crate::transformer::prefill::check_chunk(c)?;
     }

@@ -14,7 +14,7 @@ fn main() -> waste_host::Result<()> {
         _ => return Err(waste_host::Error::Arg("usage: embed MODEL.waste STATE_FILE".into())),
     };
     println!("waste {}", waste_host::VERSION);
-    let plan = waste_host::plan::plan_path(model_path, None, None)?;
+    let plan = waste_host::plan::plan_path(model_path, &Default::default())?;
     println!("plan: floor {}, recommended {} bytes", plan.floor, plan.recommended);
     let options = OpenOptions { budget: Some(plan.recommended), ..OpenOptions::default() };
     let model = Model::open(model_path, &options)?;

@@ -9,24 +9,18 @@ use super::preprocess::PreprocessConfig;
 use super::tower::activation_bytes;
 use crate::container::Container;
 use crate::error::{Error, Result};
-use crate::plan::{plan_inputs, vision_tower_bytes, MemoryPlan};
+use crate::plan::{plan, vision_tower_bytes, MemoryPlan, PlanRequest};
 
-/// As `plan::plan_path_for_ram`; with `vision`, also for images through
-/// Kimi K3's tower ([`vision_bytes`]; refused for a model without one).
-pub fn plan_path_for_images(
-    path: &Path,
-    context: Option<usize>,
-    budget: Option<u64>,
-    usable_ram: Option<u64>,
-    vision: bool,
-) -> Result<MemoryPlan> {
+/// As `plan::plan_path`; with `vision`, also for images through Kimi K3's
+/// tower ([`vision_bytes`]; refused for a model without one).
+pub fn plan_path_for_images(path: &Path, request: &PlanRequest, vision: bool) -> Result<MemoryPlan> {
     let container = Container::open(path)?;
     let vision = match (vision, vision_bytes(&container)?) {
         (false, _) => 0,
         (true, Some(b)) => b,
         (true, None) => return Err(Error::Unsupported("this model has no vision tower to plan for".into())),
     };
-    plan_inputs(&container, context, budget, usable_ram, 1, vision, None)
+    plan(&container, &PlanRequest { vision, ..*request })
 }
 
 /// What images add to a plan: the tower's weights as the model holds them

@@ -63,7 +63,7 @@ typedef enum waste_result {
    */
   WASTE_GUEST = 7,
   /**
-   * An inconsistency while running a model (context full, ...).
+   * An inconsistency while running a model (a failed expert read, ...).
    */
   WASTE_RUNTIME = 8,
   /**
@@ -86,6 +86,10 @@ typedef enum waste_result {
    * The model's chat template refused the conversation, or it has none.
    */
   WASTE_CHAT_TEMPLATE = 13,
+  /**
+   * The tokens asked for do not fit in the session's context.
+   */
+  WASTE_CONTEXT_FULL = 14,
 } waste_result;
 
 /**

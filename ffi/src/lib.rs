@@ -54,7 +54,7 @@ pub enum waste_result {
     WASTE_CANCELLED = 6,
     /// The control component failed or trapped.
     WASTE_GUEST = 7,
-    /// An inconsistency while running a model (context full, ...).
+    /// An inconsistency while running a model (a failed expert read, ...).
     WASTE_RUNTIME = 8,
     /// A panic inside the library, caught at the boundary.
     WASTE_PANIC = 9,
@@ -66,6 +66,8 @@ pub enum waste_result {
     WASTE_BUFFER_TOO_SMALL = 12,
     /// The model's chat template refused the conversation, or it has none.
     WASTE_CHAT_TEMPLATE = 13,
+    /// The tokens asked for do not fit in the session's context.
+    WASTE_CONTEXT_FULL = 14,
 }
 
 use waste_result::*;
@@ -88,6 +90,7 @@ pub extern "C" fn waste_strerror(code: waste_result) -> *const c_char {
         WASTE_UTF8 => b"string is not UTF-8\0",
         WASTE_CHAT_TEMPLATE => b"chat template error\0",
         WASTE_BUFFER_TOO_SMALL => b"output buffer too small\0",
+        WASTE_CONTEXT_FULL => b"the context is full\0",
     };
     s.as_ptr() as *const c_char
 }
@@ -145,6 +148,7 @@ pub(crate) fn code_of(e: &Error) -> waste_result {
         Error::ChatTemplate(_) => WASTE_CHAT_TEMPLATE,
         Error::Guest(_) => WASTE_GUEST,
         Error::Runtime(_) => WASTE_RUNTIME,
+        Error::ContextFull { .. } => WASTE_CONTEXT_FULL,
         // No wildcard: a variant added to the engine must be given its code
         // here before this crate compiles again.
     }

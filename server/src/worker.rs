@@ -263,6 +263,9 @@ fn image_error(e: waste_host::Error) -> ApiError {
 fn host_error(e: waste_host::Error) -> ApiError {
     match e {
         waste_host::Error::Arg(m) => ApiError::bad_request(m, None),
+        full @ waste_host::Error::ContextFull { .. } => {
+            ApiError { code: Some("context_length_exceeded"), ..ApiError::bad_request(full.to_string(), None) }
+        }
         other => ApiError::internal(other.to_string()),
     }
 }

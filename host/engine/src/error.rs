@@ -40,8 +40,14 @@ pub enum Error {
     #[error("control component: {0}")]
     Guest(String),
 
-    /// An inconsistency found while running a model (context full, a token id
-    /// outside the vocabulary, ...).
+    /// A forward pass of `tokens` tokens at `position` would run past the
+    /// state's `context`: the caller asked for more than the context holds
+    /// (a front end answers it as the request's fault, not the engine's).
+    #[error("context full: {tokens} tokens at position {position} exceed the context of {context}")]
+    ContextFull { tokens: usize, position: usize, context: usize },
+
+    /// An inconsistency found while running a model (a failed expert read, a
+    /// state poisoned by an earlier failure, ...).
     #[error("{0}")]
     Runtime(String),
 }

@@ -31,6 +31,18 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         let want_top = top_k_logprobs(&logits, 3);
         assert_eq!(waste_session_reset(o.session), WASTE_OK);
 
+        // More tokens than the context holds: a code of its own (it was
+        // WASTE_RUNTIME, like a failed read), and the state is unchanged.
+        let mut context_info = std::mem::zeroed::<waste_model_info>();
+        assert_eq!(waste_model_get_info(o.model, &mut context_info), WASTE_OK);
+        let long = vec![prompt[0]; context_info.context + 1];
+        let r =
+            waste_session_eval(o.session, long.as_ptr(), long.len(), false, logits.as_mut_ptr(), logits.len(), &mut n);
+        expect(o.ctx, r, WASTE_CONTEXT_FULL, "context full");
+        let mut position = usize::MAX;
+        assert_eq!(waste_session_position(o.session, &mut position), WASTE_OK);
+        assert_eq!(position, 0);
+
         let mut p = params(0.0, 0, 4);
         p.top_logprobs = 3;
         let (r, events) = o.generate(&prompt, &p);

@@ -497,11 +497,7 @@ impl Transformer {
         }
         let start = state.position;
         if start + tokens.len() > state.context {
-            return Err(Error::Runtime(format!(
-                "context full: {} tokens at position {start} exceed the context of {}",
-                tokens.len(),
-                state.context
-            )));
+            return Err(Error::ContextFull { tokens: tokens.len(), position: start, context: state.context });
         }
         let result = self.forward_tokens(state, tokens, splice, experts, all_positions, stats);
         if result.is_err() {

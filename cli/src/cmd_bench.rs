@@ -300,10 +300,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "reader_sys_s": s.reader_sys_time.as_secs_f64(), "process_user_s": cpu.map(|c| c.0),
             "process_sys_s": cpu.map(|c| c.1),
             "hash_layer_picks": s.hash_picks.total(), "hash_layer_reused": s.hash_picks.reused,
-            "process_gb_read": process_gb_read,
+            "process_gb_read": process_gb_read, "disk_idle_ms_per_token": s.disk_idle.as_secs_f64() * 1e3 / steps as f64,
             "process_gb_per_token": process_gb_read.map(|g| g / steps as f64),
         });
-        for extra in [more, s.picks_json()] {
+        for extra in [more, s.report_json()] {
             if let (Some(row), serde_json::Value::Object(extra)) = (row.as_object_mut(), extra) {
                 row.extend(extra);
             }
@@ -341,7 +341,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             let process =
                 r["process_gb_read"].as_f64().map(|v| format!(" (the process: {v:.3} GB)")).unwrap_or_default();
             outln!(
-                "budget {}, lookahead {}, threads {}: {:.2} tok/s, experts {picks}{lookahead}, {:.3} GB read{process}, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, direct_io {}",
+                "budget {}, lookahead {}, threads {}: {:.2} tok/s, experts {picks}{lookahead}, {:.3} GB read{process}, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, disk idle {:.1} ms/token, direct_io {}",
                 fmt_bytes(f("budget") as u64),
                 r["lookahead"],
                 r["threads"],
@@ -350,6 +350,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 f("gb_per_token"),
                 f("achieved_gb_per_s"),
                 f("useful_gb_per_s"),
+                f("disk_idle_ms_per_token"),
                 r["direct_io"]
             );
             // DeepSeek-V4's hash layers pick by token id alone: their share

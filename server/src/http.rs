@@ -327,7 +327,7 @@ async fn stats(State(state): State<Shared>) -> Json<Value> {
             "tokens_reused": n(&c.prefix_tokens_reused),
             "prompt_tokens_evaluated": n(&c.prompt_tokens_evaluated),
         },
-        "experts": state.model.store_stats().picks_json(),
+        "experts": state.model.store_stats().report_json(),
         "tokens_generated": n(&c.tokens_generated),
         "max_tokens_after_disconnect": n(&c.max_tokens_after_disconnect),
         "last_cancelled": last,

@@ -89,6 +89,9 @@ pub struct StoreStats {
     pub read_time: Duration,
     /// System CPU time the reader threads spent in their reads (Linux).
     pub reader_sys_time: Duration,
+    /// Wall time during which no expert read was running (none inside its
+    /// `pread`): what keeping the disk busy can still win.
+    pub disk_idle: Duration,
     /// Speculative reads issued; `picks.prefetched` of them were used.
     pub prefetch_issued: u64,
     pub preloaded: u64,
@@ -135,9 +138,10 @@ impl StoreStats {
         (self.lookahead_picks > 0).then(|| ratio(self.lookahead_named, self.lookahead_picks))
     }
 
-    /// Where the picks' records came from, with the bytes of each, as every
-    /// JSON report (`waste bench`, the server's `/stats`) states it.
-    pub fn picks_json(&self) -> serde_json::Value {
+    /// Where the picks' records came from, with the bytes of each, and how
+    /// long the forward pass waited and the disk idled, as every JSON report
+    /// (`waste bench`, the server's `/stats`) states it.
+    pub fn report_json(&self) -> serde_json::Value {
         let p = &self.picks;
         serde_json::json!({
             "reused": p.reused, "prefetched": p.prefetched, "missed": p.missed, "reuse_rate": p.reuse_rate(),
@@ -147,6 +151,7 @@ impl StoreStats {
             "bytes_prefetch_wasted": self.bytes_of(self.prefetch_wasted()),
             "lookahead_recall": self.lookahead_recall(), "lookahead_picks": self.lookahead_picks,
             "reads": self.reads, "bytes_read": self.bytes_read,
+            "io_wait_s": self.io_wait.as_secs_f64(), "disk_idle_s": self.disk_idle.as_secs_f64(),
         })
     }
 }
@@ -166,6 +171,10 @@ struct Ledger {
     /// Loaded by a speculative read and not yet used by a demand.
     speculative: Vec<bool>,
     in_flight: usize,
+    /// Reads inside their `pread` right now, and since when none has been
+    /// (`StoreStats::disk_idle`).
+    reading_now: usize,
+    idle_since: Option<Instant>,
     /// A read of the slot is queued or running.
     reading: Vec<bool>,
     stats: StoreStats,
@@ -177,6 +186,33 @@ struct Ledger {
     /// With `log_routes`: each single token's routing as (MoE layer index,
     /// sorted experts), in the order the layers ran.
     routes: Option<Vec<(usize, Vec<u32>)>>,
+}
+
+impl Ledger {
+    /// A read enters its `pread`; ends a stretch of disk idle time.
+    fn disk_busy(&mut self) {
+        if let Some(since) = self.idle_since.take() {
+            self.stats.disk_idle += since.elapsed();
+        }
+        self.reading_now += 1;
+    }
+
+    /// A read left its `pread`; the last one out starts a stretch of idle.
+    fn disk_done(&mut self) {
+        self.reading_now -= 1;
+        if self.reading_now == 0 {
+            self.idle_since = Some(Instant::now());
+        }
+    }
+
+    /// The counters, the disk's current idle stretch included.
+    fn stats_now(&self) -> StoreStats {
+        let mut s = self.stats;
+        if let Some(since) = self.idle_since {
+            s.disk_idle += since.elapsed();
+        }
+        s
+    }
 }
 
 pub(crate) struct Shared {
@@ -211,13 +247,16 @@ impl Shared {
         let file = self.files[layer].as_ref().ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
         let record = self.banks.record_bytes();
         let mut buf = self.bufs[slot].lock().unwrap_or_else(|p| p.into_inner());
-        let started = Instant::now();
         let bytes = &mut buf.as_mut_slice()[..record];
         let path = &self.banks.bank(layer).map(|b| b.path.clone()).unwrap_or_default();
-        file.read_at(bytes, (expert * record) as u64).map_err(|e| {
+        self.lock().disk_busy();
+        let started = Instant::now();
+        let read = file.read_at(bytes, (expert * record) as u64);
+        let took = started.elapsed();
+        self.lock().disk_done();
+        read.map_err(|e| {
             Error::io(path, std::io::Error::new(e.kind(), format!("layer {layer} expert {expert}: {e}")))
         })?;
-        let took = started.elapsed();
         self.banks.check_record(layer, expert, bytes)?;
         Ok(took)
     }
@@ -321,6 +360,8 @@ impl ExpertStore {
             status: vec![Status::Empty; slots],
             speculative: vec![false; slots],
             in_flight: 0,
+            reading_now: 0,
+            idle_since: Some(Instant::now()),
             reading: vec![false; slots],
             stats,
             usage: vec![0; layers.len() * experts],
@@ -368,12 +409,15 @@ impl ExpertStore {
     }
 
     pub fn stats(&self) -> StoreStats {
-        self.shared.lock().stats
+        self.shared.lock().stats_now()
     }
 
     pub fn reset_stats(&self) {
         let mut st = self.shared.lock();
         let keep = st.stats;
+        if st.reading_now == 0 {
+            st.idle_since = Some(Instant::now());
+        }
         st.stats = StoreStats {
             direct_io: keep.direct_io,
             huge_pages: keep.huge_pages,

@@ -119,6 +119,32 @@ fn a_prefetched_record_is_counted_as_prefetched_not_as_reused() {
     assert_eq!(s.bytes_read, s.bytes_of(5));
 }
 
+/// The disk's idle time is wall time with no read inside its `pread`: all
+/// of it before the first read, none counted from before a reset, and never
+/// more than the time that passed.
+#[test]
+fn disk_idle_counts_the_time_no_read_runs() {
+    let (_dir, container) = olmoe_container("idle");
+    let banks = container.expert_banks().unwrap();
+    let (layer, hidden) = (banks.moe_layers()[0], banks.shape().hidden);
+    let top_k = container.config().top_k;
+    let opened = std::time::Instant::now();
+    let options = StoreOptions { cache_slots: 4 * top_k, keep: true, ..StoreOptions::default() };
+    let store = ExpertStore::open(container.expert_banks().unwrap(), top_k, options).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let idle = store.stats().disk_idle;
+    assert!(idle >= std::time::Duration::from_millis(30) && idle <= opened.elapsed(), "{idle:?}");
+    let mut out = vec![0.0f32; hidden];
+    store
+        .forward_experts(layer, &vec![0.5; hidden], &[(0, 1.0), (1, 1.0)], &mut out, &mut StepStats::default())
+        .unwrap();
+    let s = store.stats();
+    assert!(s.disk_idle + s.read_time >= idle && s.disk_idle <= opened.elapsed(), "{s:?}");
+    let reset = std::time::Instant::now();
+    store.reset_stats();
+    assert!(store.stats().disk_idle <= reset.elapsed());
+}
+
 #[test]
 fn huge_pages_landing_order_and_held_back_prefetch_are_bit_identical_to_the_plain_path() {
     let (_dir, container) = olmoe_container("ident");

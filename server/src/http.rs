@@ -21,9 +21,18 @@ use crate::state::{record, unknown_model, AppState, LoggedByStream, Shared, Toke
 use crate::{anthropic, ollama, openai};
 
 pub fn router(state: Shared) -> Router {
-    let v1 = Router::new()
-        .route("/v1/chat/completions", post(openai::chat))
-        .route("/v1/completions", post(openai::completions))
+    // The OpenAI routes answer with and without `/v1`: clients set up for
+    // llama-server often call `/chat/completions`, `/completions` and
+    // `/models`, which it serves too.
+    let mut v1 = Router::new();
+    for prefix in ["/v1", ""] {
+        v1 = v1
+            .route(&format!("{prefix}/chat/completions"), post(openai::chat))
+            .route(&format!("{prefix}/completions"), post(openai::completions))
+            .route(&format!("{prefix}/models"), get(models))
+            .route(&format!("{prefix}/models/{{id}}"), get(model));
+    }
+    let v1 = v1
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))
@@ -32,8 +41,6 @@ pub fn router(state: Shared) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
-        .route("/v1/models", get(models))
-        .route("/v1/models/{id}", get(model))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));

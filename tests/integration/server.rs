@@ -492,11 +492,14 @@ fn server_chat_template_kwargs_reach_the_template() {
 
 /// Sends one request with a raw `Authorization` header; returns the status.
 fn status_with_auth(url: &str, auth: &str) -> u16 {
+    get_status(url, "/v1/models", auth)
+}
+
+fn get_status(url: &str, path: &str, auth: &str) -> u16 {
     use std::io::{Read, Write};
     let host = url.trim_start_matches("http://").split('/').next().unwrap();
     let mut conn = std::net::TcpStream::connect(host).unwrap();
-    write!(conn, "GET /v1/models HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n")
-        .unwrap();
+    write!(conn, "GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n").unwrap();
     let mut answer = String::new();
     conn.read_to_string(&mut answer).unwrap();
     answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{answer}"))
@@ -512,6 +515,30 @@ fn server_accepts_any_case_of_the_bearer_scheme() {
     }
     assert_eq!(status_with_auth(&url, "bearer wrong"), 401);
     assert_eq!(status_with_auth(&url, &format!("Basic {KEY}")), 401);
+}
+
+/// Clients set up for llama-server call the OpenAI routes without `/v1`
+/// (`/chat/completions`, `/completions`, `/models`): they were 404s. Each
+/// answers as its `/v1` twin does, key checked alike.
+#[test]
+fn server_answers_the_openai_routes_without_v1() {
+    let (_server, url) = start(&bible(), &[]);
+    let chat = serde_json::json!({"model": "bible-moe", "messages": [{"role": "user", "content": "And God said"}],
+                      "max_tokens": 6, "temperature": 0});
+    let text = serde_json::json!({"model": "bible-moe", "prompt": "And God said", "max_tokens": 6, "temperature": 0});
+    for (path, body, field) in
+        [("/chat/completions", &chat, "/choices/0/message/content"), ("/completions", &text, "/choices/0/text")]
+    {
+        let (with, a) = post_json(&url, &format!("/v1{path}"), body);
+        let (without, b) = post_json(&url, path, body);
+        assert_eq!((with, without), (200, 200), "{path}: {a} / {b}");
+        assert_eq!(a.pointer(field), b.pointer(field), "{path}");
+        assert!(a.pointer(field).and_then(|v| v.as_str()).is_some_and(|t| !t.is_empty()), "{a}");
+    }
+    for path in ["/models", "/models/bible-moe"] {
+        assert_eq!(get_status(&url, path, &format!("Bearer {KEY}")), 200, "{path}");
+        assert_eq!(get_status(&url, path, "Bearer wrong"), 401, "{path}");
+    }
 }
 
 /// `logit_bias` was neither applied nor validated by the server, and

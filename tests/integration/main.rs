@@ -32,6 +32,7 @@ mod prefill;
 mod reliability;
 mod scale_out;
 mod server;
+mod server_http;
 mod session;
 mod streaming;
 mod structured;

@@ -16,8 +16,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{
-    AttnKind, Dims, ExpertLayout, Family, MlaDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS,
-    MAX_HEAD_DIM, MAX_INTER, MAX_POSITIONS,
+    AttnKind, Common, Family, MlaDims, ModelConfig, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM,
+    MAX_INTER, MAX_POSITIONS,
 };
 use crate::error::{Error, Result};
 
@@ -137,11 +137,11 @@ fn read_rope(r: &Reader<'_>, dim: usize, max_pos: usize) -> Result<MlaRope> {
 /// this family's own keys.
 pub(super) fn parse_config(r: &Reader<'_>, _family: Family, model_type: &str) -> Result<ModelConfig> {
     r.require_silu()?;
-    parse(r, model_type, &Dims::read(r)?)
+    parse(r, model_type, Common::read(r)?)
 }
 
-pub(super) fn parse(r: &Reader<'_>, model_type: &str, dims: &Dims) -> Result<ModelConfig> {
-    let &Dims { vocab_size, hidden_size, num_layers } = dims;
+pub(super) fn parse(r: &Reader<'_>, model_type: &str, common: Common) -> Result<ModelConfig> {
+    let num_layers = common.num_layers;
     let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     if let Some(kv) = r.usize_opt("num_key_value_heads")? {
         if kv != num_heads {
@@ -235,27 +235,14 @@ pub(super) fn parse(r: &Reader<'_>, model_type: &str, dims: &Dims) -> Result<Mod
         None
     };
 
-    let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(1e-6);
-    if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
-        return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
-    }
-    let bos_token_id = match r.get("bos_token_id") {
-        None => None,
-        Some(v) => Some(r.token_id("bos_token_id", v)?),
-    };
+    let rms_norm_eps = r.rms_norm_eps(1e-6)?;
 
     Ok(ModelConfig {
-        family: Family::DeepseekV3,
-        model_type: model_type.to_string(),
-        vocab_size,
-        hidden_size,
-        num_layers,
         num_heads,
         num_kv_heads: num_heads,
         head_dim: mla.qk_head_dim(),
         rope_theta: rope.theta,
-        rms_norm_eps: rms_norm_eps as f32,
-        qk_norm: QkNorm::None,
+        rms_norm_eps,
         attention_bias: r.bool_opt("attention_bias")?.unwrap_or(false),
         num_experts,
         top_k,
@@ -263,23 +250,15 @@ pub(super) fn parse(r: &Reader<'_>, model_type: &str, dims: &Dims) -> Result<Mod
         intermediate_size,
         norm_topk_prob: r.bool_opt("norm_topk_prob")?.unwrap_or(true),
         moe_layers,
-        tie_word_embeddings: r.bool_opt("tie_word_embeddings")?.unwrap_or(false),
         max_position_embeddings,
-        bos_token_id,
-        eos_token_ids: r.token_ids("eos_token_id")?,
-        sliding_window: None,
-        clip_qkv: None,
-        moe_block: "mlp".to_string(),
-        expert_layout: ExpertLayout::PerExpert,
         attn_kinds: vec![AttnKind::Mla; num_layers],
         mla: Some(mla),
-        kda: None,
         router: RouterKind::SigmoidBias { routed_scaling_factor: scale as f32 },
         shared_intermediate_size: moe_intermediate_size * n_shared,
         mla_rope: Some(rope),
         expert_groups,
-        k3: None,
         add: super::Switches { dsa, ..super::Switches::default() },
+        ..ModelConfig::plain(Family::DeepseekV3, model_type, common)
     })
 }
 

@@ -7,8 +7,8 @@
 use serde_json::Value;
 
 use super::{
-    AttnKind, Dims, ExpertLayout, Family, MlaRope, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS,
-    MAX_HEAD_DIM, MAX_INTER, MAX_POSITIONS,
+    AttnKind, Common, Family, MlaRope, ModelConfig, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM,
+    MAX_INTER, MAX_POSITIONS,
 };
 use crate::error::Result;
 
@@ -194,11 +194,11 @@ fn compress_rate(r: &Reader<'_>, kind: &str, legacy: &str, default: usize) -> Re
 /// this family's own keys.
 pub(super) fn parse_config(r: &Reader<'_>, _family: Family, _model_type: &str) -> Result<ModelConfig> {
     r.require_silu()?;
-    parse(r, &Dims::read(r)?)
+    parse(r, Common::read(r)?)
 }
 
-pub(super) fn parse(r: &Reader<'_>, dims: &Dims) -> Result<ModelConfig> {
-    let &Dims { vocab_size, hidden_size, num_layers } = dims;
+pub(super) fn parse(r: &Reader<'_>, common: Common) -> Result<ModelConfig> {
+    let num_layers = common.num_layers;
     let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     if let Some(kv) = r.usize_opt("num_key_value_heads")? {
         if kv != 1 {
@@ -299,14 +299,7 @@ pub(super) fn parse(r: &Reader<'_>, dims: &Dims) -> Result<ModelConfig> {
     if !(scale > 0.0 && scale < 1e6) {
         return Err(r.err("routed_scaling_factor", format!("{scale} is not a positive factor")));
     }
-    let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(1e-6);
-    if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
-        return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
-    }
-    let bos_token_id = match r.get("bos_token_id") {
-        None => None,
-        Some(v) => Some(r.token_id("bos_token_id", v)?),
-    };
+    let rms_norm_eps = r.rms_norm_eps(1e-6)?;
     let v4 = V4Params {
         layers: layer_kinds(r, num_layers)?,
         hash_layers: hash_layers(r, num_layers)?,
@@ -329,42 +322,23 @@ pub(super) fn parse(r: &Reader<'_>, dims: &Dims) -> Result<ModelConfig> {
         compress_rope,
     };
     Ok(ModelConfig {
-        family: Family::DeepseekV4,
-        model_type: "deepseek_v4".to_string(),
-        vocab_size,
-        hidden_size,
-        num_layers,
         num_heads,
         num_kv_heads: 1,
         head_dim,
         rope_theta: main_theta,
-        rms_norm_eps: rms_norm_eps as f32,
-        qk_norm: QkNorm::None,
-        attention_bias: false,
+        rms_norm_eps,
         num_experts,
         top_k,
         moe_intermediate_size,
-        intermediate_size: 0,
         // DeepseekV4TopKRouter / HashRouter always divide by the sum.
         norm_topk_prob: true,
-        moe_layers: vec![true; num_layers],
-        tie_word_embeddings: r.bool_opt("tie_word_embeddings")?.unwrap_or(false),
         max_position_embeddings,
-        bos_token_id,
-        eos_token_ids: r.token_ids("eos_token_id")?,
         sliding_window: Some(sliding_window),
-        clip_qkv: None,
-        moe_block: "mlp".to_string(),
-        expert_layout: ExpertLayout::PerExpert,
         attn_kinds: vec![AttnKind::V4; num_layers],
-        mla: None,
-        kda: None,
         router: RouterKind::SqrtSoftplusBias { routed_scaling_factor: scale as f32 },
         shared_intermediate_size: moe_intermediate_size * n_shared,
-        mla_rope: None,
-        expert_groups: None,
-        k3: None,
         add: super::Switches { v4: Some(v4), ..super::Switches::default() },
+        ..ModelConfig::plain(Family::DeepseekV4, "deepseek_v4", common)
     })
 }
 

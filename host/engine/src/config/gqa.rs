@@ -3,14 +3,15 @@
 //! SwiGLU). The defaults are those of `configuration_<family>.py`.
 
 use super::{
-    rope, AttnKind, Dims, ExpertLayout, Family, ModelConfig, QkNorm, Reader, RouterKind, Switches, MAX_EXPERTS,
-    MAX_HEADS, MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
+    rope, Common, Family, ModelConfig, QkNorm, Reader, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS,
+    MAX_POSITIONS,
 };
 use crate::error::Result;
 
 pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<ModelConfig> {
     r.require_silu()?;
-    let Dims { vocab_size, hidden_size, num_layers } = Dims::read(r)?;
+    let common = Common::read(r)?;
+    let (hidden_size, num_layers) = (common.hidden_size, common.num_layers);
     let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     let num_kv_heads = r.usize_opt("num_key_value_heads")?.unwrap_or(num_heads);
     let num_kv_heads = r.bounded("num_key_value_heads", num_kv_heads, MAX_HEADS)?;
@@ -39,13 +40,10 @@ pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<
     }
 
     let rope_theta = rope::read_rope_theta(r, family)?;
-    let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(match family {
+    let rms_norm_eps = r.rms_norm_eps(match family {
         Family::Qwen3Moe => 1e-6,
         _ => 1e-5,
-    });
-    if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
-        return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
-    }
+    })?;
 
     // configuration_*.py `attribute_map` aliases num_experts and
     // num_local_experts; which one is written depends on the family and
@@ -121,23 +119,12 @@ pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<
     });
     let max_position_embeddings = r.bounded("max_position_embeddings", max_position_embeddings, MAX_POSITIONS)?;
 
-    let bos_token_id = match r.get("bos_token_id") {
-        None => None,
-        Some(v) => Some(r.token_id("bos_token_id", v)?),
-    };
-    let eos_token_ids = r.token_ids("eos_token_id")?;
-
     Ok(ModelConfig {
-        family,
-        model_type: model_type.to_string(),
-        vocab_size,
-        hidden_size,
-        num_layers,
         num_heads,
         num_kv_heads,
         head_dim,
         rope_theta,
-        rms_norm_eps: rms_norm_eps as f32,
+        rms_norm_eps,
         qk_norm,
         attention_bias,
         num_experts,
@@ -146,25 +133,13 @@ pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<
         intermediate_size,
         norm_topk_prob,
         moe_layers,
-        tie_word_embeddings: r.bool_opt("tie_word_embeddings")?.unwrap_or(false),
         max_position_embeddings,
-        bos_token_id,
-        eos_token_ids,
         sliding_window,
         clip_qkv,
         moe_block: match family {
             Family::Mixtral => "block_sparse_moe".to_string(),
             _ => "mlp".to_string(),
         },
-        expert_layout: ExpertLayout::PerExpert,
-        attn_kinds: vec![AttnKind::Gqa; num_layers],
-        mla: None,
-        kda: None,
-        router: RouterKind::Softmax,
-        shared_intermediate_size: 0,
-        mla_rope: None,
-        expert_groups: None,
-        k3: None,
-        add: Switches::default(),
+        ..ModelConfig::plain(family, model_type, common)
     })
 }

@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::rope::rope_settings;
 use super::{
-    AttnKind, Dims, ExpertLayout, Family, ModelConfig, QkNorm, Reader, RouterKind, Switches, MAX_EXPERTS, MAX_HEADS,
-    MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
+    Common, Family, ModelConfig, QkNorm, Reader, RouterKind, Switches, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM, MAX_INTER,
+    MAX_LAYERS, MAX_POSITIONS,
 };
 use crate::error::Result;
 
@@ -44,7 +44,8 @@ fn gpt_oss_windows(r: &Reader<'_>, num_layers: usize, window: usize) -> Result<V
 
 pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<ModelConfig> {
     r.require_silu()?;
-    let Dims { vocab_size, hidden_size, num_layers } = Dims::read(r)?;
+    let common = Common::read(r)?;
+    let (hidden_size, num_layers) = (common.hidden_size, common.num_layers);
     let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     let num_kv_heads = r.usize_opt("num_key_value_heads")?.unwrap_or(num_heads);
     let num_kv_heads = r.bounded("num_key_value_heads", num_kv_heads, MAX_HEADS)?;
@@ -69,10 +70,7 @@ pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<
     if rope.yarn.is_some() && family != Family::GptOss {
         return Err(r.unsupported("rope_scaling", format!("yarn on {model_type}")));
     }
-    let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(1e-6);
-    if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
-        return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
-    }
+    let rms_norm_eps = r.rms_norm_eps(1e-6)?;
 
     let experts_key = ["num_experts", "n_routed_experts", "num_local_experts"]
         .into_iter()
@@ -186,21 +184,12 @@ pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<
     };
     let max_position_embeddings = r.usize_opt("max_position_embeddings")?.unwrap_or(32768);
     let max_position_embeddings = r.bounded("max_position_embeddings", max_position_embeddings, MAX_POSITIONS)?;
-    let bos_token_id = match r.get("bos_token_id") {
-        None => None,
-        Some(v) => Some(r.token_id("bos_token_id", v)?),
-    };
     Ok(ModelConfig {
-        family,
-        model_type: model_type.to_string(),
-        vocab_size,
-        hidden_size,
-        num_layers,
         num_heads,
         num_kv_heads,
         head_dim,
         rope_theta: rope.theta,
-        rms_norm_eps: rms_norm_eps as f32,
+        rms_norm_eps,
         qk_norm,
         attention_bias,
         num_experts,
@@ -209,22 +198,12 @@ pub(super) fn parse(r: &Reader<'_>, family: Family, model_type: &str) -> Result<
         intermediate_size: dense_width,
         norm_topk_prob,
         moe_layers,
-        tie_word_embeddings: r.bool_opt("tie_word_embeddings")?.unwrap_or(false),
         max_position_embeddings,
-        bos_token_id,
-        eos_token_ids: r.token_ids("eos_token_id")?,
-        sliding_window: None,
-        clip_qkv: None,
         moe_block: moe_block.to_string(),
-        expert_layout: ExpertLayout::PerExpert,
-        attn_kinds: vec![AttnKind::Gqa; num_layers],
-        mla: None,
-        kda: None,
         router,
         shared_intermediate_size,
-        mla_rope: None,
         expert_groups,
-        k3: None,
         add,
+        ..ModelConfig::plain(family, model_type, common)
     })
 }

@@ -13,7 +13,7 @@
 use serde_json::{Map, Value};
 
 use super::k3_vision::{self, VisionConfig};
-use super::{kimi, AttnKind, Dims, Family, ModelConfig, Reader, MAX_HIDDEN, MAX_INTER, MAX_LAYERS};
+use super::{kimi, AttnKind, Common, Family, ModelConfig, Reader, MAX_HIDDEN, MAX_INTER, MAX_LAYERS};
 use crate::error::{Error, Result};
 use crate::quant::Activation;
 
@@ -115,7 +115,7 @@ pub(super) fn parse_config(r: &Reader<'_>, _family: Family, _model_type: &str) -
         rest.remove(k);
     }
     let kr = Reader { obj: &rest, path: r.path };
-    let mut cfg = kimi::parse(&kr, &Dims::read(&kr)?)?;
+    let mut cfg = kimi::parse(&kr, Common::read(&kr)?)?;
     cfg.model_type = "kimi_k3".to_string();
     if n_group > 1 && topk_group < n_group {
         let key = group_key.unwrap_or("num_expert_group");

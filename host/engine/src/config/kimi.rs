@@ -19,8 +19,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{
-    AttnKind, Dims, ExpertLayout, Family, KdaDims, MlaDims, ModelConfig, QkNorm, Reader, RouterKind, MAX_EXPERTS,
-    MAX_HEADS, MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
+    AttnKind, Common, Family, KdaDims, MlaDims, ModelConfig, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM,
+    MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
 };
 use crate::error::{Error, Result};
 
@@ -33,11 +33,11 @@ fn first_key<'k>(r: &Reader<'_>, keys: &[&'k str]) -> &'k str {
 /// this family's own keys.
 pub(super) fn parse_config(r: &Reader<'_>, _family: Family, _model_type: &str) -> Result<ModelConfig> {
     r.require_silu()?;
-    parse(r, &Dims::read(r)?)
+    parse(r, Common::read(r)?)
 }
 
-pub(super) fn parse(r: &Reader<'_>, dims: &Dims) -> Result<ModelConfig> {
-    let &Dims { vocab_size, hidden_size, num_layers } = dims;
+pub(super) fn parse(r: &Reader<'_>, common: Common) -> Result<ModelConfig> {
+    let num_layers = common.num_layers;
     let lac = match r.get("linear_attn_config") {
         None => None,
         Some(Value::Object(obj)) => Some(Reader { obj, path: r.path }),
@@ -138,31 +138,18 @@ pub(super) fn parse(r: &Reader<'_>, dims: &Dims) -> Result<ModelConfig> {
         ));
     }
 
-    let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(1e-5);
-    if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
-        return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
-    }
+    let rms_norm_eps = r.rms_norm_eps(1e-5)?;
     let pos_key = first_key(r, &["model_max_length", "max_position_embeddings"]);
     let max_position_embeddings = r.bounded(pos_key, r.usize_opt(pos_key)?.unwrap_or(1 << 20), MAX_POSITIONS)?;
-    let bos_token_id = match r.get("bos_token_id") {
-        None => None,
-        Some(v) => Some(r.token_id("bos_token_id", v)?),
-    };
     let head_dim = mla.map_or(1, |m| m.qk_head_dim());
 
     Ok(ModelConfig {
-        family: Family::KimiLinear,
-        model_type: "kimi_linear".to_string(),
-        vocab_size,
-        hidden_size,
-        num_layers,
         num_heads,
         num_kv_heads: num_heads,
         head_dim,
         // Kimi-Linear applies no positional encoding anywhere.
         rope_theta: 1e4,
-        rms_norm_eps: rms_norm_eps as f32,
-        qk_norm: QkNorm::None,
+        rms_norm_eps,
         attention_bias: r.bool_opt("attention_bias")?.unwrap_or(false),
         num_experts,
         top_k,
@@ -170,23 +157,14 @@ pub(super) fn parse(r: &Reader<'_>, dims: &Dims) -> Result<ModelConfig> {
         intermediate_size,
         norm_topk_prob,
         moe_layers,
-        tie_word_embeddings: r.bool_opt("tie_word_embeddings")?.unwrap_or(false),
         max_position_embeddings,
-        bos_token_id,
-        eos_token_ids: r.token_ids("eos_token_id")?,
-        sliding_window: None,
-        clip_qkv: None,
         moe_block: "block_sparse_moe".to_string(),
-        expert_layout: ExpertLayout::PerExpert,
         attn_kinds,
         mla,
         kda,
         router: RouterKind::SigmoidBias { routed_scaling_factor: scale as f32 },
         shared_intermediate_size: moe_intermediate_size * n_shared,
-        mla_rope: None,
-        expert_groups: None,
-        k3: None,
-        add: super::Switches::default(),
+        ..ModelConfig::plain(Family::KimiLinear, "kimi_linear", common)
     })
 }
 

@@ -281,20 +281,79 @@ const MAX_EXPERTS: usize = 1 << 16;
 const MAX_INTER: usize = 1 << 20;
 const MAX_POSITIONS: usize = 1 << 26;
 
-/// The dimensions every family's config names alike, read by one function.
-struct Dims {
+/// What every family's config names alike: the dimensions, the special
+/// tokens and whether the LM head is the embedding, read by one function.
+struct Common {
     vocab_size: usize,
     hidden_size: usize,
     num_layers: usize,
+    tie_word_embeddings: bool,
+    bos_token_id: Option<u32>,
+    eos_token_ids: Vec<u32>,
 }
 
-impl Dims {
-    fn read(r: &Reader<'_>) -> Result<Dims> {
-        Ok(Dims {
+impl Common {
+    fn read(r: &Reader<'_>) -> Result<Common> {
+        Ok(Common {
             vocab_size: r.bounded("vocab_size", r.usize_req("vocab_size")?, MAX_VOCAB)?,
             hidden_size: r.bounded("hidden_size", r.usize_req("hidden_size")?, MAX_HIDDEN)?,
             num_layers: r.bounded("num_hidden_layers", r.usize_req("num_hidden_layers")?, MAX_LAYERS)?,
+            tie_word_embeddings: r.bool_opt("tie_word_embeddings")?.unwrap_or(false),
+            bos_token_id: match r.get("bos_token_id") {
+                None => None,
+                Some(v) => Some(r.token_id("bos_token_id", v)?),
+            },
+            eos_token_ids: r.token_ids("eos_token_id")?,
         })
+    }
+}
+
+impl ModelConfig {
+    /// `common`'s model on the plain path: grouped-query attention in every
+    /// layer, every layer MoE with a softmax router over per-expert SwiGLU
+    /// experts under `mlp`, no shared expert, no switches. Each family's
+    /// parser writes `ModelConfig { <what it reads>, ..ModelConfig::plain(..) }`;
+    /// the sizes only a family's keys give (heads, experts, widths, rope,
+    /// eps, positions) start at 0 here and every parser sets them.
+    fn plain(family: Family, model_type: &str, common: Common) -> ModelConfig {
+        let Common { vocab_size, hidden_size, num_layers, tie_word_embeddings, bos_token_id, eos_token_ids } = common;
+        ModelConfig {
+            family,
+            model_type: model_type.to_string(),
+            vocab_size,
+            hidden_size,
+            num_layers,
+            num_heads: 0,
+            num_kv_heads: 0,
+            head_dim: 0,
+            rope_theta: 0.0,
+            rms_norm_eps: 0.0,
+            qk_norm: QkNorm::None,
+            attention_bias: false,
+            num_experts: 0,
+            top_k: 0,
+            moe_intermediate_size: 0,
+            intermediate_size: 0,
+            norm_topk_prob: false,
+            moe_layers: vec![true; num_layers],
+            tie_word_embeddings,
+            max_position_embeddings: 0,
+            bos_token_id,
+            eos_token_ids,
+            sliding_window: None,
+            clip_qkv: None,
+            moe_block: "mlp".to_string(),
+            expert_layout: ExpertLayout::PerExpert,
+            attn_kinds: vec![AttnKind::Gqa; num_layers],
+            mla: None,
+            kda: None,
+            router: RouterKind::Softmax,
+            shared_intermediate_size: 0,
+            mla_rope: None,
+            expert_groups: None,
+            k3: None,
+            add: Switches::default(),
+        }
     }
 }
 

@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use super::rope::rope_settings;
 use super::{
-    AttnKind, Dims, ExpertLayout, Family, GdnDims, ModelConfig, QkNorm, Reader, RouterKind, Switches, MAX_EXPERTS,
-    MAX_HEADS, MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
+    AttnKind, Common, ExpertLayout, Family, GdnDims, ModelConfig, QkNorm, Reader, Switches, MAX_EXPERTS, MAX_HEADS,
+    MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
 };
 use crate::error::Result;
 
@@ -53,7 +53,8 @@ pub(super) fn parse(top: &Reader<'_>, _family: Family, model_type: &str) -> Resu
     };
     let qwen35 = model_type != "qwen3_next";
     r.require_silu()?;
-    let Dims { vocab_size, hidden_size, num_layers } = Dims::read(r)?;
+    let mut common = Common::read(r)?;
+    let (hidden_size, num_layers) = (common.hidden_size, common.num_layers);
     let attn_kinds = layer_kinds(r, num_layers)?;
     let num_heads = r.bounded("num_attention_heads", r.usize_req("num_attention_heads")?, MAX_HEADS)?;
     let num_kv_heads =
@@ -101,24 +102,16 @@ pub(super) fn parse(top: &Reader<'_>, _family: Family, model_type: &str) -> Resu
     let (moe_width, dense_width) = r.ffn_widths(&moe_layers, MAX_INTER)?;
     let norm_topk_prob = if qwen35 { true } else { r.bool_opt("norm_topk_prob")?.unwrap_or(true) };
     let shared = r.usize_opt("shared_expert_intermediate_size")?.unwrap_or(0);
-    let rms_norm_eps = r.f64_opt("rms_norm_eps")?.unwrap_or(1e-6);
-    if !(rms_norm_eps > 0.0 && rms_norm_eps < 1.0) {
-        return Err(r.err("rms_norm_eps", format!("{rms_norm_eps} is outside (0, 1)")));
-    }
+    let rms_norm_eps = r.rms_norm_eps(1e-6)?;
     let max_position_embeddings =
         r.bounded("max_position_embeddings", r.usize_opt("max_position_embeddings")?.unwrap_or(262144), MAX_POSITIONS)?;
-    let bos_token_id = match r.get("bos_token_id") {
-        None => None,
-        Some(v) => Some(r.token_id("bos_token_id", v)?),
-    };
-    let mut eos_token_ids = r.token_ids("eos_token_id")?;
-    if eos_token_ids.is_empty() {
-        eos_token_ids = top.token_ids("eos_token_id")?;
+    // The vision-language wrapper may keep these beside `text_config`.
+    if common.eos_token_ids.is_empty() {
+        common.eos_token_ids = top.token_ids("eos_token_id")?;
     }
-    let tie = match r.bool_opt("tie_word_embeddings")? {
-        Some(t) => t,
-        None => top.bool_opt("tie_word_embeddings")?.unwrap_or(false),
-    };
+    if r.bool_opt("tie_word_embeddings")?.is_none() {
+        common.tie_word_embeddings = top.bool_opt("tie_word_embeddings")?.unwrap_or(false);
+    }
     let add = Switches {
         rotary_dim: rope.rotary_dim,
         zero_centred_norms: true,
@@ -130,42 +123,25 @@ pub(super) fn parse(top: &Reader<'_>, _family: Family, model_type: &str) -> Resu
         ..Switches::default()
     };
     Ok(ModelConfig {
-        family: Family::Qwen3Next,
-        model_type: model_type.to_string(),
-        vocab_size,
-        hidden_size,
-        num_layers,
         num_heads,
         num_kv_heads,
         head_dim,
         rope_theta: rope.theta,
-        rms_norm_eps: rms_norm_eps as f32,
+        rms_norm_eps,
         qk_norm: QkNorm::PerHead,
-        attention_bias: false,
         num_experts,
         top_k,
         moe_intermediate_size: moe_width,
         intermediate_size: dense_width,
         norm_topk_prob,
         moe_layers,
-        tie_word_embeddings: tie,
         max_position_embeddings,
-        bos_token_id,
-        eos_token_ids,
-        sliding_window: None,
-        clip_qkv: None,
-        moe_block: "mlp".to_string(),
         // The releases fuse the routed experts (`adapt_to_tensor_names`
         // sees which layout a checkpoint holds).
         expert_layout: ExpertLayout::PerExpert,
         attn_kinds,
-        mla: None,
-        kda: None,
-        router: RouterKind::Softmax,
         shared_intermediate_size: shared,
-        mla_rope: None,
-        expert_groups: None,
-        k3: None,
         add,
+        ..ModelConfig::plain(Family::Qwen3Next, model_type, common)
     })
 }

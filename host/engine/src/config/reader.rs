@@ -156,6 +156,15 @@ impl Reader<'_> {
         }
     }
 
+    /// `rms_norm_eps`, `default` when absent (each family's own), inside (0, 1).
+    pub(super) fn rms_norm_eps(&self, default: f64) -> Result<f32> {
+        let eps = self.f64_opt("rms_norm_eps")?.unwrap_or(default);
+        if !(eps > 0.0 && eps < 1.0) {
+            return Err(self.err("rms_norm_eps", format!("{eps} is outside (0, 1)")));
+        }
+        Ok(eps as f32)
+    }
+
     pub(super) fn bounded(&self, key: &str, v: usize, max: usize) -> Result<usize> {
         if v == 0 || v > max {
             return Err(self.err(key, format!("{v} is outside 1..={max}")));

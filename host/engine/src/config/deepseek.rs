@@ -16,7 +16,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{
-    AttnKind, Common, Family, MlaDims, ModelConfig, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM,
+    AttnKind, Common, Family, MlaDims, ModelConfig, Reader, RouterKind, Tensor, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM,
     MAX_INTER, MAX_POSITIONS,
 };
 use crate::error::{Error, Result};
@@ -273,71 +273,46 @@ fn moe_layers(r: &Reader<'_>, num_layers: usize) -> Result<Vec<bool>> {
 }
 
 /// `self_attn.*` tensor names of DeepSeek MLA layer `layer`.
-pub(super) fn attention_names(cfg: &ModelConfig, layer: usize) -> Vec<String> {
+/// The `self_attn.*` tensors of MLA layer `layer` (q-LoRA or not, the DSA
+/// indexer where the layer has one), in the container's order.
+pub(super) fn attention_tensors(cfg: &ModelConfig, layer: usize) -> Vec<Tensor> {
+    let Some(m) = cfg.mla else { return Vec::new() };
     let a = format!("model.layers.{layer}.self_attn");
-    let q: &[&str] = match cfg.mla.and_then(|m| m.q_lora_rank) {
-        Some(_) => &["q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"],
-        None => &["q_proj.weight"],
-    };
-    let mut names: Vec<String> = q
-        .iter()
-        .chain(&["kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight", "o_proj.weight"])
-        .map(|t| format!("{a}.{t}"))
-        .collect();
-    if cfg.attention_bias {
-        for t in ["q_a_proj.bias", "kv_a_proj_with_mqa.bias", "o_proj.bias"] {
-            if t != "q_a_proj.bias" || cfg.mla.is_some_and(|m| m.q_lora_rank.is_some()) {
-                names.push(format!("{a}.{t}"));
-            }
-        }
-    }
-    if cfg.add.dsa.as_ref().is_some_and(|d| d.has_indexer(layer)) {
-        for t in INDEXER_TENSORS {
-            names.push(format!("{a}.indexer.{t}"));
-        }
-    }
-    names
-}
-
-/// The DSA indexer's tensors under `self_attn.indexer.`.
-const INDEXER_TENSORS: [&str; 5] = ["wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"];
-
-/// Shape of a `self_attn.*` tensor (`rest` without the prefix).
-pub(super) fn attention_shape(cfg: &ModelConfig, rest: &str) -> Option<Vec<usize>> {
+    let t = |local: &str, shape: Vec<usize>| Tensor { name: format!("{a}.{local}"), shape };
     let h = cfg.hidden_size;
-    let m = cfg.mla?;
     let (nh, q) = (m.num_heads, m.num_heads * m.qk_head_dim());
-    if let (Some(ix), Some(d)) = (rest.strip_prefix("indexer."), &cfg.add.dsa) {
-        return Some(match (ix, m.q_lora_rank) {
-            ("wq_b.weight", Some(ql)) => vec![d.n_heads * d.head_dim, ql],
-            ("wk.weight", _) => vec![d.head_dim, h],
-            ("k_norm.weight" | "k_norm.bias", _) => vec![d.head_dim],
-            ("weights_proj.weight", _) => vec![d.n_heads, h],
-            _ => return None,
-        });
+    let mut v = match m.q_lora_rank {
+        Some(ql) => vec![
+            t("q_a_proj.weight", vec![ql, h]),
+            t("q_a_layernorm.weight", vec![ql]),
+            t("q_b_proj.weight", vec![q, ql]),
+        ],
+        None => vec![t("q_proj.weight", vec![q, h])],
+    };
+    v.extend([
+        t("kv_a_proj_with_mqa.weight", vec![m.cache_width(), h]),
+        t("kv_a_layernorm.weight", vec![m.kv_lora_rank]),
+        t("kv_b_proj.weight", vec![nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank]),
+        t("o_proj.weight", vec![h, nh * m.v_head_dim]),
+    ]);
+    if cfg.attention_bias {
+        if let Some(ql) = m.q_lora_rank {
+            v.push(t("q_a_proj.bias", vec![ql]));
+        }
+        v.push(t("kv_a_proj_with_mqa.bias", vec![m.cache_width()]));
+        v.push(t("o_proj.bias", vec![h]));
     }
-    Some(match (rest, m.q_lora_rank) {
-        ("q_proj.weight", None) => vec![q, h],
-        ("q_a_proj.weight", Some(ql)) => vec![ql, h],
-        ("q_a_proj.bias" | "q_a_layernorm.weight", Some(ql)) => vec![ql],
-        ("q_b_proj.weight", Some(ql)) => vec![q, ql],
-        ("kv_a_proj_with_mqa.weight", _) => vec![m.cache_width(), h],
-        ("kv_a_proj_with_mqa.bias", _) => vec![m.cache_width()],
-        ("kv_a_layernorm.weight", _) => vec![m.kv_lora_rank],
-        ("kv_b_proj.weight", _) => vec![nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank],
-        ("o_proj.weight", _) => vec![h, nh * m.v_head_dim],
-        ("o_proj.bias", _) => vec![h],
-        _ => return None,
-    })
-}
-
-/// Parameters of the MLA mixer of layer `layer` (without the layer norms).
-pub(super) fn attention_params(cfg: &ModelConfig, layer: usize) -> u64 {
-    attention_names(cfg, layer)
-        .iter()
-        .filter_map(|n| cfg.trunk_tensor_shape(n))
-        .map(|s| s.iter().product::<usize>() as u64)
-        .sum()
+    // The indexer's query reads the q-LoRA latent (the DSA config requires one).
+    if let (Some(d), Some(ql)) = (cfg.add.dsa.as_ref().filter(|d| d.has_indexer(layer)), m.q_lora_rank) {
+        v.extend([
+            t("indexer.wq_b.weight", vec![d.n_heads * d.head_dim, ql]),
+            t("indexer.wk.weight", vec![d.head_dim, h]),
+            t("indexer.k_norm.weight", vec![d.head_dim]),
+            t("indexer.k_norm.bias", vec![d.head_dim]),
+            t("indexer.weights_proj.weight", vec![d.n_heads, h]),
+        ]);
+    }
+    v
 }
 
 /// A config whose dense-layer count disagrees with the checkpoint fails

@@ -13,6 +13,7 @@
 use serde_json::{Map, Value};
 
 use super::k3_vision::{self, VisionConfig};
+use super::layout::MoeTensors;
 use super::{kimi, AttnKind, Common, Family, ModelConfig, Reader, MAX_HIDDEN, MAX_INTER, MAX_LAYERS};
 use crate::error::{Error, Result};
 use crate::quant::Activation;
@@ -205,13 +206,8 @@ pub(super) fn trunk_tensor_names(cfg: &ModelConfig, k: &K3Params) -> Vec<String>
         }
         names.push(format!("{p}.post_attention_layernorm.weight"));
         if cfg.is_moe_layer(l) {
-            names.push(cfg.router_name(l));
-            names.push(cfg.router_bias_name(l));
-            if cfg.shared_intermediate_size > 0 {
-                for proj in ["gate_proj", "up_proj", "down_proj"] {
-                    names.push(format!("{}.{proj}.weight", cfg.shared_expert_prefix(l)));
-                }
-            }
+            // K3's router always has its selection bias.
+            names.extend(MoeTensors::of(cfg, l).list().into_iter().map(|t| t.name.clone()));
             if k.latent.is_some() {
                 let b = format!("{p}.{}", cfg.moe_block);
                 names.push(format!("{b}.routed_expert_down_proj.weight"));

@@ -19,8 +19,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::{
-    AttnKind, Common, Family, KdaDims, MlaDims, ModelConfig, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM,
-    MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
+    AttnKind, Common, Family, KdaDims, MlaDims, ModelConfig, Reader, RouterKind, Tensor, MAX_EXPERTS, MAX_HEADS,
+    MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
 };
 use crate::error::{Error, Result};
 
@@ -245,103 +245,51 @@ fn mlp_kinds(r: &Reader<'_>, n: usize) -> Result<Vec<bool>> {
     Ok((0..n).map(|l| l >= first_dense && l % freq == 0).collect())
 }
 
-pub(super) fn attention_names(cfg: &ModelConfig, kind: AttnKind, p: &str) -> Vec<String> {
+/// The `self_attn.*` tensors of a KDA or MLA layer under `p`
+/// (`model.layers.L`), in the container's order. Conv kernels and `A_log`
+/// are 1-D: the canonical (stored) shape, see `ModelConfig::canonical_shape`.
+pub(super) fn attention_tensors(cfg: &ModelConfig, kind: AttnKind, p: &str) -> Vec<Tensor> {
     let a = format!("{p}.self_attn");
-    let mut names = Vec::new();
-    match kind {
-        AttnKind::Kda => {
-            for t in [
-                "q_proj.weight",
-                "k_proj.weight",
-                "v_proj.weight",
-                "q_conv1d.weight",
-                "k_conv1d.weight",
-                "v_conv1d.weight",
-                "A_log",
-                "dt_bias",
-                "f_a_proj.weight",
-                "f_b_proj.weight",
-                "b_proj.weight",
-                "g_a_proj.weight",
-                "g_b_proj.weight",
-                "o_norm.weight",
-                "o_proj.weight",
-            ] {
-                names.push(format!("{a}.{t}"));
-            }
-        }
-        AttnKind::Mla => {
-            for t in [
-                "q_proj.weight",
-                "kv_a_proj_with_mqa.weight",
-                "kv_a_layernorm.weight",
-                "kv_b_proj.weight",
-                "o_proj.weight",
-            ] {
-                names.push(format!("{a}.{t}"));
-            }
-            if cfg.attention_bias {
-                names.push(format!("{a}.kv_a_proj_with_mqa.bias"));
-                names.push(format!("{a}.o_proj.bias"));
-            }
-        }
-        AttnKind::Gqa | AttnKind::Gdn | AttnKind::V4 => {}
-    }
-    names
-}
-
-/// Shapes of `self_attn.*` tensors of a KDA or MLA layer (`rest` without
-/// the `self_attn.` prefix). Conv kernels and `A_log` are given 1-D: the
-/// canonical (stored) shape, see `ModelConfig::canonical_shape`.
-pub(super) fn attention_shape(cfg: &ModelConfig, kind: AttnKind, rest: &str) -> Option<Vec<usize>> {
+    let t = |local: &str, shape: Vec<usize>| Tensor { name: format!("{a}.{local}"), shape };
     let h = cfg.hidden_size;
-    match kind {
-        AttnKind::Kda => {
-            let k = cfg.kda?;
+    match (kind, cfg.kda, cfg.mla) {
+        (AttnKind::Kda, Some(k), _) => {
             let (c, d, nh) = (k.qkv_dim(), k.head_dim, k.num_heads);
-            Some(match rest {
-                "q_proj.weight" | "k_proj.weight" | "v_proj.weight" => vec![c, h],
-                "q_conv1d.weight" | "k_conv1d.weight" | "v_conv1d.weight" => {
-                    vec![c * k.conv_kernel]
-                }
-                "A_log" => vec![nh],
-                "dt_bias" => vec![c],
-                "f_a_proj.weight" | "g_a_proj.weight" => vec![d, h],
-                "f_b_proj.weight" | "g_b_proj.weight" => vec![c, d],
-                "b_proj.weight" => vec![nh, h],
-                "o_norm.weight" => vec![d],
-                "o_proj.weight" => vec![h, c],
-                _ => return None,
-            })
+            vec![
+                t("q_proj.weight", vec![c, h]),
+                t("k_proj.weight", vec![c, h]),
+                t("v_proj.weight", vec![c, h]),
+                t("q_conv1d.weight", vec![c * k.conv_kernel]),
+                t("k_conv1d.weight", vec![c * k.conv_kernel]),
+                t("v_conv1d.weight", vec![c * k.conv_kernel]),
+                t("A_log", vec![nh]),
+                t("dt_bias", vec![c]),
+                t("f_a_proj.weight", vec![d, h]),
+                t("f_b_proj.weight", vec![c, d]),
+                t("b_proj.weight", vec![nh, h]),
+                t("g_a_proj.weight", vec![d, h]),
+                t("g_b_proj.weight", vec![c, d]),
+                t("o_norm.weight", vec![d]),
+                t("o_proj.weight", vec![h, c]),
+            ]
         }
-        AttnKind::Mla => {
-            let m = cfg.mla?;
+        (AttnKind::Mla, _, Some(m)) => {
             let nh = m.num_heads;
-            Some(match rest {
-                "q_proj.weight" => vec![nh * m.qk_head_dim(), h],
-                "kv_a_proj_with_mqa.weight" => vec![m.cache_width(), h],
-                "kv_a_proj_with_mqa.bias" => vec![m.cache_width()],
-                "kv_a_layernorm.weight" => vec![m.kv_lora_rank],
-                "kv_b_proj.weight" => {
-                    vec![nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank]
-                }
-                "o_proj.weight" => vec![h, nh * m.v_head_dim],
-                "o_proj.bias" => vec![h],
-                _ => return None,
-            })
+            let mut v = vec![
+                t("q_proj.weight", vec![nh * m.qk_head_dim(), h]),
+                t("kv_a_proj_with_mqa.weight", vec![m.cache_width(), h]),
+                t("kv_a_layernorm.weight", vec![m.kv_lora_rank]),
+                t("kv_b_proj.weight", vec![nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank]),
+                t("o_proj.weight", vec![h, nh * m.v_head_dim]),
+            ];
+            if cfg.attention_bias {
+                v.push(t("kv_a_proj_with_mqa.bias", vec![m.cache_width()]));
+                v.push(t("o_proj.bias", vec![h]));
+            }
+            v
         }
-        AttnKind::Gqa | AttnKind::Gdn | AttnKind::V4 => None,
+        _ => Vec::new(),
     }
-}
-
-/// Parameters of one KDA or MLA mixer (without the layer norms).
-pub(super) fn attention_params(cfg: &ModelConfig, kind: AttnKind) -> u64 {
-    let p = format!("model.layers.{}", cfg.attn_kinds.iter().position(|&k| k == kind).unwrap_or(0));
-    attention_names(cfg, kind, &p)
-        .iter()
-        .filter_map(|n| cfg.trunk_tensor_shape(n))
-        .map(|s| s.iter().product::<usize>() as u64)
-        .sum()
 }
 
 pub(super) fn check_layer_tensors(cfg: &ModelConfig, names: &HashSet<&str>, file: &Path) -> Result<()> {

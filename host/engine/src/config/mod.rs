@@ -22,6 +22,7 @@ mod gqa_families;
 mod k3;
 mod k3_vision;
 mod kimi;
+pub mod layout;
 mod qwen3_next;
 mod reader;
 pub mod releases;
@@ -164,6 +165,21 @@ pub enum QkNorm {
     PerHead,
     /// OLMoE: one RMSNorm over the whole q (resp. k) projection.
     Full,
+}
+
+/// One trunk tensor: its name and the shape the config implies (vectors
+/// 1-D, a conv kernel `[C, 1, K]` flattened to `[C * K]`). `layout` gives
+/// each mechanism's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+impl Tensor {
+    pub fn params(&self) -> u64 {
+        self.shape.iter().product::<usize>() as u64
+    }
 }
 
 /// How the converter stores a trunk tensor.
@@ -489,39 +505,18 @@ impl ModelConfig {
     }
 
     pub fn router_name(&self, layer: usize) -> String {
-        match self.family {
-            Family::GptOss => format!("model.layers.{layer}.mlp.router.weight"),
-            _ => format!("model.layers.{layer}.{}.gate.weight", self.moe_block),
-        }
+        layout::router(self, layer).0.name
     }
 
     /// The router's bias: selection only on a sigmoid router (on the gate,
     /// or on the block for MiniMax), added to the logits on gpt-oss's.
     pub fn router_bias_name(&self, layer: usize) -> String {
-        match self.family {
-            Family::GptOss => format!("model.layers.{layer}.mlp.router.bias"),
-            _ if self.add.router_bias_on_block => {
-                format!("model.layers.{layer}.{}.e_score_correction_bias", self.moe_block)
-            }
-            _ => format!("model.layers.{layer}.{}.gate.e_score_correction_bias", self.moe_block),
-        }
+        layout::router(self, layer).1.name
     }
 
     /// Whether the router has a bias vector.
     pub fn router_has_bias(&self) -> bool {
         !matches!(self.router, RouterKind::Softmax)
-    }
-
-    /// `model.layers.L.<block>.shared_experts`, or the gated
-    /// `shared_expert` of Qwen2-MoE and Qwen3-Next.
-    pub fn shared_expert_prefix(&self, layer: usize) -> String {
-        let name = if self.add.gated_shared_expert { "shared_expert" } else { "shared_experts" };
-        format!("model.layers.{layer}.{}.{name}", self.moe_block)
-    }
-
-    /// The `[1, H]` gate of a gated shared expert.
-    pub fn shared_expert_gate_name(&self, layer: usize) -> String {
-        format!("model.layers.{layer}.{}.shared_expert_gate.weight", self.moe_block)
     }
 
     /// Dims of each GQA head that rotate.

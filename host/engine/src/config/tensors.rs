@@ -1,6 +1,7 @@
 //! Tensor names, shapes and parameter counts: what the converter, the
 //! planner and `waste info` derive from a config.
 
+use super::layout::{EdgeTensors, LayerTensors, Tensor};
 use super::*;
 
 impl ModelConfig {
@@ -134,65 +135,31 @@ impl ModelConfig {
         if let Some(v4) = &self.add.v4 {
             return deepseek_v4::trunk_tensor_names(self, v4);
         }
-        let mut names = vec!["model.embed_tokens.weight".to_string()];
+        self.trunk_tensors().into_iter().map(|t| t.name).collect()
+    }
+
+    /// The trunk's tensors with their shapes (every family but K3 and
+    /// DeepSeek-V4, whose tables are their own), in the container's order.
+    fn trunk_tensors(&self) -> Vec<Tensor> {
+        let edges = EdgeTensors::of(self);
+        let mut out = vec![edges.embed_tokens];
         for l in 0..self.num_layers {
-            let p = format!("model.layers.{l}");
-            names.push(format!("{p}.input_layernorm.weight"));
-            match self.attn_kind(l) {
-                AttnKind::Gqa => {
-                    for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
-                        names.push(format!("{p}.self_attn.{proj}.weight"));
-                        if self.has_attn_bias(proj) {
-                            names.push(format!("{p}.self_attn.{proj}.bias"));
-                        }
-                    }
-                    if self.qk_norm != QkNorm::None {
-                        names.push(format!("{p}.self_attn.q_norm.weight"));
-                        names.push(format!("{p}.self_attn.k_norm.weight"));
-                    }
-                    if self.add.attention_sinks {
-                        names.push(format!("{p}.self_attn.sinks"));
-                    }
-                }
-                AttnKind::Gdn => names.extend(self.gdn_names(&p)),
-                _ if self.family == Family::DeepseekV3 => names.extend(deepseek::attention_names(self, l)),
-                kind => names.extend(kimi::attention_names(self, kind, &p)),
-            }
-            names.push(format!("{p}.post_attention_layernorm.weight"));
-            if self.is_moe_layer(l) {
-                names.push(self.router_name(l));
-                if self.router_has_bias() {
-                    names.push(self.router_bias_name(l));
-                }
-                if self.shared_intermediate_size > 0 {
-                    for proj in ["gate_proj", "up_proj", "down_proj"] {
-                        names.push(format!("{}.{proj}.weight", self.shared_expert_prefix(l)));
-                    }
-                    if self.add.gated_shared_expert {
-                        names.push(self.shared_expert_gate_name(l));
-                    }
-                }
-            } else {
-                for proj in ["gate_proj", "up_proj", "down_proj"] {
-                    names.push(format!("{p}.mlp.{proj}.weight"));
-                }
-            }
+            out.extend(LayerTensors::of(self, l).list().into_iter().cloned());
         }
-        names.push("model.norm.weight".to_string());
-        if !self.tie_word_embeddings {
-            names.push("lm_head.weight".to_string());
-        }
-        names
+        out.push(edges.norm);
+        out.extend(edges.lm_head);
+        out
     }
 
     /// Expected shape of a trunk tensor, for load-time checks.
     pub fn trunk_tensor_shape(&self, name: &str) -> Option<Vec<usize>> {
-        let (h, v) = (self.hidden_size, self.vocab_size);
-        if name == "model.embed_tokens.weight" || name == "lm_head.weight" {
-            return Some(vec![v, h]);
+        let edges = EdgeTensors::of(self);
+        if let Some(t) = [&edges.embed_tokens, &edges.norm].into_iter().chain(&edges.lm_head).find(|t| t.name == name) {
+            return Some(t.shape.clone());
         }
-        if name == "model.norm.weight" {
-            return Some(vec![h]);
+        if name == "lm_head.weight" {
+            // Tied: a stored head is still the embedding's shape.
+            return Some(edges.embed_tokens.shape);
         }
         if let Some(shape) = self.k3.as_ref().and_then(|k| k3::tensor_shape(self, k, name)) {
             return shape;
@@ -201,106 +168,11 @@ impl ModelConfig {
             return deepseek_v4::tensor_shape(self, v4, name);
         }
         let rest = name.strip_prefix("model.layers.")?;
-        let (layer, rest) = rest.split_once('.')?;
-        let layer: usize = layer.parse().ok()?;
-        let kind = self.attn_kind(layer);
-        if kind == AttnKind::Gdn {
-            if let Some(rest) = rest.strip_prefix("linear_attn.") {
-                return self.gdn_shape(rest);
-            }
+        let layer: usize = rest.split_once('.')?.0.parse().ok()?;
+        if layer >= self.num_layers {
+            return None;
         }
-        if kind != AttnKind::Gqa && kind != AttnKind::Gdn {
-            if let Some(attn) = rest.strip_prefix("self_attn.") {
-                if self.family == Family::DeepseekV3 {
-                    return deepseek::attention_shape(self, attn);
-                }
-                return kimi::attention_shape(self, kind, attn);
-            }
-        }
-        if let Some(moe) = rest
-            .strip_prefix(self.moe_block.as_str())
-            .and_then(|r| r.strip_prefix('.'))
-            .filter(|_| self.is_moe_layer(layer))
-        {
-            let s = self.shared_intermediate_size;
-            let shared = if self.add.gated_shared_expert { "shared_expert." } else { "shared_experts." };
-            if let Some(proj) = moe.strip_prefix(shared).filter(|_| s > 0) {
-                match proj {
-                    "gate_proj.weight" | "up_proj.weight" => return Some(vec![s, h]),
-                    "down_proj.weight" => return Some(vec![h, s]),
-                    _ => {}
-                }
-            }
-            match moe {
-                "gate.e_score_correction_bias" | "e_score_correction_bias" | "router.bias" => {
-                    return Some(vec![self.num_experts])
-                }
-                "shared_expert_gate.weight" if self.add.gated_shared_expert => return Some(vec![1, h]),
-                _ => {}
-            }
-        }
-        let (q, kv) = (self.q_dim(), self.kv_dim());
-        // Qwen3-Next's q_proj also yields the output gate of every head.
-        let q_rows = if self.add.attn_output_gate { 2 * q } else { q };
-        let shape = match rest {
-            "input_layernorm.weight" | "post_attention_layernorm.weight" => vec![h],
-            "self_attn.q_proj.weight" => vec![q_rows, h],
-            "self_attn.sinks" if self.add.attention_sinks => vec![self.num_heads],
-            "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kv, h],
-            "self_attn.o_proj.weight" => vec![h, q],
-            "self_attn.q_proj.bias" => vec![q],
-            "self_attn.k_proj.bias" | "self_attn.v_proj.bias" => vec![kv],
-            "self_attn.o_proj.bias" => vec![h],
-            "self_attn.q_norm.weight" => match self.qk_norm {
-                QkNorm::Full => vec![q],
-                _ => vec![self.head_dim],
-            },
-            "self_attn.k_norm.weight" => match self.qk_norm {
-                QkNorm::Full => vec![kv],
-                _ => vec![self.head_dim],
-            },
-            "mlp.gate_proj.weight" | "mlp.up_proj.weight" => vec![self.intermediate_size, h],
-            "mlp.down_proj.weight" => vec![h, self.intermediate_size],
-            _ if name == self.router_name(layer) => vec![self.num_experts, h],
-            _ => return None,
-        };
-        Some(shape)
-    }
-
-    /// Whether the attention projection `proj` (`q_proj`, ..., `o_proj`)
-    /// has a bias.
-    pub fn has_attn_bias(&self, proj: &str) -> bool {
-        self.attention_bias || (self.add.qkv_bias && proj != "o_proj")
-    }
-
-    fn attention_params(&self, layer: usize) -> u64 {
-        if self.family == Family::DeepseekV3 {
-            return deepseek::attention_params(self, layer) + 2 * self.hidden_size as u64;
-        }
-        if self.attn_kind(layer) == AttnKind::Gdn {
-            return self.gdn_params() + 2 * self.hidden_size as u64;
-        }
-        if self.attn_kind(layer) != AttnKind::Gqa {
-            return kimi::attention_params(self, self.attn_kind(layer)) + 2 * self.hidden_size as u64;
-        }
-        let (h, q, kv) = (self.hidden_size as u64, self.q_dim() as u64, self.kv_dim() as u64);
-        let q_rows = if self.add.attn_output_gate { 2 * q } else { q };
-        let mut n = h * q_rows + h * q + 2 * h * kv;
-        if self.has_attn_bias("q_proj") {
-            n += q + 2 * kv;
-        }
-        if self.has_attn_bias("o_proj") {
-            n += h;
-        }
-        if self.add.attention_sinks {
-            n += self.num_heads as u64;
-        }
-        n += match self.qk_norm {
-            QkNorm::None => 0,
-            QkNorm::PerHead => 2 * self.head_dim as u64,
-            QkNorm::Full => q + kv,
-        };
-        n + 2 * h
+        LayerTensors::of(self, layer).list().into_iter().find(|t| t.name == name).map(|t| t.shape.clone())
     }
 
     fn params(&self, experts_per_layer: u64) -> u64 {
@@ -310,28 +182,12 @@ impl ModelConfig {
         if let Some(v4) = &self.add.v4 {
             return deepseek_v4::params(self, v4, experts_per_layer);
         }
-        let (h, v) = (self.hidden_size as u64, self.vocab_size as u64);
-        let mut n = v * h + h;
-        if !self.tie_word_embeddings {
-            n += v * h;
-        }
-        for l in 0..self.num_layers {
-            n += self.attention_params(l);
-            n += if self.is_moe_layer(l) {
-                let bias = if self.router_has_bias() { self.num_experts as u64 } else { 0 };
-                let shared_gate = if self.add.gated_shared_expert && self.shared_intermediate_size > 0 { h } else { 0 };
-                // gpt-oss: a bias on each expert's gate, up and down.
-                let expert_bias = if self.add.expert_bias { 2 * self.moe_intermediate_size as u64 + h } else { 0 };
-                self.num_experts as u64 * h
-                    + bias
-                    + 3 * h * self.shared_intermediate_size as u64
-                    + shared_gate
-                    + experts_per_layer * (3 * h * self.moe_intermediate_size as u64 + expert_bias)
-            } else {
-                3 * h * self.intermediate_size as u64
-            };
-        }
-        n
+        // gpt-oss: a bias on each expert's gate, up and down.
+        let h = self.hidden_size as u64;
+        let expert_bias = if self.add.expert_bias { 2 * self.moe_intermediate_size as u64 + h } else { 0 };
+        let per_expert = 3 * h * self.moe_intermediate_size as u64 + expert_bias;
+        let moe_layers = (0..self.num_layers).filter(|&l| self.is_moe_layer(l)).count() as u64;
+        self.trunk_tensors().iter().map(Tensor::params).sum::<u64>() + moe_layers * experts_per_layer * per_expert
     }
 
     /// Parameters of the input embedding table and of a separate LM head
@@ -349,54 +205,5 @@ impl ModelConfig {
     /// Parameters one token touches (top_k routed experts per MoE layer).
     pub fn active_params(&self) -> u64 {
         self.params(self.top_k as u64)
-    }
-}
-
-/// The Gated DeltaNet tensors (`linear_attn.*`).
-impl ModelConfig {
-    /// Names of one GDN layer's tensors; `p` is `model.layers.L`.
-    pub fn gdn_names(&self, p: &str) -> Vec<String> {
-        let projections: &[&str] = if self.add.gdn_fused {
-            &["in_proj_qkvz.weight", "in_proj_ba.weight"]
-        } else {
-            &["in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight"]
-        };
-        projections
-            .iter()
-            .chain(&["conv1d.weight", "A_log", "dt_bias", "norm.weight", "out_proj.weight"])
-            .map(|t| format!("{p}.linear_attn.{t}"))
-            .collect()
-    }
-
-    /// Shape of a GDN tensor by its name after `linear_attn.`; the conv
-    /// kernel `[C, 1, K]` is given 1-D (its canonical, stored shape).
-    fn gdn_shape(&self, rest: &str) -> Option<Vec<usize>> {
-        let g = self.add.gdn?;
-        let h = self.hidden_size;
-        let (k, v, nv) = (g.key_dim(), g.value_dim(), g.value_heads);
-        Some(match rest {
-            "in_proj_qkvz.weight" if self.add.gdn_fused => vec![2 * k + 2 * v, h],
-            "in_proj_ba.weight" if self.add.gdn_fused => vec![2 * nv, h],
-            "in_proj_qkv.weight" if !self.add.gdn_fused => vec![2 * k + v, h],
-            "in_proj_z.weight" if !self.add.gdn_fused => vec![v, h],
-            "in_proj_b.weight" | "in_proj_a.weight" if !self.add.gdn_fused => vec![nv, h],
-            "conv1d.weight" => vec![g.conv_dim() * g.conv_kernel],
-            "A_log" | "dt_bias" => vec![nv],
-            "norm.weight" => vec![g.value_head_dim],
-            "out_proj.weight" => vec![h, v],
-            _ => return None,
-        })
-    }
-
-    fn gdn_params(&self) -> u64 {
-        let Some(g) = self.add.gdn else { return 0 };
-        let (h, k, v, nv) = (self.hidden_size as u64, g.key_dim() as u64, g.value_dim() as u64, g.value_heads as u64);
-        // The projections (fused or not: the same rows), the conv, A_log,
-        // dt_bias, the gated norm, out_proj.
-        h * (2 * k + 2 * v + 2 * nv)
-            + g.conv_dim() as u64 * g.conv_kernel as u64
-            + 2 * nv
-            + g.value_head_dim as u64
-            + v * h
     }
 }

@@ -6,6 +6,7 @@
 
 use rayon::prelude::*;
 
+use crate::config::layout::{GqaTensors, Tensor};
 use crate::config::{AttnKind, MlaRope, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
@@ -146,36 +147,21 @@ impl AttnScratch {
 }
 
 impl Attention {
-    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Attention> {
-        let p = format!("model.layers.{layer}.self_attn");
-        let bias = |proj: &str| -> Result<Option<Vec<f32>>> {
-            // `qkv_bias`: q/k/v only (Qwen2-MoE, GLM); `attention_bias`: all four.
-            let biased = cfg.attention_bias || (cfg.add.qkv_bias && proj != "o_proj");
-            if biased {
-                Ok(Some(load_vector(cfg, src, &format!("{p}.{proj}.bias"))?))
-            } else {
-                Ok(None)
-            }
-        };
-        let norm = |which: &str| -> Result<Option<Vec<f32>>> {
-            match cfg.qk_norm {
-                QkNorm::None => Ok(None),
-                _ => Ok(Some(super::load_norm(cfg, src, &format!("{p}.{which}.weight"))?)),
-            }
-        };
-        let sinks = if cfg.add.attention_sinks { Some(load_vector(cfg, src, &format!("{p}.sinks"))?) } else { None };
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize, t: &GqaTensors) -> Result<Attention> {
+        let vector = |t: &Option<Tensor>| t.as_ref().map(|t| load_vector(cfg, src, &t.name)).transpose();
+        let norm = |t: &Option<Tensor>| t.as_ref().map(|t| super::load_norm(cfg, src, &t.name)).transpose();
         Ok(Attention {
-            q_proj: load_matrix(cfg, src, &format!("{p}.q_proj.weight"))?,
-            k_proj: load_matrix(cfg, src, &format!("{p}.k_proj.weight"))?,
-            v_proj: load_matrix(cfg, src, &format!("{p}.v_proj.weight"))?,
-            o_proj: load_matrix(cfg, src, &format!("{p}.o_proj.weight"))?,
-            q_proj_bias: bias("q_proj")?,
-            k_proj_bias: bias("k_proj")?,
-            v_proj_bias: bias("v_proj")?,
-            o_proj_bias: bias("o_proj")?,
-            q_norm: norm("q_norm")?,
-            k_norm: norm("k_norm")?,
-            sinks,
+            q_proj: load_matrix(cfg, src, &t.q_proj.name)?,
+            k_proj: load_matrix(cfg, src, &t.k_proj.name)?,
+            v_proj: load_matrix(cfg, src, &t.v_proj.name)?,
+            o_proj: load_matrix(cfg, src, &t.o_proj.name)?,
+            q_proj_bias: vector(&t.q_proj_bias)?,
+            k_proj_bias: vector(&t.k_proj_bias)?,
+            v_proj_bias: vector(&t.v_proj_bias)?,
+            o_proj_bias: vector(&t.o_proj_bias)?,
+            q_norm: norm(&t.q_norm)?,
+            k_norm: norm(&t.k_norm)?,
+            sinks: vector(&t.sinks)?,
             window: cfg.layer_window(layer),
             output_gate: cfg.add.attn_output_gate,
         })

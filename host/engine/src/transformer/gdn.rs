@@ -19,6 +19,7 @@
 //! The reference prefill runs the chunked form
 //! (`torch_chunk_gated_delta_rule`); it is the same recurrence regrouped.
 
+use crate::config::layout::{GdnProjections, GdnTensors, Tensor};
 use crate::config::{GdnDims, ModelConfig};
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
@@ -118,31 +119,31 @@ impl GdnScratch {
 }
 
 impl Gdn {
-    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Gdn> {
-        let dims = cfg.add.gdn.ok_or_else(|| {
-            Error::Runtime(format!("layer {layer} is Gated DeltaNet but the config has no GDN shape"))
-        })?;
-        let p = format!("model.layers.{layer}.linear_attn");
-        let m = |n: &str| load_matrix(cfg, src, &format!("{p}.{n}.weight"));
-        let projections = if cfg.add.gdn_fused {
-            Projections::Fused { in_proj_qkvz: m("in_proj_qkvz")?, in_proj_ba: m("in_proj_ba")? }
-        } else {
-            Projections::Separate {
-                in_proj_qkv: m("in_proj_qkv")?,
-                in_proj_z: m("in_proj_z")?,
-                in_proj_b: m("in_proj_b")?,
-                in_proj_a: m("in_proj_a")?,
-            }
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, t: &GdnTensors) -> Result<Gdn> {
+        let Some(dims) = cfg.add.gdn else {
+            return Err(Error::Runtime("Gated DeltaNet tensors in a config without a GDN shape".into()));
         };
-        let neg_a = load_vector(cfg, src, &format!("{p}.A_log"))?.iter().map(|a| -a.exp()).collect();
+        let m = |t: &Tensor| load_matrix(cfg, src, &t.name);
+        let projections = match &t.projections {
+            GdnProjections::Fused { in_proj_qkvz, in_proj_ba } => {
+                Projections::Fused { in_proj_qkvz: m(in_proj_qkvz)?, in_proj_ba: m(in_proj_ba)? }
+            }
+            GdnProjections::Separate { in_proj_qkv, in_proj_z, in_proj_b, in_proj_a } => Projections::Separate {
+                in_proj_qkv: m(in_proj_qkv)?,
+                in_proj_z: m(in_proj_z)?,
+                in_proj_b: m(in_proj_b)?,
+                in_proj_a: m(in_proj_a)?,
+            },
+        };
+        let neg_a = load_vector(cfg, src, &t.a_log.name)?.iter().map(|a| -a.exp()).collect();
         Ok(Gdn {
             dims,
             projections,
-            conv1d: load_vector(cfg, src, &format!("{p}.conv1d.weight"))?,
+            conv1d: load_vector(cfg, src, &t.conv1d.name)?,
             neg_a,
-            dt_bias: load_vector(cfg, src, &format!("{p}.dt_bias"))?,
-            norm: load_vector(cfg, src, &format!("{p}.norm.weight"))?,
-            out_proj: m("out_proj")?,
+            dt_bias: load_vector(cfg, src, &t.dt_bias.name)?,
+            norm: load_vector(cfg, src, &t.norm.name)?,
+            out_proj: m(&t.out_proj)?,
             eps: cfg.rms_norm_eps,
         })
     }

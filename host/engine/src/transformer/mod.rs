@@ -24,6 +24,7 @@ pub mod v4;
 #[cfg(test)]
 mod tests;
 
+use crate::config::layout::{EdgeTensors, FfnTensors, LayerTensors, MixerTensors};
 use crate::config::{AttnKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
@@ -377,36 +378,41 @@ impl Transformer {
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
             let p = format!("model.layers.{l}");
+            let t = LayerTensors::of(cfg, l);
+            let moe = match &t.ffn {
+                FfnTensors::Moe(m) => Some(m),
+                FfnTensors::Dense(_) => None,
+            };
             layers.push(DecoderLayer {
-                input_layernorm: load_norm(cfg, src, &format!("{p}.input_layernorm.weight"))?,
-                self_attn: match cfg.attn_kind(l) {
-                    AttnKind::Gqa => Mixer::Gqa(Attention::load(cfg, src, l)?),
-                    AttnKind::Mla => Mixer::Mla(Mla::load(cfg, src, l)?),
-                    AttnKind::Kda => Mixer::Kda(Kda::load(cfg, src, l)?),
-                    AttnKind::Gdn => Mixer::Gdn(Gdn::load(cfg, src, l)?),
-                    AttnKind::V4 => match &cfg.add.v4 {
+                input_layernorm: load_norm(cfg, src, &t.input_layernorm.name)?,
+                self_attn: match (&t.mixer, cfg.attn_kind(l)) {
+                    (MixerTensors::Gqa(g), _) => Mixer::Gqa(Attention::load(cfg, src, l, g)?),
+                    (MixerTensors::Gdn(g), _) => Mixer::Gdn(Gdn::load(cfg, src, g)?),
+                    (_, AttnKind::Mla) => Mixer::Mla(Mla::load(cfg, src, l)?),
+                    (_, AttnKind::Kda) => Mixer::Kda(Kda::load(cfg, src, l)?),
+                    (_, AttnKind::V4) => match &cfg.add.v4 {
                         Some(v) => Mixer::V4(V4Attention::load(cfg, v, src, l)?),
                         None => return Err(Error::Runtime("a V4 layer in a config without V4 settings".into())),
                     },
+                    (_, AttnKind::Gdn) => {
+                        return Err(Error::Runtime(format!(
+                            "layer {l} is Gated DeltaNet but the config has no GDN shape"
+                        )))
+                    }
+                    (_, AttnKind::Gqa) => unreachable!("LayerTensors gives every GQA layer its GqaTensors"),
                 },
-                post_attention_layernorm: load_norm(cfg, src, &format!("{p}.post_attention_layernorm.weight"))?,
-                mlp: if cfg.is_moe_layer(l) {
-                    FeedForward::Moe(Router::load(cfg, src, l)?)
-                } else {
-                    FeedForward::Dense(Mlp::load(cfg, src, l)?)
+                post_attention_layernorm: load_norm(cfg, src, &t.post_attention_layernorm.name)?,
+                mlp: match &t.ffn {
+                    FfnTensors::Moe(m) => FeedForward::Moe(Router::load(cfg, src, l, m)?),
+                    FfnTensors::Dense(d) => FeedForward::Dense(Mlp::load(cfg, src, d)?),
                 },
-                shared_experts: if cfg.is_moe_layer(l) && cfg.shared_intermediate_size > 0 {
-                    Some(Mlp::load_at(cfg, src, &cfg.shared_expert_prefix(l))?)
-                } else {
-                    None
+                shared_experts: match moe.and_then(|m| m.shared_experts.as_ref()) {
+                    Some(s) => Some(Mlp::load(cfg, src, s)?),
+                    None => None,
                 },
-                shared_expert_gate: if cfg.is_moe_layer(l)
-                    && cfg.shared_intermediate_size > 0
-                    && cfg.add.gated_shared_expert
-                {
-                    Some(load_matrix(cfg, src, &cfg.shared_expert_gate_name(l))?)
-                } else {
-                    None
+                shared_expert_gate: match moe.and_then(|m| m.shared_expert_gate.as_ref()) {
+                    Some(g) => Some(load_matrix(cfg, src, &g.name)?),
+                    None => None,
                 },
                 attn_res: attnres::load_layer_res(cfg, src, l)?,
                 latent_moe: moe::LatentMoe::load_for(cfg, src, l)?,
@@ -419,8 +425,12 @@ impl Transformer {
                 },
             });
         }
-        let norm = load_norm(cfg, src, "model.norm.weight")?;
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(load_matrix(cfg, src, "lm_head.weight")?) };
+        let edges = EdgeTensors::of(cfg);
+        let norm = load_norm(cfg, src, &edges.norm.name)?;
+        let lm_head = match &edges.lm_head {
+            Some(t) => Some(load_matrix(cfg, src, &t.name)?),
+            None => None,
+        };
         Ok(Transformer {
             cfg: cfg.clone(),
             embed_tokens,

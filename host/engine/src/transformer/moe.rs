@@ -3,6 +3,7 @@
 //! K3's latent MoE around the routed experts (whose arithmetic is in
 //! `experts`).
 
+use crate::config::layout::{MlpTensors, MoeTensors};
 use crate::config::{Activation, ModelConfig, RouterKind};
 use crate::error::Result;
 use crate::quant::QMatrix;
@@ -23,16 +24,12 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Mlp> {
-        Self::load_at(cfg, src, &format!("model.layers.{layer}.mlp"))
-    }
-
-    /// The SwiGLU MLP under `p` (also a MoE block's shared experts).
-    pub fn load_at(cfg: &ModelConfig, src: &dyn TensorSource, p: &str) -> Result<Mlp> {
+    /// A dense layer's `mlp`, or a MoE block's shared experts.
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, t: &MlpTensors) -> Result<Mlp> {
         Ok(Mlp {
-            gate_proj: load_matrix(cfg, src, &format!("{p}.gate_proj.weight"))?,
-            up_proj: load_matrix(cfg, src, &format!("{p}.up_proj.weight"))?,
-            down_proj: load_matrix(cfg, src, &format!("{p}.down_proj.weight"))?,
+            gate_proj: load_matrix(cfg, src, &t.gate_proj.name)?,
+            up_proj: load_matrix(cfg, src, &t.up_proj.name)?,
+            down_proj: load_matrix(cfg, src, &t.down_proj.name)?,
             act: cfg.activation(),
         })
     }
@@ -90,16 +87,15 @@ pub struct Router {
 }
 
 impl Router {
-    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Router> {
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize, t: &MoeTensors) -> Result<Router> {
         let hashed = cfg.add.v4.as_ref().is_some_and(|v| v.hash_layers[layer]);
         let hash = if hashed { Some(load_hash_table(cfg, src, layer)?) } else { None };
-        let bias = if cfg.router_has_bias() && !hashed {
-            Some(load_vector(cfg, src, &cfg.router_bias_name(layer))?)
-        } else {
-            None
+        let bias = match &t.router_bias {
+            Some(b) if !hashed => Some(load_vector(cfg, src, &b.name)?),
+            _ => None,
         };
         Ok(Router {
-            weight: load_matrix(cfg, src, &cfg.router_name(layer))?,
+            weight: load_matrix(cfg, src, &t.router.name)?,
             top_k: cfg.top_k,
             norm_topk_prob: cfg.norm_topk_prob,
             kind: cfg.router,

@@ -20,6 +20,7 @@ use std::path::Path;
 
 mod common;
 use common::*;
+use waste_engine::config::layout::MlaTensors;
 use waste_engine::config::ModelConfig;
 use waste_engine::source::TensorSource;
 use waste_engine::transformer::dsa::{Indexer, IndexerScratch, Selection};
@@ -42,10 +43,13 @@ fn main() {
     let x = random(dsa.hidden_size, 11, 1.0);
     let mut out = vec![0.0f32; dsa.hidden_size];
     eprintln!("building one layer of random q8 weights at full scale ...");
-    let sparse_layer = Mla::load(&dsa, &RandomTrunk(&dsa), layer).expect("the DSA layer");
-    let dense_layer = Mla::load(&dense, &RandomTrunk(&dense), layer).expect("the dense layer");
+    let dsa_tensors = MlaTensors::of(&dsa, layer).expect("an MLA shape");
+    let dense_tensors = MlaTensors::of(&dense, layer).expect("an MLA shape");
+    let sparse_layer = Mla::load(&dsa, &RandomTrunk(&dsa), layer, &dsa_tensors).expect("the DSA layer");
+    let dense_layer = Mla::load(&dense, &RandomTrunk(&dense), layer, &dense_tensors).expect("the dense layer");
     let rope = Rope::new(dsa.mla_rope.as_ref().expect("MLA rope"));
-    let indexer = Indexer::load(&dsa, &RandomTrunk(&dsa), layer, Some(&rope)).expect("the indexer");
+    let indexer_tensors = dsa_tensors.indexer.as_ref().expect("an indexer on this layer");
+    let indexer = Indexer::load(&dsa, &RandomTrunk(&dsa), layer, Some(&rope), indexer_tensors).expect("the indexer");
     let (h, i) = (dsa.hidden_size, dsa.moe_intermediate_size);
     let up = RandomTrunk(&dsa).matrix("model.layers.3.mlp.shared_experts.up_proj.weight").unwrap();
     let down = RandomTrunk(&dsa).matrix("model.layers.3.mlp.shared_experts.down_proj.weight").unwrap();

@@ -13,6 +13,7 @@ use std::path::Path;
 
 mod common;
 use common::*;
+use waste_engine::config::layout::V4AttnTensors;
 use waste_engine::config::{ModelConfig, V4Attn};
 use waste_engine::source::TensorSource;
 use waste_engine::transformer::v4::attention::{V4Attention, V4Scratch};
@@ -32,7 +33,10 @@ fn main() {
     let hca_layer = v4.layers.iter().position(|&k| k == V4Attn::Hca).expect("an HCA layer");
     let layers: Vec<(&str, usize, V4Attention)> = [("CSA", csa_layer), ("HCA", hca_layer)]
         .into_iter()
-        .map(|(n, l)| (n, l, V4Attention::load(&cfg, &v4, &RandomTrunk(&cfg), l).expect("the layer")))
+        .map(|(n, l)| {
+            let tensors = V4AttnTensors::of(&cfg, &v4, l);
+            (n, l, V4Attention::load(&cfg, &v4, &RandomTrunk(&cfg), l, &tensors).expect("the layer"))
+        })
         .collect();
     let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
     let t = RandomTrunk(&cfg);

@@ -8,12 +8,12 @@
 
 use std::path::Path;
 
+use crate::config::layout::EdgeTensors;
 use crate::config::ModelConfig;
 use crate::container::manifest::{Manifest, TensorEntry};
 use crate::container::Container;
 use crate::error::{Error, Result};
 pub use crate::size::{fmt_bytes, parse_size};
-use crate::transformer::embedding::EMBED_TOKENS;
 
 /// How the budget of a plan was chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,7 @@ pub fn state_bytes(cfg: &ModelConfig, context: usize) -> u64 {
 /// embedding table of a model whose LM head is not tied to it (the rule of
 /// `model::embedding::load`).
 fn stays_on_disk(cfg: &ModelConfig, t: &TensorEntry) -> bool {
-    !cfg.tie_word_embeddings && t.name == EMBED_TOKENS && t.shape.len() == 2
+    !cfg.tie_word_embeddings && t.name == EdgeTensors::of(cfg).embed_tokens.name && t.shape.len() == 2
 }
 
 /// Bytes trunk tensor `t` holds in RAM once open: none for an untied

@@ -15,8 +15,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::layout::MlpTensors;
 use super::{
-    AttnKind, Common, Family, MlaDims, ModelConfig, Reader, RouterKind, Tensor, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM,
+    AttnKind, Common, Family, MlaDims, ModelConfig, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM,
     MAX_INTER, MAX_POSITIONS,
 };
 use crate::error::{Error, Result};
@@ -273,54 +274,12 @@ fn moe_layers(r: &Reader<'_>, num_layers: usize) -> Result<Vec<bool>> {
 }
 
 /// `self_attn.*` tensor names of DeepSeek MLA layer `layer`.
-/// The `self_attn.*` tensors of MLA layer `layer` (q-LoRA or not, the DSA
-/// indexer where the layer has one), in the container's order.
-pub(super) fn attention_tensors(cfg: &ModelConfig, layer: usize) -> Vec<Tensor> {
-    let Some(m) = cfg.mla else { return Vec::new() };
-    let a = format!("model.layers.{layer}.self_attn");
-    let t = |local: &str, shape: Vec<usize>| Tensor { name: format!("{a}.{local}"), shape };
-    let h = cfg.hidden_size;
-    let (nh, q) = (m.num_heads, m.num_heads * m.qk_head_dim());
-    let mut v = match m.q_lora_rank {
-        Some(ql) => vec![
-            t("q_a_proj.weight", vec![ql, h]),
-            t("q_a_layernorm.weight", vec![ql]),
-            t("q_b_proj.weight", vec![q, ql]),
-        ],
-        None => vec![t("q_proj.weight", vec![q, h])],
-    };
-    v.extend([
-        t("kv_a_proj_with_mqa.weight", vec![m.cache_width(), h]),
-        t("kv_a_layernorm.weight", vec![m.kv_lora_rank]),
-        t("kv_b_proj.weight", vec![nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank]),
-        t("o_proj.weight", vec![h, nh * m.v_head_dim]),
-    ]);
-    if cfg.attention_bias {
-        if let Some(ql) = m.q_lora_rank {
-            v.push(t("q_a_proj.bias", vec![ql]));
-        }
-        v.push(t("kv_a_proj_with_mqa.bias", vec![m.cache_width()]));
-        v.push(t("o_proj.bias", vec![h]));
-    }
-    // The indexer's query reads the q-LoRA latent (the DSA config requires one).
-    if let (Some(d), Some(ql)) = (cfg.add.dsa.as_ref().filter(|d| d.has_indexer(layer)), m.q_lora_rank) {
-        v.extend([
-            t("indexer.wq_b.weight", vec![d.n_heads * d.head_dim, ql]),
-            t("indexer.wk.weight", vec![d.head_dim, h]),
-            t("indexer.k_norm.weight", vec![d.head_dim]),
-            t("indexer.k_norm.bias", vec![d.head_dim]),
-            t("indexer.weights_proj.weight", vec![d.n_heads, h]),
-        ]);
-    }
-    v
-}
-
 /// A config whose dense-layer count disagrees with the checkpoint fails
 /// naming the layer and the tensor.
 pub(super) fn check_layer_tensors(cfg: &ModelConfig, names: &HashSet<&str>, file: &Path) -> Result<()> {
     for l in 0..cfg.num_layers {
         let router = cfg.router_name(l);
-        let dense = format!("model.layers.{l}.mlp.gate_proj.weight");
+        let dense = MlpTensors::dense(cfg, l).gate_proj.name;
         let (moe, has_router, has_dense) =
             (cfg.is_moe_layer(l), names.contains(router.as_str()), names.contains(dense.as_str()));
         if (moe && !has_router && has_dense) || (!moe && has_router) {

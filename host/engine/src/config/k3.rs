@@ -13,7 +13,6 @@
 use serde_json::{Map, Value};
 
 use super::k3_vision::{self, VisionConfig};
-use super::layout::MoeTensors;
 use super::{kimi, AttnKind, Common, Family, ModelConfig, Reader, MAX_HIDDEN, MAX_INTER, MAX_LAYERS};
 use crate::error::{Error, Result};
 use crate::quant::Activation;
@@ -149,163 +148,26 @@ pub(super) fn parse_config(r: &Reader<'_>, _family: Family, _model_type: &str) -
     Ok(cfg)
 }
 
-/// The `self_attn` tensors of a K3 KDA or MLA layer, by rest-name.
-fn attention_rests(cfg: &ModelConfig, k: &K3Params, kind: AttnKind) -> Vec<&'static str> {
-    match kind {
-        AttnKind::Kda => {
-            let mut v = vec![
-                "q_proj.weight",
-                "k_proj.weight",
-                "v_proj.weight",
-                "q_conv1d.weight",
-                "k_conv1d.weight",
-                "v_conv1d.weight",
-                "A_log",
-                "dt_bias",
-                "f_a_proj.weight",
-                "f_b_proj.weight",
-                "b_proj.weight",
-            ];
-            if k.kda_full_rank_gate {
-                v.push("g_proj.weight");
-            } else {
-                v.extend(["g_a_proj.weight", "g_b_proj.weight"]);
-            }
-            v.extend(["o_norm.weight", "o_proj.weight"]);
-            v
-        }
-        AttnKind::Mla => {
-            let mut v = match cfg.mla.and_then(|m| m.q_lora_rank) {
-                Some(_) => vec!["q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"],
-                None => vec!["q_proj.weight"],
-            };
-            v.extend(["kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight"]);
-            if k.mla_output_gate {
-                v.push("g_proj.weight");
-            }
-            v.push("o_proj.weight");
-            v
-        }
-        AttnKind::Gqa | AttnKind::Gdn | AttnKind::V4 => Vec::new(),
-    }
-}
-
-/// Every non-expert tensor of a K3 text model (prefix stripped).
-pub(super) fn trunk_tensor_names(cfg: &ModelConfig, k: &K3Params) -> Vec<String> {
-    let mut names = vec!["model.embed_tokens.weight".to_string()];
-    for l in 0..cfg.num_layers {
-        let p = format!("model.layers.{l}");
-        names.push(format!("{p}.input_layernorm.weight"));
-        if k.attn_res_block.is_some() {
-            for t in ["self_attention_res_proj", "self_attention_res_norm", "mlp_res_proj", "mlp_res_norm"] {
-                names.push(format!("{p}.{t}.weight"));
-            }
-        }
-        for rest in attention_rests(cfg, k, cfg.attn_kind(l)) {
-            names.push(format!("{p}.self_attn.{rest}"));
-        }
-        names.push(format!("{p}.post_attention_layernorm.weight"));
-        if cfg.is_moe_layer(l) {
-            // K3's router always has its selection bias.
-            names.extend(MoeTensors::of(cfg, l).list().into_iter().map(|t| t.name.clone()));
-            if k.latent.is_some() {
-                let b = format!("{p}.{}", cfg.moe_block);
-                names.push(format!("{b}.routed_expert_down_proj.weight"));
-                if k.latent_norm {
-                    names.push(format!("{b}.routed_expert_norm.weight"));
-                }
-                names.push(format!("{b}.routed_expert_up_proj.weight"));
-            }
-        } else {
-            for proj in ["gate_proj", "up_proj", "down_proj"] {
-                names.push(format!("{p}.mlp.{proj}.weight"));
-            }
-        }
-    }
-    if k.attn_res_block.is_some() {
-        names.push("model.output_attn_res_proj.weight".to_string());
-        names.push("model.output_attn_res_norm.weight".to_string());
-    }
-    names.push("model.norm.weight".to_string());
-    if !cfg.tie_word_embeddings {
-        names.push("lm_head.weight".to_string());
-    }
-    // The tower is stored with the trunk but read only for an image.
-    if let Some(v) = &k.vision {
-        names.extend(v.tensor_shapes().into_iter().map(|(n, _)| n));
-    }
-    names
-}
-
-/// Shapes of the tensors K3 adds or reshapes; None defers to the shared
-/// rules. `*_res_proj.weight` is stored `[1, H]` and read as the vector
-/// `[H]`. `A_log` has no fixed shape: the release pads it (`[128]` for 96
-/// heads), the KDA loader takes the first `num_heads` values and checks
-/// that the rest are zero.
+/// Shapes K3 gives otherwise than `layout` does: its tower's (from
+/// `VisionConfig`), and `A_log`, which has no fixed shape: the release pads
+/// it (`[128]` for 96 heads), the KDA loader takes the first `num_heads`
+/// values and checks that the rest are zero. None defers to `layout`.
 pub(super) fn tensor_shape(cfg: &ModelConfig, k: &K3Params, name: &str) -> Option<Option<Vec<usize>>> {
-    let h = cfg.hidden_size;
     if let (Some(v), true) = (&k.vision, super::is_vision_tensor(name)) {
         return Some(v.tensor_shapes().into_iter().find(|(n, _)| n == name).map(|(_, s)| s));
-    }
-    if let Some(rest) = name.strip_prefix("model.") {
-        if rest == "output_attn_res_proj.weight" || rest == "output_attn_res_norm.weight" {
-            return Some(Some(vec![h]));
-        }
     }
     let rest = name.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    if layer >= cfg.num_layers {
-        return None;
-    }
-    match rest {
-        "self_attention_res_proj.weight"
-        | "self_attention_res_norm.weight"
-        | "mlp_res_proj.weight"
-        | "mlp_res_norm.weight" => return Some(Some(vec![h])),
-        _ => {}
-    }
-    if let Some(a) = rest.strip_prefix("self_attn.") {
-        match (cfg.attn_kind(layer), a) {
-            (AttnKind::Kda, "A_log") => return Some(None),
-            (AttnKind::Kda, "g_proj.weight") => {
-                let kd = cfg.kda?;
-                return Some(Some(vec![kd.qkv_dim(), h]));
-            }
-            (AttnKind::Mla, _) => {
-                let m = cfg.mla?;
-                let qk = m.num_heads * m.qk_head_dim();
-                let ql = m.q_lora_rank.unwrap_or(0);
-                let shape = match a {
-                    "q_a_proj.weight" => vec![ql, h],
-                    "q_a_layernorm.weight" => vec![ql],
-                    "q_b_proj.weight" => vec![qk, ql],
-                    "g_proj.weight" => vec![m.num_heads * m.v_head_dim, h],
-                    _ => return None,
-                };
-                return Some(Some(shape));
-            }
-            _ => return None,
-        }
-    }
-    let l = k.latent?;
-    let moe = rest.strip_prefix(cfg.moe_block.as_str())?.strip_prefix('.')?;
-    if !cfg.is_moe_layer(layer) {
-        return None;
-    }
-    Some(Some(match moe {
-        "routed_expert_down_proj.weight" => vec![l, h],
-        "routed_expert_up_proj.weight" => vec![h, l],
-        "routed_expert_norm.weight" => vec![l],
-        _ => return None,
-    }))
+    (layer < cfg.num_layers && cfg.attn_kind(layer) == AttnKind::Kda && rest == "self_attn.A_log").then_some(None)
 }
 
 /// Parameters with `experts` routed experts per MoE layer: every trunk
 /// tensor by its config shape (`A_log` counted at `num_heads`), plus the
 /// experts at the latent width.
 pub(super) fn params(cfg: &ModelConfig, k: &K3Params, experts: u64) -> u64 {
-    let trunk: u64 = trunk_tensor_names(cfg, k)
+    let trunk: u64 = cfg
+        .trunk_tensor_names()
         .iter()
         .map(|n| match cfg.trunk_tensor_shape(n) {
             Some(s) => s.iter().product::<usize>() as u64,

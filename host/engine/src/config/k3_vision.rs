@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 
+use super::layout::Tensor;
 use super::{Reader, MAX_HEADS, MAX_HIDDEN, MAX_INTER, MAX_LAYERS};
 use crate::error::Result;
 
@@ -80,25 +81,35 @@ impl VisionConfig {
     /// and the position grid `[H0, W0, D]` as `[H0 W0, D]` (row-major views
     /// of the stored tensors, the form a container keeps them in).
     pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.tensors().list().into_iter().map(|t| (t.name.clone(), t.shape.clone())).collect()
+    }
+
+    /// The tower's and the projector's tensors.
+    pub fn tensors(&self) -> VisionTensors {
         let (d, q, i, m, p) = (self.hidden, self.qkv_hidden, self.intermediate, self.merged_width(), self.patch_size);
-        let mut v = vec![
-            (format!("{VISION_TOWER}.patch_embed.proj.weight"), vec![d, 3 * p * p]),
-            (format!("{VISION_TOWER}.patch_embed.pos_emb.weight"), vec![self.pos_grid.0 * self.pos_grid.1, d]),
-        ];
-        for l in 0..self.layers {
-            let b = format!("{VISION_TOWER}.encoder.blocks.{l}");
-            v.push((format!("{b}.norm0.weight"), vec![d]));
-            v.push((format!("{b}.wqkv.weight"), vec![3 * q, d]));
-            v.push((format!("{b}.wo.weight"), vec![d, q]));
-            v.push((format!("{b}.norm1.weight"), vec![d]));
-            v.push((format!("{b}.mlp.fc0.weight"), vec![i, d]));
-            v.push((format!("{b}.mlp.fc1.weight"), vec![d, i]));
+        let t = |prefix: &str, local: &str, shape: Vec<usize>| Tensor { name: format!("{prefix}.{local}"), shape };
+        let blocks = (0..self.layers)
+            .map(|l| {
+                let b = format!("{VISION_TOWER}.encoder.blocks.{l}");
+                VisionBlockTensors {
+                    norm0: t(&b, "norm0.weight", vec![d]),
+                    wqkv: t(&b, "wqkv.weight", vec![3 * q, d]),
+                    wo: t(&b, "wo.weight", vec![d, q]),
+                    norm1: t(&b, "norm1.weight", vec![d]),
+                    mlp_fc0: t(&b, "mlp.fc0.weight", vec![i, d]),
+                    mlp_fc1: t(&b, "mlp.fc1.weight", vec![d, i]),
+                }
+            })
+            .collect();
+        VisionTensors {
+            patch_embed_proj: t(VISION_TOWER, "patch_embed.proj.weight", vec![d, 3 * p * p]),
+            pos_emb: t(VISION_TOWER, "patch_embed.pos_emb.weight", vec![self.pos_grid.0 * self.pos_grid.1, d]),
+            blocks,
+            final_layernorm: t(VISION_TOWER, "encoder.final_layernorm.weight", vec![d]),
+            proj_0: t(MM_PROJECTOR, "proj.0.weight", vec![m, m]),
+            proj_2: t(MM_PROJECTOR, "proj.2.weight", vec![self.text_hidden, m]),
+            post_norm: t(MM_PROJECTOR, "post_norm.weight", vec![self.text_hidden]),
         }
-        v.push((format!("{VISION_TOWER}.encoder.final_layernorm.weight"), vec![d]));
-        v.push((format!("{MM_PROJECTOR}.proj.0.weight"), vec![m, m]));
-        v.push((format!("{MM_PROJECTOR}.proj.2.weight"), vec![self.text_hidden, m]));
-        v.push((format!("{MM_PROJECTOR}.post_norm.weight"), vec![self.text_hidden]));
-        v
     }
 
     /// Parameters of the tower and the projector.
@@ -110,6 +121,40 @@ impl VisionConfig {
 /// The prefixes of the tower's and the projector's tensors.
 pub const VISION_TOWER: &str = "vision_tower";
 pub const MM_PROJECTOR: &str = "mm_projector";
+
+/// One encoder block of the tower (`vision_tower.encoder.blocks.L`).
+#[derive(Debug, Clone)]
+pub struct VisionBlockTensors {
+    pub norm0: Tensor,   // [D]
+    pub wqkv: Tensor,    // [3 Q, D]
+    pub wo: Tensor,      // [D, Q]
+    pub norm1: Tensor,   // [D]
+    pub mlp_fc0: Tensor, // [I, D]
+    pub mlp_fc1: Tensor, // [D, I]
+}
+
+/// K3's vision tower and projector, in the container's order.
+#[derive(Debug, Clone)]
+pub struct VisionTensors {
+    pub patch_embed_proj: Tensor, // [D, 3 p p]
+    pub pos_emb: Tensor,          // [grid_h grid_w, D]
+    pub blocks: Vec<VisionBlockTensors>,
+    pub final_layernorm: Tensor, // [D]
+    pub proj_0: Tensor,          // `mm_projector.proj.0` [M, M]
+    pub proj_2: Tensor,          // `mm_projector.proj.2` [text H, M]
+    pub post_norm: Tensor,       // [text H]
+}
+
+impl VisionTensors {
+    pub fn list(&self) -> Vec<&Tensor> {
+        let mut out = vec![&self.patch_embed_proj, &self.pos_emb];
+        for b in &self.blocks {
+            out.extend([&b.norm0, &b.wqkv, &b.wo, &b.norm1, &b.mlp_fc0, &b.mlp_fc1]);
+        }
+        out.extend([&self.final_layernorm, &self.proj_0, &self.proj_2, &self.post_norm]);
+        out
+    }
+}
 
 /// Whether `name` is a tensor of the tower or the projector.
 pub fn is_vision_tensor(name: &str) -> bool {

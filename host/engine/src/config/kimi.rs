@@ -18,9 +18,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::layout::MlpTensors;
 use super::{
-    AttnKind, Common, Family, KdaDims, MlaDims, ModelConfig, Reader, RouterKind, Tensor, MAX_EXPERTS, MAX_HEADS,
-    MAX_HEAD_DIM, MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
+    AttnKind, Common, Family, KdaDims, MlaDims, ModelConfig, Reader, RouterKind, MAX_EXPERTS, MAX_HEADS, MAX_HEAD_DIM,
+    MAX_INTER, MAX_LAYERS, MAX_POSITIONS,
 };
 use crate::error::{Error, Result};
 
@@ -245,53 +246,6 @@ fn mlp_kinds(r: &Reader<'_>, n: usize) -> Result<Vec<bool>> {
     Ok((0..n).map(|l| l >= first_dense && l % freq == 0).collect())
 }
 
-/// The `self_attn.*` tensors of a KDA or MLA layer under `p`
-/// (`model.layers.L`), in the container's order. Conv kernels and `A_log`
-/// are 1-D: the canonical (stored) shape, see `ModelConfig::canonical_shape`.
-pub(super) fn attention_tensors(cfg: &ModelConfig, kind: AttnKind, p: &str) -> Vec<Tensor> {
-    let a = format!("{p}.self_attn");
-    let t = |local: &str, shape: Vec<usize>| Tensor { name: format!("{a}.{local}"), shape };
-    let h = cfg.hidden_size;
-    match (kind, cfg.kda, cfg.mla) {
-        (AttnKind::Kda, Some(k), _) => {
-            let (c, d, nh) = (k.qkv_dim(), k.head_dim, k.num_heads);
-            vec![
-                t("q_proj.weight", vec![c, h]),
-                t("k_proj.weight", vec![c, h]),
-                t("v_proj.weight", vec![c, h]),
-                t("q_conv1d.weight", vec![c * k.conv_kernel]),
-                t("k_conv1d.weight", vec![c * k.conv_kernel]),
-                t("v_conv1d.weight", vec![c * k.conv_kernel]),
-                t("A_log", vec![nh]),
-                t("dt_bias", vec![c]),
-                t("f_a_proj.weight", vec![d, h]),
-                t("f_b_proj.weight", vec![c, d]),
-                t("b_proj.weight", vec![nh, h]),
-                t("g_a_proj.weight", vec![d, h]),
-                t("g_b_proj.weight", vec![c, d]),
-                t("o_norm.weight", vec![d]),
-                t("o_proj.weight", vec![h, c]),
-            ]
-        }
-        (AttnKind::Mla, _, Some(m)) => {
-            let nh = m.num_heads;
-            let mut v = vec![
-                t("q_proj.weight", vec![nh * m.qk_head_dim(), h]),
-                t("kv_a_proj_with_mqa.weight", vec![m.cache_width(), h]),
-                t("kv_a_layernorm.weight", vec![m.kv_lora_rank]),
-                t("kv_b_proj.weight", vec![nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank]),
-                t("o_proj.weight", vec![h, nh * m.v_head_dim]),
-            ];
-            if cfg.attention_bias {
-                v.push(t("kv_a_proj_with_mqa.bias", vec![m.cache_width()]));
-                v.push(t("o_proj.bias", vec![h]));
-            }
-            v
-        }
-        _ => Vec::new(),
-    }
-}
-
 pub(super) fn check_layer_tensors(cfg: &ModelConfig, names: &HashSet<&str>, file: &Path) -> Result<()> {
     if cfg.family != Family::KimiLinear {
         return Ok(());
@@ -314,7 +268,7 @@ pub(super) fn check_layer_tensors(cfg: &ModelConfig, names: &HashSet<&str>, file
             ));
         }
         let router = cfg.router_name(l);
-        let dense = format!("model.layers.{l}.mlp.gate_proj.weight");
+        let dense = MlpTensors::dense(cfg, l).gate_proj.name;
         if cfg.is_moe_layer(l) && !names.contains(router.as_str()) && names.contains(dense.as_str()) {
             return Err(Error::format(
                 file,

@@ -37,7 +37,8 @@ pub use dsa::{is_dsa_model_type, Dsa};
 pub use family::{FamilyRow, Reasoning, ToolSyntax, FAMILIES};
 pub use k3::{K3Params, K3_PREFIX};
 pub use k3_vision::{
-    is_vision_tensor, GridResize, VisionConfig, MAX_GRID_SIDE, MM_PROJECTOR, TORCH_F32_EPS, VISION_TOWER,
+    is_vision_tensor, GridResize, VisionBlockTensors, VisionConfig, VisionTensors, MAX_GRID_SIDE, MM_PROJECTOR,
+    TORCH_F32_EPS, VISION_TOWER,
 };
 use reader::Reader;
 pub use switches::{GdnDims, Switches};
@@ -165,21 +166,6 @@ pub enum QkNorm {
     PerHead,
     /// OLMoE: one RMSNorm over the whole q (resp. k) projection.
     Full,
-}
-
-/// One trunk tensor: its name and the shape the config implies (vectors
-/// 1-D, a conv kernel `[C, 1, K]` flattened to `[C * K]`). `layout` gives
-/// each mechanism's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tensor {
-    pub name: String,
-    pub shape: Vec<usize>,
-}
-
-impl Tensor {
-    pub fn params(&self) -> u64 {
-        self.shape.iter().product::<usize>() as u64
-    }
 }
 
 /// How the converter stores a trunk tensor.

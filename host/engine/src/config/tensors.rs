@@ -129,32 +129,29 @@ impl ModelConfig {
 
     /// Every non-expert tensor the forward pass reads, in a stable order.
     pub fn trunk_tensor_names(&self) -> Vec<String> {
-        if let Some(k) = &self.k3 {
-            return k3::trunk_tensor_names(self, k);
+        let mut names: Vec<String> = self.trunk_tensors().into_iter().map(|t| t.name).collect();
+        // K3's tower is stored with the trunk but read only for an image.
+        if let Some(v) = self.k3.as_ref().and_then(|k| k.vision.as_ref()) {
+            names.extend(v.tensor_shapes().into_iter().map(|(n, _)| n));
         }
-        if let Some(v4) = &self.add.v4 {
-            return deepseek_v4::trunk_tensor_names(self, v4);
-        }
-        self.trunk_tensors().into_iter().map(|t| t.name).collect()
+        names
     }
 
-    /// The trunk's tensors with their shapes (every family but K3 and
-    /// DeepSeek-V4, whose tables are their own), in the container's order.
+    /// The text model's trunk tensors with their shapes, in the container's order.
     fn trunk_tensors(&self) -> Vec<Tensor> {
         let edges = EdgeTensors::of(self);
-        let mut out = vec![edges.embed_tokens];
+        let mut out = vec![edges.embed_tokens.clone()];
         for l in 0..self.num_layers {
             out.extend(LayerTensors::of(self, l).list().into_iter().cloned());
         }
-        out.push(edges.norm);
-        out.extend(edges.lm_head);
+        out.extend(edges.after_layers().into_iter().cloned());
         out
     }
 
     /// Expected shape of a trunk tensor, for load-time checks.
     pub fn trunk_tensor_shape(&self, name: &str) -> Option<Vec<usize>> {
         let edges = EdgeTensors::of(self);
-        if let Some(t) = [&edges.embed_tokens, &edges.norm].into_iter().chain(&edges.lm_head).find(|t| t.name == name) {
+        if let Some(t) = std::iter::once(&edges.embed_tokens).chain(edges.after_layers()).find(|t| t.name == name) {
             return Some(t.shape.clone());
         }
         if name == "lm_head.weight" {
@@ -163,9 +160,6 @@ impl ModelConfig {
         }
         if let Some(shape) = self.k3.as_ref().and_then(|k| k3::tensor_shape(self, k, name)) {
             return shape;
-        }
-        if let Some(v4) = &self.add.v4 {
-            return deepseek_v4::tensor_shape(self, v4, name);
         }
         let rest = name.strip_prefix("model.layers.")?;
         let layer: usize = rest.split_once('.')?.0.parse().ok()?;
@@ -179,15 +173,15 @@ impl ModelConfig {
         if let Some(k) = &self.k3 {
             return k3::params(self, k, experts_per_layer);
         }
-        if let Some(v4) = &self.add.v4 {
-            return deepseek_v4::params(self, v4, experts_per_layer);
-        }
+        let edges = EdgeTensors::of(self);
+        let edge: u64 = std::iter::once(&edges.embed_tokens).chain(edges.after_layers()).map(Tensor::params).sum();
+        let layers: u64 = (0..self.num_layers).map(|l| LayerTensors::of(self, l).params()).sum();
         // gpt-oss: a bias on each expert's gate, up and down.
         let h = self.hidden_size as u64;
         let expert_bias = if self.add.expert_bias { 2 * self.moe_intermediate_size as u64 + h } else { 0 };
         let per_expert = 3 * h * self.moe_intermediate_size as u64 + expert_bias;
         let moe_layers = (0..self.num_layers).filter(|&l| self.is_moe_layer(l)).count() as u64;
-        self.trunk_tensors().iter().map(Tensor::params).sum::<u64>() + moe_layers * experts_per_layer * per_expert
+        edge + layers + moe_layers * experts_per_layer * per_expert
     }
 
     /// Parameters of the input embedding table and of a separate LM head

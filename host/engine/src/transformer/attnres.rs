@@ -8,6 +8,7 @@
 //! lives only while one token runs through the layers: it is rebuilt from
 //! the token's embedding every time and no later token ever reads it.
 
+use crate::config::layout::{AttnResTensors, Tensor};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::source::TensorSource;
@@ -128,17 +129,17 @@ pub struct LayerRes {
 }
 
 impl LayerRes {
-    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize, block: usize) -> Result<LayerRes> {
-        let p = format!("model.layers.{layer}");
+    pub fn load(
+        cfg: &ModelConfig,
+        src: &dyn TensorSource,
+        layer: usize,
+        block: usize,
+        t: &AttnResTensors,
+    ) -> Result<LayerRes> {
         Ok(LayerRes {
             boundary: layer.is_multiple_of(block),
-            attn: Mix::load(
-                cfg,
-                src,
-                &format!("{p}.self_attention_res_proj.weight"),
-                &format!("{p}.self_attention_res_norm.weight"),
-            )?,
-            mlp: Mix::load(cfg, src, &format!("{p}.mlp_res_proj.weight"), &format!("{p}.mlp_res_norm.weight"))?,
+            attn: Mix::load(cfg, src, &t.self_attention_res_proj.name, &t.self_attention_res_norm.name)?,
+            mlp: Mix::load(cfg, src, &t.mlp_res_proj.name, &t.mlp_res_norm.name)?,
         })
     }
 
@@ -162,24 +163,31 @@ impl LayerRes {
     }
 }
 
-/// The AttnRes mixes of decoder layer `layer`, when the model has AttnRes.
-pub fn load_layer_res(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Option<LayerRes>> {
-    let Some(block) = cfg.k3.and_then(|k| k.attn_res_block) else { return Ok(None) };
+/// The AttnRes mixes of decoder layer `layer` (`t`: its tensors, when
+/// the model has AttnRes).
+pub fn load_layer_res(
+    cfg: &ModelConfig,
+    src: &dyn TensorSource,
+    layer: usize,
+    t: Option<&AttnResTensors>,
+) -> Result<Option<LayerRes>> {
+    let (Some(block), Some(t)) = (cfg.k3.and_then(|k| k.attn_res_block), t) else { return Ok(None) };
     if bank_capacity(cfg) > MAX_BANK {
         return Err(Error::Unsupported(format!(
             "attn_res_block_size {:?} gives more than {MAX_BANK} AttnRes blocks",
             Some(block)
         )));
     }
-    Ok(Some(LayerRes::load(cfg, src, layer, block)?))
+    Ok(Some(LayerRes::load(cfg, src, layer, block, t)?))
 }
 
-/// The output mix before the final norm, when the model has AttnRes.
-pub fn load_output_mix(cfg: &ModelConfig, src: &dyn TensorSource) -> Result<Option<Mix>> {
-    if cfg.k3.and_then(|k| k.attn_res_block).is_none() {
-        return Ok(None);
+/// The output mix before the final norm (`t`: its projection and norm,
+/// when the model has AttnRes).
+pub fn load_output_mix(cfg: &ModelConfig, src: &dyn TensorSource, t: Option<&(Tensor, Tensor)>) -> Result<Option<Mix>> {
+    match t {
+        Some((proj, norm)) => Ok(Some(Mix::load(cfg, src, &proj.name, &norm.name)?)),
+        None => Ok(None),
     }
-    Ok(Some(Mix::load(cfg, src, "model.output_attn_res_proj.weight", "model.output_attn_res_norm.weight")?))
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 //! which no other engine reproduces; we take the higher score, then the
 //! earlier position (fixtures keep a 1e-4 gap at the boundary).
 
+use crate::config::layout::IndexerTensors;
 use crate::config::{Dsa, MlaDims, ModelConfig};
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
@@ -102,20 +103,25 @@ impl Selection {
 }
 
 impl Indexer {
-    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize, mla_rope: Option<&Rope>) -> Result<Indexer> {
+    pub fn load(
+        cfg: &ModelConfig,
+        src: &dyn TensorSource,
+        layer: usize,
+        mla_rope: Option<&Rope>,
+        t: &IndexerTensors,
+    ) -> Result<Indexer> {
         let (d, m): (&Dsa, &MlaDims) = match (&cfg.add.dsa, &cfg.mla) {
             (Some(d), Some(m)) => (d, m),
             _ => return Err(Error::Runtime(format!("layer {layer} has an indexer but the config no DSA shape"))),
         };
         let rope = mla_rope
             .ok_or_else(|| Error::Runtime(format!("layer {layer}: the DSA indexer needs MLA's rotary tables")))?;
-        let p = format!("model.layers.{layer}.self_attn.indexer");
         Ok(Indexer {
-            wq_b: load_matrix(cfg, src, &format!("{p}.wq_b.weight"))?,
-            wk: load_matrix(cfg, src, &format!("{p}.wk.weight"))?,
-            k_norm_weight: load_vector(cfg, src, &format!("{p}.k_norm.weight"))?,
-            k_norm_bias: load_vector(cfg, src, &format!("{p}.k_norm.bias"))?,
-            weights_proj: load_matrix(cfg, src, &format!("{p}.weights_proj.weight"))?,
+            wq_b: load_matrix(cfg, src, &t.wq_b.name)?,
+            wk: load_matrix(cfg, src, &t.wk.name)?,
+            k_norm_weight: load_vector(cfg, src, &t.k_norm.name)?,
+            k_norm_bias: load_vector(cfg, src, &t.k_norm_bias.name)?,
+            weights_proj: load_matrix(cfg, src, &t.weights_proj.name)?,
             rope: rope.with_interleave(d.interleaved_rope),
             n_heads: d.n_heads,
             head_dim: d.head_dim,

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::config::layout::EdgeTensors;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
@@ -84,28 +85,26 @@ impl Embedding {
     }
 }
 
-/// The checkpoint name of the table.
-pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
-
 /// The model's embedding table: left on disk when the embeddings are untied
 /// and the source can say where the table lies, else resident.
 pub(crate) fn load(cfg: &ModelConfig, src: &dyn TensorSource) -> Result<Embedding> {
+    let table = EdgeTensors::of(cfg).embed_tokens;
     if !cfg.tie_word_embeddings {
-        if let Some(rows) = src.stored_rows(EMBED_TOKENS) {
+        if let Some(rows) = src.stored_rows(&table.name) {
             let rows = rows?;
-            if let Some(want) = cfg.trunk_tensor_shape(EMBED_TOKENS) {
-                if want != [rows.rows(), rows.cols()] {
-                    return Err(Error::Runtime(format!(
-                        "weight `{EMBED_TOKENS}` has shape [{}, {}], the config implies {want:?}",
-                        rows.rows(),
-                        rows.cols()
-                    )));
-                }
+            if table.shape != [rows.rows(), rows.cols()] {
+                return Err(Error::Runtime(format!(
+                    "weight `{}` has shape [{}, {}], the config implies {:?}",
+                    table.name,
+                    rows.rows(),
+                    rows.cols(),
+                    table.shape
+                )));
             }
             return Ok(Embedding::OnDisk(DiskRows { rows, reads: AtomicU64::new(0) }));
         }
     }
-    Ok(Embedding::Resident(super::load_matrix(cfg, src, EMBED_TOKENS)?))
+    Ok(Embedding::Resident(super::load_matrix(cfg, src, &table.name)?))
 }
 
 #[cfg(test)]

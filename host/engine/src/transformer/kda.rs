@@ -20,6 +20,7 @@
 //! The reference prefill uses the chunked form (`chunk_kimi_delta_attention`);
 //! it is the same recurrence regrouped, and the tests hold this one to both.
 
+use crate::config::layout::{KdaGate, KdaTensors, Tensor};
 use crate::config::{KdaDims, ModelConfig};
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
@@ -115,41 +116,38 @@ impl KdaScratch {
 }
 
 impl Kda {
-    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Kda> {
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize, t: &KdaTensors) -> Result<Kda> {
         let dims =
             cfg.kda.ok_or_else(|| Error::Runtime(format!("layer {layer} is KDA but the config has no KDA shape")))?;
-        let p = format!("model.layers.{layer}.self_attn");
-        let m = |n: &str| load_matrix(cfg, src, &format!("{p}.{n}.weight"));
+        let m = |t: &Tensor| load_matrix(cfg, src, &t.name);
         let mut conv = Vec::with_capacity(3 * dims.qkv_dim() * dims.conv_kernel);
-        for which in ["q_conv1d", "k_conv1d", "v_conv1d"] {
-            conv.extend(load_vector(cfg, src, &format!("{p}.{which}.weight"))?);
+        for which in [&t.q_conv1d, &t.k_conv1d, &t.v_conv1d] {
+            conv.extend(load_vector(cfg, src, &which.name)?);
         }
-        let a_log_name = format!("{p}.A_log");
-        let neg_a = a_log_heads(&a_log_name, load_vector(cfg, src, &a_log_name)?, dims.num_heads)?
-            .iter()
-            .map(|a| -a.exp())
-            .collect();
-        let k3 = cfg.k3.as_ref();
-        let gate = if k3.is_some_and(|k| k.kda_full_rank_gate) {
-            OutputGate::Full(m("g_proj")?)
-        } else {
-            OutputGate::LowRank { g_a_proj: m("g_a_proj")?, g_b_proj: m("g_b_proj")? }
+        let a_log = &t.a_log.name;
+        let neg_a =
+            a_log_heads(a_log, load_vector(cfg, src, a_log)?, dims.num_heads)?.iter().map(|a| -a.exp()).collect();
+        let gate = match &t.gate {
+            KdaGate::Full { g_proj } => OutputGate::Full(m(g_proj)?),
+            KdaGate::LowRank { g_a_proj, g_b_proj } => {
+                OutputGate::LowRank { g_a_proj: m(g_a_proj)?, g_b_proj: m(g_b_proj)? }
+            }
         };
         Ok(Kda {
             dims,
-            q_proj: m("q_proj")?,
-            k_proj: m("k_proj")?,
-            v_proj: m("v_proj")?,
+            q_proj: m(&t.q_proj)?,
+            k_proj: m(&t.k_proj)?,
+            v_proj: m(&t.v_proj)?,
             conv,
             neg_a,
-            lower_bound: k3.and_then(|k| k.kda_gate_lower_bound),
-            dt_bias: load_vector(cfg, src, &format!("{p}.dt_bias"))?,
-            f_a_proj: m("f_a_proj")?,
-            f_b_proj: m("f_b_proj")?,
-            b_proj: m("b_proj")?,
+            lower_bound: cfg.k3.as_ref().and_then(|k| k.kda_gate_lower_bound),
+            dt_bias: load_vector(cfg, src, &t.dt_bias.name)?,
+            f_a_proj: m(&t.f_a_proj)?,
+            f_b_proj: m(&t.f_b_proj)?,
+            b_proj: m(&t.b_proj)?,
             gate,
-            o_norm: load_vector(cfg, src, &format!("{p}.o_norm.weight"))?,
-            o_proj: m("o_proj")?,
+            o_norm: load_vector(cfg, src, &t.o_norm.name)?,
+            o_proj: m(&t.o_proj)?,
             eps: cfg.rms_norm_eps,
         })
     }

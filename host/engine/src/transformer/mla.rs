@@ -9,6 +9,7 @@
 //! `score_s = (W_kb_nope^T q_nope) . c_s + q_rope . k_rope_s`, times
 //! `(nope + rope)^-1/2`; `o_h = W_kb_v (sum_s a_s c_s)`; then `W_o`.
 
+use crate::config::layout::{MlaQuery, MlaTensors, Tensor};
 use crate::config::{MlaDims, ModelConfig};
 use crate::error::{Error, Result};
 use crate::quant::{QMatrix, TrunkFormat};
@@ -169,47 +170,41 @@ impl MlaScratch {
 }
 
 impl Mla {
-    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Mla> {
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize, t: &MlaTensors) -> Result<Mla> {
         let dims =
             cfg.mla.ok_or_else(|| Error::Runtime(format!("layer {layer} is MLA but the config has no MLA shape")))?;
-        let p = format!("model.layers.{layer}.self_attn");
-        let bias = |n: &str| -> Result<Option<Vec<f32>>> {
-            if cfg.attention_bias {
-                Ok(Some(load_vector(cfg, src, &format!("{p}.{n}.bias"))?))
-            } else {
-                Ok(None)
-            }
-        };
-        let q = match dims.q_lora_rank {
-            None => QueryProj::Full(load_matrix(cfg, src, &format!("{p}.q_proj.weight"))?),
-            Some(_) => QueryProj::LowRank {
-                q_a: load_matrix(cfg, src, &format!("{p}.q_a_proj.weight"))?,
-                q_a_bias: bias("q_a_proj")?,
-                norm: load_vector(cfg, src, &format!("{p}.q_a_layernorm.weight"))?,
-                q_b: load_matrix(cfg, src, &format!("{p}.q_b_proj.weight"))?,
+        let vector = |t: &Option<Tensor>| t.as_ref().map(|t| load_vector(cfg, src, &t.name)).transpose();
+        let q = match &t.q {
+            MlaQuery::Full { q_proj } => QueryProj::Full(load_matrix(cfg, src, &q_proj.name)?),
+            MlaQuery::LowRank { q_a_proj, q_a_layernorm, q_b_proj, q_a_proj_bias } => QueryProj::LowRank {
+                q_a: load_matrix(cfg, src, &q_a_proj.name)?,
+                q_a_bias: vector(q_a_proj_bias)?,
+                norm: load_vector(cfg, src, &q_a_layernorm.name)?,
+                q_b: load_matrix(cfg, src, &q_b_proj.name)?,
             },
         };
         let scale = (cfg.mla_rope.map_or(1.0, |r| r.softmax_scale_factor) / (dims.qk_head_dim() as f64).sqrt()) as f32;
         let rope = cfg.mla_rope.as_ref().map(Rope::new);
-        let own_indexer = cfg.add.dsa.as_ref().is_some_and(|d| d.has_indexer(layer));
         Ok(Mla {
             dims,
             q,
-            indexer: if own_indexer { Some(Indexer::load(cfg, src, layer, rope.as_ref())?) } else { None },
+            indexer: match &t.indexer {
+                Some(ix) => Some(Indexer::load(cfg, src, layer, rope.as_ref(), ix)?),
+                None => None,
+            },
             sparse: cfg.add.dsa.is_some(),
             stride: cfg.state_floats_per_token(layer),
             rope,
             scale,
-            kv_a_proj: load_matrix(cfg, src, &format!("{p}.kv_a_proj_with_mqa.weight"))?,
-            kv_a_bias: bias("kv_a_proj_with_mqa")?,
-            kv_a_layernorm: load_vector(cfg, src, &format!("{p}.kv_a_layernorm.weight"))?,
-            kv_b: KvB::load(load_matrix(cfg, src, &format!("{p}.kv_b_proj.weight"))?),
-            o_proj: load_matrix(cfg, src, &format!("{p}.o_proj.weight"))?,
-            o_bias: bias("o_proj")?,
-            g_proj: if cfg.k3.is_some_and(|k| k.mla_output_gate) {
-                Some(load_matrix(cfg, src, &format!("{p}.g_proj.weight"))?)
-            } else {
-                None
+            kv_a_proj: load_matrix(cfg, src, &t.kv_a_proj_with_mqa.name)?,
+            kv_a_bias: vector(&t.kv_a_proj_with_mqa_bias)?,
+            kv_a_layernorm: load_vector(cfg, src, &t.kv_a_layernorm.name)?,
+            kv_b: KvB::load(load_matrix(cfg, src, &t.kv_b_proj.name)?),
+            o_proj: load_matrix(cfg, src, &t.o_proj.name)?,
+            o_bias: vector(&t.o_proj_bias)?,
+            g_proj: match &t.g_proj {
+                Some(g) => Some(load_matrix(cfg, src, &g.name)?),
+                None => None,
             },
         })
     }
@@ -413,7 +408,8 @@ mod tests {
                 (0..cfg.num_layers).find(|&l| cfg.attn_kind(l) == crate::config::AttnKind::Mla).expect("an MLA layer");
             for fmt in [TrunkFormat::F32, TrunkFormat::Q8, TrunkFormat::Q4] {
                 let src = Stored { ckpt: &ckpt, fmt, f32_kv_b: false };
-                let mla = Mla::load(&cfg, &src, layer).unwrap();
+                let mla =
+                    Mla::load(&cfg, &src, layer, &crate::config::layout::MlaTensors::of(&cfg, layer).unwrap()).unwrap();
                 let name = format!("model.layers.{layer}.self_attn{KV_B_SUFFIX}");
                 let w = src.matrix(&name).unwrap();
                 let entry = crate::container::manifest::TensorEntry {
@@ -489,7 +485,7 @@ mod tests {
         let (x, want) = (get("x"), get("expanded"));
         let ckpt = HfCheckpoint::open(&dir).unwrap();
         let cfg = ckpt.config().clone();
-        let mla = Mla::load(&cfg, &ckpt, layer).unwrap();
+        let mla = Mla::load(&cfg, &ckpt, layer, &crate::config::layout::MlaTensors::of(&cfg, layer).unwrap()).unwrap();
         let h = cfg.hidden_size;
         let t_len = x.len() / h;
         let m = cfg.mla.unwrap();

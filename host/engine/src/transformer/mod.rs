@@ -377,7 +377,6 @@ impl Transformer {
         let embed_tokens = embedding::load(cfg, src)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
-            let p = format!("model.layers.{l}");
             let t = LayerTensors::of(cfg, l);
             let moe = match &t.ffn {
                 FfnTensors::Moe(m) => Some(m),
@@ -388,22 +387,23 @@ impl Transformer {
                 self_attn: match (&t.mixer, cfg.attn_kind(l)) {
                     (MixerTensors::Gqa(g), _) => Mixer::Gqa(Attention::load(cfg, src, l, g)?),
                     (MixerTensors::Gdn(g), _) => Mixer::Gdn(Gdn::load(cfg, src, g)?),
-                    (_, AttnKind::Mla) => Mixer::Mla(Mla::load(cfg, src, l)?),
-                    (_, AttnKind::Kda) => Mixer::Kda(Kda::load(cfg, src, l)?),
-                    (_, AttnKind::V4) => match &cfg.add.v4 {
-                        Some(v) => Mixer::V4(V4Attention::load(cfg, v, src, l)?),
+                    (MixerTensors::Mla(m), _) => Mixer::Mla(Mla::load(cfg, src, l, m)?),
+                    (MixerTensors::Kda(k), _) => Mixer::Kda(Kda::load(cfg, src, l, k)?),
+                    (MixerTensors::V4(a), _) => match &cfg.add.v4 {
+                        Some(v) => Mixer::V4(V4Attention::load(cfg, v, src, l, a)?),
                         None => return Err(Error::Runtime("a V4 layer in a config without V4 settings".into())),
                     },
-                    (_, AttnKind::Gdn) => {
+                    (_, kind) => {
                         return Err(Error::Runtime(format!(
-                            "layer {l} is Gated DeltaNet but the config has no GDN shape"
+                            "layer {l} is {} but the config has no {} shape",
+                            kind.name(),
+                            kind.name()
                         )))
                     }
-                    (_, AttnKind::Gqa) => unreachable!("LayerTensors gives every GQA layer its GqaTensors"),
                 },
                 post_attention_layernorm: load_norm(cfg, src, &t.post_attention_layernorm.name)?,
                 mlp: match &t.ffn {
-                    FfnTensors::Moe(m) => FeedForward::Moe(Router::load(cfg, src, l, m)?),
+                    FfnTensors::Moe(m) => FeedForward::Moe(Router::load(cfg, src, m)?),
                     FfnTensors::Dense(d) => FeedForward::Dense(Mlp::load(cfg, src, d)?),
                 },
                 shared_experts: match moe.and_then(|m| m.shared_experts.as_ref()) {
@@ -414,14 +414,17 @@ impl Transformer {
                     Some(g) => Some(load_matrix(cfg, src, &g.name)?),
                     None => None,
                 },
-                attn_res: attnres::load_layer_res(cfg, src, l)?,
-                latent_moe: moe::LatentMoe::load_for(cfg, src, l)?,
-                hc: match &cfg.add.v4 {
-                    Some(v) => Some(LayerHc {
-                        attn_hc: HyperConnection::load(cfg, v, src, &format!("{p}.attn_hc"))?,
-                        ffn_hc: HyperConnection::load(cfg, v, src, &format!("{p}.ffn_hc"))?,
-                    }),
+                attn_res: attnres::load_layer_res(cfg, src, l, t.attn_res.as_ref())?,
+                latent_moe: match moe.and_then(|m| m.latent.as_ref()) {
+                    Some(lt) => Some(moe::LatentMoe::load(cfg, src, lt)?),
                     None => None,
+                },
+                hc: match (&cfg.add.v4, &t.hyper) {
+                    (Some(v), Some((attn_hc, ffn_hc))) => Some(LayerHc {
+                        attn_hc: HyperConnection::load(cfg, v, src, attn_hc)?,
+                        ffn_hc: HyperConnection::load(cfg, v, src, ffn_hc)?,
+                    }),
+                    _ => None,
                 },
             });
         }
@@ -438,10 +441,10 @@ impl Transformer {
             norm,
             lm_head,
             rope: Rope::new(cfg),
-            output_mix: attnres::load_output_mix(cfg, src)?,
-            hc_head: match &cfg.add.v4 {
-                Some(v) => Some(HyperHead::load(cfg, v, src)?),
-                None => None,
+            output_mix: attnres::load_output_mix(cfg, src, edges.output_attn_res.as_ref())?,
+            hc_head: match (&cfg.add.v4, &edges.hc_head) {
+                (Some(v), Some(t)) => Some(HyperHead::load(cfg, v, src, t)?),
+                _ => None,
             },
             prefill_chunk: prefill::DEFAULT_PREFILL_CHUNK,
         })

@@ -3,7 +3,7 @@
 //! K3's latent MoE around the routed experts (whose arithmetic is in
 //! `experts`).
 
-use crate::config::layout::{MlpTensors, MoeTensors};
+use crate::config::layout::{LatentTensors, MlpTensors, MoeTensors, Tensor};
 use crate::config::{Activation, ModelConfig, RouterKind};
 use crate::error::Result;
 use crate::quant::QMatrix;
@@ -87,12 +87,14 @@ pub struct Router {
 }
 
 impl Router {
-    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize, t: &MoeTensors) -> Result<Router> {
-        let hashed = cfg.add.v4.as_ref().is_some_and(|v| v.hash_layers[layer]);
-        let hash = if hashed { Some(load_hash_table(cfg, src, layer)?) } else { None };
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, t: &MoeTensors) -> Result<Router> {
+        let hash = match &t.tid2eid {
+            Some(table) => Some(load_hash_table(cfg, src, table)?),
+            None => None,
+        };
         let bias = match &t.router_bias {
-            Some(b) if !hashed => Some(load_vector(cfg, src, &b.name)?),
-            _ => None,
+            Some(b) => Some(load_vector(cfg, src, &b.name)?),
+            None => None,
         };
         Ok(Router {
             weight: load_matrix(cfg, src, &t.router.name)?,
@@ -206,9 +208,9 @@ fn softplus(x: f32) -> f32 {
 
 /// `mlp.gate.tid2eid` of a hash layer, every id checked to be an expert
 /// (the table is read from an untrusted file and indexes the experts).
-fn load_hash_table(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Vec<u32>> {
-    let name = format!("model.layers.{layer}.mlp.gate.tid2eid");
-    let raw = load_vector(cfg, src, &name)?;
+fn load_hash_table(cfg: &ModelConfig, src: &dyn TensorSource, table: &Tensor) -> Result<Vec<u32>> {
+    let name = &table.name;
+    let raw = load_vector(cfg, src, name)?;
     if raw.len() != cfg.vocab_size * cfg.top_k {
         return Err(crate::error::Error::Runtime(format!(
             "weight `{name}` has {} entries, the config implies {} x {}",
@@ -309,26 +311,16 @@ impl LatentScratch {
 }
 
 impl LatentMoe {
-    /// The latent projections of MoE layer `layer`, when the model routes
-    /// its experts on a latent (K3's `routed_expert_hidden_size`).
-    pub fn load_for(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<Option<LatentMoe>> {
-        if cfg.k3.and_then(|k| k.latent).is_none() || !cfg.is_moe_layer(layer) {
-            return Ok(None);
-        }
-        LatentMoe::load(cfg, src, layer).map(Some)
-    }
-
-    fn load(cfg: &ModelConfig, src: &dyn TensorSource, layer: usize) -> Result<LatentMoe> {
-        let b = format!("model.layers.{layer}.{}", cfg.moe_block);
-        let latent_norm = cfg.k3.is_some_and(|k| k.latent_norm);
+    /// The latent projections of a MoE layer whose experts run on a latent
+    /// (K3's `routed_expert_hidden_size`).
+    pub fn load(cfg: &ModelConfig, src: &dyn TensorSource, t: &LatentTensors) -> Result<LatentMoe> {
         Ok(LatentMoe {
-            down: load_matrix(cfg, src, &format!("{b}.routed_expert_down_proj.weight"))?,
-            norm: if latent_norm {
-                Some(load_vector(cfg, src, &format!("{b}.routed_expert_norm.weight"))?)
-            } else {
-                None
+            down: load_matrix(cfg, src, &t.routed_expert_down_proj.name)?,
+            norm: match &t.routed_expert_norm {
+                Some(n) => Some(load_vector(cfg, src, &n.name)?),
+                None => None,
             },
-            up: load_matrix(cfg, src, &format!("{b}.routed_expert_up_proj.weight"))?,
+            up: load_matrix(cfg, src, &t.routed_expert_up_proj.name)?,
             eps: cfg.rms_norm_eps,
         })
     }

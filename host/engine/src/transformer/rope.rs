@@ -155,7 +155,7 @@ mod tests {
         let (x, want) = (get("x"), get("expanded"));
         let ckpt = HfCheckpoint::open(&dir).unwrap();
         let cfg = ckpt.config().clone();
-        let mla = Mla::load(&cfg, &ckpt, layer).unwrap();
+        let mla = Mla::load(&cfg, &ckpt, layer, &crate::config::layout::MlaTensors::of(&cfg, layer).unwrap()).unwrap();
         let h = cfg.hidden_size;
         let t_len = x.len() / h;
         let mut cache = vec![0.0f32; t_len * cfg.mla.unwrap().cache_width()];

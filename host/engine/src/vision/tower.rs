@@ -11,12 +11,11 @@
 //! `cu_seqlens`), so the tower runs image by image. The release computes in
 //! bf16 with flash attention; this is f32 throughout, the softmax too.
 
-use std::collections::HashMap;
-
 use rayon::prelude::*;
 
 use super::preprocess::Preprocessed;
-use crate::config::{GridResize, VisionConfig, MAX_GRID_SIDE, MM_PROJECTOR, VISION_TOWER};
+use crate::config::layout::Tensor;
+use crate::config::{GridResize, VisionConfig, MAX_GRID_SIDE};
 use crate::error::{Error, Result};
 use crate::quant::{matmul_block, QMatrix};
 use crate::source::TensorSource;
@@ -60,30 +59,31 @@ pub struct VisionTower {
     mm_projector: Projector,
 }
 
-/// Reads the tower's tensors at the shapes `VisionConfig::tensor_shapes`
-/// gives them.
+/// Reads the tower's tensors at the shapes `VisionConfig::tensors` gives
+/// them.
 struct Loader<'a> {
     src: &'a dyn TensorSource,
-    shapes: HashMap<String, Vec<usize>>,
 }
 
 impl Loader<'_> {
-    fn shape(&self, name: &str) -> Result<&[usize]> {
-        if !self.src.has(name) {
-            return Err(Error::Runtime(format!("weight `{name}` of the vision tower is missing from the model")));
+    fn shape<'t>(&self, t: &'t Tensor) -> Result<&'t [usize]> {
+        if !self.src.has(&t.name) {
+            return Err(Error::Runtime(format!("weight `{}` of the vision tower is missing from the model", t.name)));
         }
-        self.shapes.get(name).map(|s| &s[..]).ok_or_else(|| Error::Runtime(format!("`{name}` is not a vision tensor")))
+        Ok(&t.shape)
     }
 
-    fn matrix(&self, name: &str) -> Result<QMatrix> {
-        match *self.shape(name)? {
+    fn matrix(&self, t: &Tensor) -> Result<QMatrix> {
+        let name = &t.name;
+        match *self.shape(t)? {
             [rows, cols] => self.src.matrix_view(name, rows, cols),
             ref other => Err(Error::Runtime(format!("`{name}` is read as {other:?}, not a matrix"))),
         }
     }
 
-    fn vector(&self, name: &str) -> Result<Vec<f32>> {
-        let want = self.shape(name)?.iter().product::<usize>();
+    fn vector(&self, t: &Tensor) -> Result<Vec<f32>> {
+        let name = &t.name;
+        let want = self.shape(t)?.iter().product::<usize>();
         let v = self.src.vector(name)?;
         if v.len() != want {
             return Err(Error::Runtime(format!(
@@ -97,31 +97,32 @@ impl Loader<'_> {
 
 impl VisionTower {
     pub fn load(cfg: &VisionConfig, src: &dyn TensorSource) -> Result<VisionTower> {
-        let ld = Loader { src, shapes: cfg.tensor_shapes().into_iter().collect() };
-        let (t, p) = (VISION_TOWER, MM_PROJECTOR);
-        let blocks = (0..cfg.layers)
-            .map(|l| {
-                let b = format!("{t}.encoder.blocks.{l}");
+        let ld = Loader { src };
+        let t = cfg.tensors();
+        let blocks = t
+            .blocks
+            .iter()
+            .map(|b| {
                 Ok(EncoderBlock {
-                    norm0: ld.vector(&format!("{b}.norm0.weight"))?,
-                    wqkv: ld.matrix(&format!("{b}.wqkv.weight"))?,
-                    wo: ld.matrix(&format!("{b}.wo.weight"))?,
-                    norm1: ld.vector(&format!("{b}.norm1.weight"))?,
-                    mlp_fc0: ld.matrix(&format!("{b}.mlp.fc0.weight"))?,
-                    mlp_fc1: ld.matrix(&format!("{b}.mlp.fc1.weight"))?,
+                    norm0: ld.vector(&b.norm0)?,
+                    wqkv: ld.matrix(&b.wqkv)?,
+                    wo: ld.matrix(&b.wo)?,
+                    norm1: ld.vector(&b.norm1)?,
+                    mlp_fc0: ld.matrix(&b.mlp_fc0)?,
+                    mlp_fc1: ld.matrix(&b.mlp_fc1)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(VisionTower {
             cfg: *cfg,
-            patch_embed_proj: ld.matrix(&format!("{t}.patch_embed.proj.weight"))?,
-            pos_emb: ld.matrix(&format!("{t}.patch_embed.pos_emb.weight"))?.dequantize(),
+            patch_embed_proj: ld.matrix(&t.patch_embed_proj)?,
+            pos_emb: ld.matrix(&t.pos_emb)?.dequantize(),
             blocks,
-            final_layernorm: ld.vector(&format!("{t}.encoder.final_layernorm.weight"))?,
+            final_layernorm: ld.vector(&t.final_layernorm)?,
             mm_projector: Projector {
-                proj_0: ld.matrix(&format!("{p}.proj.0.weight"))?,
-                proj_2: ld.matrix(&format!("{p}.proj.2.weight"))?,
-                post_norm: ld.vector(&format!("{p}.post_norm.weight"))?,
+                proj_0: ld.matrix(&t.proj_0)?,
+                proj_2: ld.matrix(&t.proj_2)?,
+                post_norm: ld.vector(&t.post_norm)?,
             },
         })
     }

@@ -12,6 +12,7 @@
 //! distance"), and the heads go through the grouped output projection:
 //! `o_b_proj(concat_g o_a_proj[g] heads_g)`.
 
+use crate::config::layout::V4AttnTensors;
 use crate::config::{ModelConfig, V4Attn, V4Params};
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
@@ -101,36 +102,42 @@ impl V4Scratch {
 }
 
 impl V4Attention {
-    pub fn load(cfg: &ModelConfig, v4: &V4Params, src: &dyn TensorSource, layer: usize) -> Result<V4Attention> {
-        let p = format!("model.layers.{layer}.self_attn");
+    pub fn load(
+        cfg: &ModelConfig,
+        v4: &V4Params,
+        src: &dyn TensorSource,
+        layer: usize,
+        t: &V4AttnTensors,
+    ) -> Result<V4Attention> {
         let kind = v4.layers[layer];
         let rope = V4Rope::new(if kind == V4Attn::Sliding { &v4.main_rope } else { &v4.compress_rope });
-        let sinks = load_vector(cfg, src, &format!("{p}.sinks"))?;
+        let sinks = load_vector(cfg, src, &t.sinks.name)?;
         if sinks.len() != cfg.num_heads {
             return Err(Error::Runtime(format!(
-                "weight `{p}.sinks` has {} values for {} heads",
+                "weight `{}` has {} values for {} heads",
+                t.sinks.name,
                 sinks.len(),
                 cfg.num_heads
             )));
         }
         let d = v4.head_dim;
-        let compressor = match kind {
-            V4Attn::Sliding => None,
-            V4Attn::Csa => Some(Compressor::load(cfg, src, &format!("{p}.compressor"), d, v4.csa_rate, true)?),
-            V4Attn::Hca => Some(Compressor::load(cfg, src, &format!("{p}.compressor"), d, v4.hca_rate, false)?),
-        };
-        let indexer = match kind {
-            V4Attn::Csa => Some(Indexer::load(cfg, v4, src, &format!("{p}.compressor.indexer"))?),
+        let compressor = match (kind, &t.compressor) {
+            (V4Attn::Csa, Some(c)) => Some(Compressor::load(cfg, src, c, d, v4.csa_rate, true)?),
+            (V4Attn::Hca, Some(c)) => Some(Compressor::load(cfg, src, c, d, v4.hca_rate, false)?),
             _ => None,
         };
+        let indexer = match &t.indexer {
+            Some(ix) => Some(Indexer::load(cfg, v4, src, ix)?),
+            None => None,
+        };
         Ok(V4Attention {
-            q_a_proj: load_matrix(cfg, src, &format!("{p}.q_a_proj.weight"))?,
-            q_a_norm: load_norm(cfg, src, &format!("{p}.q_a_norm.weight"))?,
-            q_b_proj: load_matrix(cfg, src, &format!("{p}.q_b_proj.weight"))?,
-            kv_proj: load_matrix(cfg, src, &format!("{p}.kv_proj.weight"))?,
-            kv_norm: load_norm(cfg, src, &format!("{p}.kv_norm.weight"))?,
-            o_a_proj: load_matrix(cfg, src, &format!("{p}.o_a_proj.weight"))?,
-            o_b_proj: load_matrix(cfg, src, &format!("{p}.o_b_proj.weight"))?,
+            q_a_proj: load_matrix(cfg, src, &t.q_a_proj.name)?,
+            q_a_norm: load_norm(cfg, src, &t.q_a_norm.name)?,
+            q_b_proj: load_matrix(cfg, src, &t.q_b_proj.name)?,
+            kv_proj: load_matrix(cfg, src, &t.kv_proj.name)?,
+            kv_norm: load_norm(cfg, src, &t.kv_norm.name)?,
+            o_a_proj: load_matrix(cfg, src, &t.o_a_proj.name)?,
+            o_b_proj: load_matrix(cfg, src, &t.o_b_proj.name)?,
             sinks,
             compressor,
             indexer,

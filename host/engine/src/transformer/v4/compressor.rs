@@ -13,6 +13,7 @@
 //! Entry w is visible to the token at position t iff `w < (t + 1) / rate`,
 //! which holds exactly for the entries emitted by the time t is processed.
 
+use crate::config::layout::{CompressorTensors, V4IndexerTensors};
 use crate::config::{ModelConfig, V4Params};
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
@@ -53,25 +54,26 @@ impl Compressor {
     pub fn load(
         cfg: &ModelConfig,
         src: &dyn TensorSource,
-        prefix: &str,
+        t: &CompressorTensors,
         width: usize,
         rate: usize,
         overlap: bool,
     ) -> Result<Compressor> {
-        let position_bias = load_vector(cfg, src, &format!("{prefix}.position_bias"))?;
+        let position_bias = load_vector(cfg, src, &t.position_bias.name)?;
         let series = if overlap { 2 } else { 1 };
         if position_bias.len() != rate * series * width {
             return Err(Error::Runtime(format!(
-                "weight `{prefix}.position_bias` has {} values, the config implies {rate} x {}",
+                "weight `{}` has {} values, the config implies {rate} x {}",
+                t.position_bias.name,
                 position_bias.len(),
                 series * width
             )));
         }
         Ok(Compressor {
-            kv_proj: load_matrix(cfg, src, &format!("{prefix}.kv_proj.weight"))?,
-            gate_proj: load_matrix(cfg, src, &format!("{prefix}.gate_proj.weight"))?,
+            kv_proj: load_matrix(cfg, src, &t.kv_proj.name)?,
+            gate_proj: load_matrix(cfg, src, &t.gate_proj.name)?,
             position_bias,
-            kv_norm: load_norm(cfg, src, &format!("{prefix}.kv_norm.weight"))?,
+            kv_norm: load_norm(cfg, src, &t.kv_norm.name)?,
             width,
             rate,
             overlap,
@@ -198,11 +200,11 @@ impl IndexerScratch {
 }
 
 impl Indexer {
-    pub fn load(cfg: &ModelConfig, v4: &V4Params, src: &dyn TensorSource, prefix: &str) -> Result<Indexer> {
+    pub fn load(cfg: &ModelConfig, v4: &V4Params, src: &dyn TensorSource, t: &V4IndexerTensors) -> Result<Indexer> {
         Ok(Indexer {
-            compressor: Compressor::load(cfg, src, prefix, v4.index_head_dim, v4.csa_rate, true)?,
-            q_b_proj: load_matrix(cfg, src, &format!("{prefix}.q_b_proj.weight"))?,
-            weights_proj: load_matrix(cfg, src, &format!("{prefix}.scorer.weights_proj.weight"))?,
+            compressor: Compressor::load(cfg, src, &t.compressor, v4.index_head_dim, v4.csa_rate, true)?,
+            q_b_proj: load_matrix(cfg, src, &t.q_b_proj.name)?,
+            weights_proj: load_matrix(cfg, src, &t.weights_proj.name)?,
             n_heads: v4.index_heads,
             head_dim: v4.index_head_dim,
             topk: v4.index_topk,

@@ -13,6 +13,7 @@
 //! Nothing crosses positions, so the coefficients live only while one
 //! token passes a layer.
 
+use crate::config::layout::HcTensors;
 use crate::config::{ModelConfig, V4Params};
 use crate::error::Result;
 use crate::quant::QMatrix;
@@ -100,11 +101,11 @@ pub struct HyperConnection {
 }
 
 impl HyperConnection {
-    pub fn load(cfg: &ModelConfig, v4: &V4Params, src: &dyn TensorSource, prefix: &str) -> Result<HyperConnection> {
+    pub fn load(cfg: &ModelConfig, v4: &V4Params, src: &dyn TensorSource, t: &HcTensors) -> Result<HyperConnection> {
         Ok(HyperConnection {
-            fn_: load_matrix(cfg, src, &format!("{prefix}.fn"))?,
-            base: load_vector(cfg, src, &format!("{prefix}.base"))?,
-            scale: load_vector(cfg, src, &format!("{prefix}.scale"))?,
+            fn_: load_matrix(cfg, src, &t.fn_.name)?,
+            base: load_vector(cfg, src, &t.base.name)?,
+            scale: load_vector(cfg, src, &t.scale.name)?,
             n: v4.hc_mult,
             sinkhorn_iters: v4.hc_sinkhorn_iters,
             hc_eps: v4.hc_eps,
@@ -189,11 +190,11 @@ pub struct HyperHead {
 }
 
 impl HyperHead {
-    pub fn load(cfg: &ModelConfig, v4: &V4Params, src: &dyn TensorSource) -> Result<HyperHead> {
-        let scale = load_vector(cfg, src, "model.hc_head.hc_scale")?;
+    pub fn load(cfg: &ModelConfig, v4: &V4Params, src: &dyn TensorSource, t: &HcTensors) -> Result<HyperHead> {
+        let scale = load_vector(cfg, src, &t.scale.name)?;
         Ok(HyperHead {
-            hc_fn: load_matrix(cfg, src, "model.hc_head.hc_fn")?,
-            hc_base: load_vector(cfg, src, "model.hc_head.hc_base")?,
+            hc_fn: load_matrix(cfg, src, &t.fn_.name)?,
+            hc_base: load_vector(cfg, src, &t.base.name)?,
             hc_scale: scale.first().copied().unwrap_or(1.0),
             hc_eps: v4.hc_eps,
             norm_eps: cfg.rms_norm_eps,

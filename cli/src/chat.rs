@@ -297,7 +297,7 @@ impl Chat {
             "stats" => self.stats(),
             "image" => {
                 let path = need_file("image")?;
-                let bytes = waste_host::files::read_file(&path, crate::input::MAX_IMAGE_FILE_BYTES)
+                let bytes = waste_host::read_file(&path, crate::input::MAX_IMAGE_FILE_BYTES)
                     .with_context(|| format!("reading the image {}", path.display()))?;
                 let image =
                     self.session.encode_image(&bytes).with_context(|| format!("the image {}", path.display()))?;

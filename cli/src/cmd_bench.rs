@@ -6,10 +6,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use waste_host::plan::fmt_bytes;
-use waste_host::store::trace::read_route_trace;
-use waste_host::store::CachePolicy;
-use waste_host::store::StoreOptions;
+use waste_host::fmt_bytes;
+use waste_host::read_route_trace;
+use waste_host::CachePolicy;
+use waste_host::StoreOptions;
 use waste_host::{Model, OpenOptions};
 
 use crate::errors::usage;
@@ -129,7 +129,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     // Regression: a fixed default of 512 refused models with a shorter context.
     let ctx = match a.ctx {
         Some(n) => n,
-        None => waste_host::container::Container::open(&a.model)
+        None => waste_host::Container::open(&a.model)
             .with_context(|| format!("opening {}", a.model.display()))?
             .config()
             .max_position_embeddings
@@ -153,8 +153,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         Some(c) => c.iter().map(|&n| Some(n)).collect(),
         None => vec![OpenOptions::default().prefill_chunk],
     };
-    if let Some(bad) = chunks.iter().flatten().find(|&&c| waste_host::transformer::prefill::check_chunk(c).is_err()) {
-        bail!(usage(format!("--chunk {bad}: expected 1 to {}", waste_host::transformer::prefill::MAX_PREFILL_CHUNK)));
+    if let Some(bad) = chunks.iter().flatten().find(|&&c| waste_host::check_prefill_chunk(c).is_err()) {
+        bail!(usage(format!("--chunk {bad}: expected 1 to {}", waste_host::MAX_PREFILL_CHUNK)));
     }
     let mut configs: Vec<RunConfig> = Vec::new();
     for &b in &budgets {
@@ -217,8 +217,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let preloaded = model.store_stats().preloaded;
         warm_up(&model, trace.as_ref(), a.warmup.min(ctx))?;
         model.reset_store_stats();
-        let cpu_before = waste_host::stats::cpu_times(false);
-        let process_read_before = waste_host::stats::process_read_bytes();
+        let cpu_before = waste_host::cpu_times(false);
+        let process_read_before = waste_host::process_read_bytes();
         let started = Instant::now();
         let mut embedding_rows_read = 0u64;
         let steps = match &trace {
@@ -268,7 +268,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         // anything it does not count (trunk pages faulted back, embedding
         // rows read from disk).
         let process_gb_read = process_read_before
-            .zip(waste_host::stats::process_read_bytes())
+            .zip(waste_host::process_read_bytes())
             .map(|(before, now)| now.saturating_sub(before) as f64 / 1e9);
         let s = model.store_stats();
         let useful_gb = s.useful_bytes() as f64 / 1e9;
@@ -289,7 +289,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "readers": a.readers, "lookahead": lookahead, "threads": model.pool().threads(), "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
             "prefill": a.prefill, "chunk": plan.prefill_chunk, "text": a.text.as_ref().map(|p| p.display().to_string()), "reads": s.reads,
-            "peak_rss": waste_host::plan::peak_rss(), "round": run / configs.len(),
+            "peak_rss": waste_host::peak_rss(), "round": run / configs.len(),
         });
         // Speculative reads never used inflate `gb_read`: `useful_*` counts
         // only records a forward pass consumed.
@@ -326,8 +326,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 .map(|v| format!(", raw random read {v:.2} GB/s"))
                 .unwrap_or_default();
             let n = |k: &str| r[k].as_u64().unwrap_or(0);
-            let picks =
-                waste_host::stats::Picks { reused: n("reused"), prefetched: n("prefetched"), missed: n("missed") };
+            let picks = waste_host::Picks { reused: n("reused"), prefetched: n("prefetched"), missed: n("missed") };
             let lookahead = r["lookahead_recall"]
                 .as_f64()
                 .map(|v| {
@@ -420,14 +419,14 @@ fn summarise(rows: &[serde_json::Value], configs: usize) -> Vec<serde_json::Valu
 
 /// Process (user, system) CPU seconds since `before` was taken.
 fn cpu_times_since(before: Option<(std::time::Duration, std::time::Duration)>) -> Option<(f64, f64)> {
-    let (b, n) = (before?, waste_host::stats::cpu_times(false)?);
+    let (b, n) = (before?, waste_host::cpu_times(false)?);
     Some(((n.0.saturating_sub(b.0)).as_secs_f64(), (n.1.saturating_sub(b.1)).as_secs_f64()))
 }
 
 /// Runs `steps` decode steps (replayed routing with a trace, else random
 /// tokens on a state of their own, from a seed other than the measured
 /// run's) so the measured steps start with the cache filled.
-fn warm_up(model: &Model, trace: Option<&waste_host::store::trace::RouteTrace>, steps: usize) -> Result<()> {
+fn warm_up(model: &Model, trace: Option<&waste_host::RouteTrace>, steps: usize) -> Result<()> {
     if steps == 0 {
         return Ok(());
     }

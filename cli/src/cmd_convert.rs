@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use waste_host::quant::{ExpertFormat, TrunkFormat};
 use waste_host::ConvertOptions;
+use waste_host::{ExpertFormat, TrunkFormat};
 
 use crate::errors::usage;
 use crate::output;

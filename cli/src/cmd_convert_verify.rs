@@ -11,7 +11,7 @@ use crate::output::outln;
 /// (or `limit`) naming the matrices.
 pub fn verify(src: &Path, out: &Path, json: bool, limit: Option<f64>) -> Result<()> {
     let mut bar: Option<indicatif::ProgressBar> = None;
-    let rows = waste_host::convert::verify(src, out, &mut |done, total| {
+    let rows = waste_host::verify_conversion(src, out, &mut |done, total| {
         let bar = bar.get_or_insert_with(|| output::progress_bar(total));
         bar.set_position(done);
     })
@@ -19,7 +19,7 @@ pub fn verify(src: &Path, out: &Path, json: bool, limit: Option<f64>) -> Result<
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let judged = waste_host::convert::check_limits(&rows, limit)
+    let judged = waste_host::check_limits(&rows, limit)
         .with_context(|| format!("verifying {} against {}", out.display(), src.display()));
     if json {
         outln!("{}", serde_json::to_string_pretty(&rows)?);

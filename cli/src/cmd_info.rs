@@ -43,8 +43,7 @@ fn short_count(n: u64) -> String {
 pub fn info(a: InfoArgs) -> Result<()> {
     // The manifest says it all: loading a trunk (27 GB for K3) to describe
     // it would be waste.
-    let container =
-        waste_host::container::Container::open(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
+    let container = waste_host::Container::open(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
     let i = &waste_host::ModelInfo::of(&container);
     if a.json {
         outln!(
@@ -151,7 +150,7 @@ pub fn info(a: InfoArgs) -> Result<()> {
 }
 
 pub fn version(a: VersionArgs) -> Result<()> {
-    let format = waste_host::container::manifest::FORMAT_VERSION;
+    let format = waste_host::FORMAT_VERSION;
     if a.json {
         // Compiling the bundled component is what every command pays at
         // start-up; report it so it can be watched.

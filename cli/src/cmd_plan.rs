@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use waste_host::plan::{fmt_bytes, parse_size, BudgetSource, PlanRequest};
+use waste_host::{fmt_bytes, parse_size, BudgetSource, PlanRequest};
 
 use crate::errors::usage;
 use crate::open::{budget_arg, say_budget};
@@ -44,7 +44,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         ),
     };
     let request = PlanRequest { context: a.ctx, budget, usable_ram: ram, ..PlanRequest::default() };
-    let p = waste_host::vision::plan::plan_path_for_images(&a.model, &request, a.vision)
+    let p = waste_host::plan_path_for_images(&a.model, &request, a.vision)
         .with_context(|| format!("planning {}", a.model.display()))?;
     if a.json {
         let source = match p.budget_source {

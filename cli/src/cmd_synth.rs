@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use waste_host::config::family;
-use waste_host::plan::fmt_bytes;
-use waste_host::synth::{like_names, preset, LikeOptions, PRESETS};
+
+use waste_host::fmt_bytes;
+use waste_host::{like_names, preset, LikeOptions, PRESETS};
 
 use crate::errors::usage;
 use crate::output;
@@ -51,12 +51,12 @@ pub fn synth(a: SynthArgs) -> Result<()> {
     }
     let mut spec = preset(&a.shape)
         .ok_or_else(|| usage(format!("--shape {:?}: expected one of {}", a.shape, PRESETS.join(", "))))?;
-    spec.format = waste_host::quant::ExpertFormat::parse(&a.experts)
+    spec.format = waste_host::ExpertFormat::parse(&a.experts)
         .ok_or_else(|| usage(format!("--experts {:?}: expected rvq3, rvq4p, rvq2, q8 or q4", a.experts)))?;
     spec.seed = a.seed;
     let started = Instant::now();
     let mut bar: Option<indicatif::ProgressBar> = None;
-    let r = waste_host::synth::synth(&a.out, &spec, &mut |done, total| {
+    let r = waste_host::synth(&a.out, &spec, &mut |done, total| {
         bar.get_or_insert_with(|| output::progress_bar(total)).set_position(done);
     })?;
     if let Some(bar) = bar {
@@ -76,7 +76,7 @@ pub fn synth(a: SynthArgs) -> Result<()> {
 }
 
 fn synth_like(a: &SynthArgs, like: &str) -> Result<()> {
-    let Some(release) = family::release(like) else {
+    let Some(release) = waste_host::release_like(like) else {
         let names: Vec<&str> = like_names().collect();
         bail!(usage(format!("--like {like:?}: expected one of {}", names.join(", "))));
     };
@@ -85,9 +85,9 @@ fn synth_like(a: &SynthArgs, like: &str) -> Result<()> {
             "--like {like} writes a manifest-only container (its experts are terabytes): pass --manifest-only"
         )));
     }
-    let experts = waste_host::quant::ExpertFormat::parse(&a.experts)
+    let experts = waste_host::ExpertFormat::parse(&a.experts)
         .ok_or_else(|| usage(format!("--experts {:?}: expected rvq3, rvq4p, rvq2, q8 or q4", a.experts)))?;
-    let trunk = waste_host::quant::TrunkFormat::parse(&a.trunk)
+    let trunk = waste_host::TrunkFormat::parse(&a.trunk)
         .ok_or_else(|| usage(format!("--trunk {:?}: expected q4, q8 or f32", a.trunk)))?;
     if a.num_experts == Some(0) {
         bail!(usage("--num-experts must be at least 1"));
@@ -96,7 +96,7 @@ fn synth_like(a: &SynthArgs, like: &str) -> Result<()> {
         LikeOptions { experts, trunk, seed: a.seed, num_experts: a.num_experts, manifest_only: a.manifest_only };
     let started = Instant::now();
     let mut bar: Option<indicatif::ProgressBar> = None;
-    let r = waste_host::synth::synth_like(&a.out, like, &options, &mut |done, total| {
+    let r = waste_host::synth_like(&a.out, like, &options, &mut |done, total| {
         bar.get_or_insert_with(|| output::progress_bar(total)).set_position(done);
     })?;
     if let Some(bar) = bar {

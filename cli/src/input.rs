@@ -45,7 +45,7 @@ pub const MAX_IMAGE_FILE_BYTES: u64 = 256 << 20;
 pub fn attach_images(session: &mut Session, paths: &[std::path::PathBuf]) -> Result<Vec<u32>> {
     let mut markup = String::new();
     for path in paths {
-        let bytes = waste_host::files::read_file(path, MAX_IMAGE_FILE_BYTES)
+        let bytes = waste_host::read_file(path, MAX_IMAGE_FILE_BYTES)
             .with_context(|| format!("reading the image {}", path.display()))?;
         let image = session.attach_image(&bytes).with_context(|| format!("the image {}", path.display()))?;
         markup.push_str(&image.markup());
@@ -63,7 +63,7 @@ const MAX_PROMPT_FILE_BYTES: u64 = 64 << 20;
 /// `/dev/zero` is refused, not read until memory runs out) and UTF-8.
 pub fn read_text(path: &Path, limit: u64, what: &str) -> Result<String> {
     let bytes =
-        waste_host::files::read_file(path, limit).with_context(|| format!("reading {what} from {}", path.display()))?;
+        waste_host::read_file(path, limit).with_context(|| format!("reading {what} from {}", path.display()))?;
     String::from_utf8(bytes).map_err(|_| usage(format!("{}: {what} is not UTF-8", path.display())))
 }
 

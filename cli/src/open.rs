@@ -7,12 +7,12 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use waste_host::container::Verify;
-use waste_host::plan::{fmt_bytes, parse_size, BudgetSource, MemoryPlan};
+use waste_host::Verify;
+use waste_host::{fmt_bytes, parse_size, BudgetSource, MemoryPlan};
 use waste_host::{Engine, OpenOptions, Session};
 
 use crate::errors::usage;
-use waste_host::transformer::prefill::MAX_PREFILL_CHUNK;
+use waste_host::MAX_PREFILL_CHUNK;
 
 #[derive(Args)]
 pub struct ModelArgs {
@@ -42,7 +42,7 @@ impl ModelArgs {
     pub fn open_options(&self) -> Result<OpenOptions> {
         let budget = budget_arg(&self.budget)?;
         let (threads, cpus) = thread_args(self)?;
-        if let Some(bad) = self.prefill_chunk.filter(|&c| waste_host::transformer::prefill::check_chunk(c).is_err()) {
+        if let Some(bad) = self.prefill_chunk.filter(|&c| waste_host::check_prefill_chunk(c).is_err()) {
             return Err(usage(format!("--prefill-chunk {bad}: expected 1 to {}", MAX_PREFILL_CHUNK)));
         }
         Ok(OpenOptions {
@@ -119,10 +119,10 @@ pub fn open(args: &ModelArgs) -> Result<(Engine, Session)> {
 }
 
 /// `--threads` / `--cpus`; a malformed cpu list is a usage error.
-pub fn thread_args(args: &ModelArgs) -> Result<(Option<usize>, Option<waste_host::pool::CpuSet>)> {
+pub fn thread_args(args: &ModelArgs) -> Result<(Option<usize>, Option<waste_host::CpuSet>)> {
     let cpus = match &args.cpus {
         None => None,
-        Some(list) => Some(waste_host::pool::CpuSet::parse(list).map_err(|e| usage(format!("--cpus: {e}")))?),
+        Some(list) => Some(waste_host::CpuSet::parse(list).map_err(|e| usage(format!("--cpus: {e}")))?),
     };
     // More threads than CPUs only queue behind each other (4 tokens took
     // 35-60 s at --threads 3000).

@@ -60,7 +60,7 @@ pub fn error_line(e: &anyhow::Error) {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RunTotals {
     pub tokens: u64,
-    pub picks: waste_host::stats::Picks,
+    pub picks: waste_host::Picks,
     pub bytes_read: u64,
     /// Whether the last token's expert reads bypassed the page cache
     /// (`None` before the first token).

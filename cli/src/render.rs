@@ -139,7 +139,7 @@ mod tests {
 
     #[test]
     fn status_text_reports_rates_and_survives_zero_time() {
-        let picks = waste_host::stats::Picks { reused: 6, prefetched: 3, missed: 1 };
+        let picks = waste_host::Picks { reused: 6, prefetched: 3, missed: 1 };
         let t = RunTotals { tokens: 10, picks, bytes_read: 20_000_000, direct_io: Some(true) };
         assert_eq!(status_text(&t, 2.0, true), "10 tokens | 5.0 tok/s | reuse 60% | disk 10.0 MB/s direct");
         assert_eq!(

@@ -3,8 +3,8 @@
 use std::ffi::{c_char, c_void};
 use std::path::Path;
 
-use waste_host::quant::{ExpertFormat, TrunkFormat};
 use waste_host::{ConvertOptions, ConvertProgress};
+use waste_host::{ExpertFormat, TrunkFormat};
 
 use crate::waste_result::{self, *};
 use crate::{host, null, str_arg, waste_ctx, waste_str};
@@ -167,8 +167,8 @@ pub unsafe extern "C" fn waste_synth(
             }
             let dst = Path::new(str_arg("out", out, out_len)?);
             let name = crate::opt_str("shape", shape)?.ok_or_else(|| null("shape"))?;
-            let mut spec = waste_host::synth::preset(&name).ok_or_else(|| {
-                (WASTE_ARG, format!("shape {name:?}: expected one of {}", waste_host::synth::PRESETS.join(", ")))
+            let mut spec = waste_host::preset(&name).ok_or_else(|| {
+                (WASTE_ARG, format!("shape {name:?}: expected one of {}", waste_host::PRESETS.join(", ")))
             })?;
             if let Some(f) = crate::opt_str("experts", experts)? {
                 spec.format = ExpertFormat::parse(&f)
@@ -176,7 +176,7 @@ pub unsafe extern "C" fn waste_synth(
             }
             spec.seed = seed;
             let p = Progress { f: progress, user };
-            let r = waste_host::synth::synth(dst, &spec, &mut |done, total| p.report(done, total, "")).map_err(host)?;
+            let r = waste_host::synth(dst, &spec, &mut |done, total| p.report(done, total, "")).map_err(host)?;
             if !report.is_null() {
                 *report = waste_convert_report {
                     trunk_bytes: r.trunk_bytes,
@@ -242,7 +242,7 @@ pub unsafe extern "C" fn waste_convert_verify(
             let dst = Path::new(str_arg("out", out, out_len)?);
             let p = Progress { f: progress, user };
             let rows =
-                waste_host::convert::verify(src, dst, &mut |done, total| p.report(done, total, "")).map_err(host)?;
+                waste_host::verify_conversion(src, dst, &mut |done, total| p.report(done, total, "")).map_err(host)?;
             if let Some(f) = row {
                 for r in &rows {
                     let mut matrix = [0 as c_char; 8];
@@ -266,7 +266,7 @@ pub unsafe extern "C" fn waste_convert_verify(
             if !n_rows.is_null() {
                 *n_rows = rows.len();
             }
-            waste_host::convert::check_limits(&rows, None).map_err(host)
+            waste_host::check_limits(&rows, None).map_err(host)
         })
     }
 }

@@ -4,9 +4,9 @@ use std::ffi::{c_char, CString};
 use std::path::Path;
 use std::sync::Arc;
 
-use waste_host::container::Verify;
-use waste_host::plan::{plan_path, MemoryPlan, PlanRequest};
-use waste_host::store::CachePolicy;
+use waste_host::CachePolicy;
+use waste_host::Verify;
+use waste_host::{plan_path, MemoryPlan, PlanRequest};
 use waste_host::{Model, OpenOptions, OpenProgress};
 
 use crate::waste_result::{self, *};
@@ -349,7 +349,7 @@ unsafe fn open_model(
             let cpus = unsafe { crate::slice_arg("options.cpus", c.cpus, c.n_cpus) }?;
             if !cpus.is_empty() {
                 let list: Vec<String> = cpus.iter().map(|c| c.to_string()).collect();
-                o.cpus = Some(waste_host::pool::CpuSet::parse(&list.join(",")).map_err(|e| host(e.into()))?);
+                o.cpus = Some(waste_host::CpuSet::parse(&list.join(",")).map_err(|e| host(e.into()))?);
             }
             o.store.keep = c.cache;
             o.store.policy = match c.cache_policy {

@@ -165,7 +165,7 @@ pub unsafe extern "C" fn waste_peak_rss(out: *mut u64) -> waste_result {
     if out.is_null() {
         return WASTE_NULL_ARG;
     }
-    match std::panic::catch_unwind(waste_host::plan::peak_rss) {
+    match std::panic::catch_unwind(waste_host::peak_rss) {
         Ok(Some(b)) => {
             // SAFETY: checked non-NULL.
             unsafe { *out = b };
@@ -254,7 +254,7 @@ pub unsafe extern "C" fn waste_model_replay_trace(
             if steps == 0 {
                 return Err((WASTE_ARG, "steps 0: expected at least 1".into()));
             }
-            let trace = waste_host::store::trace::read_route_trace(path).map_err(host)?;
+            let trace = waste_host::read_route_trace(path).map_err(host)?;
             let num_experts = m.model.info().num_experts;
             if trace.experts > num_experts {
                 return Err((

@@ -216,7 +216,7 @@ impl RateWindow {
 
 /// OpenAI's `system_fingerprint`: changes when the engine or the model does.
 fn fingerprint(model: &Model) -> String {
-    let mut h = waste_host::files::Fnv::new();
+    let mut h = waste_host::Fnv::new();
     h.update(waste_host::VERSION.as_bytes());
     h.update(model.identity().as_bytes());
     format!("fp_{}", &h.hex()[..12])

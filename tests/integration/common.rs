@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The three plain-GQA model types that the CLI-level quantised-format and
 /// thread-count tests convert four formats each of: a sample of the family
-/// table (`waste_host::config::FAMILIES`), chosen for CI time, whose error
+/// table (`waste_engine::config::FAMILIES`), chosen for CI time, whose error
 /// bounds were measured on these. Every row of the table has its exact f32
 /// oracle and chunked-prefill test in the engine's own tests.
 pub const SAMPLED_FAMILIES: &[&str] = &["qwen3_moe", "olmoe", "mixtral"];
@@ -133,7 +133,7 @@ pub fn reference(family: &str) -> Reference {
 
 /// A test that could not run says so: the one definition, which writes
 /// past cargo's output capture and to `WASTE_SKIP_LOG`.
-pub use waste_host::skip::report_skip;
+pub use waste_engine::skip::report_skip;
 
 /// Regression (chat_template_file_overrides_the_models_template failed on
 /// "write stdin: Broken pipe"): a command that refuses its arguments before
@@ -266,7 +266,7 @@ pub fn bible_moe_with_qwen3_template(tmp: &TempDir) -> PathBuf {
 /// `base` with its expert-store options changed by `change`.
 pub fn with_store(
     base: waste_host::OpenOptions,
-    change: impl FnOnce(&mut waste_host::store::StoreOptions),
+    change: impl FnOnce(&mut waste_engine::store::StoreOptions),
 ) -> waste_host::OpenOptions {
     let mut options = base;
     change(&mut options.store);

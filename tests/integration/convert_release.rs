@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use waste_host::checkpoint::HfCheckpoint;
-use waste_host::convert::{ShardLedger, Unit};
+use waste_engine::checkpoint::HfCheckpoint;
+use waste_engine::convert::{ShardLedger, Unit};
 use waste_host::{Engine, Model, OpenOptions};
 
 use crate::common::*;
@@ -344,7 +344,7 @@ fn convert_release_k3_prefixed_mxfp4_experts_land_exactly_in_the_records() {
     let out = tmp.path().join("k3.waste");
     let o = run_convert(&dir, &out, &["--experts", "f32", "--trunk", "f32", "--jobs", "2"], None);
     assert!(o.status.success(), "{}", stderr(&o));
-    let container = waste_host::container::Container::open(&out).unwrap();
+    let container = waste_engine::container::Container::open(&out).unwrap();
     let banks = container.expert_banks().unwrap();
     let layers = banks.moe_layers();
     assert!(!layers.is_empty());
@@ -354,7 +354,7 @@ fn convert_release_k3_prefixed_mxfp4_experts_land_exactly_in_the_records() {
         for e in 0..bank.experts {
             let rec = &bytes[e * banks.record_bytes()..(e + 1) * banks.record_bytes()];
             let (g, u, d) =
-                waste_host::quant::decode_expert(banks.format(), banks.shape(), &rec[banks.payload_range()], None);
+                waste_engine::quant::decode_expert(banks.format(), banks.shape(), &rec[banks.payload_range()], None);
             let p = format!("language_model.model.layers.{layer}.block_sparse_moe.experts.{e}");
             for (got, w) in [(g, "w1"), (u, "w3"), (d, "w2")] {
                 assert!(got == reference[&format!("{p}.{w}.weight")], "layer {layer} expert {e} {w}");

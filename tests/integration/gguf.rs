@@ -94,7 +94,7 @@ fn a_gguf_and_its_safetensors_convert_to_the_same_logits() {
 /// id in order, added tokens CONTROL when special or looking special
 /// (`<|...|>`), USER_DEFINED otherwise, missing ids `[PAD{id}]` UNUSED, and
 /// merges as "a b".
-fn gguf_vocab_of(tokenizer_json: &serde_json::Value, pre: &str) -> waste_host::gguf::tokenizer::Vocab {
+fn gguf_vocab_of(tokenizer_json: &serde_json::Value, pre: &str) -> waste_engine::gguf::tokenizer::Vocab {
     let model = &tokenizer_json["model"];
     let mut by_id: std::collections::BTreeMap<u64, (String, i64)> = std::collections::BTreeMap::new();
     for (tok, id) in model["vocab"].as_object().unwrap() {
@@ -122,7 +122,7 @@ fn gguf_vocab_of(tokenizer_json: &serde_json::Value, pre: &str) -> waste_host::g
             pair => format!("{} {}", pair[0].as_str().unwrap(), pair[1].as_str().unwrap()),
         })
         .collect();
-    waste_host::gguf::tokenizer::Vocab {
+    waste_engine::gguf::tokenizer::Vocab {
         model: "gpt2".into(),
         pre: pre.into(),
         tokens,
@@ -155,7 +155,7 @@ fn tokenizers_rebuilt_from_gguf_vocabularies_match_the_reference_ids() {
         let dir = fixtures().join("tokenizer_families").join(dir);
         let original: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("tokenizer.json")).unwrap()).unwrap();
-        let files = waste_host::gguf::tokenizer::files(&gguf_vocab_of(&original, pre)).unwrap();
+        let files = waste_engine::gguf::tokenizer::files(&gguf_vocab_of(&original, pre)).unwrap();
         let json = String::from_utf8(files.iter().find(|(n, _)| *n == "tokenizer.json").unwrap().1.clone()).unwrap();
         let rebuilt: serde_json::Value = serde_json::from_str(&json).unwrap();
         // The pre-tokenizer's regexes are the release's, character for character.

@@ -204,7 +204,7 @@ fn convert_verify_names_a_record_whose_checksum_no_longer_holds() {
     let (record, payload) = (experts["record_bytes"].as_u64().unwrap(), experts["payload_offset"].as_u64().unwrap());
     let bank = &experts["layers"][1];
     flip(&m, bank["file"].as_str().unwrap(), 5 * record + payload + 1000, 4);
-    let err = waste_host::convert::verify(&fixture("qwen3_moe"), &m, &mut |_, _| {}).unwrap_err().to_string();
+    let err = waste_engine::convert::verify(&fixture("qwen3_moe"), &m, &mut |_, _| {}).unwrap_err().to_string();
     assert!(err.contains(&format!("layer {} expert 5: checksum mismatch", bank["layer"])), "{err}");
 }
 

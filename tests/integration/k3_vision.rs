@@ -3,8 +3,8 @@
 //! RGBA, unscaled and scaled down by the patch budget or the side limit,
 //! gives the same resized bytes and the same f32 `pixel_values` bit for bit.
 
-use waste_host::vision::decode::{decode, MAX_SOURCE_PIXELS};
-use waste_host::vision::preprocess::{preprocess, Chessboard, Pixels, PreprocessConfig};
+use waste_engine::vision::decode::{decode, MAX_SOURCE_PIXELS};
+use waste_engine::vision::preprocess::{preprocess, Chessboard, Pixels, PreprocessConfig};
 
 use crate::common::*;
 
@@ -19,7 +19,7 @@ fn source(dir: &std::path::Path, case: &serde_json::Value) -> Pixels {
 
 /// FNV-1a 64 of the bytes, as the generator records it.
 fn fnv_hex(bytes: &[u8]) -> String {
-    let mut h = waste_host::files::Fnv::new();
+    let mut h = waste_engine::files::Fnv::new();
     h.update(bytes);
     h.hex()
 }
@@ -95,7 +95,8 @@ fn bicubic_resize_matches_pillow_on_both_pass_orders_and_upscales() {
     for case in cases {
         let name = case["name"].as_str().unwrap();
         let src = source(&dir, case);
-        let out = waste_host::vision::preprocess::resize_bicubic(&src, n(&case["resized"][0]), n(&case["resized"][1]));
+        let out =
+            waste_engine::vision::preprocess::resize_bicubic(&src, n(&case["resized"][0]), n(&case["resized"][1]));
         let want = std::fs::read(dir.join(format!("{name}.resized"))).unwrap();
         assert!(
             out.data == want,

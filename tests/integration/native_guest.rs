@@ -8,10 +8,10 @@
 
 use std::sync::Arc;
 
+use waste_engine::synth::{preset, synth};
+use waste_engine::transformer::State;
 use waste_guest::generate::{self as native, Evaluation, ModelHost, StepStats, TokenEvent};
 use waste_guest::sampling::SamplingParams;
-use waste_host::synth::{preset, synth};
-use waste_host::transformer::State;
 use waste_host::{Engine, GenerateParams, Model, OpenOptions};
 
 use crate::common::TempDir;

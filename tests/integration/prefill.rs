@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use waste_host::plan::{plan_path, PlanRequest};
+use waste_engine::plan::{plan_path, PlanRequest};
 use waste_host::{Engine, Error, GenerateParams, Model, OpenOptions};
 
 use crate::common::*;

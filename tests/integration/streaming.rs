@@ -4,11 +4,11 @@
 
 use std::path::PathBuf;
 
-use waste_host::plan::{plan_path, PlanRequest};
-use waste_host::store::io::fd_is_direct;
-use waste_host::store::trace::read_route_trace;
-use waste_host::store::{simulate, CachePolicy, StoreOptions};
-use waste_host::synth::{preset, synth};
+use waste_engine::plan::{plan_path, PlanRequest};
+use waste_engine::store::io::fd_is_direct;
+use waste_engine::store::trace::read_route_trace;
+use waste_engine::store::{simulate, CachePolicy, StoreOptions};
+use waste_engine::synth::{preset, synth};
 use waste_host::{Model, OpenOptions};
 
 use crate::common::{greedy_next, report_skip, stderr, stdout, waste, with_store, TempDir};
@@ -175,7 +175,7 @@ fn peak_rss_counts_the_trunk_once() {
     let mut spec = preset("small").expect("preset");
     spec.hidden = 256;
     spec.vocab = 160_000;
-    spec.trunk = waste_host::quant::TrunkFormat::F32;
+    spec.trunk = waste_engine::quant::TrunkFormat::F32;
     synth(&path, &spec, &mut |_, _| {}).expect("synth");
     let plan = plan_path(&path, &PlanRequest { context: Some(64), ..PlanRequest::default() }).unwrap();
     assert!(plan.trunk > 150_000_000, "trunk {} bytes", plan.trunk);

@@ -2,9 +2,9 @@
 //! any thread count, `--threads` / `--cpus` parsing and errors, and the
 //! `rvq4p` expert format end to end against transformers.
 
-use waste_host::pool::CpuSet;
-use waste_host::quant::{ExpertFormat, TrunkFormat};
-use waste_host::synth::{synth, SynthSpec};
+use waste_engine::pool::CpuSet;
+use waste_engine::quant::{ExpertFormat, TrunkFormat};
+use waste_engine::synth::{synth, SynthSpec};
 use waste_host::{Engine, Model, OpenOptions};
 
 use crate::common::*;
@@ -140,7 +140,7 @@ fn cpu_lists_are_checked() {
 
 #[cfg(target_os = "linux")]
 fn first_allowed_cpu() -> usize {
-    waste_host::pool::current_affinity().unwrap().cpus()[0]
+    waste_engine::pool::current_affinity().unwrap().cpus()[0]
 }
 
 #[cfg(not(target_os = "linux"))]

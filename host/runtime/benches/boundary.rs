@@ -25,7 +25,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use waste_host::synth::{preset, synth};
+use waste_host::{preset, synth};
 use waste_host::{Constraint, Engine, GenerateParams, Model, OpenOptions};
 
 const VOCAB: usize = 160_000;

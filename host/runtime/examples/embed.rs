@@ -14,7 +14,7 @@ fn main() -> waste_host::Result<()> {
         _ => return Err(waste_host::Error::Arg("usage: embed MODEL.waste STATE_FILE".into())),
     };
     println!("waste {}", waste_host::VERSION);
-    let plan = waste_host::plan::plan_path(model_path, &Default::default())?;
+    let plan = waste_host::plan_path(model_path, &Default::default())?;
     println!("plan: floor {}, recommended {} bytes", plan.floor, plan.recommended);
     let options = OpenOptions { budget: Some(plan.recommended), ..OpenOptions::default() };
     let model = Model::open(model_path, &options)?;
@@ -23,7 +23,7 @@ fn main() -> waste_host::Result<()> {
     let prompt = session.tokenize("And God said")?;
     let params = GenerateParams { temperature: 0.0, max_tokens: 16, ..GenerateParams::default() };
     // The callback must be 'static: progress is shared through an Arc.
-    let progress = Arc::new(Mutex::new((0u32, waste_host::stats::Picks::default(), 0u64)));
+    let progress = Arc::new(Mutex::new((0u32, waste_host::Picks::default(), 0u64)));
     let seen = Arc::clone(&progress);
     let done = session.generate(&prompt, &params, move |ev| {
         let mut p = seen.lock().unwrap();

@@ -40,15 +40,42 @@ pub use params::{
 };
 pub use session::{Image, Session, Snapshot};
 
-// The engine below, as the front ends use it.
+// The engine below, as front ends and embedders use it: running a model,
+// planning its memory, and the offline tools. Everything else of
+// `waste-engine` is its own business; a front end that needs more names it
+// here first.
+
+// Opening and running a model.
+pub use waste_engine::container::manifest::FORMAT_VERSION;
+pub use waste_engine::container::{Container, Verify};
+pub use waste_engine::pool::CpuSet;
+pub use waste_engine::quant::{ExpertFormat, TrunkFormat};
+pub use waste_engine::stats::{cpu_times, process_read_bytes, Picks};
+pub use waste_engine::store::{CachePolicy, StoreOptions};
+pub use waste_engine::transformer::prefill::{check_chunk as check_prefill_chunk, MAX_PREFILL_CHUNK};
 pub use waste_engine::{
-    checkpoint, config, container, convert, error, files, gguf, info, plan, pool, quant, skip, stats, store, synth,
-    transformer, vision,
+    Error, LayerInfo, MemoryUse, Model, ModelInfo, OpenOptions, OpenProgress, Perplexity, Result, StepStats,
+    DEFAULT_CONTEXT, PERPLEXITY_CHUNK,
 };
-pub use waste_engine::{
-    ConvertOptions, ConvertProgress, ConvertReport, Error, LayerInfo, MemoryUse, Model, ModelInfo, OpenOptions,
-    OpenProgress, Perplexity, Result, StepStats, DEFAULT_CONTEXT, PERPLEXITY_CHUNK,
-};
+
+// Memory planning and sizes.
+pub use waste_engine::plan::{fmt_bytes, parse_size, peak_rss, plan_path, BudgetSource, MemoryPlan, PlanRequest};
+pub use waste_engine::vision::plan::plan_path_for_images;
+
+// Images: their prompt markup and the size of an encoded image.
+pub use waste_engine::vision::decode::dimensions as image_dimensions;
+pub use waste_engine::vision::image_markup;
+
+// Bounded file reads and the hash front ends key caches with.
+pub use waste_engine::files::{read_file, Fnv};
+
+// The offline tools: conversion and its check, synthetic containers,
+// routing traces.
+pub use waste_engine::config::family::release as release_like;
+pub use waste_engine::convert::{check_limits, verify as verify_conversion};
+pub use waste_engine::store::trace::{read_route_trace, RouteTrace};
+pub use waste_engine::synth::{like_names, preset, synth, synth_like, LikeOptions, SynthSpec, PRESETS};
+pub use waste_engine::{convert, ConvertOptions, ConvertProgress, ConvertReport};
 
 /// The bundled control component (a wasm32-wasip2 component), for hosts
 /// that load it with their own wasmtime binding.

@@ -33,10 +33,10 @@ impl Images {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(data.trim())
             .map_err(|e| bad(param, &format!("base64 image data ({e})")))?;
-        let (w, h) = waste_host::vision::decode::dimensions(&bytes)
+        let (w, h) = waste_host::image_dimensions(&bytes)
             .map_err(|e| ApiError::bad_request(format!("`{param}`: {e}"), Some(param)))?;
         self.files.push(bytes);
-        Ok(waste_host::vision::image_markup(w, h))
+        Ok(waste_host::image_markup(w, h))
     }
 
     /// An OpenAI `image_url.url`: `data:image/...;base64,...` only.

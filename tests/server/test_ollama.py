@@ -20,6 +20,10 @@ runner options clients send), `format` ("json" or a JSON schema), GET
 Both routes must agree with the OpenAI ones: the same conversation at
 temperature 0 gives the same text and the same token counts on /api/chat and
 /v1/chat/completions, and /api/generate with raw=true equals /v1/completions.
+Options a client leaves out take Ollama's documented defaults, repeat_penalty
+1.1 over the last 64 tokens among them: an Ollama request without it equals
+an OpenAI one with that penalty made explicit, and one with repeat_penalty 1
+equals the OpenAI default.
 
 The `tools` form runs against the server of test_tool_calls.py (the tiny
 Qwen3-MoE fixture with Qwen3's template, examples/sampler-script playing
@@ -50,6 +54,9 @@ STATS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_du
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)$")
 ASK = [{"role": "user", "content": "In the beginning"}]
 GREEDY = {"temperature": 0, "num_predict": 16}
+# Ollama's default repeat penalty (api.DefaultOptions), as the OpenAI route's
+# vLLM-style field; both look at the last 64 tokens by default.
+OLLAMA_REPEAT_PENALTY = 1.1
 
 
 def check(cond, what):
@@ -132,9 +139,10 @@ def final_stats(obj, what, num_predict=None):
 # --------------------------------------------------------------- basic mode
 
 
-def openai_chat(messages, max_tokens):
+def openai_chat(messages, max_tokens, repetition_penalty=OLLAMA_REPEAT_PENALTY):
     s, _, b = raw("POST", "/v1/chat/completions",
-                  {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+                  {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+                   "repetition_penalty": repetition_penalty})
     check(s == 200, f"/v1/chat/completions {s} {b[:200]!r}")
     return json.loads(b) if s == 200 else None
 
@@ -198,6 +206,12 @@ def test_chat():
               f"/api/chat {a.message.content!r} != /v1/chat/completions {o['choices'][0]['message']['content']!r}")
         check((o["usage"]["prompt_tokens"], o["usage"]["completion_tokens"]) == (a.prompt_eval_count, a.eval_count),
               f"counts: openai {o['usage']} ollama {a.prompt_eval_count} {a.eval_count}")
+    # repeat_penalty 1 turns Ollama's default off: the OpenAI route's own default.
+    off = client.chat(model=MODEL, messages=ASK, options=dict(GREEDY, repeat_penalty=1.0))
+    o = openai_chat(ASK, 16, repetition_penalty=1.0)
+    if o:
+        check(o["choices"][0]["message"]["content"] == off.message.content,
+              f"repeat_penalty 1: /api/chat {off.message.content!r} != /v1/chat/completions {o['choices'][0]['message']['content']!r}")
     # The client's stream: pieces with done false, then one final object.
     parts = list(client.chat(model=MODEL, messages=ASK, options=GREEDY, stream=True))
     check(parts and all(p.done is False for p in parts[:-1]) and parts[-1].done is True, "stream done flags")
@@ -272,13 +286,21 @@ def test_generate(chat_answer):
           f"generate system {sys_g.prompt_eval_count} != chat {sys_c.prompt_eval_count}")
     # raw: the prompt as it is, like /v1/completions.
     r = client.generate(model=MODEL, prompt="And God said", raw=True, options=GREEDY)
-    s, _, b = raw("POST", "/v1/completions", {"model": MODEL, "prompt": "And God said", "max_tokens": 16, "temperature": 0})
+    s, _, b = raw("POST", "/v1/completions", {"model": MODEL, "prompt": "And God said", "max_tokens": 16, "temperature": 0,
+                                            "repetition_penalty": OLLAMA_REPEAT_PENALTY})
     if s == 200:
         c = json.loads(b)
         check(c["choices"][0]["text"] == r.response, f"raw generate {r.response!r} != completion {c['choices'][0]['text']!r}")
         check(c["usage"]["prompt_tokens"] == r.prompt_eval_count, f"raw prompt {r.prompt_eval_count} != {c['usage']}")
     else:
         check(False, f"/v1/completions {s} {b[:200]!r}")
+    # On a prompt the model loops on, the default penalty changes the greedy
+    # answer ("and all the Levites" for a fourth "and the Levites"): the
+    # default is applied, not only accepted.
+    loop, longer = "and the and the and the and the", dict(GREEDY, num_predict=24)
+    d = client.generate(model=MODEL, prompt=loop, raw=True, options=longer)
+    n = client.generate(model=MODEL, prompt=loop, raw=True, options=dict(longer, repeat_penalty=1.0))
+    check(d.response != n.response, f"the default repeat_penalty changed nothing: {d.response!r}")
     s, ctype, objs = ndjson("/api/generate", {"model": MODEL, "prompt": prompt, "options": GREEDY})
     check(s == 200 and ctype.startswith("application/x-ndjson"), f"generate default stream {s} {ctype}")
     if s == 200 and objs:

@@ -1,7 +1,7 @@
 //! Request bodies of Ollama's /api/chat and /api/generate (docs/api.md at
 //! v0.33.0): the model name, messages or prompt, `options` type-checked as
 //! Ollama's `Options.FromMap` does, Ollama's sampling defaults where an
-//! option is absent (temperature 0.8, top_k 40, top_p 0.9).
+//! option is absent (`OllamaDefaults`).
 
 use serde_json::Value;
 use waste_host::{ChatMessage, Constraint, GenerateParams};
@@ -21,6 +21,21 @@ pub struct Request {
     pub tools_enabled: bool,
     /// `keep_alive` 0: the client asked to unload.
     pub unload: bool,
+}
+
+/// The sampling options Ollama documents a default for (docs/modelfile.md,
+/// `api.DefaultOptions`): an Ollama client that leaves one out gets these,
+/// not another API's.
+pub struct OllamaDefaults;
+
+impl OllamaDefaults {
+    pub const TEMPERATURE: f64 = 0.8;
+    pub const TOP_K: u32 = 40;
+    pub const TOP_P: f64 = 0.9;
+    /// llama.cpp's repeat penalty (a positive logit divided by it, a
+    /// negative one multiplied) over the last `REPEAT_LAST_N` tokens.
+    pub const REPEAT_PENALTY: f64 = 1.1;
+    pub const REPEAT_LAST_N: u32 = 64;
 }
 
 /// Ollama's errors name no field: `{"error": "..."}`.
@@ -49,7 +64,7 @@ fn options(o: &Obj, context: usize) -> Result<GenerateParams, ApiError> {
     };
     // Accepted and meaningless here (the runner's own settings), but still
     // of the right type, as Ollama checks them.
-    for k in ["num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "repeat_last_n"] {
+    for k in ["num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep"] {
         int(k)?;
     }
     let max_tokens = match int("num_predict")? {
@@ -65,19 +80,27 @@ fn options(o: &Obj, context: usize) -> Result<GenerateParams, ApiError> {
         None | Some(-1) => fresh_seed(),
         Some(s) => s as u64,
     };
+    // 0 turns the penalties off; -1 is the whole context (`num_ctx`).
+    let penalty_last_n = match int("repeat_last_n")? {
+        None => OllamaDefaults::REPEAT_LAST_N,
+        Some(-1) => context.min(u32::MAX as usize) as u32,
+        Some(n) if n >= 0 => n.min(u32::MAX as i64) as u32,
+        Some(n) => return Err(bad(format!("option \"repeat_last_n\" must be -1 or at least 0, not {n}"))),
+    };
     let top_k = match int("top_k")? {
-        None => 40,
+        None => OllamaDefaults::TOP_K,
         Some(k) if k >= 0 => k.min(u32::MAX as i64) as u32,
         Some(_) => return Err(bad("option \"top_k\" must be at least 0")),
     };
     Ok(GenerateParams {
-        temperature: float("temperature", 0.0, 2.0)?.unwrap_or(0.8) as f32,
-        top_p: float("top_p", 0.0, 1.0)?.unwrap_or(0.9).max(f64::MIN_POSITIVE) as f32,
+        temperature: float("temperature", 0.0, 2.0)?.unwrap_or(OllamaDefaults::TEMPERATURE) as f32,
+        top_p: float("top_p", 0.0, 1.0)?.unwrap_or(OllamaDefaults::TOP_P).max(f64::MIN_POSITIVE) as f32,
         top_k,
         min_p: float("min_p", 0.0, 1.0)?.unwrap_or(0.0) as f32,
         presence_penalty: float("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
         frequency_penalty: float("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
-        repetition_penalty: float("repeat_penalty", 0.01, 10.0)?.unwrap_or(1.0) as f32,
+        repetition_penalty: float("repeat_penalty", 0.01, 10.0)?.unwrap_or(OllamaDefaults::REPEAT_PENALTY) as f32,
+        penalty_last_n,
         seed,
         max_tokens: max_tokens as u32,
         stop_strings,
@@ -266,5 +289,25 @@ mod tests {
             Some(Constraint::Lark("%llguidance {}\nstart: \"a\"".into()))
         );
         assert!(format(&obj(r#"{"format": "yaml"}"#)).is_err());
+    }
+
+    /// A request without options samples as Ollama does by default, repeat
+    /// penalty included; each option replaces its default, and
+    /// `repeat_last_n` -1 is the whole context, 0 no penalty window.
+    #[test]
+    fn absent_options_take_ollamas_documented_defaults_repeat_penalty_included() {
+        let p = options(&obj("{}"), 4096).unwrap();
+        assert_eq!(p.temperature, OllamaDefaults::TEMPERATURE as f32);
+        assert_eq!(p.top_k, OllamaDefaults::TOP_K);
+        assert_eq!(p.top_p, OllamaDefaults::TOP_P as f32);
+        assert_eq!(p.repetition_penalty, OllamaDefaults::REPEAT_PENALTY as f32);
+        assert_eq!(p.penalty_last_n, OllamaDefaults::REPEAT_LAST_N);
+
+        let p = options(&obj(r#"{"options": {"repeat_penalty": 1.0, "repeat_last_n": 8}}"#), 4096).unwrap();
+        assert_eq!((p.repetition_penalty, p.penalty_last_n), (1.0, 8));
+        assert_eq!(options(&obj(r#"{"options": {"repeat_last_n": -1}}"#), 4096).unwrap().penalty_last_n, 4096);
+        assert_eq!(options(&obj(r#"{"options": {"repeat_last_n": 0}}"#), 4096).unwrap().penalty_last_n, 0);
+        assert!(options(&obj(r#"{"options": {"repeat_last_n": -2}}"#), 4096).is_err());
+        assert!(options(&obj(r#"{"options": {"repeat_last_n": 1.5}}"#), 4096).is_err());
     }
 }

@@ -21,8 +21,16 @@ impl Server {
     }
 }
 
+/// A wrapper (strace) does not take its child down when it is killed, so
+/// the server runs in a process group of its own and the whole group goes.
 impl Drop for Server {
     fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Ok(group) = i32::try_from(self.0.id()) {
+            // SAFETY: killpg only sends a signal; the group is the one
+            // `start_under` made for this child, led by its pid.
+            unsafe { libc::killpg(group, libc::SIGKILL) };
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -68,6 +76,8 @@ pub(crate) fn start_under(wrapper: &[&str], model: &Path, args: &[&str]) -> (Ser
             c
         }
     };
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     let mut child = cmd
         .args(["serve", model.to_str().unwrap(), "--port", "0"])
         .args(args)
@@ -98,6 +108,33 @@ pub(crate) fn start_under(wrapper: &[&str], model: &Path, args: &[&str]) -> (Ser
 }
 
 pub(crate) const KEY: &str = "test-key-123";
+
+/// The fault test's strace-wrapped servers ran on, orphaned, after the
+/// suite: killing the wrapper left its child. A server started under a
+/// wrapper that does not exec it must be gone once the test drops it.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_wrapped_server_leaves_no_process_behind() {
+    let marker = format!("orphan-check-{}-{:?}", std::process::id(), std::time::Instant::now());
+    // Two commands, so the shell cannot exec the server in its own place.
+    let wrapper = ["sh", "-c", "\"$@\"; exit $?", "sh"];
+    let (server, _url) = start_under(&wrapper, &bible(), &["--api-key", &marker, "--quiet"]);
+    drop(server);
+    let left = |marker: &str| -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+        dir.flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains(marker))
+            .collect()
+    };
+    // SIGKILL is asynchronous: give the kernel a moment to reap.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !left(&marker).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(left(&marker), Vec::<String>::new(), "a server outlived its test");
+}
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -461,6 +461,10 @@ typedef struct waste_store_stats {
   double ms_io_wait;
   double ms_read;
   /**
+   * Wall time with no expert read in flight: the disk left idle.
+   */
+  double ms_disk_idle;
+  /**
    * Speculative reads issued, and those no pick has used.
    */
   uint64_t prefetch_issued;

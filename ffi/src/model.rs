@@ -149,6 +149,8 @@ pub struct waste_store_stats {
     pub bytes_read: u64,
     pub ms_io_wait: f64,
     pub ms_read: f64,
+    /// Wall time with no expert read in flight: the disk left idle.
+    pub ms_disk_idle: f64,
     /// Speculative reads issued, and those no pick has used.
     pub prefetch_issued: u64,
     pub prefetch_wasted: u64,
@@ -521,6 +523,7 @@ pub unsafe extern "C" fn waste_model_store_stats(
                 bytes_read: s.bytes_read,
                 ms_io_wait: s.io_wait.as_secs_f64() * 1e3,
                 ms_read: s.read_time.as_secs_f64() * 1e3,
+                ms_disk_idle: s.disk_idle.as_secs_f64() * 1e3,
                 prefetch_issued: s.prefetch_issued,
                 prefetch_wasted: s.prefetch_wasted(),
                 lookahead_picks: s.lookahead_picks,

@@ -333,3 +333,23 @@ fn top_logprobs_chat_rendering_transcript_and_model_details_through_c() {
         assert_eq!(waste_ctx_timings(null(), &mut c, &mut i), WASTE_NULL_ARG);
     }
 }
+
+/// The store's counters through the C ABI, the disk's idle time among them
+/// (which the C ABI lacked): within the wall time since the reset, and the
+/// expert picks of the generation counted.
+#[test]
+fn store_stats_through_c_give_the_picks_and_the_disk_idle_time() {
+    let o = Open::new(&bible());
+    let prompt = o.tokenize("In the beginning");
+    unsafe {
+        assert_eq!(waste_model_reset_store_stats(o.model), WASTE_OK);
+        let since = std::time::Instant::now();
+        let (r, _) = o.generate(&prompt, &params(0.0, 1, 8));
+        assert_eq!(r, WASTE_OK, "{}", last_error(o.ctx));
+        let wall_ms = since.elapsed().as_secs_f64() * 1e3;
+        let mut s = std::mem::zeroed::<waste_store_stats>();
+        assert_eq!(waste_model_store_stats(o.model, &mut s), WASTE_OK);
+        assert!(s.reused + s.prefetched + s.missed > 0, "{s:?}");
+        assert!(s.ms_disk_idle >= 0.0 && s.ms_disk_idle <= wall_ms + 1.0, "idle {} of {wall_ms} ms", s.ms_disk_idle);
+    }
+}

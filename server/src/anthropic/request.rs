@@ -17,6 +17,10 @@ use crate::neutral::{fresh_seed, Prompt};
 use crate::ordered::Ordered;
 use crate::structured::{self, schema, with_grammar, Asked};
 
+/// The temperature Anthropic's Messages API reference gives a request that
+/// leaves it out (top_p and top_k default to off).
+const ANTHROPIC_DEFAULT_TEMPERATURE: f64 = 1.0;
+
 pub struct Request {
     pub model: Option<String>,
     pub prompt: Prompt,
@@ -309,7 +313,7 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
     let messages = messages(list, &raw, system, &mut images)?;
     let tools = tools(o, body)?;
     let tools_enabled = tool_choice(o, tools.as_ref().map(|(_, n)| n.as_slice()))?;
-    let temperature = number(o, "temperature", 0.0, 1.0)?.unwrap_or(1.0);
+    let temperature = number(o, "temperature", 0.0, 1.0)?.unwrap_or(ANTHROPIC_DEFAULT_TEMPERATURE);
     let top_p = number(o, "top_p", 0.0, 1.0)?.unwrap_or(1.0);
     let top_k = field(o, "top_k").map(|v| at_least(v, "top_k", 0)).transpose()?;
     let stop_strings = match field(o, "stop_sequences") {

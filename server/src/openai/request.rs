@@ -13,6 +13,10 @@ use crate::neutral::images::Images;
 use crate::neutral::{fresh_seed, Prompt};
 use crate::structured::{self, schema, with_grammar, Asked};
 
+/// The temperature OpenAI's API reference gives a request that leaves it
+/// out (every other sampling field defaults to off).
+const OPENAI_DEFAULT_TEMPERATURE: f64 = 1.0;
+
 pub struct Request {
     pub model: Option<String>,
     pub prompt: Prompt,
@@ -219,7 +223,7 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         }
     }
     let params = GenerateParams {
-        temperature: number(o, "temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32,
+        temperature: number(o, "temperature", 0.0, 2.0)?.unwrap_or(OPENAI_DEFAULT_TEMPERATURE) as f32,
         top_p: number(o, "top_p", 0.0, 1.0)?.map(|p| p.max(f64::MIN_POSITIVE)).unwrap_or(1.0) as f32,
         top_k: integer(o, "top_k", 0, u32::MAX as u64)?.unwrap_or(0) as u32,
         min_p: number(o, "min_p", 0.0, 1.0)?.unwrap_or(0.0) as f32,

@@ -7,7 +7,7 @@
 //! whether a tensor exists are written once.
 //!
 //! The mixers are in attention.rs, DeepSeek-V4's own pieces in v4.rs; K3's
-//! vision tower is `VisionConfig::tensor_shapes`.
+//! vision tower is `VisionConfig::tensors`.
 
 mod attention;
 mod v4;
@@ -35,7 +35,7 @@ impl Tensor {
     }
 }
 
-/// Appends `t` and the present ones of `opt`, in order.
+/// Appends `t`: a list of tensors, or an `Option` of one (nothing when absent).
 fn push<'a>(out: &mut Vec<&'a Tensor>, t: impl IntoIterator<Item = &'a Tensor>) {
     out.extend(t);
 }

@@ -2,7 +2,7 @@
 //! DeepSeek's q-LoRA and DSA indexer, K3's output gate), KDA, and K3's
 //! attention residuals.
 
-use super::{push, Tensor};
+use super::Tensor;
 use crate::config::{ModelConfig, QkNorm};
 
 /// `model.layers.L.self_attn` of a grouped-query attention layer.
@@ -56,16 +56,16 @@ impl GqaTensors {
     }
 
     pub(super) fn list<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        push(out, [&self.q_proj]);
-        push(out, &self.q_proj_bias);
-        push(out, [&self.k_proj]);
-        push(out, &self.k_proj_bias);
-        push(out, [&self.v_proj]);
-        push(out, &self.v_proj_bias);
-        push(out, [&self.o_proj]);
-        push(out, &self.o_proj_bias);
-        push(out, self.q_norm.iter().chain(&self.k_norm));
-        push(out, &self.sinks);
+        out.extend([&self.q_proj]);
+        out.extend(&self.q_proj_bias);
+        out.extend([&self.k_proj]);
+        out.extend(&self.k_proj_bias);
+        out.extend([&self.v_proj]);
+        out.extend(&self.v_proj_bias);
+        out.extend([&self.o_proj]);
+        out.extend(&self.o_proj_bias);
+        out.extend(self.q_norm.iter().chain(&self.k_norm));
+        out.extend(&self.sinks);
     }
 }
 
@@ -129,12 +129,12 @@ impl GdnTensors {
 
     pub(super) fn list<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
         match &self.projections {
-            GdnProjections::Fused { in_proj_qkvz, in_proj_ba } => push(out, [in_proj_qkvz, in_proj_ba]),
+            GdnProjections::Fused { in_proj_qkvz, in_proj_ba } => out.extend([in_proj_qkvz, in_proj_ba]),
             GdnProjections::Separate { in_proj_qkv, in_proj_z, in_proj_b, in_proj_a } => {
-                push(out, [in_proj_qkv, in_proj_z, in_proj_b, in_proj_a])
+                out.extend([in_proj_qkv, in_proj_z, in_proj_b, in_proj_a])
             }
         }
-        push(out, [&self.conv1d, &self.a_log, &self.dt_bias, &self.norm, &self.out_proj]);
+        out.extend([&self.conv1d, &self.a_log, &self.dt_bias, &self.norm, &self.out_proj]);
     }
 }
 
@@ -225,16 +225,16 @@ impl MlaTensors {
         match &self.q {
             MlaQuery::Full { q_proj } => out.push(q_proj),
             MlaQuery::LowRank { q_a_proj, q_a_layernorm, q_b_proj, q_a_proj_bias } => {
-                push(out, [q_a_proj, q_a_layernorm, q_b_proj]);
+                out.extend([q_a_proj, q_a_layernorm, q_b_proj]);
                 q_a_bias = q_a_proj_bias.as_ref();
             }
         }
-        push(out, [&self.kv_a_proj_with_mqa, &self.kv_a_layernorm, &self.kv_b_proj]);
-        push(out, &self.g_proj);
+        out.extend([&self.kv_a_proj_with_mqa, &self.kv_a_layernorm, &self.kv_b_proj]);
+        out.extend(&self.g_proj);
         out.push(&self.o_proj);
-        push(out, q_a_bias.into_iter().chain(&self.kv_a_proj_with_mqa_bias).chain(&self.o_proj_bias));
+        out.extend(q_a_bias.into_iter().chain(&self.kv_a_proj_with_mqa_bias).chain(&self.o_proj_bias));
         if let Some(ix) = &self.indexer {
-            push(out, [&ix.wq_b, &ix.wk, &ix.k_norm, &ix.k_norm_bias, &ix.weights_proj]);
+            out.extend([&ix.wq_b, &ix.wk, &ix.k_norm, &ix.k_norm_bias, &ix.weights_proj]);
         }
     }
 }
@@ -299,13 +299,13 @@ impl KdaTensors {
     }
 
     pub(super) fn list<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        push(out, [&self.q_proj, &self.k_proj, &self.v_proj, &self.q_conv1d, &self.k_conv1d, &self.v_conv1d]);
-        push(out, [&self.a_log, &self.dt_bias, &self.f_a_proj, &self.f_b_proj, &self.b_proj]);
+        out.extend([&self.q_proj, &self.k_proj, &self.v_proj, &self.q_conv1d, &self.k_conv1d, &self.v_conv1d]);
+        out.extend([&self.a_log, &self.dt_bias, &self.f_a_proj, &self.f_b_proj, &self.b_proj]);
         match &self.gate {
-            KdaGate::LowRank { g_a_proj, g_b_proj } => push(out, [g_a_proj, g_b_proj]),
+            KdaGate::LowRank { g_a_proj, g_b_proj } => out.extend([g_a_proj, g_b_proj]),
             KdaGate::Full { g_proj } => out.push(g_proj),
         }
-        push(out, [&self.o_norm, &self.o_proj]);
+        out.extend([&self.o_norm, &self.o_proj]);
     }
 }
 

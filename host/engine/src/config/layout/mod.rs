@@ -35,11 +35,6 @@ impl Tensor {
     }
 }
 
-/// Appends `t`: a list of tensors, or an `Option` of one (nothing when absent).
-fn push<'a>(out: &mut Vec<&'a Tensor>, t: impl IntoIterator<Item = &'a Tensor>) {
-    out.extend(t);
-}
-
 /// K3's latent around the routed experts (`routed_expert_hidden_size`).
 #[derive(Debug, Clone)]
 pub struct LatentTensors {
@@ -71,7 +66,7 @@ impl MlpTensors {
     }
 
     fn list<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        push(out, [&self.gate_proj, &self.up_proj, &self.down_proj]);
+        out.extend([&self.gate_proj, &self.up_proj, &self.down_proj]);
     }
 }
 
@@ -127,15 +122,15 @@ impl MoeTensors {
     }
 
     fn list_into<'a>(&'a self, out: &mut Vec<&'a Tensor>) {
-        push(out, [&self.router]);
-        push(out, self.router_bias.iter().chain(&self.tid2eid));
+        out.extend([&self.router]);
+        out.extend(self.router_bias.iter().chain(&self.tid2eid));
         if let Some(m) = &self.shared_experts {
             m.list(out);
         }
-        push(out, &self.shared_expert_gate);
+        out.extend(&self.shared_expert_gate);
         if let Some(l) = &self.latent {
             out.push(&l.routed_expert_down_proj);
-            push(out, &l.routed_expert_norm);
+            out.extend(&l.routed_expert_norm);
             out.push(&l.routed_expert_up_proj);
         }
     }
@@ -234,10 +229,10 @@ impl LayerTensors {
     pub fn list(&self) -> Vec<&Tensor> {
         let mut out = vec![&self.input_layernorm];
         if let Some((attn_hc, ffn_hc)) = &self.hyper {
-            push(&mut out, attn_hc.list().into_iter().chain(ffn_hc.list()));
+            out.extend(attn_hc.list().into_iter().chain(ffn_hc.list()));
         }
         if let Some(r) = &self.attn_res {
-            push(&mut out, [&r.self_attention_res_proj, &r.self_attention_res_norm, &r.mlp_res_proj, &r.mlp_res_norm]);
+            out.extend([&r.self_attention_res_proj, &r.self_attention_res_norm, &r.mlp_res_proj, &r.mlp_res_norm]);
         }
         match &self.mixer {
             MixerTensors::Gqa(g) => g.list(&mut out),

@@ -239,6 +239,10 @@ impl Guest for Component {
     }
 
     fn detokenize(tokens: Vec<u32>) -> Result<String, Error> {
+        let vocab_size = model::info().vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t >= vocab_size) {
+            return Err(Error::InvalidArgument(format!("token id {bad} is outside the vocabulary of {vocab_size}")));
+        }
         tokenizer()?.decode(&tokens).map_err(|e| Error::Failed(e.to_string()))
     }
 

@@ -199,3 +199,73 @@ fn convert_refuses_broken_and_unsupported_gguf_files_with_one_line() {
         assert!(err.contains(want) && err.trim().lines().count() == 1, "{file}: {err}");
     }
 }
+
+/// tiny-qwen3_moe with a tokenizer 16 tokens narrower than its embedding:
+/// what llama.cpp's converter writes as `[PAD{id}]` UNUSED tokens (which
+/// the rebuilt tokenizer.json leaves out, as the release's own does) and
+/// what Qwen's releases ship (151,936 rows for 151,669 tokens). The last 16
+/// merges' tokens are dropped with every merge that makes or uses them.
+fn padded_qwen3_moe(dir: &Path) -> PathBuf {
+    let src = fixture("qwen3_moe");
+    let hf = dir.join("tiny-qwen3_moe-padded");
+    std::fs::create_dir_all(&hf).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), hf.join(entry.file_name())).unwrap();
+    }
+    let mut tok: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("tokenizer.json")).unwrap()).unwrap();
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    let rows = vocab.len() as u64;
+    let dropped: Vec<String> =
+        vocab.iter().filter(|(_, id)| id.as_u64().unwrap() >= rows - 16).map(|(t, _)| t.clone()).collect();
+    vocab.retain(|_, id| id.as_u64().unwrap() < rows - 16);
+    let merges = tok["model"]["merges"].as_array_mut().unwrap();
+    merges.retain(|m| {
+        let (a, b) = (m[0].as_str().unwrap(), m[1].as_str().unwrap());
+        ![a.to_string(), b.to_string(), format!("{a}{b}")].iter().any(|t| dropped.contains(t))
+    });
+    std::fs::write(hf.join("tokenizer.json"), serde_json::to_vec(&tok).unwrap()).unwrap();
+    let out = dir.join("padded.waste");
+    let o = waste(&["convert", hf.to_str().unwrap(), out.to_str().unwrap(), "--experts", "q8", "--trunk", "f32"]);
+    assert!(o.status.success(), "convert: {}", stderr(&o));
+    out
+}
+
+/// `waste run` on a converted llama.cpp GGUF at temperature 2 ended with
+/// `error: control component: unknown token id 535`, and `waste eval
+/// --tokens` refused ids the embedding has: padding rows are never
+/// sampled, decode to nothing, and are accepted as input.
+#[test]
+fn a_padded_vocabulary_never_fails_generation_at_temperature_2() {
+    let tmp = TempDir::new("padded-vocab");
+    let model = padded_qwen3_moe(tmp.path());
+    let m = model.to_str().unwrap();
+    // The padding rows hold real probability: the random tiny model gives
+    // them about their share (16 of 512) of the mass at temperature 2.
+    let o = waste(&["eval", m, "--tokens", "500,511,3", "--json", "--top", "512"]);
+    assert!(o.status.success(), "eval of padding ids: {}", stderr(&o));
+    let top: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    let padding_mass: f64 = top["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["id"].as_u64().unwrap() >= 496)
+        .map(|t| (t["logprob"].as_f64().unwrap() / 2.0).exp())
+        .sum();
+    assert!(padding_mass > 0.005, "padding rows hold {padding_mass} of the unnormalised mass");
+    for t in top["top"].as_array().unwrap().iter().filter(|t| t["id"].as_u64().unwrap() >= 496) {
+        assert_eq!(t["text"], "", "a padding row decodes to nothing");
+    }
+    for seed in ["1", "2", "3"] {
+        let o = waste(&["run", m, "Hello", "--temp", "2", "--seed", seed, "-n", "200", "--logprobs", "0"]);
+        assert!(o.status.success(), "seed {seed}: {}", stderr(&o));
+        let sampled: Vec<u64> = stderr(&o)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|j| j["token"].as_u64())
+            .collect();
+        assert!(!sampled.is_empty(), "no token lines: {}", stderr(&o));
+        assert!(sampled.iter().all(|&t| t < 496), "seed {seed} sampled a padding row: {sampled:?}");
+    }
+}

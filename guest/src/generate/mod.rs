@@ -136,6 +136,12 @@ pub fn generate(
         logprobs: Vec::new(),
         top_logprobs: Vec::new(),
     };
+    // Rows of the embedding the tokenizer has no token for (padding): never
+    // sampled, as if a grammar forbade them.
+    let padding: Vec<u32> = match tokenizer {
+        Some(tok) => (0..vocab_size).filter(|&id| !tok.knows(id)).collect(),
+        None => Vec::new(),
+    };
     let mut evaluation = host.evaluate(prompt)?;
     loop {
         let raw = &evaluation.logits;
@@ -146,6 +152,12 @@ pub fn generate(
             recent.drain(..recent.len() - window);
         }
         let mut adjusted = adjust(raw, sp, &recent);
+        if !padding.is_empty() {
+            let logits = adjusted.to_mut();
+            for &id in &padding {
+                logits[id as usize] = f32::NEG_INFINITY;
+            }
+        }
         if let Some(g) = guide.as_deref_mut() {
             if !g.mask(adjusted.to_mut(), params.stop_at_eos)? {
                 return Err("structured output: the grammar allows no token here".into());
@@ -155,6 +167,11 @@ pub fn generate(
             let t = host.plugin_sample(&adjusted, &recent)?;
             if t >= vocab_size {
                 return Err(format!("the sampler plugin chose token {t}, outside the vocabulary of {vocab_size}"));
+            }
+            if padding.binary_search(&t).is_ok() {
+                return Err(format!(
+                    "the sampler plugin chose token {t}, a padding row the tokenizer has no token for"
+                ));
             }
             if let Some(g) = guide.as_deref_mut() {
                 if !g.allows(t)? {

@@ -189,3 +189,73 @@ fn bad_requests_are_errors() {
     stop.stop_strings = vec![String::new()];
     assert!(run(&mut host, &[], 100, &[1], &stop).is_err());
 }
+
+/// An embedding 16 rows wider than its tokenizer (llama.cpp's `[PAD{id}]`
+/// rows, Qwen's 151,936 rows for 151,669 tokens) whose padding rows have
+/// the largest logits: a quarter of the mass at temperature 2.
+struct PaddedEmbedding {
+    vocab: usize,
+    evaluated: usize,
+}
+
+impl ModelHost for PaddedEmbedding {
+    fn evaluate(&mut self, tokens: &[u32]) -> Result<Evaluation, String> {
+        self.evaluated += tokens.len();
+        let mut logits = vec![0.0; self.vocab];
+        logits[self.vocab - 16..].fill(5.0);
+        Ok(Evaluation { logits, position: self.evaluated as u32, stats: StepStats::default() })
+    }
+    fn emit(&mut self, _: TokenEvent) -> bool {
+        true
+    }
+    fn recent_tokens(&mut self, _: u32) -> Vec<u32> {
+        Vec::new()
+    }
+    fn plugin_sample(&mut self, logits: &[f32], _: &[u32]) -> Result<u32, String> {
+        // A plugin that ignores the mask and takes the first padding row.
+        Ok(logits.len() as u32 - 16)
+    }
+}
+
+fn qwen_tokenizer() -> Tokenizer {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/tiny-qwen3_moe/tokenizer.json");
+    Tokenizer::from_json(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// `waste run` on a converted llama.cpp GGUF at temperature 2 ended with
+/// "unknown token id": a padding row was sampled and could not be decoded.
+#[test]
+fn sampling_at_temperature_2_never_picks_a_padding_row() {
+    let tok = qwen_tokenizer();
+    let vocab = tok.vocab_size() as u32 + 16;
+    let mut host = PaddedEmbedding { vocab: vocab as usize, evaluated: 0 };
+    let params = GenerateParams {
+        sampling: SamplingParams { temperature: 2.0, top_k: 0, top_p: 1.0, seed: 7, ..SamplingParams::greedy() },
+        max_tokens: 400,
+        stop_at_eos: false,
+        ..greedy(1)
+    };
+    let out = generate(&mut host, Some(&tok), &[], vocab, 4096, &[1, 2, 3], &params, None).unwrap();
+    assert_eq!(out.tokens.len(), 400);
+    assert!(out.tokens.iter().all(|&t| tok.knows(t)), "a padding row was sampled: {:?}", out.tokens);
+    // Without a tokenizer there is no padding to know of: the same logits
+    // then do give padding rows, so the mask above is what kept them out.
+    let bare = generate(&mut host, None, &[], vocab, 4096, &[1, 2, 3], &params, None).unwrap();
+    assert!(bare.tokens.iter().any(|&t| t >= vocab - 16));
+    // A plugin's choice gets the same check as any other.
+    let plugin = GenerateParams { use_plugin: true, ..params };
+    let err = generate(&mut host, Some(&tok), &[], vocab, 4096, &[1], &plugin, None).unwrap_err();
+    assert!(err.contains("padding row"), "{err}");
+}
+
+/// HF tokenizers' `decode` drops ids it has no token for
+/// (`Tokenizer.from_file(tiny-qwen3_moe).decode([300, 100000, 301])` is
+/// "ccmp", as `decode([300, 301])` is), so a padding row decodes to nothing.
+#[test]
+fn an_id_the_tokenizer_lacks_decodes_to_nothing_as_hf_tokenizers_does() {
+    let tok = qwen_tokenizer();
+    assert_eq!(tok.decode(&[300, 100_000, 301]).unwrap(), "ccmp");
+    assert_eq!(tok.decode(&[300, 301]).unwrap(), "ccmp");
+    assert_eq!(tok.decode_bytes(&[512]).unwrap(), b"");
+    assert!(tok.knows(511) && !tok.knows(512));
+}

@@ -231,21 +231,26 @@ impl HfTokenizer {
         out
     }
 
-    fn token_bytes(&self, ids: &[u32]) -> Result<Vec<Vec<u8>>, TokenizerError> {
-        ids.iter()
-            .map(|&id| {
-                self.added_r
-                    .get(&id)
-                    .map(|t| t.content.as_str())
-                    .or_else(|| self.model.id_to_token(id))
-                    .map(|s| s.as_bytes().to_vec())
-                    .ok_or_else(|| TokenizerError(format!("unknown token id {id}")))
-            })
-            .collect()
+    fn token_str(&self, id: u32) -> Option<&str> {
+        self.added_r.get(&id).map(|t| t.content.as_str()).or_else(|| self.model.id_to_token(id))
+    }
+
+    /// Whether `id` is one of this tokenizer's tokens (an embedding padded
+    /// past the tokenizer has rows that are not).
+    pub fn knows(&self, id: u32) -> bool {
+        self.token_str(id).is_some()
+    }
+
+    /// An id the tokenizer does not have decodes to nothing, as HF
+    /// tokenizers' `decode` does (`filter_map` over `id_to_token`): the
+    /// padding rows of an embedding wider than its tokenizer. Whether an id
+    /// is inside the model's vocabulary is the caller's check.
+    fn token_bytes(&self, ids: &[u32]) -> Vec<Vec<u8>> {
+        ids.iter().filter_map(|&id| self.token_str(id)).map(|s| s.as_bytes().to_vec()).collect()
     }
 
     fn decode_mode(&self, ids: &[u32], mode: Mode) -> Result<Vec<u8>, TokenizerError> {
-        let tokens = self.token_bytes(ids)?;
+        let tokens = self.token_bytes(ids);
         Ok(match &self.decoder {
             Some(d) => d.decode_chain(tokens, mode).concat(),
             None => tokens.join(&b' '),

@@ -127,6 +127,14 @@ impl Tokenizer {
         both!(self, t => t.decode(ids))
     }
 
+    /// Whether `id` is one of the tokenizer's tokens. An embedding is often
+    /// wider than its tokenizer (Qwen's 151,936 rows for 151,669 tokens;
+    /// llama.cpp's converter names the extra rows `[PAD{id}]`): those ids
+    /// are never sampled and decode to nothing.
+    pub fn knows(&self, id: u32) -> bool {
+        both!(self, t => t.knows(id))
+    }
+
     /// Max id + 1 over the vocabulary and the special/added tokens.
     pub fn vocab_size(&self) -> usize {
         both!(self, t => t.vocab_size())

@@ -262,6 +262,12 @@ impl TiktokenTokenizer {
             .ok_or_else(|| TokenizerError(format!("unknown token id {id}")))
     }
 
+    /// Whether `id` has bytes (every id below the vocabulary size of a
+    /// Kimi rank file does: its reserved ids are named special tokens).
+    pub fn knows(&self, id: u32) -> bool {
+        self.token_bytes(id).is_ok()
+    }
+
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, TokenizerError> {
         let mut out = Vec::new();
         for &id in ids {

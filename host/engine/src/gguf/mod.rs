@@ -13,10 +13,9 @@
 //!
 //! `hf.rs` presents a file as the Hugging Face checkpoint it was converted
 //! from (config, tensor names, layouts); `tokenizer.rs` rebuilds the
-//! tokenizer; `dequant.rs` decodes the tensor types to f32 exactly as ggml
-//! does.
+//! tokenizer. The tensor types and their decoding, exactly as ggml's, are
+//! waste-kernels' (`quant::ggml`).
 
-pub mod dequant;
 pub mod hf;
 #[cfg(test)]
 mod tests;
@@ -28,7 +27,7 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-pub use dequant::GgmlType;
+pub use waste_kernels::quant::ggml::GgmlType;
 
 pub const MAGIC: &[u8; 4] = b"GGUF";
 /// `GGUF_DEFAULT_ALIGNMENT`.
@@ -128,7 +127,7 @@ impl TensorInfo {
 
     /// Bytes of one row of `ne[0]` elements.
     pub fn row_bytes(&self) -> u64 {
-        self.ne[0] / self.ty.block_elems() * self.ty.block_bytes()
+        self.ne[0] / self.ty.block_elems() as u64 * self.ty.block_bytes() as u64
     }
 }
 
@@ -333,15 +332,16 @@ impl GgufFile {
             let Some(_) = elems else {
                 return Err(bad(&h, format!("shape {ne:?} overflows")));
             };
-            if ne[0] % ty.block_elems() != 0 {
+            let (block_elems, block_bytes) = (ty.block_elems() as u64, ty.block_bytes() as u64);
+            if ne[0] % block_elems != 0 {
                 return Err(bad(
                     &h,
-                    format!("rows of {} elements are not whole {:?} blocks of {}", ne[0], ty, ty.block_elems()),
+                    format!("rows of {} elements are not whole {} blocks of {block_elems}", ne[0], ty.name()),
                 ));
             }
             // Elements fit in an i64, bytes need not (2^62 f32 values).
-            let nbytes = (ne[0] / ty.block_elems())
-                .checked_mul(ty.block_bytes())
+            let nbytes = (ne[0] / block_elems)
+                .checked_mul(block_bytes)
                 .and_then(|row| ne[1..].iter().try_fold(row, |n, &d| n.checked_mul(d)))
                 .ok_or_else(|| bad(&h, format!("shape {ne:?} overflows")))?;
             if by_name.insert(name.clone(), pending.len()).is_some() {
@@ -419,7 +419,7 @@ impl GgufFile {
         let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
         waste_platform::FileExt::read_exact_at(&file, &mut buf, lo).map_err(|e| Error::io(&self.path, e))?;
         let mut out = vec![0f32; (n * t.ne[0]) as usize];
-        dequant::dequantize(t.ty, &buf, &mut out);
+        waste_kernels::quant::ggml::dequantize_row(t.ty, &buf, &mut out);
         Ok(out)
     }
 

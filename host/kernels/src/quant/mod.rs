@@ -73,6 +73,7 @@
 mod activation;
 mod expert;
 mod expert_batch;
+pub mod ggml;
 mod kmeans;
 mod rvq;
 mod rvq4p;

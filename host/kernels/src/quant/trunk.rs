@@ -316,70 +316,10 @@ impl<'a> MatRef<'a> {
     }
 
     /// `y[t] = W x[t]` for `n = x.len() / cols` inputs at once (`x`
-    /// `[n, cols]`, `y` `[n, rows]`). Each weight row is dequantised once per
-    /// block of inputs and the block runs in register tiles
-    /// (`simd::matmul_block`), so every `y[t][r]` is `dot8` of row r's
-    /// values and x[t] (`simd::dot8_scalar`) whatever the thread count, the
-    /// number of inputs or the CPU. Panics unless the lengths agree.
+    /// `[n, cols]`, `y` `[n, rows]`): `matmul_decoded` on this matrix's rows.
     pub fn matmul(&self, x: &[f32], y: &mut [f32]) {
-        let (rows, cols) = (self.rows, self.cols);
-        assert!(
-            cols > 0 && x.len().is_multiple_of(cols),
-            "MatRef::matmul: x of {} is not whole rows of {cols}",
-            x.len()
-        );
-        let n = x.len() / cols;
-        assert_eq!(y.len(), n * rows, "MatRef::matmul: y length");
-        if n == 0 || rows == 0 {
-            return;
-        }
         let v = *self;
-        // A block of dequantised weight rows, then every input of the task
-        // against it: the rows stay in L1/L2, the inputs in L2.
-        let rows_into = |r0: usize, nr: usize, w: &mut [f32]| {
-            for i in 0..nr {
-                v.row_into(r0 + i, &mut w[i * cols..(i + 1) * cols]);
-            }
-        };
-        if n >= 2 * MATMUL_INPUTS {
-            // Tasks own blocks of inputs and run every weight row.
-            y.par_chunks_mut(MATMUL_INPUTS * rows).zip(x.par_chunks(MATMUL_INPUTS * cols)).for_each(|(yb, xb)| {
-                let nt = xb.len() / cols;
-                let mut w = vec![0f32; MATMUL_ROWS * cols];
-                let mut out = vec![0f32; MATMUL_ROWS * nt];
-                for r0 in (0..rows).step_by(MATMUL_ROWS) {
-                    let nr = MATMUL_ROWS.min(rows - r0);
-                    rows_into(r0, nr, &mut w);
-                    simd::matmul_block(&w[..nr * cols], xb, cols, &mut out[..nr * nt]);
-                    for (t, yt) in yb.chunks_exact_mut(rows).enumerate() {
-                        for i in 0..nr {
-                            yt[r0 + i] = out[i * nt + t];
-                        }
-                    }
-                }
-            });
-        } else {
-            // Few inputs: tasks own blocks of weight rows instead, into
-            // `y` transposed.
-            let mut yt = vec![0f32; rows * n];
-            let task = |(b, out): (usize, &mut [f32])| {
-                let r0 = b * MATMUL_ROWS;
-                let nr = out.len() / n;
-                let mut w = vec![0f32; nr * cols];
-                rows_into(r0, nr, &mut w);
-                simd::matmul_block(&w, x, cols, out);
-            };
-            if rows * cols * n >= PAR_MIN_WORK {
-                yt.par_chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
-            } else {
-                yt.chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
-            }
-            for (r, col) in yt.chunks_exact(n).enumerate() {
-                for (t, &val) in col.iter().enumerate() {
-                    y[t * rows + r] = val;
-                }
-            }
-        }
+        matmul_decoded(self.rows, self.cols, &|r, out: &mut [f32]| v.row_into(r, out), x, y);
     }
 
     pub fn dequantize(&self) -> Vec<f32> {
@@ -390,6 +330,73 @@ impl<'a> MatRef<'a> {
             }
         }
         out
+    }
+}
+
+/// `y[t] = W x[t]` for the `n = x.len() / cols` inputs of `x` (`[n, cols]`,
+/// `y` `[n, rows]`), with `row_into(r, out)` writing row r's values: each
+/// weight row is decoded once per block of inputs and the block runs in
+/// register tiles (`simd::matmul_block`), so every `y[t][r]` is `dot8` of
+/// row r's values and x[t] (`simd::dot8_scalar`) whatever the thread
+/// count, the number of inputs or the CPU. Panics unless the lengths agree.
+pub(crate) fn matmul_decoded(
+    rows: usize,
+    cols: usize,
+    row_into: &(dyn Fn(usize, &mut [f32]) + Sync),
+    x: &[f32],
+    y: &mut [f32],
+) {
+    assert!(cols > 0 && x.len().is_multiple_of(cols), "matmul: x of {} is not whole rows of {cols}", x.len());
+    let n = x.len() / cols;
+    assert_eq!(y.len(), n * rows, "matmul: y length");
+    if n == 0 || rows == 0 {
+        return;
+    }
+    // A block of dequantised weight rows, then every input of the task
+    // against it: the rows stay in L1/L2, the inputs in L2.
+    let rows_into = |r0: usize, nr: usize, w: &mut [f32]| {
+        for i in 0..nr {
+            row_into(r0 + i, &mut w[i * cols..(i + 1) * cols]);
+        }
+    };
+    if n >= 2 * MATMUL_INPUTS {
+        // Tasks own blocks of inputs and run every weight row.
+        y.par_chunks_mut(MATMUL_INPUTS * rows).zip(x.par_chunks(MATMUL_INPUTS * cols)).for_each(|(yb, xb)| {
+            let nt = xb.len() / cols;
+            let mut w = vec![0f32; MATMUL_ROWS * cols];
+            let mut out = vec![0f32; MATMUL_ROWS * nt];
+            for r0 in (0..rows).step_by(MATMUL_ROWS) {
+                let nr = MATMUL_ROWS.min(rows - r0);
+                rows_into(r0, nr, &mut w);
+                simd::matmul_block(&w[..nr * cols], xb, cols, &mut out[..nr * nt]);
+                for (t, yt) in yb.chunks_exact_mut(rows).enumerate() {
+                    for i in 0..nr {
+                        yt[r0 + i] = out[i * nt + t];
+                    }
+                }
+            }
+        });
+    } else {
+        // Few inputs: tasks own blocks of weight rows instead, into
+        // `y` transposed.
+        let mut yt = vec![0f32; rows * n];
+        let task = |(b, out): (usize, &mut [f32])| {
+            let r0 = b * MATMUL_ROWS;
+            let nr = out.len() / n;
+            let mut w = vec![0f32; nr * cols];
+            rows_into(r0, nr, &mut w);
+            simd::matmul_block(&w, x, cols, out);
+        };
+        if rows * cols * n >= PAR_MIN_WORK {
+            yt.par_chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
+        } else {
+            yt.chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
+        }
+        for (r, col) in yt.chunks_exact(n).enumerate() {
+            for (t, &val) in col.iter().enumerate() {
+                y[t * rows + r] = val;
+            }
+        }
     }
 }
 

@@ -1,106 +1,12 @@
-//! ggml's tensor types decoded to f32, exactly as `ggml-quants.c`'s
-//! `dequantize_row_*` do (block layouts in `ggml-common.h`; the formulas,
-//! with their line numbers, in tests/fixtures/gguf/GGUF_NOTES.md section 3).
-//!
-//! Every product here is exact in f32 (an f16 scale has 11 significant
-//! bits, a 6-bit scale and a <= 6-bit quant add 12), so the only rounding
-//! is the final subtraction of the types with a minimum; evaluating it
-//! once, last, in f32 as ggml does gives its bits whatever the order of the
-//! products.
+//! The twin of every block type: the legacy (Q4_0..Q8_0), K-quant
+//! (Q2_K..Q6_K), MXFP4 and float blocks here, the IQ blocks in iq.rs.
 
 use half::{bf16, f16};
 
-/// The ggml types a GGUF file may store that this reader decodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GgmlType {
-    F32,
-    F16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q2K,
-    Q3K,
-    Q4K,
-    Q5K,
-    Q6K,
-    Bf16,
-    Mxfp4,
-}
+use super::{iq, GgmlType};
 
-impl GgmlType {
-    /// The `ggml_type` code (`ggml.h`); `None` for codes we do not decode
-    /// (IQ*, TQ*, integer tensors, removed codes).
-    pub fn from_code(code: u32) -> Option<GgmlType> {
-        Some(match code {
-            0 => GgmlType::F32,
-            1 => GgmlType::F16,
-            2 => GgmlType::Q4_0,
-            3 => GgmlType::Q4_1,
-            6 => GgmlType::Q5_0,
-            7 => GgmlType::Q5_1,
-            8 => GgmlType::Q8_0,
-            10 => GgmlType::Q2K,
-            11 => GgmlType::Q3K,
-            12 => GgmlType::Q4K,
-            13 => GgmlType::Q5K,
-            14 => GgmlType::Q6K,
-            30 => GgmlType::Bf16,
-            39 => GgmlType::Mxfp4,
-            _ => return None,
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            GgmlType::F32 => "F32",
-            GgmlType::F16 => "F16",
-            GgmlType::Q4_0 => "Q4_0",
-            GgmlType::Q4_1 => "Q4_1",
-            GgmlType::Q5_0 => "Q5_0",
-            GgmlType::Q5_1 => "Q5_1",
-            GgmlType::Q8_0 => "Q8_0",
-            GgmlType::Q2K => "Q2_K",
-            GgmlType::Q3K => "Q3_K",
-            GgmlType::Q4K => "Q4_K",
-            GgmlType::Q5K => "Q5_K",
-            GgmlType::Q6K => "Q6_K",
-            GgmlType::Bf16 => "BF16",
-            GgmlType::Mxfp4 => "MXFP4",
-        }
-    }
-
-    /// Elements per block.
-    pub fn block_elems(self) -> u64 {
-        match self {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::Mxfp4 => 32,
-            _ => 256,
-        }
-    }
-
-    /// Bytes per block (`GGML_QUANT_SIZES`).
-    pub fn block_bytes(self) -> u64 {
-        match self {
-            GgmlType::F32 => 4,
-            GgmlType::F16 | GgmlType::Bf16 => 2,
-            GgmlType::Q4_0 => 18,
-            GgmlType::Q4_1 => 20,
-            GgmlType::Q5_0 => 22,
-            GgmlType::Q5_1 => 24,
-            GgmlType::Q8_0 => 34,
-            GgmlType::Mxfp4 => 17,
-            GgmlType::Q2K => 84,
-            GgmlType::Q3K => 110,
-            GgmlType::Q4K => 144,
-            GgmlType::Q5K => 176,
-            GgmlType::Q6K => 210,
-        }
-    }
-}
-
-fn h(b: &[u8], at: usize) -> f32 {
+/// The f16 at byte `at`.
+pub(super) fn h(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
@@ -127,16 +33,10 @@ fn scale_min_k4(j: usize, s: &[u8]) -> (f32, f32) {
     (f32::from(sc), f32::from(m))
 }
 
-/// Decodes `bytes` (whole blocks) into `out` (their elements).
-pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
-    let (be, bb) = (ty.block_elems() as usize, ty.block_bytes() as usize);
-    debug_assert_eq!(bytes.len() / bb * be, out.len());
-    for (b, y) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
-        block(ty, b, y);
-    }
-}
-
-fn block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
+/// One block of `ty` (`ggml-quants.c`'s `dequantize_row_*`, with
+/// the formulas and their line numbers in tests/fixtures/gguf/GGUF_NOTES.md
+/// section 3).
+pub(super) fn decode(ty: GgmlType, b: &[u8], y: &mut [f32]) {
     match ty {
         GgmlType::F32 => y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         GgmlType::F16 => y[0] = h(b, 0),
@@ -274,5 +174,14 @@ fn block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
                 }
             }
         }
+        GgmlType::Iq1S => iq::iq1_s(b, y),
+        GgmlType::Iq1M => iq::iq1_m(b, y),
+        GgmlType::Iq2Xxs => iq::iq2_xxs(b, y),
+        GgmlType::Iq2Xs => iq::iq2_xs(b, y),
+        GgmlType::Iq2S => iq::iq2_s(b, y),
+        GgmlType::Iq3Xxs => iq::iq3_xxs(b, y),
+        GgmlType::Iq3S => iq::iq3_s(b, y),
+        GgmlType::Iq4Nl => iq::iq4_nl(b, y),
+        GgmlType::Iq4Xs => iq::iq4_xs(b, y),
     }
 }

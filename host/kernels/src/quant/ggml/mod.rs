@@ -1,0 +1,321 @@
+//! GGUF's block formats (ggml's tensor types), computed on as stored.
+//!
+//! A matrix `[rows, cols]` of a block type is `rows` rows of
+//! `cols / block_elems` blocks each (ggml's `ne[0]` is our `cols`); a
+//! block's layout is its `block_*` struct in ggml-common.h. The twins here
+//! decode one block exactly as ggml-quants.c's `dequantize_row_*` does,
+//! held bit for bit to `gguf.quants.dequantize` on random blocks
+//! (tests/fixtures/ggml_blocks, made by tests/gen_ggml_blocks.py).
+//!
+//! Every product a twin forms is exact in f32: an f16 scale has 11
+//! significant bits, and the sub-block scales, grid values, signs and
+//! quants it is multiplied by add at most 13 more. So the only rounding is
+//! where ggml itself rounds (the subtraction of a minimum, IQ1's delta
+//! added to its grid value), and any kernel that forms the same products
+//! gets the same values whatever its order: a SIMD decoder is held to the
+//! twin bit for bit, not within a tolerance.
+//!
+//! `GgmlMatrix::matvec` and `matmul` decode rows a few at a time into a
+//! small buffer and run `simd::matmul_block` on them (`dot8` per pair,
+//! one definition on every ISA), so the matrix is never expanded whole and
+//! each output is the same bits on every CPU, thread count and batch size:
+//! a prefill that runs a GGUF matrix as a product gets exactly the logits
+//! of one matvec per token.
+
+mod blocks;
+mod grids;
+mod iq;
+
+#[cfg(test)]
+mod tests;
+
+use rayon::prelude::*;
+
+use super::trunk::{matmul_decoded, PAR_MIN_WORK};
+use super::{simd, QuantError};
+
+/// The ggml types WASTE decodes and computes on (`ggml_type` of ggml.h).
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Bf16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+    Iq1S,
+    Iq1M,
+    Iq2Xxs,
+    Iq2Xs,
+    Iq2S,
+    Iq3Xxs,
+    Iq3S,
+    Iq4Nl,
+    Iq4Xs,
+    Mxfp4,
+}
+
+impl GgmlType {
+    pub const ALL: [GgmlType; 23] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::Bf16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::Iq1S,
+        GgmlType::Iq1M,
+        GgmlType::Iq2Xxs,
+        GgmlType::Iq2Xs,
+        GgmlType::Iq2S,
+        GgmlType::Iq3Xxs,
+        GgmlType::Iq3S,
+        GgmlType::Iq4Nl,
+        GgmlType::Iq4Xs,
+        GgmlType::Mxfp4,
+    ];
+
+    /// The `ggml_type` code; stable, as GGUF files store it.
+    pub fn code(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q2K => 10,
+            GgmlType::Q3K => 11,
+            GgmlType::Q4K => 12,
+            GgmlType::Q5K => 13,
+            GgmlType::Q6K => 14,
+            GgmlType::Iq2Xxs => 16,
+            GgmlType::Iq2Xs => 17,
+            GgmlType::Iq3Xxs => 18,
+            GgmlType::Iq1S => 19,
+            GgmlType::Iq4Nl => 20,
+            GgmlType::Iq3S => 21,
+            GgmlType::Iq2S => 22,
+            GgmlType::Iq4Xs => 23,
+            GgmlType::Iq1M => 29,
+            GgmlType::Bf16 => 30,
+            GgmlType::Mxfp4 => 39,
+        }
+    }
+
+    /// `None` for codes we do not decode (TQ*, NVFP4, Q1_0, integer
+    /// tensors, removed codes).
+    pub fn from_code(code: u32) -> Option<GgmlType> {
+        GgmlType::ALL.into_iter().find(|t| t.code() == code)
+    }
+
+    /// The name GGUF tools print (`GGMLQuantizationType.name`).
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlType::F32 => "F32",
+            GgmlType::F16 => "F16",
+            GgmlType::Bf16 => "BF16",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q2K => "Q2_K",
+            GgmlType::Q3K => "Q3_K",
+            GgmlType::Q4K => "Q4_K",
+            GgmlType::Q5K => "Q5_K",
+            GgmlType::Q6K => "Q6_K",
+            GgmlType::Iq1S => "IQ1_S",
+            GgmlType::Iq1M => "IQ1_M",
+            GgmlType::Iq2Xxs => "IQ2_XXS",
+            GgmlType::Iq2Xs => "IQ2_XS",
+            GgmlType::Iq2S => "IQ2_S",
+            GgmlType::Iq3Xxs => "IQ3_XXS",
+            GgmlType::Iq3S => "IQ3_S",
+            GgmlType::Iq4Nl => "IQ4_NL",
+            GgmlType::Iq4Xs => "IQ4_XS",
+            GgmlType::Mxfp4 => "MXFP4",
+        }
+    }
+
+    /// Values per block (`ggml_blck_size`).
+    pub fn block_elems(self) -> usize {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => 1,
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Iq4Nl
+            | GgmlType::Mxfp4 => 32,
+            _ => 256,
+        }
+    }
+
+    /// Bytes per block (`ggml_type_size`).
+    pub fn block_bytes(self) -> usize {
+        match self {
+            GgmlType::F32 => 4,
+            GgmlType::F16 | GgmlType::Bf16 => 2,
+            GgmlType::Q4_0 | GgmlType::Iq4Nl => 18,
+            GgmlType::Q4_1 => 20,
+            GgmlType::Q5_0 => 22,
+            GgmlType::Q5_1 => 24,
+            GgmlType::Q8_0 => 34,
+            GgmlType::Mxfp4 => 17,
+            GgmlType::Q2K => 84,
+            GgmlType::Q3K => 110,
+            GgmlType::Q4K => 144,
+            GgmlType::Q5K => 176,
+            GgmlType::Q6K => 210,
+            GgmlType::Iq1S => 50,
+            GgmlType::Iq1M => 56,
+            GgmlType::Iq2Xxs => 66,
+            GgmlType::Iq2Xs => 74,
+            GgmlType::Iq2S => 82,
+            GgmlType::Iq3Xxs => 98,
+            GgmlType::Iq3S => 110,
+            GgmlType::Iq4Xs => 136,
+        }
+    }
+
+    /// Bytes of one row of `cols` values; `None` when `cols` is not a whole
+    /// number of blocks (ggml refuses such a tensor too).
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        cols.is_multiple_of(self.block_elems()).then(|| cols / self.block_elems() * self.block_bytes())
+    }
+
+    /// Bytes of a `[rows, cols]` matrix, `None` when a row is not whole
+    /// blocks or the size overflows.
+    pub fn matrix_bytes(self, rows: usize, cols: usize) -> Option<usize> {
+        self.row_bytes(cols)?.checked_mul(rows)
+    }
+}
+
+/// Decodes `bytes` (whole blocks of `ty`) into `out` (their values), as
+/// ggml's `dequantize_row_*`. Panics unless `out` has exactly the values
+/// of `bytes`: callers check untrusted lengths with `GgmlMatrix::new`.
+pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    let (be, bb) = (ty.block_elems(), ty.block_bytes());
+    assert!(
+        bytes.len().is_multiple_of(bb) && bytes.len() / bb * be == out.len(),
+        "dequantize_row {}: {} bytes for {} values",
+        ty.name(),
+        bytes.len(),
+        out.len()
+    );
+    for (b, y) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
+        decode_block(ty, b, y);
+    }
+}
+
+fn decode_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
+    blocks::decode(ty, b, y)
+}
+
+/// Rows decoded per step of `matvec` (the rows of one task).
+const ROW_BLOCK: usize = 16;
+
+/// A `[rows, cols]` matrix in a ggml block type, borrowed as stored.
+#[derive(Debug, Clone, Copy)]
+pub struct GgmlMatrix<'a> {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    data: &'a [u8],
+}
+
+impl<'a> GgmlMatrix<'a> {
+    /// `what` names the tensor in the error of a malformed length.
+    pub fn new(
+        what: &'static str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<GgmlMatrix<'a>, QuantError> {
+        let expected = ty.matrix_bytes(rows, cols).ok_or(QuantError::Shape { what, rows, cols })?;
+        if data.len() != expected {
+            return Err(QuantError::Length { what, expected, got: data.len() });
+        }
+        Ok(GgmlMatrix { ty, rows, cols, data })
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn row_into(&self, r: usize, out: &mut [f32]) {
+        let rb = self.data.len() / self.rows;
+        dequantize_row(self.ty, &self.data[r * rb..(r + 1) * rb], out);
+    }
+
+    /// `y = W x`. Each `y[r]` is `dot8` of row r's values and `x`: the bits
+    /// of `matmul` on the same input, on every CPU and thread count.
+    pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        let (rows, cols) = (self.rows, self.cols);
+        assert_eq!(x.len(), cols, "GgmlMatrix::matvec: x length");
+        assert_eq!(y.len(), rows, "GgmlMatrix::matvec: y length");
+        if rows == 0 || cols == 0 {
+            y.fill(0.0);
+            return;
+        }
+        let task = |(b, ys): (usize, &mut [f32])| {
+            let r0 = b * ROW_BLOCK;
+            let mut w = vec![0f32; ys.len() * cols];
+            for (i, wr) in w.chunks_exact_mut(cols).enumerate() {
+                self.row_into(r0 + i, wr);
+            }
+            simd::matmul_block(&w, x, cols, ys);
+        };
+        if rows * cols >= PAR_MIN_WORK && rows > ROW_BLOCK {
+            y.par_chunks_mut(ROW_BLOCK).enumerate().for_each(task);
+        } else {
+            y.chunks_mut(ROW_BLOCK).enumerate().for_each(task);
+        }
+    }
+
+    /// `y[t] = W x[t]` for `n = x.len() / cols` inputs (`x` `[n, cols]`,
+    /// `y` `[n, rows]`): each row decoded once per block of inputs.
+    pub fn matmul(&self, x: &[f32], y: &mut [f32]) {
+        let v = *self;
+        matmul_decoded(self.rows, self.cols, &|r, out: &mut [f32]| v.row_into(r, out), x, y);
+    }
+
+    /// The matrix's values, row-major (tests and conversion only: the
+    /// kernels above never expand a matrix whole).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        if self.cols > 0 {
+            for (r, o) in out.chunks_exact_mut(self.cols).enumerate() {
+                self.row_into(r, o);
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,143 @@
+use std::path::PathBuf;
+
+use super::*;
+use crate::quant::simd::dot8_scalar;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/ggml_blocks")
+}
+
+struct Fixture {
+    ty: GgmlType,
+    blocks: Vec<u8>,
+    values: Vec<f32>,
+}
+
+/// Every type of tests/fixtures/ggml_blocks/manifest.json, its table entry
+/// checked against gguf-py's `GGML_QUANT_SIZES` on the way.
+fn fixtures() -> Vec<Fixture> {
+    let text = std::fs::read_to_string(dir().join("manifest.json")).unwrap();
+    let mut out = Vec::new();
+    // The manifest is flat JSON written by tests/gen_ggml_blocks.py; the
+    // kernels crate has no JSON parser, so read the few fields by hand.
+    for entry in text.split("\"name\": \"").skip(1) {
+        let name = &entry[..entry.find('"').unwrap()];
+        let field = |key: &str| -> usize {
+            let at = entry.find(&format!("\"{key}\": ")).unwrap() + key.len() + 4;
+            entry[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+        };
+        let ty = GgmlType::ALL.into_iter().find(|t| t.name() == name).unwrap_or_else(|| panic!("no type {name}"));
+        assert_eq!(ty.code() as usize, field("code"), "{name}: code");
+        assert_eq!(ty.block_elems(), field("block_elems"), "{name}: block_elems");
+        assert_eq!(ty.block_bytes(), field("block_bytes"), "{name}: block_bytes");
+        let stem = name.to_lowercase();
+        let blocks = std::fs::read(dir().join(format!("{stem}.blocks"))).unwrap();
+        let values = std::fs::read(dir().join(format!("{stem}.f32")))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        out.push(Fixture { ty, blocks, values });
+    }
+    assert_eq!(out.len(), GgmlType::ALL.len(), "types in {}", dir().join("manifest.json").display());
+    out
+}
+
+#[test]
+fn every_block_type_decodes_to_gguf_pys_bits() {
+    let all = fixtures();
+    for t in GgmlType::ALL {
+        assert!(all.iter().any(|f| f.ty == t), "{} has no fixture", t.name());
+        assert_eq!(GgmlType::from_code(t.code()), Some(t));
+    }
+    for f in &all {
+        let mut got = vec![f32::NAN; f.values.len()];
+        dequantize_row(f.ty, &f.blocks, &mut got);
+        let differ: Vec<usize> = (0..got.len()).filter(|&i| got[i].to_bits() != f.values[i].to_bits()).collect();
+        assert!(
+            differ.is_empty(),
+            "{}: {} of {} values differ from gguf-py, first at {} ({} vs {})",
+            f.ty.name(),
+            differ.len(),
+            got.len(),
+            differ[0],
+            got[differ[0]],
+            f.values[differ[0]]
+        );
+    }
+}
+
+/// A matrix of the fixture's blocks: 4 rows of 2 blocks (1 row for the
+/// float types' 8 values... any shape whose rows are whole blocks).
+fn matrix(f: &Fixture) -> (usize, usize) {
+    let n = f.values.len();
+    let rows = if f.ty.block_elems() == 1 { 2 } else { 4 };
+    (rows, n / rows)
+}
+
+fn inputs(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// matvec is `dot8` of each decoded row and x; matmul gives matvec's bits
+/// for every input of the batch (so a prefill run as a product is the
+/// plain path exactly).
+#[test]
+fn matvec_and_matmul_are_dot8_of_the_decoded_rows() {
+    for f in fixtures() {
+        let (rows, cols) = matrix(&f);
+        let m = GgmlMatrix::new("w", f.ty, rows, cols, &f.blocks).unwrap();
+        assert_eq!(m.dequantize(), f.values, "{}", f.ty.name());
+        let n = 5;
+        let x = inputs(n * cols, 7);
+        let mut batch = vec![0f32; n * rows];
+        m.matmul(&x, &mut batch);
+        for t in 0..n {
+            let xt = &x[t * cols..(t + 1) * cols];
+            let mut y = vec![0f32; rows];
+            m.matvec(xt, &mut y);
+            for r in 0..rows {
+                let want = dot8_scalar(&f.values[r * cols..(r + 1) * cols], xt);
+                assert_eq!(y[r].to_bits(), want.to_bits(), "{} matvec row {r}", f.ty.name());
+                assert_eq!(batch[t * rows + r].to_bits(), want.to_bits(), "{} matmul input {t} row {r}", f.ty.name());
+            }
+        }
+    }
+}
+
+/// A large matrix takes the parallel path; its rows are still each one
+/// call's `dot8`.
+#[test]
+fn a_matrix_large_enough_for_threads_gives_the_same_bits() {
+    let f = fixtures().into_iter().find(|f| f.ty == GgmlType::Q4K).unwrap();
+    let (rows, cols) = (256, 2048);
+    let row = &f.blocks[..GgmlType::Q4K.row_bytes(cols).unwrap()];
+    let data: Vec<u8> = (0..rows).flat_map(|_| row.iter().copied()).collect();
+    let m = GgmlMatrix::new("w", GgmlType::Q4K, rows, cols, &data).unwrap();
+    let x = inputs(cols, 3);
+    let mut y = vec![0f32; rows];
+    m.matvec(&x, &mut y);
+    let mut decoded = vec![0f32; cols];
+    dequantize_row(GgmlType::Q4K, row, &mut decoded);
+    let want = dot8_scalar(&decoded, &x);
+    assert!(y.iter().all(|v| v.to_bits() == want.to_bits()));
+}
+
+#[test]
+fn a_slab_of_the_wrong_length_or_shape_is_refused_naming_the_tensor() {
+    let bytes = vec![0u8; 144 * 3];
+    let short = GgmlMatrix::new("blk.3.ffn_down_exps", GgmlType::Q4K, 2, 512, &bytes[..144 * 3]).unwrap_err();
+    assert_eq!(short, QuantError::Length { what: "blk.3.ffn_down_exps", expected: 576, got: 432 });
+    assert!(short.to_string().starts_with("blk.3.ffn_down_exps: expected 576 bytes"), "{short}");
+    let ragged = GgmlMatrix::new("blk.0.ffn_up_exps", GgmlType::Q4K, 1, 300, &bytes).unwrap_err();
+    assert_eq!(ragged, QuantError::Shape { what: "blk.0.ffn_up_exps", rows: 1, cols: 300 });
+    assert_eq!(GgmlType::Q4K.matrix_bytes(usize::MAX, 256), None);
+}

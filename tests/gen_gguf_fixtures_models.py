@@ -479,26 +479,32 @@ def quantize(a: np.ndarray, t: str) -> np.ndarray:
     return gguf.quants.quantize(a, QT[t])
 
 
-def build_wide(tmp: Path, prompt_ids: list[int], llama_dir: Path, out: Path) -> dict:
+def wide_f32(seed: int, tmp: Path, llama_dir: Path) -> tuple[Path, list[str]]:
+    """The wide model of `seed` (WIDE_CONFIG, seeded weights and norms), converted to an f32 GGUF."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    cfg = Qwen3MoeConfig(**{k: v for k, v in WIDE_CONFIG.items() if k not in ("architectures", "model_type", "dtype")})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(cfg).float().eval()
+    g = torch.Generator().manual_seed(seed + 7919)
+    with torch.no_grad():
+        for _, mod in model.named_modules():
+            if type(mod).__name__.endswith("RMSNorm"):
+                mod.weight.copy_(1.0 + 0.2 * torch.randn(mod.weight.shape, generator=g))
+    hfdir = tmp / f"seed-{seed}" / "wide-qwen3moe"      # the converter derives general.* from the name
+    model.save_pretrained(str(hfdir))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(FIX / "tiny-qwen3_moe" / f, hfdir / f)
+    f32 = tmp / f"wide-{seed}-f32.gguf"
+    ok, last, cmd = convert(llama_dir, hfdir, "f32", f32, ["--pre", "gpt-2"])
+    assert ok, last
+    return f32, cmd
+
+
+def build_wide(tmp: Path, prompt_ids: list[int], llama_dir: Path, out: Path) -> dict:
     tried = []
     for seed in range(3000, 3050):
-        cfg = Qwen3MoeConfig(**{k: v for k, v in WIDE_CONFIG.items() if k not in ("architectures", "model_type", "dtype")})
-        cfg._attn_implementation = "eager"
-        torch.manual_seed(seed)
-        model = Qwen3MoeForCausalLM(cfg).float().eval()
-        g = torch.Generator().manual_seed(seed + 7919)
-        with torch.no_grad():
-            for _, mod in model.named_modules():
-                if type(mod).__name__.endswith("RMSNorm"):
-                    mod.weight.copy_(1.0 + 0.2 * torch.randn(mod.weight.shape, generator=g))
-        hfdir = tmp / f"seed-{seed}" / "wide-qwen3moe"      # the converter derives general.* from the name
-        model.save_pretrained(str(hfdir))
-        for f in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(FIX / "tiny-qwen3_moe" / f, hfdir / f)
-        f32 = tmp / f"wide-{seed}-f32.gguf"
-        ok, last, cmd = convert(llama_dir, hfdir, "f32", f32, ["--pre", "gpt-2"])
-        assert ok, last
+        f32, cmd = wide_f32(seed, tmp, llama_dir)
         r = GGUFReader(str(f32))
         w = GGUFWriter(str(out), "qwen3moe")
         for k, f in r.fields.items():

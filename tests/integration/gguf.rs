@@ -1,6 +1,7 @@
 //! GGUF input end to end: files written by llama.cpp's own
 //! `convert_hf_to_gguf.py` (and by gguf-py's writer with ggml's Q4_K / Q6_K
-//! quantisers) from tiny models, converted by `waste convert`, against
+//! quantisers, or by `llama-imatrix` and `llama-quantize` for every IQ type)
+//! from tiny models, converted by `waste convert`, against
 //! transformers run on the weights `gguf.quants.dequantize` gives for each
 //! file (tests/fixtures/gguf/models.json); the same model converted from
 //! its GGUF and from its safetensors giving the same logits; and the
@@ -17,9 +18,16 @@ fn gguf_dir() -> PathBuf {
     fixtures().join("gguf")
 }
 
+/// models.json (llama.cpp's converter, ggml's reference quantisers) and
+/// models_iq.json (llama-imatrix and llama-quantize, IQ types).
 fn models() -> Vec<serde_json::Value> {
-    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(gguf_dir().join("models.json")).unwrap()).unwrap();
-    m["models"].as_array().unwrap().clone()
+    ["models.json", "models_iq.json"]
+        .iter()
+        .flat_map(|f| {
+            let m: serde_json::Value = serde_json::from_slice(&std::fs::read(gguf_dir().join(f)).unwrap()).unwrap();
+            m["models"].as_array().unwrap().clone()
+        })
+        .collect()
 }
 
 fn u32s(v: &serde_json::Value) -> Vec<u32> {

@@ -18,12 +18,18 @@
 //! speed does not depend on the values. Each figure is the best of
 //! `REPEATS` timed passes (the machine is shared; the best pass is the
 //! least disturbed one).
+//!
+//! GGUF's block types follow in the same run (word `gguf`, or a type's
+//! name such as `q4_k`): gate and up by `GgmlMatrix::matvec`, SiLU(gate) *
+//! up, down by `matvec`, on random blocks with f16 scales of weight size,
+//! as a GGUF expert would run from its own slabs.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use half::f16;
 use waste_kernels::pool::Pool;
+use waste_kernels::quant::ggml::{GgmlMatrix, GgmlType};
 use waste_kernels::quant::{
     build_gate_up_tables, expert_forward, expert_payload_len, force_isa, isa, Codebooks, ExpertFormat, ExpertScratch,
     ExpertShape, Isa, LayerCodebooks,
@@ -138,6 +144,71 @@ fn time_experts(
     best.as_secs_f64() / (tokens * TOP_K) as f64
 }
 
+/// GGUF block types the bench times: the experts of the files users hold.
+const GGUF_TYPES: [GgmlType; 7] =
+    [GgmlType::Q8_0, GgmlType::Q6K, GgmlType::Q4K, GgmlType::Q2K, GgmlType::Iq4Xs, GgmlType::Iq3Xxs, GgmlType::Iq2Xxs];
+
+/// Byte offsets of each block's f16 scales (ggml-common.h), set to a
+/// weight-sized value so the random blocks decode to finite weights.
+fn f16_offsets(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q2K => &[80, 82],
+        GgmlType::Q6K => &[208],
+        GgmlType::Q4K => &[0, 2],
+        _ => &[0],
+    }
+}
+
+/// One GGUF expert: gate, up `[inter, hidden]` and down `[hidden, inter]`
+/// slabs of `ty`, concatenated.
+fn gguf_payload(ty: GgmlType, s: ExpertShape, rng: &mut Rng) -> Vec<u8> {
+    let gate = ty.matrix_bytes(s.inter, s.hidden).expect("whole blocks");
+    let mut out = vec![0u8; 2 * gate + ty.matrix_bytes(s.hidden, s.inter).expect("whole blocks")];
+    rng.fill(&mut out);
+    let d = f16::from_f32(0.002).to_bits().to_le_bytes();
+    for block in out.chunks_exact_mut(ty.block_bytes()) {
+        for &at in f16_offsets(ty) {
+            block[at..at + 2].copy_from_slice(&d);
+        }
+    }
+    out
+}
+
+/// `time_experts` for a GGUF expert run by `GgmlMatrix`.
+fn time_gguf(pool: &Pool, ty: GgmlType, s: ExpertShape, experts: &[Vec<u8>], xs: &[Vec<f32>], tokens: usize) -> f64 {
+    let gate_len = ty.matrix_bytes(s.inter, s.hidden).expect("whole blocks");
+    let (mut g, mut u, mut out) = (vec![0f32; s.inter], vec![0f32; s.inter], vec![0f32; s.hidden]);
+    let mut next = 0usize;
+    let mut pass = |n: usize| {
+        pool.install(|| {
+            for t in 0..n {
+                let x = &xs[t % xs.len()];
+                for _ in 0..TOP_K {
+                    let p = &experts[next % experts.len()];
+                    next += 1;
+                    let m = |what, rows, cols, bytes| GgmlMatrix::new(what, ty, rows, cols, bytes).expect("slab");
+                    m("gate", s.inter, s.hidden, &p[..gate_len]).matvec(x, &mut g);
+                    m("up", s.inter, s.hidden, &p[gate_len..2 * gate_len]).matvec(x, &mut u);
+                    for (a, b) in g.iter_mut().zip(&u) {
+                        *a = *a / (1.0 + (-*a).exp()) * b;
+                    }
+                    m("down", s.hidden, s.inter, &p[2 * gate_len..]).matvec(&g, &mut out);
+                    black_box(&out);
+                }
+            }
+        })
+        .expect("pool");
+    };
+    pass(experts.len().div_ceil(TOP_K));
+    let mut best = Duration::MAX;
+    for _ in 0..REPEATS {
+        let t0 = Instant::now();
+        pass(tokens);
+        best = best.min(t0.elapsed());
+    }
+    best.as_secs_f64() / (tokens * TOP_K) as f64
+}
+
 /// Best read bandwidth (bytes/s) summing a `WORKING_SET * 2` buffer.
 fn read_bandwidth(pool: &Pool) -> f64 {
     let words = WORKING_SET * 2 / 8;
@@ -225,6 +296,36 @@ fn main() {
                 }
             }
             force_isa(best_isa).expect("supported level");
+        }
+    }
+    let type_names: Vec<String> = GGUF_TYPES.iter().map(|t| t.name().to_lowercase()).collect();
+    let gguf_words: Vec<&str> = type_names.iter().map(String::as_str).chain(["gguf"]).collect();
+    for (name, s) in shapes {
+        if !want(name, &shape_names) {
+            continue;
+        }
+        let xs: Vec<Vec<f32>> = (0..4).map(|_| (0..s.hidden).map(|_| rng.unit()).collect()).collect();
+        for ty in GGUF_TYPES {
+            let word = ty.name().to_lowercase();
+            if !(want(&word, &gguf_words) || want("gguf", &gguf_words)) {
+                continue;
+            }
+            let bytes = gguf_payload(ty, s, &mut rng).len();
+            let n = WORKING_SET.div_ceil(bytes).max(2);
+            let experts: Vec<Vec<u8>> = (0..n).map(|_| gguf_payload(ty, s, &mut rng)).collect();
+            for p in &pools {
+                let sec = time_gguf(p, ty, s, &experts, &xs, tokens);
+                println!(
+                    "{:<12} {:<6} {:<7} {:>7} {:>11.2} {:>11.1} {:>8.2}",
+                    name,
+                    word,
+                    best_isa.name(),
+                    p.threads(),
+                    bytes as f64 / 1e6,
+                    sec * 1e6,
+                    bytes as f64 / sec / 1e9
+                );
+            }
         }
     }
 }

@@ -11,10 +11,10 @@ pub(super) fn h(b: &[u8], at: usize) -> f32 {
 }
 
 /// `kvalues_mxfp4`: twice the E2M1 values, hence the half-scale below.
-const MXFP4_VALUES: [f32; 16] = [0., 1., 2., 3., 4., 6., 8., 12., 0., -1., -2., -3., -4., -6., -8., -12.];
+pub(super) const MXFP4_VALUES: [f32; 16] = [0., 1., 2., 3., 4., 6., 8., 12., 0., -1., -2., -3., -4., -6., -8., -12.];
 
 /// `ggml_e8m0_to_fp32_half`: 2^(e - 128) built from its bits.
-fn e8m0_half(e: u8) -> f32 {
+pub(super) fn e8m0_half(e: u8) -> f32 {
     let bits: u32 = match e {
         0 => 0x0020_0000,
         1 => 0x0040_0000,
@@ -24,7 +24,7 @@ fn e8m0_half(e: u8) -> f32 {
 }
 
 /// `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` of Q4_K / Q5_K.
-fn scale_min_k4(j: usize, s: &[u8]) -> (f32, f32) {
+pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (f32, f32) {
     let (sc, m) = if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
@@ -174,13 +174,13 @@ pub(super) fn decode(ty: GgmlType, b: &[u8], y: &mut [f32]) {
                 }
             }
         }
-        GgmlType::Iq1S => iq::iq1_s(b, y),
-        GgmlType::Iq1M => iq::iq1_m(b, y),
-        GgmlType::Iq2Xxs => iq::iq2_xxs(b, y),
-        GgmlType::Iq2Xs => iq::iq2_xs(b, y),
-        GgmlType::Iq2S => iq::iq2_s(b, y),
-        GgmlType::Iq3Xxs => iq::iq3_xxs(b, y),
-        GgmlType::Iq3S => iq::iq3_s(b, y),
+        GgmlType::Iq1S => iq::iq1_s::<iq::Portable>(b, y),
+        GgmlType::Iq1M => iq::iq1_m::<iq::Portable>(b, y),
+        GgmlType::Iq2Xxs => iq::iq2_xxs::<iq::Portable>(b, y),
+        GgmlType::Iq2Xs => iq::iq2_xs::<iq::Portable>(b, y),
+        GgmlType::Iq2S => iq::iq2_s::<iq::Portable>(b, y),
+        GgmlType::Iq3Xxs => iq::iq3_xxs::<iq::Portable>(b, y),
+        GgmlType::Iq3S => iq::iq3_s::<iq::Portable>(b, y),
         GgmlType::Iq4Nl => iq::iq4_nl(b, y),
         GgmlType::Iq4Xs => iq::iq4_xs(b, y),
     }

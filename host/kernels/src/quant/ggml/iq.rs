@@ -43,23 +43,46 @@ fn sign(bits: u8, j: usize) -> f32 {
     }
 }
 
-/// 8 values of an 8-wide grid entry, each `db * value * sign`.
-fn put8(y: &mut [f32], db: f32, entry: u64, signs: u8) {
-    for (j, v) in y[..8].iter_mut().enumerate() {
-        *v = db * f32::from((entry >> (8 * j)) as u8) * sign(signs, j);
-    }
+/// How a decoder writes 8 values: the portable loops (the definition) or
+/// AVX2 lanes (avx2.rs), which form the same products in the same order.
+pub(super) trait Lanes {
+    /// `y[j] = db * entry byte j * (sign bit j ? -1 : 1)`, j < 8.
+    fn grid8(y: &mut [f32], db: f32, entry: u64, signs: u8);
+    /// The same for two 4-wide entries: `first`'s values, then `second`'s,
+    /// under sign bits 0..4 and 4..8.
+    fn grid4x2(y: &mut [f32], db: f32, first: u32, second: u32, signs: u8);
+    /// IQ1: `y[j] = dl * (int8 entry byte j + delta)`, j < 8.
+    fn iq1(y: &mut [f32], dl: f32, entry: u64, delta: f32);
 }
 
-/// 4 values of a 4-wide grid entry; `first` is the sign bit of the first.
-fn put4(y: &mut [f32], db: f32, entry: u32, signs: u8, first: usize) {
-    for (j, v) in y[..4].iter_mut().enumerate() {
-        *v = db * f32::from((entry >> (8 * j)) as u8) * sign(signs, first + j);
+pub(super) struct Portable;
+
+impl Lanes for Portable {
+    #[inline(always)]
+    fn grid8(y: &mut [f32], db: f32, entry: u64, signs: u8) {
+        for (j, v) in y[..8].iter_mut().enumerate() {
+            *v = db * f32::from((entry >> (8 * j)) as u8) * sign(signs, j);
+        }
+    }
+
+    #[inline(always)]
+    fn grid4x2(y: &mut [f32], db: f32, first: u32, second: u32, signs: u8) {
+        let entry = u64::from(first) | u64::from(second) << 32;
+        Self::grid8(y, db, entry, signs);
+    }
+
+    #[inline(always)]
+    fn iq1(y: &mut [f32], dl: f32, entry: u64, delta: f32) {
+        for (j, v) in y[..8].iter_mut().enumerate() {
+            *v = dl * (f32::from((entry >> (8 * j)) as u8 as i8) + delta);
+        }
     }
 }
 
 /// `block_iq2_xxs`: d, then per 32 values two u32: four 8-bit grid
 /// indices; four 7-bit sign indices and a 4-bit scale.
-pub(super) fn iq2_xxs(b: &[u8], y: &mut [f32]) {
+#[inline(always)]
+pub(super) fn iq2_xxs<L: Lanes>(b: &[u8], y: &mut [f32]) {
     let d = h(b, 0);
     for ib in 0..8 {
         let (grid, rest) = (u32_at(b, 2 + 8 * ib), u32_at(b, 6 + 8 * ib));
@@ -67,14 +90,15 @@ pub(super) fn iq2_xxs(b: &[u8], y: &mut [f32]) {
         for l in 0..4 {
             let entry = IQ2XXS_GRID[((grid >> (8 * l)) & 255) as usize];
             let signs = KSIGNS[((rest >> (7 * l)) & 127) as usize];
-            put8(&mut y[32 * ib + 8 * l..], db, entry, signs);
+            L::grid8(&mut y[32 * ib + 8 * l..], db, entry, signs);
         }
     }
 }
 
 /// `block_iq2_xs`: d, 32 u16 (9-bit grid index, 7-bit sign index), then a
 /// 4-bit scale per 16 values.
-pub(super) fn iq2_xs(b: &[u8], y: &mut [f32]) {
+#[inline(always)]
+pub(super) fn iq2_xs<L: Lanes>(b: &[u8], y: &mut [f32]) {
     let d = h(b, 0);
     let scales = &b[66..74];
     for ib in 0..8 {
@@ -82,14 +106,15 @@ pub(super) fn iq2_xs(b: &[u8], y: &mut [f32]) {
         for l in 0..4 {
             let q = u16_at(b, 2 + 2 * (4 * ib + l));
             let entry = IQ2XS_GRID[usize::from(q & 511)];
-            put8(&mut y[32 * ib + 8 * l..], db[l / 2], entry, KSIGNS[usize::from(q >> 9)]);
+            L::grid8(&mut y[32 * ib + 8 * l..], db[l / 2], entry, KSIGNS[usize::from(q >> 9)]);
         }
     }
 }
 
 /// `block_iq2_s`: d, 32 low index bytes, 32 sign bytes, 8 bytes of 2-bit
 /// index tops, a 4-bit scale per 16 values.
-pub(super) fn iq2_s(b: &[u8], y: &mut [f32]) {
+#[inline(always)]
+pub(super) fn iq2_s<L: Lanes>(b: &[u8], y: &mut [f32]) {
     let d = h(b, 0);
     let (qs, signs, qh, scales) = (&b[2..34], &b[34..66], &b[66..74], &b[74..82]);
     for ib in 0..8 {
@@ -97,14 +122,15 @@ pub(super) fn iq2_s(b: &[u8], y: &mut [f32]) {
         for l in 0..4 {
             let top = (usize::from(qh[ib]) << (8 - 2 * l)) & 0x300;
             let entry = IQ2S_GRID[usize::from(qs[4 * ib + l]) | top];
-            put8(&mut y[32 * ib + 8 * l..], db[l / 2], entry, signs[4 * ib + l]);
+            L::grid8(&mut y[32 * ib + 8 * l..], db[l / 2], entry, signs[4 * ib + l]);
         }
     }
 }
 
 /// `block_iq3_xxs`: d, 64 grid indices (4 values each), then per 32 values
 /// a u32 of four 7-bit sign indices and a 4-bit scale.
-pub(super) fn iq3_xxs(b: &[u8], y: &mut [f32]) {
+#[inline(always)]
+pub(super) fn iq3_xxs<L: Lanes>(b: &[u8], y: &mut [f32]) {
     let d = h(b, 0);
     let qs = &b[2..66];
     for ib in 0..8 {
@@ -112,16 +138,17 @@ pub(super) fn iq3_xxs(b: &[u8], y: &mut [f32]) {
         let db = d * (0.5 + (aux >> 28) as f32) * 0.5;
         for l in 0..4 {
             let signs = KSIGNS[((aux >> (7 * l)) & 127) as usize];
-            let at = 32 * ib + 8 * l;
-            put4(&mut y[at..], db, IQ3XXS_GRID[usize::from(qs[8 * ib + 2 * l])], signs, 0);
-            put4(&mut y[at + 4..], db, IQ3XXS_GRID[usize::from(qs[8 * ib + 2 * l + 1])], signs, 4);
+            let (first, second) = (qs[8 * ib + 2 * l], qs[8 * ib + 2 * l + 1]);
+            let (first, second) = (IQ3XXS_GRID[usize::from(first)], IQ3XXS_GRID[usize::from(second)]);
+            L::grid4x2(&mut y[32 * ib + 8 * l..], db, first, second, signs);
         }
     }
 }
 
 /// `block_iq3_s`: d, 64 low index bytes, 8 bytes of index top bits, 32
 /// sign bytes, a 4-bit scale per 32 values (`db = d * (1 + 2 * scale)`).
-pub(super) fn iq3_s(b: &[u8], y: &mut [f32]) {
+#[inline(always)]
+pub(super) fn iq3_s<L: Lanes>(b: &[u8], y: &mut [f32]) {
     let d = h(b, 0);
     let (qs, qh, signs, scales) = (&b[2..66], &b[66..74], &b[74..106], &b[106..110]);
     for ib in 0..8 {
@@ -130,24 +157,17 @@ pub(super) fn iq3_s(b: &[u8], y: &mut [f32]) {
         for l in 0..4 {
             let top1 = (usize::from(qh[ib]) << (8 - 2 * l)) & 256;
             let top2 = (usize::from(qh[ib]) << (7 - 2 * l)) & 256;
-            let s = signs[4 * ib + l];
-            let at = 32 * ib + 8 * l;
-            put4(&mut y[at..], db, IQ3S_GRID[usize::from(qs[8 * ib + 2 * l]) | top1], s, 0);
-            put4(&mut y[at + 4..], db, IQ3S_GRID[usize::from(qs[8 * ib + 2 * l + 1]) | top2], s, 4);
+            let first = IQ3S_GRID[usize::from(qs[8 * ib + 2 * l]) | top1];
+            let second = IQ3S_GRID[usize::from(qs[8 * ib + 2 * l + 1]) | top2];
+            L::grid4x2(&mut y[32 * ib + 8 * l..], db, first, second, signs[4 * ib + l]);
         }
-    }
-}
-
-/// 8 values of an IQ1 grid entry (int8 -1, 0, 1): `dl * (value + delta)`.
-fn put_iq1(y: &mut [f32], dl: f32, entry: u64, delta: f32) {
-    for (j, v) in y[..8].iter_mut().enumerate() {
-        *v = dl * (f32::from((entry >> (8 * j)) as u8 as i8) + delta);
     }
 }
 
 /// `block_iq1_s`: d, 32 low index bytes, then per 32 values a u16 of four
 /// 3-bit index tops, a 3-bit scale and the delta's sign.
-pub(super) fn iq1_s(b: &[u8], y: &mut [f32]) {
+#[inline(always)]
+pub(super) fn iq1_s<L: Lanes>(b: &[u8], y: &mut [f32]) {
     let d = h(b, 0);
     let qs = &b[2..34];
     for ib in 0..8 {
@@ -156,7 +176,7 @@ pub(super) fn iq1_s(b: &[u8], y: &mut [f32]) {
         let delta = if qh & 0x8000 != 0 { -IQ1_DELTA } else { IQ1_DELTA };
         for l in 0..4 {
             let index = usize::from(qs[4 * ib + l]) | (usize::from((qh >> (3 * l)) & 7) << 8);
-            put_iq1(&mut y[32 * ib + 8 * l..], dl, IQ1S_GRID[index], delta);
+            L::iq1(&mut y[32 * ib + 8 * l..], dl, IQ1S_GRID[index], delta);
         }
     }
 }
@@ -164,7 +184,8 @@ pub(super) fn iq1_s(b: &[u8], y: &mut [f32]) {
 /// `block_iq1_m`: 32 low index bytes, 16 bytes of (3-bit index top,
 /// delta sign) nibbles, four u16 of 3-bit scales whose top nibbles are
 /// the block's f16 scale.
-pub(super) fn iq1_m(b: &[u8], y: &mut [f32]) {
+#[inline(always)]
+pub(super) fn iq1_m<L: Lanes>(b: &[u8], y: &mut [f32]) {
     let (qs, qh) = (&b[0..32], &b[32..48]);
     let sc = [u16_at(b, 48), u16_at(b, 50), u16_at(b, 52), u16_at(b, 54)];
     let bits = (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
@@ -176,7 +197,7 @@ pub(super) fn iq1_m(b: &[u8], y: &mut [f32]) {
             let nibble = qh[2 * ib + l / 2] >> (4 * (l % 2));
             let index = usize::from(qs[4 * ib + l]) | (usize::from(nibble & 7) << 8);
             let delta = if nibble & 8 != 0 { -IQ1_DELTA } else { IQ1_DELTA };
-            put_iq1(&mut y[32 * ib + 8 * l..], dl[l / 2], IQ1S_GRID[index], delta);
+            L::iq1(&mut y[32 * ib + 8 * l..], dl[l / 2], IQ1S_GRID[index], delta);
         }
     }
 }

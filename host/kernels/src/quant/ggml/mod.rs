@@ -22,6 +22,8 @@
 //! a prefill that runs a GGUF matrix as a product gets exactly the logits
 //! of one matvec per token.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod blocks;
 mod grids;
 mod iq;
@@ -221,17 +223,69 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
         bytes.len(),
         out.len()
     );
+    #[cfg(target_arch = "x86_64")]
+    if simd::has_avx2() {
+        // SAFETY: AVX2 and FMA were detected on this CPU; the lengths were
+        // checked above.
+        return unsafe { dequantize_row_avx2(ty, bytes, out) };
+    }
+    dequantize_row_portable(ty, bytes, out)
+}
+
+/// The twins, block after block: the definition. The AVX2 build runs the
+/// hand-written decoders of avx2.rs where there is one and this same source
+/// compiled with AVX2 enabled elsewhere: the products are exact, so both
+/// give the twins' bits (`the_avx2_build_of_the_twins_gives_their_bits`).
+#[inline(always)]
+fn dequantize_row_portable(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    let (be, bb) = (ty.block_elems(), ty.block_bytes());
     for (b, y) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
-        decode_block(ty, b, y);
+        blocks::decode(ty, b, y);
     }
 }
 
-fn decode_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
-    blocks::decode(ty, b, y)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dequantize_row_avx2(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    let decode: unsafe fn(&[u8], &mut [f32]) = match ty {
+        GgmlType::Q8_0 => avx2::q8_0,
+        GgmlType::Q4K => avx2::q4_k,
+        GgmlType::Q6K => avx2::q6_k,
+        GgmlType::Q4_0 => avx2::q4_0,
+        GgmlType::Mxfp4 => avx2::mxfp4,
+        GgmlType::Q2K => avx2::q2_k,
+        GgmlType::Q3K => avx2::q3_k,
+        GgmlType::Q5K => avx2::q5_k,
+        GgmlType::Iq4Nl => avx2::iq4_nl,
+        GgmlType::Iq4Xs => avx2::iq4_xs,
+        GgmlType::Iq1S => avx2::iq1_s,
+        GgmlType::Iq1M => avx2::iq1_m,
+        GgmlType::Iq2Xxs => avx2::iq2_xxs,
+        GgmlType::Iq2Xs => avx2::iq2_xs,
+        GgmlType::Iq2S => avx2::iq2_s,
+        GgmlType::Iq3Xxs => avx2::iq3_xxs,
+        GgmlType::Iq3S => avx2::iq3_s,
+        _ => return dequantize_row_portable(ty, bytes, out),
+    };
+    let (be, bb) = (ty.block_elems(), ty.block_bytes());
+    for (b, y) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
+        // SAFETY: this function runs only where AVX2 and FMA were detected;
+        // each decoder checks its block and output lengths.
+        unsafe { decode(b, y) };
+    }
 }
 
-/// Rows decoded per step of `matvec` (the rows of one task).
-const ROW_BLOCK: usize = 16;
+/// Rows decoded per step of `matvec` (the rows of one task): a few rows of
+/// a wide matrix stay in L1 between their decoding and their products.
+const ROW_BLOCK: usize = 4;
+/// Rows of one `matvec` task.
+const TASK_ROWS: usize = 64;
+
+std::thread_local! {
+    /// `matvec`'s decoded rows, kept per thread: allocating them per task
+    /// cost more than the products (a large `Vec` is a fresh mmap).
+    static ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// A `[rows, cols]` matrix in a ggml block type, borrowed as stored.
 #[derive(Debug, Clone, Copy)]
@@ -285,18 +339,25 @@ impl<'a> GgmlMatrix<'a> {
             y.fill(0.0);
             return;
         }
+        // A task owns TASK_ROWS rows (few tasks: rayon's per-task cost is
+        // about a row's work) and decodes them ROW_BLOCK at a time.
         let task = |(b, ys): (usize, &mut [f32])| {
-            let r0 = b * ROW_BLOCK;
-            let mut w = vec![0f32; ys.len() * cols];
-            for (i, wr) in w.chunks_exact_mut(cols).enumerate() {
-                self.row_into(r0 + i, wr);
-            }
-            simd::matmul_block(&w, x, cols, ys);
+            ROWS.with_borrow_mut(|w| {
+                w.resize(ROW_BLOCK * cols, 0.0);
+                for (k, yb) in ys.chunks_mut(ROW_BLOCK).enumerate() {
+                    let r0 = b * TASK_ROWS + k * ROW_BLOCK;
+                    let w = &mut w[..yb.len() * cols];
+                    for (i, wr) in w.chunks_exact_mut(cols).enumerate() {
+                        self.row_into(r0 + i, wr);
+                    }
+                    simd::matmul_block(w, x, cols, yb);
+                }
+            });
         };
-        if rows * cols >= PAR_MIN_WORK && rows > ROW_BLOCK {
-            y.par_chunks_mut(ROW_BLOCK).enumerate().for_each(task);
+        if rows * cols >= PAR_MIN_WORK && rows > TASK_ROWS {
+            y.par_chunks_mut(TASK_ROWS).enumerate().for_each(task);
         } else {
-            y.chunks_mut(ROW_BLOCK).enumerate().for_each(task);
+            y.chunks_mut(TASK_ROWS).enumerate().for_each(task);
         }
     }
 

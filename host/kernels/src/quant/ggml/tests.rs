@@ -141,3 +141,29 @@ fn a_slab_of_the_wrong_length_or_shape_is_refused_naming_the_tensor() {
     assert_eq!(ragged, QuantError::Shape { what: "blk.0.ffn_up_exps", rows: 1, cols: 300 });
     assert_eq!(GgmlType::Q4K.matrix_bytes(usize::MAX, 256), None);
 }
+
+/// The AVX2 build of the twins (the same source, vectorised by the
+/// compiler) against the baseline build, bit for bit, on every fixture and
+/// on its bytes rotated (new quants, signs and grid indices).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_avx2_build_of_the_twins_gives_their_bits() {
+    if !crate::quant::simd::has_avx2() {
+        crate::skip::report_skip("SKIP ggml AVX2 twin comparison: this CPU runs only the baseline build");
+        return;
+    }
+    for f in fixtures() {
+        let mut blocks = f.blocks.clone();
+        // More blocks: every byte of the fixture rotated through each position.
+        for shift in 1..4 {
+            blocks.extend(f.blocks.iter().map(|b| b.rotate_left(shift)));
+        }
+        let n = blocks.len() / f.ty.block_bytes() * f.ty.block_elems();
+        let (mut portable, mut avx2) = (vec![0f32; n], vec![0f32; n]);
+        dequantize_row_portable(f.ty, &blocks, &mut portable);
+        // SAFETY: AVX2 and FMA were detected above.
+        unsafe { dequantize_row_avx2(f.ty, &blocks, &mut avx2) };
+        let differ = portable.iter().zip(&avx2).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "{}: {differ} of {n} values differ", f.ty.name());
+    }
+}

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use waste_host::ConvertOptions;
-use waste_host::{ExpertFormat, TrunkFormat};
+use waste_host::{ExpertsAs, TrunkFormat};
 
 use crate::errors::usage;
 use crate::output;
@@ -18,9 +18,9 @@ pub struct ConvertArgs {
     pub src: PathBuf,
     /// Output container directory, e.g. model.waste.
     pub out: PathBuf,
-    /// Routed-expert format: f32, q8, q4, rvq3, rvq2 or rvq4p.
-    #[arg(long, default_value = "rvq3")]
-    pub experts: String,
+    /// Routed-expert format: f32, q8, q4, rvq3, rvq2, rvq4p, or gguf (a GGUF file's experts copied in their own quant types, no re-quantising). Default: gguf for a GGUF file, rvq3 for a checkpoint directory.
+    #[arg(long)]
+    pub experts: Option<String>,
     /// Trunk format: f32, q8 or q4 (embeddings and LM head stay q8; norms and routers f32).
     #[arg(long, default_value = "q4")]
     pub trunk: String,
@@ -50,8 +50,11 @@ pub struct ConvertArgs {
 }
 
 pub fn convert(a: ConvertArgs) -> Result<()> {
-    let experts = ExpertFormat::parse(&a.experts)
-        .ok_or_else(|| usage(format!("--experts {:?}: expected f32, q8, q4, rvq3, rvq2 or rvq4p", a.experts)))?;
+    let experts = match &a.experts {
+        Some(name) => ExpertsAs::parse(name)
+            .ok_or_else(|| usage(format!("--experts {name:?}: expected f32, q8, q4, rvq3, rvq2, rvq4p or gguf")))?,
+        None => ExpertsAs::default_for(&a.src),
+    };
     let trunk =
         TrunkFormat::parse(&a.trunk).ok_or_else(|| usage(format!("--trunk {:?}: expected f32, q8 or q4", a.trunk)))?;
     if a.verify && a.reclaim {

@@ -188,7 +188,9 @@ typedef struct waste_str {
  */
 typedef struct waste_convert_options {
   /**
-   * Routed-expert format: f32, q8, q4, rvq3, rvq2 or rvq4p; `ptr` NULL = rvq3.
+   * Routed-expert format: f32, q8, q4, rvq3, rvq2, rvq4p, or gguf (a GGUF
+   * file's experts kept in their own types); `ptr` NULL = gguf for a GGUF
+   * file, rvq3 for a checkpoint directory.
    */
   struct waste_str experts;
   /**

@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_void};
 use std::path::Path;
 
 use waste_host::{ConvertOptions, ConvertProgress};
-use waste_host::{ExpertFormat, TrunkFormat};
+use waste_host::{ExpertFormat, ExpertsAs, TrunkFormat};
 
 use crate::waste_result::{self, *};
 use crate::{host, null, str_arg, waste_ctx, waste_str};
@@ -13,7 +13,9 @@ use crate::{host, null, str_arg, waste_ctx, waste_str};
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct waste_convert_options {
-    /// Routed-expert format: f32, q8, q4, rvq3, rvq2 or rvq4p; `ptr` NULL = rvq3.
+    /// Routed-expert format: f32, q8, q4, rvq3, rvq2, rvq4p, or gguf (a GGUF
+    /// file's experts kept in their own types); `ptr` NULL = gguf for a GGUF
+    /// file, rvq3 for a checkpoint directory.
     pub experts: waste_str,
     /// Trunk format: f32, q8 or q4; `ptr` NULL = q4.
     pub trunk: waste_str,
@@ -107,12 +109,12 @@ pub unsafe extern "C" fn waste_convert(
             }
             let src = Path::new(str_arg("src", src, src_len)?);
             let dst = Path::new(str_arg("out", out, out_len)?);
-            let mut o = ConvertOptions::default();
+            let mut o = ConvertOptions { experts: ExpertsAs::default_for(src), ..ConvertOptions::default() };
             if !options.is_null() {
                 let c = &*options;
                 if let Some(name) = crate::opt_str("experts", c.experts)? {
-                    o.experts = ExpertFormat::parse(&name).ok_or_else(|| {
-                        (WASTE_ARG, format!("experts {name:?}: expected f32, q8, q4, rvq3, rvq2 or rvq4p"))
+                    o.experts = ExpertsAs::parse(&name).ok_or_else(|| {
+                        (WASTE_ARG, format!("experts {name:?}: expected f32, q8, q4, rvq3, rvq2, rvq4p or gguf"))
                     })?;
                 }
                 if let Some(name) = crate::opt_str("trunk", c.trunk)? {

@@ -25,7 +25,10 @@ pub fn container() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let out = scratch().join("tiny.waste");
-        let opts = waste_engine::ConvertOptions { experts: ExpertFormat::Rvq3, ..Default::default() };
+        let opts = waste_engine::ConvertOptions {
+            experts: waste_engine::ExpertsAs::Encoded(ExpertFormat::Rvq3),
+            ..Default::default()
+        };
         waste_engine::convert(&repo().join("tests/fixtures/tiny-qwen3_moe"), &out, &opts, &mut |_| {})
             .expect("convert the fixture");
         out

@@ -354,7 +354,7 @@ fn convert_release_k3_prefixed_mxfp4_experts_land_exactly_in_the_records() {
         for e in 0..bank.experts {
             let rec = &bytes[e * banks.record_bytes()..(e + 1) * banks.record_bytes()];
             let (g, u, d) =
-                waste_engine::quant::decode_expert(banks.format(), banks.shape(), &rec[banks.payload_range()], None);
+                waste_engine::quant::decode_expert(bank.format, banks.shape(), &rec[banks.payload_range(layer)], None);
             let p = format!("language_model.model.layers.{layer}.block_sparse_moe.experts.{e}");
             for (got, w) in [(g, "w1"), (u, "w3"), (d, "w2")] {
                 assert!(got == reference[&format!("{p}.{w}.weight")], "layer {layer} expert {e} {w}");

@@ -42,34 +42,62 @@ fn convert_gguf(file: &Path, experts: &str, trunk: &str, dir: &Path) -> PathBuf 
 }
 
 /// f32 logits at every position within 1e-4 of the largest, the same top-1
-/// everywhere and the same greedy continuation, for every model fixture.
+/// everywhere and the same greedy continuation, for every model fixture,
+/// with its experts decoded to f32 and kept as stored (`--experts gguf`,
+/// the default for a GGUF file: the file's own blocks, computed on as such).
 #[test]
 fn gguf_models_match_transformers_on_their_dequantised_weights() {
     let tmp = TempDir::new("gguf-models");
     let engine = Engine::new().unwrap();
     for m in models() {
         let file = gguf_dir().join(m["file"].as_str().unwrap());
-        let container = convert_gguf(&file, "f32", "f32", tmp.path());
         let prompt = u32s(&m["prompt_ids"]);
         let shape = u32s(&m["logits_shape"]);
         let bytes = std::fs::read(gguf_dir().join(m["reference_logits"].as_str().unwrap())).unwrap();
         let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         let (t, v) = (shape[0] as usize, shape[1] as usize);
         assert_eq!((t, want.len()), (prompt.len(), t * v));
-        let mut session = engine.session(Model::open(&container, &OpenOptions::default()).unwrap()).unwrap();
-        let (logits, _) = session.eval(&prompt, true).unwrap();
-        let mut worst = 0f32;
-        for p in 0..t {
-            let (ours, theirs) = (&logits[p * v..(p + 1) * v], &want[p * v..(p + 1) * v]);
-            let scale = theirs.iter().fold(0f32, |a, x| a.max(x.abs()));
-            worst = worst.max(ours.iter().zip(theirs).fold(0f32, |a, (x, y)| a.max((x - y).abs())) / scale);
-            assert_eq!(argmax(ours), argmax(theirs), "{}: top-1 at position {p}", file.display());
+        for experts in ["f32", "gguf"] {
+            let container = convert_gguf(&file, experts, "f32", tmp.path());
+            if experts == "gguf" {
+                check_stored_types(&container, &m);
+            }
+            let mut session = engine.session(Model::open(&container, &OpenOptions::default()).unwrap()).unwrap();
+            let (logits, _) = session.eval(&prompt, true).unwrap();
+            let mut worst = 0f32;
+            for p in 0..t {
+                let (ours, theirs) = (&logits[p * v..(p + 1) * v], &want[p * v..(p + 1) * v]);
+                let scale = theirs.iter().fold(0f32, |a, x| a.max(x.abs()));
+                worst = worst.max(ours.iter().zip(theirs).fold(0f32, |a, (x, y)| a.max((x - y).abs())) / scale);
+                assert_eq!(argmax(ours), argmax(theirs), "{} ({experts}): top-1 at position {p}", file.display());
+            }
+            eprintln!("{} experts {experts}: max |logit diff| / max |logit| = {worst:e}", m["file"]);
+            assert!(worst <= 1e-4, "{} ({experts}): {worst:e}", file.display());
+            session.reset();
+            let out = session.generate(&prompt, &crate::oracle::greedy(), |_| true).unwrap();
+            assert_eq!(out.tokens, u32s(&m["greedy_ids"]), "{} ({experts}): greedy continuation", file.display());
         }
-        eprintln!("{}: max |logit diff| / max |logit| = {worst:e}", m["file"]);
-        assert!(worst <= 1e-4, "{}: {worst:e}", file.display());
-        session.reset();
-        let out = session.generate(&prompt, &crate::oracle::greedy(), |_| true).unwrap();
-        assert_eq!(out.tokens, u32s(&m["greedy_ids"]), "{}: greedy continuation", file.display());
+    }
+}
+
+/// A `gguf` container names, per layer, the ggml types of the file's
+/// `ffn_{gate,up,down}_exps` tensors (models.json's tensor table).
+fn check_stored_types(container: &Path, m: &serde_json::Value) {
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(container.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["experts"]["format"], "gguf");
+    let tensors = m["tensors"].as_array().unwrap();
+    let type_of = |name: &str| -> &str {
+        let t = tensors.iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("{name} not in models.json"));
+        t["ggml_type"].as_str().unwrap()
+    };
+    let layers = manifest["experts"]["layers"].as_array().unwrap();
+    assert!(!layers.is_empty());
+    for l in layers {
+        let n = l["layer"].as_u64().unwrap();
+        for proj in ["gate", "up", "down"] {
+            assert_eq!(l["ggml"][proj], type_of(&format!("blk.{n}.ffn_{proj}_exps.weight")), "layer {n} {proj}");
+        }
     }
 }
 
@@ -276,4 +304,18 @@ fn a_padded_vocabulary_never_fails_generation_at_temperature_2() {
         assert!(!sampled.is_empty(), "no token lines: {}", stderr(&o));
         assert!(sampled.iter().all(|&t| t < 496), "seed {seed} sampled a padding row: {sampled:?}");
     }
+}
+
+/// `--experts gguf` copies a GGUF file's blocks; a Hugging Face checkpoint
+/// has none to copy: one line, nothing written.
+#[test]
+fn keeping_experts_as_stored_needs_a_gguf_file() {
+    let tmp = TempDir::new("gguf-stored-hf");
+    let out = tmp.path().join("out.waste");
+    let src = fixture("qwen3_moe");
+    let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", "gguf"]);
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("--experts gguf keeps a GGUF file's experts") && err.trim().lines().count() == 1, "{err}");
+    assert!(!out.exists(), "{} was written", out.display());
 }

@@ -10,6 +10,7 @@ use crate::config::{ExpertLayout, Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::hf::{self, permuted_row, KvB, Slice};
 use crate::gguf::{tokenizer, GgufFile};
+use crate::quant::GgmlExpert;
 
 /// What a GGUF checkpoint holds besides its tensors.
 pub(super) struct GgufSource {
@@ -154,6 +155,63 @@ impl HfCheckpoint {
             }
         }
         Ok(out)
+    }
+
+    /// One routed expert's gate, up and down slabs as the GGUF file stores
+    /// them (whole blocks of their ggml types, nn.Linear row order), for a
+    /// container that keeps them (`waste convert --experts gguf`).
+    pub fn gguf_expert_slabs(&self, layer: usize, expert: usize) -> Result<(GgmlExpert, [Vec<u8>; 3])> {
+        let g = self.gguf();
+        let slices = self.gguf_expert_slices(layer, expert)?;
+        let mut slabs: [Vec<u8>; 3] = Default::default();
+        for (slab, s) in slabs.iter_mut().zip(&slices) {
+            *slab = g.rows_bytes(&g.tensors[s.tensor], s.first_row, s.rows)?;
+        }
+        Ok((self.slice_types(&slices), slabs))
+    }
+
+    /// The ggml types of layer `layer`'s experts (its first expert's: every
+    /// expert of a layer is a slab of the same three tensors).
+    pub fn gguf_expert_types(&self, layer: usize) -> Result<GgmlExpert> {
+        Ok(self.slice_types(&self.gguf_expert_slices(layer, 0)?))
+    }
+
+    fn slice_types(&self, slices: &[&Slice; 3]) -> GgmlExpert {
+        let ty = |s: &Slice| self.gguf().tensors[s.tensor].ty;
+        GgmlExpert { gate: ty(slices[0]), up: ty(slices[1]), down: ty(slices[2]) }
+    }
+
+    /// The three slices of an expert, each a plain run of rows of its
+    /// expert tensor in HF shape; an error names the tensor otherwise, or
+    /// says the checkpoint is not a GGUF file.
+    fn gguf_expert_slices(&self, layer: usize, expert: usize) -> Result<[&Slice; 3]> {
+        let cfg = &self.config;
+        if !cfg.is_moe_layer(layer) || expert >= cfg.num_experts {
+            return Err(Error::Arg(format!("no routed expert {expert} in layer {layer}")));
+        }
+        let Some(g) = self.gguf.as_ref().map(|g| &g.file) else {
+            return Err(Error::Arg(format!(
+                "{}: experts are kept as stored only from a GGUF file; choose --experts f32, q8, q4, rvq3, rvq2 or rvq4p",
+                self.dir.display()
+            )));
+        };
+        let (h, i) = (cfg.expert_hidden(), cfg.moe_intermediate_size);
+        let names = cfg.expert_tensor_names(layer, expert);
+        let mut out = Vec::with_capacity(3);
+        for (name, want) in names.iter().zip([[i, h], [i, h], [h, i]]) {
+            let Kind::Gguf(s) = &self.entry(name)?.kind else {
+                return Err(Error::format(g.path(), format!("tensor `{name}` is not a GGUF slab")));
+            };
+            if s.unpermute_heads.is_some() || s.kv_b.is_some() || s.shape != want {
+                let t = &g.tensors[s.tensor];
+                return Err(Error::format(
+                    g.path(),
+                    format!("tensor `{}` does not hold `{name}` as {want:?} rows to copy", t.name),
+                ));
+            }
+            out.push(s);
+        }
+        Ok([out[0], out[1], out[2]])
     }
 
     /// gpt-oss's `[gate [I], up [I], down [H]]` biases of one expert, which

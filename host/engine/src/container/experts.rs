@@ -16,14 +16,17 @@ pub struct Bank {
     pub path: PathBuf,
     pub experts: usize,
     pub codebooks: Option<LayerCodebooks>,
+    /// The layer's expert format: the container's, or for a `gguf`
+    /// container this layer's ggml types.
+    pub format: ExpertFormat,
+    /// Bytes of each record's payload in this layer.
+    pub payload_bytes: usize,
 }
 
 pub struct ExpertBanks {
-    format: ExpertFormat,
     shape: ExpertShape,
     record_bytes: usize,
     payload_offset: usize,
-    payload_bytes: usize,
     /// Indexed by decoder layer; `None` for dense layers.
     banks: Vec<Option<Bank>>,
     /// The experts' gated activation (SiTU on Kimi K3).
@@ -36,7 +39,11 @@ impl ExpertBanks {
     pub(super) fn open(dir: &Path, manifest: &Manifest, config: &ModelConfig, verify: Verify) -> Result<ExpertBanks> {
         let mpath = dir.join(MANIFEST_FILE);
         let e = &manifest.experts;
-        let format = expert_format(&e.format, &mpath)?;
+        // `gguf`: each layer names its ggml types; otherwise one format.
+        let format = match e.format.as_str() {
+            ExpertFormat::GGUF_NAME => None,
+            name => Some(expert_format(name, &mpath)?),
+        };
         let bad = |msg: String| Error::format(&mpath, msg);
         let shape = config.expert_shape();
         if e.hidden != shape.hidden as u64 || e.inter != shape.inter as u64 || e.biases != shape.biases {
@@ -50,17 +57,21 @@ impl ExpertBanks {
                 if shape.biases { " with biases" } else { "" },
             )));
         }
-        let payload_bytes = quant::expert_payload_len(format, shape) as u64;
-        if e.payload_bytes != payload_bytes
-            || e.payload_offset < record::HEADER_BYTES
-            || !e.record_bytes.is_multiple_of(RECORD_ALIGN)
-            || e.payload_offset + payload_bytes > e.record_bytes
-            || e.record_bytes > 1 << 32
-        {
-            return Err(bad(format!(
-                "expert record layout is inconsistent (record {} bytes, payload {} at {}, expected payload {payload_bytes})",
+        let layout_error = |payload: u64| {
+            bad(format!(
+                "expert record layout is inconsistent (record {} bytes, payload {} at {}, expected payload {payload})",
                 e.record_bytes, e.payload_bytes, e.payload_offset
-            )));
+            ))
+        };
+        // The longest payload of any layer: the index's own, and what
+        // every record must hold.
+        let mut longest = format.map_or(0, |f| quant::expert_payload_len(f, shape) as u64);
+        if e.payload_offset < record::HEADER_BYTES
+            || !e.record_bytes.is_multiple_of(RECORD_ALIGN)
+            || e.record_bytes > 1 << 32
+            || e.payload_offset.saturating_add(e.payload_bytes) > e.record_bytes
+        {
+            return Err(layout_error(e.payload_bytes));
         }
         let mut banks: Vec<Option<Bank>> = (0..config.num_layers).map(|_| None).collect();
         for entry in &e.layers {
@@ -89,7 +100,24 @@ impl ExpertBanks {
                     format!("bank is {len} bytes, {expected} expected: truncated or foreign file"),
                 ));
             }
-            let codebooks = match (&entry.codebooks, format.uses_codebooks()) {
+            let layer_format = match (format, &entry.ggml) {
+                (Some(f), None) => f,
+                (None, Some(names)) => ExpertFormat::Ggml(names.parse().ok_or_else(|| {
+                    bad(format!("layer {layer}: ggml types {names:?} are not ones WASTE computes on"))
+                })?),
+                _ => {
+                    return Err(bad(format!(
+                        "layer {layer}: ggml types present/absent contrary to format {}",
+                        e.format
+                    )))
+                }
+            };
+            let payload_bytes = quant::expert_payload_len(layer_format, shape) as u64;
+            if e.payload_offset.saturating_add(payload_bytes) > e.record_bytes {
+                return Err(layout_error(payload_bytes));
+            }
+            longest = longest.max(payload_bytes);
+            let codebooks = match (&entry.codebooks, layer_format.uses_codebooks()) {
                 (Some(cb), true) => Some(load_codebooks(dir, entry.layer, cb, &mpath)?),
                 (None, false) => None,
                 _ => {
@@ -99,9 +127,18 @@ impl ExpertBanks {
             // The kernels trust their inputs; everything they will be given
             // (payload length, codebook presence and stage count) is checked here.
             let blank = vec![0u8; payload_bytes as usize];
-            quant::check_expert_payload(format, shape, &blank, codebooks.as_ref())
+            quant::check_expert_payload(layer_format, shape, &blank, codebooks.as_ref())
                 .map_err(|err| bad(format!("layer {layer}: {err}")))?;
-            banks[layer] = Some(Bank { path, experts: entry.experts as usize, codebooks });
+            banks[layer] = Some(Bank {
+                path,
+                experts: entry.experts as usize,
+                codebooks,
+                format: layer_format,
+                payload_bytes: payload_bytes as usize,
+            });
+        }
+        if e.payload_bytes != longest {
+            return Err(layout_error(longest));
         }
         for (layer, bank) in banks.iter().enumerate() {
             if config.is_moe_layer(layer) && bank.is_none() {
@@ -109,11 +146,9 @@ impl ExpertBanks {
             }
         }
         Ok(ExpertBanks {
-            format,
             shape,
             record_bytes: e.record_bytes as usize,
             payload_offset: e.payload_offset as usize,
-            payload_bytes: payload_bytes as usize,
             banks,
             activation: config.activation(),
             verify,
@@ -124,8 +159,14 @@ impl ExpertBanks {
         self.activation
     }
 
-    pub fn format(&self) -> ExpertFormat {
-        self.format
+    /// The expert format of MoE layer `layer` (the container's, or for a
+    /// `gguf` container that layer's ggml types). Panics for a dense layer.
+    pub fn format(&self, layer: usize) -> ExpertFormat {
+        self.layer_bank(layer).format
+    }
+
+    fn layer_bank(&self, layer: usize) -> &Bank {
+        self.bank(layer).unwrap_or_else(|| panic!("layer {layer} has no expert bank"))
     }
 
     pub fn record_bytes(&self) -> usize {
@@ -136,9 +177,9 @@ impl ExpertBanks {
         self.shape
     }
 
-    /// Where the quantised payload lies inside a record.
-    pub fn payload_range(&self) -> std::ops::Range<usize> {
-        self.payload_offset..self.payload_offset + self.payload_bytes
+    /// Where the payload of a record of MoE layer `layer` lies inside it.
+    pub fn payload_range(&self, layer: usize) -> std::ops::Range<usize> {
+        self.payload_offset..self.payload_offset + self.layer_bank(layer).payload_bytes
     }
 
     /// The bank of decoder layer `layer`; `None` for a dense layer.
@@ -154,7 +195,8 @@ impl ExpertBanks {
     /// Checks a record just read for (`layer`, `expert`): its header always,
     /// its payload's checksum with `--verify`.
     pub fn check_record(&self, layer: usize, expert: usize, buf: &[u8]) -> Result<()> {
-        let path = self.bank(layer).map(|b| b.path.as_path()).unwrap_or(Path::new(""));
+        let bank = self.bank(layer).ok_or_else(|| Error::Runtime(format!("layer {layer} has no expert bank")))?;
+        let path = bank.path.as_path();
         let what = || format!("layer {layer} expert {expert}");
         let header = record::Header::parse(buf).ok_or_else(|| {
             Error::format(path, format!("{}: the record header is not one (bad magic or flags)", what()))
@@ -162,11 +204,11 @@ impl ExpertBanks {
         let expected = record::Header {
             layer: layer as u32,
             expert: expert as u32,
-            format: self.format.code(),
+            format: bank.format.code(),
             hidden: self.shape.hidden as u32,
             inter: self.shape.inter as u32,
             payload_offset: self.payload_offset as u64,
-            payload_bytes: self.payload_bytes as u64,
+            payload_bytes: bank.payload_bytes as u64,
             payload_crc32: header.payload_crc32,
         };
         if header != expected {
@@ -178,7 +220,7 @@ impl ExpertBanks {
         match (self.verify, header.payload_crc32) {
             (Verify::Off, _) | (Verify::Records, None) => {}
             (Verify::All, None) => return Err(checksum::missing(path, &what())),
-            (_, Some(crc)) => checksum::check(path, &what(), crc, &buf[self.payload_range()])?,
+            (_, Some(crc)) => checksum::check(path, &what(), crc, &buf[self.payload_range(layer)])?,
         }
         Ok(())
     }

@@ -98,7 +98,8 @@ pub struct TensorEntry {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExpertIndex {
-    /// `f32`, `q8`, `q4`, `rvq3` or `rvq2`.
+    /// `f32`, `q8`, `q4`, `rvq3`, `rvq2`, `rvq4p`, or `gguf` (per-layer
+    /// ggml types in each bank entry).
     pub format: String,
     pub hidden: u64,
     pub inter: u64,
@@ -120,6 +121,36 @@ pub struct ExpertBankEntry {
     /// RVQ codebooks of this layer inside `codebooks.bin`.
     #[serde(default)]
     pub codebooks: Option<CodebookEntry>,
+    /// The ggml types of this layer's gate, up and down slabs (format
+    /// `gguf`: a GGUF file's experts kept as stored; the types may differ
+    /// from layer to layer, so each layer's payload has its own length,
+    /// and `ExpertIndex::payload_bytes` is the longest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ggml: Option<GgmlTypeNames>,
+}
+
+/// `GgmlType::name`s of a GGUF expert's slabs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GgmlTypeNames {
+    pub gate: String,
+    pub up: String,
+    pub down: String,
+}
+
+impl GgmlTypeNames {
+    pub fn of(t: crate::quant::GgmlExpert) -> GgmlTypeNames {
+        GgmlTypeNames { gate: t.gate.name().into(), up: t.up.name().into(), down: t.down.name().into() }
+    }
+
+    /// `None` when a name is no type we compute on.
+    pub fn parse(&self) -> Option<crate::quant::GgmlExpert> {
+        use crate::quant::GgmlType;
+        Some(crate::quant::GgmlExpert {
+            gate: GgmlType::parse(&self.gate)?,
+            up: GgmlType::parse(&self.up)?,
+            down: GgmlType::parse(&self.down)?,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

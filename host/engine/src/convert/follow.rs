@@ -67,7 +67,7 @@ pub(super) fn run(
     // Banks an earlier run finished: their shards may be gone.
     let mut banks: Vec<ExpertBankEntry> = Vec::new();
     for &l in moe_layers {
-        if let Some(entry) = bank::reusable(work.dir, l, cfg.num_experts, opts, work.layout, work.fingerprint) {
+        if let Some(entry) = bank::reusable(work.dir, l, cfg.num_experts, work.layout, work.fingerprint) {
             report.reused_banks.push(l);
             tally.tick(cfg.num_experts as u64, format!("layer {l} (reused)"));
             banks.push(entry);

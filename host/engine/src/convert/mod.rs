@@ -42,12 +42,11 @@ use std::time::Duration;
 use crate::checkpoint::{HfCheckpoint, OpenCheckpoint};
 use crate::config::ModelConfig;
 use crate::container::manifest::{
-    align_up, record, ExpertBankEntry, ExpertIndex, Manifest, TrunkIndex, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
-    RECORD_ALIGN, TRUNK_FILE,
+    record, ExpertBankEntry, ExpertIndex, Manifest, TrunkIndex, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, TRUNK_FILE,
 };
 use crate::error::{Error, Result};
 use crate::files::Fnv;
-use crate::quant::{self, ExpertFormat, TrunkFormat};
+use crate::quant::{ExpertFormat, TrunkFormat};
 use files::write_atomic;
 pub use reclaim::{ShardLedger, Unit};
 pub use verify::{check_limits, max_relative_error, verify, MatrixError};
@@ -71,9 +70,49 @@ const IN_PROGRESS: &str = ".waste-convert";
 /// kill would (integration test of resumption).
 const FAIL_AFTER_ENV: &str = "WASTE_CONVERT_FAIL_AFTER_BANKS";
 
+/// How a conversion stores the routed experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertsAs {
+    /// Re-encoded from f32 into one of our formats.
+    Encoded(ExpertFormat),
+    /// A GGUF file's gate/up/down slabs copied in their ggml types (`gguf`):
+    /// no second rounding, no codebook fit; each layer keeps the types the
+    /// file gives it (a Q4_K_M file's down slabs are Q6_K in some layers).
+    Stored,
+}
+
+impl ExpertsAs {
+    /// `gguf`, or the encoded format's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertsAs::Encoded(f) => f.name(),
+            ExpertsAs::Stored => ExpertFormat::GGUF_NAME,
+        }
+    }
+
+    /// The choice when the caller makes none: a GGUF file (a source that
+    /// is a file) keeps its experts as stored, a checkpoint directory gets
+    /// rvq3.
+    pub fn default_for(src: &Path) -> ExpertsAs {
+        if src.is_file() {
+            ExpertsAs::Stored
+        } else {
+            ExpertsAs::Encoded(ExpertFormat::Rvq3)
+        }
+    }
+
+    /// `gguf` or one of our formats' names.
+    pub fn parse(s: &str) -> Option<ExpertsAs> {
+        if s == ExpertFormat::GGUF_NAME {
+            return Some(ExpertsAs::Stored);
+        }
+        ExpertFormat::parse(s).map(ExpertsAs::Encoded)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ConvertOptions {
-    pub experts: ExpertFormat,
+    pub experts: ExpertsAs,
     pub trunk: TrunkFormat,
     /// Seed of the codebook fit.
     pub seed: u64,
@@ -89,7 +128,7 @@ pub struct ConvertOptions {
 impl Default for ConvertOptions {
     fn default() -> Self {
         ConvertOptions {
-            experts: ExpertFormat::Rvq3,
+            experts: ExpertsAs::Encoded(ExpertFormat::Rvq3),
             trunk: TrunkFormat::Q4,
             seed: 0x5EED,
             jobs: 1,
@@ -162,6 +201,12 @@ pub fn convert(
         )?
     };
     let cfg = ckpt.config().clone();
+    if opts.experts == ExpertsAs::Stored && ckpt.gguf_file().is_none() {
+        return Err(Error::Arg(format!(
+            "{}: --experts gguf keeps a GGUF file's experts as stored; a Hugging Face checkpoint needs f32, q8, q4, rvq3, rvq2 or rvq4p",
+            src.display()
+        )));
+    }
     prepare_destination(out)?;
     let fingerprint = fingerprint(&ckpt, src, opts)?;
     write_atomic(&out.join(IN_PROGRESS), fingerprint.as_bytes())?;
@@ -380,10 +425,8 @@ fn write_container(
     let config = side_json(ckpt, "config.json")?.ok_or_else(|| Error::format(ckpt.dir(), "no config.json"))?;
     let generation_config = side_json(ckpt, "generation_config.json")?;
 
-    let shape = cfg.expert_shape();
-    let payload_bytes = quant::expert_payload_len(opts.experts, shape) as u64;
-    let record_bytes = align_up(record::HEADER_BYTES + payload_bytes, RECORD_ALIGN);
-    let layout = bank::Layout { shape, payload_bytes, record_bytes };
+    let layout = bank::Layout::new(ckpt, &moe_layers, opts.experts)?;
+    let (shape, payload_bytes, record_bytes) = (layout.shape, layout.longest_payload(), layout.record_bytes);
     let hook = FailHook {
         after: std::env::var(FAIL_AFTER_ENV).ok().and_then(|v| v.parse().ok()),
         written: AtomicUsize::new(0),

@@ -406,9 +406,9 @@ impl GgufFile {
         self.by_name.get(name).map(|&i| &self.tensors[i])
     }
 
-    /// Rows `[r0, r0 + n)` of a tensor viewed as `[elements / ne[0], ne[0]]`,
-    /// dequantised to f32.
-    pub fn rows_f32(&self, t: &TensorInfo, r0: u64, n: u64) -> Result<Vec<f32>> {
+    /// The stored bytes of rows `[r0, r0 + n)` of a tensor viewed as
+    /// `[elements / ne[0], ne[0]]`: whole blocks of its type.
+    pub fn rows_bytes(&self, t: &TensorInfo, r0: u64, n: u64) -> Result<Vec<u8>> {
         let row = t.row_bytes();
         let lo = t.start + r0 * row;
         let hi = lo + n * row;
@@ -418,6 +418,13 @@ impl GgufFile {
         let mut buf = vec![0u8; (hi - lo) as usize];
         let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
         waste_platform::FileExt::read_exact_at(&file, &mut buf, lo).map_err(|e| Error::io(&self.path, e))?;
+        Ok(buf)
+    }
+
+    /// Rows `[r0, r0 + n)` of a tensor viewed as `[elements / ne[0], ne[0]]`,
+    /// dequantised to f32.
+    pub fn rows_f32(&self, t: &TensorInfo, r0: u64, n: u64) -> Result<Vec<f32>> {
+        let buf = self.rows_bytes(t, r0, n)?;
         let mut out = vec![0f32; (n * t.ne[0]) as usize];
         waste_kernels::quant::ggml::dequantize_row(t.ty, &buf, &mut out);
         Ok(out)

@@ -370,7 +370,7 @@ impl<'s> Pinned<'s> {
     /// [`next_landed`](Self::next_landed) has seen land.
     pub fn payload(&self, i: usize) -> Payload<'s> {
         let buf = self.store.shared.bufs[self.slots[i]].lock().unwrap_or_else(|p| p.into_inner());
-        Payload { buf, range: self.store.shared.banks.payload_range() }
+        Payload { buf, range: self.store.shared.banks.payload_range(self.layer) }
     }
 }
 

@@ -556,7 +556,13 @@ fn synth_config_as(
             write_bank(&path, &layout, layer, cfg.num_experts, options.seed)?;
         }
         report.expert_bytes += cfg.num_experts as u64 * layout.record_bytes;
-        banks.push(ExpertBankEntry { layer: layer as u64, file, experts: cfg.num_experts as u64, codebooks });
+        banks.push(ExpertBankEntry {
+            layer: layer as u64,
+            file,
+            experts: cfg.num_experts as u64,
+            codebooks,
+            ggml: None,
+        });
         done += 1;
         progress(done, total);
     }

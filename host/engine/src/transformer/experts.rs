@@ -86,8 +86,8 @@ impl ExpertProvider for ExpertStore {
         let ids: Vec<usize> = picks.iter().map(|p| p.0).collect();
         let mut pinned = self.pin(layer, &ids, &[], stats)?;
         let banks = self.banks();
-        let (format, shape) = (banks.format(), banks.shape());
-        let cb = banks.bank(layer).and_then(|b| b.codebooks.as_ref());
+        let bank = banks.bank(layer).ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
+        let (format, shape, cb) = (bank.format, banks.shape(), bank.codebooks.as_ref());
         // Gate/up tables depend only on x and the layer's codebooks: built
         // once here, while the reads run, and shared by every routed expert
         // of this token.
@@ -146,7 +146,7 @@ impl ExpertProvider for ExpertStore {
         }
         let banks = self.banks();
         let bank = banks.bank(layer).ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
-        let (format, shape) = (banks.format(), banks.shape());
+        let (format, shape) = (bank.format, banks.shape());
         let width = shape.hidden;
         if xs.len() != n * width || outs.len() != n * width {
             return Err(Error::Arg(format!(

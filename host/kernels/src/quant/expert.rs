@@ -17,7 +17,8 @@ const RVQ_CHUNK: usize = 16;
 /// Rows per rayon task of the RVQ matvec.
 const RVQ_TASK_ROWS: usize = 128;
 
-/// Bytes of one `[rows, cols]` matrix of an expert in `fmt`.
+/// Bytes of one `[rows, cols]` matrix of an expert in one of our own
+/// formats (`slab_lens` has the GGUF ones).
 fn mat_len(fmt: ExpertFormat, rows: usize, cols: usize) -> usize {
     if fmt == ExpertFormat::Rvq4p {
         return rvq4p::mat_len(rows, cols);
@@ -31,10 +32,24 @@ fn mat_len(fmt: ExpertFormat, rows: usize, cols: usize) -> usize {
     }
 }
 
+/// Bytes of an expert's gate, up and down matrices (saturating: a shape
+/// whose rows are not whole ggml blocks is `usize::MAX`, which no payload
+/// has).
+fn slab_lens(fmt: ExpertFormat, shape: ExpertShape) -> [usize; 3] {
+    let (h, i) = (shape.hidden, shape.inter);
+    match fmt {
+        ExpertFormat::Ggml(t) => {
+            let len = |ty: super::GgmlType, rows, cols| ty.matrix_bytes(rows, cols).unwrap_or(usize::MAX);
+            [len(t.gate, i, h), len(t.up, i, h), len(t.down, h, i)]
+        }
+        _ => [mat_len(fmt, i, h), mat_len(fmt, i, h), mat_len(fmt, h, i)],
+    }
+}
+
 /// Bytes of one expert's payload (gate, up, down, biases; module docs).
 pub fn expert_payload_len(fmt: ExpertFormat, shape: ExpertShape) -> usize {
-    let gu = mat_len(fmt, shape.inter, shape.hidden);
-    gu.saturating_mul(2).saturating_add(mat_len(fmt, shape.hidden, shape.inter)).saturating_add(bias_len(shape))
+    let [g, u, d] = slab_lens(fmt, shape);
+    g.saturating_add(u).saturating_add(d).saturating_add(bias_len(shape))
 }
 
 /// Bytes of an expert's f32 biases (none without them).
@@ -57,6 +72,13 @@ pub fn check_expert_payload(
     let (h, i) = (shape.hidden, shape.inter);
     if h.checked_mul(i).and_then(|n| n.checked_mul(4 * 3)).is_none() {
         return Err(QuantError::Shape { what: "expert", rows: i, cols: h });
+    }
+    if let ExpertFormat::Ggml(t) = fmt {
+        for (what, ty, cols) in [("gate", t.gate, h), ("up", t.up, h), ("down", t.down, i)] {
+            if !cols.is_multiple_of(ty.block_elems()) {
+                return Err(QuantError::Shape { what, rows: if what == "down" { h } else { i }, cols });
+            }
+        }
     }
     let expected = expert_payload_len(fmt, shape);
     if payload.len() != expected {
@@ -94,10 +116,10 @@ fn check_codebooks(fmt: ExpertFormat, cb: Option<&LayerCodebooks>) -> Result<(),
 /// (empty without them).
 pub(crate) fn split_payload(fmt: ExpertFormat, shape: ExpertShape, payload: &[u8]) -> ([&[u8]; 3], &[u8]) {
     assert_eq!(payload.len(), expert_payload_len(fmt, shape), "expert payload length");
-    let gu = mat_len(fmt, shape.inter, shape.hidden);
+    let [gl, ul, _] = slab_lens(fmt, shape);
     let (matrices, biases) = payload.split_at(payload.len() - bias_len(shape));
-    let (g, rest) = matrices.split_at(gu);
-    let (u, d) = rest.split_at(gu);
+    let (g, rest) = matrices.split_at(gl);
+    let (u, d) = rest.split_at(ul);
     ([g, u, d], biases)
 }
 
@@ -200,8 +222,10 @@ pub(crate) fn rvq_matvec_for_tests(
 }
 
 /// Encode one expert. RVQ formats need the layer's codebooks; panics if
-/// they are missing or the slices do not match `shape`.
+/// they are missing or the slices do not match `shape`, and for the GGUF
+/// formats, which are copied from their file, never encoded here.
 pub fn encode_expert(fmt: ExpertFormat, shape: ExpertShape, e: &ExpertF32, cb: Option<&LayerCodebooks>) -> Vec<u8> {
+    assert!(!matches!(fmt, ExpertFormat::Ggml(_)), "encode_expert: GGUF experts are copied, not encoded");
     let (h, i) = (shape.hidden, shape.inter);
     assert!(
         e.gate.len() == i * h && e.up.len() == i * h && e.down.len() == h * i,
@@ -278,6 +302,9 @@ pub fn decode_expert(
     let (h, i) = (shape.hidden, shape.inter);
     let cb = codebooks_for(fmt, cb);
     let ([g, u, d], _) = split_payload(fmt, shape, payload);
+    if let ExpertFormat::Ggml(t) = fmt {
+        return super::ggml::expert::decode(t, shape, [g, u, d]);
+    }
     let dec = |bytes: &[u8], rows: usize, cols: usize, book: Option<&Codebooks>| -> Vec<f32> {
         match (fmt.group_format(), book) {
             (Some(t), _) => MatRef::quant(t, bytes, rows, cols).dequantize(),
@@ -516,6 +543,15 @@ fn expert_forward_impl(
     let ([gb, ub, db], bias_bytes) = split_payload(fmt, shape, payload);
     let biases = (!bias_bytes.is_empty()).then(|| f32_from_le(bias_bytes));
     let ExpertScratch { gate, up, down_tables, down_q, .. } = scratch;
+    if let ExpertFormat::Ggml(t) = fmt {
+        let slabs = super::ggml::expert::Slabs::new(t, shape, [gb, ub, db]);
+        slabs.gate_up(x, gate, up);
+        add_gate_up_biases(biases.as_deref(), gate, up);
+        gate_activation(act, gate, up);
+        slabs.down(gate, out);
+        add_down_biases(biases.as_deref(), i, out);
+        return;
+    }
     match (fmt.group_format(), cb) {
         (Some(t), _) => {
             MatRef::quant(t, gb, i, h).matvec(x, gate);
@@ -536,12 +572,7 @@ fn expert_forward_impl(
             MatRef::f32(&f32_from_le(ub), i, h).matvec(x, up);
         }
     }
-    if let Some(b) = &biases {
-        // `hidden_states @ gate_up_proj[e] + gate_up_proj_bias[e]`, before the activation.
-        for (v, bias) in gate.iter_mut().chain(up.iter_mut()).zip(b.iter()) {
-            *v += bias;
-        }
-    }
+    add_gate_up_biases(biases.as_deref(), gate, up);
     gate_activation(act, gate, up);
     let act: &[f32] = gate;
     match (fmt.group_format(), cb) {
@@ -561,9 +592,23 @@ fn expert_forward_impl(
         }
         (None, None) => MatRef::f32(&f32_from_le(db), h, i).matvec(act, out),
     }
-    if let Some(b) = &biases {
-        // `... @ down_proj[e] + down_proj_bias[e]`
-        for (o, bias) in out.iter_mut().zip(&b[2 * i..]) {
+    add_down_biases(biases.as_deref(), i, out);
+}
+
+/// `hidden_states @ gate_up_proj[e] + gate_up_proj_bias[e]`, before the
+/// activation (gpt-oss; `biases` is `[gate, up, down]`).
+pub(crate) fn add_gate_up_biases(biases: Option<&[f32]>, gate: &mut [f32], up: &mut [f32]) {
+    if let Some(b) = biases {
+        for (v, bias) in gate.iter_mut().chain(up.iter_mut()).zip(b.iter()) {
+            *v += bias;
+        }
+    }
+}
+
+/// `... @ down_proj[e] + down_proj_bias[e]`.
+pub(crate) fn add_down_biases(biases: Option<&[f32]>, inter: usize, out: &mut [f32]) {
+    if let Some(b) = biases {
+        for (o, bias) in out.iter_mut().zip(&b[2 * inter..]) {
             *o += bias;
         }
     }

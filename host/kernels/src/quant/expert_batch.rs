@@ -15,7 +15,11 @@
 //! the batch, the thread count or the tile it ran in.
 
 use super::activation::Activation;
-use super::expert::{build_gate_up_tables, expert_forward_act, gate_activation, split_payload, ExpertScratch};
+use super::expert::{
+    add_down_biases, add_gate_up_biases, build_gate_up_tables, expert_forward_act, gate_activation, split_payload,
+    ExpertScratch,
+};
+use super::ggml::expert::Slabs;
 use super::rvq::LayerCodebooks;
 use super::trunk::{f32_from_le, MatRef};
 use super::{ExpertFormat, ExpertShape, TrunkFormat};
@@ -45,7 +49,7 @@ impl ExpertBatchScratch {
 }
 
 /// Whether `fmt`'s batch loads each weight row once for many tokens (q8,
-/// q4, f32) rather than running token by token (the RVQ formats).
+/// q4, f32, GGUF) rather than running token by token (the RVQ formats).
 pub fn batch_shares_weights(fmt: ExpertFormat) -> bool {
     !fmt.uses_codebooks()
 }
@@ -87,25 +91,29 @@ pub fn expert_forward_batch(
     scratch.gate.resize(m * i, 0.0);
     scratch.up.resize(m * i, 0.0);
     let (gate, up) = (&mut scratch.gate[..m * i], &mut scratch.up[..m * i]);
-    matrix(gb, i, h, &mut |w| w.matvec_many(xs, gate));
-    matrix(ub, i, h, &mut |w| w.matvec_many(xs, up));
-    let biases = (!bias_bytes.is_empty()).then(|| f32_from_le(bias_bytes));
-    if let Some(b) = &biases {
-        // `hidden_states @ gate_up_proj[e] + gate_up_proj_bias[e]`, before the activation.
-        for (g, u) in gate.chunks_exact_mut(i).zip(up.chunks_exact_mut(i)) {
-            for (v, bias) in g.iter_mut().chain(u.iter_mut()).zip(b.iter()) {
-                *v += bias;
-            }
+    // GGUF slabs: `GgmlMatrix::matmul`, each row decoded once per block of
+    // tokens; its outputs are its matvec's bits, as decode computes them.
+    let ggml = match fmt {
+        ExpertFormat::Ggml(t) => Some(Slabs::new(t, shape, [gb, ub, db])),
+        _ => None,
+    };
+    match &ggml {
+        Some(slabs) => slabs.gate_up_many(xs, gate, up),
+        None => {
+            matrix(gb, i, h, &mut |w| w.matvec_many(xs, gate));
+            matrix(ub, i, h, &mut |w| w.matvec_many(xs, up));
         }
     }
+    let biases = (!bias_bytes.is_empty()).then(|| f32_from_le(bias_bytes));
+    for (g, u) in gate.chunks_exact_mut(i).zip(up.chunks_exact_mut(i)) {
+        add_gate_up_biases(biases.as_deref(), g, u);
+    }
     gate_activation(act, gate, up);
-    matrix(db, h, i, &mut |w| w.matvec_many(gate, outs));
-    if let Some(b) = &biases {
-        // `... @ down_proj[e] + down_proj_bias[e]`
-        for out in outs.chunks_exact_mut(h) {
-            for (o, bias) in out.iter_mut().zip(&b[2 * i..]) {
-                *o += bias;
-            }
-        }
+    match &ggml {
+        Some(slabs) => slabs.down_many(gate, outs),
+        None => matrix(db, h, i, &mut |w| w.matvec_many(gate, outs)),
+    }
+    for out in outs.chunks_exact_mut(h) {
+        add_down_biases(biases.as_deref(), i, out);
     }
 }

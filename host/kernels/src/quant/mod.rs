@@ -91,6 +91,7 @@ pub use expert::{
     expert_forward_act, expert_payload_len, gate_up_tables_peak_bytes, ExpertScratch, GateUpTables,
 };
 pub use expert_batch::{batch_shares_weights, expert_forward_batch, ExpertBatchScratch};
+pub use ggml::{GgmlMatrix, GgmlType};
 pub use rvq::{fit_layer_codebooks, Codebooks, LayerCodebooks};
 pub use simd::{dot_f32, force_isa, isa, matmul_block, Isa};
 pub use trunk::{quantize_trunk, QMatrix};
@@ -184,6 +185,26 @@ pub enum ExpertFormat {
     Rvq3,
     Rvq2,
     Rvq4p,
+    /// A GGUF expert's three slabs, each in the ggml type the file has it
+    /// in (`ggml` module docs): gate and up `[inter, hidden]`, down
+    /// `[hidden, inter]`, rows of whole blocks.
+    Ggml(GgmlExpert),
+}
+
+/// The ggml types of a GGUF expert's gate, up and down slabs (a Q4_K_M
+/// file has Q4_K gate/up and Q6_K or Q4_K down, varying by layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GgmlExpert {
+    pub gate: ggml::GgmlType,
+    pub up: ggml::GgmlType,
+    pub down: ggml::GgmlType,
+}
+
+impl GgmlExpert {
+    /// `gate/up/down` type names, as a manifest and `waste info` show them.
+    pub fn describe(self) -> String {
+        format!("{}/{}/{}", self.gate.name(), self.up.name(), self.down.name())
+    }
 }
 
 impl ExpertFormat {
@@ -196,6 +217,9 @@ impl ExpertFormat {
         ExpertFormat::Rvq4p,
     ];
 
+    /// The name a manifest and the CLI use: one per format of our own,
+    /// `gguf` for every combination of ggml types (a container names the
+    /// types per layer).
     pub fn name(self) -> &'static str {
         match self {
             ExpertFormat::F32 => "f32",
@@ -204,14 +228,21 @@ impl ExpertFormat {
             ExpertFormat::Rvq3 => "rvq3",
             ExpertFormat::Rvq2 => "rvq2",
             ExpertFormat::Rvq4p => "rvq4p",
+            ExpertFormat::Ggml(_) => Self::GGUF_NAME,
         }
     }
 
+    /// `name()` of the GGUF formats.
+    pub const GGUF_NAME: &'static str = "gguf";
+
+    /// One of our own formats by name (`gguf` names no single format).
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|f| f.name() == s)
     }
 
-    /// On-disk record header code. Stable: never renumber.
+    /// On-disk record header code. Stable: never renumber. A GGUF
+    /// expert's code holds its three `ggml_type` codes (all below 256):
+    /// `1 << 24 | gate << 16 | up << 8 | down`.
     pub fn code(self) -> u32 {
         match self {
             ExpertFormat::F32 => 0,
@@ -220,10 +251,15 @@ impl ExpertFormat {
             ExpertFormat::Rvq3 => 3,
             ExpertFormat::Rvq2 => 4,
             ExpertFormat::Rvq4p => 5,
+            ExpertFormat::Ggml(t) => 1 << 24 | t.gate.code() << 16 | t.up.code() << 8 | t.down.code(),
         }
     }
 
     pub fn from_code(code: u32) -> Option<Self> {
+        if code >> 24 == 1 {
+            let ty = |shift: u32| ggml::GgmlType::from_code(code >> shift & 0xff);
+            return Some(ExpertFormat::Ggml(GgmlExpert { gate: ty(16)?, up: ty(8)?, down: ty(0)? }));
+        }
         Self::ALL.into_iter().find(|f| f.code() == code)
     }
 

@@ -25,6 +25,7 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod blocks;
+pub(crate) mod expert;
 mod grids;
 mod iq;
 
@@ -154,6 +155,11 @@ impl GgmlType {
             GgmlType::Iq4Xs => "IQ4_XS",
             GgmlType::Mxfp4 => "MXFP4",
         }
+    }
+
+    /// The type `name()` names.
+    pub fn parse(name: &str) -> Option<GgmlType> {
+        GgmlType::ALL.into_iter().find(|t| t.name() == name)
     }
 
     /// Values per block (`ggml_blck_size`).

@@ -167,3 +167,102 @@ fn the_avx2_build_of_the_twins_gives_their_bits() {
         assert_eq!(differ, 0, "{}: {differ} of {n} values differ", f.ty.name());
     }
 }
+
+/// Random blocks of `ty` with weight-sized f16 scales (the byte offsets of
+/// ggml-common.h's scale fields), `n` of them.
+fn random_blocks(ty: GgmlType, n: usize, seed: u32) -> Vec<u8> {
+    let bytes: Vec<u8> = inputs(n * ty.block_bytes(), seed).iter().map(|v| ((v + 1.0) * 127.5) as u8).collect();
+    let mut bytes = bytes;
+    let scale_at: &[usize] = match ty {
+        GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q6K => &[208],
+        GgmlType::Q2K => &[80, 82],
+        _ => &[0],
+    };
+    let d = half::f16::from_f32(0.01).to_bits().to_le_bytes();
+    for b in bytes.chunks_exact_mut(ty.block_bytes()) {
+        for &at in scale_at {
+            b[at..at + 2].copy_from_slice(&d);
+        }
+    }
+    bytes
+}
+
+fn mixed_expert() -> (crate::quant::ExpertFormat, crate::quant::ExpertShape, Vec<u8>) {
+    use crate::quant::{ExpertFormat, ExpertShape, GgmlExpert};
+    let t = GgmlExpert { gate: GgmlType::Q4K, up: GgmlType::Iq4Xs, down: GgmlType::Q6K };
+    let shape = ExpertShape { hidden: 256, inter: 512, biases: true };
+    let mut payload = random_blocks(t.gate, 512, 1);
+    payload.extend(random_blocks(t.up, 512, 2));
+    payload.extend(random_blocks(t.down, 2 * 256, 3));
+    payload.extend(inputs(2 * 512 + 256, 4).iter().flat_map(|b| (b * 0.1).to_le_bytes()));
+    (ExpertFormat::Ggml(t), shape, payload)
+}
+
+/// A GGUF expert (mixed types, gpt-oss biases) is dot8 of its decoded
+/// slabs, the biases and the activation: exactly, bit for bit.
+#[test]
+fn a_gguf_expert_computes_its_decoded_slabs_exactly() {
+    use crate::quant::{
+        build_gate_up_tables, check_expert_payload, decode_expert, expert_forward_act, Activation, ExpertScratch,
+    };
+    let (fmt, shape, payload) = mixed_expert();
+    check_expert_payload(fmt, shape, &payload, None).unwrap();
+    let (h, i) = (shape.hidden, shape.inter);
+    let (g, u, d) = decode_expert(fmt, shape, &payload, None);
+    let biases: Vec<f32> = inputs(2 * 512 + 256, 4).iter().map(|b| b * 0.1).collect();
+    let act = Activation::ClampedSwiglu { alpha: 1.702, limit: 7.0 };
+    let x = inputs(h, 9);
+    let mut want = vec![0f32; h];
+    let mut a = vec![0f32; i];
+    for r in 0..i {
+        let gv = dot8_scalar(&g[r * h..(r + 1) * h], &x) + biases[r];
+        let uv = dot8_scalar(&u[r * h..(r + 1) * h], &x) + biases[i + r];
+        a[r] = act.apply(gv, uv);
+    }
+    for r in 0..h {
+        want[r] = dot8_scalar(&d[r * i..(r + 1) * i], &a) + biases[2 * i + r];
+    }
+    let mut out = vec![0f32; h];
+    let tables = build_gate_up_tables(fmt, None, &x);
+    expert_forward_act(fmt, shape, &payload, None, &tables, &x, &mut out, &mut ExpertScratch::new(fmt, shape), act);
+    assert!(out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// A chunk's batch over a GGUF expert gives each token its decode bits.
+#[test]
+fn a_gguf_expert_batch_gives_each_token_its_own_bits() {
+    use crate::quant::{
+        build_gate_up_tables, expert_forward_act, expert_forward_batch, Activation, ExpertBatchScratch, ExpertScratch,
+    };
+    let (fmt, shape, payload) = mixed_expert();
+    let h = shape.hidden;
+    let m = 7;
+    let xs = inputs(m * h, 11);
+    let mut outs = vec![0f32; m * h];
+    let act = Activation::Silu;
+    expert_forward_batch(fmt, shape, &payload, None, &xs, &mut outs, &mut ExpertBatchScratch::new(fmt, shape), act);
+    for t in 0..m {
+        let x = &xs[t * h..(t + 1) * h];
+        let mut out = vec![0f32; h];
+        let tables = build_gate_up_tables(fmt, None, x);
+        expert_forward_act(fmt, shape, &payload, None, &tables, x, &mut out, &mut ExpertScratch::new(fmt, shape), act);
+        assert!(out.iter().zip(&outs[t * h..]).all(|(a, b)| a.to_bits() == b.to_bits()), "token {t}");
+    }
+}
+
+#[test]
+fn a_gguf_expert_format_round_trips_its_record_code_and_refuses_bad_payloads() {
+    use crate::quant::{check_expert_payload, ExpertFormat, ExpertShape};
+    let (fmt, shape, payload) = mixed_expert();
+    assert_eq!(ExpertFormat::from_code(fmt.code()), Some(fmt));
+    assert_eq!(fmt.name(), "gguf");
+    for f in ExpertFormat::ALL {
+        assert_eq!(ExpertFormat::from_code(f.code()), Some(f));
+    }
+    assert_eq!(ExpertFormat::from_code(1 << 24 | 4 << 16), None, "Q4_2 is no type");
+    let short = check_expert_payload(fmt, shape, &payload[1..], None).unwrap_err();
+    assert!(matches!(short, QuantError::Length { .. }), "{short}");
+    let ragged = check_expert_payload(fmt, ExpertShape { hidden: 300, ..shape }, &payload, None).unwrap_err();
+    assert!(matches!(ragged, QuantError::Shape { what: "gate", .. }), "{ragged}");
+}

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use waste_host::ConvertOptions;
-use waste_host::{ExpertsAs, TrunkFormat};
+use waste_host::{ExpertsAs, TrunkAs};
 
 use crate::errors::usage;
 use crate::output;
@@ -21,9 +21,9 @@ pub struct ConvertArgs {
     /// Routed-expert format: f32, q8, q4, rvq3, rvq2, rvq4p, or gguf (a GGUF file's experts copied in their own quant types, no re-quantising). Default: gguf for a GGUF file, rvq3 for a checkpoint directory.
     #[arg(long)]
     pub experts: Option<String>,
-    /// Trunk format: f32, q8 or q4 (embeddings and LM head stay q8; norms and routers f32).
-    #[arg(long, default_value = "q4")]
-    pub trunk: String,
+    /// Trunk format: f32, q8 or q4 (embeddings and LM head stay q8; norms and routers f32), or gguf (a GGUF file's matrices in their own types; F32 tensors and DeepSeek's rebuilt kv_b_proj in f32). Default: gguf for a GGUF file, q4 for a checkpoint directory.
+    #[arg(long)]
+    pub trunk: Option<String>,
     /// Layer banks converted in parallel; the output is the same for any value.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub jobs: u32,
@@ -55,8 +55,12 @@ pub fn convert(a: ConvertArgs) -> Result<()> {
             .ok_or_else(|| usage(format!("--experts {name:?}: expected f32, q8, q4, rvq3, rvq2, rvq4p or gguf")))?,
         None => ExpertsAs::default_for(&a.src),
     };
-    let trunk =
-        TrunkFormat::parse(&a.trunk).ok_or_else(|| usage(format!("--trunk {:?}: expected f32, q8 or q4", a.trunk)))?;
+    let trunk = match &a.trunk {
+        Some(name) => {
+            TrunkAs::parse(name).ok_or_else(|| usage(format!("--trunk {name:?}: expected f32, q8, q4 or gguf")))?
+        }
+        None => TrunkAs::default_for(&a.src),
+    };
     if a.verify && a.reclaim {
         return Err(usage("--verify reads the source checkpoint, which --reclaim deletes; run them separately"));
     }

@@ -194,7 +194,9 @@ typedef struct waste_convert_options {
    */
   struct waste_str experts;
   /**
-   * Trunk format: f32, q8 or q4; `ptr` NULL = q4.
+   * Trunk format: f32, q8, q4, or gguf (a GGUF file's matrices in their
+   * own types); `ptr` NULL = gguf for a GGUF file, q4 for a checkpoint
+   * directory.
    */
   struct waste_str trunk;
   /**

@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_void};
 use std::path::Path;
 
 use waste_host::{ConvertOptions, ConvertProgress};
-use waste_host::{ExpertFormat, ExpertsAs, TrunkFormat};
+use waste_host::{ExpertFormat, ExpertsAs, TrunkAs};
 
 use crate::waste_result::{self, *};
 use crate::{host, null, str_arg, waste_ctx, waste_str};
@@ -17,7 +17,9 @@ pub struct waste_convert_options {
     /// file's experts kept in their own types); `ptr` NULL = gguf for a GGUF
     /// file, rvq3 for a checkpoint directory.
     pub experts: waste_str,
-    /// Trunk format: f32, q8 or q4; `ptr` NULL = q4.
+    /// Trunk format: f32, q8, q4, or gguf (a GGUF file's matrices in their
+    /// own types); `ptr` NULL = gguf for a GGUF file, q4 for a checkpoint
+    /// directory.
     pub trunk: waste_str,
     /// Seed of the codebook fit.
     pub seed: u64,
@@ -109,7 +111,11 @@ pub unsafe extern "C" fn waste_convert(
             }
             let src = Path::new(str_arg("src", src, src_len)?);
             let dst = Path::new(str_arg("out", out, out_len)?);
-            let mut o = ConvertOptions { experts: ExpertsAs::default_for(src), ..ConvertOptions::default() };
+            let mut o = ConvertOptions {
+                experts: ExpertsAs::default_for(src),
+                trunk: TrunkAs::default_for(src),
+                ..ConvertOptions::default()
+            };
             if !options.is_null() {
                 let c = &*options;
                 if let Some(name) = crate::opt_str("experts", c.experts)? {
@@ -118,8 +124,8 @@ pub unsafe extern "C" fn waste_convert(
                     })?;
                 }
                 if let Some(name) = crate::opt_str("trunk", c.trunk)? {
-                    o.trunk = TrunkFormat::parse(&name)
-                        .ok_or_else(|| (WASTE_ARG, format!("trunk {name:?}: expected f32, q8 or q4")))?;
+                    o.trunk = TrunkAs::parse(&name)
+                        .ok_or_else(|| (WASTE_ARG, format!("trunk {name:?}: expected f32, q8, q4 or gguf")))?;
                 }
                 o.seed = c.seed;
                 o.jobs = c.jobs.max(1);

@@ -95,6 +95,15 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// A copy of a flat directory (a container, a checkpoint) at `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
 /// Converts a fixture with the given formats into `dir/NAME.waste`.
 pub fn convert(family: &str, experts: &str, trunk: &str, dir: &Path) -> PathBuf {
     let out = dir.join(format!("{family}-{experts}-{trunk}.waste"));

@@ -43,8 +43,8 @@ fn convert_gguf(file: &Path, experts: &str, trunk: &str, dir: &Path) -> PathBuf 
 
 /// f32 logits at every position within 1e-4 of the largest, the same top-1
 /// everywhere and the same greedy continuation, for every model fixture,
-/// with its experts decoded to f32 and kept as stored (`--experts gguf`,
-/// the default for a GGUF file: the file's own blocks, computed on as such).
+/// decoded to f32 and kept as stored (`--experts gguf --trunk gguf`, the
+/// default for a GGUF file: the file's own blocks, computed on as such).
 #[test]
 fn gguf_models_match_transformers_on_their_dequantised_weights() {
     let tmp = TempDir::new("gguf-models");
@@ -58,7 +58,7 @@ fn gguf_models_match_transformers_on_their_dequantised_weights() {
         let (t, v) = (shape[0] as usize, shape[1] as usize);
         assert_eq!((t, want.len()), (prompt.len(), t * v));
         for experts in ["f32", "gguf"] {
-            let container = convert_gguf(&file, experts, "f32", tmp.path());
+            let container = convert_gguf(&file, experts, experts, tmp.path());
             if experts == "gguf" {
                 check_stored_types(&container, &m);
             }
@@ -81,7 +81,8 @@ fn gguf_models_match_transformers_on_their_dequantised_weights() {
 }
 
 /// A `gguf` container names, per layer, the ggml types of the file's
-/// `ffn_{gate,up,down}_exps` tensors (models.json's tensor table).
+/// `ffn_{gate,up,down}_exps` tensors (models.json's tensor table), and
+/// keeps the token embedding in the file's type.
 fn check_stored_types(container: &Path, m: &serde_json::Value) {
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(container.join("manifest.json")).unwrap()).unwrap();
@@ -91,6 +92,13 @@ fn check_stored_types(container: &Path, m: &serde_json::Value) {
         let t = tensors.iter().find(|t| t["name"] == name).unwrap_or_else(|| panic!("{name} not in models.json"));
         t["ggml_type"].as_str().unwrap()
     };
+    let trunk = manifest["trunk"]["tensors"].as_array().unwrap();
+    let embed = trunk.iter().find(|t| t["name"] == "model.embed_tokens.weight").unwrap();
+    let stored = match type_of("token_embd.weight") {
+        "F32" => "f32",
+        other => other,
+    };
+    assert_eq!(embed["format"], stored, "the embedding's type");
     let layers = manifest["experts"]["layers"].as_array().unwrap();
     assert!(!layers.is_empty());
     for l in layers {
@@ -244,11 +252,7 @@ fn convert_refuses_broken_and_unsupported_gguf_files_with_one_line() {
 fn padded_qwen3_moe(dir: &Path) -> PathBuf {
     let src = fixture("qwen3_moe");
     let hf = dir.join("tiny-qwen3_moe-padded");
-    std::fs::create_dir_all(&hf).unwrap();
-    for entry in std::fs::read_dir(&src).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), hf.join(entry.file_name())).unwrap();
-    }
+    copy_dir(&src, &hf);
     let mut tok: serde_json::Value =
         serde_json::from_slice(&std::fs::read(src.join("tokenizer.json")).unwrap()).unwrap();
     let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
@@ -306,16 +310,55 @@ fn a_padded_vocabulary_never_fails_generation_at_temperature_2() {
     }
 }
 
-/// `--experts gguf` copies a GGUF file's blocks; a Hugging Face checkpoint
-/// has none to copy: one line, nothing written.
+/// `--experts gguf` and `--trunk gguf` copy a GGUF file's blocks; a
+/// Hugging Face checkpoint has none to copy: one line, nothing written.
 #[test]
 fn keeping_experts_as_stored_needs_a_gguf_file() {
     let tmp = TempDir::new("gguf-stored-hf");
     let out = tmp.path().join("out.waste");
     let src = fixture("qwen3_moe");
-    let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", "gguf"]);
-    let err = stderr(&o);
-    assert!(!o.status.success());
-    assert!(err.contains("--experts gguf keeps a GGUF file's experts") && err.trim().lines().count() == 1, "{err}");
-    assert!(!out.exists(), "{} was written", out.display());
+    for (flags, want) in [
+        (["--experts", "gguf", "--trunk", "q4"], "--experts gguf keeps a GGUF file's experts"),
+        (["--experts", "q8", "--trunk", "gguf"], "--trunk gguf keeps a GGUF file's trunk"),
+    ] {
+        let mut args = vec!["convert", src.to_str().unwrap(), out.to_str().unwrap()];
+        args.extend(flags);
+        let o = waste(&args);
+        let err = stderr(&o);
+        assert!(!o.status.success());
+        assert!(err.contains(want) && err.trim().lines().count() == 1, "{err}");
+        assert!(!out.exists(), "{} was written", out.display());
+    }
+}
+
+/// A `gguf` manifest whose per-layer types are unknown, missing or not
+/// the records' is refused at open with one line.
+#[test]
+fn a_gguf_manifest_with_wrong_expert_types_is_refused_with_one_line() {
+    let tmp = TempDir::new("gguf-manifest");
+    let base = convert_gguf(&gguf_dir().join("models/wide-qwen3moe-q4_k_m.gguf"), "gguf", "f32", tmp.path());
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &str); 3] = [
+        ("unknown", |m| m["experts"]["layers"][0]["ggml"]["down"] = "Q4_2".into(), "are not ones WASTE computes on"),
+        (
+            "absent",
+            |m| {
+                m["experts"]["layers"][0].as_object_mut().unwrap().remove("ggml");
+            },
+            "ggml types present/absent contrary to format gguf",
+        ),
+        ("resized", |m| m["experts"]["layers"][0]["ggml"]["down"] = "Q4_K".into(), "expert record layout"),
+    ];
+    for (name, edit, needle) in cases {
+        let dir = tmp.path().join(format!("{name}.waste"));
+        copy_dir(&base, &dir);
+        let path = dir.join("manifest.json");
+        let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut m);
+        std::fs::write(&path, m.to_string()).unwrap();
+        let o = waste(&["eval", dir.to_str().unwrap(), "Hello"]);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{name}: accepted");
+        assert!(err.contains(needle) && err.trim().lines().count() == 1, "{name}: {err}");
+    }
 }

@@ -19,14 +19,6 @@ fn open_recording(path: &Path) -> (std::sync::Arc<Model>, Vec<OpenProgress>) {
     (model, events)
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-}
-
 #[test]
 fn open_progress_trunk_bytes_rise_monotonically_to_the_trunk_size() {
     let tmp = TempDir::new("open-progress");

@@ -67,14 +67,6 @@ fn chat_skips_an_invalid_utf8_line_of_piped_input_and_goes_on() {
     assert!(out.contains("turns 1"), "{out}");
 }
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-}
-
 type Edit = fn(&mut serde_json::Value);
 
 /// 8 of 340 inconsistent manifests were accepted (a misaligned trunk

@@ -38,7 +38,7 @@ pub mod vision;
 
 pub use waste_kernels::{pool, quant, skip};
 
-pub use convert::{convert, ConvertOptions, ConvertProgress, ConvertReport, ExpertsAs};
+pub use convert::{convert, ConvertOptions, ConvertProgress, ConvertReport, ExpertsAs, TrunkAs};
 pub use error::{Error, Result};
 pub use info::{LayerInfo, ModelInfo};
 pub use model::{MemoryUse, Model, OpenOptions, OpenProgress};

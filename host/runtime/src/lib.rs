@@ -75,7 +75,7 @@ pub use waste_engine::config::family::release as release_like;
 pub use waste_engine::convert::{check_limits, verify as verify_conversion};
 pub use waste_engine::store::trace::{read_route_trace, RouteTrace};
 pub use waste_engine::synth::{like_names, preset, synth, synth_like, LikeOptions, SynthSpec, PRESETS};
-pub use waste_engine::{convert, ConvertOptions, ConvertProgress, ConvertReport, ExpertsAs};
+pub use waste_engine::{convert, ConvertOptions, ConvertProgress, ConvertReport, ExpertsAs, TrunkAs};
 
 /// The bundled control component (a wasm32-wasip2 component), for hosts
 /// that load it with their own wasmtime binding.

@@ -9,7 +9,7 @@ use super::{Entry, HfCheckpoint, Kind, Shard};
 use crate::config::{ExpertLayout, Family, ModelConfig};
 use crate::error::{Error, Result};
 use crate::gguf::hf::{self, permuted_row, KvB, Slice};
-use crate::gguf::{tokenizer, GgufFile};
+use crate::gguf::{tokenizer, GgmlType, GgufFile};
 use crate::quant::GgmlExpert;
 
 /// What a GGUF checkpoint holds besides its tensors.
@@ -153,6 +153,44 @@ impl HfCheckpoint {
                 let row = j - kv.nope;
                 out.extend_from_slice(&values[row * kv.kv_lora..(row + 1) * kv.kv_lora]);
             }
+        }
+        Ok(out)
+    }
+
+    /// The ggml type a trunk matrix `[rows, cols]` can be kept in: its GGUF
+    /// tensor's, when each HF row is one stored row (in order, or in the
+    /// order llama.cpp's q/k permutation put it); `None` when its values
+    /// must be decoded (an F32 tensor, DeepSeek's rebuilt `kv_b_proj`, a
+    /// checkpoint that is no GGUF file).
+    pub fn gguf_matrix_type(&self, name: &str, rows: usize, cols: usize) -> Result<Option<GgmlType>> {
+        let Some(g) = self.gguf.as_ref().map(|g| &g.file) else { return Ok(None) };
+        let Kind::Gguf(s) = &self.entry(name)?.kind else { return Ok(None) };
+        let t = &g.tensors[s.tensor];
+        let plain = s.kv_b.is_none() && s.shape == [rows, cols] && t.ne[0] == cols as u64 && s.rows == rows as u64;
+        Ok((plain && t.ty != GgmlType::F32).then_some(t.ty))
+    }
+
+    /// The stored bytes of HF rows `[r0, r0 + n)` of a matrix whose type
+    /// `gguf_matrix_type` gave.
+    pub fn gguf_matrix_rows(&self, name: &str, r0: usize, n: usize) -> Result<Vec<u8>> {
+        let g = self.gguf();
+        let Kind::Gguf(s) = &self.entry(name)?.kind else {
+            return Err(Error::format(g.path(), format!("tensor `{name}` is not a GGUF slab")));
+        };
+        let t = &g.tensors[s.tensor];
+        let Some(heads) = s.unpermute_heads else {
+            return g.rows_bytes(t, s.first_row + r0 as u64, n as u64);
+        };
+        let rows = s.rows as usize;
+        if !splits_into_heads(rows, heads) {
+            return Err(Error::format(
+                g.path(),
+                format!("tensor `{}`: {rows} rows do not split into {heads} heads", t.name),
+            ));
+        }
+        let mut out = Vec::with_capacity(n * t.row_bytes() as usize);
+        for r in r0..r0 + n {
+            out.extend(g.rows_bytes(t, s.first_row + permuted_row(r, rows, heads) as u64, 1)?);
         }
         Ok(out)
     }

@@ -110,10 +110,51 @@ impl ExpertsAs {
     }
 }
 
+/// How a conversion stores the trunk's matrices.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TrunkAs {
+    /// Decoded and stored in one of our formats (`TensorRole::trunk_format`
+    /// picks each tensor's from it).
+    Encoded(TrunkFormat),
+    /// A GGUF file's matrices copied in their ggml types (`gguf`), rows
+    /// reordered where llama.cpp's converter permuted them; a matrix whose
+    /// blocks cannot be kept (DeepSeek's `kv_b_proj`, rebuilt from two
+    /// tensors) and every F32 tensor become f32, exactly their values.
+    Stored,
+}
+
+impl TrunkAs {
+    pub fn name(self) -> &'static str {
+        match self {
+            TrunkAs::Encoded(f) => f.name(),
+            TrunkAs::Stored => ExpertFormat::GGUF_NAME,
+        }
+    }
+
+    /// The choice when the caller makes none: a GGUF file keeps its trunk
+    /// as stored, a checkpoint directory gets q4.
+    pub fn default_for(src: &Path) -> TrunkAs {
+        if src.is_file() {
+            TrunkAs::Stored
+        } else {
+            TrunkAs::Encoded(TrunkFormat::Q4)
+        }
+    }
+
+    /// `gguf` or one of our trunk formats' names (f32, q8, q4).
+    pub fn parse(s: &str) -> Option<TrunkAs> {
+        match s {
+            "f32" | "q8" | "q4" => TrunkFormat::parse(s).map(TrunkAs::Encoded),
+            _ if s == ExpertFormat::GGUF_NAME => Some(TrunkAs::Stored),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ConvertOptions {
     pub experts: ExpertsAs,
-    pub trunk: TrunkFormat,
+    pub trunk: TrunkAs,
     /// Seed of the codebook fit.
     pub seed: u64,
     /// Layer banks written in parallel (>= 1); the output does not depend on it.
@@ -129,7 +170,7 @@ impl Default for ConvertOptions {
     fn default() -> Self {
         ConvertOptions {
             experts: ExpertsAs::Encoded(ExpertFormat::Rvq3),
-            trunk: TrunkFormat::Q4,
+            trunk: TrunkAs::Encoded(TrunkFormat::Q4),
             seed: 0x5EED,
             jobs: 1,
             reclaim: false,
@@ -204,6 +245,12 @@ pub fn convert(
     if opts.experts == ExpertsAs::Stored && ckpt.gguf_file().is_none() {
         return Err(Error::Arg(format!(
             "{}: --experts gguf keeps a GGUF file's experts as stored; a Hugging Face checkpoint needs f32, q8, q4, rvq3, rvq2 or rvq4p",
+            src.display()
+        )));
+    }
+    if opts.trunk == TrunkAs::Stored && ckpt.gguf_file().is_none() {
+        return Err(Error::Arg(format!(
+            "{}: --trunk gguf keeps a GGUF file's trunk as stored; a Hugging Face checkpoint needs f32, q8 or q4",
             src.display()
         )));
     }

@@ -9,11 +9,13 @@ use std::path::Path;
 use waste_platform::FileExt;
 
 use super::files::{sidecar_path, tmp_path, valid_sidecar, write_sidecar, Sidecar};
+use super::TrunkAs;
 use crate::checkpoint::HfCheckpoint;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, TensorRole};
 use crate::container::checksum::{self, Crc32};
 use crate::container::manifest::{align_up, TensorEntry, TENSOR_ALIGN};
 use crate::error::{Error, Result};
+use crate::gguf::GgmlType;
 use crate::quant::{self, TrunkFormat, GROUP};
 
 /// f32 values decoded per slice (16 MB).
@@ -25,7 +27,7 @@ pub(super) fn write_trunk(
     ckpt: &HfCheckpoint,
     cfg: &ModelConfig,
     path: &Path,
-    trunk: TrunkFormat,
+    trunk: TrunkAs,
     fingerprint: &str,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(Vec<TensorEntry>, bool)> {
@@ -36,7 +38,7 @@ fn write_trunk_sliced(
     ckpt: &HfCheckpoint,
     cfg: &ModelConfig,
     path: &Path,
-    trunk: TrunkFormat,
+    trunk: TrunkAs,
     fingerprint: &str,
     slice_values: usize,
     progress: &mut dyn FnMut(&str),
@@ -74,7 +76,7 @@ fn write_tensor(
     ckpt: &HfCheckpoint,
     cfg: &ModelConfig,
     name: &str,
-    trunk: TrunkFormat,
+    trunk: TrunkAs,
     slice_values: usize,
     put: &dyn Fn(u64, &[u8]) -> Result<()>,
 ) -> Result<TensorEntry> {
@@ -91,11 +93,20 @@ fn write_tensor(
             (TrunkFormat::F32, bytes.len() as u64, checksum::crc32(&bytes))
         }
         [rows, cols] => {
-            let fmt = cfg.tensor_role(name).trunk_format(trunk);
+            let role = cfg.tensor_role(name);
+            let fmt = match trunk {
+                TrunkAs::Encoded(f) => role.trunk_format(f),
+                TrunkAs::Stored if matches!(role, TensorRole::Vector | TensorRole::Router) => TrunkFormat::F32,
+                TrunkAs::Stored => ckpt.gguf_matrix_type(name, rows, cols)?.map_or(TrunkFormat::F32, TrunkFormat::Ggml),
+            };
+            if let TrunkFormat::Ggml(ty) = fmt {
+                return copy_matrix(ckpt, name, ty, &shape, slice_values, put);
+            }
             let (g, row_bytes) = match fmt {
                 TrunkFormat::F32 => (0, 4 * cols),
                 TrunkFormat::Q8 => (cols.div_ceil(GROUP), cols),
                 TrunkFormat::Q4 => (cols.div_ceil(GROUP), cols.div_ceil(2)),
+                TrunkFormat::Ggml(_) => unreachable!("copied above"),
             };
             let data_at = (rows * g * 2) as u64;
             let step = (slice_values / cols.max(1)).max(1);
@@ -133,6 +144,41 @@ fn write_tensor(
         offset: 0,
         bytes,
         crc32: Some(crc32),
+    })
+}
+
+/// A GGUF matrix's rows copied as the file stores them (in HF row order),
+/// a slice of rows at a time.
+fn copy_matrix(
+    ckpt: &HfCheckpoint,
+    name: &str,
+    ty: GgmlType,
+    shape: &[usize],
+    slice_values: usize,
+    put: &dyn Fn(u64, &[u8]) -> Result<()>,
+) -> Result<TensorEntry> {
+    let (rows, cols) = (shape[0], shape[1]);
+    let row_bytes = ty.row_bytes(cols).ok_or_else(|| {
+        Error::format(ckpt.dir(), format!("tensor {name}: rows of {cols} are not whole {} blocks", ty.name()))
+    })?;
+    let step = (slice_values / cols.max(1)).max(1);
+    let mut crc = Crc32::new();
+    let mut r0 = 0;
+    while r0 < rows {
+        let n = step.min(rows - r0);
+        let bytes = ckpt.gguf_matrix_rows(name, r0, n)?;
+        put((r0 * row_bytes) as u64, &bytes)?;
+        crc.update(&bytes);
+        r0 += n;
+    }
+    let fmt = TrunkFormat::Ggml(ty);
+    Ok(TensorEntry {
+        name: name.to_string(),
+        shape: shape.iter().map(|&d| d as u64).collect(),
+        format: fmt.name().to_string(),
+        offset: 0,
+        bytes: (rows * row_bytes) as u64,
+        crc32: Some(crc.finish()),
     })
 }
 
@@ -175,7 +221,7 @@ pub(super) fn write_piece(
     dir: &Path,
     i: usize,
     name: &str,
-    trunk: TrunkFormat,
+    trunk: TrunkAs,
     fingerprint: &str,
 ) -> Result<bool> {
     if piece_done(dir, i, name, fingerprint) {
@@ -255,7 +301,8 @@ mod tests {
             for (i, slice) in [usize::MAX / 2, 1, 100].into_iter().enumerate() {
                 let path = dir.join(format!("trunk-{}-{i}.bin", fmt.name()));
                 let (entries, reused) =
-                    write_trunk_sliced(&ckpt, ckpt.config(), &path, fmt, "t", slice, &mut |_| {}).unwrap();
+                    write_trunk_sliced(&ckpt, ckpt.config(), &path, TrunkAs::Encoded(fmt), "t", slice, &mut |_| {})
+                        .unwrap();
                 assert!(!reused && !entries.is_empty());
                 files.push(std::fs::read(&path).unwrap());
             }
@@ -275,12 +322,16 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let whole = dir.join("whole.bin");
-        let (want, _) = write_trunk(&ckpt, ckpt.config(), &whole, TrunkFormat::Q4, "t", &mut |_| {}).unwrap();
+        let (want, _) =
+            write_trunk(&ckpt, ckpt.config(), &whole, TrunkAs::Encoded(TrunkFormat::Q4), "t", &mut |_| {}).unwrap();
         let names = ckpt.config().trunk_tensor_names();
         for (i, name) in names.iter().enumerate().rev() {
-            assert!(!write_piece(&ckpt, &dir, i, name, TrunkFormat::Q4, "t").unwrap());
+            assert!(!write_piece(&ckpt, &dir, i, name, TrunkAs::Encoded(TrunkFormat::Q4), "t").unwrap());
         }
-        assert!(write_piece(&ckpt, &dir, 0, &names[0], TrunkFormat::Q4, "t").unwrap(), "a finished piece is reused");
+        assert!(
+            write_piece(&ckpt, &dir, 0, &names[0], TrunkAs::Encoded(TrunkFormat::Q4), "t").unwrap(),
+            "a finished piece is reused"
+        );
         let joined = dir.join("joined.bin");
         let got = assemble(&dir, names.len(), &joined, "t").unwrap();
         assert_eq!(serde_json::to_value(&got).unwrap(), serde_json::to_value(&want).unwrap());

@@ -40,7 +40,7 @@ pub fn kv_b_resident_bytes(fmt: TrunkFormat, rows: usize, cols: usize) -> usize 
 enum KvB {
     /// Stored as f32: the rows, read on both sides by plain loops.
     F32(Vec<f32>),
-    /// Stored as q8/q4 and kept so: the query side adds dequantised rows
+    /// Stored as q8/q4 (or a GGUF type) and kept so: the query side adds dequantised rows
     /// (`QMatrix::add_scaled_row`, bit-identical to the same loop over the
     /// f32 expansion), the value side runs the SIMD row kernels.
     /// Dequantising the whole matrix at load cost 4 bytes per weight (about
@@ -54,7 +54,7 @@ impl KvB {
     fn load(w: QMatrix) -> KvB {
         match w.format() {
             TrunkFormat::F32 => KvB::F32(w.dequantize()),
-            TrunkFormat::Q8 | TrunkFormat::Q4 => KvB::Quant(w),
+            TrunkFormat::Q8 | TrunkFormat::Q4 | TrunkFormat::Ggml(_) => KvB::Quant(w),
         }
     }
 

@@ -122,14 +122,20 @@ pub enum TrunkFormat {
     F32,
     Q8,
     Q4,
+    /// A GGUF tensor's rows as the file stores them (`ggml` module docs;
+    /// never `GgmlType::F32`, which is `F32`): the trunk of a GGUF file
+    /// kept without a second rounding.
+    Ggml(ggml::GgmlType),
 }
 
 impl TrunkFormat {
+    /// Our formats' lower-case names; a ggml type's own (`Q6_K`, `BF16`).
     pub fn name(self) -> &'static str {
         match self {
             TrunkFormat::F32 => "f32",
             TrunkFormat::Q8 => "q8",
             TrunkFormat::Q4 => "q4",
+            TrunkFormat::Ggml(t) => t.name(),
         }
     }
 
@@ -138,18 +144,20 @@ impl TrunkFormat {
             "f32" => Some(TrunkFormat::F32),
             "q8" => Some(TrunkFormat::Q8),
             "q4" => Some(TrunkFormat::Q4),
-            _ => None,
+            _ => ggml::GgmlType::parse(s).filter(|&t| t != ggml::GgmlType::F32).map(TrunkFormat::Ggml),
         }
     }
 
     /// Bytes of a `[rows, cols]` matrix in this format (saturating, so an
     /// absurd untrusted shape yields a huge length that fails the length
-    /// check instead of wrapping).
+    /// check instead of wrapping; a ggml shape whose rows are not whole
+    /// blocks is `usize::MAX`).
     pub fn byte_len(self, rows: usize, cols: usize) -> usize {
         match self {
             TrunkFormat::F32 => rows.saturating_mul(cols).saturating_mul(4),
             TrunkFormat::Q8 => scale_bytes(rows, cols).saturating_add(rows.saturating_mul(cols)),
             TrunkFormat::Q4 => scale_bytes(rows, cols).saturating_add(rows.saturating_mul(cols.div_ceil(2))),
+            TrunkFormat::Ggml(t) => t.matrix_bytes(rows, cols).unwrap_or(usize::MAX),
         }
     }
 
@@ -162,6 +170,10 @@ impl TrunkFormat {
     pub fn row_spans(self, rows: usize, cols: usize, r: usize) -> [(usize, usize); 2] {
         match self {
             TrunkFormat::F32 => [(r * cols * 4, cols * 4), (0, 0)],
+            TrunkFormat::Ggml(t) => {
+                let rb = t.row_bytes(cols).unwrap_or(0);
+                [(r * rb, rb), (0, 0)]
+            }
             TrunkFormat::Q8 | TrunkFormat::Q4 => {
                 let scales = cols.div_ceil(GROUP) * 2;
                 let codes = if self == TrunkFormat::Q8 { cols } else { cols.div_ceil(2) };

@@ -1,6 +1,7 @@
 //! Group quantisation (q8/q4, shared by trunk and experts), the borrowed
 //! matrix view the kernels run on, and the owned trunk matrix `QMatrix`.
 
+use super::ggml::GgmlMatrix;
 use super::simd::{self, f16_at};
 use super::{QuantError, TrunkFormat, GROUP};
 use half::f16;
@@ -46,6 +47,7 @@ pub(crate) fn quantize_into(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usiz
                 o.copy_from_slice(&v.to_le_bytes());
             }
         }
+        TrunkFormat::Ggml(t) => panic!("quantize_trunk: {} rows are copied from a GGUF file, not quantised", t.name()),
         TrunkFormat::Q8 | TrunkFormat::Q4 => {
             let g = cols.div_ceil(GROUP);
             let row_bytes = if fmt == TrunkFormat::Q8 { cols } else { cols.div_ceil(2) };
@@ -167,8 +169,18 @@ pub(crate) struct MatRef<'a> {
 #[derive(Clone, Copy)]
 enum Kind<'a> {
     F32(&'a [f32]),
-    Q8 { scales: &'a [u8], q: &'a [u8] },
-    Q4 { scales: &'a [u8], q: &'a [u8] },
+    Q8 {
+        scales: &'a [u8],
+        q: &'a [u8],
+    },
+    Q4 {
+        scales: &'a [u8],
+        q: &'a [u8],
+    },
+    /// A GGUF tensor's rows: every product is `dot8` of a decoded row
+    /// (`GgmlMatrix`), so `matvec`, `matvec_many` and `matmul` agree bit
+    /// for bit.
+    Ggml(GgmlMatrix<'a>),
 }
 
 impl<'a> MatRef<'a> {
@@ -177,14 +189,18 @@ impl<'a> MatRef<'a> {
         MatRef { rows, cols, kind: Kind::F32(w) }
     }
 
-    /// A q8/q4 matrix over `fmt.byte_len(rows, cols)` bytes.
+    /// A q8/q4/ggml matrix over `fmt.byte_len(rows, cols)` bytes.
     pub fn quant(fmt: TrunkFormat, bytes: &'a [u8], rows: usize, cols: usize) -> Self {
         assert_eq!(bytes.len(), fmt.byte_len(rows, cols), "matrix: byte length");
+        if let TrunkFormat::Ggml(t) = fmt {
+            let m = GgmlMatrix::new("trunk matrix", t, rows, cols, bytes).unwrap_or_else(|e| panic!("{e}"));
+            return MatRef { rows, cols, kind: Kind::Ggml(m) };
+        }
         let (scales, q) = bytes.split_at(super::scale_bytes(rows, cols));
         let kind = match fmt {
             TrunkFormat::Q8 => Kind::Q8 { scales, q },
             TrunkFormat::Q4 => Kind::Q4 { scales, q },
-            TrunkFormat::F32 => unreachable!("f32 matrices go through MatRef::f32"),
+            TrunkFormat::F32 | TrunkFormat::Ggml(_) => unreachable!("f32 matrices go through MatRef::f32"),
         };
         MatRef { rows, cols, kind }
     }
@@ -206,6 +222,11 @@ impl<'a> MatRef<'a> {
                 let rb = c.div_ceil(2);
                 simd::dot_q4(self.row_scales(scales, r), &q[r * rb..(r + 1) * rb], x)
             }
+            Kind::Ggml(m) => {
+                let mut y = [0f32];
+                m.row_dots(r, x, &mut y);
+                y[0]
+            }
         }
     }
 
@@ -222,6 +243,7 @@ impl<'a> MatRef<'a> {
                 let rb = c.div_ceil(2);
                 simd::dot_q4_rows(self.row_scales(scales, r), &q[r * rb..(r + 1) * rb], c, x, out)
             }
+            Kind::Ggml(m) => m.row_dots(r, x, out),
         }
     }
 
@@ -279,6 +301,7 @@ impl<'a> MatRef<'a> {
         assert_eq!(out.len(), c, "row: out.len() != cols");
         match self.kind {
             Kind::F32(w) => out.copy_from_slice(&w[r * c..(r + 1) * c]),
+            Kind::Ggml(m) => m.row_into(r, out),
             // One scale conversion per group, not per value: the software
             // f16 conversion cost 1.5 ns a value, which `matmul` paid for
             // every weight of every input block (docs/PERFORMANCE.md).
@@ -312,6 +335,9 @@ impl<'a> MatRef<'a> {
     /// `y = W x`, rows split across rayon for large matrices.
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
         assert!(x.len() == self.cols && y.len() == self.rows, "matvec: x/y length");
+        if let Kind::Ggml(m) = self.kind {
+            return m.matvec(x, y);
+        }
         par_rows(y, self.rows * self.cols, |r| self.row_dot(r, x));
     }
 
@@ -564,6 +590,13 @@ impl QMatrix {
                     for (o, &v) in yg.iter_mut().zip(&buf) {
                         *o += a * v;
                     }
+                }
+            }
+            Kind::Ggml(m) => {
+                let mut w = vec![0f32; c];
+                m.row_into(r, &mut w);
+                for (o, &wv) in y.iter_mut().zip(&w) {
+                    *o += a * wv;
                 }
             }
         }

@@ -330,9 +330,26 @@ impl<'a> GgmlMatrix<'a> {
         self.cols
     }
 
-    fn row_into(&self, r: usize, out: &mut [f32]) {
+    /// Row `r`'s values into `out` (`cols` of them).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
         let rb = self.data.len() / self.rows;
         dequantize_row(self.ty, &self.data[r * rb..(r + 1) * rb], out);
+    }
+
+    /// `out[t] = dot8(row r, x row t)` for the `out.len()` inputs of `x`:
+    /// the bits `matvec` and `matmul` give for that row and input, the row
+    /// decoded once.
+    pub fn row_dots(&self, r: usize, x: &[f32], out: &mut [f32]) {
+        assert_eq!(x.len(), out.len() * self.cols, "GgmlMatrix::row_dots: x length");
+        if self.cols == 0 {
+            return out.fill(0.0);
+        }
+        ROWS.with_borrow_mut(|w| {
+            w.resize(self.cols.max(ROW_BLOCK * self.cols), 0.0);
+            let row = &mut w[..self.cols];
+            self.row_into(r, row);
+            simd::matmul_block(row, x, self.cols, out);
+        });
     }
 
     /// `y = W x`. Each `y[r]` is `dot8` of row r's values and `x`: the bits

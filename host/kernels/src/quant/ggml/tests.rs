@@ -266,3 +266,43 @@ fn a_gguf_expert_format_round_trips_its_record_code_and_refuses_bad_payloads() {
     let ragged = check_expert_payload(fmt, ExpertShape { hidden: 300, ..shape }, &payload, None).unwrap_err();
     assert!(matches!(ragged, QuantError::Shape { what: "gate", .. }), "{ragged}");
 }
+
+/// A GGUF matrix kept in the trunk (`TrunkFormat::Ggml`): matvec, a
+/// prefill chunk's matvec_many, matmul, one row's dot and MLA's
+/// add_scaled_row all give the bits of dot8 / the loop over its decoded
+/// rows.
+#[test]
+fn a_gguf_trunk_matrix_gives_the_same_bits_on_every_path() {
+    use crate::quant::{QMatrix, TrunkFormat};
+    for ty in [GgmlType::Q6K, GgmlType::Iq2Xxs, GgmlType::Q8_0] {
+        let (rows, cols) = (40, 512);
+        let bytes = random_blocks(ty, rows * cols / ty.block_elems(), 5);
+        let m = QMatrix::from_bytes(TrunkFormat::Ggml(ty), rows, cols, &bytes).unwrap();
+        assert_eq!(TrunkFormat::parse(TrunkFormat::Ggml(ty).name()), Some(TrunkFormat::Ggml(ty)));
+        let w = m.dequantize();
+        let n = 5;
+        let x = inputs(n * cols, 8);
+        let (mut many, mut prod) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+        m.matvec_many(&x, &mut many);
+        m.matmul(&x, &mut prod);
+        for t in 0..n {
+            let xt = &x[t * cols..(t + 1) * cols];
+            let mut y = vec![0f32; rows];
+            m.matvec(xt, &mut y);
+            for r in 0..rows {
+                let want = dot8_scalar(&w[r * cols..(r + 1) * cols], xt).to_bits();
+                let got = [y[r], many[t * rows + r], prod[t * rows + r]].map(f32::to_bits);
+                assert_eq!(got, [want; 3], "{} input {t} row {r}", ty.name());
+            }
+        }
+        let mut one = [0f32; 3];
+        m.matvec_rows(7, &x[..cols], &mut one);
+        assert_eq!(one[0].to_bits(), dot8_scalar(&w[7 * cols..8 * cols], &x[..cols]).to_bits());
+        let (mut got, mut want) = (x[..cols].to_vec(), x[..cols].to_vec());
+        m.add_scaled_row(3, 0.37, &mut got);
+        for (o, &v) in want.iter_mut().zip(&w[3 * cols..4 * cols]) {
+            *o += 0.37 * v;
+        }
+        assert_eq!(got, want);
+    }
+}

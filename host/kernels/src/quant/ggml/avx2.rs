@@ -5,7 +5,19 @@
 
 use std::arch::x86_64::*;
 
-use super::blocks::h;
+/// The f16 at byte `at` of `b`, converted by F16C: exactly `blocks::h`'s
+/// value (the half crate runs the same instruction where it finds F16C),
+/// without its call and run-time check per block.
+#[inline(always)]
+pub(super) unsafe fn h16(b: &[u8], at: usize) -> f32 {
+    half_bits(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+#[inline(always)]
+unsafe fn half_bits(bits: u16) -> f32 {
+    // SAFETY (callers): F16C is enabled in the calling function.
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
 
 /// 8 bytes at `p` as 8 i32 lanes, zero-extended.
 #[inline(always)]
@@ -15,10 +27,10 @@ unsafe fn u8x8(p: *const u8) -> __m256i {
 }
 
 /// `block_q8_0`: `y = q * d`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q8_0(b: &[u8], y: &mut [f32]) {
     assert!(b.len() >= 34 && y.len() >= 32);
-    let d = _mm256_set1_ps(h(b, 0));
+    let d = _mm256_set1_ps(h16(b, 0));
     for k in 0..4 {
         // SAFETY: bytes 2 + 8k .. 10 + 8k and values 8k .. 8k + 8 are in
         // bounds (asserted above).
@@ -29,10 +41,10 @@ pub(super) unsafe fn q8_0(b: &[u8], y: &mut [f32]) {
 
 /// `block_q4_K`: `y = d * sc * q - dmin * m` per 32 values, the product
 /// exact and the subtraction rounded once, as in the twin.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k(b: &[u8], y: &mut [f32]) {
     assert!(b.len() >= 144 && y.len() >= 256);
-    let (d, dmin) = (h(b, 0), h(b, 2));
+    let (d, dmin) = (h16(b, 0), h16(b, 2));
     let scales = &b[4..16];
     let fifteen = _mm256_set1_epi32(15);
     for c in 0..4 {
@@ -55,10 +67,10 @@ pub(super) unsafe fn q4_k(b: &[u8], y: &mut [f32]) {
 
 /// `block_q6_K`: `y = (d * sc) * (q - 32)` with 6-bit quants split into
 /// 4 low bits (`ql`) and 2 high bits (`qh`).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q6_k(b: &[u8], y: &mut [f32]) {
     assert!(b.len() >= 210 && y.len() >= 256);
-    let d = h(b, 208);
+    let d = h16(b, 208);
     let (fifteen, three, thirty_two) = (_mm256_set1_epi32(15), _mm256_set1_epi32(3), _mm256_set1_epi32(32));
     for half in 0..2 {
         let (ql, qh) = (b.as_ptr().add(64 * half), b.as_ptr().add(128 + 32 * half));
@@ -87,10 +99,10 @@ pub(super) unsafe fn q6_k(b: &[u8], y: &mut [f32]) {
 }
 
 /// `block_q2_K`: `y = (d * sc) * q - dmin * m` per 16 values, 2-bit `q`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q2_k(b: &[u8], y: &mut [f32]) {
     assert!(b.len() >= 84 && y.len() >= 256);
-    let (d, dmin) = (h(b, 80), h(b, 82));
+    let (d, dmin) = (h16(b, 80), h16(b, 82));
     let three = _mm256_set1_epi32(3);
     for half in 0..2 {
         for j in 0..4 {
@@ -113,10 +125,10 @@ pub(super) unsafe fn q2_k(b: &[u8], y: &mut [f32]) {
 }
 
 /// `block_q3_K`: `y = (d * (sc - 32)) * (q - (hmask bit ? 0 : 4))` per 16.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q3_k(b: &[u8], y: &mut [f32]) {
     assert!(b.len() >= 110 && y.len() >= 256);
-    let d = h(b, 108);
+    let d = h16(b, 108);
     let sc = &b[96..108];
     let scale = |s: usize| -> f32 {
         let low4 = if s < 8 { sc[s] & 15 } else { sc[s - 8] >> 4 };
@@ -149,10 +161,10 @@ pub(super) unsafe fn q3_k(b: &[u8], y: &mut [f32]) {
 }
 
 /// `block_q5_K`: Q4_K with a fifth bit per value from `qh`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q5_k(b: &[u8], y: &mut [f32]) {
     assert!(b.len() >= 176 && y.len() >= 256);
-    let (d, dmin) = (h(b, 0), h(b, 2));
+    let (d, dmin) = (h16(b, 0), h16(b, 2));
     let scales = &b[4..16];
     let (fifteen, sixteen) = (_mm256_set1_epi32(15), _mm256_set1_epi32(16));
     for c in 0..4 {
@@ -202,15 +214,15 @@ const IQ4NL_F32: [f32; 16] = [-127., -104., -83., -65., -49., -35., -22., -10., 
 const Q4_0_F32: [f32; 16] = [-8., -7., -6., -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 7.];
 
 /// `block_q4_0`: `y = (q - 8) * d`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_0(b: &[u8], y: &mut [f32]) {
     assert!(b.len() >= 18 && y.len() >= 32);
     // SAFETY: 16 quant bytes after the scale, 32 values (asserted).
-    nibbles32(&Q4_0_F32, b.as_ptr().add(2), h(b, 0), y.as_mut_ptr());
+    nibbles32(&Q4_0_F32, b.as_ptr().add(2), h16(b, 0), y.as_mut_ptr());
 }
 
 /// `block_mxfp4`: `y = kvalues_mxfp4[q] * d`, d the E8M0 half-scale.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn mxfp4(b: &[u8], y: &mut [f32]) {
     assert!(b.len() >= 17 && y.len() >= 32);
     // SAFETY: 16 quant bytes after the exponent, 32 values (asserted).
@@ -218,18 +230,18 @@ pub(super) unsafe fn mxfp4(b: &[u8], y: &mut [f32]) {
 }
 
 /// `block_iq4_nl`: `y = d * kvalues[q]`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn iq4_nl(b: &[u8], y: &mut [f32]) {
     assert!(b.len() >= 18 && y.len() >= 32);
     // SAFETY: 16 quant bytes after the scale, 32 values (asserted).
-    nibbles32(&IQ4NL_F32, b.as_ptr().add(2), h(b, 0), y.as_mut_ptr());
+    nibbles32(&IQ4NL_F32, b.as_ptr().add(2), h16(b, 0), y.as_mut_ptr());
 }
 
 /// `block_iq4_xs`: `y = (d * (scale - 32)) * kvalues[q]` per 32 values.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn iq4_xs(b: &[u8], y: &mut [f32]) {
     assert!(b.len() >= 136 && y.len() >= 256);
-    let d = h(b, 0);
+    let d = h16(b, 0);
     let scales_h = u16::from_le_bytes([b[2], b[3]]);
     for ib in 0..8 {
         let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 15;
@@ -255,6 +267,19 @@ unsafe fn lane_signs(signs: u8) -> __m256 {
 }
 
 impl super::iq::Lanes for Avx2 {
+    #[inline(always)]
+    fn half(b: &[u8], at: usize) -> f32 {
+        // SAFETY: only called from decoders running under
+        // `dequantize_row_avx2` (AVX2, FMA and F16C detected).
+        unsafe { h16(b, at) }
+    }
+
+    #[inline(always)]
+    fn half_bits(bits: u16) -> f32 {
+        // SAFETY: as `half`.
+        unsafe { half_bits(bits) }
+    }
+
     #[inline(always)]
     fn grid8(y: &mut [f32], db: f32, entry: u64, signs: u8) {
         assert!(y.len() >= 8);
@@ -287,7 +312,7 @@ impl super::iq::Lanes for Avx2 {
 /// `iq::$name` with AVX2 lanes, as a decoder of `dequantize_row_avx2`.
 macro_rules! iq_avx2 {
     ($($name:ident),*) => {$(
-        #[target_feature(enable = "avx2,fma")]
+        #[target_feature(enable = "avx2,fma,f16c")]
         pub(super) unsafe fn $name(b: &[u8], y: &mut [f32]) {
             super::iq::$name::<Avx2>(b, y)
         }
@@ -295,3 +320,74 @@ macro_rules! iq_avx2 {
 }
 
 iq_avx2!(iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s);
+
+/// `hsum` of `simd::avx2`: `dot8`'s lane order,
+/// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+}
+
+/// Whether `dot_rows` computes `ty` in registers: Q8_0 (a GGUF's LM head
+/// and many of its matrices), 1.3x faster so than decoded rows. Q4_K and
+/// Q6_K in registers were slower than their decoders plus `matmul_block`
+/// (1.36x and 2.2x the time: the per-row scales of four interleaved rows
+/// do not fit the 16 registers), and were dropped (docs/PERFORMANCE.md).
+pub(super) fn fused(ty: super::GgmlType) -> bool {
+    ty == super::GgmlType::Q8_0
+}
+
+/// `out[i] = dot8(row i's values, x)` for the rows of `rows` (`out.len()`
+/// of them, each `row_bytes` long, 4 at most), decoded in registers and
+/// never stored: each lane accumulates the fused products of its
+/// positions in position order, as `simd::dot8_scalar` does, from the
+/// twin's values (exact), so the bits are `matmul_block`'s on the decoded
+/// rows. The rows' chains are interleaved step by step (one FMA chain per
+/// row would wait on the FMA latency). `fused(ty)` must hold and
+/// `x.len()` be the row's values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_rows(ty: super::GgmlType, rows: &[u8], row_bytes: usize, x: &[f32], out: &mut [f32]) {
+    match out.len() {
+        4 => dot_rows_n::<4>(ty, rows, row_bytes, x, out),
+        3 => dot_rows_n::<3>(ty, rows, row_bytes, x, out),
+        2 => dot_rows_n::<2>(ty, rows, row_bytes, x, out),
+        1 => dot_rows_n::<1>(ty, rows, row_bytes, x, out),
+        n => assert!(n == 0, "dot_rows: {n} rows"),
+    }
+}
+
+#[inline(always)]
+unsafe fn dot_rows_n<const N: usize>(ty: super::GgmlType, rows: &[u8], row_bytes: usize, x: &[f32], out: &mut [f32]) {
+    use super::GgmlType as T;
+    let (be, bb) = (ty.block_elems(), ty.block_bytes());
+    assert!(rows.len() == N * row_bytes && x.len() / be * bb == row_bytes && out.len() == N);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for blk in 0..row_bytes / bb {
+        let b: [&[u8]; N] = std::array::from_fn(|i| &rows[i * row_bytes + blk * bb..][..bb]);
+        // SAFETY: block `blk` of each row lies in `rows` and its values'
+        // inputs `x[blk * be..][..be]` in `x` (asserted above).
+        let xb = x.as_ptr().add(blk * be);
+        match ty {
+            T::Q8_0 => q8_0_dot(b, xb, &mut acc),
+            _ => unreachable!("dot_rows: {} is not fused", ty.name()),
+        }
+    }
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = hsum(a);
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_0_dot<const N: usize>(b: [&[u8]; N], x: *const f32, acc: &mut [__m256; N]) {
+    let d: [__m256; N] = std::array::from_fn(|i| _mm256_set1_ps(h16(b[i], 0)));
+    for k in 0..4 {
+        // SAFETY (callers): 34-byte blocks and their 32 inputs.
+        let xv = _mm256_loadu_ps(x.add(8 * k));
+        for i in 0..N {
+            let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b[i].as_ptr().add(2 + 8 * k) as *const __m128i));
+            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d[i]), xv, acc[i]);
+        }
+    }
+}

@@ -46,6 +46,10 @@ fn sign(bits: u8, j: usize) -> f32 {
 /// How a decoder writes 8 values: the portable loops (the definition) or
 /// AVX2 lanes (avx2.rs), which form the same products in the same order.
 pub(super) trait Lanes {
+    /// The f16 at byte `at` of `b`, as f32.
+    fn half(b: &[u8], at: usize) -> f32;
+    /// An f16 from its bits, as f32.
+    fn half_bits(bits: u16) -> f32;
     /// `y[j] = db * entry byte j * (sign bit j ? -1 : 1)`, j < 8.
     fn grid8(y: &mut [f32], db: f32, entry: u64, signs: u8);
     /// The same for two 4-wide entries: `first`'s values, then `second`'s,
@@ -58,6 +62,16 @@ pub(super) trait Lanes {
 pub(super) struct Portable;
 
 impl Lanes for Portable {
+    #[inline(always)]
+    fn half(b: &[u8], at: usize) -> f32 {
+        h(b, at)
+    }
+
+    #[inline(always)]
+    fn half_bits(bits: u16) -> f32 {
+        half::f16::from_bits(bits).to_f32()
+    }
+
     #[inline(always)]
     fn grid8(y: &mut [f32], db: f32, entry: u64, signs: u8) {
         for (j, v) in y[..8].iter_mut().enumerate() {
@@ -83,7 +97,7 @@ impl Lanes for Portable {
 /// indices; four 7-bit sign indices and a 4-bit scale.
 #[inline(always)]
 pub(super) fn iq2_xxs<L: Lanes>(b: &[u8], y: &mut [f32]) {
-    let d = h(b, 0);
+    let d = L::half(b, 0);
     for ib in 0..8 {
         let (grid, rest) = (u32_at(b, 2 + 8 * ib), u32_at(b, 6 + 8 * ib));
         let db = d * (0.5 + (rest >> 28) as f32) * 0.25;
@@ -99,7 +113,7 @@ pub(super) fn iq2_xxs<L: Lanes>(b: &[u8], y: &mut [f32]) {
 /// 4-bit scale per 16 values.
 #[inline(always)]
 pub(super) fn iq2_xs<L: Lanes>(b: &[u8], y: &mut [f32]) {
-    let d = h(b, 0);
+    let d = L::half(b, 0);
     let scales = &b[66..74];
     for ib in 0..8 {
         let db = [d * (0.5 + f32::from(scales[ib] & 15)) * 0.25, d * (0.5 + f32::from(scales[ib] >> 4)) * 0.25];
@@ -115,7 +129,7 @@ pub(super) fn iq2_xs<L: Lanes>(b: &[u8], y: &mut [f32]) {
 /// index tops, a 4-bit scale per 16 values.
 #[inline(always)]
 pub(super) fn iq2_s<L: Lanes>(b: &[u8], y: &mut [f32]) {
-    let d = h(b, 0);
+    let d = L::half(b, 0);
     let (qs, signs, qh, scales) = (&b[2..34], &b[34..66], &b[66..74], &b[74..82]);
     for ib in 0..8 {
         let db = [d * (0.5 + f32::from(scales[ib] & 15)) * 0.25, d * (0.5 + f32::from(scales[ib] >> 4)) * 0.25];
@@ -131,7 +145,7 @@ pub(super) fn iq2_s<L: Lanes>(b: &[u8], y: &mut [f32]) {
 /// a u32 of four 7-bit sign indices and a 4-bit scale.
 #[inline(always)]
 pub(super) fn iq3_xxs<L: Lanes>(b: &[u8], y: &mut [f32]) {
-    let d = h(b, 0);
+    let d = L::half(b, 0);
     let qs = &b[2..66];
     for ib in 0..8 {
         let aux = u32_at(b, 66 + 4 * ib);
@@ -149,7 +163,7 @@ pub(super) fn iq3_xxs<L: Lanes>(b: &[u8], y: &mut [f32]) {
 /// sign bytes, a 4-bit scale per 32 values (`db = d * (1 + 2 * scale)`).
 #[inline(always)]
 pub(super) fn iq3_s<L: Lanes>(b: &[u8], y: &mut [f32]) {
-    let d = h(b, 0);
+    let d = L::half(b, 0);
     let (qs, qh, signs, scales) = (&b[2..66], &b[66..74], &b[74..106], &b[106..110]);
     for ib in 0..8 {
         let scale = if ib % 2 == 0 { scales[ib / 2] & 15 } else { scales[ib / 2] >> 4 };
@@ -168,7 +182,7 @@ pub(super) fn iq3_s<L: Lanes>(b: &[u8], y: &mut [f32]) {
 /// 3-bit index tops, a 3-bit scale and the delta's sign.
 #[inline(always)]
 pub(super) fn iq1_s<L: Lanes>(b: &[u8], y: &mut [f32]) {
-    let d = h(b, 0);
+    let d = L::half(b, 0);
     let qs = &b[2..34];
     for ib in 0..8 {
         let qh = u16_at(b, 34 + 2 * ib);
@@ -189,7 +203,7 @@ pub(super) fn iq1_m<L: Lanes>(b: &[u8], y: &mut [f32]) {
     let (qs, qh) = (&b[0..32], &b[32..48]);
     let sc = [u16_at(b, 48), u16_at(b, 50), u16_at(b, 52), u16_at(b, 54)];
     let bits = (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
-    let d = half::f16::from_bits(bits).to_f32();
+    let d = L::half_bits(bits);
     for ib in 0..8 {
         let s = sc[ib / 2] >> (6 * (ib % 2));
         let dl = [d * f32::from(2 * (s & 7) + 1), d * f32::from(2 * ((s >> 3) & 7) + 1)];

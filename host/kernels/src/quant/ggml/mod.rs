@@ -230,9 +230,9 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
         out.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if simd::has_avx2() {
-        // SAFETY: AVX2 and FMA were detected on this CPU; the lengths were
-        // checked above.
+    if simd::has_avx2() && has_f16c() {
+        // SAFETY: AVX2, FMA and F16C were detected on this CPU; the lengths
+        // were checked above.
         return unsafe { dequantize_row_avx2(ty, bytes, out) };
     }
     dequantize_row_portable(ty, bytes, out)
@@ -250,8 +250,16 @@ fn dequantize_row_portable(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Whether this CPU converts f16 in hardware (every AVX2 CPU we know of
+/// does; the AVX2 decoders need it, and run only where it is).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+fn has_f16c() -> bool {
+    static F16C: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F16C.get_or_init(|| is_x86_feature_detected!("f16c"))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dequantize_row_avx2(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
     let decode: unsafe fn(&[u8], &mut [f32]) = match ty {
         GgmlType::Q8_0 => avx2::q8_0,
@@ -364,6 +372,25 @@ impl<'a> GgmlMatrix<'a> {
         }
         // A task owns TASK_ROWS rows (few tasks: rayon's per-task cost is
         // about a row's work) and decodes them ROW_BLOCK at a time.
+        #[cfg(target_arch = "x86_64")]
+        if simd::has_avx2() && has_f16c() && avx2::fused(self.ty) {
+            let rb = self.data.len() / rows;
+            let task = |(b, ys): (usize, &mut [f32])| {
+                for (k, yb) in ys.chunks_mut(ROW_BLOCK).enumerate() {
+                    let r0 = b * TASK_ROWS + k * ROW_BLOCK;
+                    let block = &self.data[r0 * rb..(r0 + yb.len()) * rb];
+                    // SAFETY: AVX2, FMA and F16C were detected; the rows
+                    // are whole rows of this matrix and x its width.
+                    unsafe { avx2::dot_rows(self.ty, block, rb, x, yb) };
+                }
+            };
+            if rows * cols >= PAR_MIN_WORK && rows > TASK_ROWS {
+                y.par_chunks_mut(TASK_ROWS).enumerate().for_each(task);
+            } else {
+                y.chunks_mut(TASK_ROWS).enumerate().for_each(task);
+            }
+            return;
+        }
         let task = |(b, ys): (usize, &mut [f32])| {
             ROWS.with_borrow_mut(|w| {
                 w.resize(ROW_BLOCK * cols, 0.0);

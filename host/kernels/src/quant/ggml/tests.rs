@@ -148,7 +148,7 @@ fn a_slab_of_the_wrong_length_or_shape_is_refused_naming_the_tensor() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_avx2_build_of_the_twins_gives_their_bits() {
-    if !crate::quant::simd::has_avx2() {
+    if !(crate::quant::simd::has_avx2() && has_f16c()) {
         crate::skip::report_skip("SKIP ggml AVX2 twin comparison: this CPU runs only the baseline build");
         return;
     }
@@ -304,5 +304,33 @@ fn a_gguf_trunk_matrix_gives_the_same_bits_on_every_path() {
             *o += 0.37 * v;
         }
         assert_eq!(got, want);
+    }
+}
+
+/// The fused AVX2 row products (decoded in registers) against dot8 of the
+/// twins' rows, bit for bit, for every type that has one.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_fused_avx2_row_products_are_dot8_of_the_twins_rows() {
+    if !(crate::quant::simd::has_avx2() && has_f16c()) {
+        crate::skip::report_skip("SKIP ggml fused AVX2 rows: this CPU runs only the baseline build");
+        return;
+    }
+    for ty in GgmlType::ALL.into_iter().filter(|&t| avx2::fused(t)) {
+        // Every group size dot_rows interleaves, 1 to 4 rows.
+        for n in 1..=4 {
+            let cols = 512;
+            let rb = ty.row_bytes(cols).unwrap();
+            let bytes = random_blocks(ty, n * cols / ty.block_elems(), 13 + n as u32);
+            let x = inputs(cols, 14);
+            let mut out = vec![0f32; n];
+            // SAFETY: AVX2, FMA and F16C were detected above.
+            unsafe { avx2::dot_rows(ty, &bytes, rb, &x, &mut out) };
+            for (r, &got) in out.iter().enumerate() {
+                let mut w = vec![0f32; cols];
+                dequantize_row_portable(ty, &bytes[r * rb..(r + 1) * rb], &mut w);
+                assert_eq!(got.to_bits(), dot8_scalar(&w, &x).to_bits(), "{} row {r} of {n}", ty.name());
+            }
+        }
     }
 }

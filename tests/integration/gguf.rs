@@ -244,6 +244,37 @@ fn convert_refuses_broken_and_unsupported_gguf_files_with_one_line() {
     }
 }
 
+/// A split model (tests/fixtures/gguf/split: wide-qwen3moe-q4_k_m in three
+/// parts, its experts' slabs in different files) converted from its first
+/// part gives its unsplit twin's logits bit for bit, kept as stored; and
+/// `convert` given a later part says which file to give it.
+#[test]
+fn a_split_gguf_converts_to_the_logits_of_its_unsplit_twin() {
+    let tmp = TempDir::new("gguf-split");
+    let split = gguf_dir().join("split/wide-qwen3moe-q4_k_m-00001-of-00003.gguf");
+    let whole = convert_gguf(&gguf_dir().join("models/wide-qwen3moe-q4_k_m.gguf"), "gguf", "gguf", tmp.path());
+    let parts = convert_gguf(&split, "gguf", "gguf", tmp.path());
+    let m = models().into_iter().find(|m| m["file"] == "models/wide-qwen3moe-q4_k_m.gguf").unwrap();
+    check_stored_types(&parts, &m);
+    let prompt = u32s(&m["prompt_ids"]);
+    let engine = Engine::new().unwrap();
+    let logits = |c: &Path| {
+        let mut s = engine.session(Model::open(c, &OpenOptions::default()).unwrap()).unwrap();
+        s.eval(&prompt, true).unwrap().0
+    };
+    let (a, b) = (logits(&whole), logits(&parts));
+    assert_eq!(a.len(), b.len());
+    let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+    assert_eq!(differ, 0, "{differ} of {} logits differ between the split file and its twin", a.len());
+
+    let out = tmp.path().join("from-part-2.waste");
+    let part2 = gguf_dir().join("split/wide-qwen3moe-q4_k_m-00002-of-00003.gguf");
+    let o = waste(&["convert", part2.to_str().unwrap(), out.to_str().unwrap()]);
+    let err = stderr(&o);
+    assert!(!o.status.success() && err.trim().lines().count() == 1, "{err}");
+    assert!(err.contains("open the first part, wide-qwen3moe-q4_k_m-00001-of-00003.gguf"), "{err}");
+}
+
 /// tiny-qwen3_moe with a tokenizer 16 tokens narrower than its embedding:
 /// what llama.cpp's converter writes as `[PAD{id}]` UNUSED tokens (which
 /// the rebuilt tokenizer.json leaves out, as the release's own does) and

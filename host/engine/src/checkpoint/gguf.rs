@@ -1,6 +1,7 @@
 //! A GGUF file opened as an [`HfCheckpoint`]: its tensors under their
 //! Hugging Face names (crate::gguf::hf), its config.json and tokenizer
-//! files generated from its metadata, its one file the only shard.
+//! files generated from its metadata, its files (one, or a split model's
+//! parts) the shards.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -51,7 +52,10 @@ impl HfCheckpoint {
         Ok(HfCheckpoint {
             dir: path.parent().map_or_else(|| Path::new(".").to_path_buf(), Path::to_path_buf),
             config,
-            shards: vec![Shard { path: path.to_path_buf(), present: true }],
+            // A split model's parts are its shards; each tensor counts as
+            // in every part (`shards_of`), so `--reclaim` deletes them
+            // together once all is written, as it does an unsplit file.
+            shards: file.parts().iter().map(|p| Shard { path: p.clone(), present: true }).collect(),
             tensors,
             gguf: Some(GgufSource { file, side_files }),
         })

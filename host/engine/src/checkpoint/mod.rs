@@ -454,7 +454,7 @@ impl HfCheckpoint {
             Some(Kind::Fp8 { weight, scale, .. }) => vec![weight.shard, scale.shard],
             Some(Kind::Mxfp4 { packed, scale }) => vec![packed.shard, scale.shard],
             Some(Kind::Missing { shard }) => vec![*shard],
-            Some(Kind::Gguf(_)) => vec![0],
+            Some(Kind::Gguf(_)) => (0..self.shards.len()).collect(),
             None => Vec::new(),
         };
         v.sort_unstable();

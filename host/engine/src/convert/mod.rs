@@ -299,7 +299,9 @@ fn fingerprint(ckpt: &HfCheckpoint, src: &Path, opts: &ConvertOptions) -> Result
     h.update(&config);
     let index = src.join("model.safetensors.index.json");
     if let Some(g) = ckpt.gguf_file() {
-        h.update(&g.file_len.to_le_bytes());
+        for len in &g.part_lens {
+            h.update(&len.to_le_bytes());
+        }
     } else if index.is_file() {
         h.update(&fs::read(&index).map_err(|e| Error::io(&index, e))?);
     } else {

@@ -17,6 +17,7 @@
 //! waste-kernels' (`quant::ggml`).
 
 pub mod hf;
+mod split;
 #[cfg(test)]
 mod tests;
 pub mod tokenizer;
@@ -114,7 +115,9 @@ pub struct TensorInfo {
     /// ggml order: `ne[0]` varies fastest (the columns of a matrix).
     pub ne: Vec<u64>,
     pub ty: GgmlType,
-    /// Absolute byte range of the data in the file.
+    /// Which file of a split model holds it (0 for an unsplit file).
+    pub part: usize,
+    /// Absolute byte range of the data in its file.
     pub start: u64,
     pub end: u64,
 }
@@ -131,16 +134,42 @@ impl TensorInfo {
     }
 }
 
+/// A GGUF model: one file, or the parts of a split one
+/// (`NAME-00001-of-00003.gguf` …) read as one, as llama.cpp loads them.
 pub struct GgufFile {
+    /// The file opened: the only one, or the first part.
     path: PathBuf,
+    /// Every file in part order; `[path]` for an unsplit model.
+    parts: Vec<PathBuf>,
+    /// The first file's header.
     pub version: u32,
     pub alignment: u64,
     pub data_start: u64,
-    pub file_len: u64,
+    /// Bytes of each file, in part order.
+    pub part_lens: Vec<u64>,
+    /// The metadata: the first file's (later parts hold only `split.*`).
     kv: Vec<(String, Value)>,
     index: HashMap<String, usize>,
+    /// Every part's tensors, in part order then info order.
     pub tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
+}
+
+/// One file's header, as read.
+struct Part {
+    version: u32,
+    alignment: u64,
+    data_start: u64,
+    len: u64,
+    kv: Vec<(String, Value)>,
+    index: HashMap<String, usize>,
+    tensors: Vec<TensorInfo>,
+}
+
+impl Part {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.index.get(key).map(|&i| &self.kv[i].1)
+    }
 }
 
 /// A bounded little-endian reader over the header.
@@ -253,144 +282,193 @@ impl Header<'_> {
 }
 
 impl GgufFile {
-    /// Reads and validates the header; the tensor data is read on demand.
+    /// Reads and validates the header, and for the first part of a split
+    /// model every part's (split.rs); the tensor data is read on demand.
     pub fn open(path: &Path) -> Result<GgufFile> {
-        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-        if !meta.is_file() {
-            return Err(Error::format(path, "not a regular file"));
-        }
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let mut h = Header { r: BufReader::with_capacity(1 << 20, file), pos: 0, len: meta.len(), path, held: 0 };
-        if h.bytes::<4>("the magic").map_err(|_| h.err("shorter than its 4-byte magic"))? != *MAGIC {
-            return Err(h.err("the magic is not `GGUF`"));
-        }
-        let version = h.u32("the version")?;
-        if version != 0 && version & 0xFFFF == 0 {
-            return Err(h.err(format!(
-                "version {:#x} reads as a big-endian file; only little-endian GGUF is supported",
-                version
-            )));
-        }
-        match version {
-            1 => return Err(h.err("version 1 (32-bit counts) is not supported; re-convert with a current llama.cpp")),
-            2 | 3 => {}
-            v => return Err(h.err(format!("version {v} is not supported (2 and 3 are)"))),
-        }
-        // A tensor info takes at least 8 + 4 + 8 + 4 + 8 bytes, a KV pair 8 + 4 + 1.
-        let tensor_count = h.count("tensor_count", i64::MAX as u64, 32)?;
-        let kv_count = h.count("kv_count", i64::MAX as u64, 13)?;
-
-        let mut kv = Vec::with_capacity(kv_count as usize);
-        let mut index = HashMap::new();
-        for i in 0..kv_count {
-            let key = h.string(&format!("key {i}"), MAX_STRING)?;
-            if key.is_empty() {
-                return Err(h.err(format!("key {i} is empty")));
+        let first = read_part(path, 0)?;
+        let mut parts = vec![path.to_path_buf()];
+        let mut headers = vec![first];
+        if let Some(count) = split::count(path, &headers[0])? {
+            for (i, p) in split::sibling_paths(path, count)?.into_iter().enumerate().skip(1) {
+                let part = read_part(&p, i)?;
+                split::check_part(&p, &part, i, count)?;
+                parts.push(p);
+                headers.push(part);
             }
-            let ty = h.u32(&key)?;
-            let value = h.value(ty, &key, false)?;
-            if index.insert(key.clone(), kv.len()).is_some() {
-                return Err(h.err(format!("key `{key}` appears twice")));
-            }
-            kv.push((key, value));
         }
-        let alignment = match kv.iter().find(|(k, _)| k == "general.alignment").map(|(_, v)| v) {
-            None => DEFAULT_ALIGNMENT,
-            Some(Value::U32(a)) if *a > 0 && a.is_power_of_two() => u64::from(*a),
-            Some(Value::U32(a)) => return Err(h.err(format!("general.alignment {a} is not a power of two"))),
-            Some(_) => return Err(h.err("general.alignment must be a UINT32")),
-        };
-
-        struct Pending {
-            name: String,
-            ne: Vec<u64>,
-            ty: GgmlType,
-            offset: u64,
-            nbytes: u64,
+        let part_lens = headers.iter().map(|h| h.len).collect();
+        let mut headers = headers.into_iter();
+        let first = headers.next().expect("the first part");
+        let stated_tensors = first.get(split::TENSORS_COUNT).cloned();
+        let mut tensors = first.tensors;
+        for part in headers {
+            tensors.extend(part.tensors);
         }
-        let mut pending = Vec::with_capacity(tensor_count as usize);
-        let mut by_name = HashMap::new();
-        for i in 0..tensor_count {
-            let name = h.string(&format!("the name of tensor {i}"), MAX_NAME)?;
-            let bad = |h: &Header, msg: String| h.err(format!("tensor `{name}`: {msg}"));
-            let n_dims = h.u32(&name)?;
-            if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(bad(&h, format!("{n_dims} dimensions (1 to {MAX_DIMS} are allowed)")));
-            }
-            let mut ne = Vec::with_capacity(n_dims as usize);
-            for _ in 0..n_dims {
-                let d = h.u64(&name)? as i64;
-                if d < 0 {
-                    return Err(bad(&h, format!("negative dimension {d}")));
-                }
-                ne.push(d as u64);
-            }
-            let code = h.u32(&name)?;
-            let ty = GgmlType::from_code(code).ok_or_else(|| bad(&h, format!("ggml type {code} is not supported")))?;
-            let offset = h.u64(&name)?;
-            let elems = ne.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).filter(|&n| n <= i64::MAX as u64);
-            let Some(_) = elems else {
-                return Err(bad(&h, format!("shape {ne:?} overflows")));
-            };
-            let (block_elems, block_bytes) = (ty.block_elems() as u64, ty.block_bytes() as u64);
-            if ne[0] % block_elems != 0 {
-                return Err(bad(
-                    &h,
-                    format!("rows of {} elements are not whole {} blocks of {block_elems}", ne[0], ty.name()),
+        let mut by_name = HashMap::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            if let Some(earlier) = by_name.insert(t.name.clone(), i) {
+                let e = &tensors[earlier];
+                return Err(Error::format(
+                    &parts[t.part],
+                    format!(
+                        "not a valid GGUF file: tensor `{}` is also in {}",
+                        t.name,
+                        parts[e.part].file_name().unwrap_or_default().to_string_lossy()
+                    ),
                 ));
             }
-            // Elements fit in an i64, bytes need not (2^62 f32 values).
-            let nbytes = (ne[0] / block_elems)
-                .checked_mul(block_bytes)
-                .and_then(|row| ne[1..].iter().try_fold(row, |n, &d| n.checked_mul(d)))
-                .ok_or_else(|| bad(&h, format!("shape {ne:?} overflows")))?;
-            if by_name.insert(name.clone(), pending.len()).is_some() {
-                return Err(h.err(format!("tensor {i} (`{name}`) has the name of an earlier tensor")));
-            }
-            pending.push(Pending { name, ne, ty, offset, nbytes });
         }
-        let data_start = h.pos.div_ceil(alignment) * alignment;
-        // gguf.cpp: the tensors are consecutive in info order, each at the
-        // aligned end of the one before; that rules out overlaps and gaps.
-        let mut expected = 0u64;
-        let mut tensors = Vec::with_capacity(pending.len());
-        for p in pending {
-            if p.offset != expected {
-                return Err(h.err(format!("tensor `{}` has offset {}, expected {expected}", p.name, p.offset)));
-            }
-            let start = data_start.checked_add(p.offset);
-            let end = start.and_then(|s| s.checked_add(p.nbytes));
-            match (start, end) {
-                (Some(start), Some(end)) if end <= h.len => {
-                    expected = (p.offset + p.nbytes).div_ceil(alignment) * alignment;
-                    tensors.push(TensorInfo { name: p.name, ne: p.ne, ty: p.ty, start, end });
-                }
-                _ => {
-                    return Err(h.err(format!(
-                        "truncated: tensor `{}` ({} bytes at {}) runs past the end of the file ({} bytes)",
-                        p.name,
-                        p.nbytes,
-                        data_start.saturating_add(p.offset),
-                        h.len
-                    )))
-                }
-            }
-        }
+        split::check_tensor_count(path, stated_tensors.as_ref(), tensors.len())?;
         Ok(GgufFile {
             path: path.to_path_buf(),
-            version,
-            alignment,
-            data_start,
-            file_len: h.len,
-            kv,
-            index,
+            parts,
+            version: first.version,
+            alignment: first.alignment,
+            data_start: first.data_start,
+            part_lens,
+            kv: first.kv,
+            index: first.index,
             tensors,
             by_name,
         })
     }
+}
 
+/// Reads and validates one file's header; its tensors are marked as part
+/// `part`.
+fn read_part(path: &Path, part: usize) -> Result<Part> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::format(path, "not a regular file"));
+    }
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut h = Header { r: BufReader::with_capacity(1 << 20, file), pos: 0, len: meta.len(), path, held: 0 };
+    if h.bytes::<4>("the magic").map_err(|_| h.err("shorter than its 4-byte magic"))? != *MAGIC {
+        return Err(h.err("the magic is not `GGUF`"));
+    }
+    let version = h.u32("the version")?;
+    if version != 0 && version & 0xFFFF == 0 {
+        return Err(
+            h.err(format!("version {:#x} reads as a big-endian file; only little-endian GGUF is supported", version))
+        );
+    }
+    match version {
+        1 => return Err(h.err("version 1 (32-bit counts) is not supported; re-convert with a current llama.cpp")),
+        2 | 3 => {}
+        v => return Err(h.err(format!("version {v} is not supported (2 and 3 are)"))),
+    }
+    // A tensor info takes at least 8 + 4 + 8 + 4 + 8 bytes, a KV pair 8 + 4 + 1.
+    let tensor_count = h.count("tensor_count", i64::MAX as u64, 32)?;
+    let kv_count = h.count("kv_count", i64::MAX as u64, 13)?;
+
+    let mut kv = Vec::with_capacity(kv_count as usize);
+    let mut index = HashMap::new();
+    for i in 0..kv_count {
+        let key = h.string(&format!("key {i}"), MAX_STRING)?;
+        if key.is_empty() {
+            return Err(h.err(format!("key {i} is empty")));
+        }
+        let ty = h.u32(&key)?;
+        let value = h.value(ty, &key, false)?;
+        if index.insert(key.clone(), kv.len()).is_some() {
+            return Err(h.err(format!("key `{key}` appears twice")));
+        }
+        kv.push((key, value));
+    }
+    let alignment = match kv.iter().find(|(k, _)| k == "general.alignment").map(|(_, v)| v) {
+        None => DEFAULT_ALIGNMENT,
+        Some(Value::U32(a)) if *a > 0 && a.is_power_of_two() => u64::from(*a),
+        Some(Value::U32(a)) => return Err(h.err(format!("general.alignment {a} is not a power of two"))),
+        Some(_) => return Err(h.err("general.alignment must be a UINT32")),
+    };
+
+    struct Pending {
+        name: String,
+        ne: Vec<u64>,
+        ty: GgmlType,
+        offset: u64,
+        nbytes: u64,
+    }
+    let mut pending = Vec::with_capacity(tensor_count as usize);
+    let mut by_name = std::collections::HashSet::new();
+    for i in 0..tensor_count {
+        let name = h.string(&format!("the name of tensor {i}"), MAX_NAME)?;
+        let bad = |h: &Header, msg: String| h.err(format!("tensor `{name}`: {msg}"));
+        let n_dims = h.u32(&name)?;
+        if n_dims == 0 || n_dims > MAX_DIMS {
+            return Err(bad(&h, format!("{n_dims} dimensions (1 to {MAX_DIMS} are allowed)")));
+        }
+        let mut ne = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            let d = h.u64(&name)? as i64;
+            if d < 0 {
+                return Err(bad(&h, format!("negative dimension {d}")));
+            }
+            ne.push(d as u64);
+        }
+        let code = h.u32(&name)?;
+        let ty = GgmlType::from_code(code).ok_or_else(|| bad(&h, format!("ggml type {code} is not supported")))?;
+        let offset = h.u64(&name)?;
+        let elems = ne.iter().try_fold(1u64, |n, &d| n.checked_mul(d)).filter(|&n| n <= i64::MAX as u64);
+        let Some(_) = elems else {
+            return Err(bad(&h, format!("shape {ne:?} overflows")));
+        };
+        let (block_elems, block_bytes) = (ty.block_elems() as u64, ty.block_bytes() as u64);
+        if ne[0] % block_elems != 0 {
+            return Err(bad(
+                &h,
+                format!("rows of {} elements are not whole {} blocks of {block_elems}", ne[0], ty.name()),
+            ));
+        }
+        // Elements fit in an i64, bytes need not (2^62 f32 values).
+        let nbytes = (ne[0] / block_elems)
+            .checked_mul(block_bytes)
+            .and_then(|row| ne[1..].iter().try_fold(row, |n, &d| n.checked_mul(d)))
+            .ok_or_else(|| bad(&h, format!("shape {ne:?} overflows")))?;
+        if !by_name.insert(name.clone()) {
+            return Err(h.err(format!("tensor {i} (`{name}`) has the name of an earlier tensor")));
+        }
+        pending.push(Pending { name, ne, ty, offset, nbytes });
+    }
+    let data_start = h.pos.div_ceil(alignment) * alignment;
+    // gguf.cpp: the tensors are consecutive in info order, each at the
+    // aligned end of the one before; that rules out overlaps and gaps.
+    let mut expected = 0u64;
+    let mut tensors = Vec::with_capacity(pending.len());
+    for p in pending {
+        if p.offset != expected {
+            return Err(h.err(format!("tensor `{}` has offset {}, expected {expected}", p.name, p.offset)));
+        }
+        let start = data_start.checked_add(p.offset);
+        let end = start.and_then(|s| s.checked_add(p.nbytes));
+        match (start, end) {
+            (Some(start), Some(end)) if end <= h.len => {
+                expected = (p.offset + p.nbytes).div_ceil(alignment) * alignment;
+                tensors.push(TensorInfo { name: p.name, ne: p.ne, ty: p.ty, part, start, end });
+            }
+            _ => {
+                return Err(h.err(format!(
+                    "truncated: tensor `{}` ({} bytes at {}) runs past the end of the file ({} bytes)",
+                    p.name,
+                    p.nbytes,
+                    data_start.saturating_add(p.offset),
+                    h.len
+                )))
+            }
+        }
+    }
+    Ok(Part { version, alignment, data_start, len: h.len, kv, index, tensors })
+}
+
+impl GgufFile {
+    /// The file opened: the model's only file or its first part.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Every file of the model in part order (one for an unsplit file).
+    pub fn parts(&self) -> &[PathBuf] {
+        &self.parts
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -416,8 +494,9 @@ impl GgufFile {
             return Err(Error::Arg(format!("rows {r0}..{} of tensor `{}` are past its end", r0 + n, t.name)));
         }
         let mut buf = vec![0u8; (hi - lo) as usize];
-        let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        waste_platform::FileExt::read_exact_at(&file, &mut buf, lo).map_err(|e| Error::io(&self.path, e))?;
+        let path = &self.parts[t.part];
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        waste_platform::FileExt::read_exact_at(&file, &mut buf, lo).map_err(|e| Error::io(path, e))?;
         Ok(buf)
     }
 

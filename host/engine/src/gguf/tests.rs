@@ -206,3 +206,85 @@ fn a_tensor_whose_byte_count_overflows_is_refused() {
     let _ = std::fs::remove_file(&path);
     assert!(e.as_deref().is_some_and(|e| e.contains("overflows")), "{e:?}");
 }
+
+fn split_dir() -> PathBuf {
+    dir().join("split")
+}
+
+fn split_part(i: usize) -> PathBuf {
+    split_dir().join(format!("wide-qwen3moe-q4_k_m-{i:05}-of-00003.gguf"))
+}
+
+/// A copy of some parts under new names in a fresh directory.
+fn split_copy(tag: &str, parts: &[(usize, &str)]) -> PathBuf {
+    let tmp = std::env::temp_dir().join(format!("waste-gguf-split-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    for &(i, name) in parts {
+        std::fs::copy(split_part(i), tmp.join(name)).unwrap();
+    }
+    tmp
+}
+
+/// tests/fixtures/gguf/split holds wide-qwen3moe-q4_k_m.gguf in three parts
+/// (tests/gen_gguf_fixtures_split.py, gguf-py's split writer): opened from
+/// its first part it is the same model, key for key and byte for byte.
+#[test]
+fn a_split_model_reads_as_its_unsplit_twin() {
+    let whole = GgufFile::open(&dir().join("models/wide-qwen3moe-q4_k_m.gguf")).unwrap();
+    let split = GgufFile::open(&split_part(1)).unwrap();
+    assert_eq!(split.parts().len(), 3);
+    assert_eq!(split.part_lens.len(), 3);
+    let keys = |g: &GgufFile| -> Vec<(String, Value)> {
+        g.metadata().iter().filter(|(k, _)| !k.starts_with("split.")).cloned().collect()
+    };
+    assert_eq!(keys(&split), keys(&whole));
+    assert_eq!(split.tensors.len(), whole.tensors.len());
+    let mut parts_used = std::collections::BTreeSet::new();
+    for t in &whole.tensors {
+        let s = split.tensor(&t.name).unwrap_or_else(|| panic!("{} missing from the parts", t.name));
+        assert_eq!((&s.ne, s.ty), (&t.ne, t.ty), "{}", t.name);
+        let rows = t.ne[1..].iter().product();
+        assert_eq!(split.rows_bytes(s, 0, rows).unwrap(), whole.rows_bytes(t, 0, rows).unwrap(), "{}", t.name);
+        parts_used.insert(s.part);
+    }
+    assert_eq!(parts_used.len(), 3, "every part holds tensors");
+}
+
+#[test]
+fn opening_a_later_part_names_the_first() {
+    let e = GgufFile::open(&split_part(2)).err().expect("refused").to_string();
+    assert!(
+        e.contains("part 2 of 3") && e.contains("open the first part, wide-qwen3moe-q4_k_m-00001-of-00003.gguf"),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1);
+}
+
+#[test]
+fn a_missing_part_is_named() {
+    let tmp = split_copy("missing", &[(1, "m-00001-of-00003.gguf"), (2, "m-00002-of-00003.gguf")]);
+    let e = GgufFile::open(&tmp.join("m-00001-of-00003.gguf")).err().expect("refused").to_string();
+    std::fs::remove_dir_all(&tmp).unwrap();
+    assert!(e.contains("part 3 of 3") && e.contains("missing") && e.contains("m-00003-of-00003.gguf"), "{e}");
+}
+
+#[test]
+fn a_part_of_another_split_is_refused() {
+    let tmp = split_copy(
+        "foreign",
+        &[(1, "m-00001-of-00003.gguf"), (2, "m-00002-of-00003.gguf"), (2, "m-00003-of-00003.gguf")],
+    );
+    let e = GgufFile::open(&tmp.join("m-00001-of-00003.gguf")).err().expect("refused").to_string();
+    std::fs::remove_dir_all(&tmp).unwrap();
+    assert!(e.contains("m-00003-of-00003.gguf") && e.contains("says it is part 2 of 3"), "{e}");
+    assert_eq!(e.lines().count(), 1);
+}
+
+#[test]
+fn a_renamed_first_part_says_why_its_parts_are_not_found() {
+    let tmp = split_copy("renamed", &[(1, "model.gguf")]);
+    let e = GgufFile::open(&tmp.join("model.gguf")).err().expect("refused").to_string();
+    std::fs::remove_dir_all(&tmp).unwrap();
+    assert!(e.contains("3 parts") && e.contains("-00001-of-00003.gguf"), "{e}");
+}

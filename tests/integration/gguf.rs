@@ -172,6 +172,7 @@ fn gguf_vocab_of(tokenizer_json: &serde_json::Value, pre: &str) -> waste_engine:
         tokens,
         types,
         merges,
+        add_space_prefix: true,
         bos: None,
         eos: None,
         add_bos: false,
@@ -225,6 +226,50 @@ fn tokenizers_rebuilt_from_gguf_vocabularies_match_the_reference_ids() {
     }
     assert!(failures.is_empty(), "{} of {checked} differ:\n{}", failures.len(), failures.join("\n"));
     assert!(checked > 600, "{checked}");
+}
+
+/// A SentencePiece (`llama`) vocabulary as llama.cpp's converter writes it
+/// (tests/fixtures/tokenizer_families/llama_spm/vocab.gguf, from a
+/// tokenizer.model trained with Llama's settings), rebuilt: transformers'
+/// merges and vocabulary exactly, and transformers' ids and decoding for
+/// every text, byte fallback and `▁` spaces included.
+#[test]
+fn a_sentencepiece_gguf_vocabulary_tokenizes_as_transformers_does() {
+    use waste_engine::gguf::{tokenizer, GgufFile};
+    let dir = fixtures().join("tokenizer_families/llama_spm");
+    let g = GgufFile::open(&dir.join("vocab.gguf")).unwrap();
+    let vocab = tokenizer::Vocab::read(&g).unwrap();
+    assert_eq!((vocab.model.as_str(), vocab.add_bos, vocab.bos, vocab.eos), ("llama", true, Some(1), Some(2)));
+    let files = tokenizer::files(&vocab).unwrap();
+    let json = String::from_utf8(files.iter().find(|(n, _)| *n == "tokenizer.json").unwrap().1.clone()).unwrap();
+    let rebuilt: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let original: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("tokenizer.json")).unwrap()).unwrap();
+    for key in ["vocab", "merges", "byte_fallback", "fuse_unk"] {
+        assert_eq!(rebuilt["model"][key], original["model"][key], "model.{key}");
+    }
+    for key in ["pre_tokenizer", "decoder", "added_tokens"] {
+        assert_eq!(rebuilt[key], original[key], "{key}");
+    }
+    let tk = waste_guest::tokenizer::Tokenizer::from_json(&json).unwrap();
+    let cases: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("cases.json")).unwrap()).unwrap();
+    let mut failures = Vec::new();
+    let texts = cases["texts"].as_array().unwrap();
+    for (i, text) in texts.iter().enumerate() {
+        let text = text.as_str().unwrap();
+        let markup = tk.encode_markup(text);
+        if markup != u32s(&cases["markup"][i]) {
+            failures.push(format!("markup #{i} {text:?}"));
+        }
+        if tk.encode(text) != u32s(&cases["content"][i]) {
+            failures.push(format!("content #{i} {text:?}"));
+        }
+        if tk.decode(&u32s(&cases["markup"][i])).unwrap() != cases["decode_markup"][i].as_str().unwrap() {
+            failures.push(format!("decode #{i} {text:?}"));
+        }
+    }
+    assert!(texts.len() > 60);
+    assert!(failures.is_empty(), "{} of {} texts differ:\n{}", failures.len(), texts.len(), failures.join("\n"));
 }
 
 /// A GGUF of an architecture we do not run, or a broken one, is one line.

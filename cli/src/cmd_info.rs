@@ -53,6 +53,7 @@ pub fn info(a: InfoArgs) -> Result<()> {
                 "layers": i.num_layers, "moe_layers": i.moe_layers, "experts": i.num_experts, "top_k": i.top_k,
                 "max_position_embeddings": i.max_position_embeddings, "bos_token": i.bos_token,
                 "eos_tokens": i.eos_tokens, "trunk_format": i.trunk_format, "expert_format": i.expert_format,
+                "trunk_types": counts(&i.trunk_types), "expert_types": counts(&i.expert_types),
                 "expert_record_bytes": i.expert_record_bytes, "trunk_bytes": i.trunk_bytes,
                 "has_tokenizer": i.has_tokenizer, "has_chat_template": i.has_chat_template,
                 "router": i.router, "shared_expert_width": i.shared_expert_width,
@@ -126,8 +127,18 @@ pub fn info(a: InfoArgs) -> Result<()> {
         }
         outln!("vocabulary    {}", i.vocab_size);
         outln!("context       {} max", i.max_position_embeddings);
-        outln!("trunk         {} ({:.2} MB resident)", i.trunk_format, i.trunk_bytes as f64 / 1e6);
-        outln!("experts       {} ({} bytes per record)", i.expert_format, i.expert_record_bytes);
+        outln!(
+            "trunk         {} ({:.2} MB resident; {})",
+            i.trunk_format,
+            i.trunk_bytes as f64 / 1e6,
+            listed(&i.trunk_types, "tensor")
+        );
+        outln!(
+            "experts       {} ({} bytes per record; {})",
+            i.expert_format,
+            i.expert_record_bytes,
+            listed(&i.expert_types, "layer")
+        );
         outln!("tokenizer     {}", if i.has_tokenizer { "yes" } else { "none" });
         outln!("chat template {}", if i.has_chat_template { "yes" } else { "none" });
         if let Some(v) = &i.vision {
@@ -177,4 +188,32 @@ pub fn component(a: ComponentArgs) -> Result<()> {
     std::fs::write(&a.out, bytes).with_context(|| format!("writing {}", a.out.display()))?;
     outln!("{}: {} bytes (WIT world waste:engine/engine, wit/engine.wit)", a.out.display(), bytes.len());
     Ok(())
+}
+
+/// `{"q4": 120, "f32": 61}` in the order given (most first).
+fn counts(types: &[(String, usize)]) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (name, n) in types {
+        m.insert(name.clone(), json!(n));
+    }
+    serde_json::Value::Object(m)
+}
+
+/// `120 q4 tensors, 61 f32`: each format with its count, the noun once.
+fn listed(types: &[(String, usize)], noun: &str) -> String {
+    let parts: Vec<String> = types
+        .iter()
+        .enumerate()
+        .map(|(k, (name, n))| {
+            let noun = if k > 0 {
+                String::new()
+            } else if *n == 1 {
+                format!(" {noun}")
+            } else {
+                format!(" {noun}s")
+            };
+            format!("{n} {name}{noun}")
+        })
+        .collect();
+    parts.join(", ")
 }

@@ -93,6 +93,28 @@ fn check_stored_types(container: &Path, m: &serde_json::Value) {
         t["ggml_type"].as_str().unwrap()
     };
     let trunk = manifest["trunk"]["tensors"].as_array().unwrap();
+    // `waste info` says the same: tensors by stored type, layers by their
+    // gate/up/down types.
+    let o = waste(&["info", container.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let info: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let total = |v: &serde_json::Value| v.as_object().unwrap().values().map(|n| n.as_u64().unwrap()).sum::<u64>();
+    assert_eq!(total(&info["trunk_types"]), trunk.len() as u64, "{}", info["trunk_types"]);
+    let mut by_layer = std::collections::BTreeMap::<String, u64>::new();
+    for l in manifest["experts"]["layers"].as_array().unwrap() {
+        let g = &l["ggml"];
+        *by_layer
+            .entry(format!(
+                "{}/{}/{}",
+                g["gate"].as_str().unwrap(),
+                g["up"].as_str().unwrap(),
+                g["down"].as_str().unwrap()
+            ))
+            .or_default() += 1;
+    }
+    let said: std::collections::BTreeMap<String, u64> =
+        info["expert_types"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect();
+    assert_eq!(said, by_layer);
     let embed = trunk.iter().find(|t| t["name"] == "model.embed_tokens.weight").unwrap();
     let stored = match type_of("token_embd.weight") {
         "F32" => "f32",

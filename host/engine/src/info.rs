@@ -21,6 +21,13 @@ pub struct ModelInfo {
     pub eos_tokens: Vec<u32>,
     pub trunk_format: String,
     pub expert_format: String,
+    /// The trunk's tensors by stored format, most first: (format,
+    /// tensors). A GGUF file's trunk kept as stored names ggml types.
+    pub trunk_types: Vec<(String, usize)>,
+    /// The MoE layers by expert format, most first: (format, layers); for
+    /// a `gguf` container each layer's gate/up/down ggml types, which
+    /// llama.cpp's quantiser mixes (`Q4_K/Q4_K/Q6_K`).
+    pub expert_types: Vec<(String, usize)>,
     /// Bytes of one expert record on disk.
     pub expert_record_bytes: u64,
     /// Bytes of the resident trunk.
@@ -121,6 +128,10 @@ impl ModelInfo {
             eos_tokens: container.eos_tokens().to_vec(),
             trunk_format: container.manifest().trunk.format.clone(),
             expert_format: e.format.clone(),
+            trunk_types: tally(container.manifest().trunk.tensors.iter().map(|t| t.format.clone())),
+            expert_types: tally(e.layers.iter().map(|l| {
+                l.ggml.as_ref().map_or_else(|| e.format.clone(), |g| format!("{}/{}/{}", g.gate, g.up, g.down))
+            })),
             expert_record_bytes: e.record_bytes,
             trunk_bytes: crate::plan::resident_trunk_bytes(c, container.manifest()),
             has_tokenizer: container
@@ -165,4 +176,16 @@ impl ModelInfo {
             skipped: container.manifest().skipped.clone(),
         }
     }
+}
+
+/// Each distinct name with how often it occurs, most frequent first (ties
+/// by name).
+fn tally(names: impl Iterator<Item = String>) -> Vec<(String, usize)> {
+    let mut counts = std::collections::BTreeMap::new();
+    for n in names {
+        *counts.entry(n).or_insert(0) += 1;
+    }
+    let mut v: Vec<(String, usize)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
 }

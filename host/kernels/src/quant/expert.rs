@@ -198,7 +198,7 @@ impl<'a> RvqRef<'a> {
                 *yv *= f16_at(self.scales, r0 + i);
             }
         };
-        if self.rows * self.cols >= super::trunk::PAR_MIN_WORK && self.rows > RVQ_TASK_ROWS {
+        if self.rows * self.cols >= super::decoded::PAR_MIN_WORK && self.rows > RVQ_TASK_ROWS {
             y.par_chunks_mut(RVQ_TASK_ROWS).enumerate().for_each(|(b, ys)| job(b * RVQ_TASK_ROWS, ys));
         } else if n > 0 {
             job(0, y);
@@ -398,7 +398,7 @@ fn fill_tables(x: &[f32], cb: &Codebooks, out: &mut [f32]) {
     let st = cb.stages();
     let e = cb.entries();
     let per_v = st * e;
-    if out.len() >= super::trunk::PAR_MIN_WORK * 4 {
+    if out.len() >= super::decoded::PAR_MIN_WORK * 4 {
         out.par_chunks_mut(per_v * TABLE_VBLOCK).enumerate().for_each(|(b, o)| {
             let v0 = b * TABLE_VBLOCK * VDIM;
             let x1 = (v0 + TABLE_VBLOCK * VDIM).min(x.len());

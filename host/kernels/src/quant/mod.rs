@@ -71,6 +71,7 @@
 //! slice length there is a caller bug and panics with a message.
 
 mod activation;
+mod decoded;
 mod expert;
 mod expert_batch;
 pub mod ggml;

@@ -1,6 +1,7 @@
 //! Group quantisation (q8/q4, shared by trunk and experts), the borrowed
 //! matrix view the kernels run on, and the owned trunk matrix `QMatrix`.
 
+use super::decoded::{dequantize_rows, matmul_decoded, PAR_MIN_WORK};
 use super::ggml::GgmlMatrix;
 use super::simd::{self, f16_at};
 use super::{QuantError, TrunkFormat, GROUP};
@@ -8,9 +9,6 @@ use half::f16;
 use rayon::prelude::*;
 use std::borrow::Cow;
 
-/// Matrices at least this large (rows * cols) are split across rayon
-/// threads; below it the fork/join costs more than it saves.
-pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
 /// Rows per rayon task. Every row is computed whole by one thread, so the
 /// block size only affects speed, never the result.
 const ROW_BLOCK: usize = 16;
@@ -18,12 +16,6 @@ const ROW_BLOCK: usize = 16;
 /// rows of 4096 f32 are 512 KB, in L2, while every weight row passes
 /// over them once). Speed only, never the result.
 const MANY_INPUTS: usize = 32;
-/// `QMatrix::matmul`: inputs per task (48 rows of 4096 f32, the K3 tower's
-/// widest, are 786 KB, in L2) and weight rows dequantised at a time, whole
-/// register tiles of `simd::matmul_block` (3 inputs, 4 rows). Speed only,
-/// never the result.
-const MATMUL_INPUTS: usize = 48;
-const MATMUL_ROWS: usize = 8;
 
 /// Quantise a row-major `[rows, cols]` f32 matrix into `fmt`'s byte layout
 /// (module docs). Panics if `w.len() != rows * cols`.
@@ -349,80 +341,7 @@ impl<'a> MatRef<'a> {
     }
 
     pub fn dequantize(&self) -> Vec<f32> {
-        let mut out = vec![0f32; self.rows * self.cols];
-        if self.cols > 0 {
-            for (r, o) in out.chunks_exact_mut(self.cols).enumerate() {
-                self.row_into(r, o);
-            }
-        }
-        out
-    }
-}
-
-/// `y[t] = W x[t]` for the `n = x.len() / cols` inputs of `x` (`[n, cols]`,
-/// `y` `[n, rows]`), with `row_into(r, out)` writing row r's values: each
-/// weight row is decoded once per block of inputs and the block runs in
-/// register tiles (`simd::matmul_block`), so every `y[t][r]` is `dot8` of
-/// row r's values and x[t] (`simd::dot8_scalar`) whatever the thread
-/// count, the number of inputs or the CPU. Panics unless the lengths agree.
-pub(crate) fn matmul_decoded(
-    rows: usize,
-    cols: usize,
-    row_into: &(dyn Fn(usize, &mut [f32]) + Sync),
-    x: &[f32],
-    y: &mut [f32],
-) {
-    assert!(cols > 0 && x.len().is_multiple_of(cols), "matmul: x of {} is not whole rows of {cols}", x.len());
-    let n = x.len() / cols;
-    assert_eq!(y.len(), n * rows, "matmul: y length");
-    if n == 0 || rows == 0 {
-        return;
-    }
-    // A block of dequantised weight rows, then every input of the task
-    // against it: the rows stay in L1/L2, the inputs in L2.
-    let rows_into = |r0: usize, nr: usize, w: &mut [f32]| {
-        for i in 0..nr {
-            row_into(r0 + i, &mut w[i * cols..(i + 1) * cols]);
-        }
-    };
-    if n >= 2 * MATMUL_INPUTS {
-        // Tasks own blocks of inputs and run every weight row.
-        y.par_chunks_mut(MATMUL_INPUTS * rows).zip(x.par_chunks(MATMUL_INPUTS * cols)).for_each(|(yb, xb)| {
-            let nt = xb.len() / cols;
-            let mut w = vec![0f32; MATMUL_ROWS * cols];
-            let mut out = vec![0f32; MATMUL_ROWS * nt];
-            for r0 in (0..rows).step_by(MATMUL_ROWS) {
-                let nr = MATMUL_ROWS.min(rows - r0);
-                rows_into(r0, nr, &mut w);
-                simd::matmul_block(&w[..nr * cols], xb, cols, &mut out[..nr * nt]);
-                for (t, yt) in yb.chunks_exact_mut(rows).enumerate() {
-                    for i in 0..nr {
-                        yt[r0 + i] = out[i * nt + t];
-                    }
-                }
-            }
-        });
-    } else {
-        // Few inputs: tasks own blocks of weight rows instead, into
-        // `y` transposed.
-        let mut yt = vec![0f32; rows * n];
-        let task = |(b, out): (usize, &mut [f32])| {
-            let r0 = b * MATMUL_ROWS;
-            let nr = out.len() / n;
-            let mut w = vec![0f32; nr * cols];
-            rows_into(r0, nr, &mut w);
-            simd::matmul_block(&w, x, cols, out);
-        };
-        if rows * cols * n >= PAR_MIN_WORK {
-            yt.par_chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
-        } else {
-            yt.chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
-        }
-        for (r, col) in yt.chunks_exact(n).enumerate() {
-            for (t, &val) in col.iter().enumerate() {
-                y[t * rows + r] = val;
-            }
-        }
+        dequantize_rows(self.rows, self.cols, &|r, out: &mut [f32]| self.row_into(r, out))
     }
 }
 

@@ -34,7 +34,7 @@ mod tests;
 
 use rayon::prelude::*;
 
-use super::trunk::{matmul_decoded, PAR_MIN_WORK};
+use super::decoded::{dequantize_rows, matmul_decoded, PAR_MIN_WORK};
 use super::{simd, QuantError};
 
 /// The ggml types WASTE decodes and computes on (`ggml_type` of ggml.h).
@@ -246,7 +246,18 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
 fn dequantize_row_portable(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
     let (be, bb) = (ty.block_elems(), ty.block_bytes());
     for (b, y) in bytes.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
-        blocks::decode(ty, b, y);
+        match ty {
+            GgmlType::Iq1S => iq::iq1_s::<iq::Portable>(b, y),
+            GgmlType::Iq1M => iq::iq1_m::<iq::Portable>(b, y),
+            GgmlType::Iq2Xxs => iq::iq2_xxs::<iq::Portable>(b, y),
+            GgmlType::Iq2Xs => iq::iq2_xs::<iq::Portable>(b, y),
+            GgmlType::Iq2S => iq::iq2_s::<iq::Portable>(b, y),
+            GgmlType::Iq3Xxs => iq::iq3_xxs::<iq::Portable>(b, y),
+            GgmlType::Iq3S => iq::iq3_s::<iq::Portable>(b, y),
+            GgmlType::Iq4Nl => iq::iq4_nl(b, y),
+            GgmlType::Iq4Xs => iq::iq4_xs(b, y),
+            _ => blocks::decode(ty, b, y),
+        }
     }
 }
 
@@ -421,12 +432,6 @@ impl<'a> GgmlMatrix<'a> {
     /// The matrix's values, row-major (tests and conversion only: the
     /// kernels above never expand a matrix whole).
     pub fn dequantize(&self) -> Vec<f32> {
-        let mut out = vec![0f32; self.rows * self.cols];
-        if self.cols > 0 {
-            for (r, o) in out.chunks_exact_mut(self.cols).enumerate() {
-                self.row_into(r, o);
-            }
-        }
-        out
+        dequantize_rows(self.rows, self.cols, &|r, out: &mut [f32]| self.row_into(r, out))
     }
 }

@@ -140,7 +140,7 @@ pub(crate) fn matvec(isa: Isa, bytes: &[u8], rows: usize, cols: usize, t: &QTabl
         }
     };
     let chunk = ROWS * PAR_BLOCKS;
-    if rows * cols >= super::trunk::PAR_MIN_WORK && rows > chunk {
+    if rows * cols >= super::decoded::PAR_MIN_WORK && rows > chunk {
         y.par_chunks_mut(chunk).enumerate().for_each(|(i, ys)| run(i * PAR_BLOCKS, ys));
     } else {
         for (i, ys) in y.chunks_mut(chunk).enumerate() {

@@ -90,6 +90,11 @@ fn tokenize_detokenize_round_trip_and_modes() {
     let o = waste(&["detokenize", m, &ids.join(",")]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).trim_end_matches('\n'), text);
+    // Neither the model's nor the tokenizer's: one line, nothing printed.
+    let o = waste(&["detokenize", m, "999999"]);
+    let err = stderr(&o);
+    assert!(!o.status.success() && o.stdout.is_empty(), "{err}");
+    assert!(err.contains("outside the vocabulary") && err.trim().lines().count() == 1, "{err}");
     let o = waste(&["tokenize", m, text, "--markup", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["mode"], "markup");

@@ -96,6 +96,27 @@ pub fn stderr(o: &Output) -> String {
 }
 
 /// A copy of a flat directory (a container, a checkpoint) at `to`.
+/// An edit of a container's manifest.json.
+pub type ManifestEdit = fn(&mut serde_json::Value);
+
+/// For each (name, edit, needle): a copy of the container `base` under
+/// `tmp` with its manifest edited must be refused at open (`waste eval`)
+/// with one line containing `needle`.
+pub fn refused_after_manifest_edits(base: &Path, tmp: &Path, cases: &[(&str, ManifestEdit, &str)]) {
+    for &(name, edit, needle) in cases {
+        let dir = tmp.join(format!("{name}.waste"));
+        copy_dir(base, &dir);
+        let path = dir.join("manifest.json");
+        let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut m);
+        std::fs::write(&path, m.to_string()).unwrap();
+        let o = waste(&["eval", dir.to_str().unwrap(), "Hello"]);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{name}: accepted");
+        assert!(err.contains(needle) && err.trim().lines().count() == 1, "{name}: {err}");
+    }
+}
+
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {

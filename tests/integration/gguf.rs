@@ -435,8 +435,7 @@ fn keeping_experts_as_stored_needs_a_gguf_file() {
 fn a_gguf_manifest_with_wrong_expert_types_is_refused_with_one_line() {
     let tmp = TempDir::new("gguf-manifest");
     let base = convert_gguf(&gguf_dir().join("models/wide-qwen3moe-q4_k_m.gguf"), "gguf", "f32", tmp.path());
-    type Edit = fn(&mut serde_json::Value);
-    let cases: [(&str, Edit, &str); 3] = [
+    let cases: [(&str, ManifestEdit, &str); 3] = [
         ("unknown", |m| m["experts"]["layers"][0]["ggml"]["down"] = "Q4_2".into(), "are not ones WASTE computes on"),
         (
             "absent",
@@ -447,16 +446,5 @@ fn a_gguf_manifest_with_wrong_expert_types_is_refused_with_one_line() {
         ),
         ("resized", |m| m["experts"]["layers"][0]["ggml"]["down"] = "Q4_K".into(), "expert record layout"),
     ];
-    for (name, edit, needle) in cases {
-        let dir = tmp.path().join(format!("{name}.waste"));
-        copy_dir(&base, &dir);
-        let path = dir.join("manifest.json");
-        let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        edit(&mut m);
-        std::fs::write(&path, m.to_string()).unwrap();
-        let o = waste(&["eval", dir.to_str().unwrap(), "Hello"]);
-        let err = stderr(&o);
-        assert!(!o.status.success(), "{name}: accepted");
-        assert!(err.contains(needle) && err.trim().lines().count() == 1, "{name}: {err}");
-    }
+    refused_after_manifest_edits(&base, tmp.path(), &cases);
 }

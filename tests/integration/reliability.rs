@@ -67,8 +67,6 @@ fn chat_skips_an_invalid_utf8_line_of_piped_input_and_goes_on() {
     assert!(out.contains("turns 1"), "{out}");
 }
 
-type Edit = fn(&mut serde_json::Value);
-
 /// 8 of 340 inconsistent manifests were accepted (a misaligned trunk
 /// tensor gave NaN with exit 0; duplicates made `info` count a 3 GB trunk):
 /// each is now refused at open with one line naming what is wrong.
@@ -76,7 +74,7 @@ type Edit = fn(&mut serde_json::Value);
 fn inconsistent_manifests_are_refused_with_one_line_naming_the_field() {
     let tmp = TempDir::new("manifests");
     let base = convert("qwen3_moe", "rvq3", "q4", tmp.path());
-    let cases: [(&str, Edit, &str); 6] = [
+    let cases: [(&str, ManifestEdit, &str); 6] = [
         ("misaligned", |m| m["trunk"]["tensors"][0]["offset"] = 4.into(), "is not a multiple of 64"),
         (
             "overlap",
@@ -120,18 +118,7 @@ fn inconsistent_manifests_are_refused_with_one_line_naming_the_field() {
             "overlap",
         ),
     ];
-    for (name, edit, needle) in cases {
-        let dir = tmp.path().join(format!("{name}.waste"));
-        copy_dir(&base, &dir);
-        let path = dir.join("manifest.json");
-        let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        edit(&mut m);
-        std::fs::write(&path, m.to_string()).unwrap();
-        let o = waste(&["eval", dir.to_str().unwrap(), "Hello"]);
-        let err = stderr(&o);
-        assert!(!o.status.success(), "{name}: accepted");
-        assert!(err.contains(needle) && err.trim().lines().count() == 1, "{name}: {err}");
-    }
+    refused_after_manifest_edits(&base, tmp.path(), &cases);
 }
 
 /// `--load-state`, `--file`, `tokenize --file` and `--sampler` read their

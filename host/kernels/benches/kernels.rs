@@ -118,7 +118,7 @@ fn time_experts(
     let mut scratch = ExpertScratch::new(fmt, s);
     let mut out = vec![0f32; s.hidden];
     let mut next = 0usize;
-    let mut pass = |n: usize| {
+    let pass = |n: usize| {
         pool.install(|| {
             for t in 0..n {
                 let x = &xs[t % xs.len()];
@@ -133,8 +133,14 @@ fn time_experts(
         })
         .expect("pool");
     };
-    // Warm-up: one visit of every expert, so page faults are not timed.
-    pass(experts.len().div_ceil(TOP_K));
+    best_per_expert(experts.len(), tokens, pass)
+}
+
+/// Seconds per expert: a warm-up visit of every one of `experts` (so page
+/// faults are not timed), then the best of `REPEATS` passes of `tokens`
+/// tokens, `TOP_K` experts each.
+fn best_per_expert(experts: usize, tokens: usize, mut pass: impl FnMut(usize)) -> f64 {
+    pass(experts.div_ceil(TOP_K));
     let mut best = Duration::MAX;
     for _ in 0..REPEATS {
         let t0 = Instant::now();
@@ -179,7 +185,7 @@ fn time_gguf(pool: &Pool, ty: GgmlType, s: ExpertShape, experts: &[Vec<u8>], xs:
     let gate_len = ty.matrix_bytes(s.inter, s.hidden).expect("whole blocks");
     let (mut g, mut u, mut out) = (vec![0f32; s.inter], vec![0f32; s.inter], vec![0f32; s.hidden]);
     let mut next = 0usize;
-    let mut pass = |n: usize| {
+    let pass = |n: usize| {
         pool.install(|| {
             for t in 0..n {
                 let x = &xs[t % xs.len()];
@@ -199,14 +205,7 @@ fn time_gguf(pool: &Pool, ty: GgmlType, s: ExpertShape, experts: &[Vec<u8>], xs:
         })
         .expect("pool");
     };
-    pass(experts.len().div_ceil(TOP_K));
-    let mut best = Duration::MAX;
-    for _ in 0..REPEATS {
-        let t0 = Instant::now();
-        pass(tokens);
-        best = best.min(t0.elapsed());
-    }
-    best.as_secs_f64() / (tokens * TOP_K) as f64
+    best_per_expert(experts.len(), tokens, pass)
 }
 
 /// Best read bandwidth (bytes/s) summing a `WORKING_SET * 2` buffer.

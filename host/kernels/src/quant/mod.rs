@@ -78,7 +78,7 @@ pub mod ggml;
 mod kmeans;
 mod rvq;
 mod rvq4p;
-mod simd;
+pub(crate) mod simd;
 mod trunk;
 
 #[cfg(test)]

@@ -24,32 +24,68 @@ unsafe fn hsum(v: __m256) -> f32 {
 /// and `out` holds `(w.len() / cols) * (x.len() / cols)` floats.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn matmul_block(w: &[f32], x: &[f32], cols: usize, out: &mut [f32]) {
-    use super::{TILE_INPUTS as T, TILE_ROWS as R};
     let (nr, nt) = (w.len() / cols, x.len() / cols);
+    // SAFETY: rows of `cols` floats at stride `cols`, outputs `[nr][nt]`
+    // (the caller's contract above).
+    unsafe { strided_block(w.as_ptr(), cols, nr, x.as_ptr(), cols, nt, cols, out.as_mut_ptr(), (nt, 1)) }
+}
+
+/// `op[i * o_row + t * o_col] = dot8(row i, input t)` for `nr` rows of
+/// `cols` floats at `wp[i * ws..]` and `nt` inputs at `xp[t * xs..]`, in the
+/// register tiles of `simd::for_each_tile`.
+///
+/// # Safety
+/// AVX2 and FMA; every row, input and output so addressed is readable /
+/// writable, and no two outputs alias.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn strided_block(
+    wp: *const f32,
+    ws: usize,
+    nr: usize,
+    xp: *const f32,
+    xs: usize,
+    nt: usize,
+    cols: usize,
+    op: *mut f32,
+    (o_row, o_col): (usize, usize),
+) {
+    use super::{TILE_INPUTS as T, TILE_ROWS as R};
     super::for_each_tile(nr, nt, |r, t, rr, tt| {
-        let (wp, xp) = (w[r * cols..].as_ptr(), x[t * cols..].as_ptr());
-        let op = out[r * nt + t..].as_mut_ptr();
-        // SAFETY: the tile's rr rows of w from r, tt rows of x from t and
-        // its outputs (rows r..r+rr at stride nt) lie inside the slices.
+        // SAFETY: the tile's rr rows from r, tt inputs from t and their
+        // outputs lie inside what the caller vouched for.
         unsafe {
+            let (wp, xp, op) = (wp.add(r * ws), xp.add(t * xs), op.add(r * o_row + t * o_col));
+            let at = Tile { ws, xs, cols, o_row, o_col };
             match (rr, tt) {
-                (R, T) => tile::<R, T>(wp, xp, cols, op, nt),
-                (R, 1) => tile::<R, 1>(wp, xp, cols, op, nt),
-                (1, T) => tile::<1, T>(wp, xp, cols, op, nt),
-                _ => tile::<1, 1>(wp, xp, cols, op, nt),
+                (R, T) => tile::<R, T>(wp, xp, op, at),
+                (R, 1) => tile::<R, 1>(wp, xp, op, at),
+                (1, T) => tile::<1, T>(wp, xp, op, at),
+                _ => tile::<1, 1>(wp, xp, op, at),
             }
         }
     });
 }
 
-/// One tile: rows `wp[i * cols..]` (i < RR) against inputs `xp[t * cols..]`
-/// (t < TT) into `op[i * nt + t]`.
+/// The strides of one register tile's rows, inputs and outputs.
+#[derive(Clone, Copy)]
+struct Tile {
+    ws: usize,
+    xs: usize,
+    cols: usize,
+    o_row: usize,
+    o_col: usize,
+}
+
+/// One tile: rows `wp[i * ws..]` (i < RR) against inputs `xp[t * xs..]`
+/// (t < TT) into `op[i * o_row + t * o_col]`.
 ///
 /// # Safety
 /// AVX2 and FMA; those rows, inputs and outputs are readable / writable.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const RR: usize, const TT: usize>(wp: *const f32, xp: *const f32, cols: usize, op: *mut f32, nt: usize) {
+unsafe fn tile<const RR: usize, const TT: usize>(wp: *const f32, xp: *const f32, op: *mut f32, at: Tile) {
+    let Tile { ws, xs, cols, o_row, o_col } = at;
     let whole = cols / 8 * 8;
     let mut acc = [[_mm256_setzero_ps(); TT]; RR];
     let mut k = 0;
@@ -57,11 +93,11 @@ unsafe fn tile<const RR: usize, const TT: usize>(wp: *const f32, xp: *const f32,
         let mut xv = [_mm256_setzero_ps(); TT];
         for (t, v) in xv.iter_mut().enumerate() {
             // SAFETY: k + 8 <= cols inside input t.
-            *v = unsafe { _mm256_loadu_ps(xp.add(t * cols + k)) };
+            *v = unsafe { _mm256_loadu_ps(xp.add(t * xs + k)) };
         }
         for (i, a) in acc.iter_mut().enumerate() {
             // SAFETY: k + 8 <= cols inside row i.
-            let wv = unsafe { _mm256_loadu_ps(wp.add(i * cols + k)) };
+            let wv = unsafe { _mm256_loadu_ps(wp.add(i * ws + k)) };
             for (at, v) in a.iter_mut().zip(&xv) {
                 *at = _mm256_fmadd_ps(wv, *v, *at);
             }
@@ -73,10 +109,199 @@ unsafe fn tile<const RR: usize, const TT: usize>(wp: *const f32, xp: *const f32,
             let mut s = hsum(*at);
             for j in whole..cols {
                 // SAFETY: j < cols inside row i and input t.
-                s += unsafe { *wp.add(i * cols + j) * *xp.add(t * cols + j) };
+                s += unsafe { *wp.add(i * ws + j) * *xp.add(t * xs + j) };
             }
             // SAFETY: output (i, t) of the tile.
-            unsafe { *op.add(i * nt + t) = s };
+            unsafe { *op.add(i * o_row + t * o_col) = s };
+        }
+    }
+}
+
+/// `attend::exp_scalar` on eight lanes: the very same operations, so the
+/// same bits.
+///
+/// # Safety
+/// AVX2 and FMA.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
+    use super::exp_consts::*;
+    let n =
+        _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)));
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
+    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+    let z = _mm256_mul_ps(r, r);
+    let mut p = _mm256_set1_ps(POLY[0]);
+    for c in &POLY[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+    }
+    let y = _mm256_add_ps(_mm256_fmadd_ps(p, z, r), _mm256_set1_ps(1.0));
+    let two_n = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+    let e = _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
+    _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(FLOOR)), e)
+}
+
+/// `attend::exp_shifted_sum`: `x[i] = exp(x[i] - max)` and their sum in
+/// eight lanes, `hsum`'s order, the tail added in order.
+///
+/// # Safety
+/// AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn exp_shifted_sum(x: &mut [f32], max: f32) -> f32 {
+    let m = _mm256_set1_ps(max);
+    let (whole, tail) = x.as_chunks_mut::<8>();
+    let mut acc = _mm256_setzero_ps();
+    for c in whole {
+        // SAFETY: `c` holds eight floats.
+        unsafe {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), m));
+            _mm256_storeu_ps(c.as_mut_ptr(), e);
+            acc = _mm256_add_ps(acc, e);
+        }
+    }
+    let mut sum = hsum(acc);
+    if !tail.is_empty() {
+        let mut lanes = [0f32; 8];
+        lanes[..tail.len()].copy_from_slice(tail);
+        // SAFETY: `lanes` holds eight floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), exp8(_mm256_sub_ps(_mm256_loadu_ps(lanes.as_ptr()), m))) };
+        for (t, e) in tail.iter_mut().zip(lanes) {
+            *t = e;
+            sum += e;
+        }
+    }
+    sum
+}
+
+/// Queries per block of `weighted_rows`: 6 queries x 2 vectors of columns
+/// are 12 accumulators, plus two value vectors and a broadcast weight.
+const WEIGHTED_QUERIES: usize = 6;
+
+/// Keys per pass of `weighted_rows` (128 value rows of a 128-wide head are
+/// 64 KB).
+const WEIGHTED_KEYS: usize = 128;
+
+/// `attend::weighted_rows` (its definition and its twin are there): each
+/// output column one FMA chain over the keys in order, blocks of queries
+/// sharing each load of a value row's columns.
+///
+/// # Safety
+/// AVX2 and FMA; `p[t * ps + j]` (t < nq, j < nk), `v[j * vs + c]`
+/// (c < d) are readable and `out[t * d + c]` writable.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn weighted_rows(
+    p: *const f32,
+    ps: usize,
+    nq: usize,
+    v: *const f32,
+    vs: usize,
+    nk: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    // Keys in blocks whose value rows stay in L2 while every block of
+    // queries passes over them; each output's chain still runs over the
+    // keys in order (its accumulator stored and reloaded exactly between
+    // blocks).
+    let mut j0 = 0;
+    while j0 < nk {
+        let keys = (nk - j0).min(WEIGHTED_KEYS);
+        let mut t = 0;
+        while t < nq {
+            let q = (nq - t).min(WEIGHTED_QUERIES);
+            // SAFETY: queries t..t+q and keys j0..j0+keys of the caller's.
+            unsafe {
+                let (p, v, out) = (p.add(t * ps + j0), v.add(j0 * vs), out.add(t * d));
+                match q {
+                    6 => weighted_block::<6>(p, ps, v, vs, keys, d, out),
+                    5 => weighted_block::<5>(p, ps, v, vs, keys, d, out),
+                    4 => weighted_block::<4>(p, ps, v, vs, keys, d, out),
+                    3 => weighted_block::<3>(p, ps, v, vs, keys, d, out),
+                    2 => weighted_block::<2>(p, ps, v, vs, keys, d, out),
+                    _ => weighted_block::<1>(p, ps, v, vs, keys, d, out),
+                }
+            }
+            t += q;
+        }
+        j0 += keys;
+    }
+}
+
+/// `weighted_rows` for `Q` queries: columns in blocks of 16, then 8, then
+/// one at a time, each block's accumulators held in registers over all keys.
+///
+/// # Safety
+/// As `weighted_rows`, for `Q` queries.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weighted_block<const Q: usize>(
+    p: *const f32,
+    ps: usize,
+    v: *const f32,
+    vs: usize,
+    nk: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    let mut c = 0;
+    while c + 16 <= d {
+        let mut acc = [[_mm256_setzero_ps(); 2]; Q];
+        for (t, a) in acc.iter_mut().enumerate() {
+            // SAFETY: columns c..c+16 of output t.
+            unsafe { *a = [_mm256_loadu_ps(out.add(t * d + c)), _mm256_loadu_ps(out.add(t * d + c + 8))] };
+        }
+        for j in 0..nk {
+            // SAFETY: columns c..c+16 of value row j, weight (t, j).
+            unsafe {
+                let (v0, v1) = (_mm256_loadu_ps(v.add(j * vs + c)), _mm256_loadu_ps(v.add(j * vs + c + 8)));
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let w = _mm256_broadcast_ss(&*p.add(t * ps + j));
+                    a[0] = _mm256_fmadd_ps(w, v0, a[0]);
+                    a[1] = _mm256_fmadd_ps(w, v1, a[1]);
+                }
+            }
+        }
+        for (t, a) in acc.iter().enumerate() {
+            // SAFETY: columns c..c+16 of output t.
+            unsafe {
+                _mm256_storeu_ps(out.add(t * d + c), a[0]);
+                _mm256_storeu_ps(out.add(t * d + c + 8), a[1]);
+            }
+        }
+        c += 16;
+    }
+    if c + 8 <= d {
+        let mut acc = [_mm256_setzero_ps(); Q];
+        for (t, a) in acc.iter_mut().enumerate() {
+            // SAFETY: columns c..c+8 of output t.
+            *a = unsafe { _mm256_loadu_ps(out.add(t * d + c)) };
+        }
+        for j in 0..nk {
+            // SAFETY: columns c..c+8 of value row j, weight (t, j).
+            unsafe {
+                let v0 = _mm256_loadu_ps(v.add(j * vs + c));
+                for (t, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(_mm256_broadcast_ss(&*p.add(t * ps + j)), v0, *a);
+                }
+            }
+        }
+        for (t, a) in acc.iter().enumerate() {
+            // SAFETY: columns c..c+8 of output t.
+            unsafe { _mm256_storeu_ps(out.add(t * d + c), *a) };
+        }
+        c += 8;
+    }
+    for c in c..d {
+        for t in 0..Q {
+            // SAFETY: column c of output t, value rows j < nk, weights (t, j).
+            unsafe {
+                let mut a = _mm_set_ss(*out.add(t * d + c));
+                for j in 0..nk {
+                    a = _mm_fmadd_ss(_mm_set_ss(*p.add(t * ps + j)), _mm_set_ss(*v.add(j * vs + c)), a);
+                }
+                *out.add(t * d + c) = _mm_cvtss_f32(a);
+            }
         }
     }
 }

@@ -585,6 +585,18 @@ pub(crate) fn dot8_scalar(w: &[f32], x: &[f32]) -> f32 {
     s
 }
 
+/// The constants of `attend::exp_scalar` (Cephes' `expf`: the reduction by a
+/// two-part ln 2, the minimax polynomial on [-ln2/2, ln2/2]).
+pub(crate) mod exp_consts {
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    pub const LN2_HI: f32 = 0.693_359_4;
+    pub const LN2_LO: f32 = -2.121_944_4e-4;
+    pub const POLY: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
+    /// Below this `exp` is under f32's smallest normal; it returns zero
+    /// (the reduction's `2^n` needs n >= -126).
+    pub const FLOOR: f32 = -87.0;
+}
+
 /// `a * b + c` rounded once, as the FMA instruction does. On aarch64 that
 /// is `mul_add` (FMA is baseline there). Elsewhere `mul_add` may be a C
 /// library call, and MinGW's `fmaf` is not fused (12 ulps off under wine,

@@ -1,0 +1,73 @@
+//! What the prefill and attention benches share: timing two forms
+//! alternately, and the machine's FMA peak they are reported against.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use rayon::prelude::*;
+use waste_kernels::pool::Pool;
+
+/// Rounds of each form; the best is reported.
+pub const REPEATS: usize = 3;
+
+/// Best seconds of `a` and of `b`, run alternately `REPEATS` times in the pool.
+pub fn side_by_side(pool: &Pool, mut a: impl FnMut() + Send, mut b: impl FnMut() + Send) -> (f64, f64) {
+    let (mut ta, mut tb) = (f64::MAX, f64::MAX);
+    for _ in 0..REPEATS {
+        let t = Instant::now();
+        pool.install(&mut a).expect("pool");
+        ta = ta.min(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        pool.install(&mut b).expect("pool");
+        tb = tb.min(t.elapsed().as_secs_f64());
+    }
+    (ta, tb)
+}
+
+/// Multiply-accumulates per second of `threads` threads each running
+/// twelve independent 8-lane FMA chains (f32), the kernels' ceiling.
+pub fn peak_gmacs(threads: usize) -> f64 {
+    const ITERS: usize = 20_000_000;
+    let t = Instant::now();
+    let sums: Vec<f32> = (0..threads).into_par_iter().map(|_| fma_loop(ITERS)).collect();
+    black_box(sums);
+    (threads * ITERS * 12 * 8) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+fn fma_loop(iters: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA were detected just above.
+        return unsafe { fma_loop_avx2(iters) };
+    }
+    let mut acc = [[0f32; 8]; 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            for v in a.iter_mut() {
+                *v = v.mul_add(0.999_999, 1e-7);
+            }
+        }
+    }
+    acc.iter().flatten().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_loop_avx2(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+    let mut acc = [_mm256_setzero_ps(); 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm256_fmadd_ps(*a, m, c);
+        }
+    }
+    let mut out = [0f32; 8];
+    let mut s = _mm256_setzero_ps();
+    for a in acc {
+        s = _mm256_add_ps(s, a);
+    }
+    // SAFETY: `out` holds 8 floats.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
+    out.iter().sum()
+}

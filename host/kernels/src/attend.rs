@@ -1,0 +1,332 @@
+//! Attention's two products over a block of queries that share one key /
+//! value head: the scores `q . k` of every query against a run of cached
+//! keys, and the probability-weighted sum of the value rows. Keys and
+//! values are read in place from a KV cache (rows `stride` floats apart),
+//! so decode (one token's query heads) and prefill (many tokens' heads)
+//! run the same kernels and each output depends on its own query alone,
+//! never on the block it ran in: decode and chunked prefill agree bit for
+//! bit.
+//!
+//! Both are defined by a portable twin that every level equals bit for
+//! bit, so the bits do not depend on the CPU either:
+//! - a score is `dot8` (`quant::matmul_block`'s pair product);
+//! - an output column is one fused multiply-add chain over the keys in
+//!   order, from the output's value on entry. A key whose weight is zero
+//!   adds an exact zero, so a block may pad a query's key range with zero
+//!   weights and leave its result unchanged;
+//! - the softmax's exponential is one polynomial (`exp_scalar`), its sum
+//!   eight lanes in `dot8`'s order.
+
+use crate::quant::simd::{dot8_scalar, exp_consts, fused_mul_add};
+
+#[cfg(target_arch = "x86_64")]
+use crate::quant::simd::{avx2, has_avx2};
+
+/// `n` rows of `width` floats, `stride` apart, inside `len` floats.
+fn rows_fit(len: usize, n: usize, stride: usize, width: usize) -> bool {
+    n == 0
+        || (stride >= width && (n - 1).checked_mul(stride).and_then(|s| s.checked_add(width)).is_some_and(|e| e <= len))
+}
+
+/// `out[t * out_stride + j] = dot8(query t, key j)` for the `queries.len()
+/// / d` queries (contiguous rows of `d`) and the `n_keys` keys at
+/// `keys[j * key_stride..][..d]`.
+pub fn key_scores(
+    queries: &[f32],
+    d: usize,
+    (keys, key_stride, n_keys): (&[f32], usize, usize),
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    assert!(d > 0 && queries.len().is_multiple_of(d), "key_scores: queries are not whole rows");
+    let nq = queries.len() / d;
+    assert!(
+        rows_fit(keys.len(), n_keys, key_stride, d) && rows_fit(out.len(), nq, out_stride, n_keys),
+        "key_scores: inconsistent lengths"
+    );
+    if nq == 0 || n_keys == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected; the keys, the queries and the
+        // outputs `(j, t) -> t * out_stride + j` (distinct, since
+        // out_stride >= n_keys) lie inside the slices (checked above).
+        return unsafe {
+            avx2::strided_block(
+                keys.as_ptr(),
+                key_stride,
+                n_keys,
+                queries.as_ptr(),
+                d,
+                nq,
+                d,
+                out.as_mut_ptr(),
+                (1, out_stride),
+            )
+        };
+    }
+    key_scores_scalar(queries, d, (keys, key_stride, n_keys), out, out_stride)
+}
+
+/// The portable twin of `key_scores`.
+pub(crate) fn key_scores_scalar(
+    queries: &[f32],
+    d: usize,
+    (keys, key_stride, n_keys): (&[f32], usize, usize),
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    for (t, q) in queries.chunks_exact(d).enumerate() {
+        for j in 0..n_keys {
+            out[t * out_stride + j] = dot8_scalar(&keys[j * key_stride..][..d], q);
+        }
+    }
+}
+
+/// `out[t * d + c] = fma(p[t * p_stride + j], values[j * v_stride + c], ..)`
+/// folded over the `n_keys` keys in ascending order, starting from the
+/// value `out` holds, for the `out.len() / d` queries: each query's
+/// attention output accumulated from its weights.
+pub fn weighted_rows(
+    (p, p_stride): (&[f32], usize),
+    (values, v_stride, n_keys): (&[f32], usize, usize),
+    d: usize,
+    out: &mut [f32],
+) {
+    assert!(d > 0 && out.len().is_multiple_of(d), "weighted_rows: outputs are not whole rows");
+    let nq = out.len() / d;
+    assert!(
+        rows_fit(p.len(), nq, p_stride, n_keys) && rows_fit(values.len(), n_keys, v_stride, d),
+        "weighted_rows: inconsistent lengths"
+    );
+    if nq == 0 || n_keys == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected; weights, value rows and the
+        // outputs lie inside the slices (checked above).
+        return unsafe {
+            avx2::weighted_rows(p.as_ptr(), p_stride, nq, values.as_ptr(), v_stride, n_keys, d, out.as_mut_ptr())
+        };
+    }
+    weighted_rows_scalar((p, p_stride), (values, v_stride, n_keys), d, out)
+}
+
+/// The portable twin of `weighted_rows`.
+pub(crate) fn weighted_rows_scalar(
+    (p, p_stride): (&[f32], usize),
+    (values, v_stride, n_keys): (&[f32], usize, usize),
+    d: usize,
+    out: &mut [f32],
+) {
+    for (t, o) in out.chunks_exact_mut(d).enumerate() {
+        for j in 0..n_keys {
+            let w = p[t * p_stride + j];
+            for (oc, &vc) in o.iter_mut().zip(&values[j * v_stride..][..d]) {
+                *oc = fused_mul_add(w, vc, *oc);
+            }
+        }
+    }
+}
+
+/// `exp(x)` for `x <= 0` as the softmax uses it: `n = round(x log2 e)`, `r =
+/// x - n ln2` in two fused steps, `e^r = 1 + r + r^2 p(r)`, times `2^n`;
+/// within 2 ulp of the true value, exactly 1 at 0, zero below `FLOOR`.
+/// Every level computes these very operations.
+pub(crate) fn exp_scalar(x: f32) -> f32 {
+    use exp_consts::*;
+    if x < FLOOR {
+        return 0.0;
+    }
+    let n = (x * LOG2E).round_ties_even();
+    let r = fused_mul_add(n, -LN2_LO, fused_mul_add(n, -LN2_HI, x));
+    let z = r * r;
+    let p = POLY[1..].iter().fold(POLY[0], |p, &c| fused_mul_add(p, r, c));
+    let y = fused_mul_add(p, z, r) + 1.0;
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `x[i] = exp(x[i] - max)`, returning their sum: eight lanes `l` summing
+/// the positions `l, l + 8, ..` below the last multiple of 8, the lanes
+/// as `dot8` sums them, then the tail in order.
+fn exp_shifted_sum(x: &mut [f32], max: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { avx2::exp_shifted_sum(x, max) };
+    }
+    exp_shifted_sum_scalar(x, max)
+}
+
+/// The portable twin of `exp_shifted_sum`.
+pub(crate) fn exp_shifted_sum_scalar(x: &mut [f32], max: f32) -> f32 {
+    let (whole, tail) = x.as_chunks_mut::<8>();
+    let mut l = [0f32; 8];
+    for c in whole {
+        for (v, acc) in c.iter_mut().zip(l.iter_mut()) {
+            *v = exp_scalar(*v - max);
+            *acc += *v;
+        }
+    }
+    let mut sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for v in tail {
+        *v = exp_scalar(*v - max);
+        sum += *v;
+    }
+    sum
+}
+
+/// Attention's softmax of `scores` in place, with `extra_logit` (gpt-oss's
+/// sink) joining the normalisation but not the output, so the weights then
+/// sum to less than one: `softmax(cat([scores, sink]))` with the sink's
+/// column dropped.
+pub fn softmax(scores: &mut [f32], extra_logit: Option<f32>) {
+    let max = scores.iter().copied().fold(extra_logit.unwrap_or(f32::NEG_INFINITY), f32::max);
+    let mut sum = exp_shifted_sum(scores, max);
+    if let Some(e) = extra_logit {
+        sum += exp_scalar(e - max);
+    }
+    let inv = 1.0 / sum;
+    for v in scores.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1) of every magnitude down to 2^-12.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let m = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                m * (1.0 / (1 << (s % 12)) as f32)
+            })
+            .collect()
+    }
+
+    /// Head widths with and without whole vectors, block counts with and
+    /// without whole tiles, strides wider than a row (a KV cache's).
+    const SHAPES: [(usize, usize, usize); 6] =
+        [(128, 7, 37), (64, 13, 5), (24, 6, 16), (5, 1, 3), (136, 32, 66), (48, 9, 300)];
+
+    #[test]
+    fn key_scores_equal_their_twin_bit_for_bit_and_the_exact_sums_closely() {
+        for (d, nq, nk) in SHAPES {
+            let stride = d * 3 + 1;
+            let (q, k) = (values(nq * d, 1), values(nk * stride, 2));
+            let os = nk + 2;
+            let (mut got, mut twin) = (vec![7f32; nq * os], vec![7f32; nq * os]);
+            key_scores(&q, d, (&k, stride, nk), &mut got, os);
+            key_scores_scalar(&q, d, (&k, stride, nk), &mut twin, os);
+            for t in 0..nq {
+                for j in 0..nk {
+                    let at = t * os + j;
+                    assert_eq!(got[at].to_bits(), twin[at].to_bits(), "d {d} query {t} key {j}");
+                    let exact: f64 = (0..d).map(|c| q[t * d + c] as f64 * k[j * stride + c] as f64).sum();
+                    assert!(
+                        (twin[at] as f64 - exact).abs() <= 1e-5 * (1.0 + exact.abs()),
+                        "d {d}: {} vs {exact}",
+                        twin[at]
+                    );
+                }
+                assert_eq!(got[t * os + nk], 7.0, "a score past the keys was written");
+            }
+        }
+    }
+
+    #[test]
+    fn weighted_rows_equal_their_twin_bit_for_bit_and_the_exact_sums_closely() {
+        for (d, nq, nk) in SHAPES {
+            let (vs, ps) = (d + 9, nk + 3);
+            let (p, v, start) = (values(nq * ps, 3), values(nk * vs, 4), values(nq * d, 5));
+            let (mut got, mut twin) = (start.clone(), start.clone());
+            weighted_rows((&p, ps), (&v, vs, nk), d, &mut got);
+            weighted_rows_scalar((&p, ps), (&v, vs, nk), d, &mut twin);
+            for t in 0..nq {
+                for c in 0..d {
+                    let at = t * d + c;
+                    assert_eq!(got[at].to_bits(), twin[at].to_bits(), "d {d} query {t} column {c}");
+                    let exact: f64 =
+                        start[at] as f64 + (0..nk).map(|j| p[t * ps + j] as f64 * v[j * vs + c] as f64).sum::<f64>();
+                    assert!(
+                        (twin[at] as f64 - exact).abs() <= 1e-5 * (1.0 + exact.abs()),
+                        "d {d}: {} vs {exact}",
+                        twin[at]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn zero_weights_leave_a_query_output_unchanged() {
+        let (d, nk, vs) = (40, 11, 48);
+        let v = values(nk * vs, 6);
+        let mut p = values(nk, 7);
+        let mut alone = vec![0f32; d];
+        weighted_rows((&p[2..9], 7), (&v[2 * vs..], vs, 7), d, &mut alone);
+        for j in (0..2).chain(9..nk) {
+            p[j] = 0.0;
+        }
+        let mut padded = vec![0f32; d];
+        weighted_rows((&p, nk), (&v, vs, nk), d, &mut padded);
+        assert_eq!(alone, padded);
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp_of_the_true_value_and_one_at_zero() {
+        assert_eq!(exp_scalar(0.0), 1.0);
+        assert_eq!(exp_scalar(-100.0), 0.0);
+        assert_eq!(exp_scalar(f32::NEG_INFINITY), 0.0);
+        assert!(exp_scalar(f32::NAN).is_nan());
+        let mut x = -87.0f32;
+        while x <= 0.0 {
+            let (got, want) = (exp_scalar(x) as f64, (x as f64).exp());
+            let ulp = (want as f32).to_bits().abs_diff((got as f32).to_bits());
+            assert!(ulp <= 2, "exp({x}) = {got}, true {want}: {ulp} ulp");
+            x += 0.000_731;
+        }
+    }
+
+    #[test]
+    fn exp_sums_equal_their_twin_bit_for_bit() {
+        for n in [0, 1, 7, 8, 9, 64, 1000, 4099] {
+            let mut x: Vec<f32> = values(n, 8).iter().map(|v| v * 90.0 - 1.0).collect();
+            x.push(f32::NEG_INFINITY);
+            x.push(-87.01);
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut twin = x.clone();
+            let (a, b) = (exp_shifted_sum(&mut x, max), exp_shifted_sum_scalar(&mut twin, max));
+            assert_eq!(a.to_bits(), b.to_bits(), "sum of {n}");
+            assert!(x.iter().zip(&twin).all(|(p, q)| p.to_bits() == q.to_bits()), "values of {n}");
+        }
+    }
+
+    #[test]
+    fn softmax_with_a_sink_sums_to_less_than_one() {
+        let mut s = vec![1.0f32, 2.0, 3.0];
+        softmax(&mut s, None);
+        assert!((s.iter().sum::<f32>() - 1.0).abs() < 1e-6 && s[2] > s[1]);
+        let mut t = vec![1.0f32, 2.0, 3.0];
+        softmax(&mut t, Some(3.0));
+        let want = [1f64, 2.0, 3.0].map(|v| v.exp() / (1f64.exp() + 2f64.exp() + 2.0 * 3f64.exp()));
+        for (g, w) in t.iter().zip(want) {
+            assert!((*g as f64 - w).abs() < 1e-6, "{g} vs {w}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "inconsistent lengths")]
+    fn key_rows_past_the_cache_are_refused() {
+        let mut out = vec![0f32; 4];
+        key_scores(&[0.0; 8], 8, (&[0.0; 17], 10, 2), &mut out, 2);
+    }
+}

@@ -448,12 +448,20 @@ mod tests {
     fn forward_floats_by_hand(cfg: &ModelConfig, ctx: usize, chunk: usize) -> usize {
         let h = cfg.hidden_size;
         let picks = 4 * (cfg.top_k + 1);
-        let attn = 2 * cfg.q_dim() + 2 * cfg.kv_dim() + ctx + 2 * (cfg.head_dim / 2);
+        // A score per position for each query head of one KV head.
+        let group = cfg.num_heads / cfg.num_kv_heads.max(1);
+        let attn = 2 * cfg.q_dim() + 2 * cfg.kv_dim() + group * ctx + 2 * (cfg.head_dim / 2);
         let mla = cfg.mla.map_or(0, |m| {
+            use crate::transformer::mla::{LANE_SCORE_FLOATS, MLA_LANES};
             let ql = m.q_lora_rank.unwrap_or(0);
+            // Each lane's block of heads: a query of a cache row's width,
+            // an attended latent and a score per position each.
+            let block = (LANE_SCORE_FLOATS / ctx).clamp(1, m.num_heads.div_ceil(MLA_LANES));
+            let gathered = cfg.add.dsa.as_ref().map_or(0, |d| d.topk.min(ctx) * m.cache_width());
             m.num_heads * m.qk_head_dim()
                 + m.cache_width()
-                + crate::transformer::mla::MLA_LANES * (2 * m.kv_lora_rank + ctx)
+                + MLA_LANES * block * (m.cache_width() + m.kv_lora_rank + ctx)
+                + gathered
                 + m.num_heads * m.v_head_dim
                 + 2 * ql
                 + 2 * m.qk_rope_head_dim

@@ -11,8 +11,9 @@ use crate::config::{AttnKind, MlaRope, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
 use crate::quant::QMatrix;
 
-use super::ops::{dot, rms_norm_in_place, softmax};
+use super::ops::rms_norm_in_place;
 use super::{load_matrix, load_vector};
+use crate::attend;
 use crate::source::TensorSource;
 
 /// Rotary tables of the GQA layers: `inv_freq[i] = theta^(-2i/rd)` for
@@ -131,7 +132,7 @@ impl AttnScratch {
             k: vec![0.0; cfg.kv_dim()],
             v: vec![0.0; cfg.kv_dim()],
             out: vec![0.0; cfg.q_dim()],
-            scores: vec![0.0; context],
+            scores: vec![0.0; context * cfg.num_heads / cfg.num_kv_heads.max(1)],
             cos: vec![0.0; cfg.rotary_dim() / 2],
             sin: vec![0.0; cfg.rotary_dim() / 2],
         }
@@ -199,8 +200,9 @@ impl Attention {
         self.v_proj.matvec(x, &mut s.v);
         self.finish_qkv(cfg, rope, pos, (&mut s.q, &mut s.k, &mut s.v), (&mut s.cos, &mut s.sin));
         let (first, rows) = self.store_kv(cfg, pos, &s.k, &s.v, k_cache, v_cache)?;
-        for (h, o) in s.out.chunks_exact_mut(d).enumerate() {
-            self.attend_head(cfg, h, (first, pos, rows), &s.q, (k_cache, v_cache), &mut s.scores, o);
+        let group_width = d * cfg.num_heads / cfg.num_kv_heads;
+        for (kvh, (qs, o)) in s.q.chunks_exact(group_width).zip(s.out.chunks_exact_mut(group_width)).enumerate() {
+            self.attend_kv_head(cfg, kvh, &[(first, pos)], rows, qs, (k_cache, v_cache), &mut s.scores, o);
         }
         self.gate_output(&mut s.out, &s.gate);
         self.o_proj.matvec(&s.out, out);
@@ -260,22 +262,37 @@ impl Attention {
             self.finish_qkv(cfg, rope, start + i, (qt, kt, vt), (&mut s.cos, &mut s.sin));
             firsts.push(self.store_kv(cfg, start + i, kt, vt, k_cache, v_cache)?.0);
         }
-        let heads = cfg.num_heads;
         let att = &mut c.out[..n * qd];
+        let spans: Vec<(usize, usize)> = firsts.iter().enumerate().map(|(i, &f)| (f, start + i)).collect();
+        let (group, kv_heads) = (cfg.num_heads / cfg.num_kv_heads, cfg.num_kv_heads);
+        let per_block = tokens_per_block(group, start + n);
         let (q, kv) = (&*q, (&*k_cache, &*v_cache));
-        let unit = |u: usize, o: &mut [f32], scores: &mut Vec<f32>| {
-            let (i, head) = (u / heads, u % heads);
-            let at = (firsts[i], start + i, rows);
-            self.attend_head(cfg, head, at, &q[i * qd..(i + 1) * qd], kv, scores, o);
+        // One block: `per_block` tokens' query heads, KV head by KV head.
+        let block = |b: usize, out: &mut [f32], buf: &mut BlockScratch| {
+            let spans = &spans[b * per_block..][..out.len() / qd];
+            let nq = spans.len() * group;
+            let (qs, os) = (&mut buf.queries[..nq * d], &mut buf.outputs[..nq * d]);
+            for kvh in 0..kv_heads {
+                let heads = kvh * group * d..(kvh + 1) * group * d;
+                let tokens = q[b * per_block * qd..].chunks_exact(qd);
+                for (gathered, qt) in qs.chunks_exact_mut(group * d).zip(tokens) {
+                    gathered.copy_from_slice(&qt[heads.clone()]);
+                }
+                self.attend_kv_head(cfg, kvh, spans, rows, qs, kv, &mut buf.scores, os);
+                for (o, ot) in os.chunks_exact(group * d).zip(out.chunks_exact_mut(qd)) {
+                    ot[heads.clone()].copy_from_slice(o);
+                }
+            }
         };
+        let scratch = || BlockScratch::new(per_block * group, d, start + n);
         // Multiply-adds of the chunk's attention, about.
-        let work = n * heads * d * (start + n);
+        let work = n * cfg.num_heads * d * (start + n);
         if work >= 1 << 20 {
-            att.par_chunks_mut(d).enumerate().for_each_init(|| vec![0f32; rows], |scores, (u, o)| unit(u, o, scores));
+            att.par_chunks_mut(per_block * qd).enumerate().for_each_init(scratch, |buf, (b, o)| block(b, o, buf));
         } else {
-            let mut scores = vec![0f32; rows];
-            for (u, o) in att.chunks_mut(d).enumerate() {
-                unit(u, o, &mut scores);
+            let mut buf = scratch();
+            for (b, o) in att.chunks_mut(per_block * qd).enumerate() {
+                block(b, o, &mut buf);
             }
         }
         if self.output_gate {
@@ -368,42 +385,58 @@ impl Attention {
         Ok((first, rows))
     }
 
-    /// Head `h` of the query `q` (`[heads * d]`) at `pos` over the cached
-    /// keys `first..=pos` into `o` (`[d]`); `scores`: scratch of at least
-    /// `pos + 1 - first`.
+    /// The query heads of KV head `kvh` for `spans.len()` tokens, token `i`
+    /// attending the cached positions `spans[i].0..=spans[i].1` (ring rows
+    /// `position % rows`): `qs` holds each token's `group` heads in turn
+    /// (`[tokens][group][d]`), `out` receives their outputs in the same
+    /// layout. The block's scores run over the union of the spans; each
+    /// query's softmax covers its own span and its weights outside it are
+    /// zero, which add exact zeros (`waste_kernels::attend`), so every
+    /// output is the one its token computes alone. `scores`: at least
+    /// `queries x union` floats.
     #[allow(clippy::too_many_arguments)]
-    fn attend_head(
+    fn attend_kv_head(
         &self,
         cfg: &ModelConfig,
-        h: usize,
-        (first, pos, rows): (usize, usize, usize),
-        q: &[f32],
+        kvh: usize,
+        spans: &[(usize, usize)],
+        rows: usize,
+        qs: &[f32],
         (k_cache, v_cache): (&[f32], &[f32]),
         scores: &mut [f32],
-        o: &mut [f32],
+        out: &mut [f32],
     ) {
-        let d = cfg.head_dim;
-        let kv_dim = cfg.kv_dim();
-        let row_of = |t: usize| (t % rows) * kv_dim;
-        let group = cfg.num_heads / cfg.num_kv_heads;
+        let (d, kv_dim) = (cfg.head_dim, cfg.kv_dim());
+        let group = cfg.num_heads / cfg.num_kv_heads; // repeat_kv: query head h reads kv head h / n_rep
         let scale = 1.0 / (d as f32).sqrt();
-        let scores = &mut scores[..pos + 1 - first];
-        let q = &q[h * d..(h + 1) * d];
-        let kvh = h / group; // repeat_kv: query head h reads kv head h / n_rep
-        for (t, sc) in (first..=pos).zip(scores.iter_mut()) {
-            let k = &k_cache[row_of(t) + kvh * d..][..d];
-            *sc = dot(q, k) * scale;
+        let lo = spans.iter().map(|s| s.0).min().unwrap_or(0);
+        let hi = spans.iter().map(|s| s.1).max().unwrap_or(0);
+        let width = hi + 1 - lo;
+        let scores = &mut scores[..qs.len() / d * width];
+        let segments = ring_segments(lo, width, rows);
+        for &(offset, len, row) in &segments {
+            let keys = (&k_cache[row * kv_dim + kvh * d..], kv_dim, len);
+            attend::key_scores(qs, d, keys, &mut scores[offset..], width);
         }
-        match &self.sinks {
-            None => softmax(scores),
-            Some(sinks) => softmax_with_sink(scores, sinks[h]),
-        }
-        o.fill(0.0);
-        for (t, &a) in (first..=pos).zip(scores.iter()) {
-            let v = &v_cache[row_of(t) + kvh * d..][..d];
-            for (oi, vi) in o.iter_mut().zip(v) {
-                *oi += a * vi;
+        for (u, row) in scores.chunks_exact_mut(width).enumerate() {
+            let (first, pos) = spans[u / group];
+            let (before, rest) = row.split_at_mut(first - lo);
+            let (live, after) = rest.split_at_mut(pos + 1 - first);
+            for sc in live.iter_mut() {
+                *sc *= scale;
             }
+            attend::softmax(live, self.sinks.as_ref().map(|sinks| sinks[kvh * group + u % group]));
+            before.fill(0.0);
+            after.fill(0.0);
+        }
+        out.fill(0.0);
+        for &(offset, len, row) in &segments {
+            attend::weighted_rows(
+                (&scores[offset..], width),
+                (&v_cache[row * kv_dim + kvh * d..], kv_dim, len),
+                d,
+                out,
+            );
         }
     }
 
@@ -459,18 +492,44 @@ impl GqaChunk {
     }
 }
 
-/// gpt-oss: `softmax(cat([scores, sink]))` with the sink's column dropped:
-/// the visible keys' weights sum to less than one.
-fn softmax_with_sink(scores: &mut [f32], sink: f32) {
-    // `combined_logits - combined_logits.max(dim=-1, keepdim=True).values`
-    let max = scores.iter().copied().fold(sink, f32::max);
-    let mut sum = (sink - max).exp();
-    for v in scores.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+/// The cache rows of positions `lo..lo + width` in a ring of `rows`, as at
+/// most two runs `(offset from lo, length, first row)`.
+fn ring_segments(lo: usize, width: usize, rows: usize) -> Vec<(usize, usize, usize)> {
+    let first = lo % rows;
+    if first + width <= rows {
+        vec![(0, width, first)]
+    } else {
+        vec![(0, rows - first, first), (rows - first, width - (rows - first), 0)]
     }
-    let inv = 1.0 / sum;
-    for v in scores.iter_mut() {
-        *v *= inv;
+}
+
+/// Queries per attention block (a block's scores against 1024 keys are
+/// 128 KB, in L2), and the most floats of scores a block may hold.
+const BLOCK_QUERIES: usize = 32;
+const BLOCK_SCORE_FLOATS: usize = 1 << 19;
+
+/// Tokens per attention block of a prefill chunk whose last token attends
+/// `keys` positions: as many as make `BLOCK_QUERIES` query heads of one KV
+/// head, fewer where their scores would pass `BLOCK_SCORE_FLOATS`.
+fn tokens_per_block(group: usize, keys: usize) -> usize {
+    let by_queries = (BLOCK_QUERIES / group.max(1)).max(1);
+    let by_memory = (BLOCK_SCORE_FLOATS / (group.max(1) * keys.max(1))).max(1);
+    by_queries.min(by_memory)
+}
+
+/// One worker's buffers for attention blocks of a prefill chunk.
+struct BlockScratch {
+    queries: Vec<f32>,
+    outputs: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+impl BlockScratch {
+    fn new(queries: usize, d: usize, keys: usize) -> BlockScratch {
+        BlockScratch {
+            queries: vec![0.0; queries * d],
+            outputs: vec![0.0; queries * d],
+            scores: vec![0.0; queries * keys],
+        }
     }
 }

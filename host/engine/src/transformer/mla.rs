@@ -9,6 +9,7 @@
 //! `score_s = (W_kb_nope^T q_nope) . c_s + q_rope . k_rope_s`, times
 //! `(nope + rope)^-1/2`; `o_h = W_kb_v (sum_s a_s c_s)`; then `W_o`.
 
+use crate::attend;
 use crate::config::layout::{MlaQuery, MlaTensors, Tensor};
 use crate::config::{MlaDims, ModelConfig};
 use crate::error::{Error, Result};
@@ -16,10 +17,9 @@ use crate::quant::{QMatrix, TrunkFormat};
 use crate::source::TensorSource;
 
 use rayon::prelude::*;
-use waste_kernels::quant::dot_f32;
 
 use super::dsa::{Indexer, IndexerScratch, Selection};
-use super::ops::{add_in_place, dot, rms_norm, softmax};
+use super::ops::{add_in_place, dot, rms_norm};
 use super::rope::Rope;
 use super::{load_matrix, load_vector};
 
@@ -113,19 +113,29 @@ const KV_A_LAYERNORM_EPS: f32 = 1e-6;
 /// A fixed count keeps the planned scratch independent of the machine.
 pub const MLA_LANES: usize = 8;
 
-/// One head group's buffers: the absorbed query, the attended latent and
-/// a score per attended position.
+/// One head group's buffers, for a block of `block_heads` of its heads at
+/// a time: each head's absorbed query `[q_lat | q_rope]` (a cache row's
+/// width), its attended latent and a score per attended position.
 struct HeadLane {
-    q_lat: Vec<f32>,
+    queries: Vec<f32>,
     lat: Vec<f32>,
     scores: Vec<f32>,
 }
+
+/// The most floats of scores one lane holds: its heads run in blocks of as
+/// many as fit (`MlaScratch::block_heads`), each block reading every
+/// cached row once for all its heads.
+pub const LANE_SCORE_FLOATS: usize = 1 << 19;
 
 /// Per-call buffers of an MLA layer.
 pub struct MlaScratch {
     q: Vec<f32>,
     ckv: Vec<f32>,
     lanes: Vec<HeadLane>,
+    /// Heads of a lane attending together.
+    block_heads: usize,
+    /// DSA: the selected positions' cache rows, gathered `[index_topk][width]`.
+    gathered: Vec<f32>,
     o: Vec<f32>,
     gate: Vec<f32>,
     q_a: Vec<f32>,
@@ -138,15 +148,25 @@ pub struct MlaScratch {
 
 impl MlaScratch {
     pub fn new(cfg: &ModelConfig, context: usize) -> MlaScratch {
-        let (q, w, r, o) = cfg.mla.map_or((0, 0, 0, 0), |m| {
-            (m.num_heads * m.qk_head_dim(), m.cache_width(), m.kv_lora_rank, m.num_heads * m.v_head_dim)
-        });
+        let (heads, w, r, o) = cfg
+            .mla
+            .map_or((0, 0, 0, 0), |m| (m.num_heads, m.cache_width(), m.kv_lora_rank, m.num_heads * m.v_head_dim));
+        let q = cfg.mla.map_or(0, |m| m.num_heads * m.qk_head_dim());
+        let per_lane = heads.div_ceil(MLA_LANES);
+        let block_heads = (LANE_SCORE_FLOATS / context.max(1)).clamp(1, per_lane.max(1));
+        let topk = cfg.add.dsa.as_ref().map_or(0, |d| d.topk.min(context));
         MlaScratch {
             q: vec![0.0; q],
             ckv: vec![0.0; w],
             lanes: (0..if cfg.mla.is_some() { MLA_LANES } else { 0 })
-                .map(|_| HeadLane { q_lat: vec![0.0; r], lat: vec![0.0; r], scores: vec![0.0; context] })
+                .map(|_| HeadLane {
+                    queries: vec![0.0; block_heads * w],
+                    lat: vec![0.0; block_heads * r],
+                    scores: vec![0.0; block_heads * context],
+                })
                 .collect(),
+            block_heads,
+            gathered: vec![0.0; topk * w],
             o: vec![0.0; o],
             gate: vec![0.0; if cfg.k3.is_some_and(|k| k.mla_output_gate) { o } else { 0 }],
             q_a: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
@@ -160,11 +180,22 @@ impl MlaScratch {
 
     /// Floats held, for the memory plan (`plan::scratch_bytes`).
     pub fn floats(&self) -> usize {
-        [&self.q, &self.ckv, &self.o, &self.gate, &self.q_a, &self.q_a_norm, &self.cos, &self.sin, &self.rot]
-            .iter()
-            .map(|b| b.len())
-            .sum::<usize>()
-            + self.lanes.iter().map(|l| l.q_lat.len() + l.lat.len() + l.scores.len()).sum::<usize>()
+        [
+            &self.q,
+            &self.ckv,
+            &self.gathered,
+            &self.o,
+            &self.gate,
+            &self.q_a,
+            &self.q_a_norm,
+            &self.cos,
+            &self.sin,
+            &self.rot,
+        ]
+        .iter()
+        .map(|b| b.len())
+        .sum::<usize>()
+            + self.lanes.iter().map(|l| l.queries.len() + l.lat.len() + l.scores.len()).sum::<usize>()
             + self.index.floats()
     }
 }
@@ -273,62 +304,78 @@ impl Mla {
                 "a shared-indexer layer at position {pos} has no selection from an earlier layer to reuse"
             )));
         }
-        let selected = &selected.positions;
-        let n = if sparse { selected.len() } else { pos + 1 };
-        let at = |i: usize| if sparse { selected[i] as usize } else { i };
+        // The attended rows: every cached position, or the selection's
+        // rows gathered in ascending position.
+        let (keys, key_stride, n): (&[f32], usize, usize) = if sparse {
+            let chosen = &selected.positions;
+            let Some(gathered) = s.gathered.get_mut(..chosen.len() * w) else {
+                return Err(Error::Runtime(format!("{} selected positions exceed the indexer's top-k", chosen.len())));
+            };
+            for (g, &t) in gathered.chunks_exact_mut(w).zip(chosen) {
+                g.copy_from_slice(&cache[t as usize * stride..][..w]);
+            }
+            (&s.gathered[..chosen.len() * w], w, chosen.len())
+        } else {
+            (&cache[..], stride, pos + 1)
+        };
 
         let scale = self.scale;
-        let (q_all, kv_b) = (&s.q, &self.kv_b);
-        let cache: &[f32] = cache;
+        let (q_all, kv_b, block_heads) = (&s.q, &self.kv_b, s.block_heads);
         // Heads are independent: contiguous groups of them run on the pool,
         // each group with its own buffers, and every head's arithmetic is
-        // the same whichever group or thread runs it.
+        // the same whichever group, block or thread runs it.
         let per_lane = m.num_heads.div_ceil(MLA_LANES);
         s.o.par_chunks_mut(per_lane * dv).zip(s.lanes.par_iter_mut()).enumerate().for_each(|(g, (o_group, lane))| {
-            let HeadLane { q_lat, lat, scores } = lane;
-            let scores = &mut scores[..n];
-            for (j, o) in o_group.chunks_exact_mut(dv).enumerate() {
-                let h = g * per_lane + j;
-                let q = &q_all[h * (dn + dr)..(h + 1) * (dn + dr)];
-                let (q_nope, q_rope) = q.split_at(dn);
-                q_lat.fill(0.0);
-                match kv_b {
-                    KvB::F32(kv_b) => {
-                        let kb = &kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
-                        // q_lat = W_kb_nope^T q_nope: a q-weighted sum of the nope rows.
-                        for (i, &qi) in q_nope.iter().enumerate() {
-                            for (l, &wv) in q_lat.iter_mut().zip(&kb[i * r..(i + 1) * r]) {
-                                *l += qi * wv;
+            let HeadLane { queries, lat, scores } = lane;
+            for (b, o_block) in o_group.chunks_mut(block_heads * dv).enumerate() {
+                let heads = o_block.len() / dv;
+                let first = g * per_lane + b * block_heads;
+                let (queries, lat) = (&mut queries[..heads * w], &mut lat[..heads * r]);
+                let scores = &mut scores[..heads * n];
+                for (j, query) in queries.chunks_exact_mut(w).enumerate() {
+                    let h = first + j;
+                    let q = &q_all[h * (dn + dr)..(h + 1) * (dn + dr)];
+                    let (q_nope, q_rope) = q.split_at(dn);
+                    let (q_lat, q_rot) = query.split_at_mut(r);
+                    q_lat.fill(0.0);
+                    match kv_b {
+                        KvB::F32(kv_b) => {
+                            let kb = &kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
+                            // q_lat = W_kb_nope^T q_nope: a q-weighted sum of the nope rows.
+                            for (i, &qi) in q_nope.iter().enumerate() {
+                                for (l, &wv) in q_lat.iter_mut().zip(&kb[i * r..(i + 1) * r]) {
+                                    *l += qi * wv;
+                                }
+                            }
+                        }
+                        KvB::Quant(kv_b) => {
+                            for (i, &qi) in q_nope.iter().enumerate() {
+                                kv_b.add_scaled_row(h * (dn + dv) + i, qi, q_lat);
                             }
                         }
                     }
-                    KvB::Quant(kv_b) => {
-                        for (i, &qi) in q_nope.iter().enumerate() {
-                            kv_b.add_scaled_row(h * (dn + dv) + i, qi, q_lat);
-                        }
-                    }
+                    q_rot.copy_from_slice(q_rope);
                 }
-                for (i, sc) in scores.iter_mut().enumerate() {
-                    let t = at(i);
-                    let c = &cache[t * stride..t * stride + w];
-                    *sc = (dot_f32(q_lat, &c[..r]) + dot_f32(q_rope, &c[r..])) * scale;
+                // score_s = [q_lat | q_rope] . [c_s | k_rope_s], one dot
+                // product over the cache row's width.
+                attend::key_scores(queries, w, (keys, key_stride, n), scores, n);
+                for row in scores.chunks_exact_mut(n) {
+                    row.iter_mut().for_each(|sc| *sc *= scale);
+                    attend::softmax(row, None);
                 }
-                softmax(scores);
                 lat.fill(0.0);
-                for (i, &a) in scores.iter().enumerate() {
-                    let t = at(i);
-                    for (l, &cv) in lat.iter_mut().zip(&cache[t * stride..t * stride + r]) {
-                        *l += a * cv;
-                    }
-                }
-                match kv_b {
-                    KvB::F32(kv_b) => {
-                        let kb = &kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
-                        for (j, oj) in o.iter_mut().enumerate() {
-                            *oj = dot(&kb[(dn + j) * r..(dn + j + 1) * r], lat);
+                attend::weighted_rows((scores, n), (keys, key_stride, n), r, lat);
+                for (j, (o, lat)) in o_block.chunks_exact_mut(dv).zip(lat.chunks_exact(r)).enumerate() {
+                    let h = first + j;
+                    match kv_b {
+                        KvB::F32(kv_b) => {
+                            let kb = &kv_b[h * (dn + dv) * r..(h + 1) * (dn + dv) * r];
+                            for (j, oj) in o.iter_mut().enumerate() {
+                                *oj = dot(&kb[(dn + j) * r..(dn + j + 1) * r], lat);
+                            }
                         }
+                        KvB::Quant(kv_b) => kv_b.matvec_rows(h * (dn + dv) + dn, lat, o),
                     }
-                    KvB::Quant(kv_b) => kv_b.matvec_rows(h * (dn + dv) + dn, lat, o),
                 }
             }
         });

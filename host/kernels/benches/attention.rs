@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::{peak_gmacs, side_by_side};
+use common::{noise, peak_gmacs, side_by_side};
 use rayon::prelude::*;
 use waste_kernels::attend::{self, key_scores, weighted_rows};
 use waste_kernels::pool::Pool;
@@ -30,11 +30,7 @@ const D: usize = 128;
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let mut seed = 0x5EEDu64;
-    let mut unit = move || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
+    let mut unit = noise(0x5EED);
     println!("kernel level: {}", isa().name());
     let lengths: &[usize] = if quick { &[1024, 4096] } else { &[2048, 8192, 16384] };
     let (qd, kvd) = (HEADS * D, KV_HEADS * D);

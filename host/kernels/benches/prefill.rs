@@ -17,7 +17,7 @@ mod common;
 
 use std::hint::black_box;
 
-use common::{peak_gmacs, side_by_side};
+use common::{noise, peak_gmacs, side_by_side};
 
 use waste_kernels::pool::Pool;
 use waste_kernels::quant::{
@@ -27,11 +27,7 @@ use waste_kernels::quant::{
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let mut seed = 0x5EEDu64;
-    let mut unit = move || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
+    let mut unit = noise(0x5EED);
     println!("kernel level: {}", isa().name());
     for threads in [1, 2] {
         let pool = Pool::new(Some(threads), None).expect("pool");

@@ -10,6 +10,15 @@ use waste_kernels::pool::Pool;
 /// Rounds of each form; the best is reported.
 pub const REPEATS: usize = 3;
 
+/// Values in [-1, 1) from a linear congruential generator: the same
+/// stream for a seed in every bench.
+pub fn noise(mut seed: u64) -> impl FnMut() -> f32 {
+    move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
 /// Best seconds of `a` and of `b`, run alternately `REPEATS` times in the pool.
 pub fn side_by_side(pool: &Pool, mut a: impl FnMut() + Send, mut b: impl FnMut() + Send) -> (f64, f64) {
     let (mut ta, mut tb) = (f64::MAX, f64::MAX);

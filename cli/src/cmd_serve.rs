@@ -109,6 +109,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         model_id: model_id.clone(),
         sampler,
         chat_template,
+        model_path: Some(a.model.model.display().to_string()),
         strict_model_name: a.strict_model_name,
         cors_origins: a.cors_origins,
         quiet: a.quiet,

@@ -20,7 +20,7 @@ use waste_host::{Completion, GenerateParams, TokenEvent};
 use crate::error::ApiError;
 use crate::neutral::{engine_dropped, Prompt};
 use crate::state::{add_warning, read_body, streamed_response, AppState, RequestLog, Shared, Tokens};
-use crate::worker::{Event, Job, TokenTexts};
+use crate::worker::{Event, Job, PromptFacts, TokenTexts};
 
 /// One API's side of a generation, built by its parser: it carries what
 /// the answers repeat (ids, names, the reading of the answer) and any
@@ -31,7 +31,7 @@ pub(crate) trait Dialect: Send + Sized + 'static {
 
     /// Frames that open a stream, written before its first event; true:
     /// send them at once, false: with the first frames after them.
-    fn open(&mut self, _prompt_tokens: usize, _out: &mut String) -> bool {
+    fn open(&mut self, _prompt: PromptFacts, _out: &mut String) -> bool {
         false
     }
 
@@ -102,7 +102,7 @@ impl<D> Generation<D> {
 /// A finished generation, for the dialect to shape.
 pub(crate) struct Answer {
     pub completion: Completion,
-    pub prompt_tokens: usize,
+    pub prompt: PromptFacts,
     /// Each token's text and alternatives, when the job asked for them.
     pub texts: Vec<TokenTexts>,
     /// The answer's tokens decoded with their special tokens (harmony's
@@ -165,15 +165,15 @@ async fn drive<D: Dialect>(
         events: tx,
     })?;
     // Waiting for the prompt lets its errors be HTTP errors, streaming or not.
-    let prompt_tokens = match rx.recv().await {
-        Some(Event::Started(n)) => n,
+    let prompt = match rx.recv().await {
+        Some(Event::Started(prompt)) => prompt,
         Some(Event::Failed(e)) => return Err(e),
         _ => return Err(engine_dropped()),
     };
     let clock = Clock::start(received);
     let mut response = if g.stream {
         let log = RequestLog::streamed(&state, &headers, path);
-        streamed_response(Body::from_stream(frames(rx, g.dialect, prompt_tokens, clock, log)), D::STREAM)
+        streamed_response(Body::from_stream(frames(rx, g.dialect, prompt, clock, log)), D::STREAM)
     } else {
         collect(rx, g.dialect, clock).await?
     };
@@ -192,9 +192,9 @@ async fn collect<D: Dialect>(
             Some(Event::Token(..)) => {
                 clock.first_token.get_or_insert_with(Instant::now);
             }
-            Some(Event::Done { completion, prompt_tokens, texts, raw }) => {
-                let tokens = Tokens { prompt: prompt_tokens, completion: completion.tokens.len() };
-                let json = dialect.answer(Answer { completion, prompt_tokens, texts, raw, clock });
+            Some(Event::Done { completion, prompt, texts, raw }) => {
+                let tokens = Tokens { prompt: prompt.tokens, completion: completion.tokens.len() };
+                let json = dialect.answer(Answer { completion, prompt, texts, raw, clock });
                 let mut response = ([(header::CONTENT_TYPE, "application/json")], json).into_response();
                 response.extensions_mut().insert(tokens);
                 return Ok(response);
@@ -229,7 +229,7 @@ pub(crate) async fn count(state: &AppState, prompt: Prompt, params: GeneratePara
 struct Streaming<D> {
     rx: UnboundedReceiver<Event>,
     dialect: D,
-    prompt_tokens: usize,
+    prompt: PromptFacts,
     clock: Clock,
     /// The answer's text so far.
     text: String,
@@ -244,11 +244,11 @@ struct Streaming<D> {
 pub(crate) fn frames<D: Dialect>(
     rx: UnboundedReceiver<Event>,
     dialect: D,
-    prompt_tokens: usize,
+    prompt: PromptFacts,
     clock: Clock,
     log: RequestLog,
 ) -> impl Stream<Item = Result<String, Infallible>> {
-    let st = Streaming { rx, dialect, prompt_tokens, clock, text: String::new(), opened: false, done: false, log };
+    let st = Streaming { rx, dialect, prompt, clock, text: String::new(), opened: false, done: false, log };
     futures_util::stream::unfold(st, next_chunk)
 }
 
@@ -259,7 +259,7 @@ async fn next_chunk<D: Dialect>(mut st: Streaming<D>) -> Option<(Result<String, 
     let mut out = String::new();
     if !st.opened {
         st.opened = true;
-        if st.dialect.open(st.prompt_tokens, &mut out) {
+        if st.dialect.open(st.prompt, &mut out) {
             return Some((Ok(out), st));
         }
     }
@@ -274,9 +274,9 @@ async fn next_chunk<D: Dialect>(mut st: Streaming<D>) -> Option<(Result<String, 
                     return Some((Ok(out), st));
                 }
             }
-            Some(Event::Done { completion, prompt_tokens, texts, raw }) => {
-                let counts = (prompt_tokens, completion.tokens.len());
-                let answer = Answer { completion, prompt_tokens, texts, raw, clock: st.clock };
+            Some(Event::Done { completion, prompt, texts, raw }) => {
+                let counts = (prompt.tokens, completion.tokens.len());
+                let answer = Answer { completion, prompt, texts, raw, clock: st.clock };
                 st.dialect.finish(&answer, &st.text, &mut out);
                 st.done = true;
                 st.log.finish(200, Some(counts));

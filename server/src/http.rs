@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::state::{record, unknown_model, AppState, LoggedByStream, Shared, Tokens};
-use crate::{anthropic, ollama, openai};
+use crate::{anthropic, llama_server, ollama, openai};
 
 pub fn router(state: Shared) -> Router {
     // The OpenAI routes answer with and without `/v1`: clients set up for
@@ -41,6 +41,10 @@ pub fn router(state: Shared) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
+        .route("/tokenize", post(llama_server::tokenize))
+        .route("/detokenize", post(llama_server::detokenize))
+        .route("/apply-template", post(llama_server::apply_template))
+        .route("/props", get(llama_server::props))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(Arc::clone(&state), auth));

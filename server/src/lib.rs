@@ -8,12 +8,13 @@
 //! Layering inside the crate, each module using only those listed before
 //! it (tests/integration/layering.rs holds it): `error`, `ordered`,
 //! `tools`, `neutral`, `structured`, `worker`, `state`, `driver`, `openai`,
-//! `anthropic`, `ollama`, `http`.
+//! `anthropic`, `ollama`, `llama_server`, `http`.
 
 mod anthropic;
 mod driver;
 mod error;
 mod http;
+mod llama_server;
 mod neutral;
 mod ollama;
 mod openai;
@@ -48,6 +49,8 @@ pub struct ServeOptions {
     /// A Jinja chat template to render conversations with instead of the
     /// model's own.
     pub chat_template: Option<String>,
+    /// The model file as given (reported by `/props`).
+    pub model_path: Option<String>,
     /// Answer 404 to a request naming another model, instead of answering
     /// it with this one and a warning header.
     pub strict_model_name: bool,
@@ -77,6 +80,7 @@ impl Default for ServeOptions {
             model_id: "model".into(),
             sampler: None,
             chat_template: None,
+            model_path: None,
             strict_model_name: false,
             cors_origins: Vec::new(),
             quiet: false,
@@ -103,7 +107,7 @@ pub fn serve(
         Arc::clone(&model),
         options.queue_limit.max(1),
         options.sampler,
-        options.chat_template,
+        options.chat_template.clone(),
     )?;
     let state = Arc::new(state::AppState {
         worker,
@@ -119,6 +123,8 @@ pub fn serve(
         quiet: options.quiet,
         body_timeout: options.body_timeout,
         metrics: state::Metrics::default(),
+        chat_template: options.chat_template,
+        model_path: options.model_path,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {

@@ -32,6 +32,30 @@ pub struct AppState {
     /// A request body must arrive within this.
     pub body_timeout: std::time::Duration,
     pub metrics: Metrics,
+    /// `--chat-template`: the template conversations are rendered with
+    /// instead of the model's own.
+    pub chat_template: Option<String>,
+    /// The model file as the server was started with it (llama-server's
+    /// `/props` reports it).
+    pub model_path: Option<String>,
+}
+
+impl AppState {
+    /// The chat template conversations are rendered with (with or without
+    /// tools: a container may hold a template for each), as every route
+    /// that reports it states it.
+    pub fn chat_template(&self, with_tools: bool) -> Option<&str> {
+        match &self.chat_template {
+            Some(t) => Some(t),
+            None => self.model.chat_template(with_tools).ok().flatten(),
+        }
+    }
+
+    /// Whether that template renders declared tools (Ollama's `tools`
+    /// capability, llama-server's `supports_tools`).
+    pub fn template_takes_tools(&self) -> bool {
+        self.chat_template(true).is_some_and(|t| t.contains("tools"))
+    }
 }
 
 pub type Shared = Arc<AppState>;

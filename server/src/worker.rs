@@ -20,13 +20,28 @@ pub struct TokenTexts {
     pub top: Vec<(String, f32)>,
 }
 
+/// What the answer reports and needs to know of its prompt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PromptFacts {
+    /// Tokens of the prompt, an image's rows included.
+    pub tokens: usize,
+    /// Of them, those resumed from a state the prefix cache held instead of
+    /// evaluated (OpenAI's `cached_tokens`, Anthropic's
+    /// `cache_read_input_tokens`).
+    pub cached: usize,
+    /// The rendered prompt ends inside a `<think>` block its template
+    /// opened (`tools::think::prompt_opens_block`): the answer starts with
+    /// reasoning.
+    pub opens_reasoning: bool,
+}
+
 pub enum Event {
-    /// The prompt is ready (this many tokens) and generation starts.
-    Started(usize),
+    /// The prompt is ready and generation starts.
+    Started(PromptFacts),
     Token(TokenEvent, Option<TokenTexts>),
     Done {
         completion: Completion,
-        prompt_tokens: usize,
+        prompt: PromptFacts,
         texts: Vec<TokenTexts>,
         /// The answer's tokens decoded with their special tokens (harmony's
         /// channels are special tokens the text leaves out).
@@ -50,8 +65,26 @@ pub struct Job {
     pub events: UnboundedSender<Event>,
 }
 
+/// A short use of the engine thread's session that generates nothing
+/// (tokenizing, rendering a template: llama-server's `/tokenize`,
+/// `/apply-template`), queued with the generations because the session is
+/// theirs; answered with one value.
+pub struct Call {
+    pub run: Box<CallFn>,
+    pub answer: tokio::sync::oneshot::Sender<CallResult>,
+}
+
+pub type CallResult = std::result::Result<serde_json::Value, ApiError>;
+pub type CallFn = dyn FnOnce(&mut Session) -> CallResult + Send;
+
+enum Work {
+    /// Boxed: a job is large beside a call, and moves once.
+    Job(Box<Job>),
+    Call(Call),
+}
+
 pub struct Worker {
-    jobs: Mutex<mpsc::Sender<Job>>,
+    jobs: Mutex<mpsc::Sender<Work>>,
     /// Requests queued or running.
     pending: Arc<AtomicUsize>,
     limit: usize,
@@ -179,7 +212,7 @@ impl Worker {
         sampler: Option<SamplerPlugin>,
         chat_template: Option<String>,
     ) -> Result<Worker> {
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::channel::<Work>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let pending = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&pending);
@@ -207,13 +240,22 @@ impl Worker {
             };
             let vocab = Arc::new(Mutex::new(Vocab { session: vocab, cache: HashMap::new() }));
             let mut prefixes = PrefixCache { held: Vec::new(), capacity: cache_sessions };
-            for job in rx {
-                // A client gone while queued costs nothing.
-                if job.events.is_closed() {
-                    tally.dropped_queued.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    run_job(&mut session, &vocab, &model, &tally, &mut prefixes, job);
-                    tally.prefix_held.store(prefixes.held.len(), Ordering::Relaxed);
+            for work in rx {
+                match work {
+                    // A client gone while queued costs nothing.
+                    Work::Job(job) if job.events.is_closed() => {
+                        tally.dropped_queued.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Work::Job(job) => {
+                        run_job(&mut session, &vocab, &model, &tally, &mut prefixes, *job);
+                        tally.prefix_held.store(prefixes.held.len(), Ordering::Relaxed);
+                    }
+                    Work::Call(call) if call.answer.is_closed() => {
+                        tally.dropped_queued.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Work::Call(call) => {
+                        let _ = call.answer.send((call.run)(&mut session));
+                    }
                 }
                 counter.fetch_sub(1, Ordering::SeqCst);
             }
@@ -237,12 +279,24 @@ impl Worker {
 
     /// Queues a job, or answers 503 past the queue limit.
     pub fn submit(&self, job: Job) -> std::result::Result<(), ApiError> {
+        self.queue(Work::Job(Box::new(job)))
+    }
+
+    /// Runs `run` on the engine thread's session in queue order (503 past
+    /// the queue limit, like a generation) and returns what it answered.
+    pub async fn call(&self, run: impl FnOnce(&mut Session) -> CallResult + Send + 'static) -> CallResult {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.queue(Work::Call(Call { run: Box::new(run), answer }))?;
+        answered.await.map_err(|_| crate::neutral::engine_dropped())?
+    }
+
+    fn queue(&self, work: Work) -> std::result::Result<(), ApiError> {
         if self.pending.fetch_add(1, Ordering::SeqCst) >= self.limit {
             self.pending.fetch_sub(1, Ordering::SeqCst);
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::overloaded(self.limit));
         }
-        let sent = self.jobs.lock().map_err(|_| ApiError::internal("the job queue's lock is poisoned"))?.send(job);
+        let sent = self.jobs.lock().map_err(|_| ApiError::internal("the job queue's lock is poisoned"))?.send(work);
         if sent.is_err() {
             self.pending.fetch_sub(1, Ordering::SeqCst);
             return Err(ApiError::internal("the engine thread has stopped"));
@@ -260,7 +314,7 @@ fn image_error(e: waste_host::Error) -> ApiError {
     }
 }
 
-fn host_error(e: waste_host::Error) -> ApiError {
+pub(crate) fn host_error(e: waste_host::Error) -> ApiError {
     match e {
         waste_host::Error::Arg(m) => ApiError::bad_request(m, None),
         full @ waste_host::Error::ContextFull { .. } => {
@@ -296,6 +350,16 @@ fn prompt_tokens(session: &mut Session, prompt: &Prompt) -> std::result::Result<
             Ok(tokens)
         }
     }
+}
+
+/// Whether a chat prompt, rendered, leaves its answer inside a reasoning
+/// block the template opened. Read from the rendered text: the marker may
+/// be a special token, which decoding the prompt's tokens leaves out.
+fn opens_reasoning(session: &mut Session, prompt: &Prompt) -> bool {
+    let Prompt::Chat { messages, tools, template_vars, .. } = prompt else { return false };
+    session
+        .render_chat_template_with_vars(messages, tools.as_deref(), true, template_vars.as_deref())
+        .is_ok_and(|text| crate::tools::think::prompt_opens_block(&text))
 }
 
 fn run_job(
@@ -385,12 +449,32 @@ fn run_job(
         let _ = job.events.send(Event::Failed(e));
         return;
     }
-    let prompt_tokens = tokens.len() + image_rows;
-    if job.events.send(Event::Started(prompt_tokens)).is_err() {
+    // Where the prompt resumes is known before anything is evaluated, so
+    // the answer's first frame can state the cached tokens.
+    let taken = match resume(session, counters, prefixes, &tokens) {
+        Ok(taken) => taken,
+        Err(e) => {
+            counters.failed.fetch_add(1, Ordering::Relaxed);
+            let _ = job.events.send(Event::Failed(host_error(e)));
+            return;
+        }
+    };
+    let cached = taken.as_ref().map_or(0, |(_, keep)| *keep);
+    let opens_reasoning = opens_reasoning(session, &job.prompt);
+    let prompt = PromptFacts { tokens: tokens.len() + image_rows, cached, opens_reasoning };
+    if job.events.send(Event::Started(prompt)).is_err() {
         counters.dropped_queued.fetch_add(1, Ordering::Relaxed);
+        // The held state taken out to resume goes back as it was: a
+        // client that left costs the cache nothing.
+        if let Some((held, _)) = taken {
+            prefixes.held.push(held);
+        }
         return;
     }
-    let (start, boundary) = match resume(session, model, counters, prefixes, &tokens, &images) {
+    // Resumed from: its memory is the session's now (the budget counts
+    // one held state fewer from here).
+    drop(taken);
+    let (start, boundary) = match evaluate_to_boundary(session, model, counters, prefixes, &tokens, cached, &images) {
         Ok(r) => r,
         Err(e) => {
             counters.failed.fetch_add(1, Ordering::Relaxed);
@@ -438,7 +522,7 @@ fn run_job(
             // back to); a recurrent state is kept where the prompt ended.
             let held = if model.rewindable_state() { None } else { boundary };
             prefixes.keep(|| held.unwrap_or_else(|| session.snapshot()));
-            Event::Done { completion, prompt_tokens, texts, raw }
+            Event::Done { completion, prompt, texts, raw }
         }
         Err(e) => {
             counters.failed.fetch_add(1, Ordering::Relaxed);
@@ -449,32 +533,43 @@ fn run_job(
 }
 
 /// Puts the session where `tokens` should continue from: a held state that
-/// saves part of the prompt, or an empty one. Returns where the prompt's
-/// remaining tokens start and, for a model whose state cannot be cut back,
-/// a snapshot taken just before the prompt's last token (the next turn's
-/// prompt extends this one's up to there).
+/// saves part of the prompt, or an empty one. Returns the held state it
+/// took out of the cache and how many of the prompt's tokens it covered.
 fn resume(
+    session: &mut Session,
+    counters: &Counters,
+    prefixes: &mut PrefixCache,
+    tokens: &[u32],
+) -> waste_host::Result<Option<(Snapshot, usize)>> {
+    match prefixes.take_best(tokens, session.model().rewindable_state()) {
+        Some((held, keep)) => {
+            session.resume(&held, keep)?;
+            counters.prefix_hits.fetch_add(1, Ordering::Relaxed);
+            counters.prefix_tokens_reused.fetch_add(keep as u64, Ordering::Relaxed);
+            Ok(Some((held, keep)))
+        }
+        None => {
+            session.reset();
+            counters.prefix_misses.fetch_add(1, Ordering::Relaxed);
+            Ok(None)
+        }
+    }
+}
+
+/// Attaches the prompt's images and, for a model whose state cannot be cut
+/// back, evaluates the prompt from `start` up to its last token and
+/// snapshots there (the next turn's prompt extends this one's up to
+/// there). Returns where the prompt's remaining tokens start, and that
+/// snapshot.
+fn evaluate_to_boundary(
     session: &mut Session,
     model: &Model,
     counters: &Counters,
     prefixes: &mut PrefixCache,
     tokens: &[u32],
+    mut start: usize,
     images: &[waste_host::Image],
 ) -> waste_host::Result<(usize, Option<Snapshot>)> {
-    let rewindable = model.rewindable_state();
-    let mut start = match prefixes.take_best(tokens, rewindable) {
-        Some((held, keep)) => {
-            session.resume(&held, keep)?;
-            counters.prefix_hits.fetch_add(1, Ordering::Relaxed);
-            counters.prefix_tokens_reused.fetch_add(keep as u64, Ordering::Relaxed);
-            keep
-        }
-        None => {
-            session.reset();
-            counters.prefix_misses.fetch_add(1, Ordering::Relaxed);
-            0
-        }
-    };
     // A held state never covers an image (`Snapshot::usable_prefix`): every
     // image of the prompt lies in what is evaluated from here, the boundary
     // evaluation below included, so they are attached before it.
@@ -483,7 +578,7 @@ fn resume(
     }
     counters.prompt_tokens_evaluated.fetch_add((tokens.len() - start) as u64, Ordering::Relaxed);
     let mut boundary = None;
-    if !rewindable && prefixes.capacity > 0 && tokens.len() - start > 1 {
+    if !model.rewindable_state() && prefixes.capacity > 0 && tokens.len() - start > 1 {
         let last = tokens.len() - 1;
         session.eval(&tokens[start..last], false)?;
         prefixes.make_room();

@@ -258,7 +258,9 @@ fn server_tools_are_rendered_by_the_models_template() {
 /// (Qwen3's; llama.cpp's Qwen3.5, GLM-4.6 and MiniMax-M2 copies), made to
 /// write the tool call that template asks for by examples/sampler-script
 /// (every draw scripted; the model still runs each step), served by `waste
-/// serve --sampler` and driven by the official openai client. The
+/// serve --sampler` and driven by the official openai client; a thinking
+/// template's answer reasons in its `<think>` block first, which must come
+/// back as `reasoning_content` (gpt-oss's analysis channel too). The
 /// fixtures' context (512) cannot hold a tool preamble and a round trip,
 /// so each copy declares 2048 positions; their weights are random either
 /// way and the output is scripted.
@@ -341,11 +343,12 @@ fn scripted_tool_server(name: &str, expected: &serde_json::Value) -> (TempDir, S
     let o = waste(&["convert", src.to_str().unwrap(), model.to_str().unwrap(), "--experts", "f32", "--trunk", "f32"]);
     assert!(o.status.success(), "{name}: convert failed: {}", stderr(&o));
 
-    // Our tokenizer must agree with transformers' on the call's text, or
-    // the script would not spell what the test expects.
-    let call_text = expected["call_text"].as_str().unwrap();
-    let call_ids: Vec<u64> = expected["call_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-    let o = waste(&["tokenize", model.to_str().unwrap(), call_text, "--json"]);
+    // Our tokenizer must agree with transformers' on the answer's text (its
+    // reasoning and the call), or the script would not spell what the test
+    // expects.
+    let answer_text = expected["answer_text"].as_str().unwrap();
+    let answer_ids: Vec<u64> = expected["answer_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let o = waste(&["tokenize", model.to_str().unwrap(), answer_text, "--json"]);
     assert!(o.status.success(), "{name}: tokenize failed: {}", stderr(&o));
     let ours: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let ours: Vec<u64> = ours
@@ -356,11 +359,11 @@ fn scripted_tool_server(name: &str, expected: &serde_json::Value) -> (TempDir, S
         .iter()
         .map(|v| v.as_u64().unwrap())
         .collect();
-    assert_eq!(ours, call_ids, "{name}: tokenize --json disagrees with transformers");
+    assert_eq!(ours, answer_ids, "{name}: tokenize --json disagrees with transformers");
 
     let end = expected["end_of_turn_id"].as_u64().unwrap();
     let opts: Vec<String> =
-        call_ids.iter().chain(std::iter::once(&end)).enumerate().map(|(i, id)| format!("t{i}={id}")).collect();
+        answer_ids.iter().chain(std::iter::once(&end)).enumerate().map(|(i, id)| format!("t{i}={id}")).collect();
     let wasm = crate::plugins::plugin("script");
     let mut args = vec!["--sampler".to_string(), wasm.to_str().unwrap().to_string()];
     for o in &opts {
@@ -554,10 +557,11 @@ fn server_applies_and_validates_logit_bias_and_refuses_best_of() {
 
 /// A ten-turn conversation through the openai client evaluates only each
 /// turn's new tokens on a server with the prefix cache, with answers and
-/// usage equal to a server without it, greedy and seeded.
+/// usage equal to a server without it, greedy and seeded; the usage of
+/// both the openai and the anthropic client states the reused tokens.
 #[test]
 fn server_prefix_cache_evaluates_only_each_turns_new_tokens() {
-    if let Err(why) = python_has_openai() {
+    if let Err(why) = python_has("openai, anthropic", "openai anthropic") {
         report_skip(&format!("SKIP server_prefix_cache_evaluates_only_each_turns_new_tokens: {why}"));
         return;
     }

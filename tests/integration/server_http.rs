@@ -4,6 +4,8 @@
 //! server without a key answers.
 
 use super::server::*;
+use crate::common::TempDir;
+use serde_json::json;
 
 /// Sends one request with a raw `Authorization` header; returns the status.
 fn status_with_auth(url: &str, auth: &str) -> u16 {
@@ -165,4 +167,177 @@ fn server_caps_the_request_rate_of_one_connection() {
     let close = format!("GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     let (answer, _) = raw_exchange(&url, close.as_bytes(), std::time::Duration::from_secs(5));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// `GET path` with the key; the status and the JSON answer.
+fn get_json(url: &str, path: &str) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://").split('/').next().unwrap();
+    let mut conn = std::net::TcpStream::connect(host).unwrap();
+    write!(conn, "GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{answer}"));
+    (status, serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap_or_else(|e| panic!("{e}: {answer}")))
+}
+
+/// Tools set up for llama-server read `/tokenize`, `/detokenize`,
+/// `/apply-template` and `/props`; they were 404s. Each answers in
+/// llama-server's shape and agrees with what generation does: the
+/// rendered template, tokenized with its special tokens, is exactly the
+/// prompt a chat completion of the same body counts; `/props` reports the
+/// context and the container's own template; bad input is a 400 naming its
+/// field, and the key is checked.
+#[test]
+fn server_answers_llama_servers_tokenize_detokenize_apply_template_and_props() {
+    let (_server, url) = start(&bible(), &[]);
+
+    let text = "And God said, Let there be light: and there was light.";
+    let (status, t) = post_json(&url, "/tokenize", &json!({"content": text}));
+    assert_eq!(status, 200, "{t}");
+    let ids: Vec<u64> = t["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert!(ids.len() > 5, "{t}");
+    let (status, d) = post_json(&url, "/detokenize", &json!({"tokens": ids}));
+    assert_eq!((status, d["content"].as_str()), (200, Some(text)), "{d}");
+    // The pieces, in order, spell the text; each names its id.
+    let (_, p) = post_json(&url, "/tokenize", &json!({"content": text, "with_pieces": true}));
+    let pieces = p["tokens"].as_array().unwrap();
+    assert_eq!(pieces.iter().map(|x| x["id"].as_u64().unwrap()).collect::<Vec<_>>(), ids, "{p}");
+    assert_eq!(pieces.iter().map(|x| x["piece"].as_str().unwrap()).collect::<String>(), text, "{p}");
+    // A completion's prompt is BOS (when the model has one) and the text.
+    let (_, c) = post_json(&url, "/v1/completions", &json!({"prompt": text, "max_tokens": 1}));
+    let (_, with_bos) = post_json(&url, "/tokenize", &json!({"content": text, "add_special": true}));
+    assert_eq!(with_bos["tokens"].as_array().unwrap().len() as u64, c["usage"]["prompt_tokens"].as_u64().unwrap());
+
+    let chat = json!({"messages": [{"role": "system", "content": "Answer briefly."},
+                                    {"role": "user", "content": "Who made the light?"}], "max_tokens": 1});
+    let (status, a) = post_json(&url, "/apply-template", &chat);
+    assert_eq!(status, 200, "{a}");
+    let prompt = a["prompt"].as_str().unwrap();
+    assert!(
+        prompt.starts_with("<|im_start|>system\nAnswer briefly.<|im_end|>\n")
+            && prompt.ends_with("<|im_start|>assistant\n"),
+        "{prompt}"
+    );
+    let (_, rendered) = post_json(&url, "/tokenize", &json!({"content": prompt}));
+    let (_, answered) = post_json(&url, "/v1/chat/completions", &chat);
+    assert_eq!(
+        rendered["tokens"].as_array().unwrap().len() as u64,
+        answered["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "{prompt}"
+    );
+    // Without parsing specials the markers are text: more tokens.
+    let (_, literal) = post_json(&url, "/tokenize", &json!({"content": prompt, "parse_special": false}));
+    assert!(literal["tokens"].as_array().unwrap().len() > rendered["tokens"].as_array().unwrap().len());
+
+    let (status, props) = get_json(&url, "/props");
+    assert_eq!(status, 200, "{props}");
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(std::path::Path::new(&bible()).join("tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(props["chat_template"], config["chat_template"]);
+    let (_, models) = get_json(&url, "/v1/models");
+    assert!(props["default_generation_settings"]["n_ctx"].as_u64().is_some_and(|n| n > 0), "{props}");
+    assert_eq!(props["model_alias"], models["data"][0]["id"], "{props}");
+    assert_eq!(props["total_slots"], 1);
+    assert_eq!(props["modalities"]["vision"], false);
+    assert!(props["model_path"].as_str().is_some_and(|p| p.ends_with("bible-moe.waste")), "{props}");
+
+    for (path, body, param) in [
+        ("/tokenize", json!({"text": "x"}), "content"),
+        ("/tokenize", json!({"content": "x", "with_pieces": "yes"}), "with_pieces"),
+        ("/detokenize", json!({"tokens": [5, 99999999]}), "tokens[1]"),
+        ("/detokenize", json!({"tokens": "5"}), "tokens"),
+    ] {
+        let (status, e) = post_json(&url, path, &body);
+        assert_eq!((status, e["error"]["param"].as_str()), (400, Some(param)), "{path} {body}: {e}");
+    }
+    assert_eq!(get_status(&url, "/props", "Bearer wrong"), 401);
+}
+
+/// An Anthropic conversation with extended thinking sends each earlier
+/// turn's `thinking` block back; that was a 400. Through Qwen3's real
+/// template (which renders reasoning of the turns after the last user
+/// query) the block now lengthens the prompt it belongs to, and a message
+/// with it is answered.
+#[test]
+fn server_takes_anthropic_thinking_blocks_back_in_history() {
+    let tmp = TempDir::new("server-thinking");
+    let (_server, url) = start(&crate::common::bible_moe_with_qwen3_template(&tmp), &[]);
+    let body = |assistant: serde_json::Value| {
+        // No tools declared: their preamble would not fit the 256-token
+        // context; the template renders the calls all the same.
+        serde_json::json!({"model": "m", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Who made the light?"},
+                         {"role": "assistant", "content": assistant},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "God"}]}]})
+    };
+    let call = serde_json::json!({"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}});
+    let thinking =
+        serde_json::json!({"type": "thinking", "thinking": "The first chapter says.", "signature": "waste-00"});
+    let (s1, plain) = post_json(&url, "/v1/messages/count_tokens", &body(serde_json::json!([call.clone()])));
+    let (s2, with) =
+        post_json(&url, "/v1/messages/count_tokens", &body(serde_json::json!([thinking.clone(), call.clone()])));
+    assert_eq!((s1, s2), (200, 200), "{plain} {with}");
+    assert!(with["input_tokens"].as_u64() > plain["input_tokens"].as_u64(), "{plain} {with}");
+    let (status, answer) = post_json(&url, "/v1/messages", &body(serde_json::json!([thinking, call])));
+    assert_eq!(status, 200, "{answer}");
+}
+
+/// Each API's own switch for reasoning reaches the template (it was
+/// ignored: only `chat_template_kwargs` did): through Qwen3's real
+/// template, off (OpenAI `reasoning_effort: "none"`, Anthropic `thinking:
+/// {"type": "disabled"}`, Ollama `think: false`) adds the empty think block
+/// transformers renders for `enable_thinking=False`, so the prompt grows;
+/// on leaves the template's default; a malformed switch is a 400.
+#[test]
+fn server_maps_each_apis_thinking_switch_onto_the_template() {
+    let tmp = TempDir::new("server-thinking-switch");
+    let (_server, url) = start(&crate::common::bible_moe_with_qwen3_template(&tmp), &[]);
+    let ask = json!([{"role": "user", "content": "And God said"}]);
+    let openai = |extra: serde_json::Value| {
+        let mut body = json!({"messages": ask, "max_tokens": 1, "temperature": 0});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, v) = post_json(&url, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let plain = openai(json!({}));
+    assert_eq!(openai(json!({"reasoning_effort": "high"})), plain);
+    let off = openai(json!({"reasoning_effort": "none"}));
+    assert!(off > plain, "reasoning_effort none: {off}, plain {plain}");
+    // The client's own template variable wins.
+    assert_eq!(openai(json!({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": true}})), plain);
+
+    let anthropic = |extra: serde_json::Value| {
+        let mut body = json!({"model": "m", "messages": ask, "max_tokens": 1});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (status, v) = post_json(&url, "/v1/messages/count_tokens", &body);
+        assert_eq!(status, 200, "{v}");
+        v["input_tokens"].as_u64().unwrap()
+    };
+    assert_eq!(anthropic(json!({})), plain);
+    assert_eq!(anthropic(json!({"thinking": {"type": "enabled", "budget_tokens": 1024}})), plain);
+    assert_eq!(anthropic(json!({"thinking": {"type": "disabled"}})), off);
+
+    let ollama = |think: serde_json::Value| {
+        let body = json!({"model": "m", "messages": ask, "stream": false, "think": think,
+                          "options": {"num_predict": 1, "temperature": 0}});
+        let (status, v) = post_json(&url, "/api/chat", &body);
+        assert_eq!(status, 200, "{v}");
+        v["prompt_eval_count"].as_u64().unwrap()
+    };
+    assert_eq!(ollama(json!(true)), plain);
+    assert_eq!(ollama(json!(false)), off);
+
+    for (path, body) in [
+        ("/v1/chat/completions", json!({"messages": ask, "reasoning_effort": "very"})),
+        ("/v1/messages", json!({"model": "m", "messages": ask, "max_tokens": 1, "thinking": {"type": "sometimes"}})),
+        ("/api/chat", json!({"model": "m", "messages": ask, "think": "very"})),
+    ] {
+        let (status, v) = post_json(&url, path, &body);
+        assert_eq!(status, 400, "{path}: {v}");
+    }
 }

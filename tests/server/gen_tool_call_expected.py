@@ -8,12 +8,17 @@ Run by hand, offline:
 
     python3 tests/server/gen_tool_call_expected.py
 
-Stored: the ids of the tool call the model is made to write (the text
-Qwen3's template asks for, tokenized by transformers; the Rust test hands
-them to examples/sampler-script, which makes the model write them, then
-the end-of-turn token), and the prompt token counts of the request with
-tools and of the round trip that sends the tool's result back, so the suite
-needs no transformers at run time.
+Stored: the tool call the template asks for (`call_text`), the whole answer
+the model is made to write (`answer_text`: the call after the reasoning a
+thinking template expects: a `<think>` block, or its rest and `</think>`
+where the generation prompt opened the block, as transformers renders it;
+gpt-oss reasons in its analysis channel inside the call text) and its ids
+as transformers tokenizes it (`answer_ids`; the Rust test hands them to
+examples/sampler-script, which makes the model write them, then the
+end-of-turn token), the reasoning the server must split out (`reasoning`),
+and the prompt token counts of the request with tools and of the round trip
+that sends the tool's result back, so the suite needs no transformers at
+run time.
 """
 import json
 import pathlib
@@ -34,6 +39,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 # back verbatim and the server gives the template the object they spell,
 # as vLLM does (templates iterate `arguments.items()`).
 ARGUMENTS = '{"city":"Paris"}'
+# What a thinking model writes before the call.
+REASONING = "Let me check the weather."
 LLAMACPP = ROOT / "tests/fixtures/chat_templates/llamacpp"
 
 # (case, tiny fixture, chat template: the Qwen3 tokenizer_config's or a
@@ -96,8 +103,17 @@ def case(name, fixture, template, call_text):
         cfg["model_max_length"] = 2048
         (d / "tokenizer_config.json").write_text(json.dumps(cfg))
         tok = AutoTokenizer.from_pretrained(str(d))
-        call_ids = tok(call_text, add_special_tokens=False)["input_ids"]
-        assert tok.decode(call_ids) == call_text
+        if name == "gpt_oss":
+            answer_text, reasoning = call_text, "The user wants the weather."
+        elif "</think>" not in cfg["chat_template"]:
+            answer_text, reasoning = call_text, None
+        else:
+            prompt = tok.apply_chat_template(ASK, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+            opened = prompt.rstrip().endswith("<think>")
+            answer_text = ("" if opened else "<think>\n") + f"{REASONING}\n</think>\n\n{call_text}"
+            reasoning = REASONING
+        answer_ids = tok(answer_text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(answer_ids) == answer_text
         try:
             null_content_tokens = count(tok, round_trip("call_x", content=None))
         except Exception:
@@ -108,7 +124,9 @@ def case(name, fixture, template, call_text):
             "tools": TOOLS,
             "ask": ASK,
             "call_text": call_text,
-            "call_ids": call_ids,
+            "answer_text": answer_text,
+            "answer_ids": answer_ids,
+            "reasoning": reasoning,
             # The fixture's end-of-sequence token ends the scripted answer.
             "end_of_turn_id": tok.eos_token_id,
             "arguments": ARGUMENTS,

@@ -15,7 +15,7 @@ request run.
 
 The `tools` form runs against the server of test_tool_calls.py: the tiny
 Qwen3-MoE fixture with Qwen3's chat template (context raised to 2048) and
-examples/sampler-script scripted with tool_call_expected.json's `call_ids`
+examples/sampler-script scripted with tool_call_expected.json's `answer_ids`
 then its `end_of_turn_id`, so the model writes
 
     <tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call>
@@ -101,7 +101,7 @@ def message_shape(m, what, max_tokens):
     check(isinstance(m.id, str) and m.id.startswith("msg_"), f"{what}: id {m.id!r}")
     check(m.model == MODEL, f"{what}: model {m.model!r}")
     check(m.stop_reason in ("end_turn", "max_tokens", "stop_sequence", "tool_use"), f"{what}: stop_reason {m.stop_reason!r}")
-    check(m.usage.input_tokens > 0, f"{what}: input_tokens {m.usage.input_tokens}")
+    check(prompt_of(m.usage) > 0, f"{what}: input_tokens {prompt_of(m.usage)}")
     check(0 < m.usage.output_tokens <= max_tokens, f"{what}: output_tokens {m.usage.output_tokens} (max {max_tokens})")
     if m.stop_reason == "max_tokens":
         check(m.usage.output_tokens == max_tokens, f"{what}: stopped at {m.usage.output_tokens} of {max_tokens}")
@@ -209,12 +209,12 @@ def test_messages():
     check(len(a.content) == 1 and a.content[0].type == "text" and text, f"content {a.content}")
     b = ask()
     check(text_of(b) == text, f"temperature 0 repeats: {text_of(b)!r} != {text!r}")
-    check(b.usage.input_tokens == a.usage.input_tokens, "same input, same input_tokens")
+    check(prompt_of(b.usage) == prompt_of(a.usage), "same input, same input_tokens")
     check(a.id != b.id, f"message ids repeat: {a.id}")
     # A string content is one text block; several blocks are joined as written.
     blocks = ask(messages=[{"role": "user", "content": [{"type": "text", "text": "In the "},
                                                          {"type": "text", "text": "beginning"}]}])
-    check(text_of(blocks) == text and blocks.usage.input_tokens == a.usage.input_tokens,
+    check(text_of(blocks) == text and prompt_of(blocks.usage) == prompt_of(a.usage),
           f"text blocks != string content: {text_of(blocks)!r} {blocks.usage}")
     # max_tokens stops the message.
     short = ask(max_tokens=3)
@@ -227,8 +227,8 @@ def test_messages():
     # A system prompt, as a string and as one block, is the same prompt.
     sys_s = ask(system="Answer as the Preacher would.")
     sys_b = ask(system=[{"type": "text", "text": "Answer as the Preacher would."}])
-    check(sys_s.usage.input_tokens > a.usage.input_tokens, f"system not in the prompt: {sys_s.usage} vs {a.usage}")
-    check(sys_b.usage.input_tokens == sys_s.usage.input_tokens and text_of(sys_b) == text_of(sys_s),
+    check(prompt_of(sys_s.usage) > prompt_of(a.usage), f"system not in the prompt: {sys_s.usage} vs {a.usage}")
+    check(prompt_of(sys_b.usage) == prompt_of(sys_s.usage) and text_of(sys_b) == text_of(sys_s),
           f"system blocks != system string: {sys_b.usage} {sys_s.usage}")
     two = ask(system=[{"type": "text", "text": "Answer as the Preacher"}, {"type": "text", "text": " would."}])
     message_shape(two, "system of two blocks", 16)
@@ -237,7 +237,7 @@ def test_messages():
                           {"role": "assistant", "content": "Let there be light"},
                           {"role": "user", "content": [{"type": "text", "text": "And there was"}]}])
     message_shape(turns, "several turns", 16)
-    check(turns.usage.input_tokens > a.usage.input_tokens, f"turns {turns.usage}")
+    check(prompt_of(turns.usage) > prompt_of(a.usage), f"turns {turns.usage}")
     return a
 
 
@@ -273,11 +273,11 @@ def test_stream(a):
     deltas = [e.delta for e in events if e.type == "content_block_delta"]
     check(all(d.type == "text_delta" and d.text for d in deltas), f"text deltas {deltas[:3]}")
     start, delta = events[0].message, [e for e in events if e.type == "message_delta"]
-    check(start.usage.input_tokens == a.usage.input_tokens, f"message_start usage {start.usage} vs {a.usage}")
+    check(prompt_of(start.usage) == prompt_of(a.usage), f"message_start usage {start.usage} vs {a.usage}")
     if delta:
         check(delta[0].delta.stop_reason == a.stop_reason, f"message_delta stop_reason {delta[0].delta}")
         check(delta[0].usage.output_tokens == a.usage.output_tokens, f"message_delta usage {delta[0].usage}")
-    check(final.usage.output_tokens == a.usage.output_tokens and final.usage.input_tokens == a.usage.input_tokens,
+    check(final.usage.output_tokens == a.usage.output_tokens and prompt_of(final.usage) == prompt_of(a.usage),
           f"final usage {final.usage} vs {a.usage}")
     # max_tokens ends a stream with stop_reason max_tokens.
     events, final, _ = collect(max_tokens=2)
@@ -413,8 +413,8 @@ def test_count_tokens():
     for kw in cases:
         counted = client.messages.count_tokens(model=MODEL, **kw)
         ran = client.messages.create(model=MODEL, max_tokens=1, extra_body={"temperature": 0}, **kw)
-        check(type(counted.input_tokens) is int and counted.input_tokens == ran.usage.input_tokens,
-              f"count_tokens {counted.input_tokens} != run {ran.usage.input_tokens} for {json.dumps(kw)[:100]}")
+        check(type(counted.input_tokens) is int and counted.input_tokens == prompt_of(ran.usage),
+              f"count_tokens {counted.input_tokens} != run {prompt_of(ran.usage)} for {json.dumps(kw)[:100]}")
     # count_tokens never generates: it does not take max_tokens, and answers
     # only input_tokens.
     s, _, b = raw("POST", "/v1/messages/count_tokens", {"model": MODEL, "messages": ASK})
@@ -449,6 +449,12 @@ E = None
 TOOLS = None
 
 
+def prompt_of(usage):
+    """The prompt's tokens: Anthropic's input_tokens leave out those a cache
+    supplied (the server's prefix cache, across this script's requests)."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+
+
 def load_expected():
     global E, TOOLS
     case = sys.argv[5] if len(sys.argv) > 5 else "qwen3"
@@ -458,7 +464,7 @@ def load_expected():
 
 
 def tool_ask(**kw):
-    args = dict(model=MODEL, max_tokens=len(E["call_ids"]) + 16, messages=E["ask"], tools=TOOLS)
+    args = dict(model=MODEL, max_tokens=len(E["answer_ids"]) + 16, messages=E["ask"], tools=TOOLS)
     args.update(kw)
     return args
 
@@ -468,20 +474,25 @@ def test_tool_use():
         kw = {} if choice is None else {"tool_choice": choice}
         m = client.messages.create(extra_body={"temperature": 0}, **tool_ask(**kw))
         what = f"tool_choice {choice}"
-        message_shape(m, what, len(E["call_ids"]) + 16)
+        message_shape(m, what, len(E["answer_ids"]) + 16)
         check(m.stop_reason == "tool_use", f"{what}: stop_reason {m.stop_reason!r}")
         uses = [b for b in m.content if b.type == "tool_use"]
-        # A model with a reasoning channel (gpt-oss) adds a thinking block first.
+        # A model that reasons (a <think> block, gpt-oss's analysis channel)
+        # answers a thinking block first.
         check(len(uses) == 1 and [b.type for b in m.content if b.type != "thinking"] == ["tool_use"],
               f"{what}: content {m.content}")
+        thinking = [b for b in m.content if b.type == "thinking"]
+        want = [E["reasoning"]] if E["reasoning"] else []
+        check([b.thinking for b in thinking] == want and all(b.signature for b in thinking),
+              f"{what}: thinking {thinking}, want {want}")
         if uses:
             u = uses[0]
             check(u.name == "get_weather" and u.input == {"city": "Paris"}, f"{what}: tool_use {u}")
             check(isinstance(u.id, str) and u.id.startswith("toolu_"), f"{what}: tool_use id {u.id!r}")
-        check(m.usage.input_tokens == E["ask_prompt_tokens"],
-              f"{what}: {m.usage.input_tokens} input tokens, transformers {E['ask_prompt_tokens']}")
-        check(m.usage.output_tokens == len(E["call_ids"]) + 1,
-              f"{what}: {m.usage.output_tokens} output tokens for a {len(E['call_ids'])}-token call")
+        check(prompt_of(m.usage) == E["ask_prompt_tokens"],
+              f"{what}: {prompt_of(m.usage)} input tokens, transformers {E['ask_prompt_tokens']}")
+        check(m.usage.output_tokens == len(E["answer_ids"]) + 1,
+              f"{what}: {m.usage.output_tokens} output tokens for a {len(E['answer_ids'])}-token answer")
     counted = client.messages.count_tokens(model=MODEL, messages=E["ask"], tools=TOOLS)
     check(counted.input_tokens == E["ask_prompt_tokens"],
           f"count_tokens with tools {counted.input_tokens}, transformers {E['ask_prompt_tokens']}")
@@ -538,12 +549,12 @@ def test_tool_round_trip(answer):
     ]
     m = client.messages.create(model=MODEL, max_tokens=8, messages=messages, tools=TOOLS,
                                extra_body={"temperature": 0})
-    check(m.usage.input_tokens == E["round_trip_prompt_tokens"],
-          f"round trip: {m.usage.input_tokens} input tokens, transformers {E['round_trip_prompt_tokens']}")
+    check(prompt_of(m.usage) == E["round_trip_prompt_tokens"],
+          f"round trip: {prompt_of(m.usage)} input tokens, transformers {E['round_trip_prompt_tokens']}")
     # Eight scripted tokens are the start of another call, cut short: text.
     check(m.stop_reason == "max_tokens" and m.usage.output_tokens == 8, f"round trip {m}")
     counted = client.messages.count_tokens(model=MODEL, messages=messages, tools=TOOLS)
-    check(counted.input_tokens == m.usage.input_tokens, f"round trip count_tokens {counted.input_tokens}")
+    check(counted.input_tokens == prompt_of(m.usage), f"round trip count_tokens {counted.input_tokens}")
     # tool_result content as blocks, and is_error, are accepted.
     messages[-1]["content"] = [{"type": "tool_result", "tool_use_id": use.id, "is_error": True,
                                 "content": [{"type": "text", "text": E["tool_result"]}]}]

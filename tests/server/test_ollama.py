@@ -27,7 +27,7 @@ equals the OpenAI default.
 
 The `tools` form runs against the server of test_tool_calls.py (the tiny
 Qwen3-MoE fixture with Qwen3's template, examples/sampler-script playing
-tool_call_expected.json's call_ids and end_of_turn_id): the call comes back in
+tool_call_expected.json's answer_ids and end_of_turn_id): the call comes back in
 message.tool_calls with `arguments` as a JSON object, not a string.
 
 Exits 0 printing "all ollama checks passed" when every check passed, 1 with
@@ -409,7 +409,7 @@ def test_errors():
 def test_tools():
     case = sys.argv[5] if len(sys.argv) > 5 else "qwen3"
     E = json.loads((pathlib.Path(__file__).parent / "tool_call_expected.json").read_text())["cases"][case]
-    n = len(E["call_ids"])
+    n = len(E["answer_ids"])
     opts = {"temperature": 0, "num_predict": n + 16}
     # Raw, with the tools exactly as tool_call_expected.json has them, so the
     # prompt is transformers' (the ollama client reorders a tool's keys).
@@ -419,6 +419,7 @@ def test_tools():
     check(s == 200, f"tools chat {s} {b[:200]!r}")
     msg = d.get("message", {})
     check(msg.get("content") == "", f"content beside the call {msg.get('content')!r}")
+    check(msg.get("thinking") == E["reasoning"], f"thinking {msg.get('thinking')!r}, want {E['reasoning']!r}")
     calls = msg.get("tool_calls") or []
     check(len(calls) == 1, f"tool_calls {calls}")
     if calls:
@@ -431,7 +432,7 @@ def test_tools():
         check(d.get("done_reason") == "stop", f"tools done_reason {d.get('done_reason')!r}")
         check(d.get("prompt_eval_count") == E["ask_prompt_tokens"],
               f"{d.get('prompt_eval_count')} prompt tokens, transformers {E['ask_prompt_tokens']}")
-        check(d.get("eval_count") == n + 1, f"eval_count {d.get('eval_count')} for a {n}-token call")
+        check(d.get("eval_count") == n + 1, f"eval_count {d.get('eval_count')} for a {n}-token answer")
     # The client parses the same answer.
     r = client.chat(model=MODEL, messages=E["ask"], tools=E["tools"], options=opts)
     tc = r.message.tool_calls or []
@@ -443,6 +444,8 @@ def test_tools():
     check(len(carrying) == 1 and carrying[0].message.tool_calls[0].function.arguments == {"city": "Paris"},
           f"streamed tool_calls in {len(carrying)} objects")
     check("".join(p.message.content or "" for p in parts) == "", "streamed content beside the call")
+    streamed = "".join(p.message.thinking or "" for p in parts)
+    check(streamed == (E["reasoning"] or ""), f"streamed thinking {streamed!r}")
     check(parts and parts[-1].done and parts[-1].done_reason == "stop", "tools stream end")
     # Without tools the same output is text.
     r = client.chat(model=MODEL, messages=E["ask"], options=opts)

@@ -10,7 +10,11 @@ both. Every answer and usage must be the same on both servers, and from the seco
 turn on the cached server must resume the previous turn's state: its /stats say
 the turn reused at least the previous prompt's tokens and evaluated only the rest
 (the previous answer as the template renders it and the new user message),
-counted by the server, not timed.
+counted by the server, not timed. Each answer's usage reports the reused tokens as
+`prompt_tokens_details.cached_tokens` (0 on the plain server). Then a short
+conversation through the official `anthropic` client, streamed and not, whose
+usage must split the prompt into `input_tokens` and `cache_read_input_tokens`
+exactly as the server counted it.
 
 Exits 0 printing "all prefix-cache checks passed", 1 with the failures listed.
 """
@@ -18,6 +22,7 @@ import json
 import sys
 import urllib.request
 
+import anthropic
 import openai
 
 CACHED, PLAIN, KEY, MODEL = sys.argv[1:5]
@@ -65,9 +70,33 @@ for turn, question in enumerate(QUESTIONS):
         check(reused >= previous_prompt, f"{what}: reused {reused} of the previous prompt's {previous_prompt} tokens")
         check(evaluated <= a.usage.prompt_tokens - previous_prompt,
               f"{what}: evaluated {evaluated}, more than the {a.usage.prompt_tokens - previous_prompt} new tokens")
+    check(a.usage.prompt_tokens_details.cached_tokens == reused,
+          f"{what}: cached_tokens {a.usage.prompt_tokens_details} but the server reused {reused}")
+    check(b.usage.prompt_tokens_details.cached_tokens == 0, f"{what}: the plain server says {b.usage.prompt_tokens_details}")
     print(f"turn {turn + 1}: prompt {a.usage.prompt_tokens}, reused {reused}, evaluated {evaluated}", flush=True)
     previous_prompt = a.usage.prompt_tokens
     messages.append({"role": "assistant", "content": a.choices[0].message.content})
+claude = anthropic.Anthropic(base_url=CACHED, api_key=KEY, max_retries=0, timeout=120)
+history = []
+for turn, question in enumerate(["Who made the light?", "And the waters?", "What of the earth?"]):
+    history.append({"role": "user", "content": question})
+    kw = dict(model=MODEL, system="Answer briefly.", messages=history, max_tokens=6, extra_body={"temperature": 0})
+    before = stats(CACHED)
+    if turn == 1:
+        with claude.messages.stream(**kw) as s:
+            m = s.get_final_message()
+    else:
+        m = claude.messages.create(**kw)
+    after = stats(CACHED)
+    reused = after["tokens_reused"] - before["tokens_reused"]
+    evaluated = after["prompt_tokens_evaluated"] - before["prompt_tokens_evaluated"]
+    what = f"anthropic turn {turn + 1}" + (" (streamed)" if turn == 1 else "")
+    u = m.usage
+    check(u.cache_read_input_tokens == reused and u.input_tokens == evaluated and u.cache_creation_input_tokens == 0,
+          f"{what}: usage {u}, the server reused {reused} and evaluated {evaluated}")
+    check(turn == 0 or reused > 0, f"{what}: nothing resumed")
+    history.append({"role": "assistant", "content": "".join(b.text for b in m.content if b.type == "text") or "."})
+    print(f"{what}: input {u.input_tokens}, cache read {u.cache_read_input_tokens}", flush=True)
 plain_stats = stats(PLAIN)
 check(plain_stats["hits"] == 0 and plain_stats["sessions"] == 0, f"the plain server cached: {plain_stats}")
 if failures:

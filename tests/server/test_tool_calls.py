@@ -7,10 +7,11 @@ The Rust test (tests/integration/server.rs) serves a tiny fixture with its
 family's real chat template (CASE of tool_call_expected.json: Qwen3's
 Hermes JSON, Qwen3.5's XML, GLM-4.6's key/value pairs, MiniMax-M2's
 invocations) and examples/sampler-script, which makes the model write that
-case's tool call (ids from transformers' tokenizer) and then its
-end-of-sequence token. The server must
-parse that output into `tool_calls` with finish_reason "tool_calls", in one
-answer and in a stream, leave it as text when tools are off, and accept the
+case's answer (a thinking template's reasoning, then the tool call; ids from
+transformers' tokenizer) and then its end-of-sequence token. The server must
+parse that output into `reasoning_content` and `tool_calls` with
+finish_reason "tool_calls", in one answer and in a stream, leave the call as
+text (the reasoning still split out) when tools are off, and accept the
 tool's result sent back. Exits 0 when every check passed, 1 with the
 failures listed.
 """
@@ -33,7 +34,12 @@ def check(cond, what):
 
 
 def ask(**kw):
-    return dict(model=MODEL, messages=E["ask"], max_tokens=len(E["call_ids"]) + 16, temperature=0, **kw)
+    return dict(model=MODEL, messages=E["ask"], max_tokens=len(E["answer_ids"]) + 16, temperature=0, **kw)
+
+
+def reasoning_of(message):
+    """`reasoning_content`, which the client keeps as an extra field."""
+    return (message.model_extra or {}).get("reasoning_content")
 
 
 def test_answer():
@@ -41,6 +47,7 @@ def test_answer():
     c = r.choices[0]
     check(c.finish_reason == "tool_calls", f"finish_reason {c.finish_reason!r}")
     check(c.message.content is None, f"content {c.message.content!r}")
+    check(reasoning_of(c.message) == E["reasoning"], f"reasoning {reasoning_of(c.message)!r}, want {E['reasoning']!r}")
     calls = c.message.tool_calls or []
     check(len(calls) == 1, f"tool_calls {calls}")
     if calls:
@@ -52,20 +59,21 @@ def test_answer():
     check(r.usage.prompt_tokens == E["ask_prompt_tokens"],
           f"{r.usage.prompt_tokens} prompt tokens, transformers {E['ask_prompt_tokens']}")
     # The end-of-turn token that ends the generation is generated too.
-    check(r.usage.completion_tokens == len(E["call_ids"]) + 1,
-          f"{r.usage.completion_tokens} completion tokens for a {len(E['call_ids'])}-token call")
+    check(r.usage.completion_tokens == len(E["answer_ids"]) + 1,
+          f"{r.usage.completion_tokens} completion tokens for a {len(E['answer_ids'])}-token answer")
     return r
 
 
 def test_stream(answer):
     stream = client.chat.completions.create(**ask(tools=E["tools"], stream=True,
                                                   stream_options={"include_usage": True}))
-    text, finishes, usages, calls = [], [], [], {}
+    text, reasoning, finishes, usages, calls = [], [], [], [], {}
     for chunk in stream:
         if chunk.usage is not None:
             usages.append(chunk.usage)
         for ch in chunk.choices:
             text.append(ch.delta.content or "")
+            reasoning.append(reasoning_of(ch.delta) or "")
             for d in ch.delta.tool_calls or []:
                 slot = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
                 slot["id"] += d.id or ""
@@ -76,6 +84,7 @@ def test_stream(answer):
                 finishes.append(ch.finish_reason)
     check(finishes == ["tool_calls"], f"stream finish reasons {finishes}")
     check("".join(text) == "", f"stream content {''.join(text)!r}")
+    check("".join(reasoning) == (E["reasoning"] or ""), f"stream reasoning {''.join(reasoning)!r}")
     check(list(calls) == [0], f"stream tool call indices {list(calls)}")
     if 0 in calls:
         want = answer.choices[0].message.tool_calls[0] if answer.choices[0].message.tool_calls else None
@@ -94,6 +103,10 @@ def test_text_without_tools():
         c = r.choices[0]
         check(c.finish_reason == "stop" and not c.message.tool_calls, f"{kw}: {c}")
         check(c.message.content == E["call_text"], f"{kw}: content {c.message.content!r}")
+        if E["reasoning"] and CASE != "gpt_oss":
+            # Harmony without tools stays as written; a <think> block is
+            # split out whatever the tools.
+            check(reasoning_of(c.message) == E["reasoning"], f"{kw}: reasoning {reasoning_of(c.message)!r}")
 
 
 def test_round_trip(answer):

@@ -16,9 +16,9 @@ use waste_host::{Completion, StopReason, TokenEvent};
 
 use crate::driver::{self, Answer, Dialect, Generation, Parsed};
 use crate::error::ApiError;
-use crate::neutral::answer::{speaks_harmony, Reading};
+use crate::neutral::answer::{speaks_harmony, thinks_in_blocks, Live, Reading};
 use crate::state::{model_warning, next_id, read_body, AppState, Shared};
-use crate::worker::TokenTexts;
+use crate::worker::{PromptFacts, TokenTexts};
 
 /// Anthropic's error type for an HTTP status.
 fn error_type(status: StatusCode) -> &'static str {
@@ -67,12 +67,16 @@ async fn count(state: Shared, headers: HeaderMap, body: Body) -> Result<Response
 pub(crate) struct Reply {
     pub id: String,
     pub model: String,
-    /// The answer searched for the declared tools' calls and, with
-    /// gpt-oss, its reasoning.
+    /// The answer searched for the declared tools' calls and its
+    /// reasoning.
     pub reading: Reading,
     pub stop_sequences: Vec<String>,
     /// Where a stream of this answer is among its blocks.
     streamed: stream::Blocks,
+    /// A stream's reading as its tokens come.
+    live: Live,
+    /// Whether the prompt opened a reasoning block.
+    opens_reasoning: bool,
 }
 
 fn parse(state: &AppState, body: &[u8]) -> Result<Parsed<Reply>, ApiError> {
@@ -82,9 +86,15 @@ fn parse(state: &AppState, body: &[u8]) -> Result<Parsed<Reply>, ApiError> {
         // Anthropic's ids are `msg_...` (the SDK's users match on it).
         id: next_id("msg").replacen("msg-", "msg_", 1),
         model: state.model_id.clone(),
-        reading: Reading::new(req.prompt.tools().filter(|_| req.tools_enabled), speaks_harmony(&state.model)),
+        reading: Reading::new(
+            req.prompt.tools().filter(|_| req.tools_enabled),
+            speaks_harmony(state.chat_template(false)),
+            thinks_in_blocks(state.chat_template(false)),
+        ),
         stop_sequences: req.params.stop_strings.clone(),
         streamed: stream::Blocks::default(),
+        live: Live::default(),
+        opens_reasoning: false,
     };
     Ok(Generation::new(req.prompt, req.params, req.stream, warning, reply).into())
 }
@@ -99,19 +109,45 @@ pub(crate) enum Block {
 impl Block {
     pub(crate) fn json(&self) -> Value {
         match self {
-            Block::Thinking(t) => json!({"type": "thinking", "thinking": t, "signature": ""}),
+            Block::Thinking(t) => json!({"type": "thinking", "thinking": t, "signature": signature(t)}),
             Block::Text(t) => json!({"type": "text", "text": t}),
             Block::ToolUse { id, name, input } => json!({"type": "tool_use", "id": id, "name": name, "input": input}),
         }
     }
 }
 
+/// A thinking block's `signature`: Anthropic's clients keep a block and
+/// send it back only with one. It names the text it was given for; WASTE
+/// renders returned reasoning whatever its signature (a conversation moved
+/// from another server keeps working), so it is not a secret.
+pub(crate) fn signature(thinking: &str) -> String {
+    let mut h = waste_host::Fnv::new();
+    h.update(thinking.as_bytes());
+    format!("waste-{}", h.hex())
+}
+
+/// Anthropic's `usage`. Its input count leaves out what a cache supplied:
+/// input_tokens + cache_read_input_tokens + cache_creation_input_tokens is
+/// the prompt. WASTE's prefix cache keeps every finished request's state
+/// without being asked (no `cache_control` breakpoint, no write billed
+/// apart), so nothing is counted as a cache write: every evaluated token is
+/// input.
+fn usage(prompt: PromptFacts, output_tokens: usize) -> Value {
+    json!({
+        "input_tokens": prompt.tokens - prompt.cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": prompt.cached,
+        "output_tokens": output_tokens,
+    })
+}
+
 impl Reply {
     /// The answer's blocks: reasoning, text, then calls (`tool_use`) when
     /// tools were declared.
     pub(crate) fn blocks(&self, c: &Completion, raw: &str) -> Vec<Block> {
-        let Some(p) = self.reading.split(&c.text, raw) else {
-            return if c.text.is_empty() { Vec::new() } else { vec![Block::Text(c.text.clone())] };
+        let Some(p) = self.reading.split(&c.text, raw, self.opens_reasoning) else {
+            let text = self.reading.content(&c.text, self.opens_reasoning);
+            return if text.is_empty() { Vec::new() } else { vec![Block::Text(text)] };
         };
         let mut blocks = Vec::new();
         if let Some(r) = p.reasoning.filter(|r| !r.is_empty()) {
@@ -162,8 +198,10 @@ impl Reply {
 impl Dialect for Reply {
     const STREAM: &'static str = "text/event-stream";
 
-    fn open(&mut self, prompt_tokens: usize, out: &mut String) -> bool {
-        self.start(prompt_tokens, out);
+    fn open(&mut self, prompt: PromptFacts, out: &mut String) -> bool {
+        self.opens_reasoning = prompt.opens_reasoning;
+        self.live = self.reading.live(prompt.opens_reasoning);
+        self.start(prompt, out);
         true
     }
 
@@ -179,19 +217,39 @@ impl Dialect for Reply {
         stream::frame(out, error_body(e));
     }
 
-    fn answer(self, a: Answer) -> String {
+    fn answer(mut self, a: Answer) -> String {
+        self.opens_reasoning = a.prompt.opens_reasoning;
         let blocks = self.blocks(&a.completion, &a.raw);
         let (stop_reason, stop_sequence) = self.stop(&a.completion, &a.raw, &blocks);
         json!({
             "id": self.id, "type": "message", "role": "assistant", "model": self.model,
             "content": blocks.iter().map(Block::json).collect::<Vec<_>>(),
             "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-            "usage": {"input_tokens": a.prompt_tokens, "output_tokens": a.completion.tokens.len()},
+            "usage": usage(a.prompt, a.completion.tokens.len()),
         })
         .to_string()
     }
 
     fn error_response(e: ApiError) -> Response {
         error_response(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Streamed thinking blocks carried an empty `signature`, which
+    /// Anthropic's clients take as a block they may not send back.
+    #[test]
+    fn thinking_blocks_were_signed_with_an_empty_signature() {
+        let b = Block::Thinking("Let me see.".into()).json();
+        let sig = b["signature"].as_str().unwrap();
+        assert!(sig.starts_with("waste-") && sig.len() > "waste-".len(), "{b}");
+        assert_eq!(sig, signature("Let me see."));
+        assert_ne!(sig, signature("Let me see!"));
+        let mut out = String::new();
+        stream::Blocks::default().block(&mut out, &Block::Thinking("Let me see.".into()));
+        assert!(out.contains("signature_delta") && out.contains(&format!(r#""signature":"{sig}""#)), "{out}");
     }
 }

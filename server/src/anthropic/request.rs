@@ -13,7 +13,7 @@ use waste_host::{ChatMessage, GenerateParams};
 use crate::error::ApiError;
 use crate::neutral::fields::{self, bad, boolean, field, integer_in, number, object, raw_items, string, strings, Obj};
 use crate::neutral::images::Images;
-use crate::neutral::{fresh_seed, Prompt};
+use crate::neutral::{fresh_seed, with_thinking, Prompt};
 use crate::ordered::Ordered;
 use crate::structured::{self, schema, with_grammar, Asked};
 
@@ -106,6 +106,9 @@ fn messages(
             .and_then(|(_, v)| serde_json::from_str(v.get()).ok())
             .unwrap_or_default();
         let (mut text, mut calls, mut results, mut media) = (String::new(), Vec::new(), Vec::new(), Vec::new());
+        // An earlier turn's reasoning, which clients with extended thinking
+        // send back on every turn.
+        let mut reasoning: Option<String> = None;
         for (j, b) in blocks.iter().enumerate() {
             let bp = format!("{content_param}[{j}]");
             match b.get("type").and_then(Value::as_str) {
@@ -134,6 +137,18 @@ fn messages(
                         Value::from(name)
                     ));
                 }
+                Some("thinking") if role == "assistant" => {
+                    // The signature is not checked: it is ours
+                    // (`anthropic::signature`) or another server's, and
+                    // either way the text is only rendered back.
+                    let t = b
+                        .get("thinking")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| bad(&bp, "a thinking block with `thinking`"))?;
+                    reasoning.get_or_insert_with(String::new).push_str(t);
+                }
+                // Reasoning another server encrypted: nothing to render.
+                Some("redacted_thinking") if role == "assistant" => {}
                 Some("tool_result") if role == "user" => {
                     let id = b
                         .get("tool_use_id")
@@ -198,10 +213,20 @@ fn messages(
         // OpenAI's `tool` messages do; any text the user added follows.
         let had_results = !results.is_empty();
         out.extend(results);
+        // Reasoning goes where the templates read it (`reasoning_content`,
+        // as OpenAI-style clients send it), and each template renders it
+        // as it renders earlier reasoning (most drop it from past turns).
+        let mut extra: Vec<String> = Vec::new();
+        if let Some(r) = &reasoning {
+            extra.push(format!("\"reasoning_content\":{}", Value::from(r.as_str())));
+        }
         if !calls.is_empty() {
+            extra.push(format!("\"tool_calls\":[{}]", calls.join(",")));
+        }
+        let extra = (!extra.is_empty()).then(|| format!("{{{}}}", extra.join(",")));
+        if !calls.is_empty() || reasoning.is_some() {
             // An empty string, not null: Qwen3's template fails on a null.
-            let extra = format!("{{\"tool_calls\":[{}]}}", calls.join(","));
-            out.push(ChatMessage { role, content: Some(text), extra: Some(extra), media: Vec::new() });
+            out.push(ChatMessage { role, content: Some(text), extra, media: Vec::new() });
         } else if !had_results || !text.is_empty() || !media.is_empty() {
             out.push(ChatMessage { role, content: Some(text), extra: None, media });
         }
@@ -248,6 +273,18 @@ fn tools(o: &Obj, body: &[u8]) -> Result<Option<(String, Vec<String>)>, ApiError
         names.push(name.to_string());
     }
     Ok(Some((format!("[{}]", out.join(",")), names)))
+}
+
+/// `thinking`: `{"type": "enabled", "budget_tokens": N}` (or `adaptive`)
+/// turns reasoning on, `{"type": "disabled"}` off; absent, the template's
+/// own default. The budget is not enforced: `max_tokens` bounds the answer.
+fn thinking(o: &Obj) -> Result<Option<bool>, ApiError> {
+    let Some(t) = field(o, "thinking") else { return Ok(None) };
+    match t.get("type").and_then(Value::as_str) {
+        Some("enabled" | "adaptive") => Ok(Some(true)),
+        Some("disabled") => Ok(Some(false)),
+        _ => Err(bad("thinking", "{\"type\": \"enabled\" | \"adaptive\" | \"disabled\"}")),
+    }
 }
 
 /// Whether the declared tools stay in the prompt: `tool_choice` none drops
@@ -349,7 +386,12 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
     let tools = if tools_enabled { tools.map(|(t, _)| t) } else { None };
     Ok(Request {
         model,
-        prompt: Prompt::Chat { messages, tools, template_vars: None, images },
+        prompt: Prompt::Chat {
+            messages,
+            tools,
+            template_vars: thinking(o)?.and_then(|on| with_thinking(None, on, None)),
+            images,
+        },
         params,
         stream,
         tools_enabled,
@@ -408,5 +450,40 @@ mod tests {
             )
         );
         assert!(r.tools_enabled);
+    }
+
+    /// Claude Code sends an earlier turn's `thinking` block (with its
+    /// signature) back on every turn with thinking on, and that was a 400
+    /// (`a "thinking" block is not supported in a assistant message`).
+    /// The reasoning reaches the template as `reasoning_content`, beside
+    /// the turn's tool calls; a `redacted_thinking` block is accepted and
+    /// renders nothing; thinking in a user message is still refused.
+    #[test]
+    fn thinking_block_in_history_was_a_400() {
+        let body = br#"{"max_tokens": 4,
+            "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": "q"},
+                         {"role": "assistant", "content": [
+                            {"type": "thinking", "thinking": "Let me \"see\".", "signature": "waste-0123"},
+                            {"type": "redacted_thinking", "data": "opaque"},
+                            {"type": "text", "text": "Calling."},
+                            {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "r"}]},
+                         {"role": "assistant", "content": [{"type": "thinking", "thinking": "Done.", "signature": ""}]}]}"#;
+        let Prompt::Chat { messages, .. } = parse(body, false, 256).unwrap().prompt else { panic!("a chat") };
+        let roles: Vec<&str> = messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool", "assistant"]);
+        assert_eq!(messages[1].content.as_deref(), Some("Calling."));
+        assert_eq!(
+            messages[1].extra.as_deref(),
+            Some(
+                r#"{"reasoning_content":"Let me \"see\".","tool_calls":[{"id":"toolu_1","type":"function","function":{"name":"f","arguments":{}}}]}"#
+            )
+        );
+        assert_eq!(messages[3].content.as_deref(), Some(""));
+        assert_eq!(messages[3].extra.as_deref(), Some(r#"{"reasoning_content":"Done."}"#));
+        let in_user =
+            br#"{"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]}"#;
+        assert!(parse(in_user, false, 256).is_err());
     }
 }

@@ -7,9 +7,10 @@
 use serde_json::{json, Value};
 use waste_host::TokenEvent;
 
-use super::{Block, Reply};
+use super::{signature, usage, Block, Reply};
 use crate::driver::Answer;
 use crate::neutral::answer::unsent;
+use crate::worker::PromptFacts;
 
 pub(super) fn frame(out: &mut String, data: Value) {
     let name = data["type"].as_str().unwrap_or("error").to_string();
@@ -22,10 +23,45 @@ pub(super) struct Blocks {
     /// Index of the next block, and whether a text block is open now.
     next_index: usize,
     text_open: bool,
+    /// The thinking block streamed now, if one is open: its text so far,
+    /// which its signature names when it closes.
+    thinking: Option<String>,
 }
 
 impl Blocks {
+    /// Reasoning as it comes: a thinking block opened at its first piece.
+    fn thinking_delta(&mut self, out: &mut String, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        self.close_text(out);
+        let index = self.next_index;
+        let thinking = self.thinking.get_or_insert_with(|| {
+            let start = json!({"type": "thinking", "thinking": "", "signature": ""});
+            frame(out, json!({"type": "content_block_start", "index": index, "content_block": start}));
+            String::new()
+        });
+        thinking.push_str(text);
+        frame(
+            out,
+            json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": text}}),
+        );
+    }
+
+    /// Ends the open thinking block with its signature, as Anthropic's
+    /// streams do.
+    fn close_thinking(&mut self, out: &mut String) {
+        if let Some(thinking) = self.thinking.take() {
+            let index = self.next_index;
+            let delta = json!({"type": "signature_delta", "signature": signature(&thinking)});
+            frame(out, json!({"type": "content_block_delta", "index": index, "delta": delta}));
+            frame(out, json!({"type": "content_block_stop", "index": index}));
+            self.next_index += 1;
+        }
+    }
+
     fn open_text(&mut self, out: &mut String) {
+        self.close_thinking(out);
         if !self.text_open {
             let index = self.next_index;
             frame(
@@ -56,7 +92,9 @@ impl Blocks {
     }
 
     /// A whole block of a parsed answer: start, its deltas, stop.
-    fn block(&mut self, out: &mut String, block: &Block) {
+    pub(super) fn block(&mut self, out: &mut String, block: &Block) {
+        self.close_thinking(out);
+        self.close_text(out);
         let index = self.next_index;
         let (start, deltas): (Value, Vec<Value>) = match block {
             Block::Text(t) => (json!({"type": "text", "text": ""}), vec![json!({"type": "text_delta", "text": t})]),
@@ -64,7 +102,7 @@ impl Blocks {
                 json!({"type": "thinking", "thinking": "", "signature": ""}),
                 vec![
                     json!({"type": "thinking_delta", "thinking": t}),
-                    json!({"type": "signature_delta", "signature": ""}),
+                    json!({"type": "signature_delta", "signature": signature(t)}),
                 ],
             ),
             Block::ToolUse { id, name, input } => {
@@ -98,22 +136,22 @@ impl Blocks {
 impl Reply {
     /// `message_start` and a `ping`, sent before the first token: the SDK
     /// reports the input count from it at once.
-    pub(super) fn start(&self, input_tokens: usize, out: &mut String) {
+    pub(super) fn start(&self, prompt: PromptFacts, out: &mut String) {
         let message = json!({
             "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
             "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+            "usage": usage(prompt, 0),
         });
         frame(out, json!({"type": "message_start", "message": message}));
         frame(out, json!({"type": "ping"}));
     }
 
-    /// A token's text delta, unless the answer is held back for parsing.
+    /// A token's deltas: its reasoning and its text as the live reading
+    /// gives them out (no text while the answer is held back for parsing).
     pub(super) fn delta(&mut self, ev: &TokenEvent, out: &mut String) {
-        if self.reading.holds() || ev.text.is_empty() {
-            return;
-        }
-        self.streamed.text_delta(out, &ev.text);
+        let s = self.live.push(&ev.text);
+        self.streamed.thinking_delta(out, &s.reasoning);
+        self.streamed.text_delta(out, &s.content);
     }
 
     /// The parsed blocks or the text not yet sent, then `message_delta`
@@ -121,16 +159,19 @@ impl Reply {
     pub(super) fn end(&mut self, a: &Answer, text: &str, out: &mut String) {
         let completion = &a.completion;
         let blocks = self.blocks(completion, &a.raw);
+        // What the engine held back (a possible stop string that was not
+        // one), and what the live reading held.
+        let s = self.live.finish(unsent(&completion.text, text));
+        self.streamed.thinking_delta(out, &s.reasoning);
+        self.streamed.text_delta(out, &s.content);
         if self.reading.holds() {
-            for b in &blocks {
+            let streamed_reasoning = self.live.streamed_reasoning();
+            for b in blocks.iter().filter(|b| !(streamed_reasoning && matches!(b, Block::Thinking(_)))) {
                 self.streamed.block(out, b);
             }
-        } else {
-            // What the engine held back (a possible stop string that was
-            // not one).
-            self.streamed.text_delta(out, unsent(&completion.text, text));
-            self.streamed.close_text(out);
         }
+        self.streamed.close_thinking(out);
+        self.streamed.close_text(out);
         let (stop_reason, stop_sequence) = self.stop(completion, &a.raw, &blocks);
         frame(
             out,

@@ -29,6 +29,32 @@ pub enum Prompt {
     Text(String),
 }
 
+/// Reasoning switched on or off by a request's own field (Anthropic's
+/// `thinking`, OpenAI's `reasoning_effort`, Ollama's `think`), added to its
+/// template variables as the reasoning templates read it: `enable_thinking`
+/// (Qwen3, Qwen3.5, GLM, llama.cpp's DeepSeek copies), `thinking`
+/// (DeepSeek-V3.1+'s own templates) and, when an effort is named,
+/// `reasoning_effort` (gpt-oss, DeepSeek-V4). A variable the request set
+/// itself (`chat_template_kwargs`) is left as it is; a template that reads
+/// none of them is unchanged.
+pub(crate) fn with_thinking(vars: Option<String>, on: bool, effort: Option<&str>) -> Option<String> {
+    let mut map = match &vars {
+        None => serde_json::Map::new(),
+        Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(map)) => map,
+            // Checked as an object when it was read: kept as it came.
+            _ => return vars,
+        },
+    };
+    for key in ["enable_thinking", "thinking"] {
+        map.entry(key).or_insert(on.into());
+    }
+    if let Some(effort) = effort {
+        map.entry("reasoning_effort").or_insert(effort.into());
+    }
+    Some(serde_json::Value::Object(map).to_string())
+}
+
 /// A seed for a request that gives none: different per request, as
 /// OpenAI's sampling is.
 pub(crate) fn fresh_seed() -> u64 {
@@ -43,4 +69,23 @@ pub(crate) fn fresh_seed() -> u64 {
 /// panicked): every dialect answers it as this one 500.
 pub(crate) fn engine_dropped() -> ApiError {
     ApiError::internal("the engine thread dropped the request")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requests_thinking_switch_becomes_the_templates_variables_unless_set() {
+        assert_eq!(with_thinking(None, false, None).as_deref(), Some(r#"{"enable_thinking":false,"thinking":false}"#));
+        assert_eq!(
+            with_thinking(None, true, Some("high")).as_deref(),
+            Some(r#"{"enable_thinking":true,"thinking":true,"reasoning_effort":"high"}"#)
+        );
+        // chat_template_kwargs win, in the client's order.
+        assert_eq!(
+            with_thinking(Some(r#"{"x":1,"enable_thinking":true}"#.into()), false, None).as_deref(),
+            Some(r#"{"x":1,"enable_thinking":true,"thinking":false}"#)
+        );
+    }
 }

@@ -19,10 +19,11 @@ use waste_host::{Completion, StopReason, TokenEvent};
 
 use crate::driver::{self, Answer, Clock, Dialect, Generation, Parsed};
 use crate::error::ApiError;
-use crate::neutral::answer::{speaks_harmony, unsent, Reading};
+use crate::neutral::answer::{speaks_harmony, thinks_in_blocks, unsent, Live, Reading};
 use crate::state::{model_warning, AppState, Shared};
 use crate::tools;
-use crate::worker::TokenTexts;
+use crate::tools::think::Split;
+use crate::worker::{PromptFacts, TokenTexts};
 pub use models::{ps, root, show, tags, version};
 
 pub(crate) fn error_response(e: ApiError) -> Response {
@@ -64,9 +65,13 @@ pub async fn generate(State(state): State<Shared>, headers: HeaderMap, body: Bod
 struct Reply {
     chat: bool,
     model: String,
-    /// The answer searched for the request's tool calls and, in a chat
-    /// with gpt-oss, its reasoning.
+    /// The answer searched for the request's tool calls and, in a chat,
+    /// its reasoning.
     reading: Reading,
+    /// A stream's reading as its tokens come.
+    live: Live,
+    /// Whether the prompt opened a reasoning block.
+    opens_reasoning: bool,
 }
 
 fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, ApiError> {
@@ -82,8 +87,11 @@ fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, Api
         model: state.model_id.clone(),
         reading: Reading::new(
             req.prompt.as_ref().and_then(|p| p.tools()).filter(|_| req.tools_enabled),
-            chat && speaks_harmony(&state.model),
+            chat && speaks_harmony(state.chat_template(false)),
+            chat && thinks_in_blocks(state.chat_template(false)),
         ),
+        live: Live::default(),
+        opens_reasoning: false,
     };
     let Some(prompt) = req.prompt else {
         // Ollama's way to load (or unload) a model: an empty request. The
@@ -107,14 +115,36 @@ impl Reply {
         v
     }
 
+    /// A streamed piece of thinking (Ollama's `message.thinking`, or
+    /// `thinking` beside `/api/generate`'s `response`).
+    fn thinking_piece(&self, thinking: &str) -> Value {
+        let mut v = self.piece("");
+        if self.chat {
+            v["message"]["thinking"] = json!(thinking);
+        } else {
+            v["thinking"] = json!(thinking);
+        }
+        v
+    }
+
+    /// A piece of the live reading as its lines.
+    fn live_lines(&self, s: &Split, out: &mut String) {
+        if !s.reasoning.is_empty() {
+            line(out, &self.thinking_piece(&s.reasoning));
+        }
+        if !s.content.is_empty() {
+            line(out, &self.piece(&s.content));
+        }
+    }
+
     /// The answer's text, thinking and calls; calls only with tools.
     fn split(&self, c: &Completion, raw: &str) -> (String, Option<String>, Vec<tools::Call>) {
-        match self.reading.split(&c.text, raw) {
+        match self.reading.split(&c.text, raw, self.opens_reasoning) {
             Some(p) => {
                 let content = if p.calls.is_empty() { p.content.unwrap_or_default() } else { String::new() };
                 (content, p.reasoning, p.calls)
             }
-            None => (c.text.clone(), None, Vec::new()),
+            None => (self.reading.content(&c.text, self.opens_reasoning), None, Vec::new()),
         }
     }
 
@@ -174,39 +204,44 @@ fn line(out: &mut String, v: &Value) {
 impl Dialect for Reply {
     const STREAM: &'static str = "application/x-ndjson";
 
+    fn open(&mut self, prompt: PromptFacts, _out: &mut String) -> bool {
+        self.opens_reasoning = prompt.opens_reasoning;
+        self.live = self.reading.live(prompt.opens_reasoning);
+        false
+    }
+
     fn frame(&mut self, token: &TokenEvent, _texts: Option<&TokenTexts>, _text: &str, out: &mut String) {
-        if !self.reading.holds() && !token.text.is_empty() {
-            line(out, &self.piece(&token.text));
-        }
+        let s = self.live.push(&token.text);
+        self.live_lines(&s, out);
     }
 
     fn finish(&mut self, a: &Answer, text: &str, out: &mut String) {
         let c = &a.completion;
+        // What the engine held back (a possible stop string), and what the
+        // reading held.
+        let s = self.live.finish(unsent(&c.text, text));
+        self.live_lines(&s, out);
         if self.reading.holds() {
             let (content, thinking, calls) = self.split(c, &a.raw);
+            let thinking = thinking.filter(|_| !self.live.streamed_reasoning());
             if !content.is_empty() || thinking.is_some() || !calls.is_empty() {
                 let mut v = self.piece("");
                 v["message"] = self.message(&content, thinking.as_deref(), &calls);
                 line(out, &v);
             }
-        } else {
-            // What the engine held back (a possible stop string).
-            let rest = unsent(&c.text, text);
-            if !rest.is_empty() {
-                line(out, &self.piece(rest));
-            }
         }
-        line(out, &self.last(c, a.prompt_tokens, &a.clock, None));
+        line(out, &self.last(c, a.prompt.tokens, &a.clock, None));
     }
 
     fn error_frame(&mut self, e: &ApiError, out: &mut String) {
         line(out, &json!({"error": e.message}));
     }
 
-    fn answer(self, a: Answer) -> String {
+    fn answer(mut self, a: Answer) -> String {
+        self.opens_reasoning = a.prompt.opens_reasoning;
         let (content, thinking, calls) = self.split(&a.completion, &a.raw);
         let text = if self.chat { self.message(&content, thinking.as_deref(), &calls) } else { json!(content) };
-        self.last(&a.completion, a.prompt_tokens, &a.clock, Some(text)).to_string()
+        self.last(&a.completion, a.prompt.tokens, &a.clock, Some(text)).to_string()
     }
 
     fn error_response(e: ApiError) -> Response {

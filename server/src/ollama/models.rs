@@ -84,9 +84,9 @@ pub async fn show(State(state): State<Shared>, headers: HeaderMap, body: Body) -
             return Err(ApiError::not_found(format!("model '{name}' not found"), "model_not_found"));
         }
         let info = state.model.info();
-        let template = state.model.chat_template(false).ok().flatten().unwrap_or("{{ .Prompt }}").to_string();
+        let template = state.chat_template(false).unwrap_or("{{ .Prompt }}").to_string();
         let mut capabilities = vec!["completion"];
-        if state.model.chat_template(true).ok().flatten().is_some_and(|t| t.contains("tools")) {
+        if state.template_takes_tools() {
             capabilities.push("tools");
         }
         let arch = info.family.clone();

@@ -9,7 +9,7 @@ use waste_host::{ChatMessage, Constraint, GenerateParams};
 use crate::error::ApiError;
 use crate::neutral::fields::{field, number_in, raw_field, raw_items, strings, Obj, Refused};
 use crate::neutral::images::Images;
-use crate::neutral::{fresh_seed, Prompt};
+use crate::neutral::{fresh_seed, with_thinking, Prompt};
 use crate::structured::{self, schema, with_grammar, Asked};
 
 pub struct Request {
@@ -203,6 +203,18 @@ fn object(body: &[u8]) -> Result<Obj, ApiError> {
     }
 }
 
+/// `think`: true or false, or gpt-oss's effort (`"low"`, `"medium"`,
+/// `"high"`), as template variables; absent, the template's own default.
+fn think(o: &Obj) -> Result<Option<String>, ApiError> {
+    let (on, effort) = match field(o, "think") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Bool(on)) => (*on, None),
+        Some(Value::String(e)) if matches!(e.as_str(), "low" | "medium" | "high") => (true, Some(e.as_str())),
+        Some(_) => return Err(bad("think must be true, false, \"low\", \"medium\" or \"high\"")),
+    };
+    Ok(with_thinking(None, on, effort))
+}
+
 pub fn parse_chat(body: &[u8], context: usize) -> Result<Request, ApiError> {
     let o = object(body)?;
     let model = model(&o)?;
@@ -218,7 +230,8 @@ pub fn parse_chat(body: &[u8], context: usize) -> Result<Request, ApiError> {
     };
     let params = GenerateParams { constraint, ..options(&o, context)? };
     let tools_enabled = tools.is_some();
-    let prompt = (!messages.is_empty()).then_some(Prompt::Chat { messages, tools, template_vars: None, images });
+    let template_vars = think(&o)?;
+    let prompt = (!messages.is_empty()).then_some(Prompt::Chat { messages, tools, template_vars, images });
     Ok(Request { model, prompt, params, stream, tools_enabled, unload })
 }
 
@@ -252,6 +265,7 @@ pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> 
         return Err(bad("images need a templated prompt: raw must be false"));
     }
     let params = GenerateParams { constraint, ..options(&o, context)? };
+    let template_vars = think(&o)?;
     let prompt = text.map(|text| {
         if raw {
             Prompt::Text(text)
@@ -261,7 +275,7 @@ pub fn parse_generate(body: &[u8], context: usize) -> Result<Request, ApiError> 
                 .into_iter()
                 .collect();
             messages.push(ChatMessage { role: "user".into(), content: Some(text), extra: None, media });
-            Prompt::Chat { messages, tools: None, template_vars: None, images }
+            Prompt::Chat { messages, tools: None, template_vars, images }
         }
     });
     Ok(Request { model, prompt, params, stream, tools_enabled: false, unload })

@@ -2,7 +2,7 @@
 //! generation for the driver, its answer as OpenAI's JSON, or as the SSE
 //! stream (`stream`).
 
-mod request;
+pub(crate) mod request;
 mod stream;
 
 use axum::body::Body;
@@ -15,9 +15,9 @@ use waste_host::{Completion, StopReason, TokenEvent};
 
 use crate::driver::{self, Answer, Dialect, Generation, Parsed};
 use crate::error::ApiError;
-use crate::neutral::answer::{speaks_harmony, Reading};
+use crate::neutral::answer::{speaks_harmony, thinks_in_blocks, Live, Reading};
 use crate::state::{model_warning, next_id, now, AppState, Shared};
-use crate::worker::TokenTexts;
+use crate::worker::{PromptFacts, TokenTexts};
 
 pub async fn chat(State(state): State<Shared>, headers: HeaderMap, body: Body) -> Response {
     driver::serve(state, headers, body, "/v1/chat/completions", |state, body| parse(state, body, true)).await
@@ -35,10 +35,13 @@ pub(crate) struct Reply {
     pub model: String,
     pub system_fingerprint: String,
     pub logprobs: bool,
-    /// The answer searched for the request's tool calls and, with gpt-oss,
-    /// its reasoning.
+    /// The answer searched for the request's tool calls and its reasoning.
     pub reading: Reading,
     pub include_usage: bool,
+    /// A stream's reading as its tokens come.
+    pub live: Live,
+    /// Whether the prompt opened a reasoning block.
+    pub opens_reasoning: bool,
 }
 
 fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, ApiError> {
@@ -58,8 +61,14 @@ fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, Api
         model: state.model_id.clone(),
         system_fingerprint: state.system_fingerprint.clone(),
         logprobs: req.logprobs,
-        reading: Reading::new(req.prompt.tools().filter(|_| req.tools_enabled), chat && speaks_harmony(&state.model)),
+        reading: Reading::new(
+            req.prompt.tools().filter(|_| req.tools_enabled),
+            chat && speaks_harmony(state.chat_template(false)),
+            chat && thinks_in_blocks(state.chat_template(false)),
+        ),
         include_usage: req.include_usage,
+        live: Live::default(),
+        opens_reasoning: false,
     };
     Ok(Generation {
         want_texts: req.logprobs,
@@ -72,7 +81,9 @@ fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, Api
 impl Dialect for Reply {
     const STREAM: &'static str = "text/event-stream";
 
-    fn open(&mut self, _prompt_tokens: usize, out: &mut String) -> bool {
+    fn open(&mut self, prompt: PromptFacts, out: &mut String) -> bool {
+        self.opens_reasoning = prompt.opens_reasoning;
+        self.live = self.reading.live(prompt.opens_reasoning);
         self.open_stream(out);
         // The role chunk rides with the first content chunk: a role alone
         // tells a client nothing, and the stream's chunks stay as they were.
@@ -91,8 +102,9 @@ impl Dialect for Reply {
         stream::error(e, out);
     }
 
-    fn answer(self, a: Answer) -> String {
-        full_answer(&self, a.completion, &a.raw, a.prompt_tokens, &a.texts)
+    fn answer(mut self, a: Answer) -> String {
+        self.opens_reasoning = a.prompt.opens_reasoning;
+        full_answer(&self, a.completion, &a.raw, a.prompt, &a.texts)
     }
 
     fn error_response(e: ApiError) -> Response {
@@ -107,8 +119,13 @@ fn finish_reason(reason: StopReason) -> &'static str {
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// OpenAI's `usage`, with the prompt tokens the prefix cache supplied as
+/// `prompt_tokens_details.cached_tokens` (OpenAI's prompt caching field).
+fn usage(prompt: PromptFacts, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt.tokens, "completion_tokens": completion, "total_tokens": prompt.tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": prompt.cached},
+    })
 }
 
 fn chat_logprob(t: &TokenTexts, logprob: f32) -> Value {
@@ -199,7 +216,7 @@ impl Reply {
 }
 
 /// The whole answer of a request that did not stream, as JSON text.
-pub(crate) fn full_answer(r: &Reply, c: Completion, raw: &str, prompt_tokens: usize, texts: &[TokenTexts]) -> String {
+pub(crate) fn full_answer(r: &Reply, c: Completion, raw: &str, prompt: PromptFacts, texts: &[TokenTexts]) -> String {
     let mut finish = finish_reason(c.stop_reason);
     if !r.chat {
         let texts: Vec<&TokenTexts> = texts.iter().collect();
@@ -209,15 +226,15 @@ pub(crate) fn full_answer(r: &Reply, c: Completion, raw: &str, prompt_tokens: us
             logprobs: r.logprobs.then(|| text_logprobs(&texts, &c.logprobs, 0)),
             finish_reason: Some(finish),
         };
-        return r.text_completion(vec![choice], Some(usage(prompt_tokens, c.tokens.len())));
+        return r.text_completion(vec![choice], Some(usage(prompt, c.tokens.len())));
     }
     let logprobs = if r.logprobs {
         json!({"content": texts.iter().zip(&c.logprobs).map(|(t, &lp)| chat_logprob(t, lp)).collect::<Vec<_>>()})
     } else {
         Value::Null
     };
-    let mut message = json!({"role": "assistant", "content": c.text});
-    if let Some(p) = r.reading.split(&c.text, raw) {
+    let mut message = json!({"role": "assistant", "content": r.reading.content(&c.text, r.opens_reasoning)});
+    if let Some(p) = r.reading.split(&c.text, raw, r.opens_reasoning) {
         message = json!({"role": "assistant", "content": p.content});
         if let Some(reasoning) = &p.reasoning {
             message["reasoning_content"] = json!(reasoning);
@@ -234,7 +251,7 @@ pub(crate) fn full_answer(r: &Reply, c: Completion, raw: &str, prompt_tokens: us
         "model": r.model,
         "system_fingerprint": r.system_fingerprint,
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": usage(prompt_tokens, c.tokens.len()),
+        "usage": usage(prompt, c.tokens.len()),
     })
     .to_string()
 }

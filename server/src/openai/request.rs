@@ -10,7 +10,7 @@ use crate::neutral::fields::{
     bad, boolean, field, integer, number, object, raw_field, raw_items, string, strings, Obj,
 };
 use crate::neutral::images::Images;
-use crate::neutral::{fresh_seed, Prompt};
+use crate::neutral::{fresh_seed, with_thinking, Prompt};
 use crate::structured::{self, schema, with_grammar, Asked};
 
 /// The temperature OpenAI's API reference gives a request that leaves it
@@ -148,6 +148,21 @@ fn template_vars(o: &Obj, body: &[u8]) -> Result<Option<String>, ApiError> {
     }
 }
 
+/// `reasoning_effort`: `none` or `minimal` turns reasoning off, `low`,
+/// `medium`, `high` (and DeepSeek-V4's `max`) on at that effort.
+fn reasoning_effort(o: &Obj) -> Result<Option<(bool, Option<&str>)>, ApiError> {
+    const PARAM: &str = "reasoning_effort";
+    match field(o, PARAM) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(e)) => match e.as_str() {
+            "none" | "minimal" => Ok(Some((false, None))),
+            "low" | "medium" | "high" | "max" => Ok(Some((true, Some(e.as_str())))),
+            _ => Err(bad(PARAM, "one of none, minimal, low, medium, high")),
+        },
+        Some(_) => Err(bad(PARAM, "a string")),
+    }
+}
+
 /// Parses a request body. `chat` selects the chat shape (messages) over the
 /// completions shape (prompt); `context` bounds max_tokens' default.
 pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiError> {
@@ -164,7 +179,11 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         let tools = tools.map(|sorted| raw_field(body, "tools").unwrap_or(sorted));
         let mut images = Images::default();
         let messages = messages(o, body, &mut images)?;
-        (Prompt::Chat { messages, tools, template_vars: template_vars(o, body)?, images }, enabled)
+        let mut vars = template_vars(o, body)?;
+        if let Some((on, effort)) = reasoning_effort(o)? {
+            vars = with_thinking(vars, on, effort);
+        }
+        (Prompt::Chat { messages, tools, template_vars: vars, images }, enabled)
     } else {
         let text = match field(o, "prompt") {
             Some(Value::String(s)) => s.clone(),

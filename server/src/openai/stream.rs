@@ -10,7 +10,7 @@ use super::{chat_logprob, finish_reason, text_logprobs, usage, Reply, TextChoice
 use crate::driver::Answer;
 use crate::error::ApiError;
 use crate::neutral::answer::unsent;
-use crate::worker::TokenTexts;
+use crate::worker::{PromptFacts, TokenTexts};
 
 fn data(json: &str) -> String {
     format!("data: {json}\n\n")
@@ -59,7 +59,7 @@ impl Reply {
     }
 
     /// The final usage chunk of a stream with `include_usage`.
-    fn usage_chunk(&self, prompt: usize, completion: usize) -> String {
+    fn usage_chunk(&self, prompt: PromptFacts, completion: usize) -> String {
         if !self.chat {
             return self.text_completion(Vec::new(), Some(usage(prompt, completion)));
         }
@@ -95,33 +95,51 @@ impl Reply {
         }
     }
 
-    /// A token's chunk, unless the answer is held back for parsing or the
-    /// token carries nothing to send; `text` is the answer so far.
-    pub(super) fn token_chunk(&self, ev: &TokenEvent, texts: Option<&TokenTexts>, text: &str, out: &mut String) {
-        if self.reading.holds() {
-            return;
-        }
+    /// A token's chunks: its reasoning and its content as the live reading
+    /// gives them out (no content while it is held back for parsing), its
+    /// log-probabilities with the last; `text` is the answer so far.
+    pub(super) fn token_chunk(&mut self, ev: &TokenEvent, texts: Option<&TokenTexts>, text: &str, out: &mut String) {
+        let s = self.live.push(&ev.text);
         let offset = text.len() - ev.text.len();
-        let logprobs = match (texts, self.logprobs, self.chat) {
+        let mut logprobs = match (texts, self.logprobs && !self.reading.holds(), self.chat) {
             (Some(t), true, true) => ChunkLogprobs::Chat(json!({"content": [chat_logprob(t, ev.logprob)]})),
             (Some(t), true, false) => {
                 ChunkLogprobs::Text(text_logprobs(&[t], std::slice::from_ref(&ev.logprob), offset))
             }
             _ => ChunkLogprobs::None,
         };
-        if ev.text.is_empty() && matches!(logprobs, ChunkLogprobs::None) {
+        if !s.reasoning.is_empty() {
+            let last = if s.content.is_empty() {
+                std::mem::replace(&mut logprobs, ChunkLogprobs::None)
+            } else {
+                ChunkLogprobs::None
+            };
+            out.push_str(&data(&self.chunk(json!({"reasoning_content": s.reasoning}), last, None)));
+        }
+        if s.content.is_empty() && matches!(logprobs, ChunkLogprobs::None) {
             return;
         }
-        out.push_str(&data(&self.chunk(self.content(&ev.text), logprobs, None)));
+        out.push_str(&data(&self.chunk(self.content(&s.content), logprobs, None)));
     }
 
     /// The parsed answer or the text not yet sent, the finish reason, the
     /// usage when asked for, `[DONE]`.
-    pub(super) fn last_chunks(&self, a: &Answer, text: &str, out: &mut String) {
+    pub(super) fn last_chunks(&mut self, a: &Answer, text: &str, out: &mut String) {
         let completion = &a.completion;
         let mut finish = finish_reason(completion.stop_reason);
-        if let Some(p) = self.reading.split(&completion.text, &a.raw) {
-            if let Some(text) = &p.reasoning {
+        // What the engine held back (a possible stop string), and what the
+        // live reading held.
+        let s = self.live.finish(unsent(&completion.text, text));
+        if !s.reasoning.is_empty() {
+            out.push_str(&data(&self.chunk(json!({"reasoning_content": s.reasoning}), ChunkLogprobs::None, None)));
+        }
+        if !s.content.is_empty() {
+            out.push_str(&data(&self.chunk(self.content(&s.content), ChunkLogprobs::None, None)));
+        }
+        if !self.reading.holds() {
+            // Everything was sent as it came.
+        } else if let Some(p) = self.reading.split(&completion.text, &a.raw, self.opens_reasoning) {
+            if let Some(text) = p.reasoning.as_ref().filter(|_| !self.live.streamed_reasoning()) {
                 let delta = json!({"reasoning_content": text});
                 out.push_str(&data(&self.chunk(delta, ChunkLogprobs::None, None)));
             }
@@ -147,18 +165,17 @@ impl Reply {
                 finish = "tool_calls";
             }
         } else {
-            // Everything, when it was held back for parsing; else what the
-            // engine held back.
-            let sent = if self.reading.holds() { "" } else { text };
-            let rest = unsent(&completion.text, sent);
-            if !rest.is_empty() {
-                out.push_str(&data(&self.chunk(self.content(rest), ChunkLogprobs::None, None)));
+            // Held back for parsing and nothing found: the content as it is
+            // (without any reasoning already sent).
+            let content = self.reading.content(&completion.text, self.opens_reasoning);
+            if !content.is_empty() {
+                out.push_str(&data(&self.chunk(self.content(&content), ChunkLogprobs::None, None)));
             }
         }
         let empty = if self.chat { json!({}) } else { json!("") };
         out.push_str(&data(&self.chunk(empty, ChunkLogprobs::None, Some(finish))));
         if self.include_usage {
-            out.push_str(&data(&self.usage_chunk(a.prompt_tokens, completion.tokens.len())));
+            out.push_str(&data(&self.usage_chunk(a.prompt, completion.tokens.len())));
         }
         out.push_str("data: [DONE]\n\n");
     }

@@ -13,12 +13,21 @@ use waste_host::{Completion, StopReason, TokenEvent};
 use super::*;
 use crate::driver::{frames, Clock};
 use crate::state::RequestLog;
-use crate::worker::Event;
+use crate::worker::{Event, PromptFacts};
 
 const CALL: &str =
     "Let me look.\n<tool_call>\n{\"name\": \"verse\", \"arguments\": {\"book\": \"Genesis\"}}\n</tool_call>";
 
+/// A prompt of 7 tokens, 3 of them resumed from the prefix cache.
+const PROMPT: PromptFacts = PromptFacts { tokens: 7, cached: 3, opens_reasoning: false };
+
 fn reply(chat: bool, tools: bool) -> Reply {
+    reply_thinking(chat, tools, false)
+}
+
+/// A reply whose template writes reasoning in `<think>` blocks when
+/// `thinks`.
+fn reply_thinking(chat: bool, tools: bool, thinks: bool) -> Reply {
     Reply {
         chat,
         id: "chatcmpl-test".into(),
@@ -26,8 +35,10 @@ fn reply(chat: bool, tools: bool) -> Reply {
         model: "m".into(),
         system_fingerprint: "fp_test".into(),
         logprobs: false,
-        reading: Reading::new(tools.then_some("[]"), false),
+        reading: Reading::new(tools.then_some("[]"), false, thinks),
         include_usage: true,
+        live: Live::default(),
+        opens_reasoning: false,
     }
 }
 
@@ -47,7 +58,8 @@ fn event(text: &str) -> TokenEvent {
 
 /// The chunks of the SSE stream the driver sends for `events`.
 fn chunks(reply: Reply, events: UnboundedReceiver<Event>) -> impl futures_util::Stream<Item = String> {
-    frames(events, reply, 7, Clock::start(Instant::now()), RequestLog::none()).map(|c| c.unwrap_or_else(|e| match e {}))
+    frames(events, reply, PROMPT, Clock::start(Instant::now()), RequestLog::none())
+        .map(|c| c.unwrap_or_else(|e| match e {}))
 }
 
 /// Runs the SSE stream over `pieces` (one token each) and the completion;
@@ -58,7 +70,7 @@ async fn stream(reply: Reply, pieces: &[&str], done: Completion) -> Vec<Value> {
         tx.send(Event::Token(event(p), None)).unwrap();
     }
     let raw = done.text.clone();
-    tx.send(Event::Done { completion: done, prompt_tokens: 7, texts: Vec::new(), raw }).unwrap();
+    tx.send(Event::Done { completion: done, prompt: PROMPT, texts: Vec::new(), raw }).unwrap();
     let text: String = chunks(reply, rx).collect::<Vec<_>>().await.concat();
     text.split("\n\n")
         .filter(|e| !e.is_empty())
@@ -76,9 +88,14 @@ fn finishes(chunks: &[Value]) -> Vec<&Value> {
 
 #[test]
 fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
-    let v: Value =
-        serde_json::from_str(&full_answer(&reply(true, true), completion(CALL, 20, StopReason::Eos), CALL, 7, &[]))
-            .unwrap();
+    let v: Value = serde_json::from_str(&full_answer(
+        &reply(true, true),
+        completion(CALL, 20, StopReason::Eos),
+        CALL,
+        PROMPT,
+        &[],
+    ))
+    .unwrap();
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls");
     assert_eq!(choice["message"]["content"], "Let me look.");
@@ -90,13 +107,19 @@ fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
     assert_eq!(args["book"], "Genesis");
     assert_eq!(v["usage"]["completion_tokens"], 20);
     assert_eq!(v["usage"]["total_tokens"], 27);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
 }
 
 #[test]
 fn tool_call_text_without_tools_in_the_request_stays_text() {
-    let v: Value =
-        serde_json::from_str(&full_answer(&reply(true, false), completion(CALL, 20, StopReason::Eos), CALL, 7, &[]))
-            .unwrap();
+    let v: Value = serde_json::from_str(&full_answer(
+        &reply(true, false),
+        completion(CALL, 20, StopReason::Eos),
+        CALL,
+        PROMPT,
+        &[],
+    ))
+    .unwrap();
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(v["choices"][0]["message"]["content"], CALL);
     assert!(v["choices"][0]["message"].get("tool_calls").is_none());
@@ -128,6 +151,7 @@ async fn streamed_tool_call_is_one_tool_calls_delta_then_finish_then_usage() {
     assert_eq!(usage["choices"], serde_json::json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], 4);
     assert_eq!(usage["usage"]["prompt_tokens"], 7);
+    assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
     // Every chunk but the usage chunk says `usage: null`, as OpenAI's do.
     assert!(chunks[..chunks.len() - 1].iter().all(|c| c["usage"].is_null()));
 }
@@ -154,7 +178,7 @@ async fn legacy_completion_top_logprobs_are_most_likely_first() {
         vec![TokenTexts { token: "z".into(), top: vec![("z".into(), -0.1), ("a".into(), -2.5), ("m".into(), -3.0)] }];
     let mut r = reply(false, false);
     r.logprobs = true;
-    let text = full_answer(&r, completion("z", 1, StopReason::Length), "z", 7, &texts);
+    let text = full_answer(&r, completion("z", 1, StopReason::Length), "z", PROMPT, &texts);
     let (z, a, m) = (text.find("\"z\":").unwrap(), text.find("\"a\":").unwrap(), text.find("\"m\":").unwrap());
     assert!(z < a && a < m, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
@@ -165,7 +189,7 @@ async fn legacy_completion_top_logprobs_are_most_likely_first() {
     tx.send(Event::Token(event("z"), Some(TokenTexts { token: "z".into(), top: texts[0].top.clone() }))).unwrap();
     tx.send(Event::Done {
         completion: completion("z", 1, StopReason::Length),
-        prompt_tokens: 7,
+        prompt: PROMPT,
         texts: Vec::new(),
         raw: "z".into(),
     })
@@ -175,4 +199,30 @@ async fn legacy_completion_top_logprobs_are_most_likely_first() {
     let chunk = Box::pin(chunks(r, rx)).next().await.unwrap();
     assert!(chunk.find("\"z\":").unwrap() < chunk.find("\"a\":").unwrap(), "{chunk}");
     assert!(chunk.contains("\"system_fingerprint\":\"fp_test\""), "{chunk}");
+}
+
+/// Reasoning in a `<think>` block streams as `reasoning_content` deltas as
+/// it comes (a marker cut across tokens included) and the content after
+/// it as `content`; the whole answer says the same.
+#[tokio::test]
+async fn think_block_streams_as_reasoning_then_content() {
+    let text = "<think>\nFirst the waters.\n</think>\n\nLight.";
+    let pieces = ["<th", "ink>\nFirst ", "the waters.\n</th", "ink>\n\n", "Light."];
+    assert_eq!(pieces.concat(), text);
+    let events = stream(reply_thinking(true, false, true), &pieces, completion(text, 5, StopReason::Eos)).await;
+    let field = |name: &str| -> String {
+        events.iter().filter_map(|c| c["choices"].get(0)?["delta"][name].as_str().map(str::to_string)).collect()
+    };
+    assert_eq!(field("reasoning_content"), "First the waters.");
+    assert_eq!(field("content"), "Light.");
+    let whole: Value = serde_json::from_str(&full_answer(
+        &reply_thinking(true, false, true),
+        completion(text, 5, StopReason::Eos),
+        text,
+        PROMPT,
+        &[],
+    ))
+    .unwrap();
+    assert_eq!(whole["choices"][0]["message"]["reasoning_content"], "First the waters.");
+    assert_eq!(whole["choices"][0]["message"]["content"], "Light.");
 }

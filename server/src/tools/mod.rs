@@ -9,7 +9,10 @@
 //!   and DeepSeek-V4's, the same in a `<｜DSML｜tool_calls>` block
 //!   (GLM-5 writes GLM-4.5's syntax);
 //! * gpt-oss's harmony channels: `analysis` is the reasoning, a
-//!   `commentary` message to `functions.NAME` a call, `final` the answer.
+//!   `commentary` message to `functions.NAME` a call, `final` the answer;
+//!
+//! and reasoning in `<think>` blocks ([`think`]), which the other reasoning
+//! families write before their content and calls.
 //!
 //! Each syntax is told by its own markers, so no per-model switch is
 //! needed; the XML syntaxes carry every value as text, which becomes a JSON
@@ -21,6 +24,7 @@
 
 mod harmony;
 mod hermes;
+pub(crate) mod think;
 mod xml;
 
 use serde_json::{json, Map, Value};

@@ -609,14 +609,20 @@ fn server_prefix_cache_resumes_a_recurrent_state_only_at_a_prompt_boundary() {
 }
 
 fn stats_of(url: &str) -> serde_json::Value {
+    get_json(url, "/stats").1
+}
+
+/// `GET path` with the key; the status and the JSON answer.
+pub(crate) fn get_json(url: &str, path: &str) -> (u16, serde_json::Value) {
     use std::io::{Read, Write};
     let host = url.trim_start_matches("http://").split('/').next().unwrap();
     let mut conn = std::net::TcpStream::connect(host).unwrap();
-    write!(conn, "GET /stats HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n\r\n")
+    write!(conn, "GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n\r\n")
         .unwrap();
     let mut answer = String::new();
     conn.read_to_string(&mut answer).unwrap();
-    serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap()
+    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{answer}"));
+    (status, serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap_or_else(|e| panic!("{e}: {answer}")))
 }
 
 fn python_has_ollama() -> Result<(), String> {

@@ -169,19 +169,6 @@ fn server_caps_the_request_rate_of_one_connection() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
-/// `GET path` with the key; the status and the JSON answer.
-fn get_json(url: &str, path: &str) -> (u16, serde_json::Value) {
-    use std::io::{Read, Write};
-    let host = url.trim_start_matches("http://").split('/').next().unwrap();
-    let mut conn = std::net::TcpStream::connect(host).unwrap();
-    write!(conn, "GET {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer).unwrap();
-    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{answer}"));
-    (status, serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap_or_else(|e| panic!("{e}: {answer}")))
-}
-
 /// Tools set up for llama-server read `/tokenize`, `/detokenize`,
 /// `/apply-template` and `/props`; they were 404s. Each answers in
 /// llama-server's shape and agrees with what generation does: the

@@ -29,6 +29,9 @@ pub const MAGIC: &[u8; 8] = b"WASTESES";
 pub const FORMAT_VERSION: u32 = 1;
 /// A header larger than this is not one of ours.
 const MAX_HEADER_BYTES: u32 = 64 << 20;
+/// A session file's bytes beyond its state's: magic, version, header
+/// length, the largest header, checksum.
+pub const MAX_SESSION_OVERHEAD: u64 = 8 + 4 + 4 + MAX_HEADER_BYTES as u64 + 8;
 
 /// How a buffer grows with the sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -271,7 +274,8 @@ pub struct SessionShape<'a> {
 
 /// Writes `state` and `transcript` to `path` (through a temporary file in
 /// the same directory, renamed into place, so a failed save never leaves a
-/// half-written file under the name).
+/// half-written file under the name). The state streams to the file through
+/// a small buffer: saving a long conversation costs no second copy of it.
 pub fn save_session(path: &Path, shape: &SessionShape, state: &State, transcript: &Transcript) -> Result<()> {
     if transcript.tokens.len() != state.position() {
         return Err(Error::Runtime(format!(
@@ -299,70 +303,124 @@ pub fn save_session(path: &Path, shape: &SessionShape, state: &State, transcript
             .collect(),
     };
     let json = serde_json::to_vec(&header).map_err(|e| Error::Runtime(format!("encoding the session header: {e}")))?;
-    let mut bytes = Vec::new();
-    bytes.extend_from_slice(MAGIC);
-    bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    bytes.extend_from_slice(&(json.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(&json);
-    for (b, h) in buffers.iter().zip(&header.buffers) {
-        let floats = &b.data[..h.rows * h.row_len];
-        bytes.reserve(floats.len() * 4);
-        for f in floats {
-            bytes.extend_from_slice(&f.to_le_bytes());
-        }
-    }
-    let mut sum = Fnv::new();
-    sum.update(&bytes);
-    bytes.extend_from_slice(&sum.finish().to_le_bytes());
-
     let tmp = path.with_extension("tmp-save");
     let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()
+        let file = std::fs::File::create(&tmp)?;
+        let mut out = Summing { inner: std::io::BufWriter::with_capacity(STREAM_BYTES, file), sum: Fnv::new() };
+        out.write_all(MAGIC)?;
+        out.write_all(&FORMAT_VERSION.to_le_bytes())?;
+        out.write_all(&(json.len() as u32).to_le_bytes())?;
+        out.write_all(&json)?;
+        let mut bytes = Vec::with_capacity(STREAM_BYTES);
+        for (b, h) in buffers.iter().zip(&header.buffers) {
+            for floats in b.data[..h.rows * h.row_len].chunks(STREAM_BYTES / 4) {
+                bytes.clear();
+                bytes.extend(floats.iter().flat_map(|f| f.to_le_bytes()));
+                out.write_all(&bytes)?;
+            }
+        }
+        let sum = out.sum.finish();
+        let mut inner = out.inner;
+        inner.write_all(&sum.to_le_bytes())?;
+        inner.into_inner().map_err(|e| e.into_error())?.sync_all()
     };
-    write().map_err(|e| Error::io(&tmp, e))?;
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io(&tmp, e));
+    }
     std::fs::rename(&tmp, path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         Error::io(path, e)
     })
 }
 
-/// Reads a session file into `state` (a fresh state of the session's model)
-/// and returns its transcript. Nothing in `state` changes unless the whole
-/// file is valid and matches `shape` and the state's layout.
-pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Result<Transcript> {
+/// An upper bound on the size of the file [`save_session`] writes for
+/// `state` with `tokens` tokens: the live rows exactly, the header at its
+/// widest (every token id at ten digits and a comma, every buffer's entry
+/// at 256 bytes).
+pub fn file_bytes_estimate(state: &State, tokens: usize) -> u64 {
+    let buffers = state.buffers();
+    let data: u64 = buffers
+        .iter()
+        .map(|b| (live_rows(b.kind, state.position(), b.row_len, b.data.len()) * b.row_len * 4) as u64)
+        .sum();
+    let header = 1024 + 11 * tokens as u64 + 256 * buffers.len() as u64;
+    16 + header + data + 8
+}
+
+/// Bytes moved per read or write while streaming a state.
+const STREAM_BYTES: usize = 1 << 20;
+
+/// A writer that sums what passes through it.
+struct Summing<W> {
+    inner: W,
+    sum: Fnv,
+}
+
+impl<W: Write> Write for Summing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.sum.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// What a session file says of itself before its data is read: enough to
+/// choose among saved conversations without loading one.
+#[derive(Debug, Clone)]
+pub struct SessionSummary {
+    /// The evaluated tokens.
+    pub tokens: Vec<u32>,
+    /// The file's size in bytes.
+    pub file_bytes: u64,
+}
+
+/// An open session file whose header has been read and checked against
+/// `shape` (and against `context`, the tokens a state of the reader holds);
+/// the data that follows is not yet read or summed.
+struct Opened {
+    file: std::io::BufReader<std::fs::File>,
+    sum: Fnv,
+    header: Header,
+    header_len: usize,
+    file_bytes: u64,
+}
+
+/// Opens `path` and reads its header, refusing a file that is not a session
+/// of the model `shape` describes or cannot fit `max_bytes`.
+fn open_session(path: &Path, shape: &SessionShape, context: usize, max_bytes: u64) -> Result<Opened> {
+    use std::io::Read;
     let bad = |msg: String| Error::format(path, msg);
-    // No session of this model is larger than its header limit plus its
-    // whole state: a bigger file is refused before it is read.
-    let limit = 8 + 4 + 4 + u64::from(MAX_HEADER_BYTES) + state.bytes() as u64 + 8;
-    let len = crate::files::regular_file(path)?.len();
-    if len > limit {
+    let file_bytes = crate::files::regular_file(path)?.len();
+    if file_bytes > max_bytes {
         return Err(bad(format!(
-            "{len} bytes, more than a session of this model can hold ({limit}): not its session file"
+            "{file_bytes} bytes, more than a session of this model can hold ({max_bytes}): not its session file"
         )));
     }
-    let bytes = crate::files::read_file(path, limit)?;
-    if bytes.len() < 8 + 4 + 4 + 8 || &bytes[..8] != MAGIC {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut file = std::io::BufReader::with_capacity(STREAM_BYTES, file);
+    let mut front = [0u8; 16];
+    if file_bytes < 16 + 8 || file.read_exact(&mut front).is_err() || &front[..8] != MAGIC {
         return Err(bad("not a waste session file".into()));
     }
-    let (body, tail) = bytes.split_at(bytes.len() - 8);
     let mut sum = Fnv::new();
-    sum.update(body);
-    if sum.finish().to_le_bytes() != tail {
-        return Err(bad("checksum mismatch: the file is truncated or damaged".into()));
-    }
-    let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().unwrap_or([0; 4]));
+    sum.update(&front);
+    let u32_at = |at: usize| u32::from_le_bytes(front[at..at + 4].try_into().unwrap_or([0; 4]));
     let version = u32_at(8);
     if version != FORMAT_VERSION {
         return Err(bad(format!("session format version {version}; this waste reads version {FORMAT_VERSION}")));
     }
     let header_len = u32_at(12);
-    if header_len > MAX_HEADER_BYTES || 16 + header_len as usize > body.len() {
-        return Err(bad("the header length is out of range".into()));
+    if header_len > MAX_HEADER_BYTES || 16 + u64::from(header_len) + 8 > file_bytes {
+        return Err(bad("the header length is out of range: the file is truncated or damaged".into()));
     }
-    let header: Header = serde_json::from_slice(&body[16..16 + header_len as usize])
-        .map_err(|e| bad(format!("malformed header: {e}")))?;
+    let mut json = vec![0u8; header_len as usize];
+    file.read_exact(&mut json).map_err(|e| Error::io(path, e))?;
+    sum.update(&json);
+    let header: Header = serde_json::from_slice(&json).map_err(|e| bad(format!("malformed header: {e}")))?;
     if header.model_identity != shape.model_identity {
         return Err(bad(format!(
             "saved from another model ({} {}, this session's model is {} {})",
@@ -372,12 +430,8 @@ pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Res
     if header.vocab_size != shape.vocab_size {
         return Err(bad(format!("vocabulary of {} entries, the model has {}", header.vocab_size, shape.vocab_size)));
     }
-    if header.position > state.context() {
-        return Err(bad(format!(
-            "holds {} tokens, more than this session's context of {}",
-            header.position,
-            state.context()
-        )));
+    if header.position > context {
+        return Err(bad(format!("holds {} tokens, more than this session's context of {context}", header.position)));
     }
     if header.transcript.tokens.len() != header.position {
         return Err(bad(format!(
@@ -391,12 +445,36 @@ pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Res
     {
         return Err(bad(format!("token {t} is outside the vocabulary of {}", shape.vocab_size)));
     }
+    Ok(Opened { file, sum, header, header_len: header_len as usize, file_bytes })
+}
+
+/// Reads the header of the session file at `path` (a few bytes and the
+/// token list, not the state), checked against the model `shape` describes
+/// and a state of `context` tokens. The data's checksum is verified only by
+/// [`load_session`].
+pub fn peek_session(path: &Path, shape: &SessionShape, context: usize, max_bytes: u64) -> Result<SessionSummary> {
+    let opened = open_session(path, shape, context, max_bytes)?;
+    Ok(SessionSummary { tokens: opened.header.transcript.tokens, file_bytes: opened.file_bytes })
+}
+
+/// Reads a session file into `state`, which must be a fresh state of the
+/// session's model, and returns its transcript. The data streams into the
+/// state (no second copy of it): after an error `state` holds part of the
+/// file and is to be dropped.
+pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Result<Transcript> {
+    use std::io::Read;
+    let bad = |msg: String| Error::format(path, msg);
+    // No session of this model is larger than its header limit plus its
+    // whole state: a bigger file is refused before it is read.
+    let limit = MAX_SESSION_OVERHEAD + state.bytes() as u64;
+    let Opened { mut file, mut sum, header, header_len, file_bytes } =
+        open_session(path, shape, state.context(), limit)?;
     // Check every shape before copying anything.
     let mut buffers = state.buffers_mut();
     if buffers.len() != header.buffers.len() {
         return Err(bad(format!("{} state buffers, this model has {}", header.buffers.len(), buffers.len())));
     }
-    let mut expected = 16 + header_len as usize;
+    let mut expected = 16 + header_len as u64 + 8;
     for (b, h) in buffers.iter().zip(&header.buffers) {
         let rows = live_rows(b.kind, header.position, b.row_len, b.data.len());
         if b.name != h.name || b.kind != h.kind || b.row_len != h.row_len || h.rows != rows {
@@ -408,18 +486,30 @@ pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Res
         if rows * h.row_len > b.data.len() {
             return Err(bad(format!("buffer {} is larger than this session's state", h.name)));
         }
-        expected += rows * h.row_len * 4;
+        expected += (rows * h.row_len * 4) as u64;
     }
-    if expected != body.len() {
-        return Err(bad(format!("{} bytes of data, the header describes {expected}", body.len())));
+    if expected != file_bytes {
+        return Err(bad(format!(
+            "{file_bytes} bytes, the header describes {expected}: the file is truncated or damaged"
+        )));
     }
-    let mut at = 16 + header_len as usize;
+    let mut bytes = vec![0u8; STREAM_BYTES];
+    let damaged =
+        |e: std::io::Error| Error::format(path, format!("reading the state: {e}: the file is truncated or damaged"));
     for (b, h) in buffers.iter_mut().zip(&header.buffers) {
-        let n = h.rows * h.row_len;
-        for (dst, src) in b.data[..n].iter_mut().zip(body[at..at + n * 4].chunks_exact(4)) {
-            *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+        for floats in b.data[..h.rows * h.row_len].chunks_mut(STREAM_BYTES / 4) {
+            let chunk = &mut bytes[..floats.len() * 4];
+            file.read_exact(chunk).map_err(damaged)?;
+            sum.update(chunk);
+            for (dst, src) in floats.iter_mut().zip(chunk.chunks_exact(4)) {
+                *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+            }
         }
-        at += n * 4;
+    }
+    let mut tail = [0u8; 8];
+    file.read_exact(&mut tail).map_err(damaged)?;
+    if sum.finish().to_le_bytes() != tail {
+        return Err(bad("checksum mismatch: the file is truncated or damaged".into()));
     }
     drop(buffers);
     state.set_position(header.position);

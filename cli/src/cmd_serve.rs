@@ -69,6 +69,16 @@ pub struct ServeArgs {
     /// Conversation states kept so a request extending an earlier one evaluates only its new tokens (0 = off); each is one state of --ctx tokens, counted inside --budget.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=64))]
     pub cache_sessions: u32,
+    /// Also save each finished request's conversation state in DIR, so a
+    /// conversation resumes without its prompt evaluated again after a
+    /// restart (checksummed files, one per conversation; other models' files
+    /// in DIR are left alone).
+    #[arg(long, value_name = "DIR")]
+    pub prompt_cache_dir: Option<std::path::PathBuf>,
+    /// Bytes of saved states kept in --prompt-cache-dir (e.g. 20G); the
+    /// least recently used go first.
+    #[arg(long, value_name = "SIZE", default_value = "8G", requires = "prompt_cache_dir")]
+    pub prompt_cache_max: String,
 }
 
 pub fn serve(a: ServeArgs) -> Result<()> {
@@ -80,6 +90,22 @@ pub fn serve(a: ServeArgs) -> Result<()> {
     if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
         return Err(usage("--api-key is empty: no request could match it; give a key or leave the option out"));
     }
+    let prompt_cache = match &a.prompt_cache_dir {
+        None => None,
+        Some(_) if a.cache_sessions == 0 => {
+            return Err(usage(
+                "--prompt-cache-dir saves the states --cache-sessions holds: give --cache-sessions 1 or more",
+            ))
+        }
+        Some(dir) => {
+            let max_bytes =
+                crate::open::size_arg("--prompt-cache-max", &Some(a.prompt_cache_max.clone()))?.unwrap_or(8 << 30);
+            if max_bytes == 0 {
+                return Err(usage("--prompt-cache-max 0: nothing could be saved; give a size such as 8G"));
+            }
+            Some(waste_server::PromptCacheOptions { dir: dir.clone(), max_bytes })
+        }
+    };
     let sampler = match &a.sampler {
         Some(path) => Some(crate::open::sampler_plugin(path, &a.sampler_opt)?),
         None => None,
@@ -117,6 +143,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         body_timeout: std::time::Duration::from_secs(a.body_timeout),
         max_connections: a.max_connections as usize,
         max_request_rate: a.max_request_rate,
+        prompt_cache,
     };
     let local_only = options.api_key.is_none();
     waste_server::serve(engine, model, options, |addr| {

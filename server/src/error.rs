@@ -15,6 +15,8 @@ pub enum Error {
     Io(#[from] std::io::Error),
     #[error("the engine thread: {0}")]
     Worker(String),
+    #[error("the prompt cache directory {}: {source}", dir.display())]
+    PromptCache { dir: std::path::PathBuf, source: std::io::Error },
 }
 
 /// One error answer: `{"error": {"message", "type", "param", "code"}}`,

@@ -7,7 +7,7 @@
 //!
 //! Layering inside the crate, each module using only those listed before
 //! it (tests/integration/layering.rs holds it): `error`, `ordered`,
-//! `tools`, `neutral`, `structured`, `worker`, `state`, `driver`, `openai`,
+//! `tools`, `neutral`, `structured`, `prefix_cache`, `worker`, `state`, `driver`, `openai`,
 //! `anthropic`, `ollama`, `llama_server`, `http`.
 
 mod anthropic;
@@ -19,6 +19,7 @@ mod neutral;
 mod ollama;
 mod openai;
 mod ordered;
+mod prefix_cache;
 mod state;
 mod structured;
 mod tools;
@@ -30,6 +31,7 @@ use axum::response::IntoResponse;
 use std::sync::Arc;
 
 pub use error::{Error, Result};
+pub use prefix_cache::DiskOptions as PromptCacheOptions;
 use waste_host::{Engine, Model};
 
 pub struct ServeOptions {
@@ -67,6 +69,9 @@ pub struct ServeOptions {
     pub max_connections: usize,
     /// Requests one connection may send per second; past it 429.
     pub max_request_rate: u32,
+    /// Where finished requests' states are saved, so a conversation resumes
+    /// after a restart (`--prompt-cache-dir`); none: memory only.
+    pub prompt_cache: Option<PromptCacheOptions>,
 }
 
 impl Default for ServeOptions {
@@ -88,6 +93,7 @@ impl Default for ServeOptions {
             body_timeout: std::time::Duration::from_secs(30),
             max_connections: 256,
             max_request_rate: 100,
+            prompt_cache: None,
         }
     }
 }
@@ -108,6 +114,7 @@ pub fn serve(
         options.queue_limit.max(1),
         options.sampler,
         options.chat_template.clone(),
+        options.prompt_cache,
     )?;
     let state = Arc::new(state::AppState {
         worker,

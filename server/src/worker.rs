@@ -13,6 +13,7 @@ use waste_host::{Completion, Engine, Model, Session, Snapshot, StopReason, Token
 
 use crate::error::{ApiError, Error, Result};
 use crate::neutral::Prompt;
+use crate::prefix_cache::{DiskCache, DiskOptions, DiskTally, PrefixCache, Source};
 
 /// The text of one token and of its alternatives, for log-probabilities.
 pub struct TokenTexts {
@@ -119,55 +120,24 @@ pub struct Counters {
     /// Conversation states held, and how many may be.
     pub prefix_held: AtomicUsize,
     pub prefix_capacity: AtomicUsize,
+    /// The prompt cache on disk (`--prompt-cache-dir`), as of the last
+    /// request.
+    pub disk: Mutex<Option<DiskReport>>,
 }
 
-/// The states of the last conversations (`--cache-sessions`), most
-/// recently used last. A request whose prompt extends one resumes it and
-/// evaluates only the rest: the longest common prefix when the model's
-/// state can be cut back (attention caches), else a state taken at the end
-/// of an earlier prompt (a message boundary) that this prompt extends.
-/// Resuming only moves bytes: the logits are those of evaluating the whole
-/// prompt (a prompt's evaluation does not depend on where it is split).
-struct PrefixCache {
-    held: Vec<Snapshot>,
-    capacity: usize,
+/// The disk side of the prefix cache, for `/stats`.
+#[derive(Debug, Clone, Copy)]
+pub struct DiskReport {
+    pub files: usize,
+    pub bytes: u64,
+    pub max_bytes: u64,
+    pub tally: DiskTally,
 }
 
-impl PrefixCache {
-    /// Takes out the held state that saves the most of `prompt`, with the
-    /// number of tokens it saves.
-    fn take_best(&mut self, prompt: &[u32], rewindable: bool) -> Option<(Snapshot, usize)> {
-        let (i, keep) = self
-            .held
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (i, s.usable_prefix(prompt, rewindable)))
-            .max_by_key(|&(i, keep)| (keep, i))?;
-        (keep > 0).then(|| (self.held.remove(i), keep))
-    }
-
-    /// Evicts the least recently used states until one more fits.
-    fn make_room(&mut self) {
-        while !self.held.is_empty() && self.held.len() >= self.capacity {
-            self.held.remove(0);
-        }
-    }
-
-    /// Holds the state `take` snapshots, evicting the least recently used
-    /// first: the budget has room for `capacity` held states besides the
-    /// session's own, never one more, even for a moment.
-    fn keep(&mut self, take: impl FnOnce() -> Snapshot) {
-        if self.capacity == 0 {
-            return;
-        }
-        self.make_room();
-        let snapshot = take();
-        if snapshot.tokens().is_empty() {
-            return;
-        }
-        // A held state this one extends is superseded by it.
-        self.held.retain(|h| !snapshot.tokens().starts_with(h.tokens()));
-        self.held.push(snapshot);
+/// Publishes the disk side's figures to `/stats`.
+fn report_disk(counters: &Counters, prefixes: &PrefixCache) {
+    if let (Some(d), Ok(mut r)) = (&prefixes.disk, counters.disk.lock()) {
+        *r = Some(DiskReport { files: d.files(), bytes: d.bytes(), max_bytes: d.max_bytes(), tally: d.tally });
     }
 }
 
@@ -211,6 +181,7 @@ impl Worker {
         limit: usize,
         sampler: Option<SamplerPlugin>,
         chat_template: Option<String>,
+        disk: Option<DiskOptions>,
     ) -> Result<Worker> {
         let (tx, rx) = mpsc::channel::<Work>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
@@ -230,7 +201,6 @@ impl Worker {
                         let _ = ready_tx.send(Err(e.into()));
                         return;
                     }
-                    let _ = ready_tx.send(Ok(()));
                     s
                 }
                 Err(e) => {
@@ -239,7 +209,22 @@ impl Worker {
                 }
             };
             let vocab = Arc::new(Mutex::new(Vocab { session: vocab, cache: HashMap::new() }));
-            let mut prefixes = PrefixCache { held: Vec::new(), capacity: cache_sessions };
+            let disk = match disk {
+                None => None,
+                Some(d) => {
+                    let dir = d.dir.clone();
+                    match DiskCache::open(d, &model) {
+                        Ok(disk) => Some(disk),
+                        Err(source) => {
+                            let _ = ready_tx.send(Err(Error::PromptCache { dir, source }));
+                            return;
+                        }
+                    }
+                }
+            };
+            let mut prefixes = PrefixCache::new(cache_sessions, disk);
+            report_disk(&tally, &prefixes);
+            let _ = ready_tx.send(Ok(()));
             for work in rx {
                 match work {
                     // A client gone while queued costs nothing.
@@ -249,6 +234,7 @@ impl Worker {
                     Work::Job(job) => {
                         run_job(&mut session, &vocab, &model, &tally, &mut prefixes, *job);
                         tally.prefix_held.store(prefixes.held.len(), Ordering::Relaxed);
+                        report_disk(&tally, &prefixes);
                     }
                     Work::Call(call) if call.answer.is_closed() => {
                         tally.dropped_queued.fetch_add(1, Ordering::Relaxed);
@@ -459,15 +445,16 @@ fn run_job(
             return;
         }
     };
-    let cached = taken.as_ref().map_or(0, |(_, keep)| *keep);
+    report_disk(counters, prefixes);
+    let cached = taken.as_ref().map_or(0, |(_, keep, _)| *keep);
     let opens_reasoning = opens_reasoning(session, &job.prompt);
     let prompt = PromptFacts { tokens: tokens.len() + image_rows, cached, opens_reasoning };
     if job.events.send(Event::Started(prompt)).is_err() {
         counters.dropped_queued.fetch_add(1, Ordering::Relaxed);
         // The held state taken out to resume goes back as it was: a
         // client that left costs the cache nothing.
-        if let Some((held, _)) = taken {
-            prefixes.held.push(held);
+        if let Some((held, _, source)) = taken {
+            prefixes.put_back(held, source);
         }
         return;
     }
@@ -530,23 +517,26 @@ fn run_job(
         }
     };
     let _ = job.events.send(event);
+    prefixes.persist(model);
 }
 
-/// Puts the session where `tokens` should continue from: a held state that
-/// saves part of the prompt, or an empty one. Returns the held state it
-/// took out of the cache and how many of the prompt's tokens it covered.
+/// Puts the session where `tokens` should continue from: a held or saved
+/// state that saves part of the prompt, or an empty one. Returns the state
+/// it took out of the cache, how many of the prompt's tokens it covered and
+/// where it came from.
 fn resume(
     session: &mut Session,
     counters: &Counters,
     prefixes: &mut PrefixCache,
     tokens: &[u32],
-) -> waste_host::Result<Option<(Snapshot, usize)>> {
-    match prefixes.take_best(tokens, session.model().rewindable_state()) {
-        Some((held, keep)) => {
+) -> waste_host::Result<Option<(Snapshot, usize, Source)>> {
+    let model = Arc::clone(session.model());
+    match prefixes.take_best(tokens, &model) {
+        Some((held, keep, source)) => {
             session.resume(&held, keep)?;
             counters.prefix_hits.fetch_add(1, Ordering::Relaxed);
             counters.prefix_tokens_reused.fetch_add(keep as u64, Ordering::Relaxed);
-            Ok(Some((held, keep)))
+            Ok(Some((held, keep, source)))
         }
         None => {
             session.reset();

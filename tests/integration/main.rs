@@ -33,6 +33,7 @@ mod reliability;
 mod scale_out;
 mod server;
 mod server_http;
+mod server_prompt_cache;
 mod session;
 mod streaming;
 mod structured;

@@ -96,6 +96,8 @@ pub(crate) fn start_under(wrapper: &[&str], model: &Path, args: &[&str]) -> (Ser
             url = Some(line[at..].split_whitespace().next().unwrap().to_string());
             break;
         }
+        // What it says while starting belongs to its log too.
+        log.lock().unwrap().push(line);
     }
     let url = url.expect("waste serve printed no listening address");
     // Keep draining stderr so the server never blocks on a full pipe.

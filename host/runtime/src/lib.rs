@@ -38,7 +38,7 @@ pub use params::{
     check_template_vars, ChatMessage, Completion, Constraint, GenerateParams, StopReason, TokenEvent, TokenStats,
     MAX_CONSTRAINT_BYTES, RESERVED_TEMPLATE_VARS,
 };
-pub use session::{Image, Session, Snapshot};
+pub use session::{Image, SavedSnapshot, Session, Snapshot};
 
 // The engine below, as front ends and embedders use it: running a model,
 // planning its memory, and the offline tools. Everything else of

@@ -370,6 +370,60 @@ pub struct Snapshot {
     placeholder: Option<u32>,
 }
 
+/// A snapshot on disk whose header has been read ([`Snapshot::peek`]).
+#[derive(Debug, Clone)]
+pub struct SavedSnapshot {
+    path: std::path::PathBuf,
+    summary: state_io::SessionSummary,
+    placeholder: Option<u32>,
+}
+
+impl SavedSnapshot {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The evaluated tokens its header lists.
+    pub fn tokens(&self) -> &[u32] {
+        &self.summary.tokens
+    }
+
+    pub fn file_bytes(&self) -> u64 {
+        self.summary.file_bytes
+    }
+
+    /// [`Snapshot::usable_prefix`], from the header alone.
+    pub fn usable_prefix(&self, prompt: &[u32], rewindable: bool) -> usize {
+        usable_prefix(self.tokens(), self.placeholder, prompt, rewindable)
+    }
+
+    /// Reads the whole file, its checksum verified, as a snapshot of
+    /// `model`. A file that changed since it was peeked (other tokens) is
+    /// an error, as is any damage.
+    pub fn load(&self, model: &Model) -> Result<Snapshot> {
+        let (identity, info) = (model.identity(), model.info());
+        let shape = SessionShape { model_identity: &identity, family: &info.family, vocab_size: info.vocab_size };
+        let mut state = model.new_state();
+        let transcript = state_io::load_session(&self.path, &shape, &mut state)?;
+        if transcript.evaluated() != self.tokens() {
+            return Err(Error::format(&self.path, "the file changed since its header was read"));
+        }
+        Ok(Snapshot { state, transcript, placeholder: self.placeholder })
+    }
+}
+
+/// The tokens of `prompt` a state holding `held` can resume: see
+/// [`Snapshot::usable_prefix`].
+fn usable_prefix(held: &[u32], placeholder: Option<u32>, prompt: &[u32], rewindable: bool) -> usize {
+    let common = held.iter().zip(prompt).take_while(|(a, b)| a == b && Some(**a) != placeholder).count();
+    let common = common.min(prompt.len().saturating_sub(1));
+    if rewindable || common == held.len() {
+        common
+    } else {
+        0
+    }
+}
+
 /// An image run through the model's vision tower ([`Session::encode_image`]):
 /// its rows, shared by every prompt that attaches it.
 #[derive(Debug, Clone)]
@@ -407,14 +461,34 @@ impl Snapshot {
     /// `prompt`, else none. Never past an image placeholder: the rows an
     /// image left in the state are not named by its tokens.
     pub fn usable_prefix(&self, prompt: &[u32], rewindable: bool) -> usize {
-        let mine = self.tokens();
-        let common = mine.iter().zip(prompt).take_while(|(a, b)| a == b && Some(**a) != self.placeholder).count();
-        let common = common.min(prompt.len().saturating_sub(1));
-        if rewindable || common == mine.len() {
-            common
-        } else {
-            0
-        }
+        usable_prefix(self.tokens(), self.placeholder, prompt, rewindable)
+    }
+
+    /// Writes the snapshot to `path` in [`Session::save_state`]'s format
+    /// (checksummed, stamped with `model`'s identity, written to a temporary
+    /// name and renamed into place). `model` is the one it was taken from.
+    pub fn save(&self, model: &Model, path: &Path) -> Result<()> {
+        let (identity, info) = (model.identity(), model.info());
+        let shape = SessionShape { model_identity: &identity, family: &info.family, vocab_size: info.vocab_size };
+        state_io::save_session(path, &shape, &self.state, &self.transcript)
+    }
+
+    /// Reads the header of a file [`Snapshot::save`] (or
+    /// [`Session::save_state`]) wrote for `model`: its tokens, not its
+    /// state. A file of another model, or one that cannot fit a state of
+    /// `model`, is an error.
+    pub fn peek(model: &Model, path: &Path) -> Result<SavedSnapshot> {
+        let (identity, info) = (model.identity(), model.info());
+        let shape = SessionShape { model_identity: &identity, family: &info.family, vocab_size: info.vocab_size };
+        let limit = state_io::MAX_SESSION_OVERHEAD + model.memory_used().state;
+        let summary = state_io::peek_session(path, &shape, model.context(), limit)?;
+        let placeholder = model.vision().map(|v| v.placeholder);
+        Ok(SavedSnapshot { path: path.to_path_buf(), summary, placeholder })
+    }
+
+    /// An upper bound on the bytes [`Snapshot::save`] writes.
+    pub fn file_bytes_estimate(&self) -> u64 {
+        state_io::file_bytes_estimate(&self.state, self.tokens().len())
     }
 
     pub fn bytes(&self) -> usize {

@@ -313,8 +313,13 @@ pub(crate) fn host_error(e: waste_host::Error) -> ApiError {
 fn prompt_tokens(session: &mut Session, prompt: &Prompt) -> std::result::Result<Vec<u32>, ApiError> {
     match prompt {
         Prompt::Chat { messages, tools, template_vars, .. } => {
-            match session.model().chat_template(tools.is_some()) {
-                Ok(Some(_)) => {}
+            // `--chat-template` serves a model that carries none.
+            let template = match session.chat_template_override() {
+                Some(_) => Ok(Some(())),
+                None => session.model().chat_template(tools.is_some()).map(|t| t.map(|_| ())),
+            };
+            match template {
+                Ok(Some(())) => {}
                 Ok(None) => {
                     return Err(ApiError::bad_request("this model has no chat template; use /v1/completions", None))
                 }

@@ -328,3 +328,42 @@ fn server_maps_each_apis_thinking_switch_onto_the_template() {
         assert_eq!(status, 400, "{path}: {v}");
     }
 }
+
+/// `waste serve --chat-template FILE` on a model that carries no template
+/// answered every chat request "this model has no chat template": the
+/// check looked at the model's template, not the one the server was given.
+#[test]
+fn chat_template_file_was_refused_for_a_model_without_a_template() {
+    let tmp = TempDir::new("server-no-template");
+    let dir = tmp.path().join("bible-no-template.waste");
+    std::fs::create_dir(&dir).unwrap();
+    for e in std::fs::read_dir(bible()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    let cfg_path = dir.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let template = tmp.path().join("chatml.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+         {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    .unwrap();
+    let chat = json!({"messages": [{"role": "user", "content": "And God said"}], "max_tokens": 2, "temperature": 0});
+
+    let (without, url) = start(&dir, &[]);
+    let (status, body) = post_json(&url, "/v1/chat/completions", &chat);
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("no chat template"), "{body}");
+    drop(without);
+
+    let (_with, url) = start(&dir, &["--chat-template", template.to_str().unwrap()]);
+    let (status, body) = post_json(&url, "/v1/chat/completions", &chat);
+    assert_eq!(status, 200, "{body}");
+    let (status, rendered) = post_json(&url, "/apply-template", &chat);
+    assert_eq!(status, 200, "{rendered}");
+    assert_eq!(rendered["prompt"], "<|im_start|>user\nAnd God said<|im_end|>\n<|im_start|>assistant\n", "{rendered}");
+}

@@ -353,6 +353,12 @@ impl Session {
     /// as the model's own would be) instead of the model's; `None` goes back
     /// to the model's. A template that does not compile is an error when a
     /// conversation is first rendered with it.
+    /// The template [`set_chat_template`](Self::set_chat_template) gave, if
+    /// any: conversations are rendered with it whatever the model carries.
+    pub fn chat_template_override(&self) -> Option<&str> {
+        self.store.data().chat_template.as_deref()
+    }
+
     pub fn set_chat_template(&mut self, template: Option<String>) -> Result<()> {
         self.store.data_mut().chat_template = template;
         // The component parses the template once per instance.

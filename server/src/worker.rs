@@ -346,8 +346,21 @@ fn prompt_tokens(session: &mut Session, prompt: &Prompt) -> std::result::Result<
 /// Whether a chat prompt, rendered, leaves its answer inside a reasoning
 /// block the template opened. Read from the rendered text: the marker may
 /// be a special token, which decoding the prompt's tokens leaves out.
+/// Rendered only for a template that writes `</think>` at all: the others
+/// cannot open a block, and a second rendering of a long conversation is not
+/// free.
 fn opens_reasoning(session: &mut Session, prompt: &Prompt) -> bool {
     let Prompt::Chat { messages, tools, template_vars, .. } = prompt else { return false };
+    let thinks = match session.chat_template_override() {
+        Some(t) => crate::tools::think::template_thinks(t),
+        None => session
+            .model()
+            .chat_template(tools.is_some())
+            .is_ok_and(|t| t.is_some_and(crate::tools::think::template_thinks)),
+    };
+    if !thinks {
+        return false;
+    }
     session
         .render_chat_template_with_vars(messages, tools.as_deref(), true, template_vars.as_deref())
         .is_ok_and(|text| crate::tools::think::prompt_opens_block(&text))

@@ -379,7 +379,7 @@ fn scripted_tool_server(name: &str, expected: &serde_json::Value) -> (TempDir, S
 
 /// `run(case, url, served name)` against a scripted tool server for each
 /// of tool_call_expected.json's five families.
-fn each_scripted_tool_server(run: impl Fn(&str, &str, &str)) {
+pub(crate) fn each_scripted_tool_server(run: impl Fn(&str, &str, &str)) {
     let expected: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root().join("tests/server/tool_call_expected.json")).unwrap())
             .unwrap();

@@ -367,3 +367,63 @@ fn chat_template_file_was_refused_for_a_model_without_a_template() {
     assert_eq!(status, 200, "{rendered}");
     assert_eq!(rendered["prompt"], "<|im_start|>user\nAnd God said<|im_end|>\n<|im_start|>assistant\n", "{rendered}");
 }
+
+/// A streamed request's NDJSON lines. HTTP/1.0, so the stream comes
+/// without chunked framing and ends when the server closes.
+fn post_ndjson(url: &str, path: &str, body: &serde_json::Value) -> Vec<serde_json::Value> {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://").split('/').next().unwrap();
+    let mut conn = std::net::TcpStream::connect(host).unwrap();
+    let body = body.to_string();
+    write!(
+        conn,
+        "POST {path} HTTP/1.0\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    let (head, lines) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{answer}"));
+    assert!(head.contains(" 200 "), "{answer}");
+    lines.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
+}
+
+/// `/api/generate` with a templated prompt left the model's reasoning in
+/// `response` (only `/api/chat` split it): now it goes to `thinking`, whole
+/// and streamed, as `/api/chat` splits the same answer, for each family's
+/// markers (`<think>` blocks, those the prompt opens, harmony's analysis).
+#[test]
+fn ollama_generate_left_the_reasoning_in_the_response() {
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("server/tool_call_expected.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    each_scripted_tool_server(|name, url, served| {
+        // gpt-oss's scripted answer ends in a tool call, and without tools a
+        // call stays text, the whole answer with it (`Reading::split`).
+        let reasoning = match name {
+            "gpt_oss" => serde_json::Value::Null,
+            _ => expected["cases"][name]["reasoning"].clone(),
+        };
+        let question = "What is the weather in Paris?";
+        let chat = json!({"model": served, "messages": [{"role": "user", "content": question}], "stream": false});
+        let (status, chat) = post_json(url, "/api/chat", &chat);
+        assert_eq!(status, 200, "{name}: {chat}");
+        assert_eq!(chat["message"]["thinking"], reasoning, "{name}: {chat}");
+        let generate = json!({"model": served, "prompt": question, "stream": false});
+        let (status, whole) = post_json(url, "/api/generate", &generate);
+        assert_eq!(status, 200, "{name}: {whole}");
+        assert_eq!(whole["thinking"], reasoning, "{name}: {whole}");
+        assert_eq!(whole["response"], chat["message"]["content"], "{name}: {whole}");
+
+        let lines = post_ndjson(url, "/api/generate", &json!({"model": served, "prompt": question}));
+        let joined = |field: &str| lines.iter().filter_map(|l| l[field].as_str()).collect::<String>();
+        assert_eq!(joined("thinking"), reasoning.as_str().unwrap_or(""), "{name}: {lines:?}");
+        assert_eq!(joined("response"), whole["response"].as_str().unwrap(), "{name}: {lines:?}");
+        assert_eq!(lines.last().unwrap()["done"], true, "{name}");
+    });
+}

@@ -20,6 +20,7 @@ use waste_host::{Completion, StopReason, TokenEvent};
 use crate::driver::{self, Answer, Clock, Dialect, Generation, Parsed};
 use crate::error::ApiError;
 use crate::neutral::answer::{speaks_harmony, thinks_in_blocks, unsent, Live, Reading};
+use crate::neutral::Prompt;
 use crate::state::{model_warning, AppState, Shared};
 use crate::tools;
 use crate::tools::think::Split;
@@ -82,13 +83,16 @@ fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, Api
     let other = Some(req.model.as_str()).filter(|m| !models::is_ours(state, m));
     let warning = model_warning(state, other)
         .map_err(|_| ApiError::not_found(format!("model '{}' not found", req.model), "model_not_found"))?;
+    // A templated prompt (every chat, `/api/generate` without `raw`) is
+    // answered in the template's own markup, reasoning included.
+    let templated = matches!(req.prompt, Some(Prompt::Chat { .. }));
     let reply = Reply {
         chat,
         model: state.model_id.clone(),
         reading: Reading::new(
             req.prompt.as_ref().and_then(|p| p.tools()).filter(|_| req.tools_enabled),
-            chat && speaks_harmony(state.chat_template(false)),
-            chat && thinks_in_blocks(state.chat_template(false)),
+            templated && speaks_harmony(state.chat_template(false)),
+            templated && thinks_in_blocks(state.chat_template(false)),
         ),
         live: Live::default(),
         opens_reasoning: false,
@@ -196,6 +200,15 @@ impl Reply {
     }
 }
 
+/// `/api/generate`'s answer fields: `response`, and `thinking` beside it
+/// when the model reasoned.
+fn generated(v: &mut Value, content: &str, thinking: Option<&str>) {
+    v["response"] = json!(content);
+    if let Some(t) = thinking {
+        v["thinking"] = json!(t);
+    }
+}
+
 fn line(out: &mut String, v: &Value) {
     out.push_str(&v.to_string());
     out.push('\n');
@@ -226,7 +239,10 @@ impl Dialect for Reply {
             let thinking = thinking.filter(|_| !self.live.streamed_reasoning());
             if !content.is_empty() || thinking.is_some() || !calls.is_empty() {
                 let mut v = self.piece("");
-                v["message"] = self.message(&content, thinking.as_deref(), &calls);
+                match self.chat {
+                    true => v["message"] = self.message(&content, thinking.as_deref(), &calls),
+                    false => generated(&mut v, &content, thinking.as_deref()),
+                }
                 line(out, &v);
             }
         }
@@ -240,8 +256,13 @@ impl Dialect for Reply {
     fn answer(mut self, a: Answer) -> String {
         self.opens_reasoning = a.prompt.opens_reasoning;
         let (content, thinking, calls) = self.split(&a.completion, &a.raw);
-        let text = if self.chat { self.message(&content, thinking.as_deref(), &calls) } else { json!(content) };
-        self.last(&a.completion, a.prompt.tokens, &a.clock, Some(text)).to_string()
+        if self.chat {
+            let message = self.message(&content, thinking.as_deref(), &calls);
+            return self.last(&a.completion, a.prompt.tokens, &a.clock, Some(message)).to_string();
+        }
+        let mut v = self.last(&a.completion, a.prompt.tokens, &a.clock, None);
+        generated(&mut v, &content, thinking.as_deref());
+        v.to_string()
     }
 
     fn error_response(e: ApiError) -> Response {

@@ -137,6 +137,37 @@ fn reloaded_session_continues_with_exactly_the_same_tokens() {
     assert_eq!(a.tokens(), b.tokens());
 }
 
+/// Version 2 of the state file changed its checksum from FNV-1a (a byte at
+/// a time: over a second for a 16K-token state) to CRC-32; a version 1
+/// file saved before must still load and continue the same.
+#[test]
+fn version_1_state_file_still_loads() {
+    let tmp = TempDir::new("state-v1");
+    let file = tmp.path().join("s.state");
+    let mut a = session("qwen3_moe");
+    let turn1 = a.tokenize("And God said").unwrap();
+    generate(&mut a, &turn1, &sampled(7, 1));
+    a.save_state(&file).unwrap();
+    let turn2 = a.tokenize(" and it was so").unwrap();
+    let (expected, _) = generate(&mut a, &turn2, &sampled(8, 2));
+
+    let mut bytes = std::fs::read(&file).unwrap();
+    assert_eq!(bytes[8..12], 2u32.to_le_bytes(), "states are written as version 2");
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let body = bytes.len() - 8;
+    let mut sum = waste_host::Fnv::new();
+    sum.update(&bytes[..body]);
+    bytes[body..].copy_from_slice(&sum.finish().to_le_bytes());
+    let old = tmp.path().join("v1.state");
+    std::fs::write(&old, &bytes).unwrap();
+
+    let mut b = session("qwen3_moe");
+    b.load_state(&old).unwrap();
+    let (got, _) = generate(&mut b, &turn2, &sampled(8, 2));
+    assert_eq!(got.tokens, expected.tokens);
+    assert_eq!(got.logprobs, expected.logprobs);
+}
+
 #[test]
 fn state_from_another_model_or_shape_is_rejected() {
     let tmp = TempDir::new("state-bad");

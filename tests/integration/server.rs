@@ -239,11 +239,7 @@ fn server_stream_finish_reason_and_usage() {
 fn server_tools_are_rendered_by_the_models_template() {
     let tmp = TempDir::new("server-tools");
     let dir = tmp.path().join("bible-tools.waste");
-    std::fs::create_dir(&dir).unwrap();
-    for e in std::fs::read_dir(bible()).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-    }
+    crate::common::copy_dir(&bible(), &dir);
     let kimi: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(root().join("tests/fixtures/chat_templates/kimi/tokenizer_config.json")).unwrap(),
     )
@@ -491,11 +487,7 @@ pub(crate) fn post_json(url: &str, path: &str, body: &serde_json::Value) -> (u16
 fn server_chat_template_kwargs_reach_the_template() {
     let tmp = TempDir::new("server-kwargs");
     let dir = tmp.path().join("bible-qwen3.waste");
-    std::fs::create_dir(&dir).unwrap();
-    for e in std::fs::read_dir(bible()).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-    }
+    crate::common::copy_dir(&bible(), &dir);
     let qwen3: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(root().join("tests/fixtures/chat_templates/qwen3/tokenizer_config.json")).unwrap(),
     )

@@ -336,11 +336,7 @@ fn server_maps_each_apis_thinking_switch_onto_the_template() {
 fn chat_template_file_was_refused_for_a_model_without_a_template() {
     let tmp = TempDir::new("server-no-template");
     let dir = tmp.path().join("bible-no-template.waste");
-    std::fs::create_dir(&dir).unwrap();
-    for e in std::fs::read_dir(bible()).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-    }
+    crate::common::copy_dir(&bible(), &dir);
     let cfg_path = dir.join("tokenizer_config.json");
     let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg.as_object_mut().unwrap().remove("chat_template");

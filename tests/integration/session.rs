@@ -118,16 +118,23 @@ fn reset_forgets_the_conversation() {
     assert_eq!(first.tokens, again.tokens);
 }
 
+/// A first turn saved to `file`, then the second turn's prompt and what
+/// the session that saved it generated for it.
+fn saved_first_turn(file: &std::path::Path) -> (Session, Vec<u32>, waste_host::Completion) {
+    let mut a = session("qwen3_moe");
+    let turn1 = a.tokenize("And God said").unwrap();
+    generate(&mut a, &turn1, &sampled(7, 1));
+    a.save_state(file).unwrap();
+    let turn2 = a.tokenize(" and it was so").unwrap();
+    let (expected, _) = generate(&mut a, &turn2, &sampled(8, 2));
+    (a, turn2, expected)
+}
+
 #[test]
 fn reloaded_session_continues_with_exactly_the_same_tokens() {
     let tmp = TempDir::new("state");
     let file = tmp.path().join("s.state");
-    let mut a = session("qwen3_moe");
-    let turn1 = a.tokenize("And God said").unwrap();
-    generate(&mut a, &turn1, &sampled(7, 1));
-    a.save_state(&file).unwrap();
-    let turn2 = a.tokenize(" and it was so").unwrap();
-    let (expected, _) = generate(&mut a, &turn2, &sampled(8, 2));
+    let (a, turn2, expected) = saved_first_turn(&file);
 
     let mut b = session("qwen3_moe");
     b.load_state(&file).unwrap();
@@ -144,12 +151,7 @@ fn reloaded_session_continues_with_exactly_the_same_tokens() {
 fn version_1_state_file_still_loads() {
     let tmp = TempDir::new("state-v1");
     let file = tmp.path().join("s.state");
-    let mut a = session("qwen3_moe");
-    let turn1 = a.tokenize("And God said").unwrap();
-    generate(&mut a, &turn1, &sampled(7, 1));
-    a.save_state(&file).unwrap();
-    let turn2 = a.tokenize(" and it was so").unwrap();
-    let (expected, _) = generate(&mut a, &turn2, &sampled(8, 2));
+    let (_, turn2, expected) = saved_first_turn(&file);
 
     let mut bytes = std::fs::read(&file).unwrap();
     assert_eq!(bytes[8..12], 2u32.to_le_bytes(), "states are written as version 2");

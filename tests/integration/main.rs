@@ -6,6 +6,7 @@ mod chat;
 mod chat_cli;
 mod cli;
 mod cli_more;
+mod clients;
 mod common;
 mod convert_release;
 mod deepseek;

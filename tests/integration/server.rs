@@ -36,16 +36,23 @@ impl Drop for Server {
     }
 }
 
-/// Whether python3 can import `modules`; if not, why, naming the pip
-/// `packages` to install.
+/// Whether the provisioned Python (`clients::python`) can import
+/// `modules`; if not, why, naming the `packages`.
 pub(crate) fn python_has(modules: &str, packages: &str) -> Result<(), String> {
-    match Command::new("python3").args(["-c", &format!("import {modules}")]).output() {
-        Err(e) => Err(format!("python3 is not available ({e})")),
+    let python =
+        crate::clients::python().map_err(|why| format!("the Python clients could not be provisioned: {why}"))?;
+    match Command::new(python).args(["-c", &format!("import {modules}")]).output() {
+        Err(e) => Err(format!("{} does not run ({e})", python.display())),
         Ok(o) if !o.status.success() => {
-            Err(format!("the {packages} Python packages are not installed (pip install {packages})"))
+            Err(format!("the {packages} Python packages are missing from tests/server/requirements.txt"))
         }
         Ok(_) => Ok(()),
     }
+}
+
+/// A command running the provisioned Python; call after [`python_has`].
+pub(crate) fn python_command() -> Command {
+    Command::new(crate::clients::python().map(Path::to_path_buf).unwrap_or_else(|_| "python3".into()))
 }
 
 fn python_has_openai() -> Result<(), String> {
@@ -155,7 +162,7 @@ fn server_answers_the_openai_client() {
     let body_limit = "65536";
     let (server, url) =
         start(&bible(), &["--max-body", body_limit, "--queue", "64", "--cors-origin", "http://app.test"]);
-    let out = Command::new("python3")
+    let out = python_command()
         .arg(root().join("tests/server/test_openai.py"))
         .args([url.as_str(), KEY, "bible-moe", body_limit])
         .output()
@@ -204,7 +211,7 @@ fn more(test: &str, mode: &str, model: &Path, args: &[&str]) {
     }
     let id = model.file_name().unwrap().to_string_lossy().trim_end_matches(".waste").to_string();
     let (server, url) = start(model, args);
-    let out = Command::new("python3")
+    let out = python_command()
         .arg(root().join("tests/server/test_server_more.py"))
         .args([mode, url.as_str(), KEY, id.as_str()])
         .output()
@@ -280,7 +287,7 @@ fn server_parses_each_familys_tool_call() {
 
 fn tool_call_round_trip(name: &str, expected: &serde_json::Value) {
     let (_tmp, server, url, served) = scripted_tool_server(name, expected);
-    let out = Command::new("python3")
+    let out = python_command()
         .arg(root().join("tests/server/test_tool_calls.py"))
         .args([url.as_str(), KEY, served.as_str(), name])
         .output()
@@ -393,7 +400,7 @@ fn python_has_anthropic() -> Result<(), String> {
 /// Runs a client script of tests/server/ that prints `passed` when every
 /// check held.
 pub(crate) fn run_client_script(script: &str, passed: &str, what: &str, url: &str, args: &[&str]) {
-    let out = Command::new("python3")
+    let out = python_command()
         .arg(root().join("tests/server").join(script))
         .args([url, KEY])
         .args(args)
@@ -561,7 +568,7 @@ fn server_prefix_cache_evaluates_only_each_turns_new_tokens() {
     }
     let (cached, cached_url) = start(&bible(), &["--cache-sessions", "2"]);
     let (plain, plain_url) = start(&bible(), &["--cache-sessions", "0"]);
-    let out = Command::new("python3")
+    let out = python_command()
         .arg(root().join("tests/server/test_prefix_cache.py"))
         .args([cached_url.as_str(), plain_url.as_str(), KEY, "bible-moe"])
         .output()

@@ -9,6 +9,8 @@
 //! (checksummed; a file that fails is not used).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use waste_host::{Model, SavedSnapshot, Snapshot};
@@ -39,8 +41,20 @@ pub struct DiskTally {
 /// may also hold other models' files, which are neither used nor evicted.
 pub struct DiskCache {
     options: DiskOptions,
+    /// The model whose states these are.
+    model: Arc<Model>,
     saved: Vec<SavedSnapshot>,
+    /// The file being written by a thread of its own, so the next request
+    /// need not wait for it; at most one at a time.
+    writing: Option<Writing>,
     pub tally: DiskTally,
+}
+
+struct Writing {
+    path: PathBuf,
+    /// The state being written, shared with the held one it copies.
+    snapshot: Arc<Snapshot>,
+    done: JoinHandle<waste_host::Result<()>>,
 }
 
 impl DiskCache {
@@ -48,12 +62,17 @@ impl DiskCache {
     /// state in it. A file that is not a usable state of `model` (another
     /// model's, damaged, from another context size) is passed over with
     /// one line on stderr.
-    pub fn open(options: DiskOptions, model: &Model) -> std::io::Result<DiskCache> {
+    pub fn open(options: DiskOptions, model: &Arc<Model>) -> std::io::Result<DiskCache> {
         std::fs::create_dir_all(&options.dir)?;
         let mut found = Vec::new();
         let mut tally = DiskTally::default();
         for entry in std::fs::read_dir(&options.dir)? {
             let path = entry?.path();
+            // A write cut short by a stop leaves its temporary file.
+            if path.extension().is_some_and(|e| e == "tmp-save") && is_cache_name(&path) {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
             if path.extension().and_then(|e| e.to_str()) != Some(EXTENSION) {
                 continue;
             }
@@ -66,7 +85,13 @@ impl DiskCache {
             }
         }
         found.sort_by_key(|(when, _)| *when);
-        let mut cache = DiskCache { options, saved: found.into_iter().map(|(_, s)| s).collect(), tally };
+        let mut cache = DiskCache {
+            options,
+            model: Arc::clone(model),
+            saved: found.into_iter().map(|(_, s)| s).collect(),
+            writing: None,
+            tally,
+        };
         // A smaller --prompt-cache-max than the last run's applies at once.
         cache.evict_until(0);
         Ok(cache)
@@ -117,17 +142,20 @@ impl DiskCache {
         }
     }
 
-    /// Writes `snapshot` unless a file already holds its tokens, evicting
-    /// the least recently used files first so that the directory's files of
-    /// this model stay within `max_bytes`; files whose tokens it extends
-    /// are superseded and removed. A state larger than the bound is not
-    /// written.
-    fn save(&mut self, snapshot: &Snapshot, model: &Model) -> std::result::Result<(), String> {
+    /// Starts writing `snapshot` on a thread of its own unless a file
+    /// already holds its tokens, evicting the least recently used files
+    /// first so that the directory's files of this model stay within
+    /// `max_bytes`; files whose tokens it extends are superseded and
+    /// removed. A state larger than the bound is not written. A write still
+    /// running is finished first.
+    fn start_save(&mut self, snapshot: &Arc<Snapshot>) -> std::result::Result<(), String> {
+        self.finish_write();
+        let model = Arc::clone(&self.model);
         let tokens = snapshot.tokens();
         if tokens.is_empty() {
             return Ok(());
         }
-        let path = self.options.dir.join(format!("{}.{EXTENSION}", name_of(model, tokens)));
+        let path = self.options.dir.join(format!("{}.{EXTENSION}", name_of(&model, tokens)));
         if let Some(i) = self.saved.iter().position(|s| s.path() == path && s.tokens() == tokens) {
             let same = self.saved.remove(i);
             touch(same.path());
@@ -146,12 +174,42 @@ impl DiskCache {
         // superseded file, then the least recently used.
         self.remove_where(|s| tokens.starts_with(s.tokens()) || s.path() == path);
         self.evict_until(estimate);
-        snapshot.save(model, &path).map_err(|e| e.to_string())?;
-        let saved = Snapshot::peek(model, &path).map_err(|e| e.to_string())?;
-        self.saved.push(saved);
-        self.tally.written += 1;
-        self.evict_until(0);
+        let (state, owner, file) = (Arc::clone(snapshot), model, path.clone());
+        let done = std::thread::Builder::new()
+            .name("waste-prompt-cache".into())
+            .spawn(move || state.save(&owner, &file))
+            .map_err(|e| format!("starting the writer: {e}"))?;
+        self.writing = Some(Writing { path, snapshot: Arc::clone(snapshot), done });
         Ok(())
+    }
+
+    /// Whether a write is running that holds `snapshot`.
+    fn writes(&self, snapshot: &Arc<Snapshot>) -> bool {
+        self.writing.as_ref().is_some_and(|w| Arc::ptr_eq(&w.snapshot, snapshot))
+    }
+
+    /// Whether the running write, if any, has ended.
+    fn write_ended(&self) -> bool {
+        self.writing.as_ref().is_none_or(|w| w.done.is_finished())
+    }
+
+    /// Waits for the running write, if any, and takes its file into the
+    /// cache (or says on stderr why it is not there).
+    fn finish_write(&mut self) {
+        let Some(w) = self.writing.take() else { return };
+        let written = match w.done.join() {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err("the writer panicked".to_string()),
+        }
+        .and_then(|()| Snapshot::peek(&self.model, &w.path).map_err(|e| e.to_string()));
+        match written {
+            Ok(saved) => {
+                self.saved.push(saved);
+                self.tally.written += 1;
+                self.evict_until(0);
+            }
+            Err(e) => eprintln!("waste serve: prompt cache: not saved: {e}"),
+        }
     }
 
     /// Removes the least recently used files until `room` more bytes fit.
@@ -185,6 +243,11 @@ fn name_of(model: &Model, tokens: &[u32]) -> String {
     h.hex()
 }
 
+/// Whether `path`'s stem is a name [`name_of`] gives.
+fn is_cache_name(path: &Path) -> bool {
+    path.file_stem().and_then(|s| s.to_str()).is_some_and(|s| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 fn modified(path: &Path) -> SystemTime {
     std::fs::metadata(path).and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH)
 }
@@ -203,7 +266,8 @@ fn touch(path: &Path) {
 /// caches), else a state taken at the end of an earlier prompt (a message
 /// boundary) that this prompt extends.
 pub struct PrefixCache {
-    pub held: Vec<Snapshot>,
+    /// Shared with the disk writer while it writes one.
+    pub held: Vec<Arc<Snapshot>>,
     pub capacity: usize,
     pub disk: Option<DiskCache>,
     /// The newest held state is not on disk yet.
@@ -224,9 +288,9 @@ impl PrefixCache {
 
     /// Takes out the state that saves the most of `prompt`, held or saved
     /// on disk, with the number of tokens it saves.
-    pub fn take_best(&mut self, prompt: &[u32], model: &Model) -> Option<(Snapshot, usize, Source)> {
+    pub fn take_best(&mut self, prompt: &[u32], model: &Model) -> Option<(Arc<Snapshot>, usize, Source)> {
         let rewindable = model.rewindable_state();
-        let in_memory = |held: &[Snapshot]| {
+        let in_memory = |held: &[Arc<Snapshot>]| {
             held.iter()
                 .enumerate()
                 .map(|(i, s)| (i, s.usable_prefix(prompt, rewindable)))
@@ -241,7 +305,7 @@ impl PrefixCache {
             self.make_room();
             let disk = self.disk.as_mut()?;
             if let Some(snapshot) = disk.load(j, model) {
-                return Some((snapshot, keep, Source::Disk));
+                return Some((Arc::new(snapshot), keep, Source::Disk));
             }
         }
         let (i, keep) = in_memory(&self.held)?;
@@ -249,16 +313,22 @@ impl PrefixCache {
     }
 
     /// Puts back a state `take_best` took out, unused.
-    pub fn put_back(&mut self, snapshot: Snapshot, source: Source) {
+    pub fn put_back(&mut self, snapshot: Arc<Snapshot>, source: Source) {
         if source == Source::Memory {
             self.held.push(snapshot);
         }
     }
 
-    /// Evicts the least recently used states until one more fits.
+    /// Evicts the least recently used states until one more fits. A state
+    /// the disk writer still holds is freed only once its write ends, so
+    /// that write is waited for: the budget never holds one more.
     pub fn make_room(&mut self) {
         while !self.held.is_empty() && self.held.len() >= self.capacity {
-            self.held.remove(0);
+            let gone = self.held.remove(0);
+            if let Some(disk) = self.disk.as_mut().filter(|d| d.writes(&gone)) {
+                drop(gone);
+                disk.finish_write();
+            }
         }
     }
 
@@ -276,19 +346,37 @@ impl PrefixCache {
         }
         // A held state this one extends is superseded by it.
         self.held.retain(|h| !snapshot.tokens().starts_with(h.tokens()));
-        self.held.push(snapshot);
+        self.held.push(Arc::new(snapshot));
         self.unsaved = true;
     }
 
-    /// Writes the newest held state to disk if it is not there yet: called
-    /// once the answer has gone out, so the client does not wait for it.
-    pub fn persist(&mut self, model: &Model) {
+    /// Starts writing the newest held state to disk if it is not there
+    /// yet: called once the answer has gone out; the write runs beside the
+    /// next requests.
+    pub fn persist(&mut self) {
         let (Some(disk), Some(newest)) = (self.disk.as_mut(), self.held.last()) else { return };
         if !std::mem::take(&mut self.unsaved) {
             return;
         }
-        if let Err(e) = disk.save(newest, model) {
+        if let Err(e) = disk.start_save(newest) {
             eprintln!("waste serve: prompt cache: not saved: {e}");
+        }
+    }
+
+    /// Whether a state is being written to disk.
+    pub fn writing(&self) -> bool {
+        self.disk.as_ref().is_some_and(|d| d.writing.is_some())
+    }
+
+    /// Takes a write that has ended into the cache; with `wait`, waits for
+    /// a running one. Whether one was taken in.
+    pub fn reap(&mut self, wait: bool) -> bool {
+        match self.disk.as_mut() {
+            Some(disk) if disk.writing.is_some() && (wait || disk.write_ended()) => {
+                disk.finish_write();
+                true
+            }
+            _ => false,
         }
     }
 }

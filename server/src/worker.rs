@@ -225,7 +225,26 @@ impl Worker {
             let mut prefixes = PrefixCache::new(cache_sessions, disk);
             report_disk(&tally, &prefixes);
             let _ = ready_tx.send(Ok(()));
-            for work in rx {
+            loop {
+                // A state being written to disk is taken into the cache
+                // once its write ends, also while no request comes.
+                let work = if prefixes.writing() {
+                    match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+                        Ok(work) => work,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            if prefixes.reap(false) {
+                                report_disk(&tally, &prefixes);
+                            }
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
+                } else {
+                    match rx.recv() {
+                        Ok(work) => work,
+                        Err(_) => break,
+                    }
+                };
                 match work {
                     // A client gone while queued costs nothing.
                     Work::Job(job) if job.events.is_closed() => {
@@ -245,6 +264,8 @@ impl Worker {
                 }
                 counter.fetch_sub(1, Ordering::SeqCst);
             }
+            // The server is going: a write under way is finished, not cut.
+            prefixes.reap(true);
         })?;
         ready_rx.recv().map_err(|_| Error::Worker("the engine thread ended while starting".into()))??;
         Ok(Worker { jobs: Mutex::new(tx), pending, limit, counters })
@@ -535,7 +556,7 @@ fn run_job(
         }
     };
     let _ = job.events.send(event);
-    prefixes.persist(model);
+    prefixes.persist();
 }
 
 /// Puts the session where `tokens` should continue from: a held or saved
@@ -547,7 +568,7 @@ fn resume(
     counters: &Counters,
     prefixes: &mut PrefixCache,
     tokens: &[u32],
-) -> waste_host::Result<Option<(Snapshot, usize, Source)>> {
+) -> waste_host::Result<Option<(Arc<Snapshot>, usize, Source)>> {
     let model = Arc::clone(session.model());
     match prefixes.take_best(tokens, &model) {
         Some((held, keep, source)) => {

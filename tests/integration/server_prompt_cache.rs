@@ -106,7 +106,8 @@ fn server_prompt_cache_on_disk_resumes_a_conversation_after_a_restart() {
 /// A damaged file of this model (its data changed), a file that is no
 /// state at all and another model's state: the server starts, says once per
 /// file that it passes it over, answers as an uncached server, removes the
-/// damaged file and leaves the other model's alone.
+/// damaged file and a cut-short write's temporary file, and leaves the
+/// other model's alone.
 #[test]
 fn server_prompt_cache_passes_over_damaged_and_foreign_files() {
     let tmp = TempDir::new("prompt-cache-bad");
@@ -126,6 +127,9 @@ fn server_prompt_cache_passes_over_damaged_and_foreign_files() {
     std::fs::write(&damaged, &bytes).unwrap();
     let junk = dir.join("junk.waste-prompt");
     std::fs::write(&junk, b"not a state file at all, clearly").unwrap();
+    // What a write cut short by a stop leaves.
+    let cut_short = dir.join("0123456789abcdef.tmp-save");
+    std::fs::write(&cut_short, b"half a state").unwrap();
 
     let other = convert("qwen3_moe", "f32", "f32", tmp.path());
     let other_dir = tmp.path().join("other");
@@ -154,6 +158,7 @@ fn server_prompt_cache_passes_over_damaged_and_foreign_files() {
     }
     assert!(!damaged.exists(), "the damaged file stayed");
     assert!(foreign.exists() && junk.exists(), "files that are not this model's states are left alone");
+    assert!(!cut_short.exists(), "a cut-short write's temporary file stayed");
 }
 
 /// `--prompt-cache-max` bounds this model's files: a second conversation

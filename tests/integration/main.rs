@@ -1,6 +1,7 @@
 //! The one integration-test binary: oracle comparisons against transformers'
 //! reference outputs, and the `waste` binary's commands and error paths.
 
+mod agents;
 mod bible;
 mod chat;
 mod chat_cli;

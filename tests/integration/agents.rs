@@ -1,0 +1,136 @@
+//! The coding agents themselves against `waste serve` (issue 37 item 6):
+//! Claude Code, as a user runs it (`claude -p`), pointed at the server with
+//! `ANTHROPIC_BASE_URL`. The clients are installed by the test under the
+//! target directory from tests/agents/package-lock.json (pinned) and kept
+//! while the lock file is unchanged.
+//!
+//! The model is the tiny random-weight Qwen3-MoE fixture with Qwen3's real
+//! chat template and a context raised to 131,072 tokens, large enough for
+//! the agent's system prompt and tool schemas; examples/sampler-script
+//! writes the answer, so what the client shows is known.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::common::{copy_dir, fixture, report_skip, stderr, stdout, waste, TempDir};
+use crate::server::{start, Server, KEY};
+
+static INSTALLED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+
+/// The directory the agents are installed in (its `node_modules/.bin`
+/// holds their commands); why not, if npm cannot install them.
+fn agents() -> Result<&'static Path, String> {
+    INSTALLED.get_or_init(install).as_deref().map_err(Clone::clone)
+}
+
+fn install() -> Result<PathBuf, String> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("agents");
+    let lock = std::fs::read_to_string(source.join("package-lock.json")).map_err(|e| format!("the lock file: {e}"))?;
+    let stamp = dir.join("lock.installed");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == lock) {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for file in ["package.json", "package-lock.json"] {
+        std::fs::copy(source.join(file), dir.join(file)).map_err(|e| format!("copying {file}: {e}"))?;
+    }
+    let out = Command::new("npm")
+        .current_dir(&dir)
+        .args(["ci", "--no-audit", "--no-fund"])
+        .output()
+        .map_err(|e| format!("npm is not available ({e})"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("npm ci failed: {}", err.lines().rev().take(3).collect::<Vec<_>>().join(" / ")));
+    }
+    std::fs::write(&stamp, &lock).map_err(|e| format!("{}: {e}", stamp.display()))?;
+    Ok(dir)
+}
+
+/// The tiny Qwen3-MoE fixture with Qwen3's template and a 131,072-token
+/// context, converted into `tmp`.
+fn agent_model(tmp: &TempDir) -> PathBuf {
+    let src = tmp.path().join("tiny-qwen3-agent");
+    copy_dir(&fixture("qwen3_moe"), &src);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &Path| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
+    let qwen3 = read(&root.join("fixtures/chat_templates/qwen3/tokenizer_config.json"));
+    let mut cfg = read(&src.join("tokenizer_config.json"));
+    cfg["chat_template"] = qwen3["chat_template"].clone();
+    cfg["model_max_length"] = 131_072.into();
+    std::fs::write(src.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let mut config = read(&src.join("config.json"));
+    config["max_position_embeddings"] = 131_072.into();
+    std::fs::write(src.join("config.json"), config.to_string()).unwrap();
+    let model = tmp.path().join("agent.waste");
+    let o = waste(&["convert", src.to_str().unwrap(), model.to_str().unwrap(), "--experts", "f32", "--trunk", "f32"]);
+    assert!(o.status.success(), "convert: {}", stderr(&o));
+    model
+}
+
+/// `waste serve` on `model` writing `answer` (markup: `<|im_end|>` is the
+/// end-of-turn token) for every request.
+fn scripted_server(model: &Path, answer: &str) -> (Server, String) {
+    let o = waste(&["tokenize", model.to_str().unwrap(), answer, "--markup", "--json"]);
+    assert!(o.status.success(), "tokenize: {}", stderr(&o));
+    let ids: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let mut args = vec!["--ctx".to_string(), "131072".into(), "--sampler".into()];
+    args.push(crate::plugins::plugin("script").to_str().unwrap().to_string());
+    for (i, id) in ids["tokens"].as_array().unwrap().iter().enumerate() {
+        args.push("--sampler-opt".into());
+        args.push(format!("t{i}={id}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    start(model, &args)
+}
+
+/// Runs `claude ARGS` against `url` with a home of its own and no traffic
+/// but to the server: (exit status, stdout, stderr).
+fn claude(agents: &Path, home: &Path, url: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let o = Command::new("timeout")
+        .arg("300")
+        .arg(agents.join("node_modules/.bin/claude"))
+        .args(args)
+        .env("HOME", home)
+        .env("ANTHROPIC_BASE_URL", url)
+        .env("ANTHROPIC_API_KEY", KEY)
+        .env_remove("ANTHROPIC_AUTH_TOKEN")
+        .env_remove("ANTHROPIC_MODEL")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .output()
+        .expect("run claude");
+    (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// Claude Code's one-shot mode with its default extended thinking: the
+/// request (its system prompt and twelve tool schemas) is answered, the
+/// reasoning goes into a thinking block the client does not print, the
+/// reply is printed, the client exits 0, and the server refused nothing.
+#[test]
+fn claude_code_answers_one_shot_with_thinking_through_waste_serve() {
+    let agents = match agents() {
+        Ok(a) => a,
+        Err(why) => {
+            report_skip(&format!("SKIP claude_code_answers_one_shot_with_thinking_through_waste_serve: {why}"));
+            return;
+        }
+    };
+    let tmp = TempDir::new("agent-claude");
+    let model = agent_model(&tmp);
+    let (server, url) =
+        scripted_server(&model, "<think>\nThe user greets me.\n</think>\n\nHello from WASTE.<|im_end|>");
+    let home = tmp.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let (code, out, err) = claude(agents, &home, &url, &["-p", "Say hi", "--model", "agent"]);
+    let log = server.log();
+    drop(server);
+    assert_eq!(code, Some(0), "claude -p failed:\n{out}\n{err}\n{log:?}");
+    assert_eq!(out.trim(), "Hello from WASTE.", "{err}\n{log:?}");
+    let requests: Vec<&String> = log.iter().filter(|l| l.starts_with("POST ") || l.starts_with("GET ")).collect();
+    assert!(requests.iter().any(|l| l.starts_with("POST /v1/messages 200 ")), "{log:?}");
+    assert!(requests.iter().all(|l| l.split(' ').nth(2) == Some("200")), "a request was refused: {log:?}");
+}

@@ -134,3 +134,40 @@ fn claude_code_answers_one_shot_with_thinking_through_waste_serve() {
     assert!(requests.iter().any(|l| l.starts_with("POST /v1/messages 200 ")), "{log:?}");
     assert!(requests.iter().all(|l| l.split(' ').nth(2) == Some("200")), "a request was refused: {log:?}");
 }
+
+/// A turn that calls a tool: after reasoning, the model calls Claude Code's
+/// Bash tool in Qwen3's `<tool_call>` syntax; the server returns it as a
+/// `tool_use` block, and the client runs it. The scripted sampler plays the
+/// same script for every request (a plugin is instantiated afresh for each
+/// generation), so the turn is capped at one model call (`--max-turns 1`):
+/// the client then stops with its own max-turns error, after the tool ran.
+#[test]
+fn claude_code_runs_the_tool_the_model_calls() {
+    let agents = match agents() {
+        Ok(a) => a,
+        Err(why) => {
+            report_skip(&format!("SKIP claude_code_runs_the_tool_the_model_calls: {why}"));
+            return;
+        }
+    };
+    let tmp = TempDir::new("agent-claude-tool");
+    let model = agent_model(&tmp);
+    let marker = tmp.path().join("touched-by-the-agent");
+    let arguments = serde_json::json!({"command": format!("touch {}", marker.display()), "description": "Touch it"});
+    let call = format!(
+        "<think>\nI will run it.\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>",
+        serde_json::json!({"name": "Bash", "arguments": arguments})
+    );
+    let (server, url) = scripted_server(&model, &call);
+    let home = tmp.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let args = ["-p", "Touch the marker file", "--allowedTools", "Bash", "--max-turns", "1", "--model", "agent"];
+    let (code, out, err) = claude(agents, &home, &url, &args);
+    let log = server.log();
+    drop(server);
+    assert!(marker.exists(), "the tool did not run ({code:?}):\n{out}\n{err}\n{log:?}");
+    assert!(out.contains("Reached max turns (1)"), "({code:?}) {out}\n{err}\n{log:?}");
+    let requests: Vec<&String> = log.iter().filter(|l| l.starts_with("POST ") || l.starts_with("GET ")).collect();
+    assert_eq!(requests.len(), 1, "{log:?}");
+    assert!(requests[0].starts_with("POST /v1/messages 200 "), "{log:?}");
+}

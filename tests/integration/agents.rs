@@ -24,6 +24,11 @@ fn agents() -> Result<&'static Path, String> {
     INSTALLED.get_or_init(install).as_deref().map_err(Clone::clone)
 }
 
+/// [`agents`], or None after reporting why `test` skips.
+fn agents_or_skip(test: &str) -> Option<&'static Path> {
+    agents().map_err(|why| report_skip(&format!("SKIP {test}: {why}"))).ok()
+}
+
 fn install() -> Result<PathBuf, String> {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("agents");
@@ -112,13 +117,7 @@ fn claude(agents: &Path, home: &Path, url: &str, args: &[&str]) -> (Option<i32>,
 /// reply is printed, the client exits 0, and the server refused nothing.
 #[test]
 fn claude_code_answers_one_shot_with_thinking_through_waste_serve() {
-    let agents = match agents() {
-        Ok(a) => a,
-        Err(why) => {
-            report_skip(&format!("SKIP claude_code_answers_one_shot_with_thinking_through_waste_serve: {why}"));
-            return;
-        }
-    };
+    let Some(agents) = agents_or_skip("claude_code_answers_one_shot_with_thinking_through_waste_serve") else { return };
     let tmp = TempDir::new("agent-claude");
     let model = agent_model(&tmp);
     let (server, url) =
@@ -143,13 +142,7 @@ fn claude_code_answers_one_shot_with_thinking_through_waste_serve() {
 /// the client then stops with its own max-turns error, after the tool ran.
 #[test]
 fn claude_code_runs_the_tool_the_model_calls() {
-    let agents = match agents() {
-        Ok(a) => a,
-        Err(why) => {
-            report_skip(&format!("SKIP claude_code_runs_the_tool_the_model_calls: {why}"));
-            return;
-        }
-    };
+    let Some(agents) = agents_or_skip("claude_code_runs_the_tool_the_model_calls") else { return };
     let tmp = TempDir::new("agent-claude-tool");
     let model = agent_model(&tmp);
     let marker = tmp.path().join("touched-by-the-agent");

@@ -1,8 +1,9 @@
 //! The coding agents themselves against `waste serve` (issue 37 item 6):
 //! Claude Code, as a user runs it (`claude -p`), pointed at the server with
-//! `ANTHROPIC_BASE_URL`. The clients are installed by the test under the
-//! target directory from tests/agents/package-lock.json (pinned) and kept
-//! while the lock file is unchanged.
+//! `ANTHROPIC_BASE_URL`, and OpenCode (`opencode run`) with the server as an
+//! OpenAI-compatible provider in its `opencode.json`. The clients are installed by the test under the
+//! target directory from tests/agents/package.json (exact versions) and its
+//! lock, and kept while the lock file is unchanged.
 //!
 //! The model is the tiny random-weight Qwen3-MoE fixture with Qwen3's real
 //! chat template and a context raised to 131,072 tokens, large enough for
@@ -41,14 +42,20 @@ fn install() -> Result<PathBuf, String> {
     for file in ["package.json", "package-lock.json"] {
         std::fs::copy(source.join(file), dir.join(file)).map_err(|e| format!("copying {file}: {e}"))?;
     }
+    // `npm install`, not `npm ci`: the lock lists every platform's build of
+    // each agent as an optional dependency, and a registry mirror that lacks
+    // the other platforms' makes `npm ci` refuse the lock, while `install`
+    // skips a missing optional one. The versions are exact in package.json.
     let out = Command::new("npm")
         .current_dir(&dir)
-        .args(["ci", "--no-audit", "--no-fund"])
+        .args(["install", "--no-audit", "--no-fund"])
         .output()
         .map_err(|e| format!("npm is not available ({e})"))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!("npm ci failed: {}", err.lines().rev().take(3).collect::<Vec<_>>().join(" / ")));
+        let why: Vec<&str> =
+            err.lines().filter(|l| l.contains("error") && !l.contains("complete log")).take(4).collect();
+        return Err(format!("npm install failed: {}", why.join(" / ")));
     }
     std::fs::write(&stamp, &lock).map_err(|e| format!("{}: {e}", stamp.display()))?;
     Ok(dir)
@@ -163,4 +170,62 @@ fn claude_code_runs_the_tool_the_model_calls() {
     let requests: Vec<&String> = log.iter().filter(|l| l.starts_with("POST ") || l.starts_with("GET ")).collect();
     assert_eq!(requests.len(), 1, "{log:?}");
     assert!(requests[0].starts_with("POST /v1/messages 200 "), "{log:?}");
+}
+
+/// OpenCode's one-shot mode with the server as an OpenAI-compatible
+/// provider (`@ai-sdk/openai-compatible`, which OpenCode fetches from npm
+/// itself): its title request and the turn (its system prompt and tools)
+/// are answered on `/v1/chat/completions`, the reasoning goes to
+/// `reasoning_content` and is not printed, the reply is, and it exits 0.
+#[test]
+fn opencode_answers_one_shot_through_waste_serve() {
+    let Some(agents) = agents_or_skip("opencode_answers_one_shot_through_waste_serve") else { return };
+    let tmp = TempDir::new("agent-opencode");
+    let model = agent_model(&tmp);
+    let (server, url) =
+        scripted_server(&model, "<think>\nThe user greets me.\n</think>\n\nHello from WASTE.<|im_end|>");
+    let work = tmp.path().join("project");
+    let home = tmp.path().join("home");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::create_dir(&home).unwrap();
+    let config = serde_json::json!({
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"waste": {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "WASTE",
+            "options": {"baseURL": format!("{url}/v1"), "apiKey": KEY},
+            "models": {"agent": {"name": "agent"}},
+        }},
+        "model": "waste/agent",
+    });
+    std::fs::write(work.join("opencode.json"), config.to_string()).unwrap();
+    let o = Command::new("timeout")
+        .arg("300")
+        .arg(agents.join("node_modules/.bin/opencode"))
+        .args(["run", "Say hi", "-m", "waste/agent"])
+        .current_dir(&work)
+        // OpenCode takes its project from $PWD, not from the working
+        // directory: inherited, it would be the test's.
+        .env("PWD", &work)
+        .env("HOME", &home)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .output()
+        .expect("run opencode");
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let log = server.log();
+    drop(server);
+    // OpenCode's own log says why a run failed before any request.
+    let own_log = std::fs::read_dir(home.join(".local/share/opencode/log"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .collect::<String>();
+    let own_log = &own_log[own_log.len().saturating_sub(3000)..];
+    assert_eq!(o.status.code(), Some(0), "opencode run failed:\n{out}\n{err}\n{log:?}\nits log: {own_log}");
+    assert_eq!(out.trim(), "Hello from WASTE.", "{err}\n{log:?}");
+    let requests: Vec<&String> = log.iter().filter(|l| l.starts_with("POST ") || l.starts_with("GET ")).collect();
+    assert!(requests.iter().any(|l| l.starts_with("POST /v1/chat/completions 200 ")), "{log:?}");
+    assert!(requests.iter().all(|l| l.split(' ').nth(2) == Some("200")), "a request was refused: {log:?}");
 }

@@ -335,12 +335,8 @@ fn prompt_tokens(session: &mut Session, prompt: &Prompt) -> std::result::Result<
     match prompt {
         Prompt::Chat { messages, tools, template_vars, .. } => {
             // `--chat-template` serves a model that carries none.
-            let template = match session.chat_template_override() {
-                Some(_) => Ok(Some(())),
-                None => session.model().chat_template(tools.is_some()).map(|t| t.map(|_| ())),
-            };
-            match template {
-                Ok(Some(())) => {}
+            match session.chat_template(tools.is_some()) {
+                Ok(Some(_)) => {}
                 Ok(None) => {
                     return Err(ApiError::bad_request("this model has no chat template; use /v1/completions", None))
                 }
@@ -372,13 +368,8 @@ fn prompt_tokens(session: &mut Session, prompt: &Prompt) -> std::result::Result<
 /// free.
 fn opens_reasoning(session: &mut Session, prompt: &Prompt) -> bool {
     let Prompt::Chat { messages, tools, template_vars, .. } = prompt else { return false };
-    let thinks = match session.chat_template_override() {
-        Some(t) => crate::tools::think::template_thinks(t),
-        None => session
-            .model()
-            .chat_template(tools.is_some())
-            .is_ok_and(|t| t.is_some_and(crate::tools::think::template_thinks)),
-    };
+    let thinks =
+        session.chat_template(tools.is_some()).is_ok_and(|t| t.is_some_and(crate::tools::think::template_thinks));
     if !thinks {
         return false;
     }

@@ -150,6 +150,21 @@ impl HostState {
     }
 
     /// Takes over `other`'s session parts (see [`carry_over`](Self::carry_over)).
+    /// The template conversations are rendered with: the one
+    /// `Session::set_chat_template` gave, else `model`'s own (its tool-use
+    /// variant with `with_tools`); the model's error if its template is
+    /// malformed.
+    pub(crate) fn chat_template_in_use<'a>(
+        &'a self,
+        model: &'a Model,
+        with_tools: bool,
+    ) -> std::result::Result<Option<&'a str>, String> {
+        match &self.chat_template {
+            Some(t) => Ok(Some(t)),
+            None => model.chat_template(with_tools),
+        }
+    }
+
     pub fn take_session_from(&mut self, other: &mut HostState) {
         self.slot = other.slot.take();
         self.sampler = other.sampler.take();
@@ -190,10 +205,8 @@ impl wit::Host for HostState {
     }
 
     fn chat_template(&mut self, with_tools: bool) -> wasmtime::Result<Result<Option<String>, String>> {
-        if let Some(t) = &self.chat_template {
-            return Ok(Ok(Some(t.clone())));
-        }
-        Ok(self.slot()?.model.chat_template(with_tools).map(|t| t.map(str::to_owned)))
+        let model = Arc::clone(&self.slot()?.model);
+        Ok(self.chat_template_in_use(&model, with_tools).map(|t| t.map(str::to_owned)))
     }
 
     fn evaluate(&mut self, tokens: Vec<u32>) -> wasmtime::Result<Result<wit::Evaluation, String>> {

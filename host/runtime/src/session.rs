@@ -353,10 +353,12 @@ impl Session {
     /// as the model's own would be) instead of the model's; `None` goes back
     /// to the model's. A template that does not compile is an error when a
     /// conversation is first rendered with it.
-    /// The template [`set_chat_template`](Self::set_chat_template) gave, if
-    /// any: conversations are rendered with it whatever the model carries.
-    pub fn chat_template_override(&self) -> Option<&str> {
-        self.store.data().chat_template.as_deref()
+    /// The template conversations are rendered with: the one
+    /// [`set_chat_template`](Self::set_chat_template) gave, else the model's
+    /// own (its tool-use variant with `with_tools`); None: the model has
+    /// none; an error: the model's template is malformed.
+    pub fn chat_template(&self, with_tools: bool) -> std::result::Result<Option<&str>, String> {
+        self.store.data().chat_template_in_use(&self.slot().model, with_tools)
     }
 
     pub fn set_chat_template(&mut self, template: Option<String>) -> Result<()> {

@@ -98,6 +98,26 @@ fn scripted_server(model: &Path, answer: &str) -> (Server, String) {
     start(model, &args)
 }
 
+/// The scripted answer of the one-shot tests: reasoning, then the reply
+/// the client must print.
+const GREETING: &str = "<think>\nThe user greets me.\n</think>\n\nHello from WASTE.<|im_end|>";
+
+/// A server on the agent model writing [`GREETING`], in a temporary
+/// directory named after `tag`.
+fn greeting_server(tag: &str) -> (TempDir, Server, String) {
+    let tmp = TempDir::new(tag);
+    let model = agent_model(&tmp);
+    let (server, url) = scripted_server(&model, GREETING);
+    (tmp, server, url)
+}
+
+/// The server's log lines of requests it did not answer 200.
+fn refused(log: &[String]) -> Vec<&String> {
+    log.iter()
+        .filter(|l| (l.starts_with("POST ") || l.starts_with("GET ")) && l.split(' ').nth(2) != Some("200"))
+        .collect()
+}
+
 /// Runs `claude ARGS` against `url` with a home of its own and no traffic
 /// but to the server: (exit status, stdout, stderr).
 fn claude(agents: &Path, home: &Path, url: &str, args: &[&str]) -> (Option<i32>, String, String) {
@@ -125,10 +145,7 @@ fn claude(agents: &Path, home: &Path, url: &str, args: &[&str]) -> (Option<i32>,
 #[test]
 fn claude_code_answers_one_shot_with_thinking_through_waste_serve() {
     let Some(agents) = agents_or_skip("claude_code_answers_one_shot_with_thinking_through_waste_serve") else { return };
-    let tmp = TempDir::new("agent-claude");
-    let model = agent_model(&tmp);
-    let (server, url) =
-        scripted_server(&model, "<think>\nThe user greets me.\n</think>\n\nHello from WASTE.<|im_end|>");
+    let (tmp, server, url) = greeting_server("agent-claude");
     let home = tmp.path().join("home");
     std::fs::create_dir(&home).unwrap();
     let (code, out, err) = claude(agents, &home, &url, &["-p", "Say hi", "--model", "agent"]);
@@ -136,9 +153,8 @@ fn claude_code_answers_one_shot_with_thinking_through_waste_serve() {
     drop(server);
     assert_eq!(code, Some(0), "claude -p failed:\n{out}\n{err}\n{log:?}");
     assert_eq!(out.trim(), "Hello from WASTE.", "{err}\n{log:?}");
-    let requests: Vec<&String> = log.iter().filter(|l| l.starts_with("POST ") || l.starts_with("GET ")).collect();
-    assert!(requests.iter().any(|l| l.starts_with("POST /v1/messages 200 ")), "{log:?}");
-    assert!(requests.iter().all(|l| l.split(' ').nth(2) == Some("200")), "a request was refused: {log:?}");
+    assert!(log.iter().any(|l| l.starts_with("POST /v1/messages 200 ")), "{log:?}");
+    assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
 }
 
 /// A turn that calls a tool: after reasoning, the model calls Claude Code's
@@ -180,10 +196,7 @@ fn claude_code_runs_the_tool_the_model_calls() {
 #[test]
 fn opencode_answers_one_shot_through_waste_serve() {
     let Some(agents) = agents_or_skip("opencode_answers_one_shot_through_waste_serve") else { return };
-    let tmp = TempDir::new("agent-opencode");
-    let model = agent_model(&tmp);
-    let (server, url) =
-        scripted_server(&model, "<think>\nThe user greets me.\n</think>\n\nHello from WASTE.<|im_end|>");
+    let (tmp, server, url) = greeting_server("agent-opencode");
     let work = tmp.path().join("project");
     let home = tmp.path().join("home");
     std::fs::create_dir(&work).unwrap();
@@ -225,7 +238,6 @@ fn opencode_answers_one_shot_through_waste_serve() {
     let own_log = &own_log[own_log.len().saturating_sub(3000)..];
     assert_eq!(o.status.code(), Some(0), "opencode run failed:\n{out}\n{err}\n{log:?}\nits log: {own_log}");
     assert_eq!(out.trim(), "Hello from WASTE.", "{err}\n{log:?}");
-    let requests: Vec<&String> = log.iter().filter(|l| l.starts_with("POST ") || l.starts_with("GET ")).collect();
-    assert!(requests.iter().any(|l| l.starts_with("POST /v1/chat/completions 200 ")), "{log:?}");
-    assert!(requests.iter().all(|l| l.split(' ').nth(2) == Some("200")), "a request was refused: {log:?}");
+    assert!(log.iter().any(|l| l.starts_with("POST /v1/chat/completions 200 ")), "{log:?}");
+    assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
 }

@@ -361,16 +361,21 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
     };
     let stream = boolean(o, "stream")?;
     // `any` / `tool`: the answer is a call, its input valid against the
-    // tool's schema (when the template's call syntax carries JSON).
+    // tool's schema (where the template's call syntax can be read).
     let forced = match field(o, "tool_choice").and_then(|c| c.get("type")).and_then(Value::as_str) {
         Some("any") => Some(None),
         Some("tool") => Some(field(o, "tool_choice").and_then(|c| c.get("name")).and_then(Value::as_str)),
         _ => None,
     };
     let format = structured::constraint(output_format(o)?);
+    // The forced call's syntax is read off the template rendered as the
+    // prompt is: with thinking off, the call comes first.
+    let template_vars = thinking(o)?.and_then(|on| with_thinking(None, on, None));
     let constraint = match (format, forced, &tools) {
         (Some(c), _, _) => Some(c),
-        (None, Some(name), Some((tools, _))) if tools_enabled => structured::forced_tool(tools, name, None),
+        (None, Some(name), Some((tools, _))) if tools_enabled => {
+            structured::forced_tool(tools, name, template_vars.as_deref())
+        }
         _ => None,
     };
     let params = GenerateParams {
@@ -386,12 +391,7 @@ pub fn parse(body: &[u8], count_only: bool, context: usize) -> Result<Request, A
     let tools = if tools_enabled { tools.map(|(t, _)| t) } else { None };
     Ok(Request {
         model,
-        prompt: Prompt::Chat {
-            messages,
-            tools,
-            template_vars: thinking(o)?.and_then(|on| with_thinking(None, on, None)),
-            images,
-        },
+        prompt: Prompt::Chat { messages, tools, template_vars, images },
         params,
         stream,
         tools_enabled,
@@ -485,5 +485,21 @@ mod tests {
         let in_user =
             br#"{"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]}"#;
         assert!(parse(in_user, false, 256).is_err());
+    }
+
+    /// A forced call (`tool_choice` any) with thinking disabled was
+    /// constrained in the syntax of the template rendered with thinking
+    /// on, so a reasoning template's grammar waited for reasoning the
+    /// prompt had closed, and the answer never became a call.
+    #[test]
+    fn forced_tool_call_ignored_the_thinking_setting() {
+        let body = br#"{"max_tokens": 4, "thinking": {"type": "disabled"}, "tool_choice": {"type": "any"},
+            "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+            "messages": [{"role": "user", "content": "q"}]}"#;
+        let r = parse(body, false, 256).unwrap();
+        let Prompt::Chat { template_vars, .. } = &r.prompt else { panic!("a chat") };
+        let Some(Constraint::ToolCall { vars, .. }) = &r.params.constraint else { panic!("{:?}", r.params.constraint) };
+        assert_eq!(vars, template_vars);
+        assert!(vars.as_deref().is_some_and(|v| v.contains(r#""enable_thinking":false"#)), "{vars:?}");
     }
 }

@@ -65,7 +65,7 @@ pub fn schema(v: &Value, param: &str, report: &str) -> Result<Constraint, ApiErr
 
 /// A forced tool call (`tool_choice` "required" / `any`, or one named):
 /// the call in the model's syntax with valid arguments. The worker drops it
-/// where the template's call syntax has no JSON to constrain.
+/// where the probe finds no call syntax in the template.
 pub fn forced_tool(tools: &str, name: Option<&str>, vars: Option<&str>) -> Option<Constraint> {
     Some(Constraint::ToolCall {
         tools: tools.to_string(),

@@ -447,8 +447,9 @@ fn run_job(
     let checked = session.check_params(&unconstrained).map_err(host_error).and_then(|()| match job.params.constraint {
         None => Ok(()),
         Some(_) => match session.check_params(&job.params) {
-            // A forced tool call in a template that writes arguments as
-            // text: the call is left to the model, as without a constraint.
+            // A forced tool call in a template whose call syntax the probe
+            // cannot read: the call is left to the model, as without a
+            // constraint.
             Err(waste_host::Error::Unsupported(_))
                 if matches!(job.params.constraint, Some(waste_host::Constraint::ToolCall { .. })) =>
             {

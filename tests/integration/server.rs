@@ -299,12 +299,11 @@ fn tool_call_round_trip(name: &str, expected: &serde_json::Value) {
     assert!(stdout.contains("all tool-call checks passed"), "{name}: {stdout}");
 }
 
-/// A server on case `name`'s fixture with its chat template, the context
-/// raised to 2048 and examples/sampler-script writing the case's call then
-/// its end of turn: (the directory, the server, its URL, the served name).
-fn scripted_tool_server(name: &str, expected: &serde_json::Value) -> (TempDir, Server, String, String) {
-    let tmp = TempDir::new(&format!("server-tool-call-{name}"));
-    let fixture = expected["fixture"].as_str().unwrap();
+/// `fixture` converted (f32) as `NAME-tools.waste` in `tmp`, with the chat
+/// template `template` ("qwen3" for Qwen3's own, else a file of
+/// tests/fixtures/chat_templates/llamacpp) and its context raised to 2048:
+/// a tool preamble and a round trip do not fit the fixtures' 512.
+pub(crate) fn tool_model(tmp: &TempDir, name: &str, fixture: &str, template: &str) -> PathBuf {
     let src = tmp.path().join(fixture);
     std::fs::create_dir(&src).unwrap();
     for e in std::fs::read_dir(crate::common::fixtures().join(fixture)).unwrap() {
@@ -317,7 +316,7 @@ fn scripted_tool_server(name: &str, expected: &serde_json::Value) -> (TempDir, S
         f(&mut v);
         std::fs::write(&path, v.to_string()).unwrap();
     };
-    let template = match expected["template"].as_str().unwrap() {
+    let template = match template {
         "qwen3" => {
             let qwen3: serde_json::Value = serde_json::from_str(
                 &std::fs::read_to_string(root().join("tests/fixtures/chat_templates/qwen3/tokenizer_config.json"))
@@ -347,7 +346,15 @@ fn scripted_tool_server(name: &str, expected: &serde_json::Value) -> (TempDir, S
     let model = tmp.path().join(format!("{name}-tools.waste"));
     let o = waste(&["convert", src.to_str().unwrap(), model.to_str().unwrap(), "--experts", "f32", "--trunk", "f32"]);
     assert!(o.status.success(), "{name}: convert failed: {}", stderr(&o));
+    model
+}
 
+/// A server on case `name`'s fixture with its chat template, the context
+/// raised to 2048 and examples/sampler-script writing the case's call then
+/// its end of turn: (the directory, the server, its URL, the served name).
+fn scripted_tool_server(name: &str, expected: &serde_json::Value) -> (TempDir, Server, String, String) {
+    let tmp = TempDir::new(&format!("server-tool-call-{name}"));
+    let model = tool_model(&tmp, name, expected["fixture"].as_str().unwrap(), expected["template"].as_str().unwrap());
     // Our tokenizer must agree with transformers' on the answer's text (its
     // reasoning and the call), or the script would not spell what the test
     // expects.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use waste_host::{Constraint, Engine, GenerateParams, StopReason};
 
 use crate::common::{convert, open_session, report_skip, stderr, stdout, waste, TempDir};
-use crate::server::{python_has, run_client_script, start};
+use crate::server::{post_json, python_has, run_client_script, start, tool_model};
 
 fn tiny_qwen3(tmp: &TempDir) -> PathBuf {
     convert("qwen3_moe", "q8", "q8", tmp.path())
@@ -188,4 +188,86 @@ fn server_forced_tool_calls_follow_the_tools_schema() {
         &["qwen3-hermes", "6"],
     );
     drop(server);
+}
+
+/// Forced tool calls in each syntax that writes arguments as tagged text
+/// (Qwen3.5's XML, GLM-4.6's key/value pairs, DeepSeek-V3.2's and V4's
+/// DSML), from the random-weight fixtures with thinking off so the call
+/// comes first: every answer, as the server's parser reads it back, is one
+/// call of an allowed tool whose arguments satisfy its schema
+/// (tests/server/test_forced_tool.py, jsonschema).
+#[test]
+fn server_forced_tool_calls_in_each_text_syntax() {
+    for (module, package) in [("anthropic", "anthropic"), ("openai", "openai"), ("jsonschema", "jsonschema")] {
+        if let Err(why) = python_has(module, package) {
+            report_skip(&format!("SKIP server_forced_tool_calls_in_each_text_syntax: {why}"));
+            return;
+        }
+    }
+    for (name, fixture, template) in [
+        ("qwen3_5", "tiny-qwen3_5_moe_text", "Qwen3.5-4B.jinja"),
+        ("glm4_moe", "tiny-glm4_moe", "GLM-4.6.jinja"),
+        ("deepseek_v32", "tiny-deepseek_v32", "deepseek-ai-DeepSeek-V3.2.jinja"),
+        ("deepseek_v4", "tiny-deepseek_v4", "deepseek-ai-DeepSeek-V4.jinja"),
+    ] {
+        let tmp = TempDir::new(&format!("structured-forced-{name}"));
+        let model = tool_model(&tmp, name, fixture, template);
+        let (server, url) = start(&model, &[]);
+        let served = format!("{name}-tools");
+        run_client_script(
+            "test_forced_tool.py",
+            "all forced tool checks passed",
+            &format!("forced tool, {name}"),
+            &url,
+            &[served.as_str(), "3", "thinking-off"],
+        );
+        drop(server);
+    }
+}
+
+/// MiniMax-M2 always reasons first (its generation prompt opens the think
+/// block), which a random-weight model never ends by itself, so
+/// examples/sampler-script writes the reasoning and the call's opening up
+/// to the first parameter; the token mask alone chooses the rest (the
+/// script falls back to greedy choice among what the mask allows). The
+/// answer must be the named tool's call, its reasoning apart, its
+/// arguments within the schema.
+#[test]
+fn server_forced_tool_call_after_minimax_reasoning() {
+    let tmp = TempDir::new("structured-forced-minimax");
+    let model = tool_model(&tmp, "minimax_m2", "tiny-minimax_m2", "MiniMax-M2.jinja");
+    let opening = "Checking.\n</think>\n\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<";
+    let o = waste(&["tokenize", model.to_str().unwrap(), opening, "--json"]);
+    assert!(o.status.success(), "tokenize: {}", stderr(&o));
+    let ids: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let ids = ids.get("tokens").unwrap_or(&ids).as_array().unwrap().clone();
+    let mut args = vec!["--sampler".to_string(), crate::plugins::plugin("script").to_str().unwrap().to_string()];
+    for (i, id) in ids.iter().enumerate() {
+        args.extend(["--sampler-opt".to_string(), format!("t{i}={id}")]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (server, url) = start(&model, &args);
+    let weather = serde_json::json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "unit": {"enum": ["C", "F"]}}, "required": ["city", "days", "unit"]});
+    let body = serde_json::json!({"model": "minimax", "max_tokens": 200,
+        "messages": [{"role": "user", "content": "Call a tool."}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": weather}},
+                  {"type": "function", "function": {"name": "set_alarm", "parameters": {"type": "object"}}}],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
+    let (status, answer) = post_json(&url, "/v1/chat/completions", &body);
+    drop(server);
+    assert_eq!(status, 200, "{answer}");
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
+    assert_eq!(choice["message"]["reasoning_content"], "Checking.", "{answer}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{answer}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather", "{answer}");
+    let a: serde_json::Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    let city = a["city"].as_str().unwrap_or_else(|| panic!("city: {a}"));
+    assert!(city.chars().count() <= 10, "{a}");
+    assert!(a["days"].as_u64().is_some_and(|d| (1..=7).contains(&d)), "{a}");
+    assert!(a["unit"] == "C" || a["unit"] == "F", "{a}");
+    assert_eq!(a.as_object().unwrap().len(), 3, "{a}");
 }

@@ -2,11 +2,13 @@
 """A forced tool call from a model with random weights, through the official
 clients:
 
-    test_forced_tool.py BASE_URL API_KEY MODEL_ID [SEEDS]
+    test_forced_tool.py BASE_URL API_KEY MODEL_ID [SEEDS [thinking-off]]
 
-The server runs the tiny Qwen3-MoE fixture with Qwen2.5's chat template
-(Hermes `<tool_call>` JSON, no reasoning before a call), so nothing but the
-token mask makes the answer a call. For Anthropic's `tool_choice` any and
+The server runs a tiny random-weight fixture with a template whose call
+comes first: Qwen2.5's (Hermes `<tool_call>` JSON, no reasoning before a
+call), or a reasoning family's with `thinking-off` (Anthropic `thinking`
+disabled, OpenAI `reasoning_effort` none), so nothing but the token mask
+makes the answer a call. For Anthropic's `tool_choice` any and
 tool, and OpenAI's `tool_choice` "required" and a named function, every
 answer must be exactly one call of an allowed tool whose input validates
 against that tool's schema with `jsonschema` (stop_reason "tool_use",
@@ -24,6 +26,9 @@ import openai
 
 BASE, KEY, MODEL = sys.argv[1:4]
 SEEDS = int(sys.argv[4]) if len(sys.argv) > 4 else 6
+THINKING_OFF = len(sys.argv) > 5 and sys.argv[5] == "thinking-off"
+ANTHROPIC_EXTRA = {"thinking": {"type": "disabled"}} if THINKING_OFF else {}
+OPENAI_EXTRA = {"reasoning_effort": "none"} if THINKING_OFF else {}
 failures = []
 
 
@@ -43,7 +48,7 @@ ALARM = {"type": "object", "properties": {"hour": {"type": "integer", "minimum":
          "required": ["hour"], "additionalProperties": False}
 SCHEMAS = {"get_weather": WEATHER, "set_alarm": ALARM}
 ASK = [{"role": "user", "content": "Call a tool."}]
-LIMIT = 160
+LIMIT = 400  # the XML syntaxes spell a call in ~200 of the fixtures' 512-entry vocabulary's tokens
 
 
 def valid(name, arguments, allowed, what):
@@ -62,7 +67,7 @@ def anthropic_calls():
         for seed in range(SEEDS):
             what = f"anthropic {choice} seed {seed}"
             m = client.messages.create(model=MODEL, max_tokens=LIMIT, messages=ASK, tools=tools, tool_choice=choice,
-                                       extra_body={"temperature": 1.0, "seed": seed})
+                                       extra_body={"temperature": 1.0, "seed": seed, **ANTHROPIC_EXTRA})
             uses = [b for b in m.content if b.type == "tool_use"]
             check(m.stop_reason == "tool_use" and len(uses) == 1, f"{what}: {m.stop_reason} {m.content}")
             for u in uses:
@@ -78,7 +83,8 @@ def openai_calls():
         for seed in range(SEEDS):
             what = f"openai {choice} seed {seed}"
             r = client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, tool_choice=choice,
-                                               max_tokens=LIMIT, temperature=1.0, seed=seed)
+                                               max_tokens=LIMIT, temperature=1.0, seed=seed,
+                                               extra_body=OPENAI_EXTRA)
             c = r.choices[0]
             calls = c.message.tool_calls or []
             check(c.finish_reason == "tool_calls" and len(calls) == 1, f"{what}: {c.finish_reason} {c.message}")

@@ -91,14 +91,179 @@ fn harmony_calls_name_the_function_in_the_header_after_the_analysis() {
 }
 
 #[test]
-fn templates_writing_arguments_as_text_are_unsupported_and_unknown_tools_invalid() {
-    let tok = tokenizer("tiny-minimax_m2");
-    let t = template_file("MiniMax-M2.jinja");
-    assert!(matches!(lark(&t, &tok, &[], TOOLS, None, None), Err(ToolGrammarError::Unsupported(_))));
+fn unknown_tools_are_invalid() {
     let tok = tokenizer("tiny-qwen3_moe");
     let q = template_of_config("qwen3");
     assert!(matches!(lark(&q, &tok, &[], TOOLS, Some("nope"), None), Err(ToolGrammarError::Invalid(_))));
     assert!(matches!(lark(&q, &tok, &[], "{}", None, None), Err(ToolGrammarError::Invalid(_))));
+}
+
+/// A family whose template writes each argument as tagged text: its
+/// fixture's tokenizer and its template. The fixtures share one 512-entry
+/// tokenizer whose end of turn is `<|im_end|>`; where a template ends its
+/// turn with other text, that text (`unended`) is no token there, so the
+/// grammar asks for it as text.
+struct TextFamily {
+    fixture: &'static str,
+    template: &'static str,
+    unended: &'static str,
+}
+
+const TEXT_FAMILIES: [TextFamily; 5] = [
+    TextFamily { fixture: "tiny-qwen3_5_moe_text", template: "Qwen3.5-4B.jinja", unended: "" },
+    TextFamily { fixture: "tiny-glm4_moe", template: "GLM-4.6.jinja", unended: "" },
+    TextFamily { fixture: "tiny-minimax_m2", template: "MiniMax-M2.jinja", unended: "[e~[\n" },
+    TextFamily {
+        fixture: "tiny-deepseek_v32",
+        template: "deepseek-ai-DeepSeek-V3.2.jinja",
+        unended: "<｜end▁of▁sentence｜>",
+    },
+    TextFamily {
+        fixture: "tiny-deepseek_v4",
+        template: "deepseek-ai-DeepSeek-V4.jinja",
+        unended: "<｜end▁of▁sentence｜>",
+    },
+];
+
+impl TextFamily {
+    /// The forced call's grammar (to `name`, or any tool) and its vocabulary.
+    fn grammar(&self, tools: &str, name: Option<&str>) -> (Tokenizer, Vocabulary, String) {
+        let tok = tokenizer(self.fixture);
+        let eos = [tok.token_id("<|im_end|>").unwrap()];
+        let grammar = lark(&template_file(self.template), &tok, &eos, tools, name, None)
+            .unwrap_or_else(|e| panic!("{}: {e:?}", self.template));
+        let vocab = Vocabulary::new(&tok, tok.vocab_size() as u32, &eos).unwrap();
+        (tok, vocab, grammar)
+    }
+
+    /// A call in the family's syntax, as the server's parser reads it.
+    fn call(&self, name: &str, args: &[(&str, &str, bool)]) -> String {
+        let (open, close) = match self.template {
+            t if t.starts_with("Qwen") => (format!("<tool_call>\n<function={name}>\n"), "</function>\n</tool_call>"),
+            t if t.starts_with("GLM") => (format!("<tool_call>{name}\n"), "</tool_call>"),
+            t if t.starts_with("MiniMax") => {
+                (format!("<minimax:tool_call>\n<invoke name=\"{name}\">\n"), "</invoke>\n</minimax:tool_call>")
+            }
+            t if t.contains("V3.2") => (
+                format!("<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"{name}\">\n"),
+                "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+            ),
+            _ => (
+                format!("<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"{name}\">\n"),
+                "</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+            ),
+        };
+        let mut text = open;
+        if args.is_empty() && self.template.contains("V4") {
+            text.push('\n'); // V4's template leaves a blank line in a call without arguments.
+        }
+        for (k, v, is_text) in args {
+            text.push_str(&match self.template {
+                t if t.starts_with("Qwen") => format!("<parameter={k}>\n{v}\n</parameter>\n"),
+                t if t.starts_with("GLM") => format!("<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n"),
+                t if t.starts_with("MiniMax") => format!("<parameter name=\"{k}\">{v}</parameter>\n"),
+                _ => format!("<｜DSML｜parameter name=\"{k}\" string=\"{is_text}\">{v}</｜DSML｜parameter>\n"),
+            });
+        }
+        text + close + self.unended
+    }
+
+    /// The answer as the model writes it: reasoning closed first where the
+    /// template opens it in the generation prompt (MiniMax-M2; Qwen3.5's
+    /// opens it too, but its empty past block shows in the call's turn).
+    fn answer(&self, call: &str) -> String {
+        match self.template {
+            t if t.starts_with("MiniMax") || t.starts_with("Qwen") => format!("The weather, then.\n</think>\n\n{call}"),
+            t if t.starts_with("GLM") => format!("\n<think>The weather, then.</think>\n{call}"),
+            _ => call.to_string(),
+        }
+    }
+}
+
+#[test]
+fn text_syntaxes_constrain_each_argument_to_its_schema() {
+    for family in &TEXT_FAMILIES {
+        let (tok, vocab, grammar) = family.grammar(TOOLS, Some("get_weather"));
+        let what = family.template;
+        let good = family.answer(&family.call("get_weather", &[("city", "Paris", true), ("days", "3", false)]));
+        assert!(accepts(&vocab, &grammar, &tok, &good), "{what}: refused {good:?}\n{grammar}");
+        for bad in [
+            family.call("noop", &[]),
+            family.call("get_weather", &[("city", "Paris", true), ("days", "9", false)]),
+            family.call("get_weather", &[("city", "Paris", true), ("days", "three", false)]),
+            family.call("get_weather", &[("city", "Parisparisparis", true), ("days", "3", false)]),
+            family.call("get_weather", &[("city", "Paris", true)]),
+            family.call("get_weather", &[("days", "3", false), ("city", "Paris", true)]),
+        ] {
+            assert!(!accepts(&vocab, &grammar, &tok, &family.answer(&bad)), "{what}: accepted {bad:?}\n{grammar}");
+        }
+        // Any declared tool when none is named; one without parameters.
+        let (_, _, any) = family.grammar(TOOLS, None);
+        let noop = family.answer(&family.call("noop", &[]));
+        assert!(accepts(&vocab, &any, &tok, &noop), "{what}: refused {noop:?}\n{any}");
+    }
+}
+
+#[test]
+fn text_values_follow_enums_patterns_and_optional_parameters() {
+    let tools = r##"[{"type": "function", "function": {"name": "set_alarm", "parameters": {"type": "object",
+        "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23},
+        "label": {"type": "string", "pattern": "^[a-z]{1,8}$"}, "unit": {"enum": ["C", "F"]},
+        "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}}},
+        "required": ["hour"], "$defs": {"tag": {"type": "string", "maxLength": 3}}}}}]"##;
+    for family in &TEXT_FAMILIES {
+        let (tok, vocab, grammar) = family.grammar(tools, None);
+        let what = family.template;
+        for good in [
+            family.call("set_alarm", &[("hour", "7", false)]),
+            family.call("set_alarm", &[("hour", "7", false), ("label", "wake", true), ("unit", "F", true)]),
+            family.call("set_alarm", &[("hour", "0", false), ("tags", r#"["ab","c"]"#, false)]),
+        ] {
+            let good = family.answer(&good);
+            assert!(accepts(&vocab, &grammar, &tok, &good), "{what}: refused {good:?}\n{grammar}");
+        }
+        for bad in [
+            family.call("set_alarm", &[("label", "wake", true)]),
+            family.call("set_alarm", &[("hour", "7", false), ("label", "Wake", true)]),
+            family.call("set_alarm", &[("hour", "7", false), ("unit", "K", true)]),
+            family.call("set_alarm", &[("hour", "7", false), ("tags", r#"["abcd"]"#, false)]),
+        ] {
+            assert!(!accepts(&vocab, &grammar, &tok, &family.answer(&bad)), "{what}: accepted {bad:?}\n{grammar}");
+        }
+    }
+}
+
+/// What transformers renders for each fixture's call (the server's tool
+/// round-trip cases) is a call the grammar takes, after its reasoning.
+#[test]
+fn transformers_calls_in_text_syntaxes_are_accepted() {
+    for (case, family) in
+        [("qwen3_5", &TEXT_FAMILIES[0]), ("glm4_moe", &TEXT_FAMILIES[1]), ("minimax_m2", &TEXT_FAMILIES[2])]
+    {
+        let (tools, call) = expected(case);
+        let (tok, vocab, grammar) = family.grammar(&tools, None);
+        let answer = family.answer(&format!("{call}{}", family.unended));
+        assert!(accepts(&vocab, &grammar, &tok, &answer), "{case}: {answer:?}\n{grammar}");
+    }
+}
+
+/// Regression: a template whose generation prompt opens a think block
+/// that its past turns leave out (MiniMax-M2, DeepSeek-V3.2) was refused as
+/// "does not continue its generation prompt"; the call then follows the
+/// model's own `</think>`, or comes first after an empty block.
+#[test]
+fn a_generation_prompt_opening_reasoning_was_not_a_call_syntax() {
+    let minimax = &TEXT_FAMILIES[2];
+    let (tok, vocab, grammar) = minimax.grammar(TOOLS, Some("noop"));
+    let call = minimax.call("noop", &[]);
+    assert!(accepts(&vocab, &grammar, &tok, &minimax.answer(&call)), "{grammar}");
+    assert!(accepts(&vocab, &grammar, &tok, &format!("</think>\n{call}")), "the reasoning may be empty: {grammar}");
+    assert!(!accepts(&vocab, &grammar, &tok, &call), "the think block the prompt opened must close: {grammar}");
+    let deepseek = &TEXT_FAMILIES[3];
+    let (tok, vocab, grammar) = deepseek.grammar(TOOLS, Some("noop"));
+    let call = deepseek.call("noop", &[]);
+    assert!(accepts(&vocab, &grammar, &tok, &call), "{grammar}");
+    assert!(!accepts(&vocab, &grammar, &tok, &format!("Sure.{call}")), "thinking off: the call comes first");
 }
 
 #[test]

@@ -51,6 +51,18 @@ pub(crate) trait Dialect: Send + Sized + 'static {
     /// The whole answer of a request that did not stream, as JSON text.
     fn answer(self, answer: Answer) -> String;
 
+    /// The whole answer of a request for several choices (OpenAI's `n`),
+    /// one answer each, in order. Only a dialect whose parser asks for
+    /// more than one choice is given more than one; the others answer the
+    /// first.
+    fn answers(self, mut answers: Vec<Answer>) -> String {
+        self.answer(answers.swap_remove(0))
+    }
+
+    /// A stream's next choice begins (after `finish` ended the one
+    /// before): its opening frames.
+    fn next_choice(&mut self, _prompt: PromptFacts, _out: &mut String) {}
+
     /// An error answered before anything was sent, in the dialect's shape.
     fn error_response(e: ApiError) -> Response;
 }
@@ -81,6 +93,10 @@ pub(crate) struct Generation<D> {
     pub stream: bool,
     /// The `x-waste-warning` of a request that named another model.
     pub warning: Option<String>,
+    /// Answers asked for (OpenAI's `n`), each generated from the same
+    /// prompt with the seed after the one before: the prompt is evaluated
+    /// once and the prefix cache resumes it for the others.
+    pub choices: u32,
     pub dialect: D,
 }
 
@@ -95,7 +111,7 @@ impl<D> Generation<D> {
         warning: Option<String>,
         dialect: D,
     ) -> Self {
-        Generation { prompt, params, want_texts: false, constraint_field: None, stream, warning, dialect }
+        Generation { prompt, params, want_texts: false, constraint_field: None, stream, warning, choices: 1, dialect }
     }
 }
 
@@ -142,6 +158,60 @@ pub(crate) async fn serve<D: Dialect>(
     drive(state, headers, body, path, received, parse).await.unwrap_or_else(D::error_response)
 }
 
+/// The jobs of a request's choices, submitted one after the other.
+pub(crate) struct Choices {
+    prompt: Prompt,
+    params: GenerateParams,
+    want_texts: bool,
+    constraint_field: Option<&'static str>,
+    next: u32,
+    total: u32,
+}
+
+impl Choices {
+    fn new<D>(g: &mut Generation<D>) -> Choices {
+        Choices {
+            prompt: std::mem::replace(&mut g.prompt, Prompt::Text(String::new())),
+            params: g.params.clone(),
+            want_texts: g.want_texts,
+            constraint_field: g.constraint_field,
+            next: 0,
+            total: g.choices.max(1),
+        }
+    }
+
+    /// Queues the next choice's job and waits for its prompt to be taken
+    /// (so a prompt the engine refuses is an error of its own); None when
+    /// every choice has been.
+    async fn submit_next(&mut self, state: &AppState) -> Result<Option<(PromptFacts, Receiver)>, ApiError> {
+        if self.next == self.total {
+            return Ok(None);
+        }
+        let last = self.next + 1 == self.total;
+        let prompt =
+            if last { std::mem::replace(&mut self.prompt, Prompt::Text(String::new())) } else { self.prompt.clone() };
+        let params =
+            GenerateParams { seed: self.params.seed.wrapping_add(u64::from(self.next)), ..self.params.clone() };
+        self.next += 1;
+        let (tx, mut rx) = unbounded_channel();
+        state.worker.submit(Job {
+            prompt,
+            params,
+            want_texts: self.want_texts,
+            count_only: false,
+            constraint_field: self.constraint_field,
+            events: tx,
+        })?;
+        match rx.recv().await {
+            Some(Event::Started(prompt)) => Ok(Some((prompt, rx))),
+            Some(Event::Failed(e)) => Err(e),
+            _ => Err(engine_dropped()),
+        }
+    }
+}
+
+type Receiver = UnboundedReceiver<Event>;
+
 async fn drive<D: Dialect>(
     state: Shared,
     headers: HeaderMap,
@@ -151,53 +221,45 @@ async fn drive<D: Dialect>(
     parse: impl FnOnce(&AppState, &[u8]) -> Result<Parsed<D>, ApiError>,
 ) -> Result<Response, ApiError> {
     let bytes = read_body(&state, &headers, body).await?;
-    let g = match parse(&state, &bytes)? {
+    let mut g = match parse(&state, &bytes)? {
         Parsed::Generate(g) => *g,
         Parsed::Answered(response) => return Ok(response),
     };
-    let (tx, mut rx) = unbounded_channel();
-    state.worker.submit(Job {
-        prompt: g.prompt,
-        params: g.params,
-        want_texts: g.want_texts,
-        count_only: false,
-        constraint_field: g.constraint_field,
-        events: tx,
-    })?;
+    let mut choices = Choices::new(&mut g);
     // Waiting for the prompt lets its errors be HTTP errors, streaming or not.
-    let prompt = match rx.recv().await {
-        Some(Event::Started(prompt)) => prompt,
-        Some(Event::Failed(e)) => return Err(e),
-        _ => return Err(engine_dropped()),
-    };
+    let (prompt, rx) = choices.submit_next(&state).await?.ok_or_else(engine_dropped)?;
     let clock = Clock::start(received);
     let mut response = if g.stream {
         let log = RequestLog::streamed(&state, &headers, path);
-        streamed_response(Body::from_stream(frames(rx, g.dialect, prompt, clock, log)), D::STREAM)
+        let more = (choices.next < choices.total).then(|| (state.clone(), choices));
+        streamed_response(Body::from_stream(frames(rx, g.dialect, prompt, clock, log, more)), D::STREAM)
     } else {
-        collect(rx, g.dialect, clock).await?
+        let mut answers = vec![collect(rx, clock).await?];
+        while let Some((_, rx)) = choices.submit_next(&state).await? {
+            answers.push(collect(rx, clock).await?);
+        }
+        let tokens = Tokens {
+            prompt: answers[0].prompt.tokens,
+            completion: answers.iter().map(|a| a.completion.tokens.len()).sum(),
+        };
+        let json = if answers.len() == 1 { g.dialect.answer(answers.remove(0)) } else { g.dialect.answers(answers) };
+        let mut response = ([(header::CONTENT_TYPE, "application/json")], json).into_response();
+        response.extensions_mut().insert(tokens);
+        response
     };
     add_warning(&mut response, g.warning);
     Ok(response)
 }
 
-/// The whole answer, once the engine thread is done.
-async fn collect<D: Dialect>(
-    mut rx: UnboundedReceiver<Event>,
-    dialect: D,
-    mut clock: Clock,
-) -> Result<Response, ApiError> {
+/// One choice's whole answer, once the engine thread is done with it.
+async fn collect(mut rx: Receiver, mut clock: Clock) -> Result<Answer, ApiError> {
     loop {
         match rx.recv().await {
             Some(Event::Token(..)) => {
                 clock.first_token.get_or_insert_with(Instant::now);
             }
             Some(Event::Done { completion, prompt, texts, raw }) => {
-                let tokens = Tokens { prompt: prompt.tokens, completion: completion.tokens.len() };
-                let json = dialect.answer(Answer { completion, prompt, texts, raw, clock });
-                let mut response = ([(header::CONTENT_TYPE, "application/json")], json).into_response();
-                response.extensions_mut().insert(tokens);
-                return Ok(response);
+                return Ok(Answer { completion, prompt, texts, raw, clock });
             }
             Some(Event::Failed(e)) => return Err(e),
             Some(Event::Started(_) | Event::Counted(_)) => {}
@@ -227,7 +289,12 @@ pub(crate) async fn count(state: &AppState, prompt: Prompt, params: GeneratePara
 
 /// A stream between two of its chunks.
 struct Streaming<D> {
-    rx: UnboundedReceiver<Event>,
+    rx: Receiver,
+    /// The choices still to generate after this one's, and the state that
+    /// submits them.
+    more: Option<(Shared, Choices)>,
+    /// Completion tokens of the choices already finished.
+    completed: usize,
     dialect: D,
     prompt: PromptFacts,
     clock: Clock,
@@ -242,13 +309,25 @@ struct Streaming<D> {
 /// A generation's stream: each chunk is the frames `dialect` wrote for the
 /// events up to one that gave frames.
 pub(crate) fn frames<D: Dialect>(
-    rx: UnboundedReceiver<Event>,
+    rx: Receiver,
     dialect: D,
     prompt: PromptFacts,
     clock: Clock,
     log: RequestLog,
+    more: Option<(Shared, Choices)>,
 ) -> impl Stream<Item = Result<String, Infallible>> {
-    let st = Streaming { rx, dialect, prompt, clock, text: String::new(), opened: false, done: false, log };
+    let st = Streaming {
+        rx,
+        more,
+        completed: 0,
+        dialect,
+        prompt,
+        clock,
+        text: String::new(),
+        opened: false,
+        done: false,
+        log,
+    };
     futures_util::stream::unfold(st, next_chunk)
 }
 
@@ -275,12 +354,27 @@ async fn next_chunk<D: Dialect>(mut st: Streaming<D>) -> Option<(Result<String, 
                 }
             }
             Some(Event::Done { completion, prompt, texts, raw }) => {
-                let counts = (prompt.tokens, completion.tokens.len());
+                st.completed += completion.tokens.len();
                 let answer = Answer { completion, prompt, texts, raw, clock: st.clock };
                 st.dialect.finish(&answer, &st.text, &mut out);
-                st.done = true;
-                st.log.finish(200, Some(counts));
-                return Some((Ok(out), st));
+                let next = match &mut st.more {
+                    Some((state, choices)) => choices.submit_next(state).await,
+                    None => Ok(None),
+                };
+                match next {
+                    Ok(Some((prompt, rx))) => {
+                        st.rx = rx;
+                        st.text.clear();
+                        st.dialect.next_choice(prompt, &mut out);
+                        return Some((Ok(out), st));
+                    }
+                    Ok(None) => {
+                        st.done = true;
+                        st.log.finish(200, Some((st.prompt.tokens, st.completed)));
+                        return Some((Ok(out), st));
+                    }
+                    Err(e) => return Some(failed(st, &e, out)),
+                }
             }
             Some(Event::Failed(e)) => return Some(failed(st, &e, out)),
             Some(Event::Started(_) | Event::Counted(_)) => {}

@@ -16,6 +16,7 @@ use crate::neutral::Prompt;
 use crate::prefix_cache::{DiskCache, DiskOptions, DiskTally, PrefixCache, Source};
 
 /// The text of one token and of its alternatives, for log-probabilities.
+#[derive(Clone)]
 pub struct TokenTexts {
     pub token: String,
     pub top: Vec<(String, f32)>,

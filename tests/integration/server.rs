@@ -586,6 +586,30 @@ fn server_prefix_cache_evaluates_only_each_turns_new_tokens() {
     assert!(stdout.contains("all prefix-cache checks passed"), "{stdout}");
 }
 
+/// `n` choices through the openai client, chat and legacy completions,
+/// whole and streamed: choice i equals a one-choice request seeded S + i
+/// on a server without the prefix cache (text and log-probabilities), the
+/// prompt evaluated once and resumed for the other choices
+/// (tests/server/test_choices.py).
+#[test]
+fn server_answers_n_choices_each_equal_to_its_seeds_single_answer() {
+    if let Err(why) = python_has_openai() {
+        report_skip(&format!("SKIP server_answers_n_choices_each_equal_to_its_seeds_single_answer: {why}"));
+        return;
+    }
+    let (cached, cached_url) = start(&bible(), &["--cache-sessions", "2"]);
+    let (plain, plain_url) = start(&bible(), &["--cache-sessions", "0"]);
+    let out = python_command()
+        .arg(root().join("tests/server/test_choices.py"))
+        .args([cached_url.as_str(), plain_url.as_str(), KEY, "bible-moe"])
+        .output()
+        .expect("run test_choices.py");
+    drop((cached, plain));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "test_choices.py failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("all choice checks passed"), "{stdout}");
+}
+
 /// A model whose state cannot be cut back (Kimi-Linear's KDA layers)
 /// resumes only from a state taken where an earlier prompt ended: prompts
 /// that extend each other hit, one that diverges does not, and every

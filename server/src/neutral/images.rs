@@ -15,7 +15,7 @@ pub const MAX_IMAGES: usize = 32;
 
 /// Decoded image files of a prompt, in order, beside the markup already in
 /// its messages.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Images {
     pub files: Vec<Vec<u8>>,
 }

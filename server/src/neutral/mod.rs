@@ -15,6 +15,7 @@ use crate::error::ApiError;
 use images::Images;
 
 /// What the engine thread turns into prompt tokens, whichever API asked.
+#[derive(Clone)]
 pub enum Prompt {
     Chat {
         messages: Vec<ChatMessage>,

@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Value};
-use waste_host::{Completion, StopReason, TokenEvent};
+use waste_host::{StopReason, TokenEvent};
 
 use crate::driver::{self, Answer, Dialect, Generation, Parsed};
 use crate::error::ApiError;
@@ -42,6 +42,11 @@ pub(crate) struct Reply {
     pub live: Live,
     /// Whether the prompt opened a reasoning block.
     pub opens_reasoning: bool,
+    /// The choice being streamed (OpenAI's `index`) of `choices`.
+    pub index: u32,
+    pub choices: u32,
+    /// Completion tokens of the choices streamed before this one.
+    pub completed: usize,
 }
 
 fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, ApiError> {
@@ -69,10 +74,14 @@ fn parse(state: &AppState, body: &[u8], chat: bool) -> Result<Parsed<Reply>, Api
         include_usage: req.include_usage,
         live: Live::default(),
         opens_reasoning: false,
+        index: 0,
+        choices: req.choices,
+        completed: 0,
     };
     Ok(Generation {
         want_texts: req.logprobs,
         constraint_field: req.constraint_field,
+        choices: req.choices,
         ..Generation::new(req.prompt, req.params, req.stream, warning, reply)
     }
     .into())
@@ -102,9 +111,18 @@ impl Dialect for Reply {
         stream::error(e, out);
     }
 
-    fn answer(mut self, a: Answer) -> String {
-        self.opens_reasoning = a.prompt.opens_reasoning;
-        full_answer(&self, a.completion, &a.raw, a.prompt, &a.texts)
+    fn answer(self, a: Answer) -> String {
+        self.answers(vec![a])
+    }
+
+    fn answers(mut self, answers: Vec<Answer>) -> String {
+        self.opens_reasoning = answers.first().is_some_and(|a| a.prompt.opens_reasoning);
+        full_answer(&self, &answers)
+    }
+
+    fn next_choice(&mut self, prompt: PromptFacts, out: &mut String) {
+        self.index += 1;
+        self.open(prompt, out);
     }
 
     fn error_response(e: ApiError) -> Response {
@@ -215,45 +233,75 @@ impl Reply {
     }
 }
 
-/// The whole answer of a request that did not stream, as JSON text.
-pub(crate) fn full_answer(r: &Reply, c: Completion, raw: &str, prompt: PromptFacts, texts: &[TokenTexts]) -> String {
-    let mut finish = finish_reason(c.stop_reason);
+impl Reply {
+    /// The id a choice's tool calls are numbered under: the answer's, and
+    /// the choice's index after it past the first.
+    fn calls_id(&self, index: u32) -> String {
+        if index == 0 {
+            self.id.clone()
+        } else {
+            format!("{}_{index}", self.id)
+        }
+    }
+}
+
+/// The whole answer of a request that did not stream, one choice per
+/// answer (all from one prompt), as JSON text; usage counts the prompt
+/// once and every choice's tokens.
+pub(crate) fn full_answer(r: &Reply, answers: &[Answer]) -> String {
+    let Some(first) = answers.first() else { return r.text_completion(Vec::new(), None) };
+    let completion_tokens = answers.iter().map(|a| a.completion.tokens.len()).sum();
+    let usage = usage(first.prompt, completion_tokens);
     if !r.chat {
-        let texts: Vec<&TokenTexts> = texts.iter().collect();
-        let choice = TextChoice {
-            index: 0,
-            text: &c.text,
-            logprobs: r.logprobs.then(|| text_logprobs(&texts, &c.logprobs, 0)),
-            finish_reason: Some(finish),
-        };
-        return r.text_completion(vec![choice], Some(usage(prompt, c.tokens.len())));
+        let texts: Vec<Vec<&TokenTexts>> = answers.iter().map(|a| a.texts.iter().collect()).collect();
+        let choices = answers
+            .iter()
+            .zip(&texts)
+            .zip(0..)
+            .map(|((a, texts), index)| TextChoice {
+                index,
+                text: &a.completion.text,
+                logprobs: r.logprobs.then(|| text_logprobs(texts, &a.completion.logprobs, 0)),
+                finish_reason: Some(finish_reason(a.completion.stop_reason)),
+            })
+            .collect();
+        return r.text_completion(choices, Some(usage));
     }
-    let logprobs = if r.logprobs {
-        json!({"content": texts.iter().zip(&c.logprobs).map(|(t, &lp)| chat_logprob(t, lp)).collect::<Vec<_>>()})
-    } else {
-        Value::Null
-    };
-    let mut message = json!({"role": "assistant", "content": r.reading.content(&c.text, r.opens_reasoning)});
-    if let Some(p) = r.reading.split(&c.text, raw, r.opens_reasoning) {
-        message = json!({"role": "assistant", "content": p.content});
-        if let Some(reasoning) = &p.reasoning {
-            message["reasoning_content"] = json!(reasoning);
-        }
-        if !p.calls.is_empty() {
-            message["tool_calls"] = p.calls_json(&r.id);
-            finish = "tool_calls";
-        }
-    }
+    let choices: Vec<Value> = answers.iter().zip(0..).map(|(a, index)| chat_choice(r, a, index)).collect();
     json!({
         "id": r.id,
         "object": "chat.completion",
         "created": r.created,
         "model": r.model,
         "system_fingerprint": r.system_fingerprint,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": usage(prompt, c.tokens.len()),
+        "choices": choices,
+        "usage": usage,
     })
     .to_string()
+}
+
+/// One choice of a chat answer: the message read for its reasoning and
+/// tool calls.
+fn chat_choice(r: &Reply, a: &Answer, index: u32) -> Value {
+    let c = &a.completion;
+    let mut finish = finish_reason(c.stop_reason);
+    let logprobs = if r.logprobs {
+        json!({"content": a.texts.iter().zip(&c.logprobs).map(|(t, &lp)| chat_logprob(t, lp)).collect::<Vec<_>>()})
+    } else {
+        Value::Null
+    };
+    let mut message = json!({"role": "assistant", "content": r.reading.content(&c.text, r.opens_reasoning)});
+    if let Some(p) = r.reading.split(&c.text, &a.raw, r.opens_reasoning) {
+        message = json!({"role": "assistant", "content": p.content});
+        if let Some(reasoning) = &p.reasoning {
+            message["reasoning_content"] = json!(reasoning);
+        }
+        if !p.calls.is_empty() {
+            message["tool_calls"] = p.calls_json(&r.calls_id(index));
+            finish = "tool_calls";
+        }
+    }
+    json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish})
 }
 
 /// JSON text of a value whose maps keep their own order (a `Value` would

@@ -17,6 +17,11 @@ use crate::structured::{self, schema, with_grammar, Asked};
 /// out (every other sampling field defaults to off).
 const OPENAI_DEFAULT_TEMPERATURE: f64 = 1.0;
 
+/// The most answers (`n`) one request may ask for: each is a whole
+/// generation on the one engine thread, so a bound keeps one request from
+/// holding the queue for long.
+pub const MAX_CHOICES: u32 = 8;
+
 pub struct Request {
     pub model: Option<String>,
     pub prompt: Prompt,
@@ -31,6 +36,8 @@ pub struct Request {
     pub tools_enabled: bool,
     /// The field that asked for structured output (`params.constraint`).
     pub constraint_field: Option<&'static str>,
+    /// `n`: answers to generate from the prompt.
+    pub choices: u32,
 }
 
 fn stop_strings(o: &Obj) -> Result<Vec<String>, ApiError> {
@@ -168,12 +175,11 @@ fn reasoning_effort(o: &Obj) -> Result<Option<(bool, Option<&str>)>, ApiError> {
 pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiError> {
     let o = &object(body)?;
     let model = string(o, "model")?;
-    // Fields that would change the answer are refused rather than ignored.
-    for key in ["n", "best_of"] {
-        if field(o, key).is_some_and(|n| n.as_u64() != Some(1)) {
-            return Err(ApiError::bad_request(format!("only `{key}` = 1 is supported"), Some(key)));
-        }
+    // A field that would change the answer is refused rather than ignored.
+    if field(o, "best_of").is_some_and(|n| n.as_u64() != Some(1)) {
+        return Err(ApiError::bad_request("only `best_of` = 1 is supported", Some("best_of")));
     }
+    let choices = integer(o, "n", 1, u64::from(MAX_CHOICES))?.unwrap_or(1) as u32;
     let (prompt, tools_enabled) = if chat {
         let (tools, enabled) = tools(o)?;
         let tools = tools.map(|sorted| raw_field(body, "tools").unwrap_or(sorted));
@@ -257,7 +263,7 @@ pub fn parse(body: &[u8], chat: bool, context: usize) -> Result<Request, ApiErro
         constraint,
         ..GenerateParams::default()
     };
-    Ok(Request { model, prompt, params, stream, include_usage, logprobs, tools_enabled, constraint_field })
+    Ok(Request { model, prompt, params, stream, include_usage, logprobs, tools_enabled, constraint_field, choices })
 }
 
 /// `response_format` `{"type": "text" | "json_object"}` or

@@ -1,7 +1,8 @@
 //! An OpenAI answer as its SSE stream: the role first (chat), a chunk per
 //! token, or, when the answer is parsed for reasoning or tool calls, all of
-//! it at the end; then the finish reason, the usage chunk when asked for,
-//! and `[DONE]`.
+//! it at the end; then the finish reason; each choice (`n`) in turn, its
+//! `index` on each chunk; then the usage chunk when asked for, and
+//! `[DONE]`.
 
 use serde_json::{json, Value};
 use waste_host::TokenEvent;
@@ -36,7 +37,7 @@ impl Reply {
     fn chunk(&self, delta: Value, logprobs: ChunkLogprobs<'_>, finish: Option<&str>) -> String {
         if !self.chat {
             let choice = TextChoice {
-                index: 0,
+                index: self.index,
                 text: delta.as_str().unwrap_or(""),
                 logprobs: match logprobs {
                     ChunkLogprobs::Text(t) => Some(t),
@@ -50,7 +51,7 @@ impl Reply {
             ChunkLogprobs::Chat(v) => v,
             _ => Value::Null,
         };
-        let choices = json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]);
+        let choices = json!([{"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]);
         let mut v = self.chat_chunk(choices);
         if self.include_usage {
             v["usage"] = Value::Null;
@@ -148,7 +149,7 @@ impl Reply {
             }
             if !p.calls.is_empty() {
                 let calls: Vec<Value> = p
-                    .calls_json(&self.id)
+                    .calls_json(&self.calls_id(self.index))
                     .as_array()
                     .map(|a| {
                         a.iter()
@@ -174,8 +175,12 @@ impl Reply {
         }
         let empty = if self.chat { json!({}) } else { json!("") };
         out.push_str(&data(&self.chunk(empty, ChunkLogprobs::None, Some(finish))));
+        self.completed += completion.tokens.len();
+        if self.index + 1 < self.choices {
+            return; // The next choice follows.
+        }
         if self.include_usage {
-            out.push_str(&data(&self.usage_chunk(a.prompt, completion.tokens.len())));
+            out.push_str(&data(&self.usage_chunk(a.prompt, self.completed)));
         }
         out.push_str("data: [DONE]\n\n");
     }

@@ -39,7 +39,17 @@ fn reply_thinking(chat: bool, tools: bool, thinks: bool) -> Reply {
         include_usage: true,
         live: Live::default(),
         opens_reasoning: false,
+        index: 0,
+        choices: 1,
+        completed: 0,
     }
+}
+
+/// The whole answer of one choice.
+fn whole(r: &Reply, c: Completion, raw: &str, prompt: PromptFacts, texts: &[TokenTexts]) -> String {
+    let answer =
+        Answer { completion: c, prompt, texts: texts.to_vec(), raw: raw.into(), clock: Clock::start(Instant::now()) };
+    full_answer(r, &[answer])
 }
 
 fn completion(text: &str, tokens: usize, stop_reason: StopReason) -> Completion {
@@ -58,7 +68,7 @@ fn event(text: &str) -> TokenEvent {
 
 /// The chunks of the SSE stream the driver sends for `events`.
 fn chunks(reply: Reply, events: UnboundedReceiver<Event>) -> impl futures_util::Stream<Item = String> {
-    frames(events, reply, PROMPT, Clock::start(Instant::now()), RequestLog::none())
+    frames(events, reply, PROMPT, Clock::start(Instant::now()), RequestLog::none(), None)
         .map(|c| c.unwrap_or_else(|e| match e {}))
 }
 
@@ -88,14 +98,9 @@ fn finishes(chunks: &[Value]) -> Vec<&Value> {
 
 #[test]
 fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
-    let v: Value = serde_json::from_str(&full_answer(
-        &reply(true, true),
-        completion(CALL, 20, StopReason::Eos),
-        CALL,
-        PROMPT,
-        &[],
-    ))
-    .unwrap();
+    let v: Value =
+        serde_json::from_str(&whole(&reply(true, true), completion(CALL, 20, StopReason::Eos), CALL, PROMPT, &[]))
+            .unwrap();
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls");
     assert_eq!(choice["message"]["content"], "Let me look.");
@@ -112,14 +117,9 @@ fn tool_call_answer_has_tool_calls_and_finish_reason_tool_calls() {
 
 #[test]
 fn tool_call_text_without_tools_in_the_request_stays_text() {
-    let v: Value = serde_json::from_str(&full_answer(
-        &reply(true, false),
-        completion(CALL, 20, StopReason::Eos),
-        CALL,
-        PROMPT,
-        &[],
-    ))
-    .unwrap();
+    let v: Value =
+        serde_json::from_str(&whole(&reply(true, false), completion(CALL, 20, StopReason::Eos), CALL, PROMPT, &[]))
+            .unwrap();
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(v["choices"][0]["message"]["content"], CALL);
     assert!(v["choices"][0]["message"].get("tool_calls").is_none());
@@ -178,7 +178,7 @@ async fn legacy_completion_top_logprobs_are_most_likely_first() {
         vec![TokenTexts { token: "z".into(), top: vec![("z".into(), -0.1), ("a".into(), -2.5), ("m".into(), -3.0)] }];
     let mut r = reply(false, false);
     r.logprobs = true;
-    let text = full_answer(&r, completion("z", 1, StopReason::Length), "z", PROMPT, &texts);
+    let text = whole(&r, completion("z", 1, StopReason::Length), "z", PROMPT, &texts);
     let (z, a, m) = (text.find("\"z\":").unwrap(), text.find("\"a\":").unwrap(), text.find("\"m\":").unwrap());
     assert!(z < a && a < m, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
@@ -215,7 +215,7 @@ async fn think_block_streams_as_reasoning_then_content() {
     };
     assert_eq!(field("reasoning_content"), "First the waters.");
     assert_eq!(field("content"), "Light.");
-    let whole: Value = serde_json::from_str(&full_answer(
+    let whole: Value = serde_json::from_str(&whole(
         &reply_thinking(true, false, true),
         completion(text, 5, StopReason::Eos),
         text,

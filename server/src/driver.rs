@@ -48,6 +48,10 @@ pub(crate) trait Dialect: Send + Sized + 'static {
     /// the error goes as frames.
     fn error_frame(&mut self, e: &ApiError, out: &mut String);
 
+    /// A token of an answer that is not streamed, as it comes (the
+    /// Responses API counts reasoning tokens from them).
+    fn token(&mut self, _prompt: PromptFacts, _token: &TokenEvent) {}
+
     /// The whole answer of a request that did not stream, as JSON text.
     fn answer(self, answer: Answer) -> String;
 
@@ -234,9 +238,9 @@ async fn drive<D: Dialect>(
         let more = (choices.next < choices.total).then(|| (state.clone(), choices));
         streamed_response(Body::from_stream(frames(rx, g.dialect, prompt, clock, log, more)), D::STREAM)
     } else {
-        let mut answers = vec![collect(rx, clock).await?];
-        while let Some((_, rx)) = choices.submit_next(&state).await? {
-            answers.push(collect(rx, clock).await?);
+        let mut answers = vec![collect(rx, clock, &mut g.dialect, prompt).await?];
+        while let Some((prompt, rx)) = choices.submit_next(&state).await? {
+            answers.push(collect(rx, clock, &mut g.dialect, prompt).await?);
         }
         let tokens = Tokens {
             prompt: answers[0].prompt.tokens,
@@ -251,12 +255,19 @@ async fn drive<D: Dialect>(
     Ok(response)
 }
 
-/// One choice's whole answer, once the engine thread is done with it.
-async fn collect(mut rx: Receiver, mut clock: Clock) -> Result<Answer, ApiError> {
+/// One choice's whole answer, once the engine thread is done with it;
+/// `dialect` sees each token as it comes.
+async fn collect<D: Dialect>(
+    mut rx: Receiver,
+    mut clock: Clock,
+    dialect: &mut D,
+    prompt: PromptFacts,
+) -> Result<Answer, ApiError> {
     loop {
         match rx.recv().await {
-            Some(Event::Token(..)) => {
+            Some(Event::Token(token, _)) => {
                 clock.first_token.get_or_insert_with(Instant::now);
+                dialect.token(prompt, &token);
             }
             Some(Event::Done { completion, prompt, texts, raw }) => {
                 return Ok(Answer { completion, prompt, texts, raw, clock });

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::state::{record, unknown_model, AppState, LoggedByStream, Shared, Tokens};
-use crate::{anthropic, llama_server, ollama, openai};
+use crate::{anthropic, llama_server, ollama, openai, responses};
 
 pub fn router(state: Shared) -> Router {
     // The OpenAI routes answer with and without `/v1`: clients set up for
@@ -33,6 +33,7 @@ pub fn router(state: Shared) -> Router {
             .route(&format!("{prefix}/models/{{id}}"), get(model));
     }
     let v1 = v1
+        .route("/v1/responses", post(responses::responses))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))

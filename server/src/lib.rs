@@ -1,5 +1,5 @@
 //! `waste serve`: an HTTP server over the WASTE Rust API speaking OpenAI's
-//! chat and completions API, Anthropic's Messages API and Ollama's API,
+//! chat, completions and Responses APIs, Anthropic's Messages API and Ollama's API,
 //! each a folder that parses its requests and shapes its answers around
 //! one request driver (see [`driver`]). One engine thread per model
 //! generates (see [`worker`]); tokio + axum carry the HTTP side and never
@@ -8,7 +8,7 @@
 //! Layering inside the crate, each module using only those listed before
 //! it (tests/integration/layering.rs holds it): `error`, `ordered`,
 //! `tools`, `neutral`, `structured`, `prefix_cache`, `worker`, `state`, `driver`, `openai`,
-//! `anthropic`, `ollama`, `llama_server`, `http`.
+//! `responses`, `anthropic`, `ollama`, `llama_server`, `http`.
 
 mod anthropic;
 mod driver;
@@ -20,6 +20,7 @@ mod ollama;
 mod openai;
 mod ordered;
 mod prefix_cache;
+mod responses;
 mod state;
 mod structured;
 mod tools;

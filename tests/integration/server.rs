@@ -586,6 +586,45 @@ fn server_prefix_cache_evaluates_only_each_turns_new_tokens() {
     assert!(stdout.contains("all prefix-cache checks passed"), "{stdout}");
 }
 
+/// OpenAI's Responses API through the official client (Codex's API):
+/// answers equal to the chat API's, the SDK's stream helper fed our
+/// events, `incomplete` at max_output_tokens, stored-state fields refused
+/// (tests/server/test_responses.py basic).
+#[test]
+fn server_answers_the_responses_api() {
+    if let Err(why) = python_has_openai() {
+        report_skip(&format!("SKIP server_answers_the_responses_api: {why}"));
+        return;
+    }
+    let (server, url) = start(&bible(), &[]);
+    run_client_script("test_responses.py", "all responses checks passed", "responses", &url, &["basic", "bible-moe"]);
+    let log = server.log();
+    assert!(log.iter().any(|l| l.starts_with("POST /v1/responses 200 stream ")), "{log:?}");
+}
+
+/// Each family's tool call through the Responses API: a `function_call`
+/// item (and a `reasoning` item), whole and streamed, and the call's
+/// output sent back rendering transformers' prompt
+/// (tests/server/test_responses.py tools).
+#[test]
+fn server_responses_api_returns_each_familys_tool_call() {
+    if let Err(why) = python_has_openai() {
+        report_skip(&format!("SKIP server_responses_api_returns_each_familys_tool_call: {why}"));
+        return;
+    }
+    each_scripted_tool_server(|name, url, served| {
+        let what = format!("responses tools, {name}");
+        let out = python_command()
+            .arg(root().join("tests/server/test_responses.py"))
+            .args([url, KEY, "tools", served, name])
+            .output()
+            .expect("run test_responses.py");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{what}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("all responses checks passed"), "{what}: {stdout}");
+    });
+}
+
 /// `n` choices through the openai client, chat and legacy completions,
 /// whole and streamed: choice i equals a one-choice request seeded S + i
 /// on a server without the prefix cache (text and log-probabilities), the

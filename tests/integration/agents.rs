@@ -1,14 +1,17 @@
 //! The coding agents themselves against `waste serve` (issue 37 item 6):
 //! Claude Code, as a user runs it (`claude -p`), pointed at the server with
-//! `ANTHROPIC_BASE_URL`, and OpenCode (`opencode run`) with the server as an
-//! OpenAI-compatible provider in its `opencode.json`. The clients are installed by the test under the
-//! target directory from tests/agents/package.json (exact versions) and its
-//! lock, and kept while the lock file is unchanged.
+//! `ANTHROPIC_BASE_URL`; OpenCode (`opencode run`) with the server as an
+//! OpenAI-compatible provider in its `opencode.json`; and Codex (`codex
+//! exec`) with the server as a Responses API provider in its
+//! `config.toml`. The clients are installed by the test under the target
+//! directory from tests/agents/package.json (exact versions) and its lock,
+//! and kept while the lock file is unchanged.
 //!
 //! The model is the tiny random-weight Qwen3-MoE fixture with Qwen3's real
 //! chat template and a context raised to 131,072 tokens, large enough for
 //! the agent's system prompt and tool schemas; examples/sampler-script
-//! writes the answer, so what the client shows is known.
+//! writes the answer, so what the client shows is known: a tool call, and
+//! the answer to its result for a request that carries one.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -82,17 +85,36 @@ fn agent_model(tmp: &TempDir) -> PathBuf {
     model
 }
 
-/// `waste serve` on `model` writing `answer` (markup: `<|im_end|>` is the
-/// end-of-turn token) for every request.
-fn scripted_server(model: &Path, answer: &str) -> (Server, String) {
-    let o = waste(&["tokenize", model.to_str().unwrap(), answer, "--markup", "--json"]);
+/// The token ids of `text` (markup: special tokens by name) in `model`.
+fn token_ids(model: &Path, text: &str) -> Vec<u64> {
+    let o = waste(&["tokenize", model.to_str().unwrap(), text, "--markup", "--json"]);
     assert!(o.status.success(), "tokenize: {}", stderr(&o));
     let ids: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    ids["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
+}
+
+/// What closes a tool's result in Qwen3's template, a few tokens before
+/// the prompt's end: a request whose prompt ends with it is a tool turn's
+/// second model call. (The plugin sees the last 64 tokens, the default
+/// penalty window; a tool's output can be longer, so its opening tag may
+/// be out of sight.)
+const TOOL_RESULT_MARKER: &str = "</tool_response>";
+
+/// `waste serve` on `model` writing `answer` (markup: `<|im_end|>` is the
+/// end-of-turn token) for every request, or `after_tool` for a request
+/// carrying a tool's result (its prompt ends with [`TOOL_RESULT_MARKER`]).
+fn scripted_server(model: &Path, answer: &str, after_tool: Option<&str>) -> (Server, String) {
     let mut args = vec!["--ctx".to_string(), "131072".into(), "--sampler".into()];
     args.push(crate::plugins::plugin("script").to_str().unwrap().to_string());
-    for (i, id) in ids["tokens"].as_array().unwrap().iter().enumerate() {
-        args.push("--sampler-opt".into());
-        args.push(format!("t{i}={id}"));
+    let mut script = vec![('t', answer)];
+    if let Some(after) = after_tool {
+        script.extend([('u', after), ('m', TOOL_RESULT_MARKER)]);
+    }
+    for (letter, text) in script {
+        for (i, id) in token_ids(model, text).iter().enumerate() {
+            args.push("--sampler-opt".into());
+            args.push(format!("{letter}{i}={id}"));
+        }
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     start(model, &args)
@@ -107,7 +129,7 @@ const GREETING: &str = "<think>\nThe user greets me.\n</think>\n\nHello from WAS
 fn greeting_server(tag: &str) -> (TempDir, Server, String) {
     let tmp = TempDir::new(tag);
     let model = agent_model(&tmp);
-    let (server, url) = scripted_server(&model, GREETING);
+    let (server, url) = scripted_server(&model, GREETING, None);
     (tmp, server, url)
 }
 
@@ -121,7 +143,15 @@ fn refused(log: &[String]) -> Vec<&String> {
 /// Runs `claude ARGS` against `url` with a home of its own and no traffic
 /// but to the server: (exit status, stdout, stderr).
 fn claude(agents: &Path, home: &Path, url: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    claude_in(agents, home, home, url, args)
+}
+
+/// [`claude`] in the project directory `work` (`--continue` resumes that
+/// directory's last conversation).
+fn claude_in(agents: &Path, home: &Path, work: &Path, url: &str, args: &[&str]) -> (Option<i32>, String, String) {
     let o = Command::new("timeout")
+        .current_dir(work)
+        .env("PWD", work)
         .arg("300")
         .arg(agents.join("node_modules/.bin/claude"))
         .args(args)
@@ -157,12 +187,11 @@ fn claude_code_answers_one_shot_with_thinking_through_waste_serve() {
     assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
 }
 
-/// A turn that calls a tool: after reasoning, the model calls Claude Code's
-/// Bash tool in Qwen3's `<tool_call>` syntax; the server returns it as a
-/// `tool_use` block, and the client runs it. The scripted sampler plays the
-/// same script for every request (a plugin is instantiated afresh for each
-/// generation), so the turn is capped at one model call (`--max-turns 1`):
-/// the client then stops with its own max-turns error, after the tool ran.
+/// A whole tool turn: after reasoning, the model calls Claude Code's Bash
+/// tool in Qwen3's `<tool_call>` syntax; the server returns it as a
+/// `tool_use` block, the client runs it and sends its result back, and the
+/// model's answer to that result (the sampler's second script, played for
+/// a prompt ending with the tool's result) is what the client prints.
 #[test]
 fn claude_code_runs_the_tool_the_model_calls() {
     let Some(agents) = agents_or_skip("claude_code_runs_the_tool_the_model_calls") else { return };
@@ -170,22 +199,55 @@ fn claude_code_runs_the_tool_the_model_calls() {
     let model = agent_model(&tmp);
     let marker = tmp.path().join("touched-by-the-agent");
     let arguments = serde_json::json!({"command": format!("touch {}", marker.display()), "description": "Touch it"});
-    let call = format!(
-        "<think>\nI will run it.\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>",
-        serde_json::json!({"name": "Bash", "arguments": arguments})
-    );
-    let (server, url) = scripted_server(&model, &call);
+    let (server, url) = scripted_server(&model, &tool_call("Bash", &arguments), Some(TOUCHED));
     let home = tmp.path().join("home");
     std::fs::create_dir(&home).unwrap();
-    let args = ["-p", "Touch the marker file", "--allowedTools", "Bash", "--max-turns", "1", "--model", "agent"];
+    let args = ["-p", "Touch the marker file", "--allowedTools", "Bash", "--model", "agent"];
     let (code, out, err) = claude(agents, &home, &url, &args);
     let log = server.log();
     drop(server);
     assert!(marker.exists(), "the tool did not run ({code:?}):\n{out}\n{err}\n{log:?}");
-    assert!(out.contains("Reached max turns (1)"), "({code:?}) {out}\n{err}\n{log:?}");
-    let requests: Vec<&String> = log.iter().filter(|l| l.starts_with("POST ") || l.starts_with("GET ")).collect();
-    assert_eq!(requests.len(), 1, "{log:?}");
-    assert!(requests[0].starts_with("POST /v1/messages 200 "), "{log:?}");
+    assert_eq!(code, Some(0), "claude -p failed:\n{out}\n{err}\n{log:?}");
+    assert_eq!(out.trim(), "The file is touched.", "{err}\n{log:?}");
+    let turns = log.iter().filter(|l| l.starts_with("POST /v1/messages 200 ")).count();
+    assert_eq!(turns, 2, "the call and the answer to its result: {log:?}");
+    assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
+}
+
+/// A tool call in Qwen3's syntax, after reasoning, ending the turn.
+fn tool_call(name: &str, arguments: &serde_json::Value) -> String {
+    format!(
+        "<think>\nI will run it.\n</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>",
+        serde_json::json!({"name": name, "arguments": arguments})
+    )
+}
+
+/// The scripted answer to a tool's result.
+const TOUCHED: &str = "<think>\nThe command ran.\n</think>\n\nThe file is touched.<|im_end|>";
+
+/// A second turn with thinking on: `claude -p --continue` sends the first
+/// turn back, its thinking block (signed by the server) included, and the
+/// server takes it: both turns are answered, nothing refused.
+#[test]
+fn claude_code_continues_a_conversation_with_thinking() {
+    let Some(agents) = agents_or_skip("claude_code_continues_a_conversation_with_thinking") else { return };
+    let (tmp, server, url) = greeting_server("agent-claude-continue");
+    let home = tmp.path().join("home");
+    let work = tmp.path().join("project");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::create_dir(&work).unwrap();
+    let mut outs = Vec::new();
+    for args in [&["-p", "Say hi", "--model", "agent"][..], &["-p", "Say it again", "--continue", "--model", "agent"]] {
+        let (code, out, err) = claude_in(agents, &home, &work, &url, args);
+        assert_eq!(code, Some(0), "claude {args:?} failed:\n{out}\n{err}\n{:?}", server.log());
+        outs.push(out.trim().to_string());
+    }
+    let log = server.log();
+    drop(server);
+    assert_eq!(outs, ["Hello from WASTE.", "Hello from WASTE."], "{log:?}");
+    let turns = log.iter().filter(|l| l.starts_with("POST /v1/messages 200 ")).count();
+    assert_eq!(turns, 2, "{log:?}");
+    assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
 }
 
 /// OpenCode's one-shot mode with the server as an OpenAI-compatible
@@ -239,5 +301,81 @@ fn opencode_answers_one_shot_through_waste_serve() {
     assert_eq!(o.status.code(), Some(0), "opencode run failed:\n{out}\n{err}\n{log:?}\nits log: {own_log}");
     assert_eq!(out.trim(), "Hello from WASTE.", "{err}\n{log:?}");
     assert!(log.iter().any(|l| l.starts_with("POST /v1/chat/completions 200 ")), "{log:?}");
+    assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
+}
+
+/// Runs `codex exec ARGS` in `work` against `url` through the Responses
+/// API, with a `CODEX_HOME` of its own naming the server as its provider
+/// (`wire_api = "responses"`): (exit status, stdout, stderr).
+fn codex(agents: &Path, home: &Path, work: &Path, url: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let config = format!(
+        "model = \"agent\"\nmodel_provider = \"waste\"\n\n[model_providers.waste]\nname = \"WASTE\"\n\
+         base_url = \"{url}/v1\"\nenv_key = \"WASTE_API_KEY\"\nwire_api = \"responses\"\n"
+    );
+    std::fs::write(home.join("config.toml"), config).unwrap();
+    let o = Command::new("timeout")
+        .arg("300")
+        .arg(agents.join("node_modules/.bin/codex"))
+        .args(["exec", "--skip-git-repo-check"])
+        .args(args)
+        .current_dir(work)
+        .env("CODEX_HOME", home)
+        .env("WASTE_API_KEY", KEY)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .output()
+        .expect("run codex");
+    (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// A home and a project directory for an agent, in `tmp`.
+fn home_and_project(tmp: &TempDir) -> (PathBuf, PathBuf) {
+    let (home, work) = (tmp.path().join("home"), tmp.path().join("project"));
+    std::fs::create_dir(&home).unwrap();
+    std::fs::create_dir(&work).unwrap();
+    (home, work)
+}
+
+/// Codex's one-shot mode through the Responses API: its request (its
+/// instructions, developer messages and tools) is answered on
+/// `/v1/responses` as a stream of typed events, the reasoning comes back
+/// as a reasoning item Codex does not print, the reply is printed, and it
+/// exits 0.
+#[test]
+fn codex_answers_one_shot_through_the_responses_api() {
+    let Some(agents) = agents_or_skip("codex_answers_one_shot_through_the_responses_api") else { return };
+    let (tmp, server, url) = greeting_server("agent-codex");
+    let (home, work) = home_and_project(&tmp);
+    let (code, out, err) = codex(agents, &home, &work, &url, &["Say hi"]);
+    let log = server.log();
+    drop(server);
+    assert_eq!(code, Some(0), "codex exec failed:\n{out}\n{err}\n{log:?}");
+    assert_eq!(out.trim(), "Hello from WASTE.", "{err}\n{log:?}");
+    assert!(log.iter().any(|l| l.starts_with("POST /v1/responses 200 stream ")), "{log:?}");
+    assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
+}
+
+/// A whole tool turn through Codex: the model calls Codex's
+/// `exec_command` tool, which Codex runs (its sandbox off: the test machine
+/// may not allow one) and whose output it sends back as a
+/// `function_call_output` item; the answer to that result is printed.
+#[test]
+fn codex_runs_the_tool_the_model_calls() {
+    let Some(agents) = agents_or_skip("codex_runs_the_tool_the_model_calls") else { return };
+    let tmp = TempDir::new("agent-codex-tool");
+    let model = agent_model(&tmp);
+    let (home, work) = home_and_project(&tmp);
+    let marker = work.join("touched-by-codex");
+    let arguments = serde_json::json!({"cmd": format!("touch {}", marker.display())});
+    let (server, url) = scripted_server(&model, &tool_call("exec_command", &arguments), Some(TOUCHED));
+    let args = ["--dangerously-bypass-approvals-and-sandbox", "Touch the marker file"];
+    let (code, out, err) = codex(agents, &home, &work, &url, &args);
+    let log = server.log();
+    drop(server);
+    assert!(marker.exists(), "the tool did not run ({code:?}):\n{out}\n{err}\n{log:?}");
+    assert_eq!(code, Some(0), "codex exec failed:\n{out}\n{err}\n{log:?}");
+    assert_eq!(out.trim(), "The file is touched.", "{err}\n{log:?}");
+    let turns = log.iter().filter(|l| l.starts_with("POST /v1/responses 200 ")).count();
+    assert_eq!(turns, 2, "the call and the answer to its result: {log:?}");
     assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
 }

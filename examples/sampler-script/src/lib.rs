@@ -4,11 +4,12 @@
 //! after the last one it falls back to greedy (argmax) choice.
 //!
 //! A second script, `u0`, `u1`, ..., is played instead when the tokens
-//! before the first draw (the penalty window and the prompt the generation
-//! evaluated) hold the sequence `m0`, `m1`, ...: an agent's request that
-//! carries a tool's result (its template's `<tool_response>` tag, say)
-//! then gets the answer to that result, while its first request gets the
-//! call. A plugin is instantiated afresh for every generation, so it
+//! before the first draw hold the sequence `m0`, `m1`, ...: an agent's
+//! request that ends with a tool's result (its template's
+//! `</tool_response>` tag, say) then gets the answer to that result, while
+//! its first request gets the call. Those tokens are the engine's penalty
+//! window (`recent`): the prompt's last 64 tokens unless the request sets
+//! another window, so the marker must lie that close to the prompt's end. A plugin is instantiated afresh for every generation, so it
 //! cannot count requests; the prompt is what tells them apart.
 //!
 //! Its use is testing what the engine and its clients do with a given

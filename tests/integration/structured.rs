@@ -190,21 +190,25 @@ fn server_forced_tool_calls_follow_the_tools_schema() {
     drop(server);
 }
 
-/// Forced tool calls in each syntax that writes arguments as tagged text
-/// (Qwen3.5's XML, GLM-4.6's key/value pairs, DeepSeek-V3.2's and V4's
-/// DSML), from the random-weight fixtures with thinking off so the call
-/// comes first: every answer, as the server's parser reads it back, is one
-/// call of an allowed tool whose arguments satisfy its schema
-/// (tests/server/test_forced_tool.py, jsonschema).
+/// Forced tool calls in each family's own syntax: Qwen3's Hermes JSON
+/// after its think block, and the syntaxes that
+/// write arguments as tagged text (Qwen3.5's XML, GLM-4.6's key/value
+/// pairs, DeepSeek-V3.2's and V4's DSML), from the random-weight fixtures
+/// with thinking off so the call comes first: every answer, as the
+/// server's parser reads it back, is one call of an allowed tool whose
+/// arguments satisfy its schema (tests/server/test_forced_tool.py,
+/// jsonschema). MiniMax-M2, which always reasons first, and gpt-oss have
+/// their own test.
 #[test]
-fn server_forced_tool_calls_in_each_text_syntax() {
+fn server_forced_tool_calls_in_each_familys_syntax() {
     for (module, package) in [("anthropic", "anthropic"), ("openai", "openai"), ("jsonschema", "jsonschema")] {
         if let Err(why) = python_has(module, package) {
-            report_skip(&format!("SKIP server_forced_tool_calls_in_each_text_syntax: {why}"));
+            report_skip(&format!("SKIP server_forced_tool_calls_in_each_familys_syntax: {why}"));
             return;
         }
     }
     for (name, fixture, template) in [
+        ("qwen3", "tiny-qwen3_moe", "qwen3"),
         ("qwen3_5", "tiny-qwen3_5_moe_text", "Qwen3.5-4B.jinja"),
         ("glm4_moe", "tiny-glm4_moe", "GLM-4.6.jinja"),
         ("deepseek_v32", "tiny-deepseek_v32", "deepseek-ai-DeepSeek-V3.2.jinja"),
@@ -226,17 +230,34 @@ fn server_forced_tool_calls_in_each_text_syntax() {
 }
 
 /// MiniMax-M2 always reasons first (its generation prompt opens the think
-/// block), which a random-weight model never ends by itself, so
-/// examples/sampler-script writes the reasoning and the call's opening up
-/// to the first parameter; the token mask alone chooses the rest (the
-/// script falls back to greedy choice among what the mask allows). The
-/// answer must be the named tool's call, its reasoning apart, its
-/// arguments within the schema.
+/// block), and so does gpt-oss in its analysis channel, whose markers the
+/// fixture's tokenizer spells as text, so its call's header cannot end the
+/// reasoning as a special token does; a random-weight model never ends
+/// that reasoning by itself, so examples/sampler-script writes it and the
+/// call's opening up to its arguments; the token mask alone chooses the
+/// rest (the script falls back to greedy choice among what the mask
+/// allows). The answer must be the named tool's call, its reasoning apart,
+/// its arguments within the schema.
 #[test]
-fn server_forced_tool_call_after_minimax_reasoning() {
-    let tmp = TempDir::new("structured-forced-minimax");
-    let model = tool_model(&tmp, "minimax_m2", "tiny-minimax_m2", "MiniMax-M2.jinja");
-    let opening = "Checking.\n</think>\n\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<";
+fn server_forced_tool_call_after_scripted_reasoning() {
+    forced_call_after_reasoning(
+        "minimax_m2",
+        "tiny-minimax_m2",
+        "MiniMax-M2.jinja",
+        "Checking.\n</think>\n\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<",
+    );
+    forced_call_after_reasoning(
+        "gpt_oss",
+        "tiny-gpt_oss",
+        "openai-gpt-oss-120b.jinja",
+        "<|channel|>analysis<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary \
+         to=functions.get_weather <|constrain|>json<|message|>",
+    );
+}
+
+fn forced_call_after_reasoning(name: &str, fixture: &str, template: &str, opening: &str) {
+    let tmp = TempDir::new(&format!("structured-forced-{name}"));
+    let model = tool_model(&tmp, name, fixture, template);
     let o = waste(&["tokenize", model.to_str().unwrap(), opening, "--json"]);
     assert!(o.status.success(), "tokenize: {}", stderr(&o));
     let ids: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
@@ -249,22 +270,24 @@ fn server_forced_tool_call_after_minimax_reasoning() {
     let (server, url) = start(&model, &args);
     let weather = serde_json::json!({"type": "object", "properties": {
         "city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
-        "unit": {"enum": ["C", "F"]}}, "required": ["city", "days", "unit"]});
-    let body = serde_json::json!({"model": "minimax", "max_tokens": 200,
+        "unit": {"enum": ["C", "F"]}}, "required": ["city", "days", "unit"], "additionalProperties": false});
+    let body = serde_json::json!({"model": name, "max_tokens": 200,
         "messages": [{"role": "user", "content": "Call a tool."}],
-        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": weather}},
-                  {"type": "function", "function": {"name": "set_alarm", "parameters": {"type": "object"}}}],
+        // gpt-oss's template writes each tool's description, and fails without one.
+        "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": weather}},
+                  {"type": "function", "function": {"name": "set_alarm", "description": "Alarm", "parameters": {"type": "object"}}}],
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
     let (status, answer) = post_json(&url, "/v1/chat/completions", &body);
     drop(server);
-    assert_eq!(status, 200, "{answer}");
+    assert_eq!(status, 200, "{name}: {answer}");
     let choice = &answer["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
     assert_eq!(choice["message"]["reasoning_content"], "Checking.", "{answer}");
     let calls = choice["message"]["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 1, "{answer}");
     assert_eq!(calls[0]["function"]["name"], "get_weather", "{answer}");
-    let a: serde_json::Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    let a: serde_json::Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{name}: {e}: {answer}"));
     let city = a["city"].as_str().unwrap_or_else(|| panic!("city: {a}"));
     assert!(city.chars().count() <= 10, "{a}");
     assert!(a["days"].as_u64().is_some_and(|d| (1..=7).contains(&d)), "{a}");

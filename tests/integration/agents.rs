@@ -250,19 +250,12 @@ fn claude_code_continues_a_conversation_with_thinking() {
     assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
 }
 
-/// OpenCode's one-shot mode with the server as an OpenAI-compatible
-/// provider (`@ai-sdk/openai-compatible`, which OpenCode fetches from npm
-/// itself): its title request and the turn (its system prompt and tools)
-/// are answered on `/v1/chat/completions`, the reasoning goes to
-/// `reasoning_content` and is not printed, the reply is, and it exits 0.
-#[test]
-fn opencode_answers_one_shot_through_waste_serve() {
-    let Some(agents) = agents_or_skip("opencode_answers_one_shot_through_waste_serve") else { return };
-    let (tmp, server, url) = greeting_server("agent-opencode");
-    let work = tmp.path().join("project");
-    let home = tmp.path().join("home");
-    std::fs::create_dir(&work).unwrap();
-    std::fs::create_dir(&home).unwrap();
+/// Runs `opencode run ARGS` in `work` with the server as an
+/// OpenAI-compatible provider (`@ai-sdk/openai-compatible`, which OpenCode
+/// fetches from npm itself) in the project's `opencode.json`, its tools
+/// allowed without asking: (exit status, stdout, stderr and OpenCode's own
+/// log's end, which says why a run failed before any request).
+fn opencode(agents: &Path, home: &Path, work: &Path, url: &str, args: &[&str]) -> (Option<i32>, String, String) {
     let config = serde_json::json!({
         "$schema": "https://opencode.ai/config.json",
         "provider": {"waste": {
@@ -272,35 +265,75 @@ fn opencode_answers_one_shot_through_waste_serve() {
             "models": {"agent": {"name": "agent"}},
         }},
         "model": "waste/agent",
+        "permission": {"bash": "allow", "edit": "allow"},
     });
     std::fs::write(work.join("opencode.json"), config.to_string()).unwrap();
     let o = Command::new("timeout")
         .arg("300")
         .arg(agents.join("node_modules/.bin/opencode"))
-        .args(["run", "Say hi", "-m", "waste/agent"])
-        .current_dir(&work)
+        .arg("run")
+        .args(args)
+        .args(["-m", "waste/agent"])
+        .current_dir(work)
         // OpenCode takes its project from $PWD, not from the working
         // directory: inherited, it would be the test's.
-        .env("PWD", &work)
-        .env("HOME", &home)
+        .env("PWD", work)
+        .env("HOME", home)
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")
         .output()
         .expect("run opencode");
-    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    let log = server.log();
-    drop(server);
-    // OpenCode's own log says why a run failed before any request.
     let own_log = std::fs::read_dir(home.join(".local/share/opencode/log"))
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| std::fs::read_to_string(e.path()).ok())
         .collect::<String>();
-    let own_log = &own_log[own_log.len().saturating_sub(3000)..];
-    assert_eq!(o.status.code(), Some(0), "opencode run failed:\n{out}\n{err}\n{log:?}\nits log: {own_log}");
-    assert_eq!(out.trim(), "Hello from WASTE.", "{err}\n{log:?}");
-    assert!(log.iter().any(|l| l.starts_with("POST /v1/chat/completions 200 ")), "{log:?}");
+    let err =
+        format!("{}\nits log: {}", String::from_utf8_lossy(&o.stderr), &own_log[own_log.len().saturating_sub(3000)..]);
+    (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned(), err)
+}
+
+/// OpenCode's one-shot mode: its title request and the turn (its system
+/// prompt and tools) are answered on `/v1/chat/completions`, the reasoning
+/// goes to `reasoning_content` and is not printed, the reply is, and it
+/// exits 0. Then a second turn (`--continue`) with the first in its
+/// history, answered the same way.
+#[test]
+fn opencode_answers_one_shot_through_waste_serve() {
+    let Some(agents) = agents_or_skip("opencode_answers_one_shot_through_waste_serve") else { return };
+    let (tmp, server, url) = greeting_server("agent-opencode");
+    let (home, work) = home_and_project(&tmp);
+    for args in [&["Say hi"][..], &["--continue", "Say it again"]] {
+        let (code, out, err) = opencode(agents, &home, &work, &url, args);
+        assert_eq!(code, Some(0), "opencode run {args:?} failed:\n{out}\n{err}\n{:?}", server.log());
+        assert_eq!(out.trim(), "Hello from WASTE.", "{args:?}: {err}\n{:?}", server.log());
+    }
+    let log = server.log();
+    drop(server);
+    let turns = log.iter().filter(|l| l.starts_with("POST /v1/chat/completions 200 ")).count();
+    assert!(turns >= 3, "a title and two turns: {log:?}");
+    assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
+}
+
+/// A whole tool turn through OpenCode: the model calls its `bash` tool,
+/// OpenCode runs it and sends the result back as a `tool` message, and the
+/// answer to that result is printed.
+#[test]
+fn opencode_runs_the_tool_the_model_calls() {
+    let Some(agents) = agents_or_skip("opencode_runs_the_tool_the_model_calls") else { return };
+    let tmp = TempDir::new("agent-opencode-tool");
+    let model = agent_model(&tmp);
+    let (home, work) = home_and_project(&tmp);
+    let marker = work.join("touched-by-opencode");
+    let arguments = serde_json::json!({"command": format!("touch {}", marker.display()), "description": "Touch it"});
+    let (server, url) = scripted_server(&model, &tool_call("bash", &arguments), Some(TOUCHED));
+    let (code, out, err) = opencode(agents, &home, &work, &url, &["Touch the marker file"]);
+    let log = server.log();
+    drop(server);
+    assert!(marker.exists(), "the tool did not run ({code:?}):\n{out}\n{err}\n{log:?}");
+    assert_eq!(code, Some(0), "opencode run failed:\n{out}\n{err}\n{log:?}");
+    assert!(out.trim().ends_with("The file is touched."), "{out}\n{err}\n{log:?}");
     assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
 }
 
@@ -340,18 +373,22 @@ fn home_and_project(tmp: &TempDir) -> (PathBuf, PathBuf) {
 /// instructions, developer messages and tools) is answered on
 /// `/v1/responses` as a stream of typed events, the reasoning comes back
 /// as a reasoning item Codex does not print, the reply is printed, and it
-/// exits 0.
+/// exits 0. Then a second turn (`exec resume --last`), which sends the
+/// first turn's reasoning item back in its input.
 #[test]
 fn codex_answers_one_shot_through_the_responses_api() {
     let Some(agents) = agents_or_skip("codex_answers_one_shot_through_the_responses_api") else { return };
     let (tmp, server, url) = greeting_server("agent-codex");
     let (home, work) = home_and_project(&tmp);
-    let (code, out, err) = codex(agents, &home, &work, &url, &["Say hi"]);
+    for args in [&["Say hi"][..], &["resume", "--last", "Say it again"]] {
+        let (code, out, err) = codex(agents, &home, &work, &url, args);
+        assert_eq!(code, Some(0), "codex exec {args:?} failed:\n{out}\n{err}\n{:?}", server.log());
+        assert_eq!(out.trim(), "Hello from WASTE.", "{args:?}: {err}\n{:?}", server.log());
+    }
     let log = server.log();
     drop(server);
-    assert_eq!(code, Some(0), "codex exec failed:\n{out}\n{err}\n{log:?}");
-    assert_eq!(out.trim(), "Hello from WASTE.", "{err}\n{log:?}");
-    assert!(log.iter().any(|l| l.starts_with("POST /v1/responses 200 stream ")), "{log:?}");
+    let turns = log.iter().filter(|l| l.starts_with("POST /v1/responses 200 stream ")).count();
+    assert_eq!(turns, 2, "{log:?}");
     assert_eq!(refused(&log), Vec::<&String>::new(), "a request was refused: {log:?}");
 }
 

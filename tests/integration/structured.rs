@@ -146,17 +146,22 @@ fn api_constrained_generation_is_deterministic_and_checked() {
     assert!(matches!(s.check_params(&bad), Err(waste_host::Error::Arg(_))), "{:?}", s.check_params(&bad));
 }
 
+/// Whether test_forced_tool.py's clients are there; false after
+/// reporting why `test` skips.
+fn forced_tool_clients_or_skip(test: &str) -> bool {
+    python_has("anthropic, openai, jsonschema", "anthropic openai jsonschema")
+        .map_err(|why| report_skip(&format!("SKIP {test}: {why}")))
+        .is_ok()
+}
+
 /// A forced tool call (Anthropic `any` / `tool`, OpenAI "required" / a
 /// named function) from the random-weight fixture with Qwen2.5's template:
 /// every answer is one call of an allowed tool, its input valid against
 /// the tool's schema (tests/server/test_forced_tool.py, jsonschema).
 #[test]
 fn server_forced_tool_calls_follow_the_tools_schema() {
-    for (module, package) in [("anthropic", "anthropic"), ("openai", "openai"), ("jsonschema", "jsonschema")] {
-        if let Err(why) = python_has(module, package) {
-            report_skip(&format!("SKIP server_forced_tool_calls_follow_the_tools_schema: {why}"));
-            return;
-        }
+    if !forced_tool_clients_or_skip("server_forced_tool_calls_follow_the_tools_schema") {
+        return;
     }
     let tmp = TempDir::new("structured-forced-tool");
     let src = tmp.path().join("qwen3-hermes");
@@ -201,11 +206,8 @@ fn server_forced_tool_calls_follow_the_tools_schema() {
 /// their own test.
 #[test]
 fn server_forced_tool_calls_in_each_familys_syntax() {
-    for (module, package) in [("anthropic", "anthropic"), ("openai", "openai"), ("jsonschema", "jsonschema")] {
-        if let Err(why) = python_has(module, package) {
-            report_skip(&format!("SKIP server_forced_tool_calls_in_each_familys_syntax: {why}"));
-            return;
-        }
+    if !forced_tool_clients_or_skip("server_forced_tool_calls_in_each_familys_syntax") {
+        return;
     }
     for (name, fixture, template) in [
         ("qwen3", "tiny-qwen3_moe", "qwen3"),

@@ -129,43 +129,47 @@ impl Reply {
     }
 
     fn reasoning_delta(&mut self, out: &mut String, text: &str) {
-        if text.is_empty() {
-            return;
-        }
-        if !matches!(self.streamed.open, Open::Reasoning(_)) {
-            self.close_open(out);
-            self.add(out, &Item::Reasoning(String::new()));
-            self.streamed.open = Open::Reasoning(String::new());
-        }
-        if let Open::Reasoning(so_far) = &mut self.streamed.open {
-            so_far.push_str(text);
-        }
-        let index = self.streamed.done.len();
-        let id = self.item_id("rs", index);
-        self.event(
-            out,
-            json!({"type": "response.reasoning_text.delta", "item_id": id, "output_index": index, "content_index": 0, "delta": text}),
-        );
+        self.piece(out, text, true);
     }
 
     fn text_delta(&mut self, out: &mut String, text: &str) {
+        self.piece(out, text, false);
+    }
+
+    /// A piece of reasoning or of the answer's text: its item opened first
+    /// when another one (or none) is being filled, then its delta.
+    fn piece(&mut self, out: &mut String, text: &str, reasoning: bool) {
         if text.is_empty() {
             return;
         }
-        if !matches!(self.streamed.open, Open::Message(_)) {
-            self.close_open(out);
-            self.add(out, &Item::Message(String::new()));
-            self.streamed.open = Open::Message(String::new());
-        }
-        if let Open::Message(so_far) = &mut self.streamed.open {
-            so_far.push_str(text);
+        let filling = match &mut self.streamed.open {
+            Open::Reasoning(so_far) if reasoning => Some(so_far),
+            Open::Message(so_far) if !reasoning => Some(so_far),
+            _ => None,
+        };
+        match filling {
+            Some(so_far) => so_far.push_str(text),
+            None => {
+                self.close_open(out);
+                let (item, open) = if reasoning {
+                    (Item::Reasoning(String::new()), Open::Reasoning(text.to_string()))
+                } else {
+                    (Item::Message(String::new()), Open::Message(text.to_string()))
+                };
+                self.add(out, &item);
+                self.streamed.open = open;
+            }
         }
         let index = self.streamed.done.len();
-        let id = self.item_id("msg", index);
-        self.event(
-            out,
-            json!({"type": "response.output_text.delta", "item_id": id, "output_index": index, "content_index": 0, "delta": text, "logprobs": []}),
-        );
+        let mut delta = if reasoning {
+            json!({"type": "response.reasoning_text.delta", "item_id": self.item_id("rs", index)})
+        } else {
+            json!({"type": "response.output_text.delta", "item_id": self.item_id("msg", index), "logprobs": []})
+        };
+        delta["output_index"] = json!(index);
+        delta["content_index"] = json!(0);
+        delta["delta"] = json!(text);
+        self.event(out, delta);
     }
 
     /// A token's deltas: its reasoning and its text as the live reading

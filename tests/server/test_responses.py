@@ -85,6 +85,19 @@ def basic():
                  "response.content_part.done", "response.output_item.done"):
         check(kind in kinds, f"stream has no {kind}: {kinds}")
 
+    # text.format: the answer is held to the schema by the token mask.
+    schema = {"type": "object", "properties": {"verse": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["verse"], "additionalProperties": False}
+    shaped = client.responses.create(model=MODEL, input="Which verse?", max_output_tokens=40, temperature=1.0,
+                                     text={"format": {"type": "json_schema", "name": "verse", "schema": schema,
+                                                      "strict": True}})
+    try:
+        verse = json.loads(shaped.output_text)
+        check(isinstance(verse.get("verse"), int) and 1 <= verse["verse"] <= 9 and len(verse) == 1,
+              f"text.format: {verse}")
+    except ValueError:
+        check(False, f"text.format: not JSON {shaped.output_text!r}")
+
     short = client.responses.create(model=MODEL, input="In the beginning", max_output_tokens=2, temperature=0)
     check(short.status == "incomplete" and short.incomplete_details.reason == "max_output_tokens",
           f"cut short: {short.status} {short.incomplete_details}")

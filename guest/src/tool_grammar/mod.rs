@@ -37,6 +37,8 @@ const PROBE_KEY_2: &str = "waste_probe_b";
 const PROBE_VALUE_2: &str = "waste second value";
 /// A value that is not text, to see how the template writes one.
 const PROBE_NUMBER: i64 = 7_654_321;
+/// An answer without calls, to see how the template ends a turn.
+const PROBE_ANSWER: &str = "waste probe answer";
 
 /// Why a forced call cannot be a grammar.
 #[derive(Debug, PartialEq)]
@@ -97,17 +99,24 @@ impl<'a> Probe<'a> {
         Probe { template, vars, tools, user }
     }
 
-    /// The text the assistant's call turn adds after the generation prompt.
+    /// The text the assistant's call turn adds after the generation
+    /// prompt, less what ends every assistant turn: the grammar ends with
+    /// the call, and the model's own end of turn follows (as a token, or
+    /// as text where the tokenizer has no token for the template's).
     fn turn(&self, arguments: &Value) -> Result<String, ToolGrammarError> {
-        let refused = |e: String| unsupported(&format!("the chat template refused the probe: {e}"));
         let call = json!({"tool_calls": [{"id": "call_0", "type": "function",
             "function": {"name": PROBE_NAME, "arguments": arguments}}]});
-        let assistant = ChatMessage {
-            role: "assistant".into(),
-            content: Some(String::new()),
-            extra: Some(call.to_string()),
-            ..Default::default()
-        };
+        let turn = self.assistant_turn(String::new(), Some(call.to_string()))?;
+        let answer = self.assistant_turn(PROBE_ANSWER.into(), None)?;
+        let end = answer.rfind(PROBE_ANSWER).map_or("", |at| &answer[at + PROBE_ANSWER.len()..]);
+        Ok(turn.strip_suffix(end).filter(|_| !end.is_empty()).unwrap_or(&turn).to_string())
+    }
+
+    /// What an assistant turn of `content` (and `extra`: its calls) adds
+    /// after the generation prompt.
+    fn assistant_turn(&self, content: String, extra: Option<String>) -> Result<String, ToolGrammarError> {
+        let refused = |e: String| unsupported(&format!("the chat template refused the probe: {e}"));
+        let assistant = ChatMessage { role: "assistant".into(), content: Some(content), extra, ..Default::default() };
         let tools = Some(self.tools.as_str());
         let open = self
             .template

@@ -100,29 +100,19 @@ fn unknown_tools_are_invalid() {
 
 /// A family whose template writes each argument as tagged text: its
 /// fixture's tokenizer and its template. The fixtures share one 512-entry
-/// tokenizer whose end of turn is `<|im_end|>`; where a template ends its
-/// turn with other text, that text (`unended`) is no token there, so the
-/// grammar asks for it as text.
+/// tokenizer whose end of turn is `<|im_end|>`, a token none of these
+/// templates writes: the grammar ends with the call either way.
 struct TextFamily {
     fixture: &'static str,
     template: &'static str,
-    unended: &'static str,
 }
 
 const TEXT_FAMILIES: [TextFamily; 5] = [
-    TextFamily { fixture: "tiny-qwen3_5_moe_text", template: "Qwen3.5-4B.jinja", unended: "" },
-    TextFamily { fixture: "tiny-glm4_moe", template: "GLM-4.6.jinja", unended: "" },
-    TextFamily { fixture: "tiny-minimax_m2", template: "MiniMax-M2.jinja", unended: "[e~[\n" },
-    TextFamily {
-        fixture: "tiny-deepseek_v32",
-        template: "deepseek-ai-DeepSeek-V3.2.jinja",
-        unended: "<｜end▁of▁sentence｜>",
-    },
-    TextFamily {
-        fixture: "tiny-deepseek_v4",
-        template: "deepseek-ai-DeepSeek-V4.jinja",
-        unended: "<｜end▁of▁sentence｜>",
-    },
+    TextFamily { fixture: "tiny-qwen3_5_moe_text", template: "Qwen3.5-4B.jinja" },
+    TextFamily { fixture: "tiny-glm4_moe", template: "GLM-4.6.jinja" },
+    TextFamily { fixture: "tiny-minimax_m2", template: "MiniMax-M2.jinja" },
+    TextFamily { fixture: "tiny-deepseek_v32", template: "deepseek-ai-DeepSeek-V3.2.jinja" },
+    TextFamily { fixture: "tiny-deepseek_v4", template: "deepseek-ai-DeepSeek-V4.jinja" },
 ];
 
 impl TextFamily {
@@ -165,7 +155,7 @@ impl TextFamily {
                 _ => format!("<｜DSML｜parameter name=\"{k}\" string=\"{is_text}\">{v}</｜DSML｜parameter>\n"),
             });
         }
-        text + close + self.unended
+        text + close
     }
 
     /// The answer as the model writes it: reasoning closed first where the
@@ -242,7 +232,7 @@ fn transformers_calls_in_text_syntaxes_are_accepted() {
     {
         let (tools, call) = expected(case);
         let (tok, vocab, grammar) = family.grammar(&tools, None);
-        let answer = family.answer(&format!("{call}{}", family.unended));
+        let answer = family.answer(&call);
         assert!(accepts(&vocab, &grammar, &tok, &answer), "{case}: {answer:?}\n{grammar}");
     }
 }
@@ -275,4 +265,18 @@ fn without_reasoning_in_the_template_the_call_comes_first() {
     let call = "<tool_call>\n{\"name\": \"noop\", \"arguments\": {}}\n</tool_call>";
     assert!(accepts(&vocab, &grammar, &tok, call), "{grammar}");
     assert!(!accepts(&vocab, &grammar, &tok, &format!("Sure. {call}")), "{grammar}");
+}
+
+/// Regression: the grammar asked for the template's end of turn as text
+/// where the tokenizer has no token for it (MiniMax-M2's `[e~[` with the
+/// fixture's tokenizer), so a model ending its turn with its own
+/// end-of-turn token after the call broke the grammar ("the sampler plugin
+/// chose token 2, which the grammar does not allow").
+#[test]
+fn the_templates_end_of_turn_text_was_part_of_the_call() {
+    let minimax = &TEXT_FAMILIES[2];
+    let (tok, vocab, grammar) = minimax.grammar(TOOLS, Some("noop"));
+    let call = minimax.answer(&minimax.call("noop", &[]));
+    assert!(accepts(&vocab, &grammar, &tok, &call), "{grammar}");
+    assert!(!accepts(&vocab, &grammar, &tok, &format!("{call}[e~[\n")), "{grammar}");
 }

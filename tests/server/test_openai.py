@@ -125,7 +125,7 @@ def test_errors():
     s, _, b = raw("POST", "/v1/chat/completions", b"{not json")
     error_shape(s, b, 400, "malformed JSON")
     msgs = [{"role": "user", "content": "hi"}]
-    for bad in ({"messages": msgs, "temperature": "hot"}, {"messages": "hi"}, {"messages": msgs, "n": 2},
+    for bad in ({"messages": msgs, "temperature": "hot"}, {"messages": "hi"}, {"messages": msgs, "n": 9},
                 {"messages": msgs, "max_tokens": -1}, {"messages": msgs, "stop": 5}, {},
                 {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}):
         s, _, b = raw("POST", "/v1/chat/completions", bad)

@@ -75,11 +75,18 @@ fn content(v: &Value, param: &str) -> Result<Value, ApiError> {
     Ok(Value::Array(out))
 }
 
-/// Content as plain text (system text, tool output), its parts joined.
+/// Content as plain text (system text, an assistant turn, tool output),
+/// its parts joined; an image there is refused rather than dropped (only
+/// user messages carry images to the template).
 fn text_of(v: &Value, param: &str) -> Result<String, ApiError> {
     Ok(match content(v, param)? {
         Value::String(s) => s,
-        Value::Array(parts) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect(),
+        Value::Array(parts) => {
+            if parts.iter().any(|p| p["type"] == "image_url") {
+                return Err(refused(param, "images are taken in user messages only"));
+            }
+            parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect()
+        }
         _ => String::new(),
     })
 }

@@ -49,6 +49,12 @@ fn stored_state_and_unknown_items_are_400s_naming_the_field() {
         (r#"{"input": [{"type": "shell_call"}]}"#, "input[0].type"),
         (r#"{"input": "hi", "tools": [{"type": "custom", "name": "x"}]}"#, "tools[0].type"),
         (r#"{"input": "hi", "max_output_tokens": 0}"#, "max_output_tokens"),
+        (
+            r#"{"input": [{"type": "function_call", "call_id": "c", "name": "view_image", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c",
+                 "output": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]}"#,
+            "input[1].output",
+        ),
         (r#"{}"#, "input"),
     ] {
         let e = parse_request(body.as_bytes(), 256).err().unwrap_or_else(|| panic!("{body} was accepted"));

@@ -14,13 +14,13 @@ use waste_host::{Engine, Model, OpenOptions};
 
 use crate::common::*;
 
-fn gguf_dir() -> PathBuf {
+pub(crate) fn gguf_dir() -> PathBuf {
     fixtures().join("gguf")
 }
 
 /// models.json (llama.cpp's converter, ggml's reference quantisers) and
 /// models_iq.json (llama-imatrix and llama-quantize, IQ types).
-fn models() -> Vec<serde_json::Value> {
+pub(crate) fn models() -> Vec<serde_json::Value> {
     ["models.json", "models_iq.json"]
         .iter()
         .flat_map(|f| {
@@ -30,11 +30,11 @@ fn models() -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn u32s(v: &serde_json::Value) -> Vec<u32> {
+pub(crate) fn u32s(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
-fn convert_gguf(file: &Path, experts: &str, trunk: &str, dir: &Path) -> PathBuf {
+pub(crate) fn convert_gguf(file: &Path, experts: &str, trunk: &str, dir: &Path) -> PathBuf {
     let out = dir.join(format!("{}-{experts}-{trunk}.waste", file.file_stem().unwrap().to_string_lossy()));
     let o = waste(&["convert", file.to_str().unwrap(), out.to_str().unwrap(), "--experts", experts, "--trunk", trunk]);
     assert!(o.status.success(), "convert {} failed: {}", file.display(), stderr(&o));

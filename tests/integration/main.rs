@@ -18,6 +18,7 @@ mod faults;
 mod ffi;
 mod first_hour;
 mod gguf;
+mod gguf_in_place;
 mod integrity;
 mod jco;
 mod k3;

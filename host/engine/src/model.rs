@@ -13,7 +13,7 @@ use crate::open_progress::CountingSource;
 pub use crate::open_progress::OpenProgress;
 use crate::plan::MemoryPlan;
 use crate::stats::StepStats;
-use crate::store::{ExpertStore, StoreOptions, StoreStats, USAGE_FILE};
+use crate::store::{ExpertStore, StoreOptions, StoreStats};
 use crate::transformer::{Splice, State, Transformer};
 
 /// Options for [`Model::open`].
@@ -148,7 +148,7 @@ impl Model {
             ..options.store.clone()
         };
         let experts = ExpertStore::open(container.expert_banks()?, container.config().top_k, store_options)?;
-        let usage = container.dir().join(USAGE_FILE);
+        let usage = container.usage_path();
         if options.preload && options.store.keep && usage.is_file() {
             let before = experts.stats().preloaded;
             let record = experts.record_bytes() as u64;
@@ -216,7 +216,7 @@ impl Model {
     /// Adds this model's expert-use counts to the container's usage file
     /// (the learned hotlist preloaded by the next open); returns its path.
     pub fn save_usage(&self) -> Result<std::path::PathBuf> {
-        let path = self.container.dir().join(USAGE_FILE);
+        let path = self.container.usage_path();
         self.experts.save_usage(&path)?;
         Ok(path)
     }

@@ -48,6 +48,9 @@ mod unix;
 /// Positional reads and writes of a whole buffer, as
 /// `std::os::unix::fs::FileExt` has them, on every OS.
 pub trait FileExt {
+    /// One positional read: the bytes read, fewer than asked at the end of
+    /// the file (0 past it).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
 }

@@ -26,6 +26,10 @@ use windows_sys::Win32::System::Threading::{
 const GROUP_CPUS: usize = usize::BITS as usize;
 
 impl crate::FileExt for File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.seek_read(buf, offset)
+    }
+
     fn read_exact_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
         while !buf.is_empty() {
             match self.seek_read(buf, offset) {

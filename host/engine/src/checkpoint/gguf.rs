@@ -7,11 +7,23 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::{Entry, HfCheckpoint, Kind, Shard};
-use crate::config::{ExpertLayout, Family, ModelConfig};
+use crate::config::{ExpertLayout, Family, ModelConfig, TensorRole};
 use crate::error::{Error, Result};
 use crate::gguf::hf::{self, permuted_row, KvB, Slice};
 use crate::gguf::{tokenizer, GgmlType, GgufFile};
-use crate::quant::GgmlExpert;
+use crate::quant::{GgmlExpert, TrunkFormat};
+
+/// One slab (gate, up or down) of every expert of a layer in a GGUF file:
+/// the layer's 3-D expert tensor, expert after expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlabRun {
+    /// Which file of a split model holds it.
+    pub part: usize,
+    /// Byte offset of expert 0's slab in that file.
+    pub start: u64,
+    /// Bytes of one expert's slab.
+    pub bytes: u64,
+}
 
 /// What a GGUF checkpoint holds besides its tensors.
 pub(super) struct GgufSource {
@@ -172,6 +184,41 @@ impl HfCheckpoint {
         let t = &g.tensors[s.tensor];
         let plain = s.kv_b.is_none() && s.shape == [rows, cols] && t.ne[0] == cols as u64 && s.rows == rows as u64;
         Ok((plain && t.ty != GgmlType::F32).then_some(t.ty))
+    }
+
+    /// The format trunk matrix `name` `[rows, cols]` keeps when a GGUF
+    /// file's trunk is kept as stored (`--trunk gguf`, or a GGUF run in
+    /// place): its ggml type where `gguf_matrix_type` allows, f32 for
+    /// routers (routing must not depend on a quantised router) and for
+    /// what must be decoded.
+    pub fn stored_trunk_format(&self, name: &str, rows: usize, cols: usize) -> Result<TrunkFormat> {
+        if matches!(self.config.tensor_role(name), TensorRole::Vector | TensorRole::Router) {
+            return Ok(TrunkFormat::F32);
+        }
+        Ok(self.gguf_matrix_type(name, rows, cols)?.map_or(TrunkFormat::F32, TrunkFormat::Ggml))
+    }
+
+    /// Where a trunk matrix's stored rows lie in the GGUF file, when they
+    /// lie there in HF order as one run: (part, byte offset, ggml type).
+    /// `None` for a permuted or rebuilt matrix, or a checkpoint that is no
+    /// GGUF file.
+    pub fn gguf_matrix_span(&self, name: &str) -> Option<(usize, u64, GgmlType)> {
+        let g = self.gguf.as_ref().map(|g| &g.file)?;
+        let Kind::Gguf(s) = &self.tensors.get(name)?.kind else { return None };
+        let t = &g.tensors[s.tensor];
+        (s.unpermute_heads.is_none() && s.kv_b.is_none()).then(|| (t.part, t.start + s.first_row * t.row_bytes(), t.ty))
+    }
+
+    /// Where each expert of MoE layer `layer` keeps its gate, up and down
+    /// slabs in the GGUF file: expert `e`'s slab of each is the run of
+    /// `bytes` at `start + e * bytes` of its part.
+    pub fn gguf_expert_extents(&self, layer: usize) -> Result<[SlabRun; 3]> {
+        let g = self.gguf();
+        let slices = self.gguf_expert_slices(layer, 0)?;
+        Ok(slices.map(|s| {
+            let t = &g.tensors[s.tensor];
+            SlabRun { part: t.part, start: t.start, bytes: s.rows * t.row_bytes() }
+        }))
     }
 
     /// The stored bytes of HF rows `[r0, r0 + n)` of a matrix whose type

@@ -16,6 +16,7 @@
 
 mod decode;
 mod gguf;
+pub use gguf::SlabRun;
 mod gpt_oss;
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::manifest::{record, Manifest, MANIFEST_FILE, RECORD_ALIGN};
 use super::{checksum, expert_format, plain_file_name, Verify};
+use crate::checkpoint::{HfCheckpoint, SlabRun};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{Error, Result};
 use crate::files::read_file;
@@ -21,6 +22,10 @@ pub struct Bank {
     pub format: ExpertFormat,
     /// Bytes of each record's payload in this layer.
     pub payload_bytes: usize,
+    /// A GGUF file read in place: where each expert's gate, up and down
+    /// slabs lie (in `ExpertBanks::parts`); `path` is then the file that
+    /// holds the gate slabs, for messages. `None`: records of `path`.
+    pub slabs: Option<[SlabRun; 3]>,
 }
 
 pub struct ExpertBanks {
@@ -33,6 +38,9 @@ pub struct ExpertBanks {
     activation: Activation,
     /// Which record checksums to check as records land.
     verify: Verify,
+    /// A GGUF file read in place: its files, in part order (the banks'
+    /// `slabs` index them). Empty for a container.
+    parts: Vec<PathBuf>,
 }
 
 impl ExpertBanks {
@@ -135,6 +143,7 @@ impl ExpertBanks {
                 codebooks,
                 format: layer_format,
                 payload_bytes: payload_bytes as usize,
+                slabs: None,
             });
         }
         if e.payload_bytes != longest {
@@ -152,7 +161,64 @@ impl ExpertBanks {
             banks,
             activation: config.activation(),
             verify,
+            parts: Vec::new(),
         })
+    }
+
+    /// The banks of a GGUF file read in place: each MoE layer's experts are
+    /// the slabs of its three expert tensors. A slot holds each slab's
+    /// enclosing 4 KiB-aligned span (direct reads need whole aligned
+    /// blocks; GGUF aligns tensors to 32 bytes), so a record is the three
+    /// spans' worst case; the store moves the slabs together into the
+    /// payload a container's record holds (`compact_slabs`).
+    pub(super) fn in_gguf(ckpt: &HfCheckpoint, config: &ModelConfig, verify: Verify) -> Result<ExpertBanks> {
+        let g = ckpt.gguf_file().ok_or_else(|| Error::Runtime("not a GGUF checkpoint".into()))?;
+        let shape = config.expert_shape();
+        let mut banks: Vec<Option<Bank>> = (0..config.num_layers).map(|_| None).collect();
+        let (mut record, mut longest) = (0u64, 0usize);
+        for layer in (0..config.num_layers).filter(|&l| config.is_moe_layer(l)) {
+            let types = ckpt.gguf_expert_types(layer)?;
+            let format = ExpertFormat::Ggml(types);
+            let slabs = ckpt.gguf_expert_extents(layer)?;
+            for run in &slabs {
+                let end = run.bytes.checked_mul(config.num_experts as u64).and_then(|b| b.checked_add(run.start));
+                if end.is_none_or(|end| end > g.part_lens[run.part]) {
+                    return Err(Error::format(
+                        &g.parts()[run.part],
+                        format!("layer {layer}'s expert slabs lie beyond the end of the file: truncated?"),
+                    ));
+                }
+            }
+            let payload_bytes = quant::expert_payload_len(format, shape);
+            let blank = vec![0u8; payload_bytes];
+            quant::check_expert_payload(format, shape, &blank, None)
+                .map_err(|err| Error::format(g.path(), format!("layer {layer}: {err}")))?;
+            record = record.max(slabs.iter().map(|r| slab_span_bound(r.bytes)).sum());
+            longest = longest.max(payload_bytes);
+            banks[layer] = Some(Bank {
+                path: g.parts()[slabs[0].part].clone(),
+                experts: config.num_experts,
+                codebooks: None,
+                format,
+                payload_bytes,
+                slabs: Some(slabs),
+            });
+        }
+        Ok(ExpertBanks {
+            shape,
+            record_bytes: record.max(longest as u64) as usize,
+            payload_offset: 0,
+            banks,
+            activation: config.activation(),
+            verify,
+            parts: g.parts().to_vec(),
+        })
+    }
+
+    /// A GGUF file read in place: its files, in part order. Empty for a
+    /// container.
+    pub fn parts(&self) -> &[PathBuf] {
+        &self.parts
     }
 
     pub fn activation(&self) -> Activation {
@@ -196,6 +262,11 @@ impl ExpertBanks {
     /// its payload's checksum with `--verify`.
     pub fn check_record(&self, layer: usize, expert: usize, buf: &[u8]) -> Result<()> {
         let bank = self.bank(layer).ok_or_else(|| Error::Runtime(format!("layer {layer} has no expert bank")))?;
+        if bank.slabs.is_some() {
+            // A GGUF file has no record headers and no checksums
+            // (`Container::set_verify` refuses `--verify` on one).
+            return Ok(());
+        }
         let path = bank.path.as_path();
         let what = || format!("layer {layer} expert {expert}");
         let header = record::Header::parse(buf).ok_or_else(|| {
@@ -224,6 +295,12 @@ impl ExpertBanks {
         }
         Ok(())
     }
+}
+
+/// The most bytes the 4 KiB-aligned span enclosing `bytes` bytes at any
+/// offset covers.
+pub fn slab_span_bound(bytes: u64) -> u64 {
+    bytes.div_ceil(RECORD_ALIGN) * RECORD_ALIGN + RECORD_ALIGN
 }
 
 fn load_codebooks(dir: &Path, layer: u64, cb: &super::manifest::CodebookEntry, mpath: &Path) -> Result<LayerCodebooks> {

@@ -10,6 +10,7 @@
 
 pub mod checksum;
 mod experts;
+mod gguf;
 pub mod manifest;
 mod rows;
 
@@ -57,6 +58,21 @@ pub struct Container {
     /// lands. Without it, whatever is read whole (trunk tensors,
     /// codebooks) is still checked when it has a checksum.
     verify: Verify,
+    /// A GGUF file opened in place: the trunk is read from it, the experts
+    /// streamed from its expert tensors (gguf.rs).
+    gguf: Option<gguf::InPlace>,
+}
+
+/// What `Container::assemble` builds a container from.
+struct Parts {
+    dir: PathBuf,
+    manifest: Manifest,
+    config: ModelConfig,
+    trunk_path: PathBuf,
+    trunk: File,
+    tensors: HashMap<String, TensorEntry>,
+    files: Vec<(String, Vec<u8>)>,
+    gguf: Option<gguf::InPlace>,
 }
 
 /// Rejects names that could reach outside the container directory.
@@ -69,7 +85,11 @@ fn plain_file_name(dir: &Path, name: &str, manifest: &Path) -> Result<PathBuf> {
 }
 
 impl Container {
+    /// Opens a container directory, or a GGUF file in place (gguf.rs).
     pub fn open(dir: &Path) -> Result<Container> {
+        if dir.is_file() {
+            return Container::open_gguf(dir);
+        }
         if !dir.is_dir() {
             let what = if dir.exists() {
                 "is not a directory (a container is a NAME.waste/ directory)"
@@ -121,6 +141,19 @@ impl Container {
             return Err(Error::format(&manifest_path, format!("trunk.tensors: tensor {missing} is missing")));
         }
 
+        let mut files = Vec::with_capacity(manifest.tokenizer_files.len());
+        for name in &manifest.tokenizer_files {
+            let path = plain_file_name(dir, name, &manifest_path)?;
+            files.push((name.clone(), read_file(&path, MAX_TOKENIZER_FILE_BYTES)?));
+        }
+        Container::assemble(Parts { dir: dir.to_path_buf(), manifest, config, trunk_path, trunk, tensors, files, gguf: None })
+    }
+
+    /// The checks and readings every container shares, whatever it was
+    /// opened from: the end-of-sequence ids, the tokenizer and templates.
+    fn assemble(parts: Parts) -> Result<Container> {
+        let Parts { dir, manifest, config, trunk_path, trunk, tensors, files, gguf } = parts;
+        let manifest_path = dir.join(MANIFEST_FILE);
         let mut eos_tokens = config.eos_token_ids.clone();
         if let Some(gen) = &manifest.generation_config {
             for id in json_ids(gen.get("eos_token_id")) {
@@ -141,30 +174,27 @@ impl Container {
         }
 
         let mut chat_templates = ChatTemplates::None;
-        let mut tokenizer_files = Vec::new();
-        for name in &manifest.tokenizer_files {
-            let path = plain_file_name(dir, name, &manifest_path)?;
-            let bytes = read_file(&path, MAX_TOKENIZER_FILE_BYTES)?;
+        for (name, bytes) in &files {
+            let path = dir.join(name);
             match name.as_str() {
                 "tokenizer.json" => {
-                    std::str::from_utf8(&bytes).map_err(|_| Error::format(&path, "not UTF-8"))?;
+                    std::str::from_utf8(bytes).map_err(|_| Error::format(&path, "not UTF-8"))?;
                 }
                 "chat_template.jinja" => {
-                    let text = std::str::from_utf8(&bytes).map_err(|_| Error::format(&path, "not UTF-8"))?;
+                    let text = std::str::from_utf8(bytes).map_err(|_| Error::format(&path, "not UTF-8"))?;
                     chat_templates = ChatTemplates::Single(text.to_string());
                 }
                 "tokenizer_config.json" if !matches!(chat_templates, ChatTemplates::Single(_)) => {
-                    let v: serde_json::Value = serde_json::from_slice(&bytes)
+                    let v: serde_json::Value = serde_json::from_slice(bytes)
                         .map_err(|e| Error::format(&path, format!("malformed JSON: {e}")))?;
                     chat_templates = ChatTemplates::from_tokenizer_config(&v);
                 }
                 _ => {}
             }
-            tokenizer_files.push((name.clone(), bytes));
         }
 
         Ok(Container {
-            dir: dir.to_path_buf(),
+            dir,
             manifest,
             config,
             trunk_path,
@@ -172,8 +202,9 @@ impl Container {
             tensors,
             eos_tokens,
             chat_templates,
-            tokenizer_files,
+            tokenizer_files: files,
             verify: Verify::default(),
+            gguf,
         })
     }
 
@@ -184,6 +215,12 @@ impl Container {
         if verify != Verify::All {
             self.verify = verify;
             return Ok(());
+        }
+        if self.gguf.is_some() {
+            return Err(Error::Arg(format!(
+                "{}: a GGUF file carries no checksums to verify; convert it (`waste convert FILE.gguf OUT.waste`) to have every record checked",
+                self.dir.display()
+            )));
         }
         for t in &self.manifest.trunk.tensors {
             if t.crc32.is_none() {
@@ -212,6 +249,9 @@ impl Container {
     /// it (`convert --verify`; a model opened with `--verify` checks each
     /// as it loads).
     pub fn check_trunk(&self) -> Result<()> {
+        if self.gguf.is_some() {
+            return Err(Error::Arg(format!("{}: a GGUF file carries no checksums to verify", self.dir.display())));
+        }
         for t in &self.manifest.trunk.tensors {
             let crc = checksum::crc32_of_range(&self.trunk, &self.trunk_path, t.offset, t.bytes)?;
             self.check_tensor_value(t, crc)?;
@@ -254,6 +294,9 @@ impl Container {
     }
 
     pub fn expert_banks(&self) -> Result<ExpertBanks> {
+        if let Some(banks) = self.gguf_banks() {
+            return banks;
+        }
         ExpertBanks::open(&self.dir, &self.manifest, &self.config, self.verify)
     }
 
@@ -369,6 +412,9 @@ fn validate_tensor(t: &TensorEntry, file_len: u64, path: &Path) -> Result<()> {
 impl TensorSource for Container {
     fn matrix(&self, name: &str) -> Result<QMatrix> {
         let t = self.entry(name)?;
+        if let Some(g) = &self.gguf {
+            return g.matrix(t);
+        }
         let [rows, cols] = t.shape[..] else {
             return Err(Error::format(
                 &self.trunk_path,
@@ -391,6 +437,9 @@ impl TensorSource for Container {
         if t.shape.len() != 1 || t.format != "f32" {
             return Err(Error::format(&self.trunk_path, format!("tensor {name} is not an f32 vector")));
         }
+        if let Some(g) = &self.gguf {
+            return g.vector(name);
+        }
         self.read_f32(t)
     }
 
@@ -400,6 +449,9 @@ impl TensorSource for Container {
 
     fn stored_rows(&self, name: &str) -> Option<Result<Box<dyn StoredRows>>> {
         let t = self.tensors.get(name)?;
+        if let Some(g) = &self.gguf {
+            return g.stored_rows(t);
+        }
         let [rows, cols] = t.shape[..] else { return None };
         let format = TrunkFormat::parse(&t.format)?;
         // Read a row at a time later, so checked here, whole, only when asked.

@@ -452,27 +452,16 @@ fn write_container(
     let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)).collect();
     let total = (trunk_names.len() + moe_layers.len() * cfg.num_experts) as u64;
     let mut report = ConvertReport { moe_layers: moe_layers.len(), ..Default::default() };
-    let known: std::collections::HashSet<&str> = trunk_names.iter().map(String::as_str).collect();
-    report.ignored_tensors =
-        ckpt.tensor_names().into_iter().filter(|n| !known.contains(n.as_str()) && !cfg.is_expert_tensor(n)).collect();
+    report.ignored_tensors = ignored_tensors(ckpt, cfg);
     report.skipped = skipped::describe(cfg, &report.ignored_tensors);
     // Small files first: a reclaimed source must not lose them.
-    let mut tokenizer_files = Vec::new();
-    for name in TOKENIZER_FILES {
-        if let Some(bytes) = ckpt.side_file(name)? {
-            write_atomic(&dir.join(name), &bytes)?;
-            tokenizer_files.push(name.to_string());
-        }
+    let SmallFiles { files, bundled_template, config, generation_config } = small_files(ckpt, cfg)?;
+    let mut tokenizer_files = Vec::with_capacity(files.len());
+    for (name, bytes) in files {
+        write_atomic(&dir.join(&name), &bytes)?;
+        tokenizer_files.push(name);
     }
-    let has_template = tokenizer_files.iter().any(|n| n == "chat_template.jinja")
-        || ckpt.side_file("tokenizer_config.json")?.is_some_and(|b| templates::config_has_template(&b));
-    if let (false, Some((template, source))) = (has_template, templates::bundled_template(&cfg.model_type)) {
-        write_atomic(&dir.join("chat_template.jinja"), template.as_bytes())?;
-        tokenizer_files.push("chat_template.jinja".to_string());
-        report.bundled_template = Some(source);
-    }
-    let config = side_json(ckpt, "config.json")?.ok_or_else(|| Error::format(ckpt.dir(), "no config.json"))?;
-    let generation_config = side_json(ckpt, "generation_config.json")?;
+    report.bundled_template = bundled_template;
 
     let layout = bank::Layout::new(ckpt, &moe_layers, opts.experts)?;
     let (shape, payload_bytes, record_bytes) = (layout.shape, layout.longest_payload(), layout.record_bytes);
@@ -583,6 +572,52 @@ fn remove_stale(dir: &Path, banks: &[ExpertBankEntry]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Checkpoint tensors the engine does not use: neither trunk nor expert.
+fn ignored_tensors(ckpt: &HfCheckpoint, cfg: &ModelConfig) -> Vec<String> {
+    let trunk_names = cfg.trunk_tensor_names();
+    let known: std::collections::HashSet<&str> = trunk_names.iter().map(String::as_str).collect();
+    ckpt.tensor_names().into_iter().filter(|n| !known.contains(n.as_str()) && !cfg.is_expert_tensor(n)).collect()
+}
+
+/// The manifest's `skipped` lines for `ckpt`: the parts a container of it
+/// leaves out.
+pub(crate) fn skipped_parts(ckpt: &HfCheckpoint, cfg: &ModelConfig) -> Vec<String> {
+    skipped::describe(cfg, &ignored_tensors(ckpt, cfg))
+}
+
+/// What a container carries besides its weights, read from a checkpoint.
+pub(crate) struct SmallFiles {
+    /// Tokenizer and template files by name, in `TOKENIZER_FILES` order
+    /// (the bundled template last, when the release has none).
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Where the bundled template came from, when one was added.
+    pub bundled_template: Option<&'static str>,
+    pub config: serde_json::Value,
+    pub generation_config: Option<serde_json::Value>,
+}
+
+/// The tokenizer, template and config files a container of `ckpt` holds:
+/// the files a conversion writes, and what a GGUF file opened in place
+/// carries in memory.
+pub(crate) fn small_files(ckpt: &HfCheckpoint, cfg: &ModelConfig) -> Result<SmallFiles> {
+    let mut files = Vec::new();
+    for name in TOKENIZER_FILES {
+        if let Some(bytes) = ckpt.side_file(name)? {
+            files.push((name.to_string(), bytes));
+        }
+    }
+    let has_template = files.iter().any(|(n, _)| n == "chat_template.jinja")
+        || ckpt.side_file("tokenizer_config.json")?.is_some_and(|b| templates::config_has_template(&b));
+    let mut bundled_template = None;
+    if let (false, Some((template, source))) = (has_template, templates::bundled_template(&cfg.model_type)) {
+        files.push(("chat_template.jinja".to_string(), template.as_bytes().to_vec()));
+        bundled_template = Some(source);
+    }
+    let config = side_json(ckpt, "config.json")?.ok_or_else(|| Error::format(ckpt.dir(), "no config.json"))?;
+    let generation_config = side_json(ckpt, "generation_config.json")?;
+    Ok(SmallFiles { files, bundled_template, config, generation_config })
 }
 
 fn side_json(ckpt: &HfCheckpoint, name: &str) -> Result<Option<serde_json::Value>> {

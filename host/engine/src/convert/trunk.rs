@@ -11,7 +11,7 @@ use waste_platform::FileExt;
 use super::files::{sidecar_path, tmp_path, valid_sidecar, write_sidecar, Sidecar};
 use super::TrunkAs;
 use crate::checkpoint::HfCheckpoint;
-use crate::config::{ModelConfig, TensorRole};
+use crate::config::ModelConfig;
 use crate::container::checksum::{self, Crc32};
 use crate::container::manifest::{align_up, TensorEntry, TENSOR_ALIGN};
 use crate::error::{Error, Result};
@@ -96,8 +96,7 @@ fn write_tensor(
             let role = cfg.tensor_role(name);
             let fmt = match trunk {
                 TrunkAs::Encoded(f) => role.trunk_format(f),
-                TrunkAs::Stored if matches!(role, TensorRole::Vector | TensorRole::Router) => TrunkFormat::F32,
-                TrunkAs::Stored => ckpt.gguf_matrix_type(name, rows, cols)?.map_or(TrunkFormat::F32, TrunkFormat::Ggml),
+                TrunkAs::Stored => ckpt.stored_trunk_format(name, rows, cols)?,
             };
             if let TrunkFormat::Ggml(ty) = fmt {
                 return copy_matrix(ckpt, name, ty, &shape, slice_values, put);

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use waste_platform::{advise_random, open_direct, FileExt, HugePages};
 
+use crate::checkpoint::SlabRun;
 use crate::error::{Error, Result};
 
 /// Alignment of every I/O buffer; also the record alignment in the container.
@@ -187,6 +188,59 @@ impl BankFile {
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         self.file.read_exact_at(buf, offset)
     }
+
+    /// Reads `buf.len()` bytes at `offset`, or as many as the file has
+    /// there, at least `need`: an aligned span that reaches past a file's
+    /// unaligned end (the last tensor of a GGUF file) reads short.
+    pub fn read_at_least(&self, buf: &mut [u8], offset: u64, need: usize) -> std::io::Result<()> {
+        let mut got = 0;
+        while got < need {
+            match self.file.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("the file ends {got} bytes after offset {offset}, {need} needed"),
+                    ))
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads expert `expert`'s gate, up and down slabs from a GGUF file read
+/// in place (`files`: its parts) into `buf` with one aligned read of each
+/// slab's enclosing span, then moves the slabs together to the start of
+/// `buf`: the payload a container's record holds, the same bytes.
+/// `buf` holds the three spans (`container::slab_span_bound` each).
+pub fn read_slabs(files: &[BankFile], slabs: &[SlabRun; 3], expert: usize, buf: &mut [u8]) -> std::io::Result<()> {
+    let align = IO_ALIGN as u64;
+    let mut at = 0;
+    let mut landed = [(0usize, 0usize); 3];
+    for (run, landed) in slabs.iter().zip(&mut landed) {
+        let start = run.start + expert as u64 * run.bytes;
+        let (lo, hi) = (start / align * align, (start + run.bytes).div_ceil(align) * align);
+        let span = (hi - lo) as usize;
+        let file = files.get(run.part).ok_or_else(|| std::io::Error::other(format!("no part {}", run.part)))?;
+        let end = at + span;
+        if end > buf.len() {
+            return Err(std::io::Error::other(format!("a slab span of {span} bytes overruns the slot")));
+        }
+        file.read_at_least(&mut buf[at..end], lo, (start + run.bytes - lo) as usize)?;
+        *landed = (at + (start - lo) as usize, run.bytes as usize);
+        at = end;
+    }
+    // Each slab moves towards the start and never onto a later span, so
+    // moving them in order loses nothing.
+    let mut to = 0;
+    for (from, len) in landed {
+        buf.copy_within(from..from + len, to);
+        to += len;
+    }
+    Ok(())
 }
 
 /// Whether the open file description of `file` carries `O_DIRECT`, as the
@@ -271,6 +325,30 @@ mod tests {
                 assert_eq!(r, 0, "huge {huge}: slot {i}, never used, has {r} pages resident");
             }
         }
+    }
+
+    /// Regression guard for GGUF files read in place: the aligned span
+    /// around a slab near a file's unaligned end reaches past it, and a
+    /// direct read there returns short; that is enough when the slab's
+    /// bytes are in, an error when they are not.
+    #[test]
+    fn an_aligned_span_past_the_end_of_a_file_reads_what_is_there() {
+        let dir = std::env::temp_dir().join(format!("waste-io-short-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tail.bin");
+        let bytes: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        for direct in [true, false] {
+            let file = BankFile::open(&path, direct, IO_ALIGN).unwrap();
+            let mut buf = AlignedBuf::new(2 * IO_ALIGN).unwrap();
+            file.read_at_least(buf.as_mut_slice(), IO_ALIGN as u64, 5000 - IO_ALIGN).unwrap();
+            assert!(buf.as_slice()[..5000 - IO_ALIGN] == bytes[IO_ALIGN..], "direct {direct}");
+            // Buffered: the end of the file; direct: that, or the kernel
+            // refusing the unaligned read after the short one.
+            let err = file.read_at_least(buf.as_mut_slice(), IO_ALIGN as u64, 5001 - IO_ALIGN).unwrap_err();
+            assert!(file.direct() || err.kind() == std::io::ErrorKind::UnexpectedEof, "direct {direct}: {err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

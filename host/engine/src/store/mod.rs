@@ -217,7 +217,10 @@ impl Ledger {
 
 pub(crate) struct Shared {
     banks: ExpertBanks,
+    /// Per decoder layer, its bank file (a container's).
     files: Vec<Option<BankFile>>,
+    /// A GGUF file read in place: its parts, which hold every layer's slabs.
+    parts: Vec<BankFile>,
     bufs: Vec<Mutex<AlignedBuf>>,
     state: Mutex<Ledger>,
     ready: Condvar,
@@ -244,21 +247,34 @@ impl Shared {
 
     /// Reads record (`layer`, `expert`) into slot `slot` and checks it.
     fn load(&self, layer: usize, expert: usize, slot: usize) -> Result<Duration> {
-        let file = self.files[layer].as_ref().ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
         let record = self.banks.record_bytes();
         let mut buf = self.bufs[slot].lock().unwrap_or_else(|p| p.into_inner());
         let bytes = &mut buf.as_mut_slice()[..record];
-        let path = &self.banks.bank(layer).map(|b| b.path.clone()).unwrap_or_default();
         self.lock().disk_busy();
         let started = Instant::now();
-        let read = file.read_at(bytes, (expert * record) as u64);
+        let read = self.read_record(layer, expert, bytes);
         let took = started.elapsed();
         self.lock().disk_done();
-        read.map_err(|e| {
-            Error::io(path, std::io::Error::new(e.kind(), format!("layer {layer} expert {expert}: {e}")))
-        })?;
+        read?;
         self.banks.check_record(layer, expert, bytes)?;
         Ok(took)
+    }
+
+    /// Reads record (`layer`, `expert`) into `buf` (`record_bytes` long):
+    /// one read of a container's record, or a GGUF file's three slabs.
+    fn read_record(&self, layer: usize, expert: usize, buf: &mut [u8]) -> Result<()> {
+        let bank = self.banks.bank(layer).ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
+        let read = match &bank.slabs {
+            Some(slabs) => io::read_slabs(&self.parts, slabs, expert, buf),
+            None => {
+                let file =
+                    self.files[layer].as_ref().ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
+                file.read_at(buf, (expert * buf.len()) as u64)
+            }
+        };
+        read.map_err(|e| {
+            Error::io(&bank.path, std::io::Error::new(e.kind(), format!("layer {layer} expert {expert}: {e}")))
+        })
     }
 
     /// Records the outcome of a read of `slot` (and the system time it
@@ -339,11 +355,20 @@ impl ExpertStore {
         let mut experts = 0;
         for (i, &l) in layers.iter().enumerate() {
             let bank = banks.bank(l).ok_or_else(|| Error::Runtime(format!("layer {l} has no bank")))?;
-            let file = BankFile::open(&bank.path, options.direct_io, record)?;
-            direct_io &= file.direct();
-            files[l] = Some(file);
+            if bank.slabs.is_none() {
+                let file = BankFile::open(&bank.path, options.direct_io, record)?;
+                direct_io &= file.direct();
+                files[l] = Some(file);
+            }
             moe_index[l] = Some(i);
             experts = bank.experts;
+        }
+        let mut parts = Vec::with_capacity(banks.parts().len());
+        for path in banks.parts() {
+            // The probe reads the file's first block, which every GGUF file has.
+            let file = BankFile::open(path, options.direct_io, io::IO_ALIGN)?;
+            direct_io &= file.direct();
+            parts.push(file);
         }
         let bufs: Vec<_> = slot_buffers(slots, record, options.huge_pages)?.into_iter().map(Mutex::new).collect();
         let huge_pages = bufs.first().is_some_and(|b| b.lock().unwrap_or_else(|p| p.into_inner()).huge());
@@ -371,6 +396,7 @@ impl ExpertStore {
         let shared = Arc::new(Shared {
             banks,
             files,
+            parts,
             bufs,
             state: Mutex::new(state),
             ready: Condvar::new(),
@@ -430,7 +456,7 @@ impl ExpertStore {
 
     /// The bank files' descriptors, for checks of how they were opened.
     pub fn bank_files(&self) -> impl Iterator<Item = &std::fs::File> {
-        self.shared.files.iter().flatten().map(BankFile::file)
+        self.shared.files.iter().flatten().chain(&self.shared.parts).map(BankFile::file)
     }
 
     pub fn banks(&self) -> &ExpertBanks {
@@ -578,9 +604,7 @@ impl ExpertStore {
                             rng ^= rng << 17;
                             let layer = layers[(rng % layers.len() as u64) as usize];
                             let expert = ((rng >> 20) % shared.experts as u64) as usize;
-                            let file = shared.files[layer].as_ref().ok_or_else(|| Error::Runtime("no bank".into()))?;
-                            file.read_at(&mut buf.as_mut_slice()[..record], (expert * record) as u64)
-                                .map_err(|e| Error::Runtime(format!("random read: {e}")))?;
+                            shared.read_record(layer, expert, &mut buf.as_mut_slice()[..record])?;
                             bytes += record as u64;
                         }
                         Ok(bytes)

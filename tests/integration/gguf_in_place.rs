@@ -1,0 +1,106 @@
+//! A GGUF file run in place (`waste run model.gguf`): no conversion, the
+//! experts streamed from the file's own expert tensors. It must be the
+//! model its conversion as stored (`waste convert model.gguf out.waste`)
+//! is, bit for bit: the same bytes reach the same kernels, only where they
+//! are read from differs.
+
+use std::path::Path;
+
+use waste_host::{Engine, Model, OpenOptions};
+
+use crate::common::*;
+use crate::gguf::{convert_gguf, gguf_dir, models, u32s};
+
+/// Logits at every position of the fixture's prompt, and its greedy
+/// continuation.
+fn logits_and_greedy(engine: &Engine, model: &Path, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) {
+    let mut session = engine.session(Model::open(model, &OpenOptions::default()).unwrap()).unwrap();
+    let (logits, _) = session.eval(prompt, true).unwrap();
+    session.reset();
+    let out = session.generate(prompt, &crate::oracle::greedy(), |_| true).unwrap();
+    (logits, out.tokens)
+}
+
+fn differing_bits(a: &[f32], b: &[f32]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
+}
+
+/// Every GGUF fixture (each family's llama.cpp conversion, K-quants, all
+/// nine IQ file types): the file run in place gives the logits of its
+/// conversion as stored, every bit at every position, and the same greedy
+/// tokens. gpt-oss (expert biases in tensors of their own) is refused with
+/// one line saying to convert it.
+#[test]
+fn a_gguf_file_run_in_place_gives_the_bits_of_its_conversion_as_stored() {
+    let tmp = TempDir::new("gguf-in-place");
+    let engine = Engine::new().unwrap();
+    let mut run = 0;
+    for m in models() {
+        let file = gguf_dir().join(m["file"].as_str().unwrap());
+        if m["file"].as_str().unwrap().contains("gpt_oss") {
+            let err = Model::open(&file, &OpenOptions::default()).err().expect("gpt-oss in place is refused");
+            assert!(err.to_string().contains("convert it first"), "{err}");
+            continue;
+        }
+        let prompt = u32s(&m["prompt_ids"]);
+        let container = convert_gguf(&file, "gguf", "gguf", tmp.path());
+        let (want, want_tokens) = logits_and_greedy(&engine, &container, &prompt);
+        let (got, got_tokens) = logits_and_greedy(&engine, &file, &prompt);
+        let differ = differing_bits(&want, &got);
+        assert_eq!(differ, 0, "{}: {differ} of {} logits differ from the conversion's", file.display(), want.len());
+        assert_eq!(got_tokens, want_tokens, "{}: greedy continuation", file.display());
+        assert_eq!(got_tokens, u32s(&m["greedy_ids"]), "{}: transformers' greedy continuation", file.display());
+        run += 1;
+    }
+    assert!(run >= 15, "only {run} GGUF fixtures ran in place");
+}
+
+/// A split file run in place from its first part: its unsplit twin's bits.
+#[test]
+fn a_split_gguf_run_in_place_equals_its_unsplit_twin() {
+    let m = models().into_iter().find(|m| m["file"] == "models/wide-qwen3moe-q4_k_m.gguf").unwrap();
+    let prompt = u32s(&m["prompt_ids"]);
+    let engine = Engine::new().unwrap();
+    let (whole, _) = logits_and_greedy(&engine, &gguf_dir().join("models/wide-qwen3moe-q4_k_m.gguf"), &prompt);
+    let split = gguf_dir().join("split/wide-qwen3moe-q4_k_m-00001-of-00003.gguf");
+    let (parts, _) = logits_and_greedy(&engine, &split, &prompt);
+    let differ = differing_bits(&whole, &parts);
+    assert_eq!(differ, 0, "{differ} of {} logits differ between the split file and its twin", whole.len());
+}
+
+/// The command line takes a GGUF file wherever it takes a container:
+/// `run` generates, `info` describes it as its conversion would be, and
+/// what a GGUF file cannot do (`--verify`: it has no checksums; a later
+/// part of a split file) fails with one line saying what to do.
+#[test]
+fn waste_runs_a_gguf_file_in_place_from_the_command_line() {
+    let tmp = TempDir::new("gguf-in-place-cli");
+    let file = gguf_dir().join("models/wide-qwen3moe-q4_k_m.gguf");
+    let f = file.to_str().unwrap();
+    let o = waste(&["run", f, "hello", "-n", "6", "--ignore-eos", "--temp", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!o.stdout.is_empty(), "no text generated");
+
+    let info = |model: &str| -> serde_json::Value {
+        let o = waste(&["info", model, "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let container = convert_gguf(&file, "gguf", "gguf", tmp.path());
+    let (in_place, converted) = (info(f), info(container.to_str().unwrap()));
+    for key in ["trunk_types", "expert_types", "trunk_bytes", "total_params", "active_params"] {
+        assert_eq!(in_place[key], converted[key], "info {key}");
+    }
+
+    let o = waste(&["run", f, "hello", "-n", "2", "--verify"]);
+    let err = stderr(&o);
+    assert!(!o.status.success() && err.trim().lines().count() == 1, "{err}");
+    assert!(err.contains("no checksums"), "{err}");
+
+    let part2 = gguf_dir().join("split/wide-qwen3moe-q4_k_m-00002-of-00003.gguf");
+    let o = waste(&["run", part2.to_str().unwrap(), "hello", "-n", "2"]);
+    let err = stderr(&o);
+    assert!(!o.status.success() && err.trim().lines().count() == 1, "{err}");
+    assert!(err.contains("open the first part"), "{err}");
+}

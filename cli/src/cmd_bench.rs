@@ -18,7 +18,7 @@ use crate::output::outln;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Container directory.
+    /// Container directory, or GGUF file (run in place).
     pub model: PathBuf,
     /// RAM budget (e.g. 2G); default: chosen by the planner.
     #[arg(long)]

@@ -10,7 +10,7 @@ use waste_host::Engine;
 
 #[derive(Args)]
 pub struct InfoArgs {
-    /// Container directory.
+    /// Container directory, or GGUF file (run in place).
     pub model: PathBuf,
     #[arg(long)]
     pub json: bool,

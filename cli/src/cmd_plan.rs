@@ -13,7 +13,7 @@ use crate::output::outln;
 
 #[derive(Args)]
 pub struct PlanArgs {
-    /// Container directory.
+    /// Container directory, or GGUF file (run in place).
     pub model: PathBuf,
     /// RAM budget (e.g. 2G, 800M); without it the planner picks one.
     #[arg(long)]

@@ -16,7 +16,8 @@ use waste_host::MAX_PREFILL_CHUNK;
 
 #[derive(Args)]
 pub struct ModelArgs {
-    /// Container directory (made by `waste convert`); `-m DIR` works too.
+    /// Container directory (made by `waste convert`) or GGUF file (run in
+    /// place, its first part if split); `-m PATH` works too.
     pub model: PathBuf,
     /// Tokens of context to allocate (default: the model's maximum, at most 4096).
     #[arg(long, short = 'c', visible_alias = "ctx-size")]

@@ -21,6 +21,10 @@ fn logits_and_greedy(engine: &Engine, model: &Path, prompt: &[u32]) -> (Vec<f32>
     (logits, out.tokens)
 }
 
+fn open(model: &Path) -> std::sync::Arc<Model> {
+    Model::open(model, &OpenOptions::default()).unwrap()
+}
+
 fn differing_bits(a: &[f32], b: &[f32]) -> usize {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
@@ -29,20 +33,17 @@ fn differing_bits(a: &[f32], b: &[f32]) -> usize {
 /// Every GGUF fixture (each family's llama.cpp conversion, K-quants, all
 /// nine IQ file types): the file run in place gives the logits of its
 /// conversion as stored, every bit at every position, and the same greedy
-/// tokens. gpt-oss (expert biases in tensors of their own) is refused with
-/// one line saying to convert it.
+/// tokens; gpt-oss too, whose expert biases are tensors of their own that
+/// a record's payload ends with.
 #[test]
 fn a_gguf_file_run_in_place_gives_the_bits_of_its_conversion_as_stored() {
     let tmp = TempDir::new("gguf-in-place");
     let engine = Engine::new().unwrap();
     let mut run = 0;
-    for m in models() {
+    let all = models();
+    assert!(all.iter().any(|m| m["file"].as_str().unwrap().contains("gpt_oss")));
+    for m in &all {
         let file = gguf_dir().join(m["file"].as_str().unwrap());
-        if m["file"].as_str().unwrap().contains("gpt_oss") {
-            let err = Model::open(&file, &OpenOptions::default()).err().expect("gpt-oss in place is refused");
-            assert!(err.to_string().contains("convert it first"), "{err}");
-            continue;
-        }
         let prompt = u32s(&m["prompt_ids"]);
         let container = convert_gguf(&file, "gguf", "gguf", tmp.path());
         let (want, want_tokens) = logits_and_greedy(&engine, &container, &prompt);
@@ -51,9 +52,25 @@ fn a_gguf_file_run_in_place_gives_the_bits_of_its_conversion_as_stored() {
         assert_eq!(differ, 0, "{}: {differ} of {} logits differ from the conversion's", file.display(), want.len());
         assert_eq!(got_tokens, want_tokens, "{}: greedy continuation", file.display());
         assert_eq!(got_tokens, u32s(&m["greedy_ids"]), "{}: transformers' greedy continuation", file.display());
+        // The budget counts what stays in RAM: in place, gpt-oss's expert
+        // biases (a container's records carry them).
+        let (kept, converted) = (open(&file), open(&container));
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(container.join("manifest.json")).unwrap()).unwrap();
+        let e = &manifest["experts"];
+        let biases = match e["biases"].as_bool() == Some(true) {
+            true => {
+                let per_expert = (2 * e["inter"].as_u64().unwrap() + e["hidden"].as_u64().unwrap()) * 4;
+                kept.info().moe_layers as u64 * kept.info().num_experts as u64 * per_expert
+            }
+            false => 0,
+        };
+        assert_eq!(biases > 0, m["file"].as_str().unwrap().contains("gpt_oss"), "{}", file.display());
+        assert_eq!(kept.memory_used().trunk, converted.memory_used().trunk + biases, "{}", file.display());
+        assert_eq!(kept.memory_used().total(), kept.memory_plan().total(), "{}", file.display());
         run += 1;
     }
-    assert!(run >= 15, "only {run} GGUF fixtures ran in place");
+    assert_eq!(run, all.len());
 }
 
 /// A split file run in place from its first part: its unsplit twin's bits.

@@ -137,6 +137,8 @@ impl Model {
             .tensors
             .iter()
             .map(|t| (t.name.clone(), crate::plan::resident_tensor_bytes(container.config(), t)));
+        // The bytes the trunk's tensors load (a GGUF's expert biases are
+        // read with its banks).
         let resident = crate::plan::resident_trunk_bytes(container.config(), container.manifest());
         let source = CountingSource::new(&container, tensors, resident, &mut *progress);
         let mut transformer = Transformer::load(container.config(), &source)?;
@@ -192,7 +194,7 @@ impl Model {
     /// What the model holds now, by part; `total()` equals the plan's.
     pub fn memory_used(&self) -> MemoryUse {
         MemoryUse {
-            trunk: crate::plan::resident_trunk_bytes(self.container.config(), self.container.manifest()),
+            trunk: self.container.resident_trunk_bytes(),
             state: crate::plan::state_bytes(self.container.config(), self.context),
             scratch: crate::plan::scratch_bytes(self.container.config(), self.context, self.plan.prefill_chunk),
             cache: self.experts.allocated_bytes(),

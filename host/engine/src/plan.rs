@@ -232,7 +232,7 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
     let moe_layers = m.experts.layers.len();
     let experts = cfg.num_experts;
     let usable = usable_ram.unwrap_or_else(self::usable_ram);
-    let (trunk, state) = (resident_trunk_bytes(cfg, m), state_bytes(cfg, context) * (1 + extra_states) as u64);
+    let (trunk, state) = (container.resident_trunk_bytes(), state_bytes(cfg, context) * (1 + extra_states) as u64);
     if let Some(c) = prefill_chunk {
         crate::transformer::prefill::check_chunk(c)?;
     }

@@ -26,6 +26,10 @@ pub struct Bank {
     /// slabs lie (in `ExpertBanks::parts`); `path` is then the file that
     /// holds the gate slabs, for messages. `None`: records of `path`.
     pub slabs: Option<[SlabRun; 3]>,
+    /// A GGUF file read in place whose experts have biases (gpt-oss: tensors
+    /// of their own, not part of the slabs): every expert's bias bytes, in
+    /// expert order, as a record's payload ends with them. Held in RAM.
+    pub biases: Option<Vec<u8>>,
 }
 
 pub struct ExpertBanks {
@@ -144,6 +148,7 @@ impl ExpertBanks {
                 format: layer_format,
                 payload_bytes: payload_bytes as usize,
                 slabs: None,
+                biases: None,
             });
         }
         if e.payload_bytes != longest {
@@ -195,6 +200,20 @@ impl ExpertBanks {
                 .map_err(|err| Error::format(g.path(), format!("layer {layer}: {err}")))?;
             record = record.max(slabs.iter().map(|r| slab_span_bound(r.bytes)).sum());
             longest = longest.max(payload_bytes);
+            // The converter's own bias bytes (convert/bank.rs `stored_payload`).
+            let biases = match shape.biases {
+                true => {
+                    let mut all = Vec::new();
+                    for expert in 0..config.num_experts {
+                        let b = ckpt.expert_biases_f32(layer, expert)?.ok_or_else(|| {
+                            Error::format(g.path(), format!("layer {layer} expert {expert}: its biases are missing"))
+                        })?;
+                        all.extend(b.iter().flatten().flat_map(|v| v.to_le_bytes()));
+                    }
+                    Some(all)
+                }
+                false => None,
+            };
             banks[layer] = Some(Bank {
                 path: g.parts()[slabs[0].part].clone(),
                 experts: config.num_experts,
@@ -202,6 +221,7 @@ impl ExpertBanks {
                 format,
                 payload_bytes,
                 slabs: Some(slabs),
+                biases,
             });
         }
         Ok(ExpertBanks {
@@ -213,6 +233,12 @@ impl ExpertBanks {
             verify,
             parts: g.parts().to_vec(),
         })
+    }
+
+    /// Bytes the banks hold in RAM: a GGUF file's expert biases read in
+    /// place (none for a container, whose records carry them).
+    pub fn resident_bytes(&self) -> u64 {
+        self.banks.iter().flatten().filter_map(|b| b.biases.as_ref()).map(|b| b.len() as u64).sum()
     }
 
     /// A GGUF file read in place: its files, in part order. Empty for a

@@ -10,8 +10,10 @@
 //! three expert tensors (`ExpertBanks::in_gguf`, `store::io::read_slabs`).
 //!
 //! What a GGUF file lacks against a container: checksums (records are not
-//! checked as they land, and `--verify` is refused), and a directory of
-//! its own for the learned hotlist (kept beside the file, `usage_path`).
+//! checked as they land, and `--verify` is refused), a directory of its own
+//! for the learned hotlist (kept beside the file, `usage_path`), and, for
+//! gpt-oss, expert biases inside the records (held in RAM instead and
+//! counted with the trunk, `resident_trunk_bytes`).
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +31,11 @@ use crate::source::StoredRows;
 /// The GGUF file behind a container opened in place.
 pub(super) struct InPlace {
     ckpt: HfCheckpoint,
+    /// What the expert banks hold in RAM (gpt-oss's expert biases).
+    resident_bank_bytes: u64,
+    /// The banks made at open, handed to the first `expert_banks` call
+    /// (making them again would read every expert's biases again).
+    banks: std::sync::Mutex<Option<ExpertBanks>>,
 }
 
 impl Container {
@@ -46,16 +53,8 @@ impl Container {
         let config_json = serde_json::to_string(&small.config).map_err(|e| Error::format(path, e.to_string()))?;
         let mut config = ModelConfig::from_json_str(&config_json, path)?;
         config.adapt_to_tensor_names(tensors.iter().map(|t| t.name.as_str()));
-        if config.expert_shape().biases {
-            // gpt-oss's expert biases are tensors of their own in a GGUF
-            // file, not part of the slabs a record is read from.
-            return Err(Error::Unsupported(format!(
-                "{}: running a gpt-oss GGUF file in place is not supported yet; convert it first (`waste convert {} OUT.waste`)",
-                path.display(),
-                path.display()
-            )));
-        }
         let banks = ExpertBanks::in_gguf(&ckpt, &config, Verify::default())?;
+        let resident_bank_bytes = banks.resident_bytes();
         let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let layers = (0..config.num_layers)
             .filter_map(|l| banks.bank(l).map(|b| (l, b)))
@@ -102,7 +101,7 @@ impl Container {
             trunk,
             tensors: by_name,
             files: small.files,
-            gguf: Some(InPlace { ckpt }),
+            gguf: Some(InPlace { ckpt, resident_bank_bytes, banks: std::sync::Mutex::new(Some(banks)) }),
         })
     }
 
@@ -119,6 +118,15 @@ impl Container {
         }
     }
 
+    /// Bytes of the trunk held in RAM, as the planner counts them: the
+    /// resident trunk tensors, and for a GGUF file read in place what its
+    /// expert banks hold (gpt-oss's expert biases, which a container's
+    /// records carry).
+    pub fn resident_trunk_bytes(&self) -> u64 {
+        let banks = self.gguf.as_ref().map_or(0, |g| g.resident_bank_bytes);
+        crate::plan::resident_trunk_bytes(&self.config, &self.manifest) + banks
+    }
+
     /// Whether this is a GGUF file read in place.
     pub fn in_place(&self) -> bool {
         self.gguf.is_some()
@@ -127,7 +135,8 @@ impl Container {
     /// The expert banks of a GGUF file read in place.
     pub(super) fn gguf_banks(&self) -> Option<Result<ExpertBanks>> {
         let g = self.gguf.as_ref()?;
-        Some(ExpertBanks::in_gguf(&g.ckpt, &self.config, self.verify))
+        let made = g.banks.lock().unwrap_or_else(|p| p.into_inner()).take();
+        Some(made.map_or_else(|| ExpertBanks::in_gguf(&g.ckpt, &self.config, self.verify), Ok))
     }
 }
 

@@ -146,7 +146,16 @@ impl Container {
             let path = plain_file_name(dir, name, &manifest_path)?;
             files.push((name.clone(), read_file(&path, MAX_TOKENIZER_FILE_BYTES)?));
         }
-        Container::assemble(Parts { dir: dir.to_path_buf(), manifest, config, trunk_path, trunk, tensors, files, gguf: None })
+        Container::assemble(Parts {
+            dir: dir.to_path_buf(),
+            manifest,
+            config,
+            trunk_path,
+            trunk,
+            tensors,
+            files,
+            gguf: None,
+        })
     }
 
     /// The checks and readings every container shares, whatever it was

@@ -265,10 +265,18 @@ impl Shared {
     fn read_record(&self, layer: usize, expert: usize, buf: &mut [u8]) -> Result<()> {
         let bank = self.banks.bank(layer).ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
         let read = match &bank.slabs {
-            Some(slabs) => io::read_slabs(&self.parts, slabs, expert, buf),
+            Some(slabs) => io::read_slabs(&self.parts, slabs, expert, buf).map(|()| {
+                // The payload ends with the expert's biases, held in RAM.
+                if let Some(biases) = &bank.biases {
+                    let len = biases.len() / bank.experts;
+                    let at = bank.payload_bytes - len;
+                    buf[at..at + len].copy_from_slice(&biases[expert * len..(expert + 1) * len]);
+                }
+            }),
             None => {
-                let file =
-                    self.files[layer].as_ref().ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
+                let file = self.files[layer]
+                    .as_ref()
+                    .ok_or_else(|| Error::Runtime(format!("layer {layer} has no experts")))?;
                 file.read_at(buf, (expert * buf.len()) as u64)
             }
         };

@@ -38,7 +38,8 @@ pub struct StoreOptions {
     /// Keep records after use; `false` reads every use (the plain path).
     pub keep: bool,
     pub policy: CachePolicy,
-    /// Reader threads; 0 reads on the calling thread.
+    /// Reader threads (twice as many for a GGUF file read in place, three
+    /// reads a record); 0 reads on the calling thread.
     pub readers: usize,
     /// Request a layer's whole top-k before consuming the first record.
     pub read_ahead: bool,
@@ -417,7 +418,13 @@ impl ExpertStore {
             // misses of decode, little to fault for nothing.
             fault_window: 2 * top_k.max(1) * layers.len().max(1),
         });
-        let threads = (0..options.readers)
+        // A GGUF file read in place costs three reads a record, one per
+        // slab: twice the threads keep about as many bytes in flight as a
+        // container's one read a record (docs/PERFORMANCE.md, "A GGUF file
+        // run in place": 0.88x a container's decode with as many threads,
+        // 0.94x with twice).
+        let per_reader = if shared.parts.is_empty() { 1 } else { 2 };
+        let threads = (0..options.readers * per_reader)
             .map(|i| readers::spawn(shared.clone(), i))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::Runtime(format!("starting a reader thread: {e}")))?;

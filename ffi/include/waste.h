@@ -792,7 +792,8 @@ enum waste_result waste_session_detach_images(struct waste_session *session);
 enum waste_result waste_open_options_default(struct waste_open_options *out);
 
 /**
- * Plans the memory of the container at `path` without loading it.
+ * Plans the memory of the container (or GGUF file) at `path` without
+ * loading it.
  * `context` 0 = default; `budget` 0 = chosen from usable RAM.
  */
 enum waste_result waste_plan(const struct waste_ctx *ctx,
@@ -803,7 +804,8 @@ enum waste_result waste_plan(const struct waste_ctx *ctx,
                              struct waste_memory_plan *out);
 
 /**
- * Opens the container at `path`. `options` NULL = the defaults.
+ * Opens the container at `path`, or a GGUF file run in place (a split
+ * file from its first part). `options` NULL = the defaults.
  */
 enum waste_result waste_model_open(const struct waste_ctx *ctx,
                                    const char *path,

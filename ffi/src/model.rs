@@ -226,7 +226,8 @@ fn opt(n: usize) -> Option<usize> {
     (n != 0).then_some(n)
 }
 
-/// Plans the memory of the container at `path` without loading it.
+/// Plans the memory of the container (or GGUF file) at `path` without
+/// loading it.
 /// `context` 0 = default; `budget` 0 = chosen from usable RAM.
 #[no_mangle]
 pub unsafe extern "C" fn waste_plan(
@@ -257,7 +258,8 @@ pub unsafe extern "C" fn waste_plan(
     })
 }
 
-/// Opens the container at `path`. `options` NULL = the defaults.
+/// Opens the container at `path`, or a GGUF file run in place (a split
+/// file from its first part). `options` NULL = the defaults.
 #[no_mangle]
 pub unsafe extern "C" fn waste_model_open(
     ctx: *const waste_ctx,

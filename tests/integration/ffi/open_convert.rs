@@ -63,6 +63,36 @@ fn open_with_progress_reports_the_whole_trunk() {
     }
 }
 
+/// The C ABI's open takes a GGUF file as the command line does: run in
+/// place, its trunk reported whole as it loads, its memory as planned.
+#[test]
+fn open_through_c_runs_a_gguf_file_in_place() {
+    let path = root().join("tests/fixtures/gguf/models/wide-qwen3moe-q4_k_m.gguf");
+    let p = path.to_str().unwrap();
+    unsafe {
+        let mut ctx = null_mut();
+        assert_eq!(waste_ctx_open(&mut ctx), WASTE_OK);
+        let mut seen: Vec<waste_open_progress> = Vec::new();
+        let mut model = null_mut();
+        let r = waste_model_open_with_progress(
+            ctx,
+            p.as_ptr() as *const _,
+            p.len(),
+            null(),
+            Some(open_event),
+            &mut seen as *mut _ as *mut c_void,
+            &mut model,
+        );
+        assert_eq!(r, WASTE_OK, "{}", last_error(ctx));
+        let last = seen.iter().rfind(|e| e.stage == waste_open_stage::WASTE_OPEN_TRUNK).expect("trunk progress");
+        let mut used = waste_memory_use::default();
+        assert_eq!(waste_model_memory_used(model, &mut used), WASTE_OK);
+        assert_eq!((last.loaded, last.total), (used.trunk, used.trunk));
+        waste_model_close(model);
+        waste_ctx_close(ctx);
+    }
+}
+
 #[test]
 fn convert_through_c_gives_the_transformers_greedy_tokens_and_synth_reports_bad_shapes() {
     let fixture = root().join("tests/fixtures/tiny-qwen3_moe");

@@ -129,7 +129,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     // Regression: a fixed default of 512 refused models with a shorter context.
     let ctx = match a.ctx {
         Some(n) => n,
-        None => waste_host::Container::open(&a.model)
+        None => waste_host::open_container(&a.model)
             .with_context(|| format!("opening {}", a.model.display()))?
             .config()
             .max_position_embeddings

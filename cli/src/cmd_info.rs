@@ -43,7 +43,7 @@ fn short_count(n: u64) -> String {
 pub fn info(a: InfoArgs) -> Result<()> {
     // The manifest says it all: loading a trunk (27 GB for K3) to describe
     // it would be waste.
-    let container = waste_host::Container::open(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
+    let container = waste_host::open_container(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
     let i = &waste_host::ModelInfo::of(&container);
     if a.json {
         outln!(

@@ -5,7 +5,8 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use waste_engine::plan::{plan_path, PlanRequest};
+use waste_engine::paths::plan_path;
+use waste_engine::plan::PlanRequest;
 use waste_host::{Engine, Error, GenerateParams, Model, OpenOptions};
 
 use crate::common::*;

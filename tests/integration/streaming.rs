@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use waste_engine::plan::{plan_path, PlanRequest};
+use waste_engine::paths::plan_path;
+use waste_engine::plan::PlanRequest;
 use waste_engine::store::io::fd_is_direct;
 use waste_engine::store::trace::read_route_trace;
 use waste_engine::store::{simulate, CachePolicy, StoreOptions};

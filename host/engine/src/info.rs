@@ -133,7 +133,7 @@ impl ModelInfo {
                 l.ggml.as_ref().map_or_else(|| e.format.clone(), |g| format!("{}/{}/{}", g.gate, g.up, g.down))
             })),
             expert_record_bytes: e.record_bytes,
-            trunk_bytes: container.resident_trunk_bytes(),
+            trunk_bytes: crate::plan::resident_bytes(container),
             has_tokenizer: container
                 .tokenizer_files()
                 .iter()

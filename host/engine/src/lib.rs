@@ -13,7 +13,8 @@
 //! it (tests/integration/layering.rs holds the crate to this order): `size`,
 //! `error`, `stats`, `files`, `config`, `source`, `container`, `gguf`,
 //! `checkpoint`, `store`, `transformer`, `plan`, `info`, `vision`, `synth`,
-//! `convert`, `open_progress`, `model`, `images`, `perplexity`.
+//! `convert`, `in_place`, `paths`, `open_progress`, `model`, `images`,
+//! `perplexity`.
 
 pub mod checkpoint;
 pub mod config;
@@ -23,9 +24,11 @@ pub mod error;
 pub mod files;
 pub mod gguf;
 pub mod images;
+pub mod in_place;
 pub mod info;
 mod model;
 mod open_progress;
+pub mod paths;
 mod perplexity;
 pub mod plan;
 pub mod size;

@@ -13,7 +13,7 @@ use crate::open_progress::CountingSource;
 pub use crate::open_progress::OpenProgress;
 use crate::plan::MemoryPlan;
 use crate::stats::StepStats;
-use crate::store::{ExpertStore, StoreOptions, StoreStats};
+use crate::store::{ExpertStore, StoreOptions, StoreStats, USAGE_FILE};
 use crate::transformer::{Splice, State, Transformer};
 
 /// Options for [`Model::open`].
@@ -86,6 +86,18 @@ impl MemoryUse {
     }
 }
 
+/// Where the learned hotlist of a model is kept: `usage.json` in a
+/// container's directory, `FILE.gguf.usage.json` beside a GGUF file run in
+/// place.
+fn usage_path(container: &Container) -> std::path::PathBuf {
+    if container.in_place() {
+        let mut name = container.dir().as_os_str().to_owned();
+        name.push(".usage.json");
+        return name.into();
+    }
+    container.dir().join(USAGE_FILE)
+}
+
 /// A converted container, opened: the trunk resident, the experts on disk.
 /// Shared by any number of sessions.
 pub struct Model {
@@ -119,7 +131,7 @@ impl Model {
         if let Some(chunk) = options.prefill_chunk {
             crate::transformer::prefill::check_chunk(chunk)?;
         }
-        let mut container = Container::open(path)?;
+        let mut container = crate::paths::open_container(path)?;
         container.set_verify(options.verify)?;
         // The budget is checked before anything large is allocated.
         let request = crate::plan::PlanRequest {
@@ -150,7 +162,7 @@ impl Model {
             ..options.store.clone()
         };
         let experts = ExpertStore::open(container.expert_banks()?, container.config().top_k, store_options)?;
-        let usage = container.usage_path();
+        let usage = usage_path(&container);
         if options.preload && options.store.keep && usage.is_file() {
             let before = experts.stats().preloaded;
             let record = experts.record_bytes() as u64;
@@ -194,7 +206,7 @@ impl Model {
     /// What the model holds now, by part; `total()` equals the plan's.
     pub fn memory_used(&self) -> MemoryUse {
         MemoryUse {
-            trunk: self.container.resident_trunk_bytes(),
+            trunk: crate::plan::resident_bytes(&self.container),
             state: crate::plan::state_bytes(self.container.config(), self.context),
             scratch: crate::plan::scratch_bytes(self.container.config(), self.context, self.plan.prefill_chunk),
             cache: self.experts.allocated_bytes(),
@@ -218,7 +230,7 @@ impl Model {
     /// Adds this model's expert-use counts to the container's usage file
     /// (the learned hotlist preloaded by the next open); returns its path.
     pub fn save_usage(&self) -> Result<std::path::PathBuf> {
-        let path = self.container.usage_path();
+        let path = usage_path(&self.container);
         self.experts.save_usage(&path)?;
         Ok(path)
     }

@@ -6,8 +6,6 @@
 //! expert cache (whose slots are also the I/O buffers: records are read
 //! straight into them). Sizes are in bytes.
 
-use std::path::Path;
-
 use crate::config::layout::EdgeTensors;
 use crate::config::ModelConfig;
 use crate::container::manifest::{Manifest, TensorEntry};
@@ -203,10 +201,12 @@ pub struct PlanRequest {
     pub prefill_chunk: Option<usize>,
 }
 
-/// The plan for the container at `path`, read from its manifest (the trunk
-/// is not loaded).
-pub fn plan_path(path: &Path, request: &PlanRequest) -> Result<MemoryPlan> {
-    plan(&Container::open(path)?, request)
+/// Bytes of the model held in RAM as its trunk: the resident trunk
+/// tensors, and what a GGUF file read in place keeps beside them (its
+/// expert biases, which a container's records carry). The one figure the
+/// plan, the model's memory use and `info` count.
+pub fn resident_bytes(container: &Container) -> u64 {
+    resident_trunk_bytes(container.config(), container.manifest()) + container.resident_bank_bytes()
 }
 
 pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Result<usize> {
@@ -232,7 +232,7 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
     let moe_layers = m.experts.layers.len();
     let experts = cfg.num_experts;
     let usable = usable_ram.unwrap_or_else(self::usable_ram);
-    let (trunk, state) = (container.resident_trunk_bytes(), state_bytes(cfg, context) * (1 + extra_states) as u64);
+    let (trunk, state) = (resident_bytes(container), state_bytes(cfg, context) * (1 + extra_states) as u64);
     if let Some(c) = prefill_chunk {
         crate::transformer::prefill::check_chunk(c)?;
     }
@@ -367,6 +367,7 @@ pub fn peak_rss() -> Option<u64> {
 mod tests {
     use super::*;
     use crate::transformer::State;
+    use std::path::Path;
 
     fn input(budget: Option<u64>, usable: u64) -> PlanInput {
         PlanInput {

@@ -59,8 +59,8 @@ pub use waste_engine::{
 };
 
 // Memory planning and sizes.
-pub use waste_engine::plan::{fmt_bytes, parse_size, peak_rss, plan_path, BudgetSource, MemoryPlan, PlanRequest};
-pub use waste_engine::vision::plan::plan_path_for_images;
+pub use waste_engine::paths::{open_container, plan_path, plan_path_for_images};
+pub use waste_engine::plan::{fmt_bytes, parse_size, peak_rss, BudgetSource, MemoryPlan, PlanRequest};
 
 // Images: their prompt markup and the size of an encoded image.
 pub use waste_engine::vision::decode::dimensions as image_dimensions;

@@ -8,22 +8,11 @@ use std::path::Path;
 
 use super::{Entry, HfCheckpoint, Kind, Shard};
 use crate::config::{ExpertLayout, Family, ModelConfig, TensorRole};
+use crate::container::SlabRun;
 use crate::error::{Error, Result};
 use crate::gguf::hf::{self, permuted_row, KvB, Slice};
 use crate::gguf::{tokenizer, GgmlType, GgufFile};
 use crate::quant::{GgmlExpert, TrunkFormat};
-
-/// One slab (gate, up or down) of every expert of a layer in a GGUF file:
-/// the layer's 3-D expert tensor, expert after expert.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlabRun {
-    /// Which file of a split model holds it.
-    pub part: usize,
-    /// Byte offset of expert 0's slab in that file.
-    pub start: u64,
-    /// Bytes of one expert's slab.
-    pub bytes: u64,
-}
 
 /// What a GGUF checkpoint holds besides its tensors.
 pub(super) struct GgufSource {

@@ -16,7 +16,6 @@
 
 mod decode;
 mod gguf;
-pub use gguf::SlabRun;
 mod gpt_oss;
 #[cfg(test)]
 mod tests;

@@ -6,11 +6,33 @@ use std::path::{Path, PathBuf};
 
 use super::manifest::{record, Manifest, MANIFEST_FILE, RECORD_ALIGN};
 use super::{checksum, expert_format, plain_file_name, Verify};
-use crate::checkpoint::{HfCheckpoint, SlabRun};
 use crate::config::{Activation, ModelConfig};
 use crate::error::{Error, Result};
 use crate::files::read_file;
 use crate::quant::{self, Codebooks, ExpertFormat, ExpertShape, LayerCodebooks};
+
+/// One slab (gate, up or down) of every expert of a layer in a model file
+/// read in place: the layer's 3-D expert tensor, expert after expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlabRun {
+    /// Which file of a split model holds it.
+    pub part: usize,
+    /// Byte offset of expert 0's slab in that file.
+    pub start: u64,
+    /// Bytes of one expert's slab.
+    pub bytes: u64,
+}
+
+/// One MoE layer of a model file read in place (`ExpertBanks::in_files`).
+pub struct FileLayer {
+    pub layer: usize,
+    pub format: ExpertFormat,
+    /// Gate, up and down.
+    pub slabs: [SlabRun; 3],
+    /// Every expert's bias bytes, in expert order, as a payload ends with
+    /// them (gpt-oss); held in RAM.
+    pub biases: Option<Vec<u8>>,
+}
 
 /// One MoE layer's bank: `experts` records of `record_bytes` each.
 pub struct Bank {
@@ -170,26 +192,32 @@ impl ExpertBanks {
         })
     }
 
-    /// The banks of a GGUF file read in place: each MoE layer's experts are
-    /// the slabs of its three expert tensors. A slot holds each slab's
-    /// enclosing 4 KiB-aligned span (direct reads need whole aligned
+    /// The banks of a model file read in place (a GGUF file: the in_place
+    /// module gathers `layers` from it): each MoE layer's experts are the
+    /// slabs of its three expert tensors in `parts`. A slot holds each
+    /// slab's enclosing 4 KiB-aligned span (direct reads need whole aligned
     /// blocks; GGUF aligns tensors to 32 bytes), so a record is the three
     /// spans' worst case; the store moves the slabs together into the
-    /// payload a container's record holds (`compact_slabs`).
-    pub(super) fn in_gguf(ckpt: &HfCheckpoint, config: &ModelConfig, verify: Verify) -> Result<ExpertBanks> {
-        let g = ckpt.gguf_file().ok_or_else(|| Error::Runtime("not a GGUF checkpoint".into()))?;
+    /// payload a container's record holds (`store::io::read_slabs`).
+    pub fn in_files(
+        config: &ModelConfig,
+        parts: &[PathBuf],
+        part_lens: &[u64],
+        layers: Vec<FileLayer>,
+        verify: Verify,
+    ) -> Result<ExpertBanks> {
         let shape = config.expert_shape();
         let mut banks: Vec<Option<Bank>> = (0..config.num_layers).map(|_| None).collect();
         let (mut record, mut longest) = (0u64, 0usize);
-        for layer in (0..config.num_layers).filter(|&l| config.is_moe_layer(l)) {
-            let types = ckpt.gguf_expert_types(layer)?;
-            let format = ExpertFormat::Ggml(types);
-            let slabs = ckpt.gguf_expert_extents(layer)?;
+        for FileLayer { layer, format, slabs, biases } in layers {
+            if layer >= config.num_layers || !config.is_moe_layer(layer) || banks[layer].is_some() {
+                return Err(Error::Runtime(format!("layer {layer}: not an MoE layer, or given twice")));
+            }
             for run in &slabs {
                 let end = run.bytes.checked_mul(config.num_experts as u64).and_then(|b| b.checked_add(run.start));
-                if end.is_none_or(|end| end > g.part_lens[run.part]) {
+                if part_lens.get(run.part).is_none_or(|&len| end.is_none_or(|end| end > len)) {
                     return Err(Error::format(
-                        &g.parts()[run.part],
+                        parts.get(run.part).map_or(Path::new("?"), PathBuf::as_path),
                         format!("layer {layer}'s expert slabs lie beyond the end of the file: truncated?"),
                     ));
                 }
@@ -197,25 +225,15 @@ impl ExpertBanks {
             let payload_bytes = quant::expert_payload_len(format, shape);
             let blank = vec![0u8; payload_bytes];
             quant::check_expert_payload(format, shape, &blank, None)
-                .map_err(|err| Error::format(g.path(), format!("layer {layer}: {err}")))?;
+                .map_err(|err| Error::format(&parts[slabs[0].part], format!("layer {layer}: {err}")))?;
+            let bias_bytes = payload_bytes - slabs.iter().map(|r| r.bytes as usize).sum::<usize>();
+            if biases.as_ref().map_or(0, Vec::len) != bias_bytes * config.num_experts {
+                return Err(Error::Runtime(format!("layer {layer}: expert biases do not fit the payload")));
+            }
             record = record.max(slabs.iter().map(|r| slab_span_bound(r.bytes)).sum());
             longest = longest.max(payload_bytes);
-            // The converter's own bias bytes (convert/bank.rs `stored_payload`).
-            let biases = match shape.biases {
-                true => {
-                    let mut all = Vec::new();
-                    for expert in 0..config.num_experts {
-                        let b = ckpt.expert_biases_f32(layer, expert)?.ok_or_else(|| {
-                            Error::format(g.path(), format!("layer {layer} expert {expert}: its biases are missing"))
-                        })?;
-                        all.extend(b.iter().flatten().flat_map(|v| v.to_le_bytes()));
-                    }
-                    Some(all)
-                }
-                false => None,
-            };
             banks[layer] = Some(Bank {
-                path: g.parts()[slabs[0].part].clone(),
+                path: parts[slabs[0].part].clone(),
                 experts: config.num_experts,
                 codebooks: None,
                 format,
@@ -224,6 +242,9 @@ impl ExpertBanks {
                 biases,
             });
         }
+        if let Some(missing) = (0..config.num_layers).find(|&l| config.is_moe_layer(l) && banks[l].is_none()) {
+            return Err(Error::Runtime(format!("no expert slabs for MoE layer {missing}")));
+        }
         Ok(ExpertBanks {
             shape,
             record_bytes: record.max(longest as u64) as usize,
@@ -231,7 +252,7 @@ impl ExpertBanks {
             banks,
             activation: config.activation(),
             verify,
-            parts: g.parts().to_vec(),
+            parts: parts.to_vec(),
         })
     }
 

@@ -10,7 +10,6 @@
 
 pub mod checksum;
 mod experts;
-mod gguf;
 pub mod manifest;
 mod rows;
 
@@ -22,7 +21,7 @@ use waste_platform::FileExt;
 use crate::files::read_file;
 
 pub use checksum::Verify;
-pub use experts::ExpertBanks;
+pub use experts::{ExpertBanks, FileLayer, SlabRun};
 use manifest::{Manifest, TensorEntry, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, TENSOR_ALIGN};
 pub use rows::TrunkRows;
 
@@ -58,21 +57,33 @@ pub struct Container {
     /// lands. Without it, whatever is read whole (trunk tensors,
     /// codebooks) is still checked when it has a checksum.
     verify: Verify,
-    /// A GGUF file opened in place: the trunk is read from it, the experts
-    /// streamed from its expert tensors (gguf.rs).
-    gguf: Option<gguf::InPlace>,
+    /// A GGUF file opened in place (the `in_place` module): the trunk is read
+    /// from it, the experts streamed from its expert tensors.
+    in_place: Option<InPlace>,
+}
+
+/// What a model file read in place (a GGUF file: the `in_place` module) gives a
+/// container in place of its trunk file and banks.
+pub struct InPlace {
+    /// The trunk, read from the file as a conversion would store it.
+    pub trunk: Box<dyn TensorSource + Send + Sync>,
+    /// The banks made at open, handed to the first `expert_banks` call
+    /// (making them again would read every expert's biases again).
+    pub banks: std::sync::Mutex<Option<ExpertBanks>>,
+    /// What the banks hold in RAM (gpt-oss's expert biases).
+    pub resident_bank_bytes: u64,
 }
 
 /// What `Container::assemble` builds a container from.
-struct Parts {
-    dir: PathBuf,
-    manifest: Manifest,
-    config: ModelConfig,
-    trunk_path: PathBuf,
-    trunk: File,
-    tensors: HashMap<String, TensorEntry>,
-    files: Vec<(String, Vec<u8>)>,
-    gguf: Option<gguf::InPlace>,
+pub(crate) struct Parts {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    pub config: ModelConfig,
+    pub trunk_path: PathBuf,
+    pub trunk: File,
+    pub tensors: HashMap<String, TensorEntry>,
+    pub files: Vec<(String, Vec<u8>)>,
+    pub in_place: Option<InPlace>,
 }
 
 /// Rejects names that could reach outside the container directory.
@@ -85,11 +96,9 @@ fn plain_file_name(dir: &Path, name: &str, manifest: &Path) -> Result<PathBuf> {
 }
 
 impl Container {
-    /// Opens a container directory, or a GGUF file in place (gguf.rs).
+    /// Opens a container directory (`paths::open_container` also takes a
+    /// GGUF file, run in place).
     pub fn open(dir: &Path) -> Result<Container> {
-        if dir.is_file() {
-            return Container::open_gguf(dir);
-        }
         if !dir.is_dir() {
             let what = if dir.exists() {
                 "is not a directory (a container is a NAME.waste/ directory)"
@@ -154,14 +163,14 @@ impl Container {
             trunk,
             tensors,
             files,
-            gguf: None,
+            in_place: None,
         })
     }
 
     /// The checks and readings every container shares, whatever it was
     /// opened from: the end-of-sequence ids, the tokenizer and templates.
-    fn assemble(parts: Parts) -> Result<Container> {
-        let Parts { dir, manifest, config, trunk_path, trunk, tensors, files, gguf } = parts;
+    pub(crate) fn assemble(parts: Parts) -> Result<Container> {
+        let Parts { dir, manifest, config, trunk_path, trunk, tensors, files, in_place } = parts;
         let manifest_path = dir.join(MANIFEST_FILE);
         let mut eos_tokens = config.eos_token_ids.clone();
         if let Some(gen) = &manifest.generation_config {
@@ -213,7 +222,7 @@ impl Container {
             chat_templates,
             tokenizer_files: files,
             verify: Verify::default(),
-            gguf,
+            in_place,
         })
     }
 
@@ -225,7 +234,7 @@ impl Container {
             self.verify = verify;
             return Ok(());
         }
-        if self.gguf.is_some() {
+        if self.in_place.is_some() {
             return Err(Error::Arg(format!(
                 "{}: a GGUF file carries no checksums to verify; convert it (`waste convert FILE.gguf OUT.waste`) to have every record checked",
                 self.dir.display()
@@ -258,7 +267,7 @@ impl Container {
     /// it (`convert --verify`; a model opened with `--verify` checks each
     /// as it loads).
     pub fn check_trunk(&self) -> Result<()> {
-        if self.gguf.is_some() {
+        if self.in_place.is_some() {
             return Err(Error::Arg(format!("{}: a GGUF file carries no checksums to verify", self.dir.display())));
         }
         for t in &self.manifest.trunk.tensors {
@@ -268,8 +277,21 @@ impl Container {
         Ok(())
     }
 
+    /// The container's directory; for a GGUF file read in place, the file.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Whether this is a GGUF file read in place.
+    pub fn in_place(&self) -> bool {
+        self.in_place.is_some()
+    }
+
+    /// Bytes the expert banks hold in RAM beside the trunk's tensors (a
+    /// GGUF file's expert biases read in place; 0 for a container, whose
+    /// records carry them).
+    pub fn resident_bank_bytes(&self) -> u64 {
+        self.in_place.as_ref().map_or(0, |p| p.resident_bank_bytes)
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -303,8 +325,11 @@ impl Container {
     }
 
     pub fn expert_banks(&self) -> Result<ExpertBanks> {
-        if let Some(banks) = self.gguf_banks() {
-            return banks;
+        if let Some(p) = &self.in_place {
+            if let Some(banks) = p.banks.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                return Ok(banks);
+            }
+            return Err(Error::Runtime("the expert banks of a file read in place were already taken".into()));
         }
         ExpertBanks::open(&self.dir, &self.manifest, &self.config, self.verify)
     }
@@ -421,8 +446,8 @@ fn validate_tensor(t: &TensorEntry, file_len: u64, path: &Path) -> Result<()> {
 impl TensorSource for Container {
     fn matrix(&self, name: &str) -> Result<QMatrix> {
         let t = self.entry(name)?;
-        if let Some(g) = &self.gguf {
-            return g.matrix(t);
+        if let Some(p) = &self.in_place {
+            return p.trunk.matrix(&t.name);
         }
         let [rows, cols] = t.shape[..] else {
             return Err(Error::format(
@@ -446,8 +471,8 @@ impl TensorSource for Container {
         if t.shape.len() != 1 || t.format != "f32" {
             return Err(Error::format(&self.trunk_path, format!("tensor {name} is not an f32 vector")));
         }
-        if let Some(g) = &self.gguf {
-            return g.vector(name);
+        if let Some(p) = &self.in_place {
+            return p.trunk.vector(name);
         }
         self.read_f32(t)
     }
@@ -458,8 +483,8 @@ impl TensorSource for Container {
 
     fn stored_rows(&self, name: &str) -> Option<Result<Box<dyn StoredRows>>> {
         let t = self.tensors.get(name)?;
-        if let Some(g) = &self.gguf {
-            return g.stored_rows(t);
+        if let Some(p) = &self.in_place {
+            return p.trunk.stored_rows(&t.name);
         }
         let [rows, cols] = t.shape[..] else { return None };
         let format = TrunkFormat::parse(&t.format)?;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use waste_platform::{advise_random, open_direct, FileExt, HugePages};
 
-use crate::checkpoint::SlabRun;
+use crate::container::SlabRun;
 use crate::error::{Error, Result};
 
 /// Alignment of every I/O buffer; also the record alignment in the container.

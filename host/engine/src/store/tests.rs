@@ -216,7 +216,7 @@ fn gguf_experts_read_in_place_are_the_files_own_slabs() {
         "split/wide-qwen3moe-q4_k_m-00001-of-00003.gguf",
     ] {
         let path = models.join(file);
-        let container = Container::open(&path).unwrap();
+        let container = crate::paths::open_container(&path).unwrap();
         let ckpt = crate::checkpoint::HfCheckpoint::open_gguf(&path).unwrap();
         let cfg = container.config().clone();
         let options = StoreOptions { cache_slots: cfg.top_k, readers: 0, ..StoreOptions::default() };

@@ -3,24 +3,22 @@
 //! and that image's rows. Here rather than in `plan`, which the model's
 //! opening uses and which must not reach back into the tower.
 
-use std::path::Path;
-
 use super::preprocess::PreprocessConfig;
 use super::tower::activation_bytes;
 use crate::container::Container;
 use crate::error::{Error, Result};
 use crate::plan::{plan, vision_tower_bytes, MemoryPlan, PlanRequest};
 
-/// As `plan::plan_path`; with `vision`, also for images through Kimi K3's
-/// tower ([`vision_bytes`]; refused for a model without one).
-pub fn plan_path_for_images(path: &Path, request: &PlanRequest, vision: bool) -> Result<MemoryPlan> {
-    let container = Container::open(path)?;
-    let vision = match (vision, vision_bytes(&container)?) {
+/// The plan of `container` for `request`; with `vision`, also for images
+/// through Kimi K3's tower ([`vision_bytes`]; refused for a model without
+/// one).
+pub fn plan_for_images(container: &Container, request: &PlanRequest, vision: bool) -> Result<MemoryPlan> {
+    let vision = match (vision, vision_bytes(container)?) {
         (false, _) => 0,
         (true, Some(b)) => b,
         (true, None) => return Err(Error::Unsupported("this model has no vision tower to plan for".into())),
     };
-    plan(&container, &PlanRequest { vision, ..*request })
+    plan(container, &PlanRequest { vision, ..*request })
 }
 
 /// What images add to a plan: the tower's weights as the model holds them

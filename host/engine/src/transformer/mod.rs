@@ -19,6 +19,7 @@ pub mod ops;
 pub mod prefill;
 pub mod rope;
 pub mod state_io;
+mod step;
 pub mod v4;
 
 #[cfg(test)]
@@ -538,74 +539,6 @@ impl Transformer {
         }
         for stream in rest.chunks_exact_mut(h) {
             stream.copy_from_slice(first);
-        }
-        Ok(())
-    }
-
-    /// The residual update after layer `l`'s feed-forward output `y`:
-    /// `x += y`, or V4's hyper-connection expansion.
-    fn residual_add(&self, l: usize, x: &mut [f32], y: &[f32], coef: &Coef, hc: &mut HcScratch) {
-        match &self.layers[l].hc {
-            Some(_) => HyperConnection::after(x, y, coef, hc),
-            None => add_in_place(x, y),
-        }
-    }
-
-    /// The token mixer of layer `l` for one token at `pos`, `x += attn(norm(
-    /// in))`, then the feed-forward input `xn = norm(in')`; with AttnRes
-    /// (K3) `x` is the block's partial sum P and each input a depth mix of
-    /// the bank and P.
-    #[allow(clippy::too_many_arguments)]
-    fn mixer_step(
-        &self,
-        l: usize,
-        pos: usize,
-        layer_state: &mut LayerState,
-        x: &mut [f32],
-        bank: &mut attnres::Bank,
-        selection: &mut dsa::Selection,
-        coef: &mut Coef,
-        mixed: &mut [f32],
-        xn: &mut [f32],
-        mix: &mut MixerScratch,
-        y: &mut [f32],
-    ) -> Result<()> {
-        let cfg = &self.cfg;
-        let layer = &self.layers[l];
-        let res = layer.attn_res.as_ref();
-        match (res, &layer.hc) {
-            (Some(r), _) => {
-                r.before_attention(bank, x, mixed);
-                rms_norm(mixed, &layer.input_layernorm, cfg.rms_norm_eps, xn);
-            }
-            (None, Some(hc)) => {
-                hc.attn_hc.before(x, coef, &mut mix.hc, mixed);
-                rms_norm(mixed, &layer.input_layernorm, cfg.rms_norm_eps, xn);
-            }
-            (None, None) => rms_norm(x, &layer.input_layernorm, cfg.rms_norm_eps, xn),
-        }
-        match (&layer.self_attn, layer_state) {
-            (Mixer::Gqa(a), LayerState::Kv { k, v }) => a.forward(cfg, &self.rope, xn, pos, k, v, &mut mix.attn, y)?,
-            (Mixer::Mla(a), LayerState::Latent(c)) => a.forward(xn, pos, c, &mut mix.mla, selection, y)?,
-            (Mixer::Kda(a), LayerState::Kda(st)) => a.forward(xn, pos, st, &mut mix.kda, y),
-            (Mixer::Gdn(a), LayerState::Gdn(st)) => a.forward(xn, pos, st, &mut mix.gdn, y),
-            (Mixer::V4(a), LayerState::V4(st)) => a.forward(xn, pos, st, &mut mix.v4, y)?,
-            _ => return Err(Error::Arg(format!("layer {l}: the state was created for a different model"))),
-        }
-        match &layer.hc {
-            Some(_) => HyperConnection::after(x, y, coef, &mut mix.hc),
-            None => add_in_place(x, y),
-        }
-        match (res, &layer.hc) {
-            (Some(r), _) => {
-                r.before_mlp(bank, x, mixed);
-                rms_norm(mixed, &layer.post_attention_layernorm, cfg.rms_norm_eps, xn);
-            }
-            (None, Some(hc)) => {
-                hc.ffn_hc.before(x, coef, &mut mix.hc, mixed);
-                rms_norm(mixed, &layer.post_attention_layernorm, cfg.rms_norm_eps, xn);
-            }
-            (None, None) => rms_norm(x, &layer.post_attention_layernorm, cfg.rms_norm_eps, xn),
         }
         Ok(())
     }

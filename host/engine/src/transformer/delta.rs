@@ -47,14 +47,16 @@ impl DeltaState {
 /// Causal depthwise conv then SiLU, one token at `pos`: channel `ch` has
 /// kernel `weights[ch * K..(ch + 1) * K]`, whose tap j multiplies the input
 /// at `pos - (K - 1) + j`, so the last tap takes the current input `raw`
-/// (`causal_conv1d_update` with SiLU, no bias). `ring` holds the previous
-/// `K - 1` inputs; `raw` replaces the oldest.
-pub fn conv_step(weights: &[f32], kernel: usize, raw: &[f32], ring: &mut [f32], pos: usize, out: &mut [f32]) {
-    let channels = raw.len();
+/// (`causal_conv1d_update` with SiLU, no bias). `raw` is the token's input
+/// channels in parts laid end to end (KDA's q, k and v projections);
+/// `ring` holds the previous `K - 1` inputs and `raw` replaces the oldest.
+pub fn conv_step(weights: &[f32], kernel: usize, raw: &[&[f32]], ring: &mut [f32], pos: usize, out: &mut [f32]) {
+    let channels: usize = raw.iter().map(|part| part.len()).sum();
     let slots = kernel - 1;
-    for ch in 0..channels {
+    let inputs = raw.iter().flat_map(|part| part.iter());
+    for (ch, &input) in inputs.enumerate() {
         let w = &weights[ch * kernel..(ch + 1) * kernel];
-        let mut acc = w[kernel - 1] * raw[ch];
+        let mut acc = w[kernel - 1] * input;
         for back in 1..kernel {
             if back <= pos {
                 let slot = (pos - back) % slots;
@@ -64,7 +66,11 @@ pub fn conv_step(weights: &[f32], kernel: usize, raw: &[f32], ring: &mut [f32], 
         out[ch] = silu(acc);
     }
     let slot = pos % slots;
-    ring[slot * channels..(slot + 1) * channels].copy_from_slice(raw);
+    let mut at = slot * channels;
+    for part in raw {
+        ring[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
 }
 
 /// The reference `l2norm`: `x / sqrt(sum(x^2) + 1e-6)` (eps under the root).

@@ -79,39 +79,67 @@ fn a_log_heads(name: &str, stored: Vec<f32>, heads: usize) -> Result<Vec<f32>> {
     Ok(v)
 }
 
+/// A KDA layer's per-token projections, `[n, width]` each: one token's in
+/// decode (`KdaScratch::rows`), a prefill chunk's in `prefill`, where each
+/// projection runs over the chunk's tokens per load of its weights
+/// (`QMatrix::matvec_many`, bit-identical to a token alone).
+pub struct KdaRows {
+    q: Vec<f32>, // [n, C]
+    k: Vec<f32>, // [n, C]
+    v: Vec<f32>, // [n, C]
+    /// `[n, d]`: f_a's outputs, then g_a's (low-rank gate only) once
+    /// f_b has read them.
+    low: Vec<f32>,
+    g: Vec<f32>,    // [n, C]
+    gate: Vec<f32>, // [n, C]
+    beta: Vec<f32>, // [n, heads]
+    o: Vec<f32>,    // [n, C]
+}
+
+impl KdaRows {
+    /// Room for `n` tokens; empty for a model without KDA layers.
+    pub fn new(cfg: &ModelConfig, n: usize) -> KdaRows {
+        let (c, d, h) = cfg.kda.map_or((0, 0, 0), |k| (k.qkv_dim(), k.head_dim, k.num_heads));
+        KdaRows {
+            q: vec![0.0; n * c],
+            k: vec![0.0; n * c],
+            v: vec![0.0; n * c],
+            low: vec![0.0; n * d],
+            g: vec![0.0; n * c],
+            gate: vec![0.0; n * c],
+            beta: vec![0.0; n * h],
+            o: vec![0.0; n * c],
+        }
+    }
+
+    /// Floats held, for the memory plan.
+    pub fn floats(&self) -> usize {
+        [&self.q, &self.k, &self.v, &self.low, &self.g, &self.gate, &self.beta, &self.o].iter().map(|b| b.len()).sum()
+    }
+}
+
 /// Per-call buffers of a KDA layer.
 pub struct KdaScratch {
-    raw: Vec<f32>,  // [3C] projections of this token
-    qkv: Vec<f32>,  // [3C] after conv + SiLU
-    low: Vec<f32>,  // [d] f_a / g_a outputs
-    g: Vec<f32>,    // [C]
-    gate: Vec<f32>, // [C]
-    beta: Vec<f32>, // [heads]
-    o: Vec<f32>,    // [C]
-    u: Vec<f32>,    // [d]
+    /// One token's projections (decode).
+    rows: KdaRows,
+    steps: StepScratch,
+}
+
+/// One token's recurrence buffers.
+struct StepScratch {
+    qkv: Vec<f32>, // [3C] after conv + SiLU
+    u: Vec<f32>,   // [d]
 }
 
 impl KdaScratch {
     pub fn new(cfg: &ModelConfig) -> KdaScratch {
-        let (c, d, h) = cfg.kda.map_or((0, 0, 0), |k| (k.qkv_dim(), k.head_dim, k.num_heads));
-        KdaScratch {
-            raw: vec![0.0; 3 * c],
-            qkv: vec![0.0; 3 * c],
-            low: vec![0.0; d],
-            g: vec![0.0; c],
-            gate: vec![0.0; c],
-            beta: vec![0.0; h],
-            o: vec![0.0; c],
-            u: vec![0.0; d],
-        }
+        let (c, d) = cfg.kda.map_or((0, 0), |k| (k.qkv_dim(), k.head_dim));
+        KdaScratch { rows: KdaRows::new(cfg, 1), steps: StepScratch { qkv: vec![0.0; 3 * c], u: vec![0.0; d] } }
     }
 
     /// Floats held, for the memory plan (`plan::scratch_bytes`).
     pub fn floats(&self) -> usize {
-        [&self.raw, &self.qkv, &self.low, &self.g, &self.gate, &self.beta, &self.o, &self.u]
-            .iter()
-            .map(|b| b.len())
-            .sum()
+        self.rows.floats() + self.steps.qkv.len() + self.steps.u.len()
     }
 }
 
@@ -154,68 +182,107 @@ impl Kda {
 
     /// One token at `pos` (which selects the conv ring slot).
     pub fn forward(&self, x: &[f32], pos: usize, state: &mut DeltaState, s: &mut KdaScratch, out: &mut [f32]) {
-        let c = self.dims.qkv_dim();
+        let KdaScratch { rows, steps } = s;
+        self.forward_rows(x, pos, state, (rows, steps), out);
+    }
+
+    /// `forward` for the consecutive tokens of a prefill chunk, `xs`
+    /// `[n, H]` from position `start` into `outs` `[n, H]`: the
+    /// projections over every token at once, the convolution and the
+    /// recurrence token by token in order, so each token's output is
+    /// bit-identical to `forward`'s.
+    pub fn forward_chunk(
+        &self,
+        xs: &[f32],
+        start: usize,
+        state: &mut DeltaState,
+        s: &mut KdaScratch,
+        rows: &mut KdaRows,
+        outs: &mut [f32],
+    ) {
+        self.forward_rows(xs, start, state, (rows, &mut s.steps), outs);
+    }
+
+    fn forward_rows(
+        &self,
+        xs: &[f32],
+        start: usize,
+        state: &mut DeltaState,
+        (rows, s): (&mut KdaRows, &mut StepScratch),
+        outs: &mut [f32],
+    ) {
+        let (c, d, heads) = (self.dims.qkv_dim(), self.dims.head_dim, self.dims.num_heads);
         let kk = self.dims.conv_kernel;
-        self.q_proj.matvec(x, &mut s.raw[..c]);
-        self.k_proj.matvec(x, &mut s.raw[c..2 * c]);
-        self.v_proj.matvec(x, &mut s.raw[2 * c..]);
-
-        conv_step(&self.conv, kk, &s.raw, &mut state.conv, pos, &mut s.qkv);
-
-        self.f_a_proj.matvec(x, &mut s.low);
-        self.f_b_proj.matvec(&s.low, &mut s.g);
-        let d = self.dims.head_dim;
-        match self.lower_bound {
-            None => {
-                for (i, g) in s.g.iter_mut().enumerate() {
-                    let z = *g + self.dt_bias[i];
-                    let sp = if z > 20.0 { z } else { (1.0 + z.exp()).ln() };
-                    *g = self.neg_a[i / d] * sp;
+        let n = xs.len() / self.q_proj.cols();
+        let (q, k, v) = (&mut rows.q[..n * c], &mut rows.k[..n * c], &mut rows.v[..n * c]);
+        self.q_proj.matvec_many(xs, q);
+        self.k_proj.matvec_many(xs, k);
+        self.v_proj.matvec_many(xs, v);
+        let (low, g) = (&mut rows.low[..n * d], &mut rows.g[..n * c]);
+        self.f_a_proj.matvec_many(xs, low);
+        self.f_b_proj.matvec_many(low, g);
+        for gt in g.chunks_exact_mut(c) {
+            match self.lower_bound {
+                None => {
+                    for (i, g) in gt.iter_mut().enumerate() {
+                        let z = *g + self.dt_bias[i];
+                        let sp = if z > 20.0 { z } else { (1.0 + z.exp()).ln() };
+                        *g = self.neg_a[i / d] * sp;
+                    }
                 }
-            }
-            Some(lb) => {
-                for (i, g) in s.g.iter_mut().enumerate() {
-                    let z = -self.neg_a[i / d] * (*g + self.dt_bias[i]);
-                    *g = lb / (1.0 + (-z).exp());
+                Some(lb) => {
+                    for (i, g) in gt.iter_mut().enumerate() {
+                        let z = -self.neg_a[i / d] * (*g + self.dt_bias[i]);
+                        *g = lb / (1.0 + (-z).exp());
+                    }
                 }
             }
         }
-        self.b_proj.matvec(x, &mut s.beta);
-        for b in s.beta.iter_mut() {
+        let beta = &mut rows.beta[..n * heads];
+        self.b_proj.matvec_many(xs, beta);
+        for b in beta.iter_mut() {
             *b = 1.0 / (1.0 + (-*b).exp());
         }
+        let gate = &mut rows.gate[..n * c];
         match &self.gate {
             OutputGate::LowRank { g_a_proj, g_b_proj } => {
-                g_a_proj.matvec(x, &mut s.low);
-                g_b_proj.matvec(&s.low, &mut s.gate);
+                g_a_proj.matvec_many(xs, low);
+                g_b_proj.matvec_many(low, gate);
             }
-            OutputGate::Full(g_proj) => g_proj.matvec(x, &mut s.gate),
+            OutputGate::Full(g_proj) => g_proj.matvec_many(xs, gate),
         }
 
-        let (q, rest) = s.qkv.split_at_mut(c);
-        let (k, v) = rest.split_at_mut(c);
-        for h in 0..self.dims.num_heads {
-            let r = h * d..(h + 1) * d;
-            delta_step(
-                &mut q[r.clone()],
-                &mut k[r.clone()],
-                &v[r.clone()],
-                &s.g[r.clone()],
-                s.beta[h],
-                &mut state.s[h * d * d..(h + 1) * d * d],
-                &mut s.u,
-                &mut s.o[r.clone()],
-            );
-            // KimiLinearRMSNormGated: weight * x / rms(x), times sigmoid(gate).
-            let o = &mut s.o[r.clone()];
-            let ms = o.iter().map(|v| v * v).sum::<f32>() / d as f32;
-            let inv = 1.0 / (ms + self.eps).sqrt();
-            for (i, ov) in o.iter_mut().enumerate() {
-                let gate = s.gate[h * d + i];
-                *ov = self.o_norm[i] * (*ov * inv) * (1.0 / (1.0 + (-gate).exp()));
+        let o = &mut rows.o[..n * c];
+        for i in 0..n {
+            let t = i * c..(i + 1) * c;
+            let raw: [&[f32]; 3] = [&q[t.clone()], &k[t.clone()], &v[t.clone()]];
+            conv_step(&self.conv, kk, &raw, &mut state.conv, start + i, &mut s.qkv);
+            let (q, rest) = s.qkv.split_at_mut(c);
+            let (k, v) = rest.split_at_mut(c);
+            let (g, gate, o) = (&g[t.clone()], &gate[t.clone()], &mut o[t]);
+            for h in 0..heads {
+                let r = h * d..(h + 1) * d;
+                delta_step(
+                    &mut q[r.clone()],
+                    &mut k[r.clone()],
+                    &v[r.clone()],
+                    &g[r.clone()],
+                    beta[i * heads + h],
+                    &mut state.s[h * d * d..(h + 1) * d * d],
+                    &mut s.u,
+                    &mut o[r.clone()],
+                );
+                // KimiLinearRMSNormGated: weight * x / rms(x), times sigmoid(gate).
+                let o = &mut o[r.clone()];
+                let ms = o.iter().map(|v| v * v).sum::<f32>() / d as f32;
+                let inv = 1.0 / (ms + self.eps).sqrt();
+                for (j, ov) in o.iter_mut().enumerate() {
+                    let gate = gate[h * d + j];
+                    *ov = self.o_norm[j] * (*ov * inv) * (1.0 / (1.0 + (-gate).exp()));
+                }
             }
         }
-        self.o_proj.matvec(&s.o, out);
+        self.o_proj.matvec_many(o, outs);
     }
 }
 

@@ -127,19 +127,57 @@ struct HeadLane {
 /// cached row once for all its heads.
 pub const LANE_SCORE_FLOATS: usize = 1 << 19;
 
+/// An MLA layer's per-token projections, `[n, width]` each: one token's
+/// in decode (`MlaScratch::rows`), a prefill chunk's in `prefill`, where
+/// each projection runs over every token of the chunk per load of its
+/// weights (`QMatrix::matvec_many`, bit-identical to a token alone).
+pub struct MlaRows {
+    q: Vec<f32>,        // [n, heads * (nope + rope)]
+    q_a: Vec<f32>,      // [n, q_lora]
+    q_a_norm: Vec<f32>, // [n, q_lora]
+    ckv: Vec<f32>,      // [n, lora + rope]
+    o: Vec<f32>,        // [n, heads * v]
+    /// K3's output gate, `[n, heads * v]`; empty without it.
+    gate: Vec<f32>,
+}
+
+impl MlaRows {
+    /// Room for `n` tokens; empty for a model without MLA layers.
+    pub fn new(cfg: &ModelConfig, n: usize) -> MlaRows {
+        let Some(m) = cfg.mla else {
+            return MlaRows { q: vec![], q_a: vec![], q_a_norm: vec![], ckv: vec![], o: vec![], gate: vec![] };
+        };
+        let (q_lora, o) = (m.q_lora_rank.unwrap_or(0), m.num_heads * m.v_head_dim);
+        MlaRows {
+            q: vec![0.0; n * m.num_heads * m.qk_head_dim()],
+            q_a: vec![0.0; n * q_lora],
+            q_a_norm: vec![0.0; n * q_lora],
+            ckv: vec![0.0; n * m.cache_width()],
+            o: vec![0.0; n * o],
+            gate: vec![0.0; if cfg.k3.is_some_and(|k| k.mla_output_gate) { n * o } else { 0 }],
+        }
+    }
+
+    /// Floats held, for the memory plan.
+    pub fn floats(&self) -> usize {
+        [&self.q, &self.q_a, &self.q_a_norm, &self.ckv, &self.o, &self.gate].iter().map(|b| b.len()).sum()
+    }
+}
+
 /// Per-call buffers of an MLA layer.
 pub struct MlaScratch {
-    q: Vec<f32>,
-    ckv: Vec<f32>,
+    /// One token's projections (decode).
+    rows: MlaRows,
+    heads: HeadScratch,
+}
+
+/// The buffers of one token's attention over the latent cache.
+struct HeadScratch {
     lanes: Vec<HeadLane>,
     /// Heads of a lane attending together.
     block_heads: usize,
     /// DSA: the selected positions' cache rows, gathered `[index_topk][width]`.
     gathered: Vec<f32>,
-    o: Vec<f32>,
-    gate: Vec<f32>,
-    q_a: Vec<f32>,
-    q_a_norm: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
     rot: Vec<f32>,
@@ -148,55 +186,38 @@ pub struct MlaScratch {
 
 impl MlaScratch {
     pub fn new(cfg: &ModelConfig, context: usize) -> MlaScratch {
-        let (heads, w, r, o) = cfg
-            .mla
-            .map_or((0, 0, 0, 0), |m| (m.num_heads, m.cache_width(), m.kv_lora_rank, m.num_heads * m.v_head_dim));
-        let q = cfg.mla.map_or(0, |m| m.num_heads * m.qk_head_dim());
+        let (heads, w, r) = cfg.mla.map_or((0, 0, 0), |m| (m.num_heads, m.cache_width(), m.kv_lora_rank));
         let per_lane = heads.div_ceil(MLA_LANES);
         let block_heads = (LANE_SCORE_FLOATS / context.max(1)).clamp(1, per_lane.max(1));
         let topk = cfg.add.dsa.as_ref().map_or(0, |d| d.topk.min(context));
+        let rope = cfg.mla.map_or(0, |m| m.qk_rope_head_dim);
         MlaScratch {
-            q: vec![0.0; q],
-            ckv: vec![0.0; w],
-            lanes: (0..if cfg.mla.is_some() { MLA_LANES } else { 0 })
-                .map(|_| HeadLane {
-                    queries: vec![0.0; block_heads * w],
-                    lat: vec![0.0; block_heads * r],
-                    scores: vec![0.0; block_heads * context],
-                })
-                .collect(),
-            block_heads,
-            gathered: vec![0.0; topk * w],
-            o: vec![0.0; o],
-            gate: vec![0.0; if cfg.k3.is_some_and(|k| k.mla_output_gate) { o } else { 0 }],
-            q_a: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
-            q_a_norm: vec![0.0; cfg.mla.and_then(|m| m.q_lora_rank).unwrap_or(0)],
-            cos: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim / 2)],
-            sin: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim / 2)],
-            rot: vec![0.0; cfg.mla.map_or(0, |m| m.qk_rope_head_dim)],
-            index: IndexerScratch::new(cfg, context),
+            rows: MlaRows::new(cfg, 1),
+            heads: HeadScratch {
+                lanes: (0..if cfg.mla.is_some() { MLA_LANES } else { 0 })
+                    .map(|_| HeadLane {
+                        queries: vec![0.0; block_heads * w],
+                        lat: vec![0.0; block_heads * r],
+                        scores: vec![0.0; block_heads * context],
+                    })
+                    .collect(),
+                block_heads,
+                gathered: vec![0.0; topk * w],
+                cos: vec![0.0; rope / 2],
+                sin: vec![0.0; rope / 2],
+                rot: vec![0.0; rope],
+                index: IndexerScratch::new(cfg, context),
+            },
         }
     }
 
     /// Floats held, for the memory plan (`plan::scratch_bytes`).
     pub fn floats(&self) -> usize {
-        [
-            &self.q,
-            &self.ckv,
-            &self.gathered,
-            &self.o,
-            &self.gate,
-            &self.q_a,
-            &self.q_a_norm,
-            &self.cos,
-            &self.sin,
-            &self.rot,
-        ]
-        .iter()
-        .map(|b| b.len())
-        .sum::<usize>()
-            + self.lanes.iter().map(|l| l.queries.len() + l.lat.len() + l.scores.len()).sum::<usize>()
-            + self.index.floats()
+        let h = &self.heads;
+        self.rows.floats()
+            + [&h.gathered, &h.cos, &h.sin, &h.rot].iter().map(|b| b.len()).sum::<usize>()
+            + h.lanes.iter().map(|l| l.queries.len() + l.lat.len() + l.scores.len()).sum::<usize>()
+            + h.index.floats()
     }
 }
 
@@ -259,35 +280,120 @@ impl Mla {
         selected: &mut Selection,
         out: &mut [f32],
     ) -> Result<()> {
+        let MlaScratch { rows, heads } = s;
+        self.forward_rows(x, pos, cache, (rows, heads), std::slice::from_mut(selected), out)
+    }
+
+    /// `forward` for the consecutive tokens of a prefill chunk, `xs`
+    /// `[n, H]` from position `start`, `selections` one per token, `outs`
+    /// `[n, H]`: the projections over every token at once, the latent rows
+    /// and attention token by token in order, so each token's output is
+    /// bit-identical to `forward`'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_chunk(
+        &self,
+        xs: &[f32],
+        start: usize,
+        cache: &mut [f32],
+        s: &mut MlaScratch,
+        rows: &mut MlaRows,
+        selections: &mut [Selection],
+        outs: &mut [f32],
+    ) -> Result<()> {
+        self.forward_rows(xs, start, cache, (rows, &mut s.heads), selections, outs)
+    }
+
+    fn forward_rows(
+        &self,
+        xs: &[f32],
+        start: usize,
+        cache: &mut [f32],
+        (rows, heads): (&mut MlaRows, &mut HeadScratch),
+        selections: &mut [Selection],
+        outs: &mut [f32],
+    ) -> Result<()> {
+        let m = &self.dims;
+        let n = selections.len();
+        let (qd, w, od) = (m.num_heads * m.qk_head_dim(), m.cache_width(), m.num_heads * m.v_head_dim);
+        let q_lora = m.q_lora_rank.unwrap_or(0);
+        let (Some(q), Some(ckv), Some(o)) =
+            (rows.q.get_mut(..n * qd), rows.ckv.get_mut(..n * w), rows.o.get_mut(..n * od))
+        else {
+            return Err(Error::Runtime(format!("an MLA chunk of {n} tokens exceeds its buffers")));
+        };
+        let h = xs.len() / n.max(1);
+        let q_resid = &mut rows.q_a_norm[..n * q_lora];
+        match &self.q {
+            QueryProj::Full(q_proj) => q_proj.matvec_many(xs, q),
+            QueryProj::LowRank { q_a, q_a_bias, norm, q_b } => {
+                let q_a_out = &mut rows.q_a[..n * q_lora];
+                q_a.matvec_many(xs, q_a_out);
+                for (a, a_norm) in q_a_out.chunks_exact_mut(q_lora).zip(q_resid.chunks_exact_mut(q_lora)) {
+                    if let Some(b) = q_a_bias {
+                        add_in_place(a, b);
+                    }
+                    // `DeepseekV3RMSNorm(q_lora_rank)`: the class default eps.
+                    rms_norm(a, norm, KV_A_LAYERNORM_EPS, a_norm);
+                }
+                q_b.matvec_many(q_resid, q);
+            }
+        }
+        self.kv_a_proj.matvec_many(xs, ckv);
+        for (i, selected) in selections.iter_mut().enumerate() {
+            let ckv = &mut ckv[i * w..(i + 1) * w];
+            if let Some(b) = &self.kv_a_bias {
+                add_in_place(ckv, b);
+            }
+            let x = &xs[i * h..(i + 1) * h];
+            let q_resid = &q_resid[i * q_lora..(i + 1) * q_lora];
+            let (q, o) = (&mut q[i * qd..(i + 1) * qd], &mut o[i * od..(i + 1) * od]);
+            self.attend_token(x, q_resid, q, ckv, start + i, cache, heads, selected, o)?;
+        }
+        if let Some(g) = &self.g_proj {
+            let gate = &mut rows.gate[..n * od];
+            g.matvec_many(xs, gate);
+            for (o, &gv) in o.iter_mut().zip(gate.iter()) {
+                *o *= 1.0 / (1.0 + (-gv).exp());
+            }
+        }
+        self.o_proj.matvec_many(o, outs);
+        if let Some(b) = &self.o_bias {
+            for out in outs.chunks_exact_mut(h) {
+                add_in_place(out, b);
+            }
+        }
+        Ok(())
+    }
+
+    /// The token at `pos` given its projections: its latent row `ckv`
+    /// normed and roped into `cache`, its query `q` roped, DSA's selection,
+    /// and every head's attention into `o` (`[heads * v]`, before `o_proj`).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_token(
+        &self,
+        x: &[f32],
+        q_resid: &[f32],
+        q: &mut [f32],
+        ckv: &[f32],
+        pos: usize,
+        cache: &mut [f32],
+        s: &mut HeadScratch,
+        selected: &mut Selection,
+        o: &mut [f32],
+    ) -> Result<()> {
         let m = &self.dims;
         let (r, dn, dr, dv) = (m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
         let (w, stride) = (m.cache_width(), self.stride);
-        match &self.q {
-            QueryProj::Full(q) => q.matvec(x, &mut s.q),
-            QueryProj::LowRank { q_a, q_a_bias, norm, q_b } => {
-                q_a.matvec(x, &mut s.q_a);
-                if let Some(b) = q_a_bias {
-                    add_in_place(&mut s.q_a, b);
-                }
-                // `DeepseekV3RMSNorm(q_lora_rank)`: the class default eps.
-                rms_norm(&s.q_a, norm, KV_A_LAYERNORM_EPS, &mut s.q_a_norm);
-                q_b.matvec(&s.q_a_norm, &mut s.q);
-            }
-        }
-        self.kv_a_proj.matvec(x, &mut s.ckv);
-        if let Some(b) = &self.kv_a_bias {
-            add_in_place(&mut s.ckv, b);
-        }
         let Some(row) = cache.get_mut(pos * stride..(pos + 1) * stride) else {
             return Err(Error::Runtime(format!("position {pos} is past the latent cache")));
         };
-        rms_norm(&s.ckv[..r], &self.kv_a_layernorm, KV_A_LAYERNORM_EPS, &mut row[..r]);
-        row[r..w].copy_from_slice(&s.ckv[r..]);
+        rms_norm(&ckv[..r], &self.kv_a_layernorm, KV_A_LAYERNORM_EPS, &mut row[..r]);
+        row[r..w].copy_from_slice(&ckv[r..]);
         if let Some(rope) = &self.rope {
             rope.angles(pos, &mut s.cos, &mut s.sin);
             rope.apply(&mut row[r..w], &s.cos, &s.sin, &mut s.rot);
             for h in 0..m.num_heads {
-                let q_rope = &mut s.q[h * (dn + dr) + dn..(h + 1) * (dn + dr)];
+                let q_rope = &mut q[h * (dn + dr) + dn..(h + 1) * (dn + dr)];
                 rope.apply(q_rope, &s.cos, &s.sin, &mut s.rot);
             }
         }
@@ -295,7 +401,7 @@ impl Mla {
             ix.key(x, &s.cos, &s.sin, &mut row[w..], &mut s.index);
             let cache: &[f32] = cache;
             let key_at = |t: usize| &cache[t * stride + w..(t + 1) * stride];
-            ix.select(x, &s.q_a_norm, pos, &s.cos, &s.sin, key_at, &mut s.index, selected);
+            ix.select(x, q_resid, pos, &s.cos, &s.sin, key_at, &mut s.index, selected);
         }
         // Attended positions: the selection (ascending), or all of them.
         let sparse = self.sparse;
@@ -320,12 +426,12 @@ impl Mla {
         };
 
         let scale = self.scale;
-        let (q_all, kv_b, block_heads) = (&s.q, &self.kv_b, s.block_heads);
+        let (q_all, kv_b, block_heads) = (&*q, &self.kv_b, s.block_heads);
         // Heads are independent: contiguous groups of them run on the pool,
         // each group with its own buffers, and every head's arithmetic is
         // the same whichever group, block or thread runs it.
         let per_lane = m.num_heads.div_ceil(MLA_LANES);
-        s.o.par_chunks_mut(per_lane * dv).zip(s.lanes.par_iter_mut()).enumerate().for_each(|(g, (o_group, lane))| {
+        o.par_chunks_mut(per_lane * dv).zip(s.lanes.par_iter_mut()).enumerate().for_each(|(g, (o_group, lane))| {
             let HeadLane { queries, lat, scores } = lane;
             for (b, o_block) in o_group.chunks_mut(block_heads * dv).enumerate() {
                 let heads = o_block.len() / dv;
@@ -379,16 +485,6 @@ impl Mla {
                 }
             }
         });
-        if let Some(g) = &self.g_proj {
-            g.matvec(x, &mut s.gate);
-            for (o, &gv) in s.o.iter_mut().zip(&s.gate) {
-                *o *= 1.0 / (1.0 + (-gv).exp());
-            }
-        }
-        self.o_proj.matvec(&s.o, out);
-        if let Some(b) = &self.o_bias {
-            add_in_place(out, b);
-        }
         Ok(())
     }
 }

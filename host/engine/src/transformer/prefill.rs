@@ -5,9 +5,10 @@
 //! token at a time), then the router routes every token and the expert
 //! provider gets the whole chunk at once: a streaming store reads each
 //! distinct expert once per chunk and runs it over all its tokens, each
-//! weight row loaded once per tile of tokens. Dense MLPs, shared experts
-//! and K3's latent projections run over the chunk the same way
-//! (`QMatrix::matvec_many`).
+//! weight row loaded once per tile of tokens. GQA and MLA layers project
+//! every token of the chunk at once (then attend token by token in order,
+//! or GQA's tokens in blocks); dense MLPs, shared experts and K3's latent
+//! projections run over the chunk the same way (`QMatrix::matvec_many`).
 //!
 //! Nothing is mixed across tokens except through the layer state, which is
 //! written in token order; every batched product is the row kernel of
@@ -23,7 +24,10 @@ use super::attention::GqaChunk;
 use super::attnres::Bank;
 use super::dsa::Selection;
 use super::experts::ExpertProvider;
-use super::ops::{add_in_place, rms_norm};
+use super::gdn::GdnRows;
+use super::kda::KdaRows;
+use super::mla::MlaRows;
+use super::ops::add_in_place;
 use super::v4::hyper::Coef;
 use super::{FeedForward, LayerState, Mixer, Scratch, Splice, State, Transformer};
 
@@ -68,6 +72,11 @@ struct Chunk {
     shared_y: Vec<f32>,
     /// A GQA layer's projections and attention outputs.
     gqa: GqaChunk,
+    /// An MLA layer's projections and attention outputs.
+    mla: MlaRows,
+    /// A KDA or Gated DeltaNet layer's projections and outputs.
+    kda: KdaRows,
+    gdn: GdnRows,
 }
 
 impl Chunk {
@@ -93,6 +102,9 @@ impl Chunk {
             up: vec![0.0; n * products],
             shared_y: vec![0.0; if cfg.shared_intermediate_size > 0 { n * h } else { 0 }],
             gqa: GqaChunk::new(cfg, n),
+            mla: MlaRows::new(cfg, n),
+            kda: KdaRows::new(cfg, n),
+            gdn: GdnRows::new(cfg, n),
         }
     }
 
@@ -108,6 +120,9 @@ impl Chunk {
             + self.coefs.iter().map(Coef::floats).sum::<usize>()
             + self.picks.iter().map(|p| p.capacity() * pick).sum::<usize>()
             + self.gqa.floats()
+            + self.mla.floats()
+            + self.kda.floats()
+            + self.gdn.floats()
     }
 }
 
@@ -180,7 +195,8 @@ impl Transformer {
         let (h, rw) = (self.cfg.hidden_size, self.cfg.residual_width());
         let n = toks.len();
         let start = state.position;
-        let Chunk { x, xn, y, mixed, banks, selections, coefs, picks, z, zy, gate, up, shared_y, gqa } = c;
+        let Chunk { x, xn, y, mixed, banks, selections, coefs, picks, z, zy, gate, up, shared_y, gqa, mla, kda, gdn } =
+            c;
         let (x, xn, y) = (&mut x[..n * rw], &mut xn[..n * h], &mut y[..n * h]);
         let (banks, picks, selections) = (&mut banks[..n], &mut picks[..n], &mut selections[..n]);
         let coefs = &mut coefs[..n];
@@ -189,18 +205,37 @@ impl Transformer {
             banks[i].clear();
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            let plain_gqa = layer.attn_res.is_none() && layer.hc.is_none();
-            if let (Mixer::Gqa(a), LayerState::Kv { k, v }, true) = (&layer.self_attn, &mut state.layers[l], plain_gqa)
-            {
-                // `mixer_step` for every token, the attention over the chunk.
-                let eps = self.cfg.rms_norm_eps;
-                for (xr, xnr) in x.chunks_exact(rw).zip(xn.chunks_exact_mut(h)) {
-                    rms_norm(xr, &layer.input_layernorm, eps, xnr);
+            // DeepSeek-V4's mixer (its compressors, hyper-connections) stays
+            // token at a time; every other mixer projects the whole chunk.
+            if !matches!(layer.self_attn, Mixer::V4(_)) {
+                // `mixer_step` for every token: each token's input, the
+                // mixer over the chunk, each token's feed-forward input.
+                let mixed_rows = |mixed: &mut [f32], i: usize| -> std::ops::Range<usize> {
+                    if mixed.is_empty() {
+                        0..0
+                    } else {
+                        i * h..(i + 1) * h
+                    }
+                };
+                for (i, (bank, coef)) in banks.iter_mut().zip(coefs.iter_mut()).enumerate() {
+                    let (xr, m) = (&mut x[i * rw..(i + 1) * rw], mixed_rows(mixed, i));
+                    self.mixer_input(l, xr, bank, coef, &mut mixed[m], &mut xn[i * h..(i + 1) * h], &mut s.mix.hc);
                 }
-                a.forward_chunk(&self.cfg, &self.rope, xn, start, (k, v), &mut s.mix.attn, gqa, y)?;
-                for ((xr, xnr), yr) in x.chunks_exact_mut(rw).zip(xn.chunks_exact_mut(h)).zip(y.chunks_exact(h)) {
-                    add_in_place(xr, yr);
-                    rms_norm(xr, &layer.post_attention_layernorm, eps, xnr);
+                match (&layer.self_attn, &mut state.layers[l]) {
+                    (Mixer::Gqa(a), LayerState::Kv { k, v }) => {
+                        a.forward_chunk(&self.cfg, &self.rope, xn, start, (k, v), &mut s.mix.attn, gqa, y)?
+                    }
+                    (Mixer::Mla(a), LayerState::Latent(cache)) => {
+                        a.forward_chunk(xn, start, cache, &mut s.mix.mla, mla, selections, y)?
+                    }
+                    (Mixer::Kda(a), LayerState::Kda(st)) => a.forward_chunk(xn, start, st, &mut s.mix.kda, kda, y),
+                    (Mixer::Gdn(a), LayerState::Gdn(st)) => a.forward_chunk(xn, start, st, &mut s.mix.gdn, gdn, y),
+                    _ => return Err(Error::Arg(format!("layer {l}: the state was created for a different model"))),
+                }
+                for (i, (bank, coef)) in banks.iter().zip(coefs.iter_mut()).enumerate() {
+                    let (xr, m) = (&mut x[i * rw..(i + 1) * rw], mixed_rows(mixed, i));
+                    let (yr, xnr) = (&y[i * h..(i + 1) * h], &mut xn[i * h..(i + 1) * h]);
+                    self.feed_forward_input(l, xr, yr, bank, coef, &mut mixed[m], xnr, &mut s.mix.hc);
                 }
             } else {
                 for (i, ((bank, selection), coef)) in

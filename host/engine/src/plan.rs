@@ -483,7 +483,8 @@ mod tests {
         let products = 2 * if dense { cfg.intermediate_size } else { 0 }.max(cfg.shared_intermediate_size);
         let shared_y = if cfg.shared_intermediate_size > 0 { h } else { 0 };
         // An MLA layer's projections and attention outputs per token, and
-        // a KDA layer's projections, decay, gate, beta and outputs.
+        // a KDA layer's projections, decay, gate, beta and outputs, for
+        // the tokens a mixer takes at once.
         let mla_rows = cfg.mla.map_or(0, |m| {
             m.num_heads * m.qk_head_dim()
                 + 2 * m.q_lora_rank.unwrap_or(0)
@@ -491,8 +492,9 @@ mod tests {
                 + m.num_heads * m.v_head_dim
         });
         let kda_rows = cfg.kda.map_or(0, |k| 6 * k.qkv_dim() + k.head_dim + k.num_heads);
-        let per_token = 3 * h + picks + selection + products + shared_y + mla_rows + kda_rows;
-        let chunk = if chunk > 1 { chunk * per_token } else { 0 };
+        let per_token = 3 * h + picks + selection + products + shared_y;
+        let mixer = chunk.min(crate::transformer::prefill::MIXER_TOKENS) * (mla_rows + kda_rows);
+        let chunk = if chunk > 1 { chunk * per_token + mixer } else { 0 };
         token + chunk + cfg.vocab_size
     }
 

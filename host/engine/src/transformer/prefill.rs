@@ -35,6 +35,13 @@ use super::{FeedForward, LayerState, Mixer, Scratch, Splice, State, Transformer}
 /// (oracles, tests); a model opened from a container uses the plan's.
 pub const DEFAULT_PREFILL_CHUNK: usize = 64;
 
+/// Tokens a token mixer projects at once inside a chunk: enough that each
+/// weight row serves many tokens per load, few enough that the mixers'
+/// per-token buffers stay small beside the chunk's own (the planner gives
+/// a chunk's buffers a share of the budget, and a smaller chunk re-reads
+/// experts). The bits do not depend on it: each token's products are its own.
+pub const MIXER_TOKENS: usize = 256;
+
 /// The largest chunk a caller may name; the memory plan counts the
 /// buffers of the chunk in use (`plan::scratch_bytes`) and picks one when
 /// the caller does not (`plan::choose_prefill_chunk`).
@@ -101,10 +108,10 @@ impl Chunk {
             gate: vec![0.0; n * products],
             up: vec![0.0; n * products],
             shared_y: vec![0.0; if cfg.shared_intermediate_size > 0 { n * h } else { 0 }],
-            gqa: GqaChunk::new(cfg, n),
-            mla: MlaRows::new(cfg, n),
-            kda: KdaRows::new(cfg, n),
-            gdn: GdnRows::new(cfg, n),
+            gqa: GqaChunk::new(cfg, n.min(MIXER_TOKENS)),
+            mla: MlaRows::new(cfg, n.min(MIXER_TOKENS)),
+            kda: KdaRows::new(cfg, n.min(MIXER_TOKENS)),
+            gdn: GdnRows::new(cfg, n.min(MIXER_TOKENS)),
         }
     }
 
@@ -221,16 +228,20 @@ impl Transformer {
                     let (xr, m) = (&mut x[i * rw..(i + 1) * rw], mixed_rows(mixed, i));
                     self.mixer_input(l, xr, bank, coef, &mut mixed[m], &mut xn[i * h..(i + 1) * h], &mut s.mix.hc);
                 }
-                match (&layer.self_attn, &mut state.layers[l]) {
-                    (Mixer::Gqa(a), LayerState::Kv { k, v }) => {
-                        a.forward_chunk(&self.cfg, &self.rope, xn, start, (k, v), &mut s.mix.attn, gqa, y)?
+                for b0 in (0..n).step_by(MIXER_TOKENS) {
+                    let b = b0..(b0 + MIXER_TOKENS).min(n);
+                    let (xs, ys, at) = (&xn[b.start * h..b.end * h], &mut y[b.start * h..b.end * h], start + b0);
+                    match (&layer.self_attn, &mut state.layers[l]) {
+                        (Mixer::Gqa(a), LayerState::Kv { k, v }) => {
+                            a.forward_chunk(&self.cfg, &self.rope, xs, at, (k, v), &mut s.mix.attn, gqa, ys)?
+                        }
+                        (Mixer::Mla(a), LayerState::Latent(cache)) => {
+                            a.forward_chunk(xs, at, cache, &mut s.mix.mla, mla, &mut selections[b], ys)?
+                        }
+                        (Mixer::Kda(a), LayerState::Kda(st)) => a.forward_chunk(xs, at, st, &mut s.mix.kda, kda, ys),
+                        (Mixer::Gdn(a), LayerState::Gdn(st)) => a.forward_chunk(xs, at, st, &mut s.mix.gdn, gdn, ys),
+                        _ => return Err(Error::Arg(format!("layer {l}: the state was created for a different model"))),
                     }
-                    (Mixer::Mla(a), LayerState::Latent(cache)) => {
-                        a.forward_chunk(xn, start, cache, &mut s.mix.mla, mla, selections, y)?
-                    }
-                    (Mixer::Kda(a), LayerState::Kda(st)) => a.forward_chunk(xn, start, st, &mut s.mix.kda, kda, y),
-                    (Mixer::Gdn(a), LayerState::Gdn(st)) => a.forward_chunk(xn, start, st, &mut s.mix.gdn, gdn, y),
-                    _ => return Err(Error::Arg(format!("layer {l}: the state was created for a different model"))),
                 }
                 for (i, (bank, coef)) in banks.iter().zip(coefs.iter_mut()).enumerate() {
                     let (xr, m) = (&mut x[i * rw..(i + 1) * rw], mixed_rows(mixed, i));
@@ -310,6 +321,33 @@ mod tests {
     /// batched) through chunks of 1, 3 and 64:
     /// all-position logits equal bit for bit, and the state ends at the
     /// same position, on every family's checkpoint.
+    /// Regression guard for the mixers' blocks inside a chunk: a chunk of
+    /// more than `MIXER_TOKENS` tokens runs each token mixer over two
+    /// blocks, and its logits equal token at a time bit for bit, for every
+    /// mixer kind that projects a chunk at once (GQA, MLA with and without
+    /// DSA's selection, KDA, Gated DeltaNet).
+    #[test]
+    fn a_chunk_longer_than_a_mixer_block_is_bit_identical() {
+        let len = super::MIXER_TOKENS + 20;
+        for family in ["qwen3_moe", "kimi_linear", "qwen3_next", "deepseek_v32"] {
+            let dir =
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(format!("tiny-{family}"));
+            assert!(dir.join("config.json").is_file(), "fixture missing: {}", dir.display());
+            let ckpt = HfCheckpoint::open(&dir).unwrap();
+            let cfg = ckpt.config().clone();
+            let mut model = Transformer::load(&cfg, &ckpt).unwrap();
+            let experts = DenseExperts(&ckpt);
+            let prompt: Vec<u32> = (0..len as u32).map(|i| (i * 37 + 5) % cfg.vocab_size as u32).collect();
+            let mut run = |chunk: usize| {
+                model.set_prefill_chunk(chunk).unwrap();
+                let mut state = State::new(&cfg, len);
+                let logits = model.forward(&mut state, &prompt, &experts, true, &mut StepStats::default()).unwrap();
+                logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            assert!(run(len) == run(1), "{family}: a chunk of {len} tokens differs from token at a time");
+        }
+    }
+
     #[test]
     fn chunked_prefill_on_the_f32_checkpoints_is_bit_identical() {
         // Every row of the family table (an alias is read as its row), and

@@ -316,11 +316,28 @@ mod tests {
     use crate::transformer::experts::DenseExperts;
     use crate::transformer::{State, Transformer};
 
-    /// The exact f32 oracle path (`DenseExperts`, whose batch entry point is
-    /// the trait's token-by-token default; dense MLPs and shared experts
-    /// batched) through chunks of 1, 3 and 64:
-    /// all-position logits equal bit for bit, and the state ends at the
-    /// same position, on every family's checkpoint.
+    /// `family`'s f32 checkpoint (`DenseExperts`) run over a prompt of
+    /// `len` tokens in chunks of each of `chunks`: the bits of its
+    /// all-position logits per chunk size. Each run ends with the state at
+    /// the prompt's end.
+    fn logit_bits_per_chunk(family: &str, len: usize, chunks: &[usize]) -> Vec<Vec<u32>> {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(format!("tiny-{family}"));
+        assert!(dir.join("config.json").is_file(), "fixture missing: {}", dir.display());
+        let ckpt = HfCheckpoint::open(&dir).unwrap();
+        let cfg = ckpt.config().clone();
+        let mut model = Transformer::load(&cfg, &ckpt).unwrap();
+        let experts = DenseExperts(&ckpt);
+        let prompt: Vec<u32> = (0..len as u32).map(|i| (i * 37 + 5) % cfg.vocab_size as u32).collect();
+        let mut run = |chunk: usize| {
+            model.set_prefill_chunk(chunk).unwrap();
+            let mut state = State::new(&cfg, len + 10);
+            let logits = model.forward(&mut state, &prompt, &experts, true, &mut StepStats::default()).unwrap();
+            assert_eq!(state.position(), prompt.len());
+            logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        chunks.iter().map(|&c| run(c)).collect()
+    }
+
     /// Regression guard for the mixers' blocks inside a chunk: a chunk of
     /// more than `MIXER_TOKENS` tokens runs each token mixer over two
     /// blocks, and its logits equal token at a time bit for bit, for every
@@ -330,24 +347,16 @@ mod tests {
     fn a_chunk_longer_than_a_mixer_block_is_bit_identical() {
         let len = super::MIXER_TOKENS + 20;
         for family in ["qwen3_moe", "kimi_linear", "qwen3_next", "deepseek_v32"] {
-            let dir =
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(format!("tiny-{family}"));
-            assert!(dir.join("config.json").is_file(), "fixture missing: {}", dir.display());
-            let ckpt = HfCheckpoint::open(&dir).unwrap();
-            let cfg = ckpt.config().clone();
-            let mut model = Transformer::load(&cfg, &ckpt).unwrap();
-            let experts = DenseExperts(&ckpt);
-            let prompt: Vec<u32> = (0..len as u32).map(|i| (i * 37 + 5) % cfg.vocab_size as u32).collect();
-            let mut run = |chunk: usize| {
-                model.set_prefill_chunk(chunk).unwrap();
-                let mut state = State::new(&cfg, len);
-                let logits = model.forward(&mut state, &prompt, &experts, true, &mut StepStats::default()).unwrap();
-                logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
-            };
-            assert!(run(len) == run(1), "{family}: a chunk of {len} tokens differs from token at a time");
+            let runs = logit_bits_per_chunk(family, len, &[1, len]);
+            assert!(runs[1] == runs[0], "{family}: a chunk of {len} tokens differs from token at a time");
         }
     }
 
+    /// The exact f32 oracle path (`DenseExperts`, whose batch entry point is
+    /// the trait's token-by-token default; dense MLPs and shared experts
+    /// batched) through chunks of 1, 3 and 64:
+    /// all-position logits equal bit for bit, and the state ends at the
+    /// same position, on every family's checkpoint.
     #[test]
     fn chunked_prefill_on_the_f32_checkpoints_is_bit_identical() {
         // Every row of the family table (an alias is read as its row), and
@@ -355,24 +364,9 @@ mod tests {
         // decodes (MXFP4).
         let model_types = crate::config::FAMILIES.iter().map(|row| row.model_type);
         for family in model_types.chain(["gpt_oss-mxfp4"]) {
-            let dir =
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(format!("tiny-{family}"));
-            assert!(dir.join("config.json").is_file(), "fixture missing: {}", dir.display());
-            let ckpt = HfCheckpoint::open(&dir).unwrap();
-            let cfg = ckpt.config().clone();
-            let mut model = Transformer::load(&cfg, &ckpt).unwrap();
-            let experts = DenseExperts(&ckpt);
-            let prompt: Vec<u32> = (0..70u32).map(|i| (i * 37 + 5) % cfg.vocab_size as u32).collect();
-            let mut run = |chunk: usize| {
-                model.set_prefill_chunk(chunk).unwrap();
-                let mut state = State::new(&cfg, 80);
-                let logits = model.forward(&mut state, &prompt, &experts, true, &mut StepStats::default()).unwrap();
-                assert_eq!(state.position(), prompt.len());
-                logits.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
-            };
-            let plain = run(1);
-            for chunk in [3, 64] {
-                assert!(run(chunk) == plain, "{family}: chunk {chunk} differs");
+            let runs = logit_bits_per_chunk(family, 70, &[1, 3, 64]);
+            for (chunk, run) in [3, 64].iter().zip(&runs[1..]) {
+                assert!(*run == runs[0], "{family}: chunk {chunk} differs");
             }
         }
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-olmoe");

@@ -1,0 +1,106 @@
+//! One decode token's attention over a long KV cache stored as f32, bf16
+//! and q8 (`waste_kernels::kv`), interleaved in one run: what the engine's
+//! GQA layer does per KV head (`transformer::attention::attend_kv_head`):
+//! the keys `KEY_TILE` positions at a time through `KvRows::view` (the f32
+//! cache read in place, the others decoded into a tile), the scores, the
+//! softmax, then the values the same way into the weighted sum.
+//!
+//! Shape: the peer benchmark's Qwen3-MoE (32 query and 4 KV heads of 128),
+//! one layer; a decode token attends every cached position. Per type: the
+//! cache's bytes for the layer and microseconds per layer per token, best
+//! of `PASSES`, and the ratio to f32 in the same pass.
+//!
+//! `cargo bench -p waste-kernels --bench kv_cache` (`--quick`: shorter
+//! contexts, fewer passes).
+
+use std::hint::black_box;
+use std::time::Instant;
+use waste_kernels::attend::{key_scores, softmax, weighted_rows};
+use waste_kernels::kv::{KvRows, KvType, KEY_TILE};
+use waste_kernels::quant::isa;
+
+const HEADS: usize = 32;
+const KV_HEADS: usize = 4;
+const D: usize = 128;
+
+/// One token's attention over positions `0..n` of `k`, `v` into `out`.
+fn attend(k: &KvRows, v: &KvRows, n: usize, q: &[f32], scores: &mut [f32], tile: &mut [f32], out: &mut [f32]) {
+    let group = HEADS / KV_HEADS;
+    let scale = 1.0 / (D as f32).sqrt();
+    for kvh in 0..KV_HEADS {
+        let head = kvh * D..(kvh + 1) * D;
+        let qs = &q[kvh * group * D..(kvh + 1) * group * D];
+        let scores = &mut scores[..group * n];
+        for t in (0..n).step_by(KEY_TILE) {
+            let len = KEY_TILE.min(n - t);
+            let (keys, stride) = k.view(t, len, head.clone(), tile);
+            key_scores(qs, D, (keys, stride, len), &mut scores[t..], n);
+        }
+        for row in scores.chunks_exact_mut(n) {
+            row.iter_mut().for_each(|s| *s *= scale);
+            softmax(row, None);
+        }
+        let o = &mut out[kvh * group * D..(kvh + 1) * group * D];
+        o.fill(0.0);
+        for t in (0..n).step_by(KEY_TILE) {
+            let len = KEY_TILE.min(n - t);
+            let (values, stride) = v.view(t, len, head.clone(), tile);
+            weighted_rows((&scores[t..], n), (values, stride, len), D, o);
+        }
+    }
+}
+
+/// Values in [-1, 1) from a xorshift.
+fn noise(mut seed: u64) -> impl FnMut() -> f32 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (contexts, passes): (&[usize], usize) = if quick { (&[4096], 3) } else { (&[4096, 16384, 32768], 7) };
+    let mut unit = noise(0x4B56);
+    println!("kernel level: {}, 1 thread", isa().name());
+    let kvd = KV_HEADS * D;
+    for &n in contexts {
+        let row: Vec<f32> = (0..kvd).map(|_| unit()).collect();
+        let caches: Vec<(KvType, KvRows, KvRows)> = KvType::ALL
+            .into_iter()
+            .map(|ty| {
+                let (mut k, mut v) = (KvRows::new(ty, n, kvd), KvRows::new(ty, n, kvd));
+                for r in 0..n {
+                    // Shifted rows: distinct keys without a second RNG pass.
+                    let shift = r % kvd;
+                    let shifted: Vec<f32> = row[shift..].iter().chain(&row[..shift]).copied().collect();
+                    k.write_row(r, &shifted);
+                    v.write_row(r, &row);
+                }
+                (ty, k, v)
+            })
+            .collect();
+        let q: Vec<f32> = (0..HEADS * D).map(|_| unit()).collect();
+        let mut scores = vec![0.0; HEADS / KV_HEADS * n];
+        let mut tile = vec![0.0; KEY_TILE * D];
+        let mut out = vec![0.0; HEADS * D];
+        let mut best = vec![f64::INFINITY; caches.len()];
+        for _ in 0..passes {
+            for (i, (_, k, v)) in caches.iter().enumerate() {
+                let t = Instant::now();
+                attend(k, v, n, &q, &mut scores, &mut tile, &mut out);
+                black_box(&out);
+                best[i] = best[i].min(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        println!("\ncontext {n}:");
+        println!("| KV cache | bytes per layer | us per layer per token | f32 / this |");
+        println!("|---|---|---|---|");
+        for ((ty, k, v), us) in caches.iter().zip(&best) {
+            let mb = (k.bytes() + v.bytes()) as f64 / (1 << 20) as f64;
+            println!("| {ty} | {mb:.1} MiB | {us:.0} | {:.2} |", best[0] / us);
+        }
+    }
+}

@@ -59,6 +59,10 @@ pub struct BenchArgs {
     /// run side by side in this process. Default: the memory plan's choice.
     #[arg(long, value_delimiter = ',')]
     pub chunk: Option<Vec<usize>>,
+    /// KV cache types (f32, bf16, q8); several (`f32,bf16`) run side by
+    /// side in this process. Default: bf16.
+    #[arg(long, value_delimiter = ',', value_name = "TYPE")]
+    pub kv_type: Option<Vec<waste_host::KvType>>,
     /// Read every use (no cache).
     #[arg(long)]
     pub no_cache: bool,
@@ -97,9 +101,9 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
-/// One configuration of a bench run: budget, lookahead, threads and
-/// prefill chunk (`None`: the engine's or the plan's choice).
-type RunConfig = (Option<u64>, usize, Option<usize>, Option<usize>);
+/// One configuration of a bench run: budget, lookahead, threads, prefill
+/// chunk (`None`: the engine's or the plan's choice) and KV cache type.
+type RunConfig = (Option<u64>, usize, Option<usize>, Option<usize>, waste_host::KvType);
 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let policy = CachePolicy::parse(&a.policy)
@@ -156,18 +160,21 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if let Some(bad) = chunks.iter().flatten().find(|&&c| waste_host::check_prefill_chunk(c).is_err()) {
         bail!(usage(format!("--chunk {bad}: expected 1 to {}", waste_host::MAX_PREFILL_CHUNK)));
     }
+    let kv_types = a.kv_type.clone().unwrap_or_else(|| vec![OpenOptions::default().kv_type]);
     let mut configs: Vec<RunConfig> = Vec::new();
     for &b in &budgets {
         for &l in &lookaheads {
             for &t in &threads {
-                configs.extend(chunks.iter().map(|&c| (b, l, t, c)));
+                for &c in &chunks {
+                    configs.extend(kv_types.iter().map(|&kv| (b, l, t, c, kv)));
+                }
             }
         }
     }
     // Round by round, so every configuration sees the machine's moods alike.
     let runs: Vec<_> = (0..a.repeat).flat_map(|_| configs.iter().copied()).collect();
     let mut rows = Vec::new();
-    for (run, (budget, lookahead, threads, chunk)) in runs.into_iter().enumerate() {
+    for (run, (budget, lookahead, threads, chunk, kv_type)) in runs.into_iter().enumerate() {
         let options = OpenOptions {
             context: Some(ctx),
             budget,
@@ -186,6 +193,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             prefill_chunk: chunk,
             verify: a.verify.level(),
             extra_states: 0,
+            kv_type,
         };
         let model =
             crate::render::open_model(&a.model, &options).with_context(|| format!("opening {}", a.model.display()))?;
@@ -288,7 +296,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "read_time_s": s.read_time.as_secs_f64(), "direct_io": s.direct_io, "policy": policy.name(),
             "readers": a.readers, "lookahead": lookahead, "threads": model.pool().threads(), "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
-            "prefill": a.prefill, "chunk": plan.prefill_chunk, "text": a.text.as_ref().map(|p| p.display().to_string()), "reads": s.reads,
+            "prefill": a.prefill, "chunk": plan.prefill_chunk, "kv_type": plan.kv_type.name(), "text": a.text.as_ref().map(|p| p.display().to_string()), "reads": s.reads,
             "peak_rss": waste_host::peak_rss(), "round": run / configs.len(),
         });
         // Speculative reads never used inflate `gb_read`: `useful_*` counts
@@ -340,10 +348,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             let process =
                 r["process_gb_read"].as_f64().map(|v| format!(" (the process: {v:.3} GB)")).unwrap_or_default();
             outln!(
-                "budget {}, lookahead {}, threads {}: {:.2} tok/s, experts {picks}{lookahead}, {:.3} GB read{process}, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, disk idle {:.1} ms/token, direct_io {}",
+                "budget {}, lookahead {}, threads {}, KV cache {}: {:.2} tok/s, experts {picks}{lookahead}, {:.3} GB read{process}, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, disk idle {:.1} ms/token, direct_io {}",
                 fmt_bytes(f("budget") as u64),
                 r["lookahead"],
                 r["threads"],
+                r["kv_type"].as_str().unwrap_or("?"),
                 f("tok_per_s"),
                 f("gb_read"),
                 f("gb_per_token"),
@@ -366,10 +375,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         for m in &summary {
             let f = |k: &str| m[k].as_f64().unwrap_or(f64::NAN);
             outln!(
-                "budget {}, lookahead {}, threads {}: median {:.2} tok/s over {} rounds (min {:.2}, max {:.2}); achieved / raw median {:.2} (min {:.2}, max {:.2})",
+                "budget {}, lookahead {}, threads {}, KV cache {}: median {:.2} tok/s over {} rounds (min {:.2}, max {:.2}); achieved / raw median {:.2} (min {:.2}, max {:.2})",
                 fmt_bytes(f("budget") as u64),
                 m["lookahead"],
                 m["threads"],
+                m["kv_type"].as_str().unwrap_or("?"),
                 f("tok_per_s_median"),
                 m["rounds"],
                 f("tok_per_s_min"),
@@ -408,7 +418,7 @@ fn summarise(rows: &[serde_json::Value], configs: usize) -> Vec<serde_json::Valu
             let first = mine[0];
             json!({
                 "budget": first["budget"], "lookahead": first["lookahead"], "threads": first["threads"],
-                "chunk": first["chunk"], "rounds": mine.len(),
+                "chunk": first["chunk"], "kv_type": first["kv_type"], "rounds": mine.len(),
                 "tok_per_s_median": tm, "tok_per_s_min": tmin, "tok_per_s_max": tmax,
                 "achieved_over_raw_median": rm, "achieved_over_raw_min": rmin, "achieved_over_raw_max": rmax,
                 "raw_gb_per_s": of("raw_random_read_gb_per_s"),

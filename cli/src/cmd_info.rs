@@ -108,7 +108,10 @@ pub fn info(a: InfoArgs) -> Result<()> {
         } else {
             String::new()
         };
-        outln!("state         {fixed} bytes fixed + {per_token} bytes per token of context{windows}");
+        outln!(
+            "state         {fixed} bytes fixed + {per_token} bytes per token of context{windows} (KV cache {}, the default)",
+            waste_host::KvType::default()
+        );
         for (n, l) in i.layers.iter().enumerate() {
             let window = l.window.map_or(String::new(), |w| {
                 format!(" (window of {w}: at most {} bytes)", w as u64 * l.state_bytes_per_token)

@@ -29,6 +29,9 @@ pub struct PlanArgs {
     /// buffers and the rows of the largest image the processor allows.
     #[arg(long)]
     pub vision: bool,
+    /// How the KV cache stores keys and values (f32, bf16, q8); default bf16.
+    #[arg(long, value_name = "TYPE")]
+    pub kv_type: Option<waste_host::KvType>,
     #[arg(long)]
     pub json: bool,
 }
@@ -43,7 +46,13 @@ pub fn plan(a: PlanArgs) -> Result<()> {
                 .ok_or_else(|| usage(format!("--ram {t:?}: expected a size such as 64G or 16GiB")))?,
         ),
     };
-    let request = PlanRequest { context: a.ctx, budget, usable_ram: ram, ..PlanRequest::default() };
+    let request = PlanRequest {
+        context: a.ctx,
+        budget,
+        usable_ram: ram,
+        kv_type: a.kv_type.unwrap_or_default(),
+        ..PlanRequest::default()
+    };
     let p = waste_host::plan_path_for_images(&a.model, &request, a.vision)
         .with_context(|| format!("planning {}", a.model.display()))?;
     if a.json {
@@ -54,7 +63,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         outln!(
             "{}",
             json!({
-                "context": p.context, "trunk": p.trunk, "embedding_on_disk": p.embedding_on_disk, "state": p.state, "scratch": p.scratch, "prefill_chunk": p.prefill_chunk, "vision": p.vision,
+                "context": p.context, "trunk": p.trunk, "embedding_on_disk": p.embedding_on_disk, "state": p.state, "kv_type": p.kv_type.name(), "scratch": p.scratch, "prefill_chunk": p.prefill_chunk, "vision": p.vision,
                 "record_bytes": p.record_bytes, "top_k": p.top_k, "moe_layers": p.moe_layers,
                 "min_cache": p.min_cache, "floor": p.floor, "working_set": p.working_set,
                 "recommended": p.recommended, "all_experts": p.all_experts, "usable_ram": p.usable_ram,
@@ -74,7 +83,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         } else {
             outln!("trunk          {}", fmt_bytes(p.trunk));
         }
-        outln!("state          {}", fmt_bytes(p.state));
+        outln!("state          {} (KV cache {})", fmt_bytes(p.state), p.kv_type);
         outln!("scratch        {} (prefill chunks of {} tokens)", fmt_bytes(p.scratch), p.prefill_chunk);
         if p.vision > 0 {
             outln!("vision tower   {} (weights, buffers and rows of the largest image)", fmt_bytes(p.vision));

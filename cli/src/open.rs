@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use waste_host::Verify;
 use waste_host::{fmt_bytes, parse_size, BudgetSource, MemoryPlan};
-use waste_host::{Engine, OpenOptions, Session};
+use waste_host::{Engine, KvType, OpenOptions, Session};
 
 use crate::errors::usage;
 use waste_host::MAX_PREFILL_CHUNK;
@@ -36,6 +36,9 @@ pub struct ModelArgs {
     /// Tokens per prefill chunk, 1 (token at a time) to 8192; default: the largest the budget leaves room for.
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
+    /// How the KV cache stores keys and values: f32 (exact), bf16 (half the memory) or q8 (a quarter); default bf16.
+    #[arg(long, value_name = "TYPE")]
+    pub kv_type: Option<KvType>,
 }
 
 impl ModelArgs {
@@ -53,6 +56,7 @@ impl ModelArgs {
             cpus,
             verify: self.verify.level(),
             prefill_chunk: self.prefill_chunk,
+            kv_type: self.kv_type.unwrap_or_default(),
             ..OpenOptions::default()
         })
     }

@@ -268,6 +268,13 @@ pub fn assert_saved_state_continues(
     assert!(got == want, "{what}: the restored state diverges");
 }
 
+/// The default options with an f32 KV cache: the exact model, as the
+/// references compute it (the default bf16 cache rounds keys and values;
+/// `kv_type.rs` holds its bound).
+pub fn exact() -> waste_host::OpenOptions {
+    waste_host::OpenOptions { kv_type: waste_host::KvType::F32, ..waste_host::OpenOptions::default() }
+}
+
 /// A session on `container` opened with the default options.
 pub fn open_session(engine: &waste_host::Engine, container: &Path) -> waste_host::Session {
     engine.session(waste_host::Model::open(container, &waste_host::OpenOptions::default()).unwrap()).unwrap()

@@ -62,7 +62,7 @@ fn gguf_models_match_transformers_on_their_dequantised_weights() {
             if experts == "gguf" {
                 check_stored_types(&container, &m);
             }
-            let mut session = engine.session(Model::open(&container, &OpenOptions::default()).unwrap()).unwrap();
+            let mut session = engine.session(Model::open(&container, &exact()).unwrap()).unwrap();
             let (logits, _) = session.eval(&prompt, true).unwrap();
             let mut worst = 0f32;
             for p in 0..t {

@@ -14,7 +14,7 @@ use crate::gguf::{convert_gguf, gguf_dir, models, u32s};
 /// Logits at every position of the fixture's prompt, and its greedy
 /// continuation.
 fn logits_and_greedy(engine: &Engine, model: &Path, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) {
-    let mut session = engine.session(Model::open(model, &OpenOptions::default()).unwrap()).unwrap();
+    let mut session = engine.session(Model::open(model, &exact()).unwrap()).unwrap();
     let (logits, _) = session.eval(prompt, true).unwrap();
     session.reset();
     let out = session.generate(prompt, &crate::oracle::greedy(), |_| true).unwrap();

@@ -24,6 +24,7 @@ mod jco;
 mod k3;
 mod k3_vision;
 mod kimi;
+mod kv_type;
 mod layering;
 mod native_guest;
 mod open_progress;

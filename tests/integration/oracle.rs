@@ -53,7 +53,7 @@ pub(crate) fn check_f32(family: &str) {
     let tmp = TempDir::new(&format!("oracle-{family}"));
     let container = convert(family, "f32", "f32", tmp.path());
     let reference = reference(family);
-    let model = Model::open(&container, &OpenOptions::default()).unwrap();
+    let model = Model::open(&container, &exact()).unwrap();
     let engine = Engine::new().unwrap();
     let mut session = engine.session(model).unwrap();
 

@@ -80,8 +80,9 @@ pub struct LayerInfo {
     pub moe: bool,
     /// State bytes that do not grow with the context (KDA).
     pub state_bytes_fixed: u64,
-    /// State bytes per token of context (K/V rows, MLA latent rows; a
-    /// compressed entry's share, rounded up).
+    /// State bytes per token of context with the default KV cache type
+    /// (`KvType::default()`: K/V rows; MLA latent rows; a compressed
+    /// entry's share, rounded up).
     pub state_bytes_per_token: u64,
     /// Tokens one row of that state stands for: 1, or DeepSeek-V4's
     /// compression rate (a row of `state_bytes_per_token * rate` bytes).
@@ -152,7 +153,8 @@ impl ModelInfo {
                     },
                     moe: c.is_moe_layer(l),
                     state_bytes_fixed: 4 * c.state_floats_fixed(l) as u64,
-                    state_bytes_per_token: (4 * c.state_floats_per_token(l) as u64).div_ceil(tokens_per_row(l)),
+                    state_bytes_per_token: (4 * c.state_words_per_token(l, crate::kv::KvType::default()) as u64)
+                        .div_ceil(tokens_per_row(l)),
                     state_tokens_per_row: tokens_per_row(l),
                     window: c.layer_window(l).filter(|_| c.attn_kind(l) == crate::config::AttnKind::Gqa),
                 })

@@ -39,7 +39,7 @@ pub mod synth;
 pub mod transformer;
 pub mod vision;
 
-pub use waste_kernels::{attend, pool, quant, skip};
+pub use waste_kernels::{attend, kv, pool, quant, skip};
 
 pub use convert::{convert, ConvertOptions, ConvertProgress, ConvertReport, ExpertsAs, TrunkAs};
 pub use error::{Error, Result};

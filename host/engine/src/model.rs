@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::container::Container;
 use crate::error::{Error, Result};
 use crate::info::ModelInfo;
+use crate::kv::KvType;
 use crate::open_progress::CountingSource;
 pub use crate::open_progress::OpenProgress;
 use crate::plan::MemoryPlan;
@@ -51,6 +52,11 @@ pub struct OpenOptions {
     /// Session states held besides the first (a server's prefix cache),
     /// counted inside the budget.
     pub extra_states: usize,
+    /// How the KV cache stores keys and values (GQA layers; MLA latents
+    /// and V4 entries stay f32). bf16 by default: half of f32's bytes,
+    /// logits within the bound `tests/integration/kv_type.rs` holds per
+    /// family.
+    pub kv_type: KvType,
 }
 
 impl Default for OpenOptions {
@@ -65,6 +71,7 @@ impl Default for OpenOptions {
             prefill_chunk: None,
             verify: crate::container::Verify::default(),
             extra_states: 0,
+            kv_type: KvType::default(),
         }
     }
 }
@@ -139,6 +146,7 @@ impl Model {
             budget: options.budget,
             extra_states: options.extra_states,
             prefill_chunk: options.prefill_chunk,
+            kv_type: options.kv_type,
             ..Default::default()
         };
         let plan = crate::plan::plan(&container, &request)?;
@@ -207,7 +215,7 @@ impl Model {
     pub fn memory_used(&self) -> MemoryUse {
         MemoryUse {
             trunk: crate::plan::resident_bytes(&self.container),
-            state: crate::plan::state_bytes(self.container.config(), self.context),
+            state: crate::plan::state_bytes(self.container.config(), self.context, self.plan.kv_type),
             scratch: crate::plan::scratch_bytes(self.container.config(), self.context, self.plan.prefill_chunk),
             cache: self.experts.allocated_bytes(),
         }
@@ -310,7 +318,7 @@ impl Model {
 
     /// A fresh state (KV cache) sized for this model's context.
     pub fn new_state(&self) -> State {
-        State::new(self.container.config(), self.context)
+        State::with_kv(self.container.config(), self.context, self.plan.kv_type)
     }
 
     /// Appends `tokens` to `state` and returns the logits of the last one, or

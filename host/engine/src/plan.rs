@@ -11,6 +11,7 @@ use crate::config::ModelConfig;
 use crate::container::manifest::{Manifest, TensorEntry};
 use crate::container::Container;
 use crate::error::{Error, Result};
+use crate::kv::KvType;
 pub use crate::size::{fmt_bytes, parse_size};
 
 /// How the budget of a plan was chosen.
@@ -30,6 +31,8 @@ pub const DEFAULT_CONTEXT: usize = 4096;
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemoryPlan {
     pub context: usize,
+    /// How the state's KV cache is stored (`state` counts it so).
+    pub kv_type: KvType,
     /// The resident trunk: every trunk tensor but an untied embedding table.
     pub trunk: u64,
     /// The untied embedding table, left on disk (one row read per token);
@@ -83,8 +86,8 @@ impl MemoryPlan {
 /// Bytes of one session's state for `context` tokens, each layer as what
 /// it keeps: GQA keys and values per token, the MLA latent row per token,
 /// the KDA state and conv rings once (what `model::State::new` allocates).
-pub fn state_bytes(cfg: &ModelConfig, context: usize) -> u64 {
-    cfg.state_bytes(context)
+pub fn state_bytes(cfg: &ModelConfig, context: usize, kv: KvType) -> u64 {
+    cfg.state_bytes(context, kv)
 }
 
 /// Whether trunk tensor `name` stays on disk rather than in RAM: the
@@ -199,6 +202,8 @@ pub struct PlanRequest {
     pub vision: u64,
     /// Tokens per prefill chunk (`None`: [`choose_prefill_chunk`]).
     pub prefill_chunk: Option<usize>,
+    /// How the state's KV cache is stored.
+    pub kv_type: KvType,
 }
 
 /// Bytes of the model held in RAM as its trunk: the resident trunk
@@ -224,7 +229,7 @@ pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Resu
 /// The memory plan of `container` for `request`: the one entry point every
 /// caller (opening a model, `waste plan`, the C ABI) plans through.
 pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> {
-    let PlanRequest { context, budget, usable_ram, extra_states, vision, prefill_chunk } = *request;
+    let PlanRequest { context, budget, usable_ram, extra_states, vision, prefill_chunk, kv_type } = *request;
     let cfg = container.config();
     let context = resolve_context(cfg, context)?;
     let m = container.manifest();
@@ -232,7 +237,7 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
     let moe_layers = m.experts.layers.len();
     let experts = cfg.num_experts;
     let usable = usable_ram.unwrap_or_else(self::usable_ram);
-    let (trunk, state) = (resident_bytes(container), state_bytes(cfg, context) * (1 + extra_states) as u64);
+    let (trunk, state) = (resident_bytes(container), state_bytes(cfg, context, kv_type) * (1 + extra_states) as u64);
     if let Some(c) = prefill_chunk {
         crate::transformer::prefill::check_chunk(c)?;
     }
@@ -241,6 +246,7 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
     let least = prefill_chunk.unwrap_or(SMALLEST_CHUNK);
     let input = PlanInput {
         context,
+        kv_type,
         trunk,
         embedding_on_disk: on_disk_trunk_bytes(cfg, m),
         state,
@@ -272,6 +278,8 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
 #[derive(Debug, Clone, Copy)]
 pub struct PlanInput {
     pub context: usize,
+    /// How the state's KV cache is stored (`state` counts it so).
+    pub kv_type: KvType,
     pub trunk: u64,
     pub embedding_on_disk: u64,
     /// Every session state held (one, or more with a prefix cache).
@@ -327,6 +335,7 @@ pub fn plan_from(i: PlanInput) -> Result<MemoryPlan> {
     let cache_slots = (((budget - fixed) / record) as usize).min(max_slots);
     Ok(MemoryPlan {
         context: i.context,
+        kv_type: i.kv_type,
         trunk: i.trunk,
         embedding_on_disk: i.embedding_on_disk,
         state: i.state,
@@ -372,6 +381,7 @@ mod tests {
     fn input(budget: Option<u64>, usable: u64) -> PlanInput {
         PlanInput {
             context: 64,
+            kv_type: KvType::F32,
             trunk: 100,
             embedding_on_disk: 1000,
             state: 20,
@@ -422,8 +432,10 @@ mod tests {
         let mla_per_token = 16 + 8;
         for ctx in [1usize, 100, 512] {
             let want = 4 * (3 * kda + 2 * mla_per_token * ctx) as u64;
-            assert_eq!(state_bytes(&cfg, ctx), want, "context {ctx}");
-            assert_eq!(State::new(&cfg, ctx).bytes() as u64, want, "what the engine allocates");
+            for kv in KvType::ALL {
+                assert_eq!(state_bytes(&cfg, ctx, kv), want, "context {ctx}, {kv}: latents and KDA state stay f32");
+                assert_eq!(State::with_kv(&cfg, ctx, kv).bytes() as u64, want, "what the engine allocates");
+            }
         }
     }
 
@@ -434,12 +446,25 @@ mod tests {
         let cfg = fixture_config("deepseek_v3");
         for ctx in [1usize, 100, 2048] {
             let want = 4 * (4 * (16 + 8) * ctx) as u64;
-            assert_eq!(state_bytes(&cfg, ctx), want, "context {ctx}");
+            assert_eq!(state_bytes(&cfg, ctx, KvType::Bf16), want, "context {ctx}");
             assert_eq!(State::new(&cfg, ctx).bytes() as u64, want);
         }
-        // GQA models keep K and V rows: unchanged.
+    }
+
+    /// GQA models keep K and V rows in the KV cache's type: f32 4 bytes a
+    /// value, bf16 2, q8 one plus an f32 scale per 32; the plan counts what
+    /// the state allocates.
+    #[test]
+    fn plan_state_of_a_gqa_model_counts_its_kv_cache_type() {
         let q = fixture_config("qwen3_moe");
-        assert_eq!(state_bytes(&q, 10), 2 * q.num_layers as u64 * 10 * q.kv_dim() as u64 * 4);
+        let (layers, kv_dim, ctx) = (q.num_layers as u64, q.kv_dim(), 10);
+        let per_row =
+            [(KvType::F32, 4 * kv_dim), (KvType::Bf16, 2 * kv_dim), (KvType::Q8, kv_dim + 4 * kv_dim.div_ceil(32))];
+        for (kv, row_bytes) in per_row {
+            let want = 2 * layers * ctx as u64 * row_bytes as u64;
+            assert_eq!(state_bytes(&q, ctx, kv), want, "{kv}");
+            assert_eq!(State::with_kv(&q, ctx, kv).bytes() as u64, want, "{kv}: what the engine allocates");
+        }
     }
 
     /// The model's buffers of one forward pass, written out from the config
@@ -451,7 +476,9 @@ mod tests {
         let picks = 4 * (cfg.top_k + 1);
         // A score per position for each query head of one KV head.
         let group = cfg.num_heads / cfg.num_kv_heads.max(1);
-        let attn = 2 * cfg.q_dim() + 2 * cfg.kv_dim() + group * ctx + 2 * (cfg.head_dim / 2);
+        // ..and one head's keys of a bf16 or q8 cache decoded, KEY_TILE at a time.
+        let tile = crate::kv::KEY_TILE * cfg.head_dim;
+        let attn = 2 * cfg.q_dim() + 2 * cfg.kv_dim() + group * ctx + 2 * (cfg.head_dim / 2) + tile;
         let mla = cfg.mla.map_or(0, |m| {
             use crate::transformer::mla::{LANE_SCORE_FLOATS, MLA_LANES};
             let ql = m.q_lora_rank.unwrap_or(0);

@@ -48,6 +48,7 @@ pub use session::{Image, SavedSnapshot, Session, Snapshot};
 // Opening and running a model.
 pub use waste_engine::container::manifest::FORMAT_VERSION;
 pub use waste_engine::container::{Container, Verify};
+pub use waste_engine::kv::KvType;
 pub use waste_engine::pool::CpuSet;
 pub use waste_engine::quant::{ExpertFormat, TrunkFormat};
 pub use waste_engine::stats::{cpu_times, process_read_bytes, Picks};

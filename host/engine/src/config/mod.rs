@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::kv::KvType;
 use crate::quant::TrunkFormat;
 
 mod deepseek;
@@ -567,13 +568,24 @@ impl ModelConfig {
         })
     }
 
-    /// Bytes of one sequence's state for `context` tokens, every layer kind
-    /// counted (f32): what a memory plan should reserve.
-    pub fn state_bytes(&self, context: usize) -> u64 {
+    /// State words (4 bytes each) of one layer per token of context with a
+    /// KV cache of type `kv`: `state_floats_per_token`, with a GQA layer's
+    /// K and V rows in `kv`'s packing (MLA latents and V4 entries stay f32).
+    pub fn state_words_per_token(&self, layer: usize, kv: KvType) -> usize {
+        match self.attn_kind(layer) {
+            AttnKind::Gqa => 2 * kv.words(self.kv_dim()),
+            _ => self.state_floats_per_token(layer),
+        }
+    }
+
+    /// Bytes of one sequence's state for `context` tokens with a KV cache
+    /// of type `kv`, every layer kind counted: what a memory plan should
+    /// reserve.
+    pub fn state_bytes(&self, context: usize, kv: KvType) -> u64 {
         (0..self.num_layers)
             .map(|l| {
                 let rows = self.state_rows(l, context) as u64;
-                4 * (self.state_floats_fixed(l) as u64 + rows * self.state_floats_per_token(l) as u64)
+                4 * (self.state_floats_fixed(l) as u64 + rows * self.state_words_per_token(l, kv) as u64)
             })
             .sum()
     }

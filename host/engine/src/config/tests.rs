@@ -145,12 +145,12 @@ fn gpt_oss_state_counts_only_the_window_on_sliding_layers() {
     let row = 4 * 2 * c.kv_dim() as u64; // k and v, f32
     for context in [4usize, 8, 1000] {
         let windowed = 2 * row * context.min(8) as u64;
-        assert_eq!(c.state_bytes(context), windowed + 2 * row * context as u64, "context {context}");
+        assert_eq!(c.state_bytes(context, KvType::F32), windowed + 2 * row * context as u64, "context {context}");
     }
     assert!(c.has_unrewindable_state());
     let q = ModelConfig::from_file(&fixture_config("qwen2_moe")).unwrap();
     assert!(!q.has_unrewindable_state());
-    assert_eq!(q.state_bytes(10), q.num_layers as u64 * 10 * 2 * 4 * q.kv_dim() as u64);
+    assert_eq!(q.state_bytes(10, KvType::F32), q.num_layers as u64 * 10 * 2 * 4 * q.kv_dim() as u64);
 }
 
 /// A model_type outside the supported families fails with one line naming

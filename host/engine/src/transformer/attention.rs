@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use crate::config::layout::{GqaTensors, Tensor};
 use crate::config::{AttnKind, MlaRope, ModelConfig, QkNorm};
 use crate::error::{Error, Result};
+use crate::kv::{KvRows, KEY_TILE};
 use crate::quant::QMatrix;
 
 use super::ops::rms_norm_in_place;
@@ -120,6 +121,9 @@ pub struct AttnScratch {
     pub scores: Vec<f32>,
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
+    /// One head's keys or values of up to `KEY_TILE` positions, decoded
+    /// from a bf16 or q8 cache (`KvRows::view`).
+    pub tile: Vec<f32>,
 }
 
 impl AttnScratch {
@@ -135,12 +139,13 @@ impl AttnScratch {
             scores: vec![0.0; context * cfg.num_heads / cfg.num_kv_heads.max(1)],
             cos: vec![0.0; cfg.rotary_dim() / 2],
             sin: vec![0.0; cfg.rotary_dim() / 2],
+            tile: vec![0.0; KEY_TILE * cfg.head_dim],
         }
     }
 
     /// Floats held, for the memory plan (`plan::scratch_bytes`).
     pub fn floats(&self) -> usize {
-        [&self.q, &self.qg, &self.gate, &self.k, &self.v, &self.out, &self.scores, &self.cos, &self.sin]
+        [&self.q, &self.qg, &self.gate, &self.k, &self.v, &self.out, &self.scores, &self.cos, &self.sin, &self.tile]
             .iter()
             .map(|b| b.len())
             .sum()
@@ -189,8 +194,8 @@ impl Attention {
         rope: &Rope,
         x: &[f32],
         pos: usize,
-        k_cache: &mut [f32],
-        v_cache: &mut [f32],
+        k_cache: &mut KvRows,
+        v_cache: &mut KvRows,
         s: &mut AttnScratch,
         out: &mut [f32],
     ) -> Result<()> {
@@ -199,10 +204,19 @@ impl Attention {
         self.k_proj.matvec(x, &mut s.k);
         self.v_proj.matvec(x, &mut s.v);
         self.finish_qkv(cfg, rope, pos, (&mut s.q, &mut s.k, &mut s.v), (&mut s.cos, &mut s.sin));
-        let (first, rows) = self.store_kv(cfg, pos, &s.k, &s.v, k_cache, v_cache)?;
+        let (first, rows) = self.store_kv(pos, &s.k, &s.v, k_cache, v_cache)?;
         let group_width = d * cfg.num_heads / cfg.num_kv_heads;
         for (kvh, (qs, o)) in s.q.chunks_exact(group_width).zip(s.out.chunks_exact_mut(group_width)).enumerate() {
-            self.attend_kv_head(cfg, kvh, &[(first, pos)], rows, qs, (k_cache, v_cache), &mut s.scores, o);
+            self.attend_kv_head(
+                cfg,
+                kvh,
+                &[(first, pos)],
+                rows,
+                qs,
+                (k_cache, v_cache),
+                (&mut s.scores, &mut s.tile),
+                o,
+            );
         }
         self.gate_output(&mut s.out, &s.gate);
         self.o_proj.matvec(&s.out, out);
@@ -228,14 +242,14 @@ impl Attention {
         rope: &Rope,
         xs: &[f32],
         start: usize,
-        (k_cache, v_cache): (&mut [f32], &mut [f32]),
+        (k_cache, v_cache): (&mut KvRows, &mut KvRows),
         s: &mut AttnScratch,
         c: &mut GqaChunk,
         outs: &mut [f32],
     ) -> Result<()> {
         let (h, d, qd, kvd) = (cfg.hidden_size, cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
         let n = xs.len() / h;
-        let rows = k_cache.len() / kvd.max(1);
+        let rows = k_cache.rows();
         if self.window.is_some() && start + n > rows {
             for (i, (x, out)) in xs.chunks_exact(h).zip(outs.chunks_exact_mut(h)).enumerate() {
                 self.forward(cfg, rope, x, start + i, k_cache, v_cache, s, out)?;
@@ -260,7 +274,7 @@ impl Attention {
             q.chunks_exact_mut(qd).zip(k.chunks_exact_mut(kvd)).zip(v.chunks_exact_mut(kvd)).enumerate()
         {
             self.finish_qkv(cfg, rope, start + i, (qt, kt, vt), (&mut s.cos, &mut s.sin));
-            firsts.push(self.store_kv(cfg, start + i, kt, vt, k_cache, v_cache)?.0);
+            firsts.push(self.store_kv(start + i, kt, vt, k_cache, v_cache)?.0);
         }
         let att = &mut c.out[..n * qd];
         let spans: Vec<(usize, usize)> = firsts.iter().enumerate().map(|(i, &f)| (f, start + i)).collect();
@@ -278,7 +292,7 @@ impl Attention {
                 for (gathered, qt) in qs.chunks_exact_mut(group * d).zip(tokens) {
                     gathered.copy_from_slice(&qt[heads.clone()]);
                 }
-                self.attend_kv_head(cfg, kvh, spans, rows, qs, kv, &mut buf.scores, os);
+                self.attend_kv_head(cfg, kvh, spans, rows, qs, kv, (&mut buf.scores, &mut buf.tile), os);
                 for (o, ot) in os.chunks_exact(group * d).zip(out.chunks_exact_mut(qd)) {
                     ot[heads.clone()].copy_from_slice(o);
                 }
@@ -356,21 +370,18 @@ impl Attention {
     /// `(first, rows)`: the first position it attends and the layer's rows.
     fn store_kv(
         &self,
-        cfg: &ModelConfig,
         pos: usize,
         k: &[f32],
         v: &[f32],
-        k_cache: &mut [f32],
-        v_cache: &mut [f32],
+        k_cache: &mut KvRows,
+        v_cache: &mut KvRows,
     ) -> Result<(usize, usize)> {
-        let kv_dim = cfg.kv_dim();
-        let rows = k_cache.len() / kv_dim.max(1);
+        let rows = k_cache.rows();
         if rows == 0 || (self.window.is_none() && pos >= rows) {
             return Err(Error::Runtime(format!("position {pos} is past the KV cache")));
         }
-        let row = (pos % rows) * kv_dim;
-        k_cache[row..row + kv_dim].copy_from_slice(k);
-        v_cache[row..row + kv_dim].copy_from_slice(v);
+        k_cache.write_row(pos % rows, k);
+        v_cache.write_row(pos % rows, v);
         // masking_utils: causal `kv <= q`, sliding `kv > q - window`.
         let first = match self.window {
             Some(w) => (pos + 1).saturating_sub(w),
@@ -393,7 +404,10 @@ impl Attention {
     /// query's softmax covers its own span and its weights outside it are
     /// zero, which add exact zeros (`waste_kernels::attend`), so every
     /// output is the one its token computes alone. `scores`: at least
-    /// `queries x union` floats.
+    /// `queries x union` floats. Keys and values are read `KEY_TILE`
+    /// positions at a time (decoded into `tile` from a bf16 or q8 cache);
+    /// both kernels give the same bits over consecutive runs of keys as
+    /// over all of them at once.
     #[allow(clippy::too_many_arguments)]
     fn attend_kv_head(
         &self,
@@ -402,21 +416,22 @@ impl Attention {
         spans: &[(usize, usize)],
         rows: usize,
         qs: &[f32],
-        (k_cache, v_cache): (&[f32], &[f32]),
-        scores: &mut [f32],
+        (k_cache, v_cache): (&KvRows, &KvRows),
+        (scores, tile): (&mut [f32], &mut [f32]),
         out: &mut [f32],
     ) {
-        let (d, kv_dim) = (cfg.head_dim, cfg.kv_dim());
+        let d = cfg.head_dim;
+        let head = kvh * d..(kvh + 1) * d;
         let group = cfg.num_heads / cfg.num_kv_heads; // repeat_kv: query head h reads kv head h / n_rep
         let scale = 1.0 / (d as f32).sqrt();
         let lo = spans.iter().map(|s| s.0).min().unwrap_or(0);
         let hi = spans.iter().map(|s| s.1).max().unwrap_or(0);
         let width = hi + 1 - lo;
         let scores = &mut scores[..qs.len() / d * width];
-        let segments = ring_segments(lo, width, rows);
-        for &(offset, len, row) in &segments {
-            let keys = (&k_cache[row * kv_dim + kvh * d..], kv_dim, len);
-            attend::key_scores(qs, d, keys, &mut scores[offset..], width);
+        let runs = key_tiles(&ring_segments(lo, width, rows));
+        for &(offset, len, row) in &runs {
+            let (keys, stride) = k_cache.view(row, len, head.clone(), tile);
+            attend::key_scores(qs, d, (keys, stride, len), &mut scores[offset..], width);
         }
         for (u, row) in scores.chunks_exact_mut(width).enumerate() {
             let (first, pos) = spans[u / group];
@@ -430,13 +445,9 @@ impl Attention {
             after.fill(0.0);
         }
         out.fill(0.0);
-        for &(offset, len, row) in &segments {
-            attend::weighted_rows(
-                (&scores[offset..], width),
-                (&v_cache[row * kv_dim + kvh * d..], kv_dim, len),
-                d,
-                out,
-            );
+        for &(offset, len, row) in &runs {
+            let (values, stride) = v_cache.view(row, len, head.clone(), tile);
+            attend::weighted_rows((&scores[offset..], width), (values, stride, len), d, out);
         }
     }
 
@@ -503,6 +514,15 @@ fn ring_segments(lo: usize, width: usize, rows: usize) -> Vec<(usize, usize, usi
     }
 }
 
+/// `segments` (`ring_segments`) cut into runs of at most `KEY_TILE` rows,
+/// in order.
+fn key_tiles(segments: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize)> {
+    let runs = segments.iter().flat_map(|&(offset, len, row)| {
+        (0..len).step_by(KEY_TILE).map(move |t| (offset + t, KEY_TILE.min(len - t), row + t))
+    });
+    runs.collect()
+}
+
 /// Queries per attention block (a block's scores against 1024 keys are
 /// 128 KB, in L2), and the most floats of scores a block may hold.
 const BLOCK_QUERIES: usize = 32;
@@ -522,6 +542,7 @@ struct BlockScratch {
     queries: Vec<f32>,
     outputs: Vec<f32>,
     scores: Vec<f32>,
+    tile: Vec<f32>,
 }
 
 impl BlockScratch {
@@ -530,6 +551,7 @@ impl BlockScratch {
             queries: vec![0.0; queries * d],
             outputs: vec![0.0; queries * d],
             scores: vec![0.0; queries * keys],
+            tile: vec![0.0; KEY_TILE * d],
         }
     }
 }

@@ -28,6 +28,7 @@ mod tests;
 use crate::config::layout::{EdgeTensors, FfnTensors, LayerTensors, MixerTensors};
 use crate::config::{AttnKind, ModelConfig};
 use crate::error::{Error, Result};
+use crate::kv::{KvRows, KvType};
 use crate::quant::QMatrix;
 use crate::stats::StepStats;
 
@@ -162,10 +163,10 @@ pub struct Transformer {
 /// The state one layer keeps for a sequence.
 #[derive(Clone)]
 pub enum LayerState {
-    /// GQA: keys and values, `[rows, kv_heads * head_dim]` each, where
-    /// rows is the context, or a sliding-window layer's window (a ring:
-    /// position t in row `t % rows`).
-    Kv { k: Vec<f32>, v: Vec<f32> },
+    /// GQA: keys and values, `[rows, kv_heads * head_dim]` each in the
+    /// state's [`KvType`], where rows is the context, or a sliding-window
+    /// layer's window (a ring: position t in row `t % rows`).
+    Kv { k: KvRows, v: KvRows },
     /// MLA: the absorbed cache, `[context, kv_lora + rope]`.
     Latent(Vec<f32>),
     /// KDA: O(1) in the context.
@@ -184,6 +185,7 @@ pub struct State {
     layers: Vec<LayerState>,
     /// `kv_heads * head_dim` of the GQA layers.
     kv_dim: usize,
+    kv: KvType,
     /// Per layer: (kind, floats per token, fixed floats), to refuse a state
     /// made for another model.
     shape: Vec<(AttnKind, usize, usize)>,
@@ -200,13 +202,23 @@ fn state_shape(cfg: &ModelConfig) -> Vec<(AttnKind, usize, usize)> {
 }
 
 impl State {
+    /// A state whose KV cache holds f32: exactly what the model computes
+    /// (the oracle tests' state).
     pub fn new(cfg: &ModelConfig, context: usize) -> State {
+        State::with_kv(cfg, context, KvType::F32)
+    }
+
+    /// A state whose GQA layers store keys and values as `kv`.
+    pub fn with_kv(cfg: &ModelConfig, context: usize, kv: KvType) -> State {
         let kv_dim = cfg.kv_dim();
         let layers = (0..cfg.num_layers)
             .map(|l| {
-                let floats = cfg.state_rows(l, context).saturating_mul(cfg.state_floats_per_token(l));
+                let rows = cfg.state_rows(l, context);
+                let floats = rows.saturating_mul(cfg.state_floats_per_token(l));
                 match (cfg.attn_kind(l), &cfg.kda, &cfg.add.gdn) {
-                    (AttnKind::Gqa, _, _) => LayerState::Kv { k: vec![0.0; floats / 2], v: vec![0.0; floats / 2] },
+                    (AttnKind::Gqa, _, _) => {
+                        LayerState::Kv { k: KvRows::new(kv, rows, kv_dim), v: KvRows::new(kv, rows, kv_dim) }
+                    }
                     (AttnKind::V4, _, _) => LayerState::V4(V4State::new(cfg, l, context)),
                     (AttnKind::Kda, Some(d), _) => LayerState::Kda(DeltaState::for_kda(d)),
                     (AttnKind::Gdn, _, Some(d)) => LayerState::Gdn(DeltaState::for_gdn(d)),
@@ -214,7 +226,12 @@ impl State {
                 }
             })
             .collect();
-        State { layers, kv_dim, shape: state_shape(cfg), position: 0, context, poisoned: false }
+        State { layers, kv_dim, kv, shape: state_shape(cfg), position: 0, context, poisoned: false }
+    }
+
+    /// How the GQA layers store keys and values.
+    pub fn kv_type(&self) -> KvType {
+        self.kv
     }
 
     /// The per-layer states, in layer order.
@@ -267,7 +284,7 @@ impl State {
             .layers
             .iter()
             .map(|l| match l {
-                LayerState::Kv { k, v } => k.len() + v.len(),
+                LayerState::Kv { k, v } => k.words().len() + v.words().len(),
                 LayerState::Latent(c) => c.len(),
                 LayerState::Kda(d) | LayerState::Gdn(d) => d.floats(),
                 LayerState::V4(st) => st.floats(),

@@ -29,6 +29,7 @@ use crate::config::AttnKind;
 use crate::container::checksum::Crc32;
 use crate::error::{Error, Result};
 use crate::files::Fnv;
+use crate::kv::{self, KvType};
 
 pub const MAGIC: &[u8; 8] = b"WASTESES";
 pub const FORMAT_VERSION: u32 = 2;
@@ -65,6 +66,9 @@ pub struct StateBufferMut<'a> {
     pub kind: BufferKind,
     pub row_len: usize,
     pub data: &'a mut [f32],
+    /// A KV cache's rows: their type and values per row (`row_len` is
+    /// then words, `KvType::words`); `None` for f32 buffers.
+    pub kv: Option<(KvType, usize)>,
 }
 
 impl State {
@@ -72,7 +76,7 @@ impl State {
     pub fn buffers(&self) -> Vec<StateBuffer<'_>> {
         let mut out = Vec::with_capacity(2 * self.layers.len());
         for (l, layer) in self.layers.iter().enumerate() {
-            for (name, kind, row_len, data) in layer_buffers(l, layer, self.kv_dim, &self.shape[l]) {
+            for (name, kind, row_len, data) in layer_buffers(l, layer, &self.shape[l]) {
                 out.push(StateBuffer { name, kind, row_len, data });
             }
         }
@@ -87,18 +91,15 @@ impl State {
             let width = self.shape[l].1;
             match layer {
                 LayerState::Kv { k, v } => {
-                    out.push(StateBufferMut {
-                        name: format!("layers.{l}.k"),
-                        kind: BufferKind::Sequence,
-                        row_len: kv_dim,
-                        data: k,
-                    });
-                    out.push(StateBufferMut {
-                        name: format!("layers.{l}.v"),
-                        kind: BufferKind::Sequence,
-                        row_len: kv_dim,
-                        data: v,
-                    });
+                    for (name, rows) in [("k", k), ("v", v)] {
+                        out.push(StateBufferMut {
+                            name: format!("layers.{l}.{name}"),
+                            kind: BufferKind::Sequence,
+                            row_len: rows.row_words(),
+                            kv: Some((rows.kv_type(), kv_dim)),
+                            data: rows.words_mut(),
+                        });
+                    }
                 }
                 LayerState::Latent(c) => {
                     out.push(StateBufferMut {
@@ -106,11 +107,12 @@ impl State {
                         kind: BufferKind::Sequence,
                         row_len: width,
                         data: c,
+                        kv: None,
                     });
                 }
                 LayerState::V4(st) => {
                     for (name, kind, row_len, data) in v4_buffers_mut(l, st, width) {
-                        out.push(StateBufferMut { name, kind, row_len, data });
+                        out.push(StateBufferMut { name, kind, row_len, data, kv: None });
                     }
                 }
                 LayerState::Kda(st) | LayerState::Gdn(st) => {
@@ -121,12 +123,14 @@ impl State {
                         kind: BufferKind::Fixed,
                         row_len: n_s,
                         data: &mut st.s,
+                        kv: None,
                     });
                     out.push(StateBufferMut {
                         name: format!("layers.{l}.{kind}_conv"),
                         kind: BufferKind::Fixed,
                         row_len: n_c,
                         data: &mut st.conv,
+                        kv: None,
                     });
                 }
             }
@@ -143,11 +147,11 @@ type Buf<'a> = (String, BufferKind, usize, &'a [f32]);
 
 /// The buffers of one layer's state: GQA k and v, MLA latent rows, KDA
 /// recurrent matrices and conv ring.
-fn layer_buffers<'a>(l: usize, layer: &'a LayerState, kv_dim: usize, shape: &(AttnKind, usize, usize)) -> Vec<Buf<'a>> {
+fn layer_buffers<'a>(l: usize, layer: &'a LayerState, shape: &(AttnKind, usize, usize)) -> Vec<Buf<'a>> {
     match layer {
         LayerState::Kv { k, v } => vec![
-            (format!("layers.{l}.k"), BufferKind::Sequence, kv_dim, k.as_slice()),
-            (format!("layers.{l}.v"), BufferKind::Sequence, kv_dim, v.as_slice()),
+            (format!("layers.{l}.k"), BufferKind::Sequence, k.row_words(), k.words()),
+            (format!("layers.{l}.v"), BufferKind::Sequence, v.row_words(), v.words()),
         ],
         LayerState::Latent(c) => vec![(format!("layers.{l}.latent"), BufferKind::Sequence, shape.1, c.as_slice())],
         LayerState::V4(st) => vec![
@@ -266,8 +270,16 @@ struct Header {
     vocab_size: usize,
     position: usize,
     context: usize,
+    /// How the GQA layers' `k` and `v` rows are stored (`KvType::name`);
+    /// files written before the KV cache had a type hold f32.
+    #[serde(default = "f32_name")]
+    kv_type: String,
     transcript: Transcript,
     buffers: Vec<BufferHeader>,
+}
+
+fn f32_name() -> String {
+    KvType::F32.name().to_string()
 }
 
 /// What a session file must match to be loaded.
@@ -296,6 +308,7 @@ pub fn save_session(path: &Path, shape: &SessionShape, state: &State, transcript
         vocab_size: shape.vocab_size,
         position: state.position(),
         context: state.context(),
+        kv_type: state.kv_type().name().to_string(),
         transcript: transcript.clone(),
         buffers: buffers
             .iter()
@@ -509,15 +522,20 @@ pub fn peek_session(path: &Path, shape: &SessionShape, context: usize, max_bytes
 /// Reads a session file into `state`, which must be a fresh state of the
 /// session's model, and returns its transcript. The data streams into the
 /// state (no second copy of it): after an error `state` holds part of the
-/// file and is to be dropped.
+/// file and is to be dropped. A file whose KV cache has another type than
+/// `state`'s (one saved before the cache had a type holds f32) is
+/// converted row by row as it streams in: decoded exactly, then rounded to
+/// `state`'s type as a freshly computed row would be.
 pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Result<Transcript> {
     use std::io::Read;
     let bad = |msg: String| Error::format(path, msg);
     // No session of this model is larger than its header limit plus its
-    // whole state: a bigger file is refused before it is read.
-    let limit = MAX_SESSION_OVERHEAD + state.bytes() as u64;
+    // whole state with an f32 KV cache (the widest): a bigger file is
+    // refused before it is read.
+    let limit = MAX_SESSION_OVERHEAD + f32_state_bytes(state);
     let Opened { mut file, mut sum, header, header_len, file_bytes } =
         open_session(path, shape, state.context(), limit)?;
+    let file_kv: KvType = header.kv_type.parse().map_err(bad)?;
     // Check every shape before copying anything.
     let mut buffers = state.buffers_mut();
     if buffers.len() != header.buffers.len() {
@@ -526,13 +544,14 @@ pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Res
     let mut expected = 16 + header_len as u64 + 8;
     for (b, h) in buffers.iter().zip(&header.buffers) {
         let rows = live_rows(b.kind, header.position, b.row_len, b.data.len());
-        if b.name != h.name || b.kind != h.kind || b.row_len != h.row_len || h.rows != rows {
+        let file_row = b.kv.map_or(b.row_len, |(_, width)| file_kv.words(width));
+        if b.name != h.name || b.kind != h.kind || file_row != h.row_len || h.rows != rows {
             return Err(bad(format!(
                 "buffer {} ({:?}, {} x {}) does not fit this model's {} ({:?}, {} x {})",
-                h.name, h.kind, h.rows, h.row_len, b.name, b.kind, rows, b.row_len
+                h.name, h.kind, h.rows, h.row_len, b.name, b.kind, rows, file_row
             )));
         }
-        if rows * h.row_len > b.data.len() {
+        if rows * b.row_len > b.data.len() {
             return Err(bad(format!("buffer {} is larger than this session's state", h.name)));
         }
         expected += (rows * h.row_len * 4) as u64;
@@ -546,23 +565,19 @@ pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Res
     let damaged =
         |e: std::io::Error| Error::format(path, format!("reading the state: {e}: the file is truncated or damaged"));
     for (b, h) in buffers.iter_mut().zip(&header.buffers) {
-        for floats in b.data[..h.rows * h.row_len].chunks_mut(STREAM_BYTES / 4) {
-            if cfg!(target_endian = "little") {
-                // SAFETY: the view covers exactly the chunk's initialised
-                // elements (len * 4 bytes, u8's alignment is 1), every bit
-                // pattern written through it is a valid f32, and the chunk
-                // is not touched otherwise while the view lives.
-                let view = unsafe {
-                    std::slice::from_raw_parts_mut(floats.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(floats))
-                };
-                file.read_exact(view).map_err(damaged)?;
-                sum.update(view);
-            } else {
-                let chunk = &mut scratch[..floats.len() * 4];
-                file.read_exact(chunk).map_err(damaged)?;
-                sum.update(chunk);
-                for (dst, src) in floats.iter_mut().zip(chunk.chunks_exact(4)) {
-                    *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+        match b.kv {
+            Some((ty, width)) if ty != file_kv => {
+                let mut words = vec![0.0f32; h.row_len];
+                let mut values = vec![0.0f32; width];
+                for row in b.data[..h.rows * b.row_len].chunks_exact_mut(b.row_len) {
+                    read_words(&mut file, &mut sum, &mut words, &mut scratch).map_err(damaged)?;
+                    kv::decode_row(file_kv, width, &words, 0..width, &mut values);
+                    kv::encode_row(ty, &values, row);
+                }
+            }
+            _ => {
+                for floats in b.data[..h.rows * h.row_len].chunks_mut(STREAM_BYTES / 4) {
+                    read_words(&mut file, &mut sum, floats, &mut scratch).map_err(damaged)?;
                 }
             }
         }
@@ -577,9 +592,147 @@ pub fn load_session(path: &Path, shape: &SessionShape, state: &mut State) -> Res
     Ok(header.transcript)
 }
 
+/// Fills `floats` from the next `4 * floats.len()` bytes of `file` (at most
+/// `scratch.len()` of them), summing them.
+fn read_words(
+    file: &mut impl std::io::Read,
+    sum: &mut Sum,
+    floats: &mut [f32],
+    scratch: &mut [u8],
+) -> std::io::Result<()> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: the view covers exactly the chunk's initialised elements
+        // (len * 4 bytes, u8's alignment is 1), every bit pattern written
+        // through it is a valid f32, and the chunk is not touched otherwise
+        // while the view lives.
+        let view =
+            unsafe { std::slice::from_raw_parts_mut(floats.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(floats)) };
+        file.read_exact(view)?;
+        sum.update(view);
+    } else {
+        let chunk = &mut scratch[..floats.len() * 4];
+        file.read_exact(chunk)?;
+        sum.update(chunk);
+        for (dst, src) in floats.iter_mut().zip(chunk.chunks_exact(4)) {
+            *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of `state`, its KV cache counted at f32 where that is wider than
+/// its own type: the largest state a session file of this model holds.
+fn f32_state_bytes(state: &State) -> u64 {
+    let widening: usize = state
+        .layers()
+        .iter()
+        .map(|l| match l {
+            LayerState::Kv { k, v } => {
+                [k, v].iter().map(|c| (c.rows() * c.width()).saturating_sub(c.words().len())).sum()
+            }
+            _ => 0,
+        })
+        .sum();
+    (state.bytes() + 4 * widening) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ModelConfig;
+
+    fn qwen3_moe() -> ModelConfig {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-qwen3_moe/config.json");
+        ModelConfig::from_file(&path).unwrap()
+    }
+
+    /// Row `r` of layer `l`'s keys (`v`: values) as first written.
+    fn row(l: usize, r: usize, v: bool, width: usize) -> Vec<f32> {
+        (0..width).map(|c| ((l * 131 + r * 17 + c * 7 + v as usize * 5) % 23) as f32 * 0.37 - 4.1).collect()
+    }
+
+    fn kv_rows(state: &State) -> Vec<(&crate::kv::KvRows, &crate::kv::KvRows)> {
+        state
+            .layers()
+            .iter()
+            .filter_map(|l| match l {
+                LayerState::Kv { k, v } => Some((k, v)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A session file's KV rows land in a state of any KV type as that
+    /// type stores them: an f32 file's rows rounded once (as a freshly
+    /// computed row), a bf16 file's rows decoded exactly into f32.
+    #[test]
+    fn a_session_file_converts_between_kv_types_as_it_loads() {
+        let cfg = qwen3_moe();
+        let (context, position, width) = (6, 4, cfg.kv_dim());
+        let shape = SessionShape { model_identity: "m", family: "qwen3_moe", vocab_size: cfg.vocab_size };
+        let transcript = Transcript { tokens: vec![1, 2, 3, 4], pending: None };
+        let dir = std::env::temp_dir().join(format!("waste-kv-convert-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut exact = State::new(&cfg, context);
+        for (l, layer) in exact.layers_mut().iter_mut().enumerate() {
+            if let LayerState::Kv { k, v } = layer {
+                for r in 0..position {
+                    k.write_row(r, &row(l, r, false, width));
+                    v.write_row(r, &row(l, r, true, width));
+                }
+            }
+        }
+        exact.set_position(position);
+        let f32_file = dir.join("f32.state");
+        save_session(&f32_file, &shape, &exact, &transcript).unwrap();
+        for ty in KvType::ALL {
+            let mut s = State::with_kv(&cfg, context, ty);
+            assert_eq!(load_session(&f32_file, &shape, &mut s).unwrap(), transcript);
+            assert_eq!(s.position(), position);
+            let mut want = vec![0.0; ty.words(width)];
+            for (l, (k, v)) in kv_rows(&s).into_iter().enumerate() {
+                for r in 0..position {
+                    for (rows, is_v) in [(k, false), (v, true)] {
+                        kv::encode_row(ty, &row(l, r, is_v, width), &mut want);
+                        let got = &rows.words()[r * rows.row_words()..][..rows.row_words()];
+                        let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{ty}: layer {l} row {r} {}", if is_v { "v" } else { "k" });
+                    }
+                }
+            }
+        }
+        // bf16 back to f32: the values the bf16 cache held, exactly.
+        let mut half = State::with_kv(&cfg, context, KvType::Bf16);
+        load_session(&f32_file, &shape, &mut half).unwrap();
+        let bf16_file = dir.join("bf16.state");
+        save_session(&bf16_file, &shape, &half, &transcript).unwrap();
+        let mut back = State::new(&cfg, context);
+        load_session(&bf16_file, &shape, &mut back).unwrap();
+        for ((hk, _), (bk, _)) in kv_rows(&half).into_iter().zip(kv_rows(&back)) {
+            let mut want = vec![0.0; width];
+            for r in 0..position {
+                kv::decode_row(
+                    KvType::Bf16,
+                    width,
+                    &hk.words()[r * hk.row_words()..][..hk.row_words()],
+                    0..width,
+                    &mut want,
+                );
+                assert_eq!(&bk.words()[r * width..][..width], want.as_slice());
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Session files written before the KV cache had a type carry no
+    /// `kv_type`: their rows are f32.
+    #[test]
+    fn a_session_header_without_a_kv_type_is_read_as_f32() {
+        let json = r#"{"model_identity":"m","family":"f","vocab_size":8,"position":0,"context":4,
+            "transcript":{"tokens":[],"pending":null},"buffers":[]}"#;
+        let header: Header = serde_json::from_str(json).unwrap();
+        assert_eq!(header.kv_type, "f32");
+    }
 
     #[test]
     fn transcript_holds_the_pending_token_in_front() {

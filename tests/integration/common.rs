@@ -275,6 +275,11 @@ pub fn exact() -> waste_host::OpenOptions {
     waste_host::OpenOptions { kv_type: waste_host::KvType::F32, ..waste_host::OpenOptions::default() }
 }
 
+/// A session on `container` opened with [`exact`] options.
+pub fn open_exact_session(engine: &waste_host::Engine, container: &Path) -> waste_host::Session {
+    engine.session(waste_host::Model::open(container, &exact()).unwrap()).unwrap()
+}
+
 /// A session on `container` opened with the default options.
 pub fn open_session(engine: &waste_host::Engine, container: &Path) -> waste_host::Session {
     engine.session(waste_host::Model::open(container, &waste_host::OpenOptions::default()).unwrap()).unwrap()

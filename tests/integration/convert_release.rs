@@ -124,7 +124,7 @@ fn convert_release_f32_logits_match_transformers_on_the_dequantized_weights() {
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
         .collect();
-    let model = Model::open(&out, &OpenOptions::default()).unwrap();
+    let model = Model::open(&out, &exact()).unwrap();
     let engine = Engine::new().unwrap();
     let mut session = engine.session(model).unwrap();
     let (got, _) = session.eval(&ids, true).unwrap();

@@ -43,6 +43,7 @@ fn deepseek_v3_info_counts_parameters() {
         reference["num_parameters"].as_u64().unwrap() + 2 * 16,
         "total parameters vs torch"
     );
-    // kv_lora 16 + rope 8 floats per token on each of the 4 MLA layers.
-    assert_eq!(j["state_bytes_per_token"], 4 * 4 * (16 + 8));
+    // kv_lora 16 + rope 8 values per token on each of the 4 MLA layers, in
+    // the default bf16 cache.
+    assert_eq!(j["state_bytes_per_token"], 2 * 4 * (16 + 8));
 }

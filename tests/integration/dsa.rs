@@ -4,7 +4,7 @@
 //! attends a selection at 91 of its positions; GLM's layers 2 and 3 reuse
 //! layer 1's selection.
 
-use waste_host::{Engine, Model, OpenOptions};
+use waste_host::{Engine, Model};
 
 use crate::common::*;
 
@@ -41,7 +41,7 @@ fn dense_mla_past_index_topk_fails_the_oracle() {
         let o = waste(&["convert", src.to_str().unwrap(), out.to_str().unwrap(), "--experts", "f32", "--trunk", "f32"]);
         assert!(o.status.success(), "{}", stderr(&o));
         let reference = reference(family);
-        let model = Model::open(&out, &OpenOptions::default()).unwrap();
+        let model = Model::open(&out, &exact()).unwrap();
         let mut state = model.new_state();
         let (logits, _) = model.forward(&mut state, &reference.prompt_ids, true).unwrap();
         let (rel, _) = compare_positions(&logits, &reference);
@@ -84,9 +84,9 @@ fn dsa_info_counts_parameters_and_indexer_keys() {
             reference["num_parameters"].as_u64().unwrap() + 3 * 16,
             "{family}: total parameters vs torch"
         );
-        // kv_lora 16 + rope 8 floats on 4 layers, and a 16-float index key
-        // on each layer with its own indexer.
-        assert_eq!(j["state_bytes_per_token"], 4 * (4 * (16 + 8) + indexers * 16), "{family}");
+        // kv_lora 16 + rope 8 values on 4 layers, and a 16-value index key
+        // on each layer with its own indexer, in the default bf16 cache.
+        assert_eq!(j["state_bytes_per_token"], 2 * (4 * (16 + 8) + indexers * 16), "{family}");
         let kinds: Vec<String> = layer_pattern(&j);
         let want = if indexers == 4 {
             vec!["MLA+DSA"; 4]
@@ -150,7 +150,7 @@ fn deepseek_v32_release_layout_converts_and_matches_transformers() {
     let bytes = std::fs::read(src.join("reference_logits.f32")).unwrap();
     let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
     let v = json["logits_shape"][1].as_u64().unwrap() as usize;
-    let model = Model::open(&out, &OpenOptions::default()).unwrap();
+    let model = Model::open(&out, &exact()).unwrap();
     let mut state = model.new_state();
     let (got, _) = model.forward(&mut state, &ids, true).unwrap();
     assert_eq!(got.len(), want.len());

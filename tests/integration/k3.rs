@@ -50,7 +50,7 @@ fn kimi_k3_saved_state_continues_bit_identically() {
     let reference = reference("kimi_k3");
     let (head, tail) = reference.prompt_ids.split_at(41);
     let engine = Engine::new().unwrap();
-    let mut a = open_session(&engine, &container);
+    let mut a = open_exact_session(&engine, &container);
     a.eval(head, false).unwrap();
     a.save_state(&file).unwrap();
     let (want, _) = a.eval(tail, true).unwrap();
@@ -59,7 +59,7 @@ fn kimi_k3_saved_state_continues_bit_identically() {
         want_steps.push(a.eval(&[t], false).unwrap().0);
     }
 
-    let mut b = open_session(&engine, &container);
+    let mut b = open_exact_session(&engine, &container);
     b.load_state(&file).unwrap();
     let (got, _) = b.eval(tail, true).unwrap();
     assert!(got == want, "restored K3 state diverges in prefill");
@@ -126,7 +126,7 @@ fn kimi_k3_q8_experts_stay_close() {
     let container = convert("kimi_k3", "q8", "f32", tmp.path());
     let reference = reference("kimi_k3");
     let engine = Engine::new().unwrap();
-    let mut session = open_session(&engine, &container);
+    let mut session = open_exact_session(&engine, &container);
     let (logits, _) = session.eval(&reference.prompt_ids, true).unwrap();
     let (err, agree) = compare_positions(&logits, &reference);
     let v = reference.vocab;

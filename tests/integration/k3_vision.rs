@@ -196,7 +196,7 @@ fn k3_container_carries_the_vision_tower_and_answers_from_images() {
         assert_eq!(info["vision"]["format"], want_format, "{info}");
         assert_eq!(info["vision"]["grid_resize"], "bilinear");
 
-        let model = waste_host::Model::open(&c, &waste_host::OpenOptions::default()).unwrap();
+        let model = waste_host::Model::open(&c, &exact()).unwrap();
         assert!(model.vision().is_some());
         let text_hidden = model.vision().unwrap().text_hidden;
         let mut images = Vec::new();

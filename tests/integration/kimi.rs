@@ -26,12 +26,13 @@ fn kimi_linear_info_shows_layer_pattern_and_state() {
     let pattern = layer_pattern(&j);
     assert_eq!(pattern, ["KDA/dense", "KDA/moe", "MLA/moe", "KDA/moe", "MLA/moe"]);
     assert_eq!((j["experts"].as_u64(), j["top_k"].as_u64()), (Some(8), Some(2)));
-    // MLA caches kv_lora 16 + rope 8 floats per token; KDA keeps 2 heads of
-    // 16x16 plus 3 conv rows of q, k, v (3 x 3 x 32 floats), whatever the context.
-    assert_eq!(j["layer_pattern"][2]["state_bytes_per_token"], 4 * (16 + 8));
+    // MLA caches kv_lora 16 + rope 8 values per token (bf16 by default);
+    // KDA keeps 2 heads of 16x16 plus 3 conv rows of q, k, v (3 x 3 x 32
+    // floats), whatever the context.
+    assert_eq!(j["layer_pattern"][2]["state_bytes_per_token"], 2 * (16 + 8));
     assert_eq!(j["layer_pattern"][0]["state_bytes_per_token"], 0);
     assert_eq!(j["layer_pattern"][0]["state_bytes_fixed"], 4 * (2 * 16 * 16 + 3 * 3 * 32));
-    assert_eq!(j["state_bytes_per_token"], 2 * 4 * (16 + 8));
+    assert_eq!(j["state_bytes_per_token"], 2 * 2 * (16 + 8));
     let reference: serde_json::Value =
         serde_json::from_slice(&std::fs::read(fixture("kimi_linear").join("reference.json")).unwrap()).unwrap();
     // torch counts parameters only; e_score_correction_bias is a buffer (8 per MoE layer).

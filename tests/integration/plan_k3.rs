@@ -53,10 +53,14 @@ fn k3_manifest_only_plan_reproduces_the_published_arithmetic() {
     assert_eq!((p["top_k"].as_u64(), p["moe_layers"].as_u64()), (Some(16), Some(92)));
     // The embedding table (163840 x 7168, 8-bit with a scale per 128) is on disk.
     assert_eq!(f("embedding_on_disk"), (163_840 * (7168 + 7168 / 128 * 2)) as f64);
-    // State: 69 KDA layers (96 x 128 x 128 delta-rule state plus 3 conv
-    // rings of 3 x 12288) and 24 MLA layers of 512 + 64 latent floats per token.
+    // State: 69 KDA layers (96 x 128 x 128 f32 delta-rule state plus 3 conv
+    // rings of 3 x 12288) and 24 MLA layers of 512 + 64 latent values per
+    // token, bf16 by default (f32: K3.md's figure, below).
     let kda = 96 * 128 * 128 + 3 * 3 * 96 * 128;
-    assert_eq!(f("state"), (4 * (69 * kda + 24 * 576 * 4096)) as f64);
+    assert_eq!(f("state"), (4 * 69 * kda + 2 * 24 * 576 * 4096) as f64);
+    let exact = json_of(&["plan", out.to_str().unwrap(), "--ram", "64GiB", "--kv-type", "f32", "--json"]);
+    assert_eq!(exact["state"].as_u64(), Some(4 * (69 * kda + 24 * 576 * 4096)), "K3.md's f32 state");
+    assert_eq!((p["kv_type"].as_str(), exact["kv_type"].as_str()), (Some("bf16"), Some("f32")));
     assert_eq!(f("working_set"), 16.0 * 92.0 * f("record_bytes"));
     assert_eq!(f("recommended"), f("floor") + 3.0 * f("working_set"));
     assert_eq!(p["budget_source"]["auto_working_sets"], 1, "floor + 2 working sets exceed 7/8 of 64 GiB");

@@ -22,6 +22,7 @@ mod common;
 use common::*;
 use waste_engine::config::layout::MlaTensors;
 use waste_engine::config::ModelConfig;
+use waste_engine::kv::{KvRows, KvType};
 use waste_engine::source::TensorSource;
 use waste_engine::transformer::dsa::{Indexer, IndexerScratch, Selection};
 use waste_engine::transformer::mla::{Mla, MlaScratch};
@@ -71,7 +72,8 @@ fn main() {
     println!("|---|---|---|---|---|---|");
     for ctx in CONTEXTS {
         let stride = dsa.state_floats_per_token(layer);
-        let mut cache = random(ctx * stride, ctx as u64, 1.0);
+        let mut cache = KvRows::new(KvType::F32, ctx, stride);
+        cache.words_mut().copy_from_slice(&random(ctx * stride, ctx as u64, 1.0));
         let mut s = MlaScratch::new(&dsa, ctx);
         let mut sel = Selection::for_config(&dsa);
         let pos = ctx - 1;
@@ -81,13 +83,12 @@ fn main() {
         let (cos, sin) = (vec![0.6f32; m.qk_rope_head_dim / 2], vec![0.8f32; m.qk_rope_head_dim / 2]);
         let w = m.cache_width();
         let q_resid = random(m.q_lora_rank.unwrap_or(0), 5, 1.0);
-        let index_ms = median_ms(RUNS, || {
-            let c: &[f32] = &cache;
-            indexer.select(&x, &q_resid, pos, &cos, &sin, |t| &c[t * stride + w..(t + 1) * stride], &mut is, &mut sel)
-        });
+        let index_ms =
+            median_ms(RUNS, || indexer.select(&x, &q_resid, pos, &cos, &sin, (&cache, w..stride), &mut is, &mut sel));
         drop(cache);
         let dstride = dense.state_floats_per_token(layer);
-        let mut dcache = random(ctx * dstride, ctx as u64, 1.0);
+        let mut dcache = KvRows::new(KvType::F32, ctx, dstride);
+        dcache.words_mut().copy_from_slice(&random(ctx * dstride, ctx as u64, 1.0));
         let mut ds = MlaScratch::new(&dense, ctx);
         let dense_ms = median_ms(RUNS, || {
             dense_layer.forward(&x, pos, &mut dcache, &mut ds, &mut Selection::default(), &mut out).unwrap()

@@ -431,11 +431,13 @@ mod tests {
         let kda = 2 * 16 * 16 + 3 * (4 - 1) * (2 * 16);
         let mla_per_token = 16 + 8;
         for ctx in [1usize, 100, 512] {
-            let want = 4 * (3 * kda + 2 * mla_per_token * ctx) as u64;
             for kv in KvType::ALL {
-                assert_eq!(state_bytes(&cfg, ctx, kv), want, "context {ctx}, {kv}: latents and KDA state stay f32");
+                // The KDA state stays f32; the latent rows take the cache's type.
+                let want = 4 * (3 * kda + 2 * kv.words(mla_per_token) * ctx) as u64;
+                assert_eq!(state_bytes(&cfg, ctx, kv), want, "context {ctx}, {kv}");
                 assert_eq!(State::with_kv(&cfg, ctx, kv).bytes() as u64, want, "what the engine allocates");
             }
+            assert_eq!(state_bytes(&cfg, ctx, KvType::F32), 4 * (3 * kda + 2 * mla_per_token * ctx) as u64);
         }
     }
 
@@ -446,8 +448,10 @@ mod tests {
         let cfg = fixture_config("deepseek_v3");
         for ctx in [1usize, 100, 2048] {
             let want = 4 * (4 * (16 + 8) * ctx) as u64;
-            assert_eq!(state_bytes(&cfg, ctx, KvType::Bf16), want, "context {ctx}");
+            assert_eq!(state_bytes(&cfg, ctx, KvType::F32), want, "context {ctx}");
             assert_eq!(State::new(&cfg, ctx).bytes() as u64, want);
+            assert_eq!(state_bytes(&cfg, ctx, KvType::Bf16), want / 2, "context {ctx}: bf16 latents");
+            assert_eq!(State::with_kv(&cfg, ctx, KvType::Bf16).bytes() as u64, want / 2);
         }
     }
 
@@ -486,9 +490,14 @@ mod tests {
             // an attended latent and a score per position each.
             let block = (LANE_SCORE_FLOATS / ctx).clamp(1, m.num_heads.div_ceil(MLA_LANES));
             let gathered = cfg.add.dsa.as_ref().map_or(0, |d| d.topk.min(ctx) * m.cache_width());
+            // ..and a tile of decoded cache rows per lane, and the token's
+            // own row before it is stored (its widest layer's).
+            let tile = crate::kv::KEY_TILE * m.cache_width();
+            let row = (0..cfg.num_layers).map(|l| cfg.state_floats_per_token(l)).max().unwrap_or(0);
             m.num_heads * m.qk_head_dim()
                 + m.cache_width()
-                + MLA_LANES * block * (m.cache_width() + m.kv_lora_rank + ctx)
+                + MLA_LANES * (block * (m.cache_width() + m.kv_lora_rank + ctx) + tile)
+                + row
                 + gathered
                 + m.num_heads * m.v_head_dim
                 + 2 * ql

@@ -236,10 +236,16 @@ impl KvRows {
         encode_row(self.ty, values, &mut self.words[row * w..(row + 1) * w]);
     }
 
+    /// Columns `cols` of row `row`, decoded into `out`.
+    pub fn read_row(&self, row: usize, cols: std::ops::Range<usize>, out: &mut [f32]) {
+        let w = self.row_words;
+        decode_row(self.ty, self.width, &self.words[row * w..(row + 1) * w], cols, out);
+    }
+
     /// Columns `cols` of rows `first..first + n` as f32 rows `stride`
     /// floats apart, for the attention kernels: the cache itself when it
     /// is f32, else those values decoded into `tile` (at least `n *
-    /// cols.len()` floats; at most [`KEY_TILE`] rows are asked at a time).
+    /// cols.len()` floats; the engine asks [`KEY_TILE`] rows at a time).
     pub fn view<'a>(
         &'a self,
         first: usize,

@@ -344,10 +344,12 @@ mod tests {
         assert_eq!(c.state_floats_per_token(2), 16 + 8);
         assert_eq!(c.state_floats_fixed(0), 2 * 16 * 16 + 3 * 3 * 32);
         assert_eq!(c.state_floats_per_token(0), 0);
-        // MLA latents and KDA state are f32 whatever the KV cache type.
+        // KDA state is f32 whatever the KV cache type; the two MLA layers'
+        // latent rows (24 values) take the cache's type.
         for kv in crate::kv::KvType::ALL {
-            assert_eq!(c.state_bytes(10, kv), 9600 + 10 * 192);
+            assert_eq!(c.state_bytes(10, kv), 9600 + 10 * 2 * 4 * kv.words(24) as u64);
         }
+        assert_eq!(c.state_bytes(10, crate::kv::KvType::F32), 9600 + 10 * 192);
         assert_eq!(c.canonical_shape("model.layers.0.self_attn.q_conv1d.weight", &[32, 1, 4]), vec![128]);
         assert_eq!(c.canonical_shape("model.layers.0.self_attn.A_log", &[1, 1, 2, 1]), vec![2]);
         assert_eq!(c.canonical_shape("model.layers.0.self_attn.q_proj.weight", &[32, 64]), vec![32, 64]);

@@ -570,10 +570,12 @@ impl ModelConfig {
 
     /// State words (4 bytes each) of one layer per token of context with a
     /// KV cache of type `kv`: `state_floats_per_token`, with a GQA layer's
-    /// K and V rows in `kv`'s packing (MLA latents and V4 entries stay f32).
+    /// K and V rows and an MLA layer's latent row in `kv`'s packing
+    /// (DeepSeek-V4's compressed entries stay f32).
     pub fn state_words_per_token(&self, layer: usize, kv: KvType) -> usize {
         match self.attn_kind(layer) {
             AttnKind::Gqa => 2 * kv.words(self.kv_dim()),
+            AttnKind::Mla => kv.words(self.state_floats_per_token(layer)),
             _ => self.state_floats_per_token(layer),
         }
     }

@@ -20,6 +20,7 @@
 use crate::config::layout::IndexerTensors;
 use crate::config::{Dsa, MlaDims, ModelConfig};
 use crate::error::{Error, Result};
+use crate::kv::{KvRows, KvType};
 use crate::quant::QMatrix;
 use crate::source::TensorSource;
 
@@ -145,17 +146,19 @@ impl Indexer {
         self.rope.apply(&mut key[..self.rope_dim], cos, sin, &mut s.rot);
     }
 
-    /// Chooses the positions the token at `pos` attends into `selected`. `q_resid` is MLA's normed q-LoRA latent, `key_at(t)` the
-    /// cached key of position `t` (the current token's already written).
+    /// Chooses the positions the token at `pos` attends into `selected`.
+    /// `q_resid` is MLA's normed q-LoRA latent; columns `cols` of the
+    /// cache's row `t` hold position `t`'s key (the current token's
+    /// already written).
     #[allow(clippy::too_many_arguments)]
-    pub fn select<'c>(
+    pub fn select(
         &self,
         x: &[f32],
         q_resid: &[f32],
         pos: usize,
         cos: &[f32],
         sin: &[f32],
-        key_at: impl Fn(usize) -> &'c [f32] + Sync,
+        (cache, cols): (&KvRows, std::ops::Range<usize>),
         s: &mut IndexerScratch,
         selected: &mut Selection,
     ) {
@@ -180,9 +183,12 @@ impl Indexer {
         let (q, weights) = (&s.q, &s.weights);
         // Each position's score depends on nothing else: blocks of positions
         // run in parallel and give the same bits at any thread count.
-        s.scores[..n].par_chunks_mut(SCORE_BLOCK).enumerate().for_each(|(b, block)| {
+        // A bf16 or q8 cache's keys are decoded a block at a time.
+        let tile = || vec![0.0; if cache.kv_type() == KvType::F32 { 0 } else { SCORE_BLOCK * cols.len() }];
+        s.scores[..n].par_chunks_mut(SCORE_BLOCK).enumerate().for_each_init(tile, |tile, (b, block)| {
+            let (keys, stride) = cache.view(b * SCORE_BLOCK, block.len(), cols.clone(), tile);
             for (i, score) in block.iter_mut().enumerate() {
-                let k = key_at(b * SCORE_BLOCK + i);
+                let k = &keys[i * stride..][..hd];
                 let mut acc = 0.0f32;
                 for (h, &w) in weights.iter().enumerate() {
                     let d = dot_f32(&q[h * hd..(h + 1) * hd], k) * softmax_scale;

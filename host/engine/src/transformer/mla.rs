@@ -13,6 +13,7 @@ use crate::attend;
 use crate::config::layout::{MlaQuery, MlaTensors, Tensor};
 use crate::config::{MlaDims, ModelConfig};
 use crate::error::{Error, Result};
+use crate::kv::{KvRows, KEY_TILE};
 use crate::quant::{QMatrix, TrunkFormat};
 use crate::source::TensorSource;
 
@@ -120,6 +121,8 @@ struct HeadLane {
     queries: Vec<f32>,
     lat: Vec<f32>,
     scores: Vec<f32>,
+    /// Up to `KEY_TILE` cache rows decoded from a bf16 or q8 cache.
+    tile: Vec<f32>,
 }
 
 /// The most floats of scores one lane holds: its heads run in blocks of as
@@ -178,6 +181,9 @@ struct HeadScratch {
     block_heads: usize,
     /// DSA: the selected positions' cache rows, gathered `[index_topk][width]`.
     gathered: Vec<f32>,
+    /// The token's own cache row `[c | k_rope | index key]`, before it is
+    /// stored in the cache's type.
+    row: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
     rot: Vec<f32>,
@@ -199,10 +205,18 @@ impl MlaScratch {
                         queries: vec![0.0; block_heads * w],
                         lat: vec![0.0; block_heads * r],
                         scores: vec![0.0; block_heads * context],
+                        tile: vec![0.0; KEY_TILE * w],
                     })
                     .collect(),
                 block_heads,
                 gathered: vec![0.0; topk * w],
+                row: vec![
+                    0.0;
+                    cfg.mla.map_or(0, |_| (0..cfg.num_layers)
+                        .map(|l| cfg.state_floats_per_token(l))
+                        .max()
+                        .unwrap_or(0))
+                ],
                 cos: vec![0.0; rope / 2],
                 sin: vec![0.0; rope / 2],
                 rot: vec![0.0; rope],
@@ -215,9 +229,42 @@ impl MlaScratch {
     pub fn floats(&self) -> usize {
         let h = &self.heads;
         self.rows.floats()
-            + [&h.gathered, &h.cos, &h.sin, &h.rot].iter().map(|b| b.len()).sum::<usize>()
-            + h.lanes.iter().map(|l| l.queries.len() + l.lat.len() + l.scores.len()).sum::<usize>()
+            + [&h.gathered, &h.row, &h.cos, &h.sin, &h.rot].iter().map(|b| b.len()).sum::<usize>()
+            + h.lanes.iter().map(|l| l.queries.len() + l.lat.len() + l.scores.len() + l.tile.len()).sum::<usize>()
             + h.index.floats()
+    }
+}
+
+/// The rows one token's heads attend: DSA's selection gathered as f32, or
+/// the whole cache, read in place (f32) or decoded a tile at a time.
+enum LatentKeys<'a> {
+    /// `n` rows of `width` floats.
+    Gathered { rows: &'a [f32], width: usize, n: usize },
+    /// The cache's first `n` rows.
+    Cache { cache: &'a KvRows, n: usize },
+}
+
+impl LatentKeys<'_> {
+    /// Calls `f(first, (rows, stride, len))` over the attended rows in
+    /// order, columns `cols` of each: one run of the gathered rows, or runs
+    /// of at most `KEY_TILE` cached rows (both products give the same bits
+    /// over consecutive runs as over all rows at once).
+    fn each_run(
+        &self,
+        cols: std::ops::Range<usize>,
+        tile: &mut [f32],
+        mut f: impl FnMut(usize, (&[f32], usize, usize)),
+    ) {
+        match *self {
+            LatentKeys::Gathered { rows, width, n } => f(0, (&rows[cols.start..], width, n)),
+            LatentKeys::Cache { cache, n } => {
+                for at in (0..n).step_by(KEY_TILE) {
+                    let len = KEY_TILE.min(n - at);
+                    let (rows, stride) = cache.view(at, len, cols.clone(), tile);
+                    f(at, (rows, stride, len));
+                }
+            }
+        }
     }
 }
 
@@ -275,7 +322,7 @@ impl Mla {
         &self,
         x: &[f32],
         pos: usize,
-        cache: &mut [f32],
+        cache: &mut KvRows,
         s: &mut MlaScratch,
         selected: &mut Selection,
         out: &mut [f32],
@@ -294,7 +341,7 @@ impl Mla {
         &self,
         xs: &[f32],
         start: usize,
-        cache: &mut [f32],
+        cache: &mut KvRows,
         s: &mut MlaScratch,
         rows: &mut MlaRows,
         selections: &mut [Selection],
@@ -307,7 +354,7 @@ impl Mla {
         &self,
         xs: &[f32],
         start: usize,
-        cache: &mut [f32],
+        cache: &mut KvRows,
         (rows, heads): (&mut MlaRows, &mut HeadScratch),
         selections: &mut [Selection],
         outs: &mut [f32],
@@ -376,7 +423,7 @@ impl Mla {
         q: &mut [f32],
         ckv: &[f32],
         pos: usize,
-        cache: &mut [f32],
+        cache: &mut KvRows,
         s: &mut HeadScratch,
         selected: &mut Selection,
         o: &mut [f32],
@@ -384,9 +431,10 @@ impl Mla {
         let m = &self.dims;
         let (r, dn, dr, dv) = (m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
         let (w, stride) = (m.cache_width(), self.stride);
-        let Some(row) = cache.get_mut(pos * stride..(pos + 1) * stride) else {
+        if pos >= cache.rows() {
             return Err(Error::Runtime(format!("position {pos} is past the latent cache")));
-        };
+        }
+        let row = &mut s.row[..stride];
         rms_norm(&ckv[..r], &self.kv_a_layernorm, KV_A_LAYERNORM_EPS, &mut row[..r]);
         row[r..w].copy_from_slice(&ckv[r..]);
         if let Some(rope) = &self.rope {
@@ -399,9 +447,12 @@ impl Mla {
         }
         if let Some(ix) = &self.indexer {
             ix.key(x, &s.cos, &s.sin, &mut row[w..], &mut s.index);
-            let cache: &[f32] = cache;
-            let key_at = |t: usize| &cache[t * stride + w..(t + 1) * stride];
-            ix.select(x, q_resid, pos, &s.cos, &s.sin, key_at, &mut s.index, selected);
+        }
+        // Stored in the cache's type: this token attends its own row as
+        // every later token will read it.
+        cache.write_row(pos, row);
+        if let Some(ix) = &self.indexer {
+            ix.select(x, q_resid, pos, &s.cos, &s.sin, (cache, w..stride), &mut s.index, selected);
         }
         // Attended positions: the selection (ascending), or all of them.
         let sparse = self.sparse;
@@ -410,29 +461,30 @@ impl Mla {
                 "a shared-indexer layer at position {pos} has no selection from an earlier layer to reuse"
             )));
         }
-        // The attended rows: every cached position, or the selection's
-        // rows gathered in ascending position.
-        let (keys, key_stride, n): (&[f32], usize, usize) = if sparse {
+        // The attended rows: the selection's gathered in ascending
+        // position, or every cached position, read KEY_TILE rows at a time.
+        let (keys, n): (LatentKeys, usize) = if sparse {
             let chosen = &selected.positions;
             let Some(gathered) = s.gathered.get_mut(..chosen.len() * w) else {
                 return Err(Error::Runtime(format!("{} selected positions exceed the indexer's top-k", chosen.len())));
             };
             for (g, &t) in gathered.chunks_exact_mut(w).zip(chosen) {
-                g.copy_from_slice(&cache[t as usize * stride..][..w]);
+                cache.read_row(t as usize, 0..w, g);
             }
-            (&s.gathered[..chosen.len() * w], w, chosen.len())
+            let n = chosen.len();
+            (LatentKeys::Gathered { rows: &s.gathered[..n * w], width: w, n }, n)
         } else {
-            (&cache[..], stride, pos + 1)
+            (LatentKeys::Cache { cache, n: pos + 1 }, pos + 1)
         };
 
         let scale = self.scale;
-        let (q_all, kv_b, block_heads) = (&*q, &self.kv_b, s.block_heads);
+        let (q_all, kv_b, block_heads, keys) = (&*q, &self.kv_b, s.block_heads, &keys);
         // Heads are independent: contiguous groups of them run on the pool,
         // each group with its own buffers, and every head's arithmetic is
         // the same whichever group, block or thread runs it.
         let per_lane = m.num_heads.div_ceil(MLA_LANES);
         o.par_chunks_mut(per_lane * dv).zip(s.lanes.par_iter_mut()).enumerate().for_each(|(g, (o_group, lane))| {
-            let HeadLane { queries, lat, scores } = lane;
+            let HeadLane { queries, lat, scores, tile } = lane;
             for (b, o_block) in o_group.chunks_mut(block_heads * dv).enumerate() {
                 let heads = o_block.len() / dv;
                 let first = g * per_lane + b * block_heads;
@@ -464,13 +516,16 @@ impl Mla {
                 }
                 // score_s = [q_lat | q_rope] . [c_s | k_rope_s], one dot
                 // product over the cache row's width.
-                attend::key_scores(queries, w, (keys, key_stride, n), scores, n);
+                keys.each_run(0..w, tile, |at, (k, stride, len)| {
+                    attend::key_scores(queries, w, (k, stride, len), &mut scores[at..], n)
+                });
                 for row in scores.chunks_exact_mut(n) {
                     row.iter_mut().for_each(|sc| *sc *= scale);
                     attend::softmax(row, None);
                 }
                 lat.fill(0.0);
-                attend::weighted_rows((scores, n), (keys, key_stride, n), r, lat);
+                // The latent part of each row is its value.
+                keys.each_run(0..r, tile, |at, values| attend::weighted_rows((&scores[at..], n), values, r, lat));
                 for (j, (o, lat)) in o_block.chunks_exact_mut(dv).zip(lat.chunks_exact(r)).enumerate() {
                     let h = first + j;
                     match kv_b {
@@ -632,7 +687,7 @@ mod tests {
         let h = cfg.hidden_size;
         let t_len = x.len() / h;
         let m = cfg.mla.unwrap();
-        let mut cache = vec![0.0f32; t_len * m.cache_width()];
+        let mut cache = crate::kv::KvRows::new(crate::kv::KvType::F32, t_len, m.cache_width());
         let mut s = MlaScratch::new(&cfg, t_len);
         let mut out = vec![0.0f32; h];
         let mut worst = 0.0f32;

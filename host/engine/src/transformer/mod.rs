@@ -167,8 +167,9 @@ pub enum LayerState {
     /// state's [`KvType`], where rows is the context, or a sliding-window
     /// layer's window (a ring: position t in row `t % rows`).
     Kv { k: KvRows, v: KvRows },
-    /// MLA: the absorbed cache, `[context, kv_lora + rope]`.
-    Latent(Vec<f32>),
+    /// MLA: the absorbed cache, `[context, kv_lora + rope (+ index key)]`
+    /// in the state's [`KvType`].
+    Latent(KvRows),
     /// KDA: O(1) in the context.
     Kda(DeltaState),
     /// Gated DeltaNet: O(1) in the context.
@@ -208,13 +209,13 @@ impl State {
         State::with_kv(cfg, context, KvType::F32)
     }
 
-    /// A state whose GQA layers store keys and values as `kv`.
+    /// A state whose GQA layers store keys and values, and MLA layers
+    /// their latent rows, as `kv`.
     pub fn with_kv(cfg: &ModelConfig, context: usize, kv: KvType) -> State {
         let kv_dim = cfg.kv_dim();
         let layers = (0..cfg.num_layers)
             .map(|l| {
                 let rows = cfg.state_rows(l, context);
-                let floats = rows.saturating_mul(cfg.state_floats_per_token(l));
                 match (cfg.attn_kind(l), &cfg.kda, &cfg.add.gdn) {
                     (AttnKind::Gqa, _, _) => {
                         LayerState::Kv { k: KvRows::new(kv, rows, kv_dim), v: KvRows::new(kv, rows, kv_dim) }
@@ -222,7 +223,7 @@ impl State {
                     (AttnKind::V4, _, _) => LayerState::V4(V4State::new(cfg, l, context)),
                     (AttnKind::Kda, Some(d), _) => LayerState::Kda(DeltaState::for_kda(d)),
                     (AttnKind::Gdn, _, Some(d)) => LayerState::Gdn(DeltaState::for_gdn(d)),
-                    _ => LayerState::Latent(vec![0.0; floats]),
+                    _ => LayerState::Latent(KvRows::new(kv, rows, cfg.state_floats_per_token(l))),
                 }
             })
             .collect();
@@ -285,7 +286,7 @@ impl State {
             .iter()
             .map(|l| match l {
                 LayerState::Kv { k, v } => k.words().len() + v.words().len(),
-                LayerState::Latent(c) => c.len(),
+                LayerState::Latent(c) => c.words().len(),
                 LayerState::Kda(d) | LayerState::Gdn(d) => d.floats(),
                 LayerState::V4(st) => st.floats(),
             })

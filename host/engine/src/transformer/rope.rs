@@ -158,7 +158,7 @@ mod tests {
         let mla = Mla::load(&cfg, &ckpt, layer, &crate::config::layout::MlaTensors::of(&cfg, layer).unwrap()).unwrap();
         let h = cfg.hidden_size;
         let t_len = x.len() / h;
-        let mut cache = vec![0.0f32; t_len * cfg.mla.unwrap().cache_width()];
+        let mut cache = crate::kv::KvRows::new(crate::kv::KvType::F32, t_len, cfg.mla.unwrap().cache_width());
         let mut s = MlaScratch::new(&cfg, t_len);
         let mut out = vec![0.0f32; h];
         let mut worst = 0.0f32;

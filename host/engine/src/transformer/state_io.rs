@@ -105,9 +105,9 @@ impl State {
                     out.push(StateBufferMut {
                         name: format!("layers.{l}.latent"),
                         kind: BufferKind::Sequence,
-                        row_len: width,
-                        data: c,
-                        kv: None,
+                        row_len: c.row_words(),
+                        kv: Some((c.kv_type(), width)),
+                        data: c.words_mut(),
                     });
                 }
                 LayerState::V4(st) => {
@@ -153,7 +153,7 @@ fn layer_buffers<'a>(l: usize, layer: &'a LayerState, shape: &(AttnKind, usize, 
             (format!("layers.{l}.k"), BufferKind::Sequence, k.row_words(), k.words()),
             (format!("layers.{l}.v"), BufferKind::Sequence, v.row_words(), v.words()),
         ],
-        LayerState::Latent(c) => vec![(format!("layers.{l}.latent"), BufferKind::Sequence, shape.1, c.as_slice())],
+        LayerState::Latent(c) => vec![(format!("layers.{l}.latent"), BufferKind::Sequence, c.row_words(), c.words())],
         LayerState::V4(st) => vec![
             (format!("layers.{l}.window"), BufferKind::Fixed, st.window.len(), st.window.as_slice()),
             (format!("layers.{l}.compressor_windows"), BufferKind::Fixed, st.open.len(), st.open.as_slice()),
@@ -270,7 +270,8 @@ struct Header {
     vocab_size: usize,
     position: usize,
     context: usize,
-    /// How the GQA layers' `k` and `v` rows are stored (`KvType::name`);
+    /// How the GQA layers' `k` and `v` rows and the MLA layers' latent rows
+    /// are stored (`KvType::name`);
     /// files written before the KV cache had a type hold f32.
     #[serde(default = "f32_name")]
     kv_type: String,
@@ -630,6 +631,7 @@ fn f32_state_bytes(state: &State) -> u64 {
             LayerState::Kv { k, v } => {
                 [k, v].iter().map(|c| (c.rows() * c.width()).saturating_sub(c.words().len())).sum()
             }
+            LayerState::Latent(c) => (c.rows() * c.width()).saturating_sub(c.words().len()),
             _ => 0,
         })
         .sum();

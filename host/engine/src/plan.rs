@@ -478,11 +478,11 @@ mod tests {
     fn forward_floats_by_hand(cfg: &ModelConfig, ctx: usize, chunk: usize) -> usize {
         let h = cfg.hidden_size;
         let picks = 4 * (cfg.top_k + 1);
-        // A score per position for each query head of one KV head.
-        let group = cfg.num_heads / cfg.num_kv_heads.max(1);
-        // ..and one head's keys of a bf16 or q8 cache decoded, KEY_TILE at a time.
-        let tile = crate::kv::KEY_TILE * cfg.head_dim;
-        let attn = 2 * cfg.q_dim() + 2 * cfg.kv_dim() + group * ctx + 2 * (cfg.head_dim / 2) + tile;
+        // A score per position for every query head (decode runs the KV
+        // heads in parallel), and each KV head's keys of a bf16 or q8 cache
+        // decoded, KEY_TILE at a time.
+        let tile = crate::kv::KEY_TILE * cfg.head_dim * cfg.num_kv_heads;
+        let attn = 2 * cfg.q_dim() + 2 * cfg.kv_dim() + cfg.num_heads * ctx + 2 * (cfg.head_dim / 2) + tile;
         let mla = cfg.mla.map_or(0, |m| {
             use crate::transformer::mla::{LANE_SCORE_FLOATS, MLA_LANES};
             let ql = m.q_lora_rank.unwrap_or(0);

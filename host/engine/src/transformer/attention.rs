@@ -107,6 +107,9 @@ pub struct Attention {
     /// this many.
     window: Option<usize>,
     output_gate: bool,
+    /// Decode work (`PARALLEL_DECODE_WORK`) from which the KV heads run on
+    /// the pool; tests lower it to reach that path at short contexts.
+    parallel_decode_work: usize,
 }
 
 /// Per-call buffers of the attention block.
@@ -121,8 +124,8 @@ pub struct AttnScratch {
     pub scores: Vec<f32>,
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
-    /// One head's keys or values of up to `KEY_TILE` positions, decoded
-    /// from a bf16 or q8 cache (`KvRows::view`).
+    /// Each KV head's keys or values of up to `KEY_TILE` positions,
+    /// decoded from a bf16 or q8 cache (`KvRows::view`).
     pub tile: Vec<f32>,
 }
 
@@ -136,10 +139,11 @@ impl AttnScratch {
             k: vec![0.0; cfg.kv_dim()],
             v: vec![0.0; cfg.kv_dim()],
             out: vec![0.0; cfg.q_dim()],
-            scores: vec![0.0; context * cfg.num_heads / cfg.num_kv_heads.max(1)],
+            // Every KV head's: decode runs them in parallel at long contexts.
+            scores: vec![0.0; context * cfg.num_heads],
             cos: vec![0.0; cfg.rotary_dim() / 2],
             sin: vec![0.0; cfg.rotary_dim() / 2],
-            tile: vec![0.0; KEY_TILE * cfg.head_dim],
+            tile: vec![0.0; KEY_TILE * cfg.head_dim * cfg.num_kv_heads],
         }
     }
 
@@ -170,6 +174,7 @@ impl Attention {
             sinks: vector(&t.sinks)?,
             window: cfg.layer_window(layer),
             output_gate: cfg.add.attn_output_gate,
+            parallel_decode_work: PARALLEL_DECODE_WORK,
         })
     }
 
@@ -205,18 +210,24 @@ impl Attention {
         self.v_proj.matvec(x, &mut s.v);
         self.finish_qkv(cfg, rope, pos, (&mut s.q, &mut s.k, &mut s.v), (&mut s.cos, &mut s.sin));
         let (first, rows) = self.store_kv(pos, &s.k, &s.v, k_cache, v_cache)?;
-        let group_width = d * cfg.num_heads / cfg.num_kv_heads;
-        for (kvh, (qs, o)) in s.q.chunks_exact(group_width).zip(s.out.chunks_exact_mut(group_width)).enumerate() {
-            self.attend_kv_head(
-                cfg,
-                kvh,
-                &[(first, pos)],
-                rows,
-                qs,
-                (k_cache, v_cache),
-                (&mut s.scores, &mut s.tile),
-                o,
-            );
+        let kv_heads = cfg.num_kv_heads;
+        let group_width = d * cfg.num_heads / kv_heads;
+        // Each KV head's query heads attend with their own scores and tile.
+        let (scores_each, tile_each) = (s.scores.len() / kv_heads, s.tile.len() / kv_heads);
+        let (k_cache, v_cache) = (&*k_cache, &*v_cache);
+        let attend = |kvh: usize, ((qs, o), (scores, tile)): HeadJob| {
+            self.attend_kv_head(cfg, kvh, &[(first, pos)], rows, qs, (k_cache, v_cache), (scores, tile), o)
+        };
+        let heads = s.q.chunks_exact(group_width).zip(s.out.chunks_exact_mut(group_width));
+        let buffers = s.scores.chunks_exact_mut(scores_each).zip(s.tile.chunks_exact_mut(tile_each));
+        // The KV heads are independent: past a long context they run on the
+        // pool, with the same bits as one after another.
+        if kv_heads > 1 && cfg.num_heads * d * (pos + 1 - first) >= self.parallel_decode_work {
+            let heads = s.q.par_chunks_exact(group_width).zip(s.out.par_chunks_exact_mut(group_width));
+            let buffers = s.scores.par_chunks_exact_mut(scores_each).zip(s.tile.par_chunks_exact_mut(tile_each));
+            heads.zip(buffers).enumerate().for_each(|(kvh, job)| attend(kvh, job));
+        } else {
+            heads.zip(buffers).enumerate().for_each(|(kvh, job)| attend(kvh, job));
         }
         self.gate_output(&mut s.out, &s.gate);
         self.o_proj.matvec(&s.out, out);
@@ -514,6 +525,15 @@ fn ring_segments(lo: usize, width: usize, rows: usize) -> Vec<(usize, usize, usi
     }
 }
 
+/// One KV head's share of a decode token's attention: its query heads and
+/// their outputs, its scores and its tile.
+type HeadJob<'a> = ((&'a [f32], &'a mut [f32]), (&'a mut [f32], &'a mut [f32]));
+
+/// Multiply-adds of one decode token's attention (query heads x head dim
+/// x attended keys) from which its KV heads run on the pool: about a
+/// millisecond of work, well above the cost of handing them out.
+const PARALLEL_DECODE_WORK: usize = 1 << 20;
+
 /// `segments` (`ring_segments`) cut into runs of at most `KEY_TILE` rows,
 /// in order.
 fn key_tiles(segments: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize)> {
@@ -552,6 +572,46 @@ impl BlockScratch {
             outputs: vec![0.0; queries * d],
             scores: vec![0.0; queries * keys],
             tile: vec![0.0; KEY_TILE * d],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::HfCheckpoint;
+    use crate::kv::KvType;
+    use std::path::Path;
+
+    /// Decode's KV heads run on the pool past a long context: the same bits
+    /// as one after another, for every cache type and across key tiles.
+    #[test]
+    fn decode_kv_heads_in_parallel_are_bit_identical_to_one_after_another() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-qwen3_moe");
+        let ckpt = HfCheckpoint::open(&dir).unwrap();
+        let cfg = ckpt.config().clone();
+        assert!(cfg.num_kv_heads > 1, "the fixture has one KV head: nothing to run in parallel");
+        let mut attn = Attention::load(&cfg, &ckpt, 0, &GqaTensors::of(&cfg, 0)).unwrap();
+        let rope = Rope::new(&cfg);
+        let pool = crate::pool::Pool::new(Some(2), None).unwrap();
+        let (n, h) = (KEY_TILE + 45, cfg.hidden_size);
+        let xs: Vec<f32> = (0..n * h).map(|i| (i * 7919 % 997) as f32 / 997.0 - 0.5).collect();
+        let run = |attn: &Attention, ty: KvType| -> Vec<f32> {
+            let (mut k, mut v) = (KvRows::new(ty, n, cfg.kv_dim()), KvRows::new(ty, n, cfg.kv_dim()));
+            let mut s = AttnScratch::new(&cfg, n);
+            let mut outs = vec![0.0; n * h];
+            for (pos, (x, out)) in xs.chunks_exact(h).zip(outs.chunks_exact_mut(h)).enumerate() {
+                pool.install(|| attn.forward(&cfg, &rope, x, pos, &mut k, &mut v, &mut s, out)).unwrap().unwrap();
+            }
+            outs
+        };
+        for ty in KvType::ALL {
+            attn.parallel_decode_work = usize::MAX;
+            let serial = run(&attn, ty);
+            attn.parallel_decode_work = 0;
+            let parallel = run(&attn, ty);
+            let same = serial.iter().zip(&parallel).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{ty}: decode over the pool differs from one KV head after another");
         }
     }
 }

@@ -20,7 +20,7 @@ class OpenOptions(C.Structure):
                 ("cpus", C.POINTER(C.c_uint32)), ("n_cpus", C.c_size_t), ("cache", C.c_bool),
                 ("cache_policy", C.c_uint32), ("readers", C.c_size_t), ("read_ahead", C.c_bool),
                 ("direct_io", C.c_bool), ("lookahead", C.c_size_t), ("preload", C.c_bool),
-                ("verify", C.c_uint32)]
+                ("verify", C.c_uint32), ("kv_type", C.c_uint32)]
 
 
 class MemoryPlan(C.Structure):

@@ -30,6 +30,22 @@
 #define WASTE_VERIFY_OFF 2
 
 /**
+ * `waste_open_options.kv_type`: bf16 keys and values, half of f32's
+ * memory (the default).
+ */
+#define WASTE_KV_BF16 0
+
+/**
+ * `waste_open_options.kv_type`: f32, exactly what the model computes.
+ */
+#define WASTE_KV_F32 1
+
+/**
+ * `waste_open_options.kv_type`: 8-bit codes with a scale per 32 values.
+ */
+#define WASTE_KV_Q8 2
+
+/**
  * The outcome of every fallible call.
  */
 typedef enum waste_result {
@@ -347,6 +363,12 @@ typedef struct waste_open_options {
    * `WASTE_VERIFY_OFF` (a damaged record changes the output silently).
    */
   uint32_t verify;
+  /**
+   * How the KV cache stores keys and values (and MLA latent rows):
+   * `WASTE_KV_BF16` (0, the default), `WASTE_KV_F32` (the exact model)
+   * or `WASTE_KV_Q8`.
+   */
+  uint32_t kv_type;
 } waste_open_options;
 
 /**

@@ -5,8 +5,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use waste_host::CachePolicy;
-use waste_host::Verify;
 use waste_host::{plan_path, MemoryPlan, PlanRequest};
+use waste_host::{KvType, Verify};
 use waste_host::{Model, OpenOptions, OpenProgress};
 
 use crate::waste_result::{self, *};
@@ -42,6 +42,10 @@ pub struct waste_open_options {
     /// at open; a container without checksums is refused) or
     /// `WASTE_VERIFY_OFF` (a damaged record changes the output silently).
     pub verify: u32,
+    /// How the KV cache stores keys and values (and MLA latent rows):
+    /// `WASTE_KV_BF16` (0, the default), `WASTE_KV_F32` (the exact model)
+    /// or `WASTE_KV_Q8`.
+    pub kv_type: u32,
 }
 
 /// `waste_open_options.verify`: each expert record's checksum as it lands
@@ -51,6 +55,22 @@ pub const WASTE_VERIFY_RECORDS: u32 = 0;
 pub const WASTE_VERIFY_ALL: u32 = 1;
 /// `waste_open_options.verify`: no record checksums.
 pub const WASTE_VERIFY_OFF: u32 = 2;
+
+/// `waste_open_options.kv_type`: bf16 keys and values, half of f32's
+/// memory (the default).
+pub const WASTE_KV_BF16: u32 = 0;
+/// `waste_open_options.kv_type`: f32, exactly what the model computes.
+pub const WASTE_KV_F32: u32 = 1;
+/// `waste_open_options.kv_type`: 8-bit codes with a scale per 32 values.
+pub const WASTE_KV_Q8: u32 = 2;
+
+fn kv_code(t: KvType) -> u32 {
+    match t {
+        KvType::Bf16 => WASTE_KV_BF16,
+        KvType::F32 => WASTE_KV_F32,
+        KvType::Q8 => WASTE_KV_Q8,
+    }
+}
 
 fn verify_code(v: Verify) -> u32 {
     match v {
@@ -196,6 +216,7 @@ pub unsafe extern "C" fn waste_open_options_default(out: *mut waste_open_options
         lookahead: d.store.lookahead,
         preload: d.preload,
         verify: verify_code(d.verify),
+        kv_type: kv_code(d.kv_type),
     };
     // SAFETY: checked non-NULL.
     unsafe { *out = o };
@@ -371,6 +392,12 @@ unsafe fn open_model(
                 WASTE_VERIFY_ALL => Verify::All,
                 WASTE_VERIFY_OFF => Verify::Off,
                 n => return Err((WASTE_ARG, format!("verify {n}: expected 0 (records), 1 (all) or 2 (off)"))),
+            };
+            o.kv_type = match c.kv_type {
+                WASTE_KV_BF16 => KvType::Bf16,
+                WASTE_KV_F32 => KvType::F32,
+                WASTE_KV_Q8 => KvType::Q8,
+                n => return Err((WASTE_ARG, format!("kv_type {n}: expected 0 (bf16), 1 (f32) or 2 (q8)"))),
             };
         }
         let mut report = |p: &OpenProgress| {

@@ -258,3 +258,39 @@ fn two_models_open_at_once_give_the_results_of_one_at_a_time() {
         waste_ctx_close(ctx);
     }
 }
+
+/// The KV cache's type through C: bf16 by default (also in a zeroed
+/// struct), f32 or q8 on request, each planned as the Rust API plans it;
+/// an unknown code is refused with a detail naming the field.
+#[test]
+fn kv_type_is_bf16_by_default_and_an_unknown_code_is_refused() {
+    let ctx = open_ctx();
+    let path = model_path();
+    let path = path.to_str().unwrap();
+    let mut opts = unsafe { std::mem::zeroed::<waste_open_options>() };
+    assert_eq!(unsafe { waste_open_options_default(&mut opts) }, WASTE_OK);
+    assert_eq!(opts.kv_type, WASTE_KV_BF16);
+    let state = |kv_type: u32| -> u64 {
+        let mut m = null_mut();
+        let o = waste_open_options { kv_type, ..opts };
+        let r = unsafe { waste_model_open(ctx, path.as_ptr() as *const _, path.len(), &o, &mut m) };
+        assert_eq!(r, WASTE_OK, "kv_type {kv_type}: {}", last_error(ctx));
+        let mut plan = waste_memory_plan::default();
+        assert_eq!(unsafe { waste_model_memory_plan(m, &mut plan) }, WASTE_OK);
+        unsafe { waste_model_close(m) };
+        plan.state
+    };
+    let (bf16, f32, q8) = (state(WASTE_KV_BF16), state(WASTE_KV_F32), state(WASTE_KV_Q8));
+    let rust = |kv_type| {
+        waste_host::plan_path(&model_path(), &waste_host::PlanRequest { kv_type, ..Default::default() }).unwrap().state
+    };
+    assert_eq!(
+        (bf16, f32, q8),
+        (rust(waste_host::KvType::Bf16), rust(waste_host::KvType::F32), rust(waste_host::KvType::Q8))
+    );
+    assert_eq!(f32, 2 * bf16);
+    let o = waste_open_options { kv_type: 7, ..opts };
+    let r = unsafe { waste_model_open(ctx, path.as_ptr() as *const _, path.len(), &o, &mut null_mut()) };
+    expect(ctx, r, WASTE_ARG, "kv_type 7");
+    unsafe { waste_ctx_close(ctx) };
+}

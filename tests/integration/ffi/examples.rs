@@ -224,3 +224,42 @@ fn python_example_answers_from_images() {
     assert!(out.contains("150x100, 24 positions") && out.contains("40x130, 10 positions"), "{out}");
     assert!(out.contains(&format!("tokens: {}", want.join(" "))), "{out}");
 }
+
+/// Regression: a field added to a C struct (`waste_open_options.kv_type`)
+/// must be added to the Python binding's mirror too, or the library writes
+/// past the struct Python allocated. Every mirrored struct's size and the
+/// C one's agree.
+#[test]
+fn python_binding_structs_have_the_c_layouts_sizes() {
+    if !python3_present("python_binding_structs_have_the_c_layouts_sizes") {
+        return;
+    }
+    use std::mem::size_of;
+    let c = [
+        ("OpenOptions", size_of::<waste::waste_open_options>()),
+        ("MemoryPlan", size_of::<waste::waste_memory_plan>()),
+        ("Str", size_of::<waste::waste_str>()),
+        ("GenerateParams", size_of::<waste::waste_generate_params>()),
+        ("TopLogprob", size_of::<waste::waste_top_logprob>()),
+        ("TokenEvent", size_of::<waste::waste_token_event>()),
+        ("ChatMessage", size_of::<waste::waste_chat_message>()),
+        ("ImageInfo", size_of::<waste::waste_image_info>()),
+        ("SamplerOption", size_of::<waste::waste_sampler_option>()),
+        ("Completion", size_of::<waste::waste_completion>()),
+    ];
+    let names: Vec<&str> = c.iter().map(|(n, _)| *n).collect();
+    let script = format!("import ctypes, waste\nfor n in {names:?}:\n    print(n, ctypes.sizeof(getattr(waste, n)))\n");
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .env("PYTHONPATH", root().join("examples/python"))
+        .env("WASTE_LIB", shared_lib())
+        .output()
+        .expect("run python3");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    for ((name, size), line) in c.iter().zip(out.lines()) {
+        assert_eq!(line, format!("{name} {size}"), "examples/python/waste.py's {name} vs the C struct");
+    }
+    assert_eq!(out.lines().count(), c.len());
+}

@@ -55,6 +55,11 @@ pub struct BenchArgs {
     /// steps (0 = decode).
     #[arg(long, default_value_t = 0)]
     pub prefill: usize,
+    /// Measure N positions into the context: an untimed prefill of N random
+    /// tokens first (not counted in any figure), then the timed decode
+    /// steps or prefill.
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
     /// Prefill chunk sizes (1 = token at a time); several (`1,64,2048`)
     /// run side by side in this process. Default: the memory plan's choice.
     #[arg(long, value_delimiter = ',')]
@@ -139,6 +144,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .max_position_embeddings
             .min(512),
     };
+    if a.depth > 0 && (trace.is_some() || a.depth >= ctx) {
+        bail!(usage(format!(
+            "--depth {}: needs a context longer than it (--ctx, now {ctx}) and no --route-trace",
+            a.depth
+        )));
+    }
     // Replay runs no router, so the default lookahead would do nothing
     // there but appear in the rows.
     let lookaheads = match (&a.lookahead, &trace) {
@@ -224,6 +235,22 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         let preloaded = model.store_stats().preloaded;
         warm_up(&model, trace.as_ref(), a.warmup.min(ctx))?;
+        // The context so far: `--depth` tokens, evaluated before the clock
+        // and the counters start.
+        let mut state = model.new_state();
+        if a.depth > 0 {
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+            let vocab = model.info().vocab_size as u64;
+            let filler: Vec<u32> = (0..a.depth)
+                .map(|_| {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    (rng % vocab) as u32
+                })
+                .collect();
+            model.forward(&mut state, &filler, false)?;
+        }
         model.reset_store_stats();
         let cpu_before = waste_host::cpu_times(false);
         let process_read_before = waste_host::process_read_bytes();
@@ -237,7 +264,6 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 a.tokens
             }
             None => {
-                let mut state = model.new_state();
                 let vocab = model.info().vocab_size as u64;
                 let mut rng = 0x2545_F491_4F6C_DD1Du64;
                 let mut fed = 0usize;
@@ -253,9 +279,10 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                         (rng % vocab) as u32
                     }
                 };
-                let n = if a.prefill > 0 { 0 } else { a.tokens.min(ctx) };
+                let room = ctx - a.depth;
+                let n = if a.prefill > 0 { 0 } else { a.tokens.min(room) };
                 if a.prefill > 0 {
-                    let prompt: Vec<u32> = (0..a.prefill.min(ctx)).map(|_| next_token()).collect();
+                    let prompt: Vec<u32> = (0..a.prefill.min(room)).map(|_| next_token()).collect();
                     let (_, step) = model.forward(&mut state, &prompt, false)?;
                     embedding_rows_read += step.embedding_rows_read as u64;
                 }
@@ -264,7 +291,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                     embedding_rows_read += step.embedding_rows_read as u64;
                 }
                 if a.prefill > 0 {
-                    a.prefill.min(ctx)
+                    a.prefill.min(room)
                 } else {
                     n
                 }
@@ -296,7 +323,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "read_time_s": s.read_time.as_secs_f64(), "direct_io": s.direct_io, "policy": policy.name(),
             "readers": a.readers, "lookahead": lookahead, "threads": model.pool().threads(), "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
-            "prefill": a.prefill, "chunk": plan.prefill_chunk, "kv_type": plan.kv_type.name(), "text": a.text.as_ref().map(|p| p.display().to_string()), "reads": s.reads,
+            "prefill": a.prefill, "depth": a.depth, "chunk": plan.prefill_chunk, "kv_type": plan.kv_type.name(), "text": a.text.as_ref().map(|p| p.display().to_string()), "reads": s.reads,
             "peak_rss": waste_host::peak_rss(), "round": run / configs.len(),
         });
         // Speculative reads never used inflate `gb_read`: `useful_*` counts

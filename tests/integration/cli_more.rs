@@ -40,6 +40,27 @@ fn every_reporting_command_speaks_json() {
         .unwrap_or_else(|e| panic!("bench --json: {e}: {}", stdout(&bench)));
 }
 
+/// `bench --depth N` measures N positions into the context: the rows say
+/// so, each KV cache type asked for runs, and a depth the context cannot
+/// hold (or replayed routing, which keeps no context) is a usage error.
+#[test]
+fn bench_depth_measures_into_the_context_and_refuses_what_cannot_fit() {
+    let m = model();
+    let o = waste(&["bench", &m, "--tokens", "3", "--ctx", "128", "--depth", "100", "--kv-type", "f32,q8", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .flat_map(|v| v.as_array().cloned().unwrap_or_else(|| vec![v]))
+        .collect();
+    let runs: Vec<&serde_json::Value> = rows.iter().filter(|r| r["tok_per_s"].is_number()).collect();
+    assert_eq!(runs.len(), 2, "{}", stdout(&o));
+    for (r, kv) in runs.iter().zip(["f32", "q8"]) {
+        assert_eq!((r["depth"].as_u64(), r["tokens"].as_u64(), r["kv_type"].as_str()), (Some(100), Some(3), Some(kv)));
+    }
+    fails_cleanly(&["bench", &m, "--ctx", "128", "--depth", "128"], 2, "--depth 128");
+}
+
 #[test]
 fn sizes_accept_suffixes_and_reject_nonsense() {
     let m = model();

@@ -508,7 +508,9 @@ mod tests {
         // order slot per position; each token's selection of index_topk.
         let (dsa, selection) = cfg.add.dsa.as_ref().map_or((0, 0), |d| {
             let rope = cfg.mla.map_or(0, |m| m.qk_rope_head_dim);
-            (d.n_heads * d.head_dim + d.n_heads + rope + 2 * ctx, d.topk)
+            // ..and each score lane's tile of decoded keys.
+            let tiles = crate::transformer::dsa::SCORE_LANES * crate::transformer::dsa::SCORE_BLOCK * d.head_dim;
+            (d.n_heads * d.head_dim + d.n_heads + rope + 2 * ctx + tiles, d.topk)
         });
         let shared = 2 * cfg.shared_intermediate_size + if cfg.shared_intermediate_size > 0 { h } else { 0 };
         let token =

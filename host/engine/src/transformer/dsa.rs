@@ -20,7 +20,7 @@
 use crate::config::layout::IndexerTensors;
 use crate::config::{Dsa, MlaDims, ModelConfig};
 use crate::error::{Error, Result};
-use crate::kv::{KvRows, KvType};
+use crate::kv::KvRows;
 use crate::quant::QMatrix;
 use crate::source::TensorSource;
 
@@ -32,6 +32,10 @@ use waste_kernels::quant::dot_f32;
 /// Positions scored per parallel task (the V4 indexer's too): 512 keys of
 /// 64 x 128 are ~4 M multiply-adds, well above a task's overhead.
 pub(crate) const SCORE_BLOCK: usize = 512;
+/// Lanes the index scores split into, each with its own tile of decoded
+/// keys: a fixed count keeps the planned scratch independent of the
+/// machine, as `mla::MLA_LANES` does.
+pub(crate) const SCORE_LANES: usize = 8;
 
 /// `nn.LayerNorm(index_head_dim, eps=1e-6)` of the indexer's key.
 const K_NORM_EPS: f32 = 1e-6;
@@ -59,13 +63,25 @@ pub struct IndexerScratch {
     /// Index score of every position so far.
     scores: Vec<f32>, // [context]
     order: Vec<u32>,   // [context]
+    /// Each lane's block of keys decoded from a bf16 or q8 cache,
+    /// `[SCORE_LANES][SCORE_BLOCK][head_dim]`.
+    tiles: Vec<f32>,
 }
 
 impl IndexerScratch {
     pub fn new(cfg: &ModelConfig, context: usize) -> IndexerScratch {
         let (d, rope) = match (&cfg.add.dsa, &cfg.mla) {
             (Some(d), Some(m)) => (d, m.qk_rope_head_dim),
-            _ => return IndexerScratch { q: vec![], weights: vec![], rot: vec![], scores: vec![], order: vec![] },
+            _ => {
+                return IndexerScratch {
+                    q: vec![],
+                    weights: vec![],
+                    rot: vec![],
+                    scores: vec![],
+                    order: vec![],
+                    tiles: vec![],
+                }
+            }
         };
         IndexerScratch {
             q: vec![0.0; d.n_heads * d.head_dim],
@@ -73,12 +89,13 @@ impl IndexerScratch {
             rot: vec![0.0; rope],
             scores: vec![0.0; context],
             order: vec![0; context],
+            tiles: vec![0.0; SCORE_LANES * SCORE_BLOCK * d.head_dim],
         }
     }
 
     /// Floats held (a u32 counts as one), for the memory plan.
     pub fn floats(&self) -> usize {
-        self.q.len() + self.weights.len() + self.rot.len() + self.scores.len() + self.order.len()
+        self.q.len() + self.weights.len() + self.rot.len() + self.scores.len() + self.order.len() + self.tiles.len()
     }
 }
 
@@ -181,20 +198,25 @@ impl Indexer {
         s.weights.iter_mut().for_each(|w| *w *= head_scale);
         let softmax_scale = (hd as f32).powf(-0.5);
         let (q, weights) = (&s.q, &s.weights);
-        // Each position's score depends on nothing else: blocks of positions
-        // run in parallel and give the same bits at any thread count.
-        // A bf16 or q8 cache's keys are decoded a block at a time.
-        let tile = || vec![0.0; if cache.kv_type() == KvType::F32 { 0 } else { SCORE_BLOCK * cols.len() }];
-        s.scores[..n].par_chunks_mut(SCORE_BLOCK).enumerate().for_each_init(tile, |tile, (b, block)| {
-            let (keys, stride) = cache.view(b * SCORE_BLOCK, block.len(), cols.clone(), tile);
-            for (i, score) in block.iter_mut().enumerate() {
-                let k = &keys[i * stride..][..hd];
-                let mut acc = 0.0f32;
-                for (h, &w) in weights.iter().enumerate() {
-                    let d = dot_f32(&q[h * hd..(h + 1) * hd], k) * softmax_scale;
-                    acc += w * d.max(0.0);
+        // Each position's score depends on nothing else: lanes of whole
+        // blocks run in parallel and give the same bits at any thread count;
+        // each lane decodes a bf16 or q8 cache's keys a block at a time into
+        // its own tile.
+        let per_lane = n.div_ceil(SCORE_BLOCK).div_ceil(SCORE_LANES) * SCORE_BLOCK;
+        let lanes = s.scores[..n].par_chunks_mut(per_lane).zip(s.tiles.par_chunks_mut(SCORE_BLOCK * hd));
+        lanes.enumerate().for_each(|(l, (lane, tile))| {
+            for (b, block) in lane.chunks_mut(SCORE_BLOCK).enumerate() {
+                let first = l * per_lane + b * SCORE_BLOCK;
+                let (keys, stride) = cache.view(first, block.len(), cols.clone(), tile);
+                for (i, score) in block.iter_mut().enumerate() {
+                    let k = &keys[i * stride..][..hd];
+                    let mut acc = 0.0f32;
+                    for (h, &w) in weights.iter().enumerate() {
+                        let d = dot_f32(&q[h * hd..(h + 1) * hd], k) * softmax_scale;
+                        acc += w * d.max(0.0);
+                    }
+                    *score = acc;
                 }
-                *score = acc;
             }
         });
         let scores = &s.scores[..n];
@@ -206,5 +228,55 @@ impl Indexer {
         order.select_nth_unstable_by(self.topk - 1, better);
         selected.extend_from_slice(&order[..self.topk]);
         selected.sort_unstable();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::HfCheckpoint;
+    use crate::config::layout::MlaTensors;
+    use crate::kv::KvType;
+
+    /// Every position's index score, over a bf16 and a q8 cache long enough
+    /// for several score lanes of several blocks, is the definition's on
+    /// that position's stored key (decoded): no lane reads another's rows.
+    #[test]
+    fn index_scores_over_lanes_of_decoded_keys_are_each_positions_own() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-deepseek_v32");
+        let ckpt = HfCheckpoint::open(&dir).unwrap();
+        let cfg = ckpt.config().clone();
+        let (d, m) = (cfg.add.dsa.clone().unwrap(), cfg.mla.unwrap());
+        let layer = (0..cfg.num_layers).find(|&l| d.has_indexer(l)).unwrap();
+        let tensors = MlaTensors::of(&cfg, layer).unwrap();
+        let rope = cfg.mla_rope.as_ref().map(Rope::new);
+        let ix = Indexer::load(&cfg, &ckpt, layer, rope.as_ref(), tensors.indexer.as_ref().unwrap()).unwrap();
+        let (w, stride) = (m.cache_width(), cfg.state_floats_per_token(layer));
+        let n = 3 * SCORE_LANES * SCORE_BLOCK / 2 + 37;
+        let unit = |i: usize| ((i * 2654435761) % 1999) as f32 / 1999.0 - 0.5;
+        let x: Vec<f32> = (0..cfg.hidden_size).map(unit).collect();
+        let q_resid: Vec<f32> = (0..m.q_lora_rank.unwrap()).map(|i| unit(i + 7)).collect();
+        let (cos, sin) = (vec![0.6f32; m.qk_rope_head_dim / 2], vec![0.8f32; m.qk_rope_head_dim / 2]);
+        for ty in [KvType::Bf16, KvType::Q8] {
+            let mut cache = KvRows::new(ty, n, stride);
+            for t in 0..n {
+                let row: Vec<f32> = (0..stride).map(|c| unit(t * stride + c)).collect();
+                cache.write_row(t, &row);
+            }
+            let mut s = IndexerScratch::new(&cfg, n);
+            let mut selected = Selection::for_config(&cfg);
+            ix.select(&x, &q_resid, n - 1, &cos, &sin, (&cache, w..stride), &mut s, &mut selected);
+            let (hd, scale) = (ix.head_dim, (ix.head_dim as f32).powf(-0.5));
+            let mut key = vec![0.0; stride - w];
+            for t in 0..n {
+                cache.read_row(t, w..stride, &mut key);
+                let mut want = 0.0f32;
+                for (h, &wt) in s.weights.iter().enumerate() {
+                    want += wt * (dot_f32(&s.q[h * hd..(h + 1) * hd], &key) * scale).max(0.0);
+                }
+                assert_eq!(s.scores[t].to_bits(), want.to_bits(), "{ty}: position {t}");
+            }
+            assert_eq!(selected.positions.len(), d.topk);
+        }
     }
 }

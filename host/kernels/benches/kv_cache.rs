@@ -16,6 +16,11 @@
 //! contexts, fewer passes).
 
 use rayon::prelude::*;
+// The shared bench helpers; this bench needs only `noise`.
+#[allow(dead_code)]
+mod common;
+
+use common::noise;
 use std::hint::black_box;
 use std::time::Instant;
 use waste_kernels::attend::{key_scores, softmax, weighted_rows};
@@ -81,16 +86,6 @@ fn attend_head(
             let (values, stride) = v.view(t, len, head.clone(), tile);
             weighted_rows((&scores[t..], n), (values, stride, len), D, o);
         }
-    }
-}
-
-/// Values in [-1, 1) from a xorshift.
-fn noise(mut seed: u64) -> impl FnMut() -> f32 {
-    move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 }
 

@@ -186,7 +186,6 @@ fn bf16_high(w: f32) -> f32 {
 pub struct KvRows {
     ty: KvType,
     width: usize,
-    row_words: usize,
     words: Vec<f32>,
 }
 
@@ -196,8 +195,7 @@ pub const KEY_TILE: usize = 256;
 
 impl KvRows {
     pub fn new(ty: KvType, rows: usize, width: usize) -> KvRows {
-        let row_words = ty.words(width);
-        KvRows { ty, width, row_words, words: vec![0.0; rows.saturating_mul(row_words)] }
+        KvRows { ty, width, words: vec![0.0; rows.saturating_mul(ty.words(width))] }
     }
 
     pub fn kv_type(&self) -> KvType {
@@ -209,12 +207,12 @@ impl KvRows {
     }
 
     pub fn rows(&self) -> usize {
-        self.words.len().checked_div(self.row_words).unwrap_or(0)
+        self.words.len().checked_div(self.row_words()).unwrap_or(0)
     }
 
     /// Words per stored row.
     pub fn row_words(&self) -> usize {
-        self.row_words
+        self.ty.words(self.width)
     }
 
     /// The stored words, `[rows][row_words]`.
@@ -232,13 +230,13 @@ impl KvRows {
 
     /// Stores `values` (`width` floats) as row `row`.
     pub fn write_row(&mut self, row: usize, values: &[f32]) {
-        let w = self.row_words;
+        let w = self.row_words();
         encode_row(self.ty, values, &mut self.words[row * w..(row + 1) * w]);
     }
 
     /// Columns `cols` of row `row`, decoded into `out`.
     pub fn read_row(&self, row: usize, cols: std::ops::Range<usize>, out: &mut [f32]) {
-        let w = self.row_words;
+        let w = self.row_words();
         decode_row(self.ty, self.width, &self.words[row * w..(row + 1) * w], cols, out);
     }
 
@@ -257,7 +255,7 @@ impl KvRows {
             return (&self.words[first * self.width + cols.start..], self.width);
         }
         let d = cols.len();
-        let w = self.row_words;
+        let w = self.row_words();
         for (r, out) in tile[..n * d].chunks_exact_mut(d).enumerate() {
             let at = (first + r) * w;
             decode_row(self.ty, self.width, &self.words[at..at + w], cols.clone(), out);

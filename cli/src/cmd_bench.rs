@@ -239,16 +239,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         // and the counters start.
         let mut state = model.new_state();
         if a.depth > 0 {
-            let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+            let mut rng = 0xD1B5_4A32_D192_ED03u64;
             let vocab = model.info().vocab_size as u64;
-            let filler: Vec<u32> = (0..a.depth)
-                .map(|_| {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    (rng % vocab) as u32
-                })
-                .collect();
+            let filler: Vec<u32> = (0..a.depth).map(|_| random_token(&mut rng, vocab)).collect();
             model.forward(&mut state, &filler, false)?;
         }
         model.reset_store_stats();
@@ -272,12 +265,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                         fed += 1;
                         ids[(fed - 1) % ids.len()]
                     }
-                    None => {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        (rng % vocab) as u32
-                    }
+                    None => random_token(&mut rng, vocab),
                 };
                 let room = ctx - a.depth;
                 let n = if a.prefill > 0 { 0 } else { a.tokens.min(room) };
@@ -477,10 +465,15 @@ fn warm_up(model: &Model, trace: Option<&waste_host::RouteTrace>, steps: usize) 
     let vocab = model.info().vocab_size as u64;
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;
     for _ in 0..steps {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        model.forward(&mut state, &[(rng % vocab) as u32], false)?;
+        model.forward(&mut state, &[random_token(&mut rng, vocab)], false)?;
     }
     Ok(())
+}
+
+/// The next token of a xorshift stream over a vocabulary of `vocab` ids.
+fn random_token(rng: &mut u64, vocab: u64) -> u32 {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    (*rng % vocab) as u32
 }

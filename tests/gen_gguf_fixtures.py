@@ -13,7 +13,7 @@ What it writes (and nothing else), all under tests/fixtures/gguf/:
   malformed/*.gguf         broken files for the error paths (malformed.json says what is wrong)
   models/*.gguf            tiny-qwen3_moe converted by llama.cpp's convert_hf_to_gguf.py (f32, q8_0),
                            tiny-mixtral (q8_0, rope-permuted q/k), tiny-glm4_moe, tiny-deepseek_v3 and
-                           tiny-gpt_oss-mxfp4 (q8_0; MXFP4 experts), and a wider qwen3moe written with
+                           tiny-gpt_oss-mxfp4 (q8_0; MXFP4 experts), tiny-minimax_m2, and a wider qwen3moe written with
                            GGUFWriter whose experts are Q4_K; reference logits for each
   manifest.json            every tensor of types/ and misc/ (type, shapes, offsets, sha256, refs)
   malformed.json           [{file, what, field, llama_cpp, gguf_py}, ...]
@@ -384,6 +384,16 @@ def main():
     for name in ("GGUF_NOTES.md", "c_cross_check.json"):
         if (OUT / name).exists():
             keep[name] = (OUT / name).read_bytes()
+    # What the other generators wrote here survives this one: models_iq.json and its files
+    # (gen_gguf_fixtures_iq.py), split/ (gen_gguf_fixtures_split.py).
+    if (OUT / "models_iq.json").exists():
+        keep["models_iq.json"] = (OUT / "models_iq.json").read_bytes()
+        for m in json.loads(keep["models_iq.json"])["models"]:
+            for name in (m["file"], m["reference_logits"]):
+                keep[name] = (OUT / name).read_bytes()
+    if (OUT / "split").exists():
+        for f in sorted((OUT / "split").iterdir()):
+            keep[f"split/{f.name}"] = f.read_bytes()
     if args.skip_models and (OUT / "models").exists():
         keep_models = tempfile.mkdtemp()
         shutil.copytree(OUT / "models", Path(keep_models) / "models")
@@ -395,11 +405,12 @@ def main():
     if OUT.exists():
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
-    for name, b in keep.items():
-        (OUT / name).write_bytes(b)
     if keep_models:
         shutil.copytree(Path(keep_models) / "models", OUT / "models")
         shutil.rmtree(keep_models)
+    for name, b in keep.items():
+        (OUT / name).parent.mkdir(parents=True, exist_ok=True)
+        (OUT / name).write_bytes(b)
 
     seed = 20251201
     types = write_types(seed)

@@ -20,7 +20,8 @@
                              into attn_k_b / attn_v_b; rows of 16 / 24 / 48 inputs fall back to F16
   tiny-gpt_oss-mxfp4-q8_0.gguf  convert of tests/fixtures/tiny-gpt_oss-mxfp4 (the release layout: the
                              experts are repacked to ggml MXFP4, the rest is q8_0)
-  The last three: + .logits.f32 from transformers on the dequantised weights mapped back to HF names
+  tiny-minimax_m2-q8_0.gguf  convert of tests/fixtures/tiny-minimax_m2 (every tensor copied, experts stacked)
+  The last four: + .logits.f32 from transformers on the dequantised weights mapped back to HF names
   and layouts (gguf_to_hf), with the source's own config.json.
 """
 
@@ -183,6 +184,13 @@ NAME_MAP = {
         # ffn_{gate,up,down}_exps.{weight,bias}: re-fused into mlp.experts.gate_up_proj[_bias] (interleaved)
         # and mlp.experts.down_proj[_bias] (gguf_to_hf)
     },
+    "minimax-m2": {
+        "ffn_gate_inp.weight": "block_sparse_moe.gate.weight",
+        "exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias",
+        "ffn_gate_exps.weight": "block_sparse_moe.experts.{E}.w1.weight",
+        "ffn_up_exps.weight": "block_sparse_moe.experts.{E}.w3.weight",
+        "ffn_down_exps.weight": "block_sparse_moe.experts.{E}.w2.weight",
+    },
     "llama": {
         "ffn_gate_inp.weight": "block_sparse_moe.gate.weight",
         "ffn_gate_exps.weight": "block_sparse_moe.experts.{E}.w1.weight",
@@ -283,13 +291,17 @@ def gguf_to_hf(arch: str, G: dict[str, np.ndarray], cfg: dict) -> tuple[dict, li
 # transformers forward on given weights
 # ---------------------------------------------------------------------------------------
 
-def router_gap(mod, x: torch.Tensor, k: int) -> float:
+def router_gap(mod, x: torch.Tensor, k: int, passed_bias: torch.Tensor | None = None) -> float:
     """The smallest margin of the top-k expert selection of one router call, computed from its input:
     softmax routers p_(k) - p_(k+1); gpt-oss the k-th minus (k+1)-th logit (x W^T + b); sigmoid routers
     with e_score_correction_bias (glm4_moe, deepseek_v3) the k-th minus (k+1)-th biased score among the
-    experts of the kept groups, and the kept-group margin (group score = sum of its 2 best)."""
+    experts of the kept groups, and the kept-group margin (group score = sum of its 2 best); minimax_m2,
+    whose block passes its bias to the router (`passed_bias`), the k-th minus (k+1)-th biased score."""
     x = x.reshape(-1, mod.weight.shape[1]).float()
     logits = torch.nn.functional.linear(x, mod.weight.float(), getattr(mod, "bias", None))
+    if passed_bias is not None:
+        top = (logits.sigmoid() + passed_bias).topk(k + 1, dim=-1).values
+        return (top[:, k - 1] - top[:, k]).min().item()
     if hasattr(mod, "e_score_correction_bias"):
         choice = logits.sigmoid() + mod.e_score_correction_bias
         ng, tg, ne = mod.num_group, mod.topk_group, logits.shape[-1]
@@ -328,7 +340,7 @@ def hf_logits(config: dict, tensors: dict[str, np.ndarray], prompt_ids: list[int
     top_k = config["num_experts_per_tok"]
 
     def hook(mod, inp, out):
-        gaps.append(router_gap(mod, inp[0], top_k))
+        gaps.append(router_gap(mod, inp[0], top_k, inp[1] if len(inp) > 1 else None))
     hs = [m.register_forward_hook(hook) for _, m in model.named_modules()
           if type(m).__name__.lower().endswith("topkrouter")]
     ids = torch.tensor([prompt_ids])
@@ -548,11 +560,12 @@ MORE_FAMILIES = [
     ("glm4_moe", "glm4moe", ["--pre", "gpt-2", "--glm-vocab-as-gpt2"], {}),
     ("deepseek_v3", "deepseek2", ["--pre", "gpt-2"], {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}),
     ("gpt_oss-mxfp4", "gpt-oss", ["--pre", "gpt-2"], {}),
+    ("minimax_m2", "minimax-m2", ["--pre", "gpt-2"], {}),
 ]
 
 
 def more_families(d: Path, llama_dir: Path, tmp: Path, rel, info: dict) -> list[dict]:
-    """glm4moe, deepseek2 and gpt-oss q8_0 GGUFs of the tiny fixtures, with reference logits from
+    """glm4moe, deepseek2, gpt-oss and minimax-m2 q8_0 GGUFs of the tiny fixtures, with reference logits from
     transformers on their dequantised weights mapped back to HF (the fixture's own config.json)."""
     out_entries = []
     for fam, arch, patches, cfg_add in MORE_FAMILIES:

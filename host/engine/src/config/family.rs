@@ -225,7 +225,7 @@ pub static FAMILIES: &[FamilyRow] = &[
         aliases: &[],
         family: Family::MinimaxM2,
         parse: gqa_families::parse,
-        gguf_arch: None,
+        gguf_arch: Some("minimax-m2"),
         releases: &[Release { name: "minimax-m2", config: releases::minimax_m2, manifest_only: false }],
         bundled_template: None,
         tool_syntax: ToolSyntax::MinimaxXml,

@@ -8,11 +8,12 @@
 //! weights came from. The mapping is llama.cpp's `convert_hf_to_gguf.py`
 //! read backwards (GGUF_NOTES.md section 4, checked tensor by tensor by
 //! `tests/gen_gguf_fixtures.py` on its own conversions). glm4moe,
-//! deepseek2 and gpt-oss have their own files under `hf/`.
+//! deepseek2, gpt-oss and minimax-m2 have their own files under `hf/`.
 
 mod deepseek;
 mod glm;
 mod gpt_oss;
+mod minimax;
 
 use serde_json::{json, Map, Value as Json};
 
@@ -115,13 +116,14 @@ enum Arch {
     Glm4Moe,
     Deepseek2,
     GptOss,
+    MinimaxM2,
 }
 
 impl Arch {
     /// HF's name of the MoE block and of each expert projection.
     fn moe_names(self) -> (&'static str, [&'static str; 3]) {
         match self {
-            Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            Arch::Mixtral | Arch::MinimaxM2 => ("block_sparse_moe", ["w1", "w3", "w2"]),
             _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
         }
     }
@@ -159,6 +161,7 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
         Family::Glm4Moe => Arch::Glm4Moe,
         Family::DeepseekV3 => Arch::Deepseek2,
         Family::GptOss => Arch::GptOss,
+        Family::MinimaxM2 => Arch::MinimaxM2,
         // llama.cpp writes every llama-shaped model as `llama`; only one
         // with experts is Mixtral.
         Family::Mixtral if k.usize_opt("expert_count")?.unwrap_or(0) > 0 => Arch::Mixtral,
@@ -169,7 +172,7 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
             )))
         }
         // A row given a GGUF name before this reader learnt its tensors.
-        Family::KimiLinear | Family::MinimaxM2 | Family::Qwen3Next | Family::DeepseekV4 => {
+        Family::KimiLinear | Family::Qwen3Next | Family::DeepseekV4 => {
             return Err(Error::Unsupported(format!(
                 "{}: GGUF architecture `{name}` ({}): its tensors are not read yet",
                 g.path().display(),
@@ -181,6 +184,7 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
         Arch::Glm4Moe => glm::config(&k)?,
         Arch::Deepseek2 => deepseek::config(&k)?,
         Arch::GptOss => gpt_oss::config(&k)?,
+        Arch::MinimaxM2 => minimax::config(&k)?,
         _ => config(&k, arch)?,
     };
     let tensors = tensors(g, arch, &config)?;
@@ -428,6 +432,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
             "exp_probs_b.bias" if matches!(arch, Arch::Glm4Moe | Arch::Deepseek2) => {
                 format!("{p}.mlp.gate.e_score_correction_bias")
             }
+            "exp_probs_b.bias" if arch == Arch::MinimaxM2 => format!("{p}.{moe}.e_score_correction_bias"),
             "ffn_gate.weight" => format!("{p}.mlp.gate_proj.weight"),
             "ffn_up.weight" => format!("{p}.mlp.up_proj.weight"),
             "ffn_down.weight" => format!("{p}.mlp.down_proj.weight"),

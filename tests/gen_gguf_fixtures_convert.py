@@ -3,7 +3,7 @@
 smallest patches the tiny WASTE fixtures need. Used by tests/gen_gguf_fixtures.py.
 
     python3 tests/gen_gguf_fixtures_convert.py LLAMA_CPP_DIR [--pre NAME] [--qwen3moe-dense-ffn]
-        [--glm-vocab-as-gpt2] -- HF_DIR --outtype f32 --outfile OUT.gguf
+        [--glm-vocab-as-gpt2] [--dsv32-no-bos-check] -- HF_DIR --outtype f32 --outfile OUT.gguf
 
 Patches (each applied only when asked for, all in memory; the script files are not changed):
 
@@ -19,6 +19,11 @@ Patches (each applied only when asked for, all in memory; the script files are n
   --glm-vocab-as-gpt2   Glm4MoeModel's vocab step looks up GLM's special tokens ([gMASK], <sop>,
                         ...) that the tiny tokenizer lacks; use the plain gpt2 vocab path
                         (the tensor survey and models/tiny-glm4_moe-q8_0.gguf).
+  --dsv32-no-bos-check  DeepseekV32Model.set_vocab asserts that the tokenizer adds a BOS token (the
+                        release's does; the tiny tokenizer has no BOS token, and transformers 5 then
+                        reports add_bos_token false whatever tokenizer_config.json says). Skip the
+                        assertion; the vocab is written by the same _set_vocab_gpt2 call, and only
+                        tokenizer.ggml.add_bos_token (false) differs from a release's file.
 
 Everything else (tensor names, layouts, dtypes, metadata) is convert_hf_to_gguf.py's own. It
 runs with the sdist's vendored gguf-py (its default: NO_LOCAL_GGUF unset).
@@ -34,7 +39,7 @@ def main():
     opts, conv_args = argv[:split], argv[split + 1:]
     llama_dir = opts[0]
     pre = None
-    dense = glm = False
+    dense = glm = dsv32 = False
     i = 1
     while i < len(opts):
         if opts[i] == "--pre":
@@ -45,6 +50,9 @@ def main():
             i += 1
         elif opts[i] == "--glm-vocab-as-gpt2":
             glm = True
+            i += 1
+        elif opts[i] == "--dsv32-no-bos-check":
+            dsv32 = True
             i += 1
         else:
             raise SystemExit(f"unknown option {opts[i]}")
@@ -62,6 +70,9 @@ def main():
         conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
     if glm:
         conversion.base.TextModel._set_vocab_glm = conversion.base.TextModel._set_vocab_gpt2
+    if dsv32:
+        import conversion.deepseek
+        conversion.deepseek.DeepseekV32Model.set_vocab = conversion.base.TextModel._set_vocab_gpt2
     script = llama_dir + "/convert_hf_to_gguf.py"
     sys.argv = [script] + conv_args
     runpy.run_path(script, run_name="__main__")

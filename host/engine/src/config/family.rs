@@ -164,7 +164,7 @@ pub static FAMILIES: &[FamilyRow] = &[
         aliases: &[],
         family: Family::DeepseekV3,
         parse: deepseek::parse_config,
-        gguf_arch: None,
+        gguf_arch: Some("deepseek32"),
         releases: &[Release { name: "deepseek-v3.2", config: releases::deepseek_v3_2, manifest_only: false }],
         // The release's chat format is Python (`encoding_dsv32.py`); the
         // one copy of llama.cpp's port is the chat-template corpus's, whose
@@ -181,7 +181,7 @@ pub static FAMILIES: &[FamilyRow] = &[
         aliases: &[],
         family: Family::DeepseekV3,
         parse: deepseek::parse_config,
-        gguf_arch: None,
+        gguf_arch: Some("glm-dsa"),
         releases: &[Release { name: "glm-5", config: releases::glm_5, manifest_only: false }],
         bundled_template: None,
         tool_syntax: ToolSyntax::GlmXml,

@@ -163,6 +163,24 @@ fn a_tensor_count_beyond_the_file_is_refused_before_allocating() {
     assert!(e.contains("tensor_count"), "{e}");
 }
 
+/// A copy of a model fixture with `edit` applied to its bytes, viewed as
+/// HF: the view's error, or `None` if it was accepted.
+fn view_edited(model: &str, tag: &str, edit: impl FnOnce(&mut Vec<u8>)) -> Option<String> {
+    let mut bytes = std::fs::read(dir().join("models").join(model)).unwrap();
+    edit(&mut bytes);
+    let tmp = std::env::temp_dir().join(format!("waste-gguf-{tag}-{}.gguf", std::process::id()));
+    std::fs::write(&tmp, &bytes).unwrap();
+    let g = GgufFile::open(&tmp).unwrap();
+    let err = super::hf::view(&g).err().map(|e| e.to_string());
+    std::fs::remove_file(&tmp).unwrap();
+    err
+}
+
+/// The byte offset just past `key` (a GGUF key string) in `bytes`.
+fn after_key(bytes: &[u8], key: &[u8]) -> usize {
+    bytes.windows(key.len()).position(|w| w == key).expect("the fixture has the key") + key.len()
+}
+
 /// A deepseek2 file without `expert_gating_func` (what the converter writes
 /// when config.json lacks `scoring_func`) is refused in one line, not run
 /// with a guessed router: llama.cpp would route it with softmax
@@ -170,18 +188,45 @@ fn a_tensor_count_beyond_the_file_is_refused_before_allocating() {
 /// length, so the layout does not move).
 #[test]
 fn a_deepseek2_file_without_its_gating_function_is_refused() {
-    let mut bytes = std::fs::read(dir().join("models/tiny-deepseek_v3-q8_0.gguf")).unwrap();
-    let key = b"deepseek2.expert_gating_func";
-    let at = bytes.windows(key.len()).position(|w| w == key).expect("the fixture has the key");
-    bytes[at + key.len() - 1] = b'X';
-    let tmp = std::env::temp_dir().join(format!("waste-gguf-no-gating-{}.gguf", std::process::id()));
-    std::fs::write(&tmp, &bytes).unwrap();
-    let g = GgufFile::open(&tmp).unwrap();
-    let err = super::hf::view(&g).err().expect("refused").to_string();
-    std::fs::remove_file(&tmp).unwrap();
+    let model = "tiny-deepseek_v3-q8_0.gguf";
+    let err = view_edited(model, "no-gating", |b| {
+        let at = after_key(b, b"deepseek2.expert_gating_func");
+        b[at - 1] = b'X';
+    })
+    .expect("refused");
     assert!(err.contains("expert_gating_func") && err.contains("softmax") && err.lines().count() == 1, "{err}");
-    let g = GgufFile::open(&dir().join("models/tiny-deepseek_v3-q8_0.gguf")).unwrap();
-    assert!(super::hf::view(&g).is_ok());
+    assert_eq!(view_edited(model, "gating-intact", |_| {}), None);
+}
+
+/// GLM-5's layers 2 and 3 share an earlier layer's indexer selection and
+/// have no indexer tensors. A glm-dsa file that lost the key saying so
+/// would read as "every layer has its own indexer" (llama.cpp's default
+/// below 1M tokens of context): refused in one line naming the layer, not
+/// run with indexers that are not there. With the key intact it reads.
+#[test]
+fn a_glm_dsa_file_whose_indexer_types_disagree_with_its_tensors_is_refused() {
+    let model = "tiny-glm_moe_dsa-q8_0.gguf";
+    let err = view_edited(model, "glm-dsa-types", |b| {
+        let at = after_key(b, b"glm-dsa.attention.indexer.types");
+        b[at - 1] = b'X';
+    })
+    .expect("refused");
+    assert!(err.contains("layer 2") && err.contains("lacks indexer tensors") && err.lines().count() == 1, "{err}");
+    assert_eq!(view_edited(model, "glm-dsa-intact", |_| {}), None);
+}
+
+/// MiniMax-M2 routes with a sigmoid; a file saying softmax (llama.cpp's
+/// gating function 1) describes another model, refused in one line.
+#[test]
+fn a_minimax_m2_file_with_another_gating_function_is_refused() {
+    let err = view_edited("tiny-minimax_m2-q8_0.gguf", "minimax-gating", |b| {
+        // The key, its value type (u32: 4 bytes), then the value.
+        let at = after_key(b, b"minimax-m2.expert_gating_func");
+        assert_eq!(b[at..at + 8], [4, 0, 0, 0, 2, 0, 0, 0]);
+        b[at + 4] = 1;
+    })
+    .expect("refused");
+    assert!(err.contains("expert_gating_func 1") && err.lines().count() == 1, "{err}");
 }
 
 /// Found by the `gguf` fuzz target: 2^62 f32 values fit the i64 element

@@ -8,7 +8,8 @@
 //! weights came from. The mapping is llama.cpp's `convert_hf_to_gguf.py`
 //! read backwards (GGUF_NOTES.md section 4, checked tensor by tensor by
 //! `tests/gen_gguf_fixtures.py` on its own conversions). glm4moe,
-//! deepseek2, gpt-oss and minimax-m2 have their own files under `hf/`.
+//! deepseek2 (with deepseek32 and glm-dsa), gpt-oss and minimax-m2 have
+//! their own files under `hf/`.
 
 mod deepseek;
 mod glm;
@@ -114,7 +115,8 @@ enum Arch {
     Olmoe,
     Mixtral,
     Glm4Moe,
-    Deepseek2,
+    /// deepseek2, deepseek32 and glm-dsa: MLA, the latter two with DSA.
+    Mla(deepseek::Variant),
     GptOss,
     MinimaxM2,
 }
@@ -131,7 +133,7 @@ impl Arch {
     /// HF's prefix of the shared expert, under `model.layers.L.`.
     fn shared_expert(self) -> &'static str {
         match self {
-            Arch::Glm4Moe | Arch::Deepseek2 => "mlp.shared_experts",
+            Arch::Glm4Moe | Arch::Mla(_) => "mlp.shared_experts",
             _ => "mlp.shared_expert",
         }
     }
@@ -159,7 +161,7 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
         Family::Qwen2Moe => Arch::Qwen2Moe,
         Family::Olmoe => Arch::Olmoe,
         Family::Glm4Moe => Arch::Glm4Moe,
-        Family::DeepseekV3 => Arch::Deepseek2,
+        Family::DeepseekV3 => Arch::Mla(deepseek::Variant::of(row.model_type)),
         Family::GptOss => Arch::GptOss,
         Family::MinimaxM2 => Arch::MinimaxM2,
         // llama.cpp writes every llama-shaped model as `llama`; only one
@@ -182,7 +184,7 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
     };
     let config = match arch {
         Arch::Glm4Moe => glm::config(&k)?,
-        Arch::Deepseek2 => deepseek::config(&k)?,
+        Arch::Mla(variant) => deepseek::config(&k, variant)?,
         Arch::GptOss => gpt_oss::config(&k)?,
         Arch::MinimaxM2 => minimax::config(&k)?,
         _ => config(&k, arch)?,
@@ -429,7 +431,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
             "attn_sinks.weight" if arch == Arch::GptOss => format!("{p}.self_attn.sinks"),
             "ffn_gate_inp.weight" => format!("{p}.{moe}.{router}.weight"),
             "ffn_gate_inp.bias" if arch == Arch::GptOss => format!("{p}.mlp.router.bias"),
-            "exp_probs_b.bias" if matches!(arch, Arch::Glm4Moe | Arch::Deepseek2) => {
+            "exp_probs_b.bias" if matches!(arch, Arch::Glm4Moe | Arch::Mla(_)) => {
                 format!("{p}.mlp.gate.e_score_correction_bias")
             }
             "exp_probs_b.bias" if arch == Arch::MinimaxM2 => format!("{p}.{moe}.e_score_correction_bias"),
@@ -440,13 +442,17 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
             "ffn_up_shexp.weight" => format!("{p}.{shared}.up_proj.weight"),
             "ffn_down_shexp.weight" => format!("{p}.{shared}.down_proj.weight"),
             "ffn_gate_inp_shexp.weight" if arch == Arch::Qwen2Moe => format!("{p}.mlp.shared_expert_gate.weight"),
-            "attn_v_b.weight" if arch == Arch::Deepseek2 => continue, // read with attn_k_b
-            "attn_k_b.weight" if arch == Arch::Deepseek2 => {
+            "attn_v_b.weight" if matches!(arch, Arch::Mla(_)) => continue, // read with attn_k_b
+            "attn_k_b.weight" if matches!(arch, Arch::Mla(_)) => {
                 out.push((format!("{p}.self_attn.kv_b_proj.weight"), deepseek::kv_b(g, i, layer)?));
                 continue;
             }
-            _ if arch == Arch::Deepseek2 && deepseek::attention(rest).is_some() => {
+            _ if matches!(arch, Arch::Mla(_)) && deepseek::attention(rest).is_some() => {
                 let hf = deepseek::attention(rest).unwrap_or_default();
+                format!("{p}.self_attn.{hf}")
+            }
+            _ if matches!(arch, Arch::Mla(v) if v != deepseek::Variant::V3) && deepseek::indexer(rest).is_some() => {
+                let hf = deepseek::indexer(rest).unwrap_or_default();
                 format!("{p}.self_attn.{hf}")
             }
             "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight" => {

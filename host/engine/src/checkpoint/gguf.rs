@@ -10,7 +10,7 @@ use super::{Entry, HfCheckpoint, Kind, Shard};
 use crate::config::{ExpertLayout, Family, ModelConfig, TensorRole};
 use crate::container::SlabRun;
 use crate::error::{Error, Result};
-use crate::gguf::hf::{self, permuted_row, KvB, Slice};
+use crate::gguf::hf::{self, KvB, RowMap, Slice, ValueMap};
 use crate::gguf::{tokenizer, GgmlType, GgufFile};
 use crate::quant::{GgmlExpert, TrunkFormat};
 
@@ -96,39 +96,39 @@ impl HfCheckpoint {
         if let Some(kv) = &s.kv_b {
             return self.gguf_kv_b_rows(kv, s.tensor, r0, n);
         }
-        let Some(heads) = s.unpermute_heads else {
+        let Some(map) = self.row_map(s)? else {
             return g.rows_f32(t, s.first_row + r0 as u64, n as u64);
         };
-        let rows = s.rows as usize;
-        if !splits_into_heads(rows, heads) {
-            return Err(Error::format(
-                g.path(),
-                format!("tensor `{}`: {rows} rows do not split into {heads} heads", t.name),
-            ));
-        }
         let mut out = Vec::with_capacity(n * t.ne[0] as usize);
         for r in r0..r0 + n {
-            out.extend(g.rows_f32(t, s.first_row + permuted_row(r, rows, heads) as u64, 1)?);
+            out.extend(g.rows_f32(t, s.first_row + map.stored_row(r, s.rows as usize) as u64, 1)?);
         }
         Ok(out)
     }
 
-    /// A 1-D slice (norms, biases), in HF element order.
+    /// A slice's row map, checked against its row count.
+    fn row_map(&self, s: &Slice) -> Result<Option<RowMap>> {
+        match s.row_map {
+            Some(map) if !map.fits(s.rows as usize) => Err(Error::format(
+                self.gguf().path(),
+                format!("tensor `{}`: {} rows do not split as {map:?}", self.gguf().tensors[s.tensor].name, s.rows),
+            )),
+            map => Ok(map),
+        }
+    }
+
+    /// A 1-D slice (norms, biases), in HF element order with HF's values.
     pub(super) fn gguf_vector(&self, s: &Slice) -> Result<Vec<f32>> {
         let g = self.gguf();
         let t = &g.tensors[s.tensor];
         let v = g.rows_f32(t, s.first_row, s.rows)?;
-        Ok(match s.unpermute_heads {
-            Some(heads) if splits_into_heads(v.len(), heads) => {
-                (0..v.len()).map(|i| v[permuted_row(i, v.len(), heads)]).collect()
-            }
-            Some(heads) => {
-                return Err(Error::format(
-                    g.path(),
-                    format!("tensor `{}`: {} values do not split into {heads} heads", t.name, v.len()),
-                ))
-            }
+        let v = match self.row_map(&Slice { rows: v.len() as u64, ..s.clone() })? {
+            Some(map) => (0..v.len()).map(|i| v[map.stored_row(i, v.len())]).collect(),
             None => v,
+        };
+        Ok(match s.values {
+            ValueMap::Stored => v,
+            map => v.into_iter().map(|x| map.undo(x)).collect(),
         })
     }
 }
@@ -171,7 +171,11 @@ impl HfCheckpoint {
         let Some(g) = self.gguf.as_ref().map(|g| &g.file) else { return Ok(None) };
         let Kind::Gguf(s) = &self.entry(name)?.kind else { return Ok(None) };
         let t = &g.tensors[s.tensor];
-        let plain = s.kv_b.is_none() && s.shape == [rows, cols] && t.ne[0] == cols as u64 && s.rows == rows as u64;
+        let plain = s.kv_b.is_none()
+            && s.values == ValueMap::Stored
+            && s.shape == [rows, cols]
+            && t.ne[0] == cols as u64
+            && s.rows == rows as u64;
         Ok((plain && t.ty != GgmlType::F32).then_some(t.ty))
     }
 
@@ -195,7 +199,7 @@ impl HfCheckpoint {
         let g = self.gguf.as_ref().map(|g| &g.file)?;
         let Kind::Gguf(s) = &self.tensors.get(name)?.kind else { return None };
         let t = &g.tensors[s.tensor];
-        (s.unpermute_heads.is_none() && s.kv_b.is_none()).then(|| (t.part, t.start + s.first_row * t.row_bytes(), t.ty))
+        (s.row_map.is_none() && s.kv_b.is_none()).then(|| (t.part, t.start + s.first_row * t.row_bytes(), t.ty))
     }
 
     /// Where each expert of MoE layer `layer` keeps its gate, up and down
@@ -218,19 +222,12 @@ impl HfCheckpoint {
             return Err(Error::format(g.path(), format!("tensor `{name}` is not a GGUF slab")));
         };
         let t = &g.tensors[s.tensor];
-        let Some(heads) = s.unpermute_heads else {
+        let Some(map) = self.row_map(s)? else {
             return g.rows_bytes(t, s.first_row + r0 as u64, n as u64);
         };
-        let rows = s.rows as usize;
-        if !splits_into_heads(rows, heads) {
-            return Err(Error::format(
-                g.path(),
-                format!("tensor `{}`: {rows} rows do not split into {heads} heads", t.name),
-            ));
-        }
         let mut out = Vec::with_capacity(n * t.row_bytes() as usize);
         for r in r0..r0 + n {
-            out.extend(g.rows_bytes(t, s.first_row + permuted_row(r, rows, heads) as u64, 1)?);
+            out.extend(g.rows_bytes(t, s.first_row + map.stored_row(r, s.rows as usize) as u64, 1)?);
         }
         Ok(out)
     }
@@ -280,7 +277,7 @@ impl HfCheckpoint {
             let Kind::Gguf(s) = &self.entry(name)?.kind else {
                 return Err(Error::format(g.path(), format!("tensor `{name}` is not a GGUF slab")));
             };
-            if s.unpermute_heads.is_some() || s.kv_b.is_some() || s.shape != want {
+            if s.row_map.is_some() || s.values != ValueMap::Stored || s.kv_b.is_some() || s.shape != want {
                 let t = &g.tensors[s.tensor];
                 return Err(Error::format(
                     g.path(),
@@ -308,9 +305,4 @@ impl HfCheckpoint {
         }
         Ok(out)
     }
-}
-
-/// Whether `n` rows make `heads` heads of an even size (rope pairs).
-fn splits_into_heads(n: usize, heads: usize) -> bool {
-    heads > 0 && n.is_multiple_of(heads) && (n / heads).is_multiple_of(2)
 }

@@ -249,7 +249,8 @@ pub(super) fn kv_b(g: &GgufFile, i: usize, layer: usize) -> Result<Slice> {
         first_row: 0,
         rows: rows as u64,
         shape: vec![rows, lora],
-        unpermute_heads: None,
+        row_map: None,
+        values: super::ValueMap::Stored,
         kv_b: Some(KvB { v_b, heads, nope, v, kv_lora: lora }),
     })
 }

@@ -71,7 +71,8 @@ pub(super) fn expert_biases(g: &GgufFile, i: usize, p: &str, proj: &str) -> Resu
                 first_row: e,
                 rows: 1,
                 shape: vec![width as usize],
-                unpermute_heads: None,
+                row_map: None,
+                values: super::ValueMap::Stored,
                 kv_b: None,
             };
             (format!("{p}.mlp.experts.{e}.{proj}_proj.bias"), slice)

@@ -34,13 +34,70 @@ pub struct Slice {
     pub rows: u64,
     /// The HF shape (row-major).
     pub shape: Vec<usize>,
-    /// `convert_hf_to_gguf.py`'s `LlamaModel.permute` of q/k for llama's
-    /// interleaved rope, undone on read: within each of this many heads,
-    /// GGUF row `2i` is HF row `i` and row `2i + 1` is HF row `i + d/2`.
-    pub unpermute_heads: Option<usize>,
+    /// Where HF row `r` is stored when the rows are not the stored run
+    /// `first_row..` in order.
+    pub row_map: Option<RowMap>,
+    /// How the converter changed the values of a 1-D tensor, undone on read.
+    pub values: ValueMap,
     /// DeepSeek's `kv_b_proj`, which the converter splits in two
     /// (deepseek.rs): `tensor` is `attn_k_b`, this the rest.
     pub kv_b: Option<KvB>,
+}
+
+/// The stored row of each HF row of a slice that the converter reordered.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowMap {
+    /// `convert_hf_to_gguf.py`'s `LlamaModel.permute` of q/k for llama's
+    /// interleaved rope, undone on read: within each of this many heads,
+    /// GGUF row `2i` is HF row `i` and row `2i + 1` is HF row `i + d/2`.
+    RopePermuted { heads: usize },
+    /// One part of a fusion grouped per head (Qwen3-Next's `in_proj_ba`,
+    /// stored whole as `ssm_ba`): group `g` of `len` HF rows is stored at
+    /// `g * period + offset`.
+    Strided { period: usize, offset: usize, len: usize },
+}
+
+impl RowMap {
+    /// The stored row (from the slice's `first_row`) of HF row `r` of `rows`.
+    pub fn stored_row(self, r: usize, rows: usize) -> usize {
+        match self {
+            RowMap::RopePermuted { heads } => permuted_row(r, rows, heads),
+            RowMap::Strided { period, offset, len } => (r / len) * period + offset + r % len,
+        }
+    }
+
+    /// Whether a slice of `rows` HF rows can be read through this map.
+    pub fn fits(self, rows: usize) -> bool {
+        match self {
+            RowMap::RopePermuted { heads } => {
+                heads > 0 && rows.is_multiple_of(heads) && (rows / heads).is_multiple_of(2)
+            }
+            RowMap::Strided { period, offset, len } => len > 0 && rows.is_multiple_of(len) && offset + len <= period,
+        }
+    }
+}
+
+/// A value transform the converter applied to a 1-D tensor, and its inverse.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum ValueMap {
+    #[default]
+    Stored,
+    /// Stored `x + 1` (Qwen3-Next's zero-centred RMSNorm weights, which
+    /// llama.cpp multiplies by directly): read `x - 1`, exact for weights in
+    /// [0.5, 2], so `1 + (x - 1)` gives back the stored value.
+    PlusOne,
+    /// Stored `-exp(x)` (Qwen3-Next's `A_log` as `ssm_a`): read `ln(-x)`.
+    NegExp,
+}
+
+impl ValueMap {
+    pub fn undo(self, v: f32) -> f32 {
+        match self {
+            ValueMap::Stored => v,
+            ValueMap::PlusOne => v - 1.0,
+            ValueMap::NegExp => (-v).ln(),
+        }
+    }
 }
 
 /// `kv_b_proj` `[heads * (nope + v), kv_lora]` as GGUF stores it:
@@ -390,7 +447,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
     let mut out = Vec::new();
     let mut unmapped = Vec::new();
     for (i, t) in g.tensors.iter().enumerate() {
-        let whole = |hf: String, unpermute: Option<usize>| (hf, whole_slice(i, t, unpermute));
+        let whole = |hf: String, row_map: Option<RowMap>| (hf, whole_slice(i, t, row_map));
         let name = t.name.as_str();
         let mapped = match name {
             "token_embd.weight" => Some(whole("model.embed_tokens.weight".into(), None)),
@@ -416,7 +473,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
         }
         let p = format!("model.layers.{layer}");
         // llama's q/k rows are permuted for its interleaved rope.
-        let permute = |n: usize| (arch == Arch::Mixtral).then_some(n);
+        let permute = |heads: usize| (arch == Arch::Mixtral).then_some(RowMap::RopePermuted { heads });
         let router = if arch == Arch::GptOss { "router" } else { "gate" };
         let hf = match rest {
             "attn_norm.weight" => format!("{p}.input_layernorm.weight"),
@@ -475,7 +532,8 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
                             first_row: e * rows,
                             rows,
                             shape: vec![rows as usize, cols as usize],
-                            unpermute_heads: None,
+                            row_map: None,
+                            values: ValueMap::Stored,
                             kv_b: None,
                         },
                     ));
@@ -500,8 +558,8 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
                     matches!(kind, "weight" | "bias").then_some((hf, kind))
                 });
                 match proj {
-                    Some(((hf, unpermute), kind)) => {
-                        out.push(whole(format!("{p}.self_attn.{hf}.{kind}"), unpermute));
+                    Some(((hf, row_map), kind)) => {
+                        out.push(whole(format!("{p}.self_attn.{hf}.{kind}"), row_map));
                         continue;
                     }
                     None => {
@@ -526,9 +584,9 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
     Ok(out)
 }
 
-fn whole_slice(i: usize, t: &TensorInfo, unpermute_heads: Option<usize>) -> Slice {
+fn whole_slice(i: usize, t: &TensorInfo, row_map: Option<RowMap>) -> Slice {
     let rows = t.ne[1..].iter().product::<u64>();
-    Slice { tensor: i, first_row: 0, rows, shape: t.shape(), unpermute_heads, kv_b: None }
+    Slice { tensor: i, first_row: 0, rows, shape: t.shape(), row_map, values: ValueMap::Stored, kv_b: None }
 }
 
 /// The GGUF row holding HF row `r` of a q/k projection permuted over

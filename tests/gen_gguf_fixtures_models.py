@@ -23,7 +23,9 @@
   tiny-minimax_m2-q8_0.gguf  convert of tests/fixtures/tiny-minimax_m2 (every tensor copied, experts stacked)
   tiny-deepseek_v32-q8_0.gguf, tiny-glm_moe_dsa-q8_0.gguf  deepseek32 / glm-dsa: deepseek2 with the DSA
                              indexer (GGUF_NOTES.md 4.10)
-  The last six: + .logits.f32 from transformers on the dequantised weights mapped back to HF names
+  tiny-qwen3_next-q8_0.gguf  qwen3next: Gated DeltaNet layers, the converter's changes undone by
+                             qwen3next_to_hf (GGUF_NOTES.md 4.11)
+  The last seven: + .logits.f32 from transformers on the dequantised weights mapped back to HF names
   and layouts (gguf_to_hf), with the source's own config.json.
 """
 
@@ -205,6 +207,22 @@ NAME_MAP = {
     },
 }
 NAME_MAP["deepseek2"].update({k: v for k, v in NAME_MAP["glm4moe"].items() if k != "post_attention_norm.weight"})
+NAME_MAP["qwen3next"] = {
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.{E}.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.{E}.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.{E}.down_proj.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+    "ssm_ba.weight": "linear_attn.in_proj_ba.weight",
+    "ssm_dt.bias": "linear_attn.dt_bias",
+    "ssm_norm.weight": "linear_attn.norm.weight",
+    "ssm_out.weight": "linear_attn.out_proj.weight",
+    # attn_qkv + attn_gate, ssm_a, ssm_conv1d and the norms: undone in gguf_to_hf
+}
 # deepseek32 (DeepSeek-V3.2) and glm-dsa (GLM-5): deepseek2 with the DSA indexer, copied
 NAME_MAP["deepseek32"] = dict(NAME_MAP["deepseek2"], **{
     "indexer.k_norm.weight": "self_attn.indexer.k_norm.weight",
@@ -227,6 +245,44 @@ def read_gguf(path: Path) -> tuple[GGUFReader, dict[str, np.ndarray]]:
         deq = gguf.quants.dequantize(a, t.tensor_type) if t.tensor_type not in (QT.F32,) else a
         out[t.name] = np.ascontiguousarray(deq, dtype=np.float32).reshape(list(reversed(ne)))
     return r, out
+
+
+def qwen3next_to_hf(G: dict[str, np.ndarray], cfg: dict, hf: dict, rows: list[dict]) -> None:
+    """Undoes Qwen3NextModel.modify_tensors (conversion/qwen.py:393-430) in place: pops what it
+    rebuilds from G into hf. Norm weights were stored plus one (all but linear_attn.norm), A_log as
+    -exp(A_log), the conv weight squeezed, and in_proj_qkvz ([q, k, v, z] per key head) split into
+    attn_qkv ([q * nk, k * nk, v * nk]) and attn_gate (z)."""
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    norms = ("attn_norm.weight", "post_attention_norm.weight", "attn_q_norm.weight", "attn_k_norm.weight")
+    for name in list(G):
+        if name == "output_norm.weight" or name.endswith(norms):
+            G[name] = G[name] - np.float32(1)
+        elif name.endswith(".ssm_a"):
+            p = name[:-len("ssm_a")]
+            h = "model.layers." + p.split(".")[1] + ".linear_attn.A_log"
+            hf[h] = np.log(-G.pop(name))
+            rows.append(dict(gguf=name, hf=h, transform="log(-x) (the converter stored -exp(A_log))"))
+        elif name.endswith(".ssm_conv1d.weight"):
+            h = "model.layers." + name.split(".")[1] + ".linear_attn.conv1d.weight"
+            a = G.pop(name)
+            hf[h] = np.ascontiguousarray(a.reshape(a.shape[0], 1, a.shape[1]))
+            rows.append(dict(gguf=name, hf=h, transform="reshape [channels, kernel] -> [channels, 1, kernel]"))
+        elif name.endswith(".attn_qkv.weight"):
+            p = name[:-len("attn_qkv.weight")]
+            qkv, z = G.pop(name), G.pop(p + "attn_gate.weight")
+            H = qkv.shape[1]
+            q = qkv[:nk * dk].reshape(nk, dk, H)
+            k = qkv[nk * dk:2 * nk * dk].reshape(nk, dk, H)
+            v = qkv[2 * nk * dk:].reshape(nk, nv // nk * dv, H)
+            h = "model.layers." + p.split(".")[1] + ".linear_attn.in_proj_qkvz.weight"
+            hf[h] = np.ascontiguousarray(np.concatenate([q, k, v, z.reshape(nk, nv // nk * dv, H)], axis=1)
+                                         .reshape(-1, H))
+            rows.append(dict(gguf=p + "attn_qkv.weight + attn_gate.weight", hf=h,
+                             transform="per key head: its q, k, v rows of attn_qkv, then its z rows of attn_gate"))
+    for n in norms + ("output_norm.weight",):
+        rows.append(dict(gguf="blk.{L}." + n if n != "output_norm.weight" else n, hf="(the norm's HF name)",
+                         transform="x - 1 (the converter stored 1 + x)"))
 
 
 def gguf_to_hf(arch: str, G: dict[str, np.ndarray], cfg: dict) -> tuple[dict, list[dict]]:
@@ -271,6 +327,8 @@ def gguf_to_hf(arch: str, G: dict[str, np.ndarray], cfg: dict) -> tuple[dict, li
         rows.append(dict(gguf=p + "ffn_{gate,up}_exps.bias", hf=L + "gate_up_proj_bias",
                          transform="interleave (gate even, up odd) along axis 1 -> [E, 2I]"))
         rows.append(dict(gguf=p + "ffn_down_exps.bias", hf=L + "down_proj_bias", transform="copy [E, H]"))
+    if arch == "qwen3next":
+        qwen3next_to_hf(G, cfg, hf, rows)
     for name, a in G.items():
         if name in GLOBAL_MAP:
             hf[GLOBAL_MAP[name]] = a
@@ -580,11 +638,12 @@ MORE_FAMILIES = [
     ("deepseek_v32", "deepseek32", ["--pre", "gpt-2", "--dsv32-no-bos-check"],
      {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}),
     ("glm_moe_dsa", "glm-dsa", ["--pre", "gpt-2", "--glm-vocab-as-gpt2"], {}),
+    ("qwen3_next", "qwen3next", ["--pre", "gpt-2"], {}),
 ]
 
 
 def more_families(d: Path, llama_dir: Path, tmp: Path, rel, info: dict) -> list[dict]:
-    """glm4moe, deepseek2, gpt-oss, minimax-m2, deepseek32 and glm-dsa q8_0 GGUFs of the tiny fixtures, with reference logits from
+    """glm4moe, deepseek2, gpt-oss, minimax-m2, deepseek32, glm-dsa and qwen3next q8_0 GGUFs of the tiny fixtures, with reference logits from
     transformers on their dequantised weights mapped back to HF (the fixture's own config.json)."""
     out_entries = []
     for fam, arch, patches, cfg_add in MORE_FAMILIES:
@@ -612,7 +671,7 @@ def more_families(d: Path, llama_dir: Path, tmp: Path, rel, info: dict) -> list[
             with safe_open(str(src / "dequantized.safetensors"), framework="pt") as so:
                 orig.update({k: so.get_tensor(k).float().numpy() for k in so.keys()})
         L = cfg["num_hidden_layers"]
-        orig = {k: v for k, v in orig.items() if not k.startswith(f"model.layers.{L}.")}   # MTP layer
+        orig = {k: v for k, v in orig.items() if not k.startswith((f"model.layers.{L}.", "mtp."))}   # MTP layer
         # every float tensor of the source is there; gpt-oss-mxfp4's dequantized.safetensors has layer 0's
         # experts only, the other layers' are MXFP4 blocks (not compared)
         assert set(orig) <= set(hf), (fam, set(orig) - set(hf))

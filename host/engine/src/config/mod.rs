@@ -444,15 +444,20 @@ impl ModelConfig {
         }
     }
 
-    /// Adapts the tensor naming (MoE block name, expert layout) to what a
-    /// checkpoint actually holds; `HfCheckpoint::open` calls this.
+    /// Adapts the tensor naming (MoE block name, expert layout, fused or
+    /// separate GDN projections) to what a checkpoint actually holds;
+    /// `HfCheckpoint::open` calls this.
     pub fn adapt_to_tensor_names<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
-        let Some(layer) = self.moe_layers.iter().position(|&m| m) else {
-            return;
-        };
+        let moe_layer = self.moe_layers.iter().position(|&m| m);
         let mut block = None;
         let mut fused = false;
+        // Qwen3-Next's checkpoints fuse the GDN input projections; Qwen3.5's,
+        // and Qwen3-Next's GGUF files (gguf/hf/qwen3next.rs), keep them apart.
+        let (mut gdn_fused, mut gdn_separate) = (false, false);
         for name in names {
+            gdn_fused |= name.ends_with(".linear_attn.in_proj_qkvz.weight");
+            gdn_separate |= name.ends_with(".linear_attn.in_proj_qkv.weight");
+            let Some(layer) = moe_layer else { continue };
             for candidate in ["mlp", "block_sparse_moe"] {
                 let prefix = format!("model.layers.{layer}.{candidate}.");
                 if let Some(rest) = name.strip_prefix(&prefix) {
@@ -462,6 +467,12 @@ impl ModelConfig {
                     }
                 }
             }
+        }
+        if self.add.gdn.is_some() && gdn_fused != gdn_separate {
+            self.add.gdn_fused = gdn_fused;
+        }
+        if moe_layer.is_none() {
+            return;
         }
         if let Some(b) = block {
             self.moe_block = b.to_string();

@@ -8,13 +8,14 @@
 //! weights came from. The mapping is llama.cpp's `convert_hf_to_gguf.py`
 //! read backwards (GGUF_NOTES.md section 4, checked tensor by tensor by
 //! `tests/gen_gguf_fixtures.py` on its own conversions). glm4moe,
-//! deepseek2 (with deepseek32 and glm-dsa), gpt-oss and minimax-m2 have
-//! their own files under `hf/`.
+//! deepseek2 (with deepseek32 and glm-dsa), gpt-oss, minimax-m2 and
+//! qwen3next have their own files under `hf/`.
 
 mod deepseek;
 mod glm;
 mod gpt_oss;
 mod minimax;
+mod qwen3next;
 
 use serde_json::{json, Map, Value as Json};
 
@@ -176,6 +177,7 @@ enum Arch {
     Mla(deepseek::Variant),
     GptOss,
     MinimaxM2,
+    Qwen3Next,
 }
 
 impl Arch {
@@ -221,6 +223,7 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
         Family::DeepseekV3 => Arch::Mla(deepseek::Variant::of(row.model_type)),
         Family::GptOss => Arch::GptOss,
         Family::MinimaxM2 => Arch::MinimaxM2,
+        Family::Qwen3Next if row.model_type == "qwen3_next" => Arch::Qwen3Next,
         // llama.cpp writes every llama-shaped model as `llama`; only one
         // with experts is Mixtral.
         Family::Mixtral if k.usize_opt("expert_count")?.unwrap_or(0) > 0 => Arch::Mixtral,
@@ -244,6 +247,7 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
         Arch::Mla(variant) => deepseek::config(&k, variant)?,
         Arch::GptOss => gpt_oss::config(&k)?,
         Arch::MinimaxM2 => minimax::config(&k)?,
+        Arch::Qwen3Next => qwen3next::config(&k)?,
         _ => config(&k, arch)?,
     };
     let tensors = tensors(g, arch, &config)?;
@@ -475,12 +479,18 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
         // llama's q/k rows are permuted for its interleaved rope.
         let permute = |heads: usize| (arch == Arch::Mixtral).then_some(RowMap::RopePermuted { heads });
         let router = if arch == Arch::GptOss { "router" } else { "gate" };
+        if arch == Arch::Qwen3Next {
+            if let Some(slices) = qwen3next::linear_attention(g, i, t, &p, rest, config)? {
+                out.extend(slices);
+                continue;
+            }
+        }
         let hf = match rest {
             "attn_norm.weight" => format!("{p}.input_layernorm.weight"),
             "ffn_norm.weight" if !matches!(arch, Arch::Glm4Moe | Arch::GptOss) => {
                 format!("{p}.post_attention_layernorm.weight")
             }
-            "post_attention_norm.weight" if matches!(arch, Arch::Glm4Moe | Arch::GptOss) => {
+            "post_attention_norm.weight" if matches!(arch, Arch::Glm4Moe | Arch::GptOss | Arch::Qwen3Next) => {
                 format!("{p}.post_attention_layernorm.weight")
             }
             "attn_q_norm.weight" => format!("{p}.self_attn.q_norm.weight"),
@@ -498,7 +508,9 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
             "ffn_gate_shexp.weight" => format!("{p}.{shared}.gate_proj.weight"),
             "ffn_up_shexp.weight" => format!("{p}.{shared}.up_proj.weight"),
             "ffn_down_shexp.weight" => format!("{p}.{shared}.down_proj.weight"),
-            "ffn_gate_inp_shexp.weight" if arch == Arch::Qwen2Moe => format!("{p}.mlp.shared_expert_gate.weight"),
+            "ffn_gate_inp_shexp.weight" if matches!(arch, Arch::Qwen2Moe | Arch::Qwen3Next) => {
+                format!("{p}.mlp.shared_expert_gate.weight")
+            }
             "attn_v_b.weight" if matches!(arch, Arch::Mla(_)) => continue, // read with attn_k_b
             "attn_k_b.weight" if matches!(arch, Arch::Mla(_)) => {
                 out.push((format!("{p}.self_attn.kv_b_proj.weight"), deepseek::kv_b(g, i, layer)?));
@@ -570,6 +582,9 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
             }
         };
         out.push(whole(hf, None));
+    }
+    if arch == Arch::Qwen3Next {
+        qwen3next::undo_norm_shift(&mut out);
     }
     if !unmapped.is_empty() {
         // A tensor we cannot place may change the output (a norm, a bias

@@ -25,7 +25,9 @@
                              indexer (GGUF_NOTES.md 4.10)
   tiny-qwen3_next-q8_0.gguf  qwen3next: Gated DeltaNet layers, the converter's changes undone by
                              qwen3next_to_hf (GGUF_NOTES.md 4.11)
-  The last seven: + .logits.f32 from transformers on the dequantised weights mapped back to HF names
+  tiny-qwen3_5_moe-q8_0.gguf qwen35moe: the text model of the vision-language release, value heads
+                             tiled (qwen35_to_hf; GGUF_NOTES.md 4.12)
+  The last eight: + .logits.f32 from transformers on the dequantised weights mapped back to HF names
   and layouts (gguf_to_hf), with the source's own config.json.
 """
 
@@ -223,6 +225,13 @@ NAME_MAP["qwen3next"] = {
     "ssm_out.weight": "linear_attn.out_proj.weight",
     # attn_qkv + attn_gate, ssm_a, ssm_conv1d and the norms: undone in gguf_to_hf
 }
+NAME_MAP["qwen35moe"] = {k: v for k, v in NAME_MAP["qwen3next"].items() if k != "ssm_ba.weight"
+                         and not k.startswith(("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))}
+NAME_MAP["qwen35moe"].update({
+    "attn_qkv.weight": "linear_attn.in_proj_qkv.weight", "attn_gate.weight": "linear_attn.in_proj_z.weight",
+    "ssm_beta.weight": "linear_attn.in_proj_b.weight", "ssm_alpha.weight": "linear_attn.in_proj_a.weight",
+    # ffn_{gate,up,down}_exps: re-fused into mlp.experts.gate_up_proj / down_proj (qwen35_to_hf)
+})
 # deepseek32 (DeepSeek-V3.2) and glm-dsa (GLM-5): deepseek2 with the DSA indexer, copied
 NAME_MAP["deepseek32"] = dict(NAME_MAP["deepseek2"], **{
     "indexer.k_norm.weight": "self_attn.indexer.k_norm.weight",
@@ -247,7 +256,7 @@ def read_gguf(path: Path) -> tuple[GGUFReader, dict[str, np.ndarray]]:
     return r, out
 
 
-def qwen3next_to_hf(G: dict[str, np.ndarray], cfg: dict, hf: dict, rows: list[dict]) -> None:
+def qwen3next_to_hf(G: dict[str, np.ndarray], cfg: dict, hf: dict, rows: list[dict], fused_qkvz: bool) -> None:
     """Undoes Qwen3NextModel.modify_tensors (conversion/qwen.py:393-430) in place: pops what it
     rebuilds from G into hf. Norm weights were stored plus one (all but linear_attn.norm), A_log as
     -exp(A_log), the conv weight squeezed, and in_proj_qkvz ([q, k, v, z] per key head) split into
@@ -268,7 +277,7 @@ def qwen3next_to_hf(G: dict[str, np.ndarray], cfg: dict, hf: dict, rows: list[di
             a = G.pop(name)
             hf[h] = np.ascontiguousarray(a.reshape(a.shape[0], 1, a.shape[1]))
             rows.append(dict(gguf=name, hf=h, transform="reshape [channels, kernel] -> [channels, 1, kernel]"))
-        elif name.endswith(".attn_qkv.weight"):
+        elif fused_qkvz and name.endswith(".attn_qkv.weight"):
             p = name[:-len("attn_qkv.weight")]
             qkv, z = G.pop(name), G.pop(p + "attn_gate.weight")
             H = qkv.shape[1]
@@ -283,6 +292,46 @@ def qwen3next_to_hf(G: dict[str, np.ndarray], cfg: dict, hf: dict, rows: list[di
     for n in norms + ("output_norm.weight",):
         rows.append(dict(gguf="blk.{L}." + n if n != "output_norm.weight" else n, hf="(the norm's HF name)",
                          transform="x - 1 (the converter stored 1 + x)"))
+
+
+def qwen35_to_hf(G: dict[str, np.ndarray], cfg: dict, hf: dict, rows: list[dict]) -> None:
+    """Undoes _LinearAttentionVReorderBase.modify_tensors (conversion/qwen.py:580-631): the value heads
+    of every GDN tensor back from llama.cpp's tiled order to transformers' grouped one, and the experts
+    re-fused as Qwen3.5 stores them; the rest is Qwen3-Next's (qwen3next_to_hf)."""
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    r = nv // nk
+
+    def grouped(a: np.ndarray, axis: int, hd: int) -> np.ndarray:
+        a = np.moveaxis(a, axis, 0)
+        g = a.reshape(r, nk, hd, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
+        return np.ascontiguousarray(np.moveaxis(g, 0, axis))
+    for name in list(G):
+        suf = name.split(".", 2)[-1]
+        if suf == "attn_qkv.weight":
+            a = G[name]
+            G[name] = np.concatenate([a[:2 * nk * dk], grouped(a[2 * nk * dk:], 0, dv)])
+        elif suf == "ssm_conv1d.weight":              # numpy [channels, kernel]
+            a = G[name]
+            G[name] = np.concatenate([a[:2 * nk * dk], grouped(a[2 * nk * dk:], 0, dv)])
+        elif suf == "attn_gate.weight":
+            G[name] = grouped(G[name], 0, dv)
+        elif suf in ("ssm_beta.weight", "ssm_alpha.weight", "ssm_a", "ssm_dt.bias"):
+            G[name] = grouped(G[name], 0, 1)
+        elif suf == "ssm_out.weight":                 # numpy [H, value heads x dv]: the columns
+            G[name] = grouped(G[name], 1, dv)
+        elif suf == "ffn_gate_exps.weight":
+            p = name[:-len("ffn_gate_exps.weight")]
+            L = "model.layers." + p.split(".")[1] + ".mlp.experts."
+            gate, up, down = G.pop(name), G.pop(p + "ffn_up_exps.weight"), G.pop(p + "ffn_down_exps.weight")
+            hf[L + "gate_up_proj"] = np.ascontiguousarray(np.concatenate([gate, up], axis=1))
+            hf[L + "down_proj"] = down
+            rows.append(dict(gguf=p + "ffn_{gate,up}_exps.weight", hf=L + "gate_up_proj",
+                             transform="concatenate along axis 1 (numpy [E, I, H] each) -> [E, 2I, H]"))
+            rows.append(dict(gguf=p + "ffn_down_exps.weight", hf=L + "down_proj", transform="copy [E, H, I]"))
+    rows.append(dict(gguf="blk.{L}.{attn_qkv (v rows), ssm_conv1d (v channels), attn_gate, ssm_beta, ssm_alpha, "
+                          "ssm_a, ssm_dt.bias, ssm_out (columns)}", hf="(their HF names)",
+                     transform="value heads from tiled [r, nk, hd] back to grouped [nk, r, hd]"))
 
 
 def gguf_to_hf(arch: str, G: dict[str, np.ndarray], cfg: dict) -> tuple[dict, list[dict]]:
@@ -327,8 +376,10 @@ def gguf_to_hf(arch: str, G: dict[str, np.ndarray], cfg: dict) -> tuple[dict, li
         rows.append(dict(gguf=p + "ffn_{gate,up}_exps.bias", hf=L + "gate_up_proj_bias",
                          transform="interleave (gate even, up odd) along axis 1 -> [E, 2I]"))
         rows.append(dict(gguf=p + "ffn_down_exps.bias", hf=L + "down_proj_bias", transform="copy [E, H]"))
-    if arch == "qwen3next":
-        qwen3next_to_hf(G, cfg, hf, rows)
+    if arch == "qwen35moe":
+        qwen35_to_hf(G, cfg, hf, rows)
+    if arch in ("qwen3next", "qwen35moe"):
+        qwen3next_to_hf(G, cfg, hf, rows, fused_qkvz=arch == "qwen3next")
     for name, a in G.items():
         if name in GLOBAL_MAP:
             hf[GLOBAL_MAP[name]] = a
@@ -629,7 +680,6 @@ def build_wide(tmp: Path, prompt_ids: list[int], llama_dir: Path, out: Path) -> 
 
 
 # (fixture dir, GGUF arch, converter patches, config.json additions for the converter's input)
-# (fixture, GGUF arch, converter patches, config.json additions)
 MORE_FAMILIES = [
     ("glm4_moe", "glm4moe", ["--pre", "gpt-2", "--glm-vocab-as-gpt2"], {}),
     ("deepseek_v3", "deepseek2", ["--pre", "gpt-2"], {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}),
@@ -639,11 +689,16 @@ MORE_FAMILIES = [
      {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}),
     ("glm_moe_dsa", "glm-dsa", ["--pre", "gpt-2", "--glm-vocab-as-gpt2"], {}),
     ("qwen3_next", "qwen3next", ["--pre", "gpt-2"], {}),
+    # the vision-language release: the GGUF holds its text model (the tower goes to an mmproj file)
+    ("qwen3_5_moe", "qwen35moe", ["--pre", "gpt-2"], {}),
 ]
+# A vision-language release's text model, as transformers names it.
+TEXT_ARCHITECTURE = {"qwen3_5_moe": "Qwen3_5MoeForCausalLM"}
 
 
 def more_families(d: Path, llama_dir: Path, tmp: Path, rel, info: dict) -> list[dict]:
-    """glm4moe, deepseek2, gpt-oss, minimax-m2, deepseek32, glm-dsa and qwen3next q8_0 GGUFs of the tiny fixtures, with reference logits from
+    """glm4moe, deepseek2, gpt-oss, minimax-m2, deepseek32, glm-dsa, qwen3next and qwen35moe q8_0 GGUFs of the
+    tiny fixtures, with reference logits from
     transformers on their dequantised weights mapped back to HF (the fixture's own config.json)."""
     out_entries = []
     for fam, arch, patches, cfg_add in MORE_FAMILIES:
@@ -663,6 +718,9 @@ def more_families(d: Path, llama_dir: Path, tmp: Path, rel, info: dict) -> list[
         cmd = [a.replace("<out>/" + src.name, f"<copy of tests/fixtures/{src.name}>") for a in cmd]
         cfg = json.loads((src / "config.json").read_text())
         cfg.pop("quantization_config", None)             # the GGUF's weights are dequantised to f32
+        if "text_config" in cfg:                         # its text model, under the text model's names
+            cfg = dict(cfg["text_config"], architectures=[TEXT_ARCHITECTURE[cfg["model_type"]]],
+                       tie_word_embeddings=cfg.get("tie_word_embeddings", False))
         cfg["dtype"] = "float32"
         r, G = read_gguf(out)
         hf, rows = gguf_to_hf(arch, G, cfg)
@@ -671,7 +729,8 @@ def more_families(d: Path, llama_dir: Path, tmp: Path, rel, info: dict) -> list[
             with safe_open(str(src / "dequantized.safetensors"), framework="pt") as so:
                 orig.update({k: so.get_tensor(k).float().numpy() for k in so.keys()})
         L = cfg["num_hidden_layers"]
-        orig = {k: v for k, v in orig.items() if not k.startswith((f"model.layers.{L}.", "mtp."))}   # MTP layer
+        orig = {k.replace("model.language_model.", "model.", 1): v for k, v in orig.items()
+                if not k.startswith((f"model.layers.{L}.", "mtp.", "model.visual."))}   # MTP layer, vision tower
         # every float tensor of the source is there; gpt-oss-mxfp4's dequantized.safetensors has layer 0's
         # experts only, the other layers' are MXFP4 blocks (not compared)
         assert set(orig) <= set(hf), (fam, set(orig) - set(hf))

@@ -269,7 +269,7 @@ pub static FAMILIES: &[FamilyRow] = &[
         aliases: &[],
         family: Family::Qwen3Next,
         parse: qwen3_next::parse,
-        gguf_arch: None,
+        gguf_arch: Some("qwen35moe"),
         releases: NO_RELEASE,
         bundled_template: None,
         tool_syntax: ToolSyntax::QwenXml,

@@ -76,6 +76,9 @@ pub(super) fn parse(top: &Reader<'_>, _family: Family, model_type: &str) -> Resu
         key_head_dim: r.bounded("linear_key_head_dim", r.usize_req("linear_key_head_dim")?, MAX_HEAD_DIM)?,
         value_head_dim: r.bounded("linear_value_head_dim", r.usize_req("linear_value_head_dim")?, MAX_HEAD_DIM)?,
         conv_kernel: r.bounded("linear_conv_kernel_dim", r.usize_opt("linear_conv_kernel_dim")?.unwrap_or(4), 64)?,
+        // Not a transformers key: the GGUF view (gguf/hf/qwen3next.rs) writes
+        // it for a Qwen3.5 file, whose value heads llama.cpp tiled.
+        tiled_value_heads: r.bool_opt("linear_value_heads_tiled")?.unwrap_or(false),
     };
     if !gdn.value_heads.is_multiple_of(gdn.key_heads) {
         return Err(r.err(

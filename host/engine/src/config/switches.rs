@@ -12,9 +12,24 @@ pub struct GdnDims {
     pub key_head_dim: usize,
     pub value_head_dim: usize,
     pub conv_kernel: usize,
+    /// The value heads of every GDN tensor are in llama.cpp's tiled order
+    /// (value head `h` reads key head `h % key_heads`), not transformers'
+    /// grouped one (`h / (value_heads / key_heads)`): a Qwen3.5 GGUF file,
+    /// whose converter reorders them for ggml's broadcast
+    /// (`_LinearAttentionVReorderBase`).
+    pub tiled_value_heads: bool,
 }
 
 impl GdnDims {
+    /// The key head value head `h` reads its query and key from.
+    pub fn key_head_of(&self, h: usize) -> usize {
+        if self.tiled_value_heads {
+            h % self.key_heads
+        } else {
+            h / (self.value_heads / self.key_heads)
+        }
+    }
+
     pub fn key_dim(&self) -> usize {
         self.key_heads * self.key_head_dim
     }

@@ -237,7 +237,7 @@ impl Gdn {
         self.project(xs, n, rows);
         let (dk, dv) = (d.key_head_dim, d.value_head_dim);
         let (c, cv, nv) = (d.conv_dim(), d.value_dim(), d.value_heads);
-        let (ck, r) = (d.key_dim(), d.value_heads / d.key_heads);
+        let ck = d.key_dim();
         let o_all = &mut rows.o[..n * cv];
         for i in 0..n {
             let mixed = &rows.mixed[i * c..(i + 1) * c];
@@ -251,7 +251,7 @@ impl Gdn {
                 let zh = a[h] + self.dt_bias[h];
                 let sp = if zh > 20.0 { zh } else { (1.0 + zh.exp()).ln() };
                 s.g.fill(self.neg_a[h] * sp);
-                let kh = h / r;
+                let kh = d.key_head_of(h);
                 s.q.copy_from_slice(&q_all[kh * dk..(kh + 1) * dk]);
                 s.k.copy_from_slice(&k_all[kh * dk..(kh + 1) * dk]);
                 let o = &mut o_all[i * cv + h * dv..i * cv + (h + 1) * dv];

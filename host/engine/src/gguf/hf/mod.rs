@@ -9,7 +9,7 @@
 //! read backwards (GGUF_NOTES.md section 4, checked tensor by tensor by
 //! `tests/gen_gguf_fixtures.py` on its own conversions). glm4moe,
 //! deepseek2 (with deepseek32 and glm-dsa), gpt-oss, minimax-m2 and
-//! qwen3next have their own files under `hf/`.
+//! qwen3next (with qwen35moe) have their own files under `hf/`.
 
 mod deepseek;
 mod glm;
@@ -177,7 +177,7 @@ enum Arch {
     Mla(deepseek::Variant),
     GptOss,
     MinimaxM2,
-    Qwen3Next,
+    Qwen3Next(qwen3next::Variant),
 }
 
 impl Arch {
@@ -223,7 +223,8 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
         Family::DeepseekV3 => Arch::Mla(deepseek::Variant::of(row.model_type)),
         Family::GptOss => Arch::GptOss,
         Family::MinimaxM2 => Arch::MinimaxM2,
-        Family::Qwen3Next if row.model_type == "qwen3_next" => Arch::Qwen3Next,
+        Family::Qwen3Next if row.model_type == "qwen3_next" => Arch::Qwen3Next(qwen3next::Variant::Qwen3Next),
+        Family::Qwen3Next if row.model_type == "qwen3_5_moe_text" => Arch::Qwen3Next(qwen3next::Variant::Qwen35),
         // llama.cpp writes every llama-shaped model as `llama`; only one
         // with experts is Mixtral.
         Family::Mixtral if k.usize_opt("expert_count")?.unwrap_or(0) > 0 => Arch::Mixtral,
@@ -247,7 +248,7 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
         Arch::Mla(variant) => deepseek::config(&k, variant)?,
         Arch::GptOss => gpt_oss::config(&k)?,
         Arch::MinimaxM2 => minimax::config(&k)?,
-        Arch::Qwen3Next => qwen3next::config(&k)?,
+        Arch::Qwen3Next(variant) => qwen3next::config(&k, variant)?,
         _ => config(&k, arch)?,
     };
     let tensors = tensors(g, arch, &config)?;
@@ -479,7 +480,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
         // llama's q/k rows are permuted for its interleaved rope.
         let permute = |heads: usize| (arch == Arch::Mixtral).then_some(RowMap::RopePermuted { heads });
         let router = if arch == Arch::GptOss { "router" } else { "gate" };
-        if arch == Arch::Qwen3Next {
+        if matches!(arch, Arch::Qwen3Next(_)) {
             if let Some(slices) = qwen3next::linear_attention(g, i, t, &p, rest, config)? {
                 out.extend(slices);
                 continue;
@@ -490,7 +491,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
             "ffn_norm.weight" if !matches!(arch, Arch::Glm4Moe | Arch::GptOss) => {
                 format!("{p}.post_attention_layernorm.weight")
             }
-            "post_attention_norm.weight" if matches!(arch, Arch::Glm4Moe | Arch::GptOss | Arch::Qwen3Next) => {
+            "post_attention_norm.weight" if matches!(arch, Arch::Glm4Moe | Arch::GptOss | Arch::Qwen3Next(_)) => {
                 format!("{p}.post_attention_layernorm.weight")
             }
             "attn_q_norm.weight" => format!("{p}.self_attn.q_norm.weight"),
@@ -508,7 +509,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
             "ffn_gate_shexp.weight" => format!("{p}.{shared}.gate_proj.weight"),
             "ffn_up_shexp.weight" => format!("{p}.{shared}.up_proj.weight"),
             "ffn_down_shexp.weight" => format!("{p}.{shared}.down_proj.weight"),
-            "ffn_gate_inp_shexp.weight" if matches!(arch, Arch::Qwen2Moe | Arch::Qwen3Next) => {
+            "ffn_gate_inp_shexp.weight" if matches!(arch, Arch::Qwen2Moe | Arch::Qwen3Next(_)) => {
                 format!("{p}.mlp.shared_expert_gate.weight")
             }
             "attn_v_b.weight" if matches!(arch, Arch::Mla(_)) => continue, // read with attn_k_b
@@ -583,7 +584,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
         };
         out.push(whole(hf, None));
     }
-    if arch == Arch::Qwen3Next {
+    if matches!(arch, Arch::Qwen3Next(_)) {
         qwen3next::undo_norm_shift(&mut out);
     }
     if !unmapped.is_empty() {

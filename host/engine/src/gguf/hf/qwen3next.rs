@@ -1,7 +1,9 @@
 //! `qwen3next` (Qwen3-Next; `conversion/qwen.py:370`, `src/models/qwen3next.cpp`)
-//! as transformers' `qwen3_next` (GGUF_NOTES.md 4.11): Gated DeltaNet
-//! layers and gated full attention, a softmax router renormalised over the
-//! top-k (`build_moe_ffn(..., norm_w = true, ...)`), a sigmoid-gated shared
+//! as transformers' `qwen3_next`, and `qwen35moe` (Qwen3.5's text model;
+//! `conversion/qwen.py` `Qwen3_5MoeTextModel`, `src/models/qwen35moe.cpp`)
+//! as `qwen3_5_moe_text` (GGUF_NOTES.md 4.11, 4.12): Gated DeltaNet layers
+//! and gated full attention, a softmax router renormalised over the top-k
+//! (`build_moe_ffn(..., norm_w = true, ...)`), a sigmoid-gated shared
 //! expert, and the MTP block appended after the last layer.
 //!
 //! What the converter changes, undone here:
@@ -16,22 +18,40 @@
 //!   the layout the tensors have), so both stay in their stored types;
 //! - `in_proj_ba` is copied whole as `ssm_ba`; its `b` and `a` rows are
 //!   read out of each key head's group (`RowMap::Strided`);
-//! - the convolution's `[channels, 1, kernel]` weight is squeezed.
+//! - the convolution's `[channels, 1, kernel]` weight is squeezed;
+//! - Qwen3.5 only: its separate projections are copied (`in_proj_b` /
+//!   `in_proj_a` as `ssm_beta` / `ssm_alpha`), but the value heads of every
+//!   GDN tensor are reordered from grouped to tiled (`out_proj`'s columns
+//!   too). Undoing that would mean a column permutation of a quantised
+//!   matrix; the forward pass instead reads the heads in tiled order
+//!   (`GdnDims::tiled_value_heads`, set by the config's
+//!   `linear_value_heads_tiled`, a key only this view writes).
 
 use serde_json::{json, Value as Json};
 
 use super::{base, head_dim, GgufFile, Keys, RowMap, Slice, TensorInfo, Value, ValueMap};
 use crate::error::{Error, Result};
 
-pub(super) fn config(k: &Keys) -> Result<Json> {
+/// Qwen3-Next, or Qwen3.5's text model.
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Variant {
+    Qwen3Next,
+    Qwen35,
+}
+
+pub(super) fn config(k: &Keys, variant: Variant) -> Result<Json> {
     let g = k.g;
     let path = g.path().display();
     let blocks = k.usize_req("block_count")?;
     let nextn = k.usize_opt("nextn_predict_layers")?.unwrap_or(0);
     let layers = blocks
         .checked_sub(nextn)
-        .ok_or_else(|| k.err("qwen3next.nextn_predict_layers", "more MTP layers than blocks"))?;
-    let mut c = base(k, "Qwen3NextForCausalLM", "qwen3_next", layers)?;
+        .ok_or_else(|| k.err(&format!("{}.nextn_predict_layers", k.arch), "more MTP layers than blocks"))?;
+    let (architecture, model_type) = match variant {
+        Variant::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
+        Variant::Qwen35 => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+    };
+    let mut c = base(k, architecture, model_type, layers)?;
     c.insert("num_nextn_predict_layers".into(), json!(nextn));
     let head = head_dim(k, &mut c)?.unwrap_or(k.usize_req("embedding_length")? / k.usize_req("attention.head_count")?);
     let rotary = k.usize_opt("rope.dimension_count")?.unwrap_or(head);
@@ -42,8 +62,11 @@ pub(super) fn config(k: &Keys) -> Result<Json> {
         )));
     }
     if k.get("rope.scaling.type").is_some_and(|t| t.as_str() != Some("none")) {
-        return Err(Error::Unsupported(format!("{path}: qwen3next with rope scaling")));
+        return Err(Error::Unsupported(format!("{path}: {} with rope scaling", k.arch)));
     }
+    // Qwen3.5's `rope.dimension_sections` split the rotary pairs between
+    // text, height and width positions (interleaved MRoPE); a text token's
+    // three positions are equal, so for text they rotate as one rope does.
     let theta = k.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
     c.insert(
         "rope_parameters".into(),
@@ -53,7 +76,13 @@ pub(super) fn config(k: &Keys) -> Result<Json> {
     let value_heads = k.usize_req("ssm.time_step_rank")?;
     let inner = k.usize_req("ssm.inner_size")?;
     if value_heads == 0 || !inner.is_multiple_of(value_heads) {
-        return Err(k.err("qwen3next.ssm.inner_size", "is not a whole number of value heads"));
+        return Err(k.err(&format!("{}.ssm.inner_size", k.arch), "is not a whole number of value heads"));
+    }
+    if key_heads == 0 || !value_heads.is_multiple_of(key_heads) {
+        return Err(k.err(&format!("{}.ssm.time_step_rank", k.arch), "is not a multiple of ssm.group_count"));
+    }
+    if variant == Variant::Qwen35 && key_heads != value_heads {
+        c.insert("linear_value_heads_tiled".into(), json!(true));
     }
     c.insert("linear_num_key_heads".into(), json!(key_heads));
     c.insert("linear_num_value_heads".into(), json!(value_heads));
@@ -67,8 +96,8 @@ pub(super) fn config(k: &Keys) -> Result<Json> {
             .map(Value::as_bool)
             .collect::<Option<Vec<bool>>>()
             .filter(|v| v.len() == layers)
-            .ok_or_else(|| k.err("qwen3next.attention.recurrent_layers", "expected a bool per layer"))?,
-        Some(_) => return Err(k.err("qwen3next.attention.recurrent_layers", "expected an array of bools")),
+            .ok_or_else(|| k.err(&format!("{}.attention.recurrent_layers", k.arch), "expected a bool per layer"))?,
+        Some(_) => return Err(k.err(&format!("{}.attention.recurrent_layers", k.arch), "expected an array of bools")),
         // llama.cpp's default: every `full_attention_interval`-th layer is full attention.
         None => {
             let every = k.usize_opt("full_attention_interval")?.unwrap_or(4).max(1);
@@ -84,12 +113,21 @@ pub(super) fn config(k: &Keys) -> Result<Json> {
     c.insert("shared_expert_intermediate_size".into(), json!(shared));
     let dense: Vec<usize> =
         (0..layers).filter(|l| g.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).is_none()).collect();
-    if !dense.is_empty() {
-        c.insert("intermediate_size".into(), json!(k.usize_req("feed_forward_length")?));
+    match variant {
+        Variant::Qwen3Next => {
+            if !dense.is_empty() {
+                c.insert("intermediate_size".into(), json!(k.usize_req("feed_forward_length")?));
+            }
+            c.insert("mlp_only_layers".into(), json!(dense));
+            c.insert("decoder_sparse_step".into(), json!(1));
+            c.insert("norm_topk_prob".into(), json!(true));
+        }
+        // transformers' Qwen3.5 has no dense layers and always renormalises.
+        Variant::Qwen35 if !dense.is_empty() => {
+            return Err(Error::format(g.path(), format!("qwen35moe layer {} has no router", dense[0])));
+        }
+        Variant::Qwen35 => {}
     }
-    c.insert("mlp_only_layers".into(), json!(dense));
-    c.insert("decoder_sparse_step".into(), json!(1));
-    c.insert("norm_topk_prob".into(), json!(true));
     Ok(Json::Object(c))
 }
 
@@ -113,6 +151,8 @@ pub(super) fn linear_attention(
     Ok(Some(match rest {
         "attn_qkv.weight" => vec![whole("in_proj_qkv.weight", t.shape(), ValueMap::Stored)],
         "attn_gate.weight" => vec![whole("in_proj_z.weight", t.shape(), ValueMap::Stored)],
+        "ssm_beta.weight" => vec![whole("in_proj_b.weight", t.shape(), ValueMap::Stored)],
+        "ssm_alpha.weight" => vec![whole("in_proj_a.weight", t.shape(), ValueMap::Stored)],
         "ssm_out.weight" => vec![whole("out_proj.weight", t.shape(), ValueMap::Stored)],
         "ssm_norm.weight" => vec![whole("norm.weight", t.shape(), ValueMap::Stored)],
         "ssm_dt.bias" => vec![whole("dt_bias", t.shape(), ValueMap::Stored)],

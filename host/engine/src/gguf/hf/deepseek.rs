@@ -24,7 +24,7 @@
 
 use serde_json::{json, Value as Json};
 
-use super::{base, sigmoid_moe, yarn, GgufFile, Keys, KvB, Slice};
+use super::{base, decoder_layers, sigmoid_moe, yarn, GgufFile, Keys, KvB, Slice};
 use crate::error::{Error, Result};
 
 /// Which MLA architecture a file is.
@@ -84,14 +84,11 @@ pub(super) fn config(k: &Keys, variant: Variant) -> Result<Json> {
             )))
         }
     }
-    let blocks = k.usize_req("block_count")?;
-    let nextn = match variant {
-        Variant::V3 => 0,
-        Variant::V32 | Variant::GlmDsa => k.usize_opt("nextn_predict_layers")?.unwrap_or(0),
+    // deepseek2's converter drops the MTP layer; the DSA ones append it.
+    let (layers, nextn) = match variant {
+        Variant::V3 => (k.usize_req("block_count")?, 0),
+        Variant::V32 | Variant::GlmDsa => decoder_layers(k)?,
     };
-    let layers = blocks
-        .checked_sub(nextn)
-        .ok_or_else(|| k.err(&format!("{}.nextn_predict_layers", k.arch), "more MTP layers than blocks"))?;
     let (architecture, model_type) = variant.names();
     let mut c = base(k, architecture, model_type, layers)?;
     c.insert("num_nextn_predict_layers".into(), json!(nextn));

@@ -8,17 +8,13 @@
 
 use serde_json::{json, Value as Json};
 
-use super::{base, head_dim, sigmoid_moe, yarn, Keys};
+use super::{base, decoder_layers, head_dim, sigmoid_moe, yarn, Keys};
 use crate::error::{Error, Result};
 
 pub(super) fn config(k: &Keys) -> Result<Json> {
     let g = k.g;
     let path = g.path().display();
-    let blocks = k.usize_req("block_count")?;
-    let nextn = k.usize_opt("nextn_predict_layers")?.unwrap_or(0);
-    let layers = blocks
-        .checked_sub(nextn)
-        .ok_or_else(|| k.err("glm4moe.nextn_predict_layers", "more MTP layers than blocks"))?;
+    let (layers, nextn) = decoder_layers(k)?;
     let mut c = base(k, "Glm4MoeForCausalLM", "glm4_moe", layers)?;
     c.insert("num_nextn_predict_layers".into(), json!(nextn));
     let head = head_dim(k, &mut c)?.unwrap_or(k.usize_req("embedding_length")? / k.usize_req("attention.head_count")?);

@@ -289,6 +289,18 @@ fn base(k: &Keys, architecture: &str, model_type: &str, layers: usize) -> Result
     Ok(c)
 }
 
+/// The decoder layers the forward pass runs and the MTP layers stored after
+/// them: `block_count` counts both, `nextn_predict_layers` the latter
+/// (glm4moe, deepseek32, glm-dsa, qwen3next, qwen35moe).
+fn decoder_layers(k: &Keys) -> Result<(usize, usize)> {
+    let blocks = k.usize_req("block_count")?;
+    let nextn = k.usize_opt("nextn_predict_layers")?.unwrap_or(0);
+    let layers = blocks
+        .checked_sub(nextn)
+        .ok_or_else(|| k.err(&format!("{}.nextn_predict_layers", k.arch), "more MTP layers than blocks"))?;
+    Ok((layers, nextn))
+}
+
 /// `head_dim` from `attention.key_length`, which must equal `value_length`.
 fn head_dim(k: &Keys, c: &mut Map<String, Json>) -> Result<Option<usize>> {
     let Some(d) = k.usize_opt("attention.key_length")? else { return Ok(None) };

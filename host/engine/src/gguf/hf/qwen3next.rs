@@ -29,7 +29,7 @@
 
 use serde_json::{json, Value as Json};
 
-use super::{base, head_dim, GgufFile, Keys, RowMap, Slice, TensorInfo, Value, ValueMap};
+use super::{base, decoder_layers, head_dim, GgufFile, Keys, RowMap, Slice, TensorInfo, Value, ValueMap};
 use crate::error::{Error, Result};
 
 /// Qwen3-Next, or Qwen3.5's text model.
@@ -42,11 +42,7 @@ pub(super) enum Variant {
 pub(super) fn config(k: &Keys, variant: Variant) -> Result<Json> {
     let g = k.g;
     let path = g.path().display();
-    let blocks = k.usize_req("block_count")?;
-    let nextn = k.usize_opt("nextn_predict_layers")?.unwrap_or(0);
-    let layers = blocks
-        .checked_sub(nextn)
-        .ok_or_else(|| k.err(&format!("{}.nextn_predict_layers", k.arch), "more MTP layers than blocks"))?;
+    let (layers, nextn) = decoder_layers(k)?;
     let (architecture, model_type) = match variant {
         Variant::Qwen3Next => ("Qwen3NextForCausalLM", "qwen3_next"),
         Variant::Qwen35 => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),

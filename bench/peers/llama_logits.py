@@ -9,7 +9,8 @@ position of the fixture's prompt:
   * the reference: transformers run on gguf-py's dequantisation of the file
     (the fixture's reference_logits, made by tests/gen_gguf_fixtures.py);
   * WASTE: `waste eval FILE --tokens ... --logits OUT --all-positions`, the
-    file run in place;
+    file run in place, with an f32 KV cache (`--kv-type f32`: the file's model
+    as exactly as f32 allows) and with the default bf16 one;
   * llama.cpp: llama_logits.cpp against the pinned sdist's libllama (the
     tree `peer_bench.py` builds), with its default f16 KV cache and with an
     f32 one.
@@ -64,11 +65,11 @@ def llama_logits(exe: Path, model: Path, ids, tmp: Path, kv_f32=False, greedy=0)
     return f32(out, len(ids)), tokens
 
 
-def waste_logits(waste: Path, model: Path, ids, tmp: Path) -> np.ndarray:
+def waste_logits(waste: Path, model: Path, ids, tmp: Path, kv_type: str = "bf16") -> np.ndarray:
     out = tmp / "waste.f32"
     subprocess.run(
         [str(waste), "eval", str(model), "--tokens", ",".join(map(str, ids)), "--logits", str(out),
-         "--all-positions"],
+         "--all-positions", "--kv-type", kv_type],
         check=True, capture_output=True,
     )
     return f32(out, len(ids))
@@ -110,7 +111,8 @@ def main():
                 ids = m["prompt_ids"]
                 ref = f32(GGUF / m["reference_logits"], len(ids))
                 row = {"file": m["file"]}
-                row["waste"], row["waste_flips"] = distance(waste_logits(args.waste, model, ids, tmp), ref)
+                for key, kv in [("waste", "f32"), ("waste_kv_bf16", "bf16")]:
+                    row[key], row[key + "_flips"] = distance(waste_logits(args.waste, model, ids, tmp, kv), ref)
                 for key, kv in [("llama", False), ("llama_kv_f32", True)]:
                     try:
                         logits, _ = llama_logits(exe, model, ids, tmp, kv_f32=kv)

@@ -14,7 +14,7 @@ What it writes (and nothing else), all under tests/fixtures/gguf/:
   models/*.gguf            tiny-qwen3_moe converted by llama.cpp's convert_hf_to_gguf.py (f32, q8_0),
                            tiny-mixtral (q8_0, rope-permuted q/k), tiny-glm4_moe, tiny-deepseek_v3,
                            tiny-gpt_oss-mxfp4 (q8_0; MXFP4 experts), tiny-minimax_m2, tiny-deepseek_v32,
-                           tiny-glm_moe_dsa, tiny-qwen3_next and tiny-qwen3_5_moe, and a wider qwen3moe written with GGUFWriter whose experts are
+                           tiny-glm_moe_dsa, tiny-qwen3_next, tiny-qwen3_5_moe and tiny-kimi_linear, and a wider qwen3moe written with GGUFWriter whose experts are
                            Q4_K; reference logits for each
   manifest.json            every tensor of types/ and misc/ (type, shapes, offsets, sha256, refs)
   malformed.json           [{file, what, field, llama_cpp, gguf_py}, ...]

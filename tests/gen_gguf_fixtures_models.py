@@ -27,7 +27,8 @@
                              qwen3next_to_hf (GGUF_NOTES.md 4.11)
   tiny-qwen3_5_moe-q8_0.gguf qwen35moe: the text model of the vision-language release, value heads
                              tiled (qwen35_to_hf; GGUF_NOTES.md 4.12)
-  The last eight: + .logits.f32 from transformers on the dequantised weights mapped back to HF names
+  tiny-kimi_linear-q8_0.gguf kimi-linear: KDA and MLA layers (kimi_linear_to_hf; GGUF_NOTES.md 4.13)
+  The last nine: + .logits.f32 from transformers on the dequantised weights mapped back to HF names
   and layouts (gguf_to_hf), with the source's own config.json.
 """
 
@@ -232,6 +233,22 @@ NAME_MAP["qwen35moe"].update({
     "ssm_beta.weight": "linear_attn.in_proj_b.weight", "ssm_alpha.weight": "linear_attn.in_proj_a.weight",
     # ffn_{gate,up,down}_exps: re-fused into mlp.experts.gate_up_proj / down_proj (qwen35_to_hf)
 })
+NAME_MAP["kimi-linear"] = {
+    **{k: v for k, v in NAME_MAP["deepseek2"].items() if not k.startswith(("ffn_", "exp_probs_b"))},
+    "ffn_gate_inp.weight": "block_sparse_moe.gate.weight",
+    "exp_probs_b.bias": "block_sparse_moe.gate.e_score_correction_bias",
+    "ffn_gate_exps.weight": "block_sparse_moe.experts.{E}.w1.weight",
+    "ffn_up_exps.weight": "block_sparse_moe.experts.{E}.w3.weight",
+    "ffn_down_exps.weight": "block_sparse_moe.experts.{E}.w2.weight",
+    "ffn_gate_shexp.weight": "block_sparse_moe.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "block_sparse_moe.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "block_sparse_moe.shared_experts.down_proj.weight",
+    "ssm_f_a.weight": "self_attn.f_a_proj.weight", "ssm_f_b.weight": "self_attn.f_b_proj.weight",
+    "ssm_g_a.weight": "self_attn.g_a_proj.weight", "ssm_g_b.weight": "self_attn.g_b_proj.weight",
+    "ssm_beta.weight": "self_attn.b_proj.weight", "ssm_dt.bias": "self_attn.dt_bias",
+    "ssm_norm.weight": "self_attn.o_norm.weight",
+    # ssm_a and ssm_conv1d_{q,k,v}: undone in gguf_to_hf (kimi_linear_to_hf)
+}
 # deepseek32 (DeepSeek-V3.2) and glm-dsa (GLM-5): deepseek2 with the DSA indexer, copied
 NAME_MAP["deepseek32"] = dict(NAME_MAP["deepseek2"], **{
     "indexer.k_norm.weight": "self_attn.indexer.k_norm.weight",
@@ -334,6 +351,24 @@ def qwen35_to_hf(G: dict[str, np.ndarray], cfg: dict, hf: dict, rows: list[dict]
                      transform="value heads from tiled [r, nk, hd] back to grouped [nk, r, hd]"))
 
 
+def kimi_linear_to_hf(G: dict[str, np.ndarray], hf: dict, rows: list[dict]) -> None:
+    """Undoes KimiLinearModel.modify_tensors (conversion/kimi_linear.py): A_log stored as -exp(A_log)
+    (HF [1, 1, heads, 1]), the q/k/v convolutions' [channels, 1, kernel] stored as numpy
+    (1, channels, 1, kernel)."""
+    for name in list(G):
+        suf = name.split(".", 2)[-1]
+        layer = "model.layers." + name.split(".")[1] + ".self_attn." if name.startswith("blk.") else None
+        if suf == "ssm_a":
+            a = G.pop(name)
+            hf[layer + "A_log"] = np.log(-a).reshape(1, 1, -1, 1)
+            rows.append(dict(gguf=name, hf=layer + "A_log", transform="log(-x), reshaped to [1, 1, heads, 1]"))
+        elif suf in ("ssm_conv1d_q.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight"):
+            a = G.pop(name)
+            h = layer + suf[len("ssm_conv1d_")] + "_conv1d.weight"
+            hf[h] = np.ascontiguousarray(a.reshape(a.shape[1], 1, a.shape[3]))
+            rows.append(dict(gguf=name, hf=h, transform="reshape (1, channels, 1, kernel) -> [channels, 1, kernel]"))
+
+
 def gguf_to_hf(arch: str, G: dict[str, np.ndarray], cfg: dict) -> tuple[dict, list[dict]]:
     """Returns (HF tensors, mapping rows)."""
     table = dict(NAME_MAP["common"], **NAME_MAP[arch])
@@ -376,6 +411,8 @@ def gguf_to_hf(arch: str, G: dict[str, np.ndarray], cfg: dict) -> tuple[dict, li
         rows.append(dict(gguf=p + "ffn_{gate,up}_exps.bias", hf=L + "gate_up_proj_bias",
                          transform="interleave (gate even, up odd) along axis 1 -> [E, 2I]"))
         rows.append(dict(gguf=p + "ffn_down_exps.bias", hf=L + "down_proj_bias", transform="copy [E, H]"))
+    if arch == "kimi-linear":
+        kimi_linear_to_hf(G, hf, rows)
     if arch == "qwen35moe":
         qwen35_to_hf(G, cfg, hf, rows)
     if arch in ("qwen3next", "qwen35moe"):
@@ -461,7 +498,7 @@ def hf_logits(config: dict, tensors: dict[str, np.ndarray], prompt_ids: list[int
     for p in model.parameters():         # mmapped parameters round some matmuls differently
         p.data = p.data.clone()
     gaps = []
-    top_k = config["num_experts_per_tok"]
+    top_k = config.get("num_experts_per_tok", config.get("num_experts_per_token"))   # Kimi-Linear: the latter
 
     def hook(mod, inp, out):
         gaps.append(router_gap(mod, inp[0], top_k, inp[1] if len(inp) > 1 else None))
@@ -691,14 +728,20 @@ MORE_FAMILIES = [
     ("qwen3_next", "qwen3next", ["--pre", "gpt-2"], {}),
     # the vision-language release: the GGUF holds its text model (the tower goes to an mmproj file)
     ("qwen3_5_moe", "qwen35moe", ["--pre", "gpt-2"], {}),
+    # the converter reads the release's config keys, which transformers 5's save_pretrained rewrites:
+    # linear_attn_config (full_attn_layers 1-based), first_k_dense_replace, the router's activation
+    ("kimi_linear", "kimi-linear", ["--pre", "gpt-2"],
+     {"linear_attn_config": {"full_attn_layers": [3, 5], "kda_layers": [1, 2, 4], "num_heads": 2, "head_dim": 16,
+                             "short_conv_kernel_size": 4},
+      "first_k_dense_replace": 1, "moe_router_activation_func": "sigmoid"}),
 ]
 # A vision-language release's text model, as transformers names it.
 TEXT_ARCHITECTURE = {"qwen3_5_moe": "Qwen3_5MoeForCausalLM"}
 
 
 def more_families(d: Path, llama_dir: Path, tmp: Path, rel, info: dict) -> list[dict]:
-    """glm4moe, deepseek2, gpt-oss, minimax-m2, deepseek32, glm-dsa, qwen3next and qwen35moe q8_0 GGUFs of the
-    tiny fixtures, with reference logits from
+    """glm4moe, deepseek2, gpt-oss, minimax-m2, deepseek32, glm-dsa, qwen3next, qwen35moe and kimi-linear q8_0
+    GGUFs of the tiny fixtures, with reference logits from
     transformers on their dequantised weights mapped back to HF (the fixture's own config.json)."""
     out_entries = []
     for fam, arch, patches, cfg_add in MORE_FAMILIES:

@@ -142,7 +142,7 @@ pub static FAMILIES: &[FamilyRow] = &[
         aliases: &[],
         family: Family::KimiLinear,
         parse: kimi::parse_config,
-        gguf_arch: None,
+        gguf_arch: Some("kimi-linear"),
         releases: &[Release { name: "kimi-linear-48b", config: releases::kimi_linear_48b, manifest_only: false }],
         bundled_template: None,
         tool_syntax: ToolSyntax::Unparsed,

@@ -8,12 +8,14 @@
 //! weights came from. The mapping is llama.cpp's `convert_hf_to_gguf.py`
 //! read backwards (GGUF_NOTES.md section 4, checked tensor by tensor by
 //! `tests/gen_gguf_fixtures.py` on its own conversions). glm4moe,
-//! deepseek2 (with deepseek32 and glm-dsa), gpt-oss, minimax-m2 and
-//! qwen3next (with qwen35moe) have their own files under `hf/`.
+//! deepseek2 (with deepseek32 and glm-dsa), gpt-oss, kimi-linear,
+//! minimax-m2 and qwen3next (with qwen35moe) have their own files under
+//! `hf/`.
 
 mod deepseek;
 mod glm;
 mod gpt_oss;
+mod kimi;
 mod minimax;
 mod qwen3next;
 
@@ -178,21 +180,28 @@ enum Arch {
     GptOss,
     MinimaxM2,
     Qwen3Next(qwen3next::Variant),
+    KimiLinear,
 }
 
 impl Arch {
     /// HF's name of the MoE block and of each expert projection.
     fn moe_names(self) -> (&'static str, [&'static str; 3]) {
         match self {
-            Arch::Mixtral | Arch::MinimaxM2 => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            Arch::Mixtral | Arch::MinimaxM2 | Arch::KimiLinear => ("block_sparse_moe", ["w1", "w3", "w2"]),
             _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
         }
+    }
+
+    /// Whether the layers' attention is MLA with deepseek2's tensors.
+    fn has_mla(self) -> bool {
+        matches!(self, Arch::Mla(_) | Arch::KimiLinear)
     }
 
     /// HF's prefix of the shared expert, under `model.layers.L.`.
     fn shared_expert(self) -> &'static str {
         match self {
             Arch::Glm4Moe | Arch::Mla(_) => "mlp.shared_experts",
+            Arch::KimiLinear => "block_sparse_moe.shared_experts",
             _ => "mlp.shared_expert",
         }
     }
@@ -235,6 +244,7 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
             )))
         }
         // A row given a GGUF name before this reader learnt its tensors.
+        Family::KimiLinear if row.model_type == "kimi_linear" => Arch::KimiLinear,
         Family::KimiLinear | Family::Qwen3Next | Family::DeepseekV4 => {
             return Err(Error::Unsupported(format!(
                 "{}: GGUF architecture `{name}` ({}): its tensors are not read yet",
@@ -249,6 +259,7 @@ pub fn view(g: &GgufFile) -> Result<HfView> {
         Arch::GptOss => gpt_oss::config(&k)?,
         Arch::MinimaxM2 => minimax::config(&k)?,
         Arch::Qwen3Next(variant) => qwen3next::config(&k, variant)?,
+        Arch::KimiLinear => kimi::config(&k)?,
         _ => config(&k, arch)?,
     };
     let tensors = tensors(g, arch, &config)?;
@@ -272,7 +283,12 @@ fn base(k: &Keys, architecture: &str, model_type: &str, layers: usize) -> Result
     c.insert("hidden_size".into(), json!(hidden));
     c.insert("num_hidden_layers".into(), json!(layers));
     c.insert("num_attention_heads".into(), json!(heads));
-    c.insert("num_key_value_heads".into(), json!(k.usize_opt("attention.head_count_kv")?.unwrap_or(heads)));
+    // kimi-linear gives a count per layer (kimi.rs reads it).
+    let kv_heads = match k.get("attention.head_count_kv") {
+        Some(Value::Array(_)) => heads,
+        _ => k.usize_opt("attention.head_count_kv")?.unwrap_or(heads),
+    };
+    c.insert("num_key_value_heads".into(), json!(kv_heads));
     c.insert("max_position_embeddings".into(), json!(k.usize_opt("context_length")?.unwrap_or(4096)));
     c.insert("hidden_act".into(), json!("silu"));
     if let Some(eps) = k.f64_opt("attention.layer_norm_rms_epsilon")? {
@@ -492,6 +508,12 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
         // llama's q/k rows are permuted for its interleaved rope.
         let permute = |heads: usize| (arch == Arch::Mixtral).then_some(RowMap::RopePermuted { heads });
         let router = if arch == Arch::GptOss { "router" } else { "gate" };
+        if arch == Arch::KimiLinear {
+            if let Some(slice) = kimi::kda(g, i, t, &p, rest)? {
+                out.push(slice);
+                continue;
+            }
+        }
         if matches!(arch, Arch::Qwen3Next(_)) {
             if let Some(slices) = qwen3next::linear_attention(g, i, t, &p, rest, config)? {
                 out.extend(slices);
@@ -515,6 +537,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
                 format!("{p}.mlp.gate.e_score_correction_bias")
             }
             "exp_probs_b.bias" if arch == Arch::MinimaxM2 => format!("{p}.{moe}.e_score_correction_bias"),
+            "exp_probs_b.bias" if arch == Arch::KimiLinear => format!("{p}.{moe}.gate.e_score_correction_bias"),
             "ffn_gate.weight" => format!("{p}.mlp.gate_proj.weight"),
             "ffn_up.weight" => format!("{p}.mlp.up_proj.weight"),
             "ffn_down.weight" => format!("{p}.mlp.down_proj.weight"),
@@ -524,12 +547,12 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
             "ffn_gate_inp_shexp.weight" if matches!(arch, Arch::Qwen2Moe | Arch::Qwen3Next(_)) => {
                 format!("{p}.mlp.shared_expert_gate.weight")
             }
-            "attn_v_b.weight" if matches!(arch, Arch::Mla(_)) => continue, // read with attn_k_b
-            "attn_k_b.weight" if matches!(arch, Arch::Mla(_)) => {
+            "attn_v_b.weight" if arch.has_mla() => continue, // read with attn_k_b
+            "attn_k_b.weight" if arch.has_mla() => {
                 out.push((format!("{p}.self_attn.kv_b_proj.weight"), deepseek::kv_b(g, i, layer)?));
                 continue;
             }
-            _ if matches!(arch, Arch::Mla(_)) && deepseek::attention(rest).is_some() => {
+            _ if arch.has_mla() && deepseek::attention(rest).is_some() => {
                 let hf = deepseek::attention(rest).unwrap_or_default();
                 format!("{p}.self_attn.{hf}")
             }

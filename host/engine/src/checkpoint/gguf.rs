@@ -122,7 +122,13 @@ impl HfCheckpoint {
         let g = self.gguf();
         let t = &g.tensors[s.tensor];
         let v = g.rows_f32(t, s.first_row, s.rows)?;
-        let v = match self.row_map(&Slice { rows: v.len() as u64, ..s.clone() })? {
+        let v = match s.row_map {
+            Some(map) if !map.fits(v.len()) => {
+                return Err(Error::format(
+                    g.path(),
+                    format!("tensor `{}`: {} values do not split as {map:?}", t.name, v.len()),
+                ))
+            }
             Some(map) => (0..v.len()).map(|i| v[map.stored_row(i, v.len())]).collect(),
             None => v,
         };

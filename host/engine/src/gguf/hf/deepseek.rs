@@ -242,12 +242,7 @@ pub(super) fn kv_b(g: &GgufFile, i: usize, layer: usize) -> Result<Slice> {
     let [nope, v, lora, heads] = [nope, v, lora, heads].map(|x| x as usize);
     let rows = heads * (nope + v);
     Ok(Slice {
-        tensor: i,
-        first_row: 0,
-        rows: rows as u64,
-        shape: vec![rows, lora],
-        row_map: None,
-        values: super::ValueMap::Stored,
         kv_b: Some(KvB { v_b, heads, nope, v, kv_lora: lora }),
+        ..Slice::rows(i, 0, rows as u64, vec![rows, lora])
     })
 }

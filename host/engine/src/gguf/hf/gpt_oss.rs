@@ -65,17 +65,6 @@ pub(super) fn expert_biases(g: &GgufFile, i: usize, p: &str, proj: &str) -> Resu
         return Err(Error::format(g.path(), format!("tensor `{}`: expected 2 dimensions, has {:?}", t.name, t.ne)));
     };
     Ok((0..n)
-        .map(|e| {
-            let slice = Slice {
-                tensor: i,
-                first_row: e,
-                rows: 1,
-                shape: vec![width as usize],
-                row_map: None,
-                values: super::ValueMap::Stored,
-                kv_b: None,
-            };
-            (format!("{p}.mlp.experts.{e}.{proj}_proj.bias"), slice)
-        })
+        .map(|e| (format!("{p}.mlp.experts.{e}.{proj}_proj.bias"), Slice::rows(i, e, 1, vec![width as usize])))
         .collect())
 }

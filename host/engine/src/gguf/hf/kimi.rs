@@ -96,16 +96,7 @@ pub(super) fn config(k: &Keys) -> Result<Json> {
 /// The HF tensor of KDA tensor `rest` (after `blk.L.`) of layer prefix
 /// `p`, or `None` if `rest` is no KDA tensor.
 pub(super) fn kda(g: &GgufFile, i: usize, t: &TensorInfo, p: &str, rest: &str) -> Result<Option<(String, Slice)>> {
-    let rows = t.ne[1..].iter().product::<u64>();
-    let slice = |shape: Vec<usize>, values: ValueMap| Slice {
-        tensor: i,
-        first_row: 0,
-        rows,
-        shape,
-        row_map: None,
-        values,
-        kv_b: None,
-    };
+    let slice = |shape: Vec<usize>, values: ValueMap| Slice { shape, values, ..Slice::whole(i, t) };
     let (hf, s) = match rest {
         "ssm_f_a.weight" => ("f_a_proj.weight", slice(t.shape(), ValueMap::Stored)),
         "ssm_f_b.weight" => ("f_b_proj.weight", slice(t.shape(), ValueMap::Stored)),

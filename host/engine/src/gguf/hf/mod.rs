@@ -47,6 +47,19 @@ pub struct Slice {
     pub kv_b: Option<KvB>,
 }
 
+impl Slice {
+    /// HF rows `[first_row, first_row + rows)` of tensor `tensor`, stored in
+    /// order, values as stored; the fields below say otherwise.
+    pub fn rows(tensor: usize, first_row: u64, rows: u64, shape: Vec<usize>) -> Slice {
+        Slice { tensor, first_row, rows, shape, row_map: None, values: ValueMap::Stored, kv_b: None }
+    }
+
+    /// Tensor `i` whole, in its own shape.
+    pub(super) fn whole(i: usize, t: &TensorInfo) -> Slice {
+        Slice::rows(i, 0, t.ne[1..].iter().product::<u64>(), t.shape())
+    }
+}
+
 /// The stored row of each HF row of a slice that the converter reordered.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RowMap {
@@ -575,15 +588,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
                 for e in 0..n {
                     out.push((
                         format!("{p}.{moe}.experts.{e}.{proj}.weight"),
-                        Slice {
-                            tensor: i,
-                            first_row: e * rows,
-                            rows,
-                            shape: vec![rows as usize, cols as usize],
-                            row_map: None,
-                            values: ValueMap::Stored,
-                            kv_b: None,
-                        },
+                        Slice::rows(i, e * rows, rows, vec![rows as usize, cols as usize]),
                     ));
                 }
                 continue;
@@ -636,8 +641,7 @@ fn tensors(g: &GgufFile, arch: Arch, config: &Json) -> Result<Vec<(String, Slice
 }
 
 fn whole_slice(i: usize, t: &TensorInfo, row_map: Option<RowMap>) -> Slice {
-    let rows = t.ne[1..].iter().product::<u64>();
-    Slice { tensor: i, first_row: 0, rows, shape: t.shape(), row_map, values: ValueMap::Stored, kv_b: None }
+    Slice { row_map, ..Slice::whole(i, t) }
 }
 
 /// The GGUF row holding HF row `r` of a q/k projection permuted over

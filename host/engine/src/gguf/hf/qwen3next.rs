@@ -138,11 +138,7 @@ pub(super) fn linear_attention(
     config: &Json,
 ) -> Result<Option<Vec<(String, Slice)>>> {
     let whole = |hf: &str, shape: Vec<usize>, values: ValueMap| {
-        let rows = t.ne[1..].iter().product::<u64>();
-        (
-            format!("{p}.linear_attn.{hf}"),
-            Slice { tensor: i, first_row: 0, rows, shape, row_map: None, values, kv_b: None },
-        )
+        (format!("{p}.linear_attn.{hf}"), Slice { shape, values, ..Slice::whole(i, t) })
     };
     Ok(Some(match rest {
         "attn_qkv.weight" => vec![whole("in_proj_qkv.weight", t.shape(), ValueMap::Stored)],
@@ -184,13 +180,8 @@ pub(super) fn linear_attention(
                 .map(|(part, hf)| {
                     let row_map = RowMap::Strided { period: 2 * len, offset: part * len, len };
                     let slice = Slice {
-                        tensor: i,
-                        first_row: 0,
-                        rows: value_heads as u64,
-                        shape: vec![value_heads, cols as usize],
                         row_map: Some(row_map),
-                        values: ValueMap::Stored,
-                        kv_b: None,
+                        ..Slice::rows(i, 0, value_heads as u64, vec![value_heads, cols as usize])
                     };
                     (format!("{p}.linear_attn.{hf}"), slice)
                 })

@@ -554,8 +554,11 @@ fn expert_forward_impl(
     }
     match (fmt.group_format(), cb) {
         (Some(t), _) => {
-            MatRef::quant(t, gb, i, h).matvec(x, gate);
-            MatRef::quant(t, ub, i, h).matvec(x, up);
+            let (g, u) = (MatRef::quant(t, gb, i, h), MatRef::quant(t, ub, i, h));
+            // q4's int8 input, quantised once for both.
+            let inputs = g.int8_inputs(x);
+            g.matvec_with(x, inputs.as_ref(), gate);
+            u.matvec_with(x, inputs.as_ref(), up);
         }
         (None, Some(_)) if fmt == ExpertFormat::Rvq4p => {
             rvq4p::matvec(isa, gb, i, h, &tables.q, gate);

@@ -20,6 +20,7 @@ use super::expert::{
     ExpertScratch,
 };
 use super::ggml::expert::Slabs;
+use super::int8::int8_input_bytes;
 use super::rvq::LayerCodebooks;
 use super::trunk::{f32_from_le, MatRef};
 use super::{ExpertFormat, ExpertShape, TrunkFormat};
@@ -44,7 +45,9 @@ impl ExpertBatchScratch {
     /// tokens (the memory plan counts it), from the lengths it allocates.
     pub fn peak_bytes(fmt: ExpertFormat, shape: ExpertShape, tokens: usize) -> usize {
         let matrices = if batch_shares_weights(fmt) { 2 * 4 * tokens * shape.inter } else { 0 };
-        matrices + ExpertScratch::new(fmt, shape).bytes()
+        // q4's int8 inputs: gate/up's, then down's.
+        let int8 = if fmt == ExpertFormat::Q4 { int8_input_bytes(tokens, shape.hidden.max(shape.inter)) } else { 0 };
+        matrices + int8 + ExpertScratch::new(fmt, shape).bytes()
     }
 }
 
@@ -100,8 +103,13 @@ pub fn expert_forward_batch(
     match &ggml {
         Some(slabs) => slabs.gate_up_many(xs, gate, up),
         None => {
-            matrix(gb, i, h, &mut |w| w.matvec_many(xs, gate));
-            matrix(ub, i, h, &mut |w| w.matvec_many(xs, up));
+            // q4's int8 inputs, quantised once for both.
+            let mut inputs = None;
+            matrix(gb, i, h, &mut |w| {
+                inputs = w.int8_inputs(xs);
+                w.matvec_many_with(xs, inputs.as_ref(), gate)
+            });
+            matrix(ub, i, h, &mut |w| w.matvec_many_with(xs, inputs.as_ref(), up));
         }
     }
     let biases = (!bias_bytes.is_empty()).then(|| f32_from_le(bias_bytes));

@@ -75,6 +75,7 @@ mod decoded;
 mod expert;
 mod expert_batch;
 pub mod ggml;
+mod int8;
 mod kmeans;
 mod rvq;
 mod rvq4p;
@@ -93,6 +94,7 @@ pub use expert::{
 };
 pub use expert_batch::{batch_shares_weights, expert_forward_batch, ExpertBatchScratch};
 pub use ggml::{GgmlMatrix, GgmlType};
+pub use int8::int8_input_bytes;
 pub use rvq::{fit_layer_codebooks, Codebooks, LayerCodebooks};
 pub use simd::{dot_f32, force_isa, isa, matmul_block, Isa};
 pub use trunk::{quantize_trunk, QMatrix};

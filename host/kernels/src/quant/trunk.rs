@@ -3,6 +3,7 @@
 
 use super::decoded::{dequantize_rows, matmul_decoded, PAR_MIN_WORK};
 use super::ggml::GgmlMatrix;
+use super::int8::{self, Int8Inputs};
 use super::simd::{self, f16_at};
 use super::{QuantError, TrunkFormat, GROUP};
 use half::f16;
@@ -203,40 +204,54 @@ impl<'a> MatRef<'a> {
         &scales[r * g2..(r + 1) * g2]
     }
 
-    /// Row `r` dotted with `x` (`x.len() == cols`).
-    #[inline]
-    pub fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
-        let c = self.cols;
-        match self.kind {
-            Kind::F32(w) => simd::dot_f32(&w[r * c..(r + 1) * c], x),
-            Kind::Q8 { scales, q } => simd::dot_q8(self.row_scales(scales, r), &q[r * c..(r + 1) * c], x),
-            Kind::Q4 { scales, q } => {
-                let rb = c.div_ceil(2);
-                simd::dot_q4(self.row_scales(scales, r), &q[r * rb..(r + 1) * rb], x)
-            }
-            Kind::Ggml(m) => {
-                let mut y = [0f32];
-                m.row_dots(r, x, &mut y);
-                y[0]
-            }
-        }
+    /// The inputs `x` (`[n, cols]`) quantised for a q4 matrix's integer
+    /// products (`int8`), or `None`: f32, q8 and GGUF matrices compute in
+    /// f32. Matrices of one format and width that take the same inputs
+    /// (an expert's gate and up) can share them (`matvec_many_with`).
+    pub(crate) fn int8_inputs(&self, x: &[f32]) -> Option<Int8Inputs> {
+        matches!(self.kind, Kind::Q4 { .. }).then(|| Int8Inputs::new(x, self.cols))
     }
 
-    /// `out[t] = row_dot(r, x row t)` for the `out.len()` rows of `x`, bit
-    /// for bit, the row's weights loaded and decoded once per tile of
-    /// inputs (`simd::dot_*_rows`).
+    /// Row `r` of a q4 matrix as the integer kernels take it.
     #[inline]
-    pub fn row_dots(&self, r: usize, x: &[f32], out: &mut [f32]) {
+    fn int8_row(&self, r: usize) -> int8::Row<'a> {
+        let Kind::Q4 { scales, q } = self.kind else { unreachable!("int8 products are q4's") };
+        let rb = self.cols.div_ceil(2);
+        int8::Row { scales: self.row_scales(scales, r), q: &q[r * rb..(r + 1) * rb] }
+    }
+
+    /// `out[t] = ` row `r` times input `first + t`: the integer products
+    /// on `inputs` where there are some, else the f32 row dots of `x`
+    /// (the inputs `first..` as f32 rows), bit for bit what `row_dot`
+    /// gives each input alone, the weights loaded once per tile of inputs.
+    #[inline]
+    fn row_dots(&self, r: usize, inputs: Option<&Int8Inputs>, first: usize, x: &[f32], out: &mut [f32]) {
+        if let Some(q) = inputs {
+            return int8::dot_rows(self.int8_row(r), q, first, out);
+        }
         let c = self.cols;
         match self.kind {
             Kind::F32(w) => simd::dot_f32_rows(&w[r * c..(r + 1) * c], x, out),
             Kind::Q8 { scales, q } => simd::dot_q8_rows(self.row_scales(scales, r), &q[r * c..(r + 1) * c], x, out),
-            Kind::Q4 { scales, q } => {
-                let rb = c.div_ceil(2);
-                simd::dot_q4_rows(self.row_scales(scales, r), &q[r * rb..(r + 1) * rb], c, x, out)
-            }
             Kind::Ggml(m) => m.row_dots(r, x, out),
+            Kind::Q4 { .. } => unreachable!("q4 products take int8 inputs"),
         }
+    }
+
+    /// Row `r` dotted with the one input `x` (`inputs` quantised from it
+    /// for q4).
+    #[inline]
+    fn row_dot(&self, r: usize, inputs: Option<&Int8Inputs>, x: &[f32]) -> f32 {
+        let mut y = [0f32];
+        match (inputs, self.kind) {
+            (None, Kind::F32(w)) => return simd::dot_f32(&w[r * self.cols..(r + 1) * self.cols], x),
+            (None, Kind::Q8 { scales, q }) => {
+                let c = self.cols;
+                return simd::dot_q8(self.row_scales(scales, r), &q[r * c..(r + 1) * c], x);
+            }
+            _ => self.row_dots(r, inputs, 0, x, &mut y),
+        }
+        y[0]
     }
 
     /// `y[t] = W x[t]` for the `n = x.len() / cols` inputs of a prefill
@@ -245,6 +260,13 @@ impl<'a> MatRef<'a> {
     /// kernel, run over several inputs per load of the weights. Panics
     /// unless the lengths agree.
     pub fn matvec_many(&self, x: &[f32], y: &mut [f32]) {
+        let inputs = self.int8_inputs(x);
+        self.matvec_many_with(x, inputs.as_ref(), y)
+    }
+
+    /// `matvec_many` on inputs already quantised by `int8_inputs` of a
+    /// matrix of the same format and width (`None` where that gives none).
+    pub(crate) fn matvec_many_with(&self, x: &[f32], inputs: Option<&Int8Inputs>, y: &mut [f32]) {
         let (rows, cols) = (self.rows, self.cols);
         assert!(cols > 0 && x.len().is_multiple_of(cols), "matvec_many: x of {} is not whole rows of {cols}", x.len());
         let n = x.len() / cols;
@@ -253,14 +275,15 @@ impl<'a> MatRef<'a> {
             return;
         }
         if n == 1 {
-            return self.matvec(x, y);
+            return self.matvec_with(x, inputs, y);
         }
         if n >= 2 * MANY_INPUTS {
             // Tasks own blocks of inputs and pass every weight row over them.
-            y.par_chunks_mut(MANY_INPUTS * rows).zip(x.par_chunks(MANY_INPUTS * cols)).for_each(|(yb, xb)| {
+            let blocks = y.par_chunks_mut(MANY_INPUTS * rows).zip(x.par_chunks(MANY_INPUTS * cols));
+            blocks.enumerate().for_each(|(b, (yb, xb))| {
                 let mut col = vec![0f32; xb.len() / cols];
                 for r in 0..rows {
-                    self.row_dots(r, xb, &mut col);
+                    self.row_dots(r, inputs, b * MANY_INPUTS, xb, &mut col);
                     for (yt, &v) in yb.chunks_exact_mut(rows).zip(&col) {
                         yt[r] = v;
                     }
@@ -272,7 +295,7 @@ impl<'a> MatRef<'a> {
         let mut yt = vec![0f32; rows * n];
         let task = |(b, out): (usize, &mut [f32])| {
             for (i, col) in out.chunks_exact_mut(n).enumerate() {
-                self.row_dots(b * ROW_BLOCK + i, x, col);
+                self.row_dots(b * ROW_BLOCK + i, inputs, 0, x, col);
             }
         };
         if rows * cols * n >= PAR_MIN_WORK {
@@ -330,7 +353,19 @@ impl<'a> MatRef<'a> {
         if let Kind::Ggml(m) = self.kind {
             return m.matvec(x, y);
         }
-        par_rows(y, self.rows * self.cols, |r| self.row_dot(r, x));
+        let inputs = self.int8_inputs(x);
+        self.matvec_with(x, inputs.as_ref(), y)
+    }
+
+    /// `matvec` on an input already quantised by `int8_inputs` (`None`
+    /// where that gives none).
+    pub(crate) fn matvec_with(&self, x: &[f32], inputs: Option<&Int8Inputs>, y: &mut [f32]) {
+        assert!(x.len() == self.cols && y.len() == self.rows, "matvec: x/y length");
+        if let Kind::Ggml(m) = self.kind {
+            return m.matvec(x, y);
+        }
+        assert_eq!(inputs.is_some(), matches!(self.kind, Kind::Q4 { .. }), "matvec: int8 inputs are q4's alone");
+        par_rows(y, self.rows * self.cols, |r| self.row_dot(r, inputs, x));
     }
 
     /// `y[t] = W x[t]` for `n = x.len() / cols` inputs at once (`x`
@@ -459,7 +494,8 @@ impl QMatrix {
             self.cols
         );
         let v = self.view();
-        par_rows(y, y.len() * self.cols, |i| v.row_dot(first + i, x));
+        let inputs = v.int8_inputs(x);
+        par_rows(y, y.len() * self.cols, |i| v.row_dot(first + i, inputs.as_ref(), x));
     }
 
     /// `y += a * W[r]`, each weight dequantised to exactly the f32 that
@@ -555,7 +591,8 @@ mod tests {
 
     /// Dequantised rows (`row_into`, one scale conversion per group) equal
     /// what the dot kernels compute against unit vectors (a group's scale
-    /// times the exact code), on odd widths and partial last groups.
+    /// times the exact code; for q4 within an ulp), on odd widths and
+    /// partial last groups.
     #[test]
     fn dequantised_rows_equal_the_dot_kernels_on_unit_vectors() {
         for (rows, cols) in [(3, 7), (4, 129), (2, 300)] {
@@ -571,8 +608,14 @@ mod tests {
                     m.matvec(&e, &mut col);
                     for r in 0..rows {
                         // `==`: a zero code under a negative scale dequantises to
-                        // -0, which the dot's sum starting at +0 makes +0.
-                        assert!(d[r * cols + j] == col[r], "{fmt:?} {rows}x{cols} ({r}, {j})");
+                        // -0, which the dot's sum starting at +0 makes +0. q4's
+                        // integer products scale by 127 * (1/127), within an ulp.
+                        let want = d[r * cols + j];
+                        let ok = match fmt {
+                            TrunkFormat::Q4 => (want - col[r]).abs() <= want.abs() * 2.5e-7,
+                            _ => want == col[r],
+                        };
+                        assert!(ok, "{fmt:?} {rows}x{cols} ({r}, {j}): {want} vs {}", col[r]);
                     }
                 }
             }

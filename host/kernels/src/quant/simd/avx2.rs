@@ -389,55 +389,37 @@ unsafe fn dot_f32_multi<const T: usize>(w: &[f32], xp: *const f32, out: &mut [f3
 pub(crate) unsafe fn dot_q8(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
     let mut out = [0f32];
     // SAFETY: one input of x.len() floats.
-    unsafe { quant_multi::<1, 8>(scales, q, x.len(), x.as_ptr(), &mut out) };
+    unsafe { quant_multi::<1>(scales, q, x.len(), x.as_ptr(), &mut out) };
     out[0]
 }
 
-/// # Safety
-/// The CPU supports AVX2 and FMA; `q.len() == ceil(x.len() / 2)` and
-/// `scales` holds `2 * ceil(x.len() / 128)` bytes.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn dot_q4(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
-    let mut out = [0f32];
-    // SAFETY: one input of x.len() floats.
-    unsafe { quant_multi::<1, 4>(scales, q, x.len(), x.as_ptr(), &mut out) };
-    out[0]
-}
-
-/// `out[t] = dot_q8 / dot_q4 (BITS 8 / 4) of the row with x row t` for the
-/// `out.len()` rows of `x`, each `n` long: tiles of `QUANT_INPUTS` rows
-/// share each decoded block of weights.
+/// `out[t] = dot_q8` of the row with x row t for the `out.len()` rows of
+/// `x`, each `n` long: tiles of `QUANT_INPUTS` rows share each decoded
+/// block of weights.
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA; `x.len() == out.len() * n`, `q` holds
-/// the row's `n` (q8) or `ceil(n / 2)` (q4) bytes and `scales` its
-/// `2 * ceil(n / 128)`.
+/// the row's `n` bytes and `scales` its `2 * ceil(n / 128)`.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn dot_quant_rows<const BITS: usize>(scales: &[u8], q: &[u8], n: usize, x: &[f32], out: &mut [f32]) {
+pub(crate) unsafe fn dot_q8_rows(scales: &[u8], q: &[u8], n: usize, x: &[f32], out: &mut [f32]) {
     // SAFETY: as this function's.
-    unsafe { quant_rows_tiled::<QUANT_INPUTS, BITS>(scales, q, n, x, out) }
+    unsafe { quant_rows_tiled::<QUANT_INPUTS>(scales, q, n, x, out) }
 }
 
-/// `dot_quant_rows` on a CPU with AVX-512VL: the very same 256-bit
+/// `dot_q8_rows` on a CPU with AVX-512VL: the very same 256-bit
 /// operations per input (so the same bits), but 8 inputs per decoded block
 /// of weights, whose 24 accumulators the 32 vector registers AVX-512VL
 /// makes addressable hold without spilling.
 ///
 /// # Safety
-/// The CPU supports AVX2, FMA, AVX-512F and AVX-512VL; as `dot_quant_rows`.
+/// The CPU supports AVX2, FMA, AVX-512F and AVX-512VL; as `dot_q8_rows`.
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
-pub(crate) unsafe fn dot_quant_rows_wide<const BITS: usize>(
-    scales: &[u8],
-    q: &[u8],
-    n: usize,
-    x: &[f32],
-    out: &mut [f32],
-) {
+pub(crate) unsafe fn dot_q8_rows_wide(scales: &[u8], q: &[u8], n: usize, x: &[f32], out: &mut [f32]) {
     // SAFETY: as this function's.
-    unsafe { quant_rows_tiled::<WIDE_INPUTS, BITS>(scales, q, n, x, out) }
+    unsafe { quant_rows_tiled::<WIDE_INPUTS>(scales, q, n, x, out) }
 }
 
-/// Inputs per tile of `dot_quant_rows_wide`.
+/// Inputs per tile of `dot_q8_rows_wide`.
 const WIDE_INPUTS: usize = 8;
 
 /// The rows of `x` in tiles of `TILE` inputs, a last partial tile one
@@ -445,24 +427,18 @@ const WIDE_INPUTS: usize = 8;
 /// target features.
 ///
 /// # Safety
-/// As `dot_quant_rows`; the caller's features include AVX2 and FMA.
+/// As `dot_q8_rows`; the caller's features include AVX2 and FMA.
 #[inline(always)]
-unsafe fn quant_rows_tiled<const TILE: usize, const BITS: usize>(
-    scales: &[u8],
-    q: &[u8],
-    n: usize,
-    x: &[f32],
-    out: &mut [f32],
-) {
+unsafe fn quant_rows_tiled<const TILE: usize>(scales: &[u8], q: &[u8], n: usize, x: &[f32], out: &mut [f32]) {
     for (o, xs) in out.chunks_mut(TILE).zip(x.chunks(TILE * n.max(1))) {
         // SAFETY: `xs` holds `o.len()` inputs of n floats.
         unsafe {
             if let Ok(tile) = <&mut [f32; TILE]>::try_from(&mut *o) {
-                quant_multi::<TILE, BITS>(scales, q, n, xs.as_ptr(), tile);
+                quant_multi::<TILE>(scales, q, n, xs.as_ptr(), tile);
             } else {
                 for (t, v) in o.iter_mut().enumerate() {
                     let mut one = [0f32];
-                    quant_multi::<1, BITS>(scales, q, n, xs.as_ptr().add(t * n), &mut one);
+                    quant_multi::<1>(scales, q, n, xs.as_ptr().add(t * n), &mut one);
                     *v = one[0];
                 }
             }
@@ -470,34 +446,20 @@ unsafe fn quant_rows_tiled<const TILE: usize, const BITS: usize>(
     }
 }
 
-/// Sixteen weights of a q8 (`BITS == 8`) or q4 row from position `p`,
-/// as two vectors of eight signed values.
+/// Sixteen weights of a q8 row from position `p`, as two vectors of eight
+/// signed values.
 ///
 /// # Safety
-/// AVX2; the row's bytes for positions `p..p + 16` (`p` even for q4) lie
-/// inside `q`.
+/// AVX2; the row's bytes for positions `p..p + 16` lie inside `q`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn decode16<const BITS: usize>(q: &[u8], p: usize) -> (__m256, __m256) {
-    if BITS == 8 {
-        let qa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i));
-        let qb = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p + 8) as *const __m128i));
-        (_mm256_cvtepi32_ps(qa), _mm256_cvtepi32_ps(qb))
-    } else {
-        let eight = _mm256_set1_epi32(8);
-        let b = _mm_loadl_epi64(q.as_ptr().add(p / 2) as *const __m128i);
-        let mask = _mm_set1_epi8(0x0F);
-        let lo = _mm_and_si128(b, mask);
-        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-        // Interleaving restores column order: low nibble = even column.
-        let v = _mm_unpacklo_epi8(lo, hi);
-        let va = _mm256_sub_epi32(_mm256_cvtepu8_epi32(v), eight);
-        let vb = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)), eight);
-        (_mm256_cvtepi32_ps(va), _mm256_cvtepi32_ps(vb))
-    }
+unsafe fn decode16(q: &[u8], p: usize) -> (__m256, __m256) {
+    let qa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i));
+    let qb = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p + 8) as *const __m128i));
+    (_mm256_cvtepi32_ps(qa), _mm256_cvtepi32_ps(qb))
 }
 
-/// Eight weights of a q8 row from position `p` (q4 never takes this step).
+/// Eight weights of a q8 row from position `p`.
 ///
 /// # Safety
 /// AVX2; bytes `p..p + 8` lie inside `q`.
@@ -507,21 +469,15 @@ unsafe fn decode8_q8(q: &[u8], p: usize) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(p) as *const __m128i)))
 }
 
-/// Weight `p` of a q8 or q4 row as a float.
+/// Weight `p` of a q8 row as a float.
 #[inline]
-fn weight<const BITS: usize>(q: &[u8], p: usize) -> f32 {
-    if BITS == 8 {
-        (q[p] as i8) as f32
-    } else {
-        let b = q[p / 2];
-        let nib = if p.is_multiple_of(2) { b & 0x0F } else { b >> 4 };
-        (nib as i32 - 8) as f32
-    }
+fn weight(q: &[u8], p: usize) -> f32 {
+    (q[p] as i8) as f32
 }
 
-/// The q8 / q4 row dot of one row with the `T` inputs `xp[t * n..][..n]`:
-/// per group of 128, two 8-lane FMA chains over 16 values at a time (q8:
-/// then one chain over a last 8), the rest summed unfused and scaled into
+/// The q8 row dot of one row with the `T` inputs `xp[t * n..][..n]`: per
+/// group of 128, two 8-lane FMA chains over 16 values at a time, then one
+/// chain over a last 8, the rest summed unfused and scaled into
 /// `tail`, the chains' sum scaled into a running 8-lane sum; at the end
 /// `hsum(running) + tail`. Each input's operations are those of the
 /// one-input kernel (`T == 1`), in the same order.
@@ -531,15 +487,9 @@ fn weight<const BITS: usize>(q: &[u8], p: usize) -> f32 {
 ///
 /// # Safety
 /// The caller's features include AVX2 and FMA; `T * n` floats are
-/// readable at `xp`; `q` and `scales` hold the row (see `dot_quant_rows`).
+/// readable at `xp`; `q` and `scales` hold the row (see `dot_q8_rows`).
 #[inline(always)]
-unsafe fn quant_multi<const T: usize, const BITS: usize>(
-    scales: &[u8],
-    q: &[u8],
-    n: usize,
-    xp: *const f32,
-    out: &mut [f32; T],
-) {
+unsafe fn quant_multi<const T: usize>(scales: &[u8], q: &[u8], n: usize, xp: *const f32, out: &mut [f32; T]) {
     let mut racc = [_mm256_setzero_ps(); T];
     let mut tail = [0f32; T];
     let mut g0 = 0;
@@ -553,7 +503,7 @@ unsafe fn quant_multi<const T: usize, const BITS: usize>(
         // bytes inside `q` and each input's 8-float loads inside it.
         while i + 16 <= glen {
             let p = g0 + i;
-            let (wa, wb) = decode16::<BITS>(q, p);
+            let (wa, wb) = decode16(q, p);
             for t in 0..T {
                 let x = xp.add(t * n + p);
                 a0[t] = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x), a0[t]);
@@ -561,7 +511,7 @@ unsafe fn quant_multi<const T: usize, const BITS: usize>(
             }
             i += 16;
         }
-        if BITS == 8 && i + 8 <= glen {
+        if i + 8 <= glen {
             let p = g0 + i;
             let wa = decode8_q8(q, p);
             for (t, a) in a0.iter_mut().enumerate() {
@@ -572,7 +522,7 @@ unsafe fn quant_multi<const T: usize, const BITS: usize>(
         let mut ts = [0f32; T];
         while i < glen {
             let p = g0 + i;
-            let w = weight::<BITS>(q, p);
+            let w = weight(q, p);
             for (t, s) in ts.iter_mut().enumerate() {
                 *s += w * *xp.add(t * n + p);
             }

@@ -191,23 +191,6 @@ pub(crate) fn dot_q8(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
     dot_q8_scalar(scales, q, x)
 }
 
-/// One q4 row: `q` holds `ceil(x.len()/2)` bytes, low nibble first.
-#[inline]
-pub(crate) fn dot_q4(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
-    check_row(scales, q.len(), x.len(), x.len().div_ceil(2));
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and FMA were detected; lengths checked above.
-        return unsafe { avx2::dot_q4(scales, q, x) };
-    }
-    #[cfg(target_arch = "aarch64")]
-    if isa() == Isa::Neon {
-        // SAFETY: NEON is the aarch64 baseline; lengths checked as above.
-        return unsafe { neon::dot_q4(scales, q, x) };
-    }
-    dot_q4_scalar(scales, q, x)
-}
-
 /// `out[t] = dot_f32(w, x row t)` for the `out.len()` rows of `x`, each
 /// `w.len()` long, bit for bit: the matrix-product form of a matvec, where
 /// each load of `w` serves several inputs (AVX2; elsewhere one input at a
@@ -242,39 +225,15 @@ pub(crate) fn dot_q8_rows(scales: &[u8], q: &[u8], x: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx512vl() {
         // SAFETY: AVX2, FMA, AVX-512F and VL were detected; lengths checked above.
-        return unsafe { avx2::dot_quant_rows_wide::<8>(scales, q, n, x, out) };
+        return unsafe { avx2::dot_q8_rows_wide(scales, q, n, x, out) };
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: AVX2 and FMA were detected; lengths checked above.
-        return unsafe { avx2::dot_quant_rows::<8>(scales, q, n, x, out) };
+        return unsafe { avx2::dot_q8_rows(scales, q, n, x, out) };
     }
     for (o, xr) in out.iter_mut().zip(x.chunks(n.max(1))) {
         *o = dot_q8(scales, q, &xr[..n]);
-    }
-}
-
-/// `out[t] = dot_q4(scales, q, x row t)` for the `out.len()` rows of `x`,
-/// each `n` long, bit for bit, as `dot_q8_rows`.
-pub(crate) fn dot_q4_rows(scales: &[u8], q: &[u8], n: usize, x: &[f32], out: &mut [f32]) {
-    check_row(scales, q.len(), n, n.div_ceil(2));
-    assert_eq!(x.len(), out.len() * n, "dot_q4_rows: inputs are not whole rows");
-    if out.is_empty() || x.is_empty() {
-        out.fill(0.0);
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512vl() {
-        // SAFETY: AVX2, FMA, AVX-512F and VL were detected; lengths checked above.
-        return unsafe { avx2::dot_quant_rows_wide::<4>(scales, q, n, x, out) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and FMA were detected; lengths checked above.
-        return unsafe { avx2::dot_quant_rows::<4>(scales, q, n, x, out) };
-    }
-    for (o, xr) in out.iter_mut().zip(x.chunks(n.max(1))) {
-        *o = dot_q4(scales, q, &xr[..n]);
     }
 }
 
@@ -541,27 +500,6 @@ pub(crate) fn dot_q8_scalar(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
         let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         for (a, b) in qr.iter().zip(xr) {
             s += (*a as i8) as f32 * b;
-        }
-        total += f16_at(scales, g) * s;
-    }
-    total
-}
-
-pub(crate) fn dot_q4_scalar(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
-    let mut total = 0f32;
-    // A group of 128 values is 64 whole bytes, so groups start on a byte.
-    for (g, xg) in x.chunks(GROUP).enumerate() {
-        let qg = &q[g * GROUP / 2..];
-        let mut acc = [0f32; 2];
-        let pairs = xg.chunks_exact(2);
-        let tail = pairs.remainder();
-        for (b, xp) in qg.iter().zip(pairs) {
-            acc[0] += ((b & 0x0F) as i32 - 8) as f32 * xp[0];
-            acc[1] += ((b >> 4) as i32 - 8) as f32 * xp[1];
-        }
-        let mut s = acc[0] + acc[1];
-        if let Some(xl) = tail.first() {
-            s += ((qg[xg.len() / 2] & 0x0F) as i32 - 8) as f32 * xl;
         }
         total += f16_at(scales, g) * s;
     }

@@ -82,57 +82,6 @@ pub(crate) unsafe fn dot_q8(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
 }
 
 /// # Safety
-/// NEON is available; `q.len() == ceil(x.len() / 2)` and `scales` holds
-/// `2 * ceil(x.len() / 128)` bytes.
-#[target_feature(enable = "neon")]
-pub(crate) unsafe fn dot_q4(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
-    let n = x.len();
-    let xp = x.as_ptr();
-    let mask = vdup_n_u8(0x0F);
-    let eight = vdup_n_s8(8);
-    let mut racc = vdupq_n_f32(0.0);
-    let mut tail = 0f32;
-    let mut g0 = 0;
-    while g0 < n {
-        let glen = GROUP.min(n - g0);
-        let scale = f16_at(scales, g0 / GROUP);
-        let (mut a0, mut a1) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-        let mut i = 0;
-        while i + 16 <= glen {
-            let p = g0 + i;
-            // SAFETY: p is even and p + 16 <= n, so bytes p/2..p/2+8 lie
-            // inside `q` and floats p..p+16 inside `x`.
-            let b = vld1_u8(q.as_ptr().add(p / 2));
-            let lo = vand_u8(b, mask);
-            let hi = vshr_n_u8(b, 4);
-            // Interleaving restores column order: low nibble = even column.
-            let z = vzip_u8(lo, hi);
-            let v0 = vsub_s8(vreinterpret_s8_u8(z.0), eight);
-            let v1 = vsub_s8(vreinterpret_s8_u8(z.1), eight);
-            let (c0, c1) = i8x8_to_f32(v0);
-            let (c2, c3) = i8x8_to_f32(v1);
-            a0 = vfmaq_f32(a0, c0, vld1q_f32(xp.add(p)));
-            a1 = vfmaq_f32(a1, c1, vld1q_f32(xp.add(p + 4)));
-            a0 = vfmaq_f32(a0, c2, vld1q_f32(xp.add(p + 8)));
-            a1 = vfmaq_f32(a1, c3, vld1q_f32(xp.add(p + 12)));
-            i += 16;
-        }
-        let mut ts = 0f32;
-        while i < glen {
-            let p = g0 + i;
-            let b = q[p / 2];
-            let nib = if p % 2 == 0 { b & 0x0F } else { b >> 4 };
-            ts += (nib as i32 - 8) as f32 * x[p];
-            i += 1;
-        }
-        tail += scale * ts;
-        racc = vfmaq_n_f32(racc, vaddq_f32(a0, a1), scale);
-        g0 += glen;
-    }
-    vaddvq_f32(racc) + tail
-}
-
-/// # Safety
 /// NEON is available.
 #[target_feature(enable = "neon")]
 pub(crate) unsafe fn build_tables(x: &[f32], cbt: &[f32], stages: usize, entries: usize, out: &mut [f32]) {

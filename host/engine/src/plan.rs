@@ -153,13 +153,28 @@ pub fn scratch_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
         .map(|f| gate_up_tables_peak_bytes(f, shape.hidden) + ExpertBatchScratch::peak_bytes(f, shape, chunk))
         .max()
         .unwrap_or(0);
+    // A q4 trunk product's inputs quantised to int8 (`quant::int8`), the
+    // widest a chunk's products take.
+    let int8 = crate::quant::int8_input_bytes(chunk, widest_trunk_input(cfg));
     let outputs = 4 * (cfg.top_k + 2 * chunk) * shape.hidden;
     // experts::Routed: a (token, weight) per pick and an index per expert;
     // store::pin: a use count and a held slot per expert of the layer.
     let routing = 16 * chunk * cfg.top_k + 8 * cfg.num_experts;
     let per_expert = 32 * cfg.num_experts;
-    let bytes = (model + kernels + outputs + routing + per_expert) as u64;
+    let bytes = (model + kernels + int8 + outputs + routing + per_expert) as u64;
     bytes.div_ceil(1 << 20) * (1 << 20) + (1 << 20)
+}
+
+/// The widest input of a trunk matrix product: the hidden state, the
+/// attention output, a dense or shared MLP's activation, an MLA layer's
+/// attended heads, a KDA layer's projections.
+fn widest_trunk_input(cfg: &ModelConfig) -> usize {
+    let mla = cfg.mla.map_or(0, |m| m.num_heads * m.v_head_dim);
+    let kda = cfg.kda.map_or(0, |k| k.qkv_dim());
+    [cfg.hidden_size, cfg.q_dim(), cfg.intermediate_size, cfg.shared_intermediate_size, mla, kda]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
 }
 
 /// The prefill chunk a plan picks when the caller does not name one: the
@@ -572,11 +587,20 @@ mod tests {
                     // format also the batch's [chunk, inter] gate and up.
                     let rvq3 = 4 * (h / 8 * 3 * 256 + 2 * i + i / 8 * 3 * 256);
                     let rvq4p = 4 * (h / 8 * 4 * 64 + 2 * i + i / 8 * 4 * 64) + (h / 8 + i / 8) * 256;
-                    let matrices = 4 * (h + 2 * i + 2 * chunk * i);
+                    // ..and q4's int8 inputs (1.53 bytes a value), gate/up's or
+                    // down's, and a trunk product's over the chunk.
+                    let int8 = |cols: usize| chunk * cols.div_ceil(128) * (128 + 64 + 4);
+                    let matrices = 4 * (h + 2 * i + 2 * chunk * i) + int8(h.max(i));
+                    let kda = cfg.kda.map_or(0, |k| k.qkv_dim());
+                    let mla = cfg.mla.map_or(0, |m| m.num_heads * m.v_head_dim);
+                    let widest = [h, cfg.q_dim(), cfg.intermediate_size, cfg.shared_intermediate_size, kda, mla];
                     // A token's per-pick outputs, one expert's gathered
                     // inputs and outputs, the routing turned around.
                     let outputs = 4 * (cfg.top_k + 2 * chunk) * h + 16 * chunk * cfg.top_k + 40 * cfg.num_experts;
-                    let need = 4 * forward_floats_by_hand(cfg, ctx, chunk) + rvq3.max(rvq4p).max(matrices) + outputs;
+                    let need = 4 * forward_floats_by_hand(cfg, ctx, chunk)
+                        + rvq3.max(rvq4p).max(matrices)
+                        + int8(widest.into_iter().max().unwrap())
+                        + outputs;
                     let got = scratch_bytes(cfg, ctx, chunk);
                     assert!(got >= need as u64, "{name}: context {ctx}, chunk {chunk}: {got} < {need}");
                     // An estimate, not a blanket: within a few MiB of the count.

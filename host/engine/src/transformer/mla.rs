@@ -661,8 +661,21 @@ mod tests {
                 let diff = before.iter().zip(&after).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
                 let rel = diff / max;
                 println!("{family} {fmt:?}: quantised kv_b vs f32 kv_b, max relative logit diff {rel:e}");
-                // Only the SIMD row dots' summation order differs.
-                assert!(rel <= 1e-4, "{family} {fmt:?}: {rel}");
+                match fmt {
+                    // A kept q4 kv_b's products round their input to int8
+                    // per group (`quant::int8`), which these tiny random
+                    // models amplify (1.7e-2 on kimi_linear's fixture, 0.33
+                    // on deepseek_v3's, where q4 itself moves the logits by
+                    // 1.1 and 0.61): it must not take the model further from
+                    // the unquantised one than the f32 expansion is
+                    // (measured: 1.111 vs 1.117, 0.564 vs 0.612).
+                    TrunkFormat::Q4 => {
+                        let (kept, expanded) = (qerr(&after), qerr(&before));
+                        assert!(kept <= 1.05 * expanded, "{family} q4: {kept} vs {expanded}");
+                    }
+                    // Only the SIMD row dots' summation order differs.
+                    _ => assert!(rel <= 1e-4, "{family} {fmt:?}: {rel}"),
+                }
             }
         }
     }

@@ -30,7 +30,7 @@
 //!   over the groups in order, then the fixed tree
 //!   `((f[i] + f[i+8]) + (.. + f[i+4])) ..` down to one value.
 
-use super::simd::f16_at;
+use super::simd::{f16_at, fused_mul_add};
 use super::GROUP;
 
 #[cfg(target_arch = "x86_64")]
@@ -175,7 +175,8 @@ pub(crate) fn dot_rows_scalar(row: Row<'_>, inputs: &Int8Inputs, first: usize, o
                 for j in (4 * l..4 * l + 4).chain(GROUP / 2 + 4 * l..GROUP / 2 + 4 * l + 4) {
                     lane += u[j] as i32 * c[j] as i32;
                 }
-                *fl = s.mul_add(lane as f32, *fl);
+                // Not `mul_add`: MinGW's `fmaf` is not fused (CI under wine).
+                *fl = fused_mul_add(s, lane as f32, *fl);
             }
         }
         *o = reduce_lanes(&f);

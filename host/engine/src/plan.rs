@@ -587,9 +587,9 @@ mod tests {
                     // format also the batch's [chunk, inter] gate and up.
                     let rvq3 = 4 * (h / 8 * 3 * 256 + 2 * i + i / 8 * 3 * 256);
                     let rvq4p = 4 * (h / 8 * 4 * 64 + 2 * i + i / 8 * 4 * 64) + (h / 8 + i / 8) * 256;
-                    // ..and q4's int8 inputs (1.53 bytes a value), gate/up's or
+                    // ..and q4's int8 inputs (1.06 bytes a value), gate/up's or
                     // down's, and a trunk product's over the chunk.
-                    let int8 = |cols: usize| chunk * cols.div_ceil(128) * (128 + 64 + 4);
+                    let int8 = |cols: usize| chunk * cols.div_ceil(128) * (128 + 4 + 4);
                     let matrices = 4 * (h + 2 * i + 2 * chunk * i) + int8(h.max(i));
                     let kda = cfg.kda.map_or(0, |k| k.qkv_dim());
                     let mla = cfg.mla.map_or(0, |m| m.num_heads * m.v_head_dim);

@@ -212,46 +212,101 @@ impl<'a> MatRef<'a> {
         matches!(self.kind, Kind::Q4 { .. }).then(|| Int8Inputs::new(x, self.cols))
     }
 
-    /// Row `r` of a q4 matrix as the integer kernels take it.
+    /// Rows `r0..r0 + n` (`n <= int8::BLOCK_ROWS`) of a q4 matrix as the
+    /// integer kernels take them.
     #[inline]
-    fn int8_row(&self, r: usize) -> int8::Row<'a> {
+    fn q4_block(&self, r0: usize, n: usize) -> int8::Block<'a> {
         let Kind::Q4 { scales, q } = self.kind else { unreachable!("int8 products are q4's") };
-        let rb = self.cols.div_ceil(2);
-        int8::Row { scales: self.row_scales(scales, r), q: &q[r * rb..(r + 1) * rb] }
+        let (g2, rb) = (2 * self.cols.div_ceil(GROUP), self.cols.div_ceil(2));
+        int8::Block { rows: n, scales: &scales[r0 * g2..(r0 + n) * g2], q: &q[r0 * rb..(r0 + n) * rb] }
     }
 
-    /// `out[t] = ` row `r` times input `first + t`: the integer products
-    /// on `inputs` where there are some, else the f32 row dots of `x`
-    /// (the inputs `first..` as f32 rows), bit for bit what `row_dot`
-    /// gives each input alone, the weights loaded once per tile of inputs.
-    #[inline]
-    fn row_dots(&self, r: usize, inputs: Option<&Int8Inputs>, first: usize, x: &[f32], out: &mut [f32]) {
-        if let Some(q) = inputs {
-            return int8::dot_rows(self.int8_row(r), q, first, out);
+    /// `y[i]` = q4 row `first + i` times the one input quantised in
+    /// `inputs`, in blocks of sixteen rows, in parallel when large.
+    fn q4_matvec_rows(&self, first: usize, inputs: &Int8Inputs, y: &mut [f32]) {
+        let task = |(b, ys): (usize, &mut [f32])| {
+            let mut o = [[0f32; int8::BLOCK_ROWS]];
+            int8::dot_block(self.q4_block(first + b * ROW_BLOCK, ys.len()), inputs, 0, &mut o);
+            ys.copy_from_slice(&o[0][..ys.len()]);
+        };
+        if y.len() * self.cols >= PAR_MIN_WORK && y.len() > ROW_BLOCK {
+            y.par_chunks_mut(ROW_BLOCK).enumerate().for_each(task);
+        } else {
+            y.chunks_mut(ROW_BLOCK).enumerate().for_each(task);
         }
+    }
+
+    /// `matvec_many_with` for q4: every input against every block of
+    /// sixteen rows, each block's groups interleaved once per task.
+    fn q4_matvec_many(&self, inputs: &Int8Inputs, n: usize, y: &mut [f32]) {
+        let rows = self.rows;
+        if n >= 2 * MANY_INPUTS {
+            // Tasks own blocks of inputs and pass every row block over them.
+            y.par_chunks_mut(MANY_INPUTS * rows).enumerate().for_each(|(b, yb)| {
+                let mut o = [[0f32; int8::BLOCK_ROWS]; MANY_INPUTS];
+                let o = &mut o[..yb.len() / rows];
+                for r0 in (0..rows).step_by(ROW_BLOCK) {
+                    let len = ROW_BLOCK.min(rows - r0);
+                    int8::dot_block(self.q4_block(r0, len), inputs, b * MANY_INPUTS, o);
+                    for (yt, ot) in yb.chunks_exact_mut(rows).zip(o.iter()) {
+                        yt[r0..r0 + len].copy_from_slice(&ot[..len]);
+                    }
+                }
+            });
+            return;
+        }
+        // Few inputs: tasks own blocks of rows, into `y` transposed.
+        let mut yt = vec![0f32; rows * n];
+        let task = |(b, out): (usize, &mut [f32])| {
+            let mut o = [[0f32; int8::BLOCK_ROWS]; 2 * MANY_INPUTS];
+            let o = &mut o[..n];
+            let len = out.len() / n;
+            int8::dot_block(self.q4_block(b * ROW_BLOCK, len), inputs, 0, o);
+            for (j, col) in out.chunks_exact_mut(n).enumerate() {
+                for (v, ot) in col.iter_mut().zip(o.iter()) {
+                    *v = ot[j];
+                }
+            }
+        };
+        if rows * self.cols * n >= PAR_MIN_WORK {
+            yt.par_chunks_mut(ROW_BLOCK * n).enumerate().for_each(task);
+        } else {
+            yt.chunks_mut(ROW_BLOCK * n).enumerate().for_each(task);
+        }
+        for (r, col) in yt.chunks_exact(n).enumerate() {
+            for (t, &v) in col.iter().enumerate() {
+                y[t * rows + r] = v;
+            }
+        }
+    }
+
+    /// `out[t] = ` row `r` times input `t` of `x` (f32 rows) for the f32,
+    /// q8 and GGUF matrices, bit for bit what `row_dot` gives each input
+    /// alone, the weights loaded once per tile of inputs.
+    #[inline]
+    fn row_dots(&self, r: usize, x: &[f32], out: &mut [f32]) {
         let c = self.cols;
         match self.kind {
             Kind::F32(w) => simd::dot_f32_rows(&w[r * c..(r + 1) * c], x, out),
             Kind::Q8 { scales, q } => simd::dot_q8_rows(self.row_scales(scales, r), &q[r * c..(r + 1) * c], x, out),
             Kind::Ggml(m) => m.row_dots(r, x, out),
-            Kind::Q4 { .. } => unreachable!("q4 products take int8 inputs"),
+            Kind::Q4 { .. } => unreachable!("q4 products are int8 blocks"),
         }
     }
 
-    /// Row `r` dotted with the one input `x` (`inputs` quantised from it
-    /// for q4).
+    /// Row `r` of an f32, q8 or GGUF matrix dotted with the one input `x`.
     #[inline]
-    fn row_dot(&self, r: usize, inputs: Option<&Int8Inputs>, x: &[f32]) -> f32 {
-        let mut y = [0f32];
-        match (inputs, self.kind) {
-            (None, Kind::F32(w)) => return simd::dot_f32(&w[r * self.cols..(r + 1) * self.cols], x),
-            (None, Kind::Q8 { scales, q }) => {
-                let c = self.cols;
-                return simd::dot_q8(self.row_scales(scales, r), &q[r * c..(r + 1) * c], x);
+    fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
+        let c = self.cols;
+        match self.kind {
+            Kind::F32(w) => simd::dot_f32(&w[r * c..(r + 1) * c], x),
+            Kind::Q8 { scales, q } => simd::dot_q8(self.row_scales(scales, r), &q[r * c..(r + 1) * c], x),
+            _ => {
+                let mut y = [0f32];
+                self.row_dots(r, x, &mut y);
+                y[0]
             }
-            _ => self.row_dots(r, inputs, 0, x, &mut y),
         }
-        y[0]
     }
 
     /// `y[t] = W x[t]` for the `n = x.len() / cols` inputs of a prefill
@@ -277,13 +332,16 @@ impl<'a> MatRef<'a> {
         if n == 1 {
             return self.matvec_with(x, inputs, y);
         }
+        if let Some(q) = inputs {
+            return self.q4_matvec_many(q, n, y);
+        }
         if n >= 2 * MANY_INPUTS {
             // Tasks own blocks of inputs and pass every weight row over them.
             let blocks = y.par_chunks_mut(MANY_INPUTS * rows).zip(x.par_chunks(MANY_INPUTS * cols));
-            blocks.enumerate().for_each(|(b, (yb, xb))| {
+            blocks.for_each(|(yb, xb)| {
                 let mut col = vec![0f32; xb.len() / cols];
                 for r in 0..rows {
-                    self.row_dots(r, inputs, b * MANY_INPUTS, xb, &mut col);
+                    self.row_dots(r, xb, &mut col);
                     for (yt, &v) in yb.chunks_exact_mut(rows).zip(&col) {
                         yt[r] = v;
                     }
@@ -295,7 +353,7 @@ impl<'a> MatRef<'a> {
         let mut yt = vec![0f32; rows * n];
         let task = |(b, out): (usize, &mut [f32])| {
             for (i, col) in out.chunks_exact_mut(n).enumerate() {
-                self.row_dots(b * ROW_BLOCK + i, inputs, 0, x, col);
+                self.row_dots(b * ROW_BLOCK + i, x, col);
             }
         };
         if rows * cols * n >= PAR_MIN_WORK {
@@ -365,7 +423,10 @@ impl<'a> MatRef<'a> {
             return m.matvec(x, y);
         }
         assert_eq!(inputs.is_some(), matches!(self.kind, Kind::Q4 { .. }), "matvec: int8 inputs are q4's alone");
-        par_rows(y, self.rows * self.cols, |r| self.row_dot(r, inputs, x));
+        match inputs {
+            Some(q) => self.q4_matvec_rows(0, q, y),
+            None => par_rows(y, self.rows * self.cols, |r| self.row_dot(r, x)),
+        }
     }
 
     /// `y[t] = W x[t]` for `n = x.len() / cols` inputs at once (`x`
@@ -494,8 +555,10 @@ impl QMatrix {
             self.cols
         );
         let v = self.view();
-        let inputs = v.int8_inputs(x);
-        par_rows(y, y.len() * self.cols, |i| v.row_dot(first + i, inputs.as_ref(), x));
+        match v.int8_inputs(x) {
+            Some(q) => v.q4_matvec_rows(first, &q, y),
+            None => par_rows(y, y.len() * self.cols, |i| v.row_dot(first + i, x)),
+        }
     }
 
     /// `y += a * W[r]`, each weight dequantised to exactly the f32 that

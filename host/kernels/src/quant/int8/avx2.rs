@@ -1,96 +1,168 @@
-//! The integer row products on AVX2: `maddubs` pairs and `madd` by ones
-//! form the definition's sixteen int32 lanes as two vectors of eight.
-//! Nibbles (0..15) times codes (-127..127) cannot saturate `maddubs`'s
-//! int16 pairs.
+//! The integer block products on AVX2: `maddubs` of a tile vector (four
+//! bytes of each of eight rows) against four codes broadcast, then `madd`
+//! by ones, adds eight columns into every row's int32 lane; sixteen rows
+//! are two vectors. Nibbles (0..15) times codes (-127..127) cannot
+//! saturate `maddubs`'s int16 pairs, nor the sum of two of them.
 
-use super::{padded_group, Int8Inputs, Row, GROUP_BYTES, LANES};
-use crate::quant::simd::f16_at;
+use super::{
+    interleave, prefetch_next_block, tile_scales, Block, Int8Inputs, Tile, BLOCK_ROWS, GROUP_BYTES, GROUP_WORDS,
+};
 use crate::quant::GROUP;
 use std::arch::x86_64::*;
 
-/// Inputs per tile: two f32 accumulators an input.
+/// Inputs per tile: eight int32 accumulators, four weight registers, the
+/// two broadcasts and the ones fill the sixteen vector registers.
 const TILE: usize = 4;
 
-/// `out[i]` = the row dotted with input `first + i`, bit for bit
-/// `dot_rows_scalar`.
+/// `out[i][j]` = row `j` of the block dotted with input `first + i`, bit
+/// for bit `dot_block_scalar`.
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA; the row's lengths agree with `inputs`
+/// The CPU supports AVX2 and FMA; the block's lengths agree with `inputs`
 /// and `first + out.len() <= inputs.inputs()` (checked by the caller).
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn dot_rows(row: Row<'_>, inputs: &Int8Inputs, first: usize, out: &mut [f32]) {
-    let mut t = first;
-    for o in out.chunks_mut(TILE) {
-        // SAFETY: as this function's; inputs t..t+o.len() exist.
-        unsafe {
-            if let Ok(tile) = <&mut [f32; TILE]>::try_from(&mut *o) {
-                tile_dots::<TILE>(row, inputs, t, tile);
-            } else {
-                for (i, v) in o.iter_mut().enumerate() {
-                    let mut one = [0f32];
-                    tile_dots::<1>(row, inputs, t + i, &mut one);
-                    *v = one[0];
+pub(crate) unsafe fn dot_block(block: Block<'_>, inputs: &Int8Inputs, first: usize, out: &mut [[f32; BLOCK_ROWS]]) {
+    out.iter_mut().for_each(|o| *o = [0.0; BLOCK_ROWS]);
+    let mut tile = Tile::new();
+    for g in 0..inputs.groups {
+        // SAFETY: AVX2 is available (this function's contract).
+        unsafe { interleave_whole(block, inputs.cols, g, &mut tile) };
+        let mut t = first;
+        for o in out.chunks_mut(TILE) {
+            // SAFETY: as this function's; inputs t..t+o.len() exist.
+            unsafe {
+                if let Ok(whole) = <&mut [[f32; BLOCK_ROWS]; TILE]>::try_from(&mut *o) {
+                    group_tile::<TILE>(&tile, inputs, t, g, whole);
+                } else {
+                    for (i, v) in o.iter_mut().enumerate() {
+                        group_tile::<1>(&tile, inputs, t + i, g, std::array::from_mut(v));
+                    }
+                }
+            }
+            t += o.len();
+        }
+    }
+}
+
+/// `interleave` as four 8x8 transposes of four-byte words where the block
+/// has sixteen rows and the group is whole; `interleave` itself otherwise.
+///
+/// # Safety
+/// The CPU supports AVX2; `block` is `inputs`-consistent for `cols`.
+#[inline(always)]
+unsafe fn interleave_whole(block: Block<'_>, cols: usize, g: usize, tile: &mut Tile) {
+    let rb = cols.div_ceil(2);
+    let start = g * GROUP_BYTES;
+    if block.rows != BLOCK_ROWS || start + GROUP_BYTES > rb {
+        return interleave(block, cols, g, tile);
+    }
+    tile_scales(block, cols, g, tile);
+    // SAFETY: each row j has bytes start..start+64 (checked above); the
+    // tile's vectors are 32-byte aligned.
+    unsafe {
+        let base = block.q.as_ptr().add(start);
+        prefetch_next_block(block.q.as_ptr(), rb, g, cols.div_ceil(GROUP));
+        let words = tile.words.as_mut_ptr() as *mut __m256i;
+        // Rows 8h..8h+8, words 8w..8w+8: word k of those rows is the tile's
+        // vector 2k + h.
+        for h in 0..2 {
+            for w in 0..2 {
+                let mut r = [_mm256_setzero_si256(); 8];
+                for (i, ri) in r.iter_mut().enumerate() {
+                    *ri = _mm256_loadu_si256(base.add((8 * h + i) * rb + 32 * w) as *const __m256i);
+                }
+                let t = transpose8(r);
+                for (i, ti) in t.iter().enumerate() {
+                    words.add(2 * (8 * w + i) + h).write(*ti);
                 }
             }
         }
-        t += o.len();
     }
 }
 
-/// Eight int32 lanes: `u * c` summed over each four bytes (`u` unsigned).
+/// Transposes eight vectors of eight four-byte words.
 #[inline(always)]
-unsafe fn lanes(u: __m256i, c: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(u, c), _mm256_set1_epi16(1))
+unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+    let mut u = [_mm256_setzero_si256(); 8];
+    for q in 0..2 {
+        let (r0, r1, r2, r3) = (r[4 * q], r[4 * q + 1], r[4 * q + 2], r[4 * q + 3]);
+        let (t0, t1) = (_mm256_unpacklo_epi32(r0, r1), _mm256_unpackhi_epi32(r0, r1));
+        let (t2, t3) = (_mm256_unpacklo_epi32(r2, r3), _mm256_unpackhi_epi32(r2, r3));
+        // Rows 4q..4q+4 at words m (low lane) and m + 4 (high lane).
+        u[4 * q] = _mm256_unpacklo_epi64(t0, t2);
+        u[4 * q + 1] = _mm256_unpackhi_epi64(t0, t2);
+        u[4 * q + 2] = _mm256_unpacklo_epi64(t1, t3);
+        u[4 * q + 3] = _mm256_unpackhi_epi64(t1, t3);
+    }
+    let mut out = [_mm256_setzero_si256(); 8];
+    for m in 0..4 {
+        out[m] = _mm256_permute2x128_si256::<0x20>(u[m], u[4 + m]);
+        out[m + 4] = _mm256_permute2x128_si256::<0x31>(u[m], u[4 + m]);
+    }
+    out
 }
 
+/// Eight int32 lanes: the two `maddubs` pair sums added (at most 4 * 15 *
+/// 127 in size), then widened and summed by `madd`.
 #[inline(always)]
-unsafe fn load(p: *const u8) -> __m256i {
-    // SAFETY: the caller's 32 readable bytes.
-    unsafe { _mm256_loadu_si256(p as *const __m256i) }
+unsafe fn lanes(lo: __m256i, c_lo: __m256i, hi: __m256i, c_hi: __m256i, ones: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, c_lo), _mm256_maddubs_epi16(hi, c_hi)), ones)
 }
 
+/// Adds group `g` of inputs `first..first + N` against the tile to `out`.
+///
 /// # Safety
-/// As `dot_rows`, for inputs `first..first + N`.
+/// As `dot_block`, for inputs `first..first + N` and `g < groups`.
 #[inline(always)]
-unsafe fn tile_dots<const N: usize>(row: Row<'_>, inputs: &Int8Inputs, first: usize, out: &mut [f32; N]) {
+unsafe fn group_tile<const N: usize>(
+    tile: &Tile,
+    inputs: &Int8Inputs,
+    first: usize,
+    g: usize,
+    out: &mut [[f32; BLOCK_ROWS]; N],
+) {
     let groups = inputs.groups;
-    let mut f = [[_mm256_setzero_ps(); 2]; N];
-    let mut buf = [0u8; GROUP_BYTES];
     let nib = _mm256_set1_epi8(0x0F);
-    for g in 0..groups {
-        let ws = f16_at(row.scales, g);
-        // Weight vector w[k] meets codes c[32k..32k+32]: lanes 0..8 come
-        // from w[0] and w[2], lanes 8..16 from w[1] and w[3].
-        let b = padded_group(row.q, g, &mut buf).as_ptr();
-        let (v0, v1) = (load(b), load(b.add(32)));
-        let w = [
-            _mm256_and_si256(v0, nib),
-            _mm256_and_si256(v1, nib),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(v0), nib),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(v1), nib),
-        ];
-        for (i, fi) in f.iter_mut().enumerate() {
-            let at = (first + i) * groups + g;
-            // SAFETY: input first+i exists, so its group g's 128 codes and
-            // 16 init lanes lie inside the buffers.
-            let c = inputs.codes.as_ptr().add(at * GROUP) as *const u8;
-            let init = inputs.init.as_ptr().add(at * LANES) as *const u8;
-            let acc = [
-                _mm256_add_epi32(load(init), _mm256_add_epi32(lanes(w[0], load(c)), lanes(w[2], load(c.add(64))))),
-                _mm256_add_epi32(
-                    load(init.add(32)),
-                    _mm256_add_epi32(lanes(w[1], load(c.add(32))), lanes(w[3], load(c.add(96)))),
-                ),
-            ];
-            let s = _mm256_set1_ps(ws * *inputs.scales.get_unchecked(at));
-            fi[0] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(acc[0]), fi[0]);
-            fi[1] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(acc[1]), fi[1]);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_si256(); 2]; N];
+    let mut codes = [std::ptr::null::<u8>(); N];
+    for i in 0..N {
+        let at = (first + i) * groups + g;
+        // SAFETY: input first+i exists (caller), so group g's code sum and
+        // 128 codes lie inside the buffers.
+        unsafe {
+            let init = _mm256_set1_epi32(*inputs.init.get_unchecked(at));
+            acc[i] = [init, init];
+            codes[i] = inputs.codes.as_ptr().add(at * GROUP) as *const u8;
         }
     }
-    for (o, fi) in out.iter_mut().zip(&f) {
-        let h8 = _mm256_add_ps(fi[0], fi[1]);
-        let h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps::<1>(h8));
-        let h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-        *o = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps::<1>(h2, h2)));
+    for k in 0..GROUP_WORDS {
+        // SAFETY: `words[k]` is 64 bytes; codes 4k..4k+4 and 64+4k.. lie
+        // inside the input's group.
+        unsafe {
+            let p = tile.words[k].as_ptr() as *const __m256i;
+            let (v0, v1) = (_mm256_load_si256(p), _mm256_load_si256(p.add(1)));
+            let lo = [_mm256_and_si256(v0, nib), _mm256_and_si256(v1, nib)];
+            let hi =
+                [_mm256_and_si256(_mm256_srli_epi16::<4>(v0), nib), _mm256_and_si256(_mm256_srli_epi16::<4>(v1), nib)];
+            for i in 0..N {
+                let c_lo = _mm256_set1_epi32((codes[i].add(4 * k) as *const i32).read_unaligned());
+                let c_hi = _mm256_set1_epi32((codes[i].add(GROUP_BYTES + 4 * k) as *const i32).read_unaligned());
+                for h in 0..2 {
+                    acc[i][h] = _mm256_add_epi32(acc[i][h], lanes(lo[h], c_lo, hi[h], c_hi, ones));
+                }
+            }
+        }
+    }
+    // SAFETY: `scales` is 64 bytes, each half 32; input scale indices as above.
+    unsafe {
+        for i in 0..N {
+            let a = _mm256_set1_ps(*inputs.scales.get_unchecked((first + i) * groups + g));
+            for (h, &dot) in acc[i].iter().enumerate() {
+                let s = _mm256_mul_ps(_mm256_load_ps(tile.scales.as_ptr().add(8 * h)), a);
+                let o = out[i].as_mut_ptr().add(8 * h);
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(dot), _mm256_loadu_ps(o)));
+            }
+        }
     }
 }

@@ -11,7 +11,7 @@
 //! the input's rounding would nearly double the output's error (0.010 ->
 //! 0.019; docs/PERFORMANCE.md). f32 and GGUF matrices keep theirs.
 //!
-//! The definition all levels compute bit for bit (`dot_rows_scalar` is the
+//! The definition all levels compute bit for bit (`dot_block_scalar` is the
 //! reference):
 //!
 //! - An input's group `g` of values `x` (padded with zeros to `GROUP`):
@@ -20,15 +20,20 @@
 //!   Codes are kept in the weights' byte order: byte `i` of a q4 row packs
 //!   columns `2i` (low nibble) and `2i + 1`, so the even columns come
 //!   first, then the odd ones.
-//! - A weight group of 128 stored positions as unsigned bytes `u`: the
-//!   nibbles, low ones first (each the signed weight plus 8).
-//! - Sixteen int32 lanes: lane `l` sums `u[j] * c[j]` over
-//!   `j in 4l..4l+4` and `64+4l..64+4l+4`, minus 8 times the lane's code
-//!   sum: exact integers, so any instruction sequence that forms them
-//!   agrees.
-//! - Sixteen f32 lanes: `f[l] = fma(w_scale * a, lane_l as f32, f[l])`
-//!   over the groups in order, then the fixed tree
-//!   `((f[i] + f[i+8]) + (.. + f[i+4])) ..` down to one value.
+//! - A weight group's dot with an input group: `sum (nibble - 8) * c` over
+//!   its 128 columns, an exact integer (at most 8 * 127 * 128 in size, so
+//!   exact in f32 too): any instruction sequence that forms it agrees.
+//! - The row's product: `f = fma(w_scale * a, dot as f32, f)` over the
+//!   groups in order, from `f = 0`.
+//!
+//! The SIMD levels compute sixteen rows at once: a group of sixteen rows
+//! is interleaved into a 1 KB tile whose vector `k` holds bytes `4k..4k+4`
+//! of every row's group (`interleave`), so one `vpdpbusd` against four
+//! codes broadcast adds eight columns into each row's int32 lane, and the
+//! tile is shared by every input of the call. The row-per-vector form this
+//! replaced spent five instructions per input and group beside its two
+//! products, converting sixteen partial lanes per row; here one conversion
+//! and one FMA serve sixteen rows and thirty-two products.
 
 use super::simd::{f16_at, fused_mul_add};
 use super::GROUP;
@@ -38,8 +43,15 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-/// The int32 / f32 lanes of the definition above.
-pub(crate) const LANES: usize = 16;
+/// Rows a block: one int32 / f32 lane each in a 512-bit vector.
+pub(crate) const BLOCK_ROWS: usize = 16;
+
+/// Bytes of a q4 group.
+pub(crate) const GROUP_BYTES: usize = GROUP / 2;
+
+/// Four-byte words of a q4 group.
+#[cfg(target_arch = "x86_64")]
+const GROUP_WORDS: usize = GROUP_BYTES / 4;
 
 /// What a q4 weight's unsigned nibble adds to its signed code.
 const NIBBLE_OFFSET: i32 = 8;
@@ -50,16 +62,16 @@ pub(crate) struct Int8Inputs {
     groups: usize,
     /// `[input][group][GROUP]` codes, in the q4 bytes' order.
     codes: Vec<i8>,
-    /// `[input][group][LANES]`: minus 8 times each lane's codes.
+    /// `[input][group]`: minus 8 times the group's code sum.
     init: Vec<i32>,
     /// `[input][group]` scales.
     scales: Vec<f32>,
 }
 
 /// Bytes `Int8Inputs` holds for `inputs` inputs of `cols` values: codes,
-/// lane offsets and a scale per group (1.53 bytes a value).
+/// the code sum and a scale per group (1.06 bytes a value).
 pub fn int8_input_bytes(inputs: usize, cols: usize) -> usize {
-    inputs * cols.div_ceil(GROUP) * (GROUP + 4 * LANES + 4)
+    inputs * cols.div_ceil(GROUP) * (GROUP + 4 + 4)
 }
 
 /// Rounds to the nearest integer, ties to even, for `|v| <= 2^22`: the
@@ -81,11 +93,10 @@ impl Int8Inputs {
             cols,
             groups,
             codes: vec![0; n * groups * GROUP],
-            init: vec![0; n * groups * LANES],
+            init: vec![0; n * groups],
             scales: vec![0.0; n * groups],
         };
         let mut column = [0i8; GROUP];
-        let mut stored = [0i8; GROUP];
         for (t, xt) in x.chunks_exact(cols).enumerate() {
             for (g, xg) in xt.chunks(GROUP).enumerate() {
                 // Max is exact in any order; eight lanes let it vectorise.
@@ -102,18 +113,14 @@ impl Int8Inputs {
                 for (c, &v) in column.iter_mut().zip(xg) {
                     *c = round_even((v * inv).clamp(-127.0, 127.0)) as i8;
                 }
+                let at = t * groups + g;
+                let stored = &mut me.codes[at * GROUP..(at + 1) * GROUP];
                 for (i, pair) in column.chunks_exact(2).enumerate() {
                     stored[i] = pair[0];
-                    stored[GROUP / 2 + i] = pair[1];
+                    stored[GROUP_BYTES + i] = pair[1];
                 }
-                let at = t * groups + g;
                 me.scales[at] = amax / 127.0;
-                me.codes[at * GROUP..(at + 1) * GROUP].copy_from_slice(&stored);
-                for (l, init) in me.init[at * LANES..(at + 1) * LANES].iter_mut().enumerate() {
-                    let lane: i32 =
-                        (0..4).map(|k| stored[4 * l + k] as i32 + stored[GROUP / 2 + 4 * l + k] as i32).sum();
-                    *init = -NIBBLE_OFFSET * lane;
-                }
+                me.init[at] = -NIBBLE_OFFSET * column.iter().map(|&c| c as i32).sum::<i32>();
             }
         }
         me
@@ -124,62 +131,110 @@ impl Int8Inputs {
     }
 }
 
-/// One q4 row's bytes and group scales.
+/// Up to `BLOCK_ROWS` consecutive rows of a q4 matrix.
 #[derive(Clone, Copy)]
-pub(crate) struct Row<'a> {
-    /// `2 * groups` bytes of f16 scales.
+pub(crate) struct Block<'a> {
+    pub rows: usize,
+    /// `rows * 2 * groups` bytes of f16 scales, row-major.
     pub scales: &'a [u8],
-    /// `cols.div_ceil(2)` bytes, low nibble first.
+    /// `rows * cols.div_ceil(2)` bytes, each row low nibble first.
     pub q: &'a [u8],
 }
 
-/// Group `g` of a row as 128 unsigned bytes in stored order (zeros past
-/// the row's end; their codes are zero too).
-fn unsigned_group(row: Row<'_>, g: usize) -> [u8; GROUP] {
-    let mut u = [0u8; GROUP];
-    for (j, &b) in row.q.iter().skip(g * GROUP / 2).take(GROUP / 2).enumerate() {
-        u[j] = b & 0x0F;
-        u[GROUP / 2 + j] = b >> 4;
-    }
-    u
+/// Group `g` of a block's rows interleaved: `words[k][j]` is bytes
+/// `4k..4k+4` of row `j`'s group (zeros past the row's end and for rows
+/// the block lacks, whose scales are zero too).
+#[cfg(target_arch = "x86_64")]
+#[repr(C, align(64))]
+pub(crate) struct Tile {
+    pub words: [[u32; BLOCK_ROWS]; GROUP_WORDS],
+    pub scales: [f32; BLOCK_ROWS],
 }
 
-/// The fixed lane tree of the definition.
-#[inline]
-pub(crate) fn reduce_lanes(f: &[f32; LANES]) -> f32 {
-    let mut h = *f;
-    let mut width = LANES / 2;
-    while width >= 1 {
-        for i in 0..width {
-            h[i] += h[i + width];
+#[cfg(target_arch = "x86_64")]
+impl Tile {
+    pub(crate) fn new() -> Self {
+        Tile { words: [[0; BLOCK_ROWS]; GROUP_WORDS], scales: [0.0; BLOCK_ROWS] }
+    }
+}
+
+/// Fills `tile` with group `g` of `block` (a matrix of `cols` columns).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn interleave(block: Block<'_>, cols: usize, g: usize, tile: &mut Tile) {
+    let rb = cols.div_ceil(2);
+    let start = g * GROUP_BYTES;
+    tile_scales(block, cols, g, tile);
+    for j in 0..BLOCK_ROWS {
+        let mut padded = [0u8; GROUP_BYTES];
+        if j < block.rows {
+            let row = &block.q[j * rb..(j + 1) * rb];
+            let end = rb.min(start + GROUP_BYTES);
+            padded[..end - start].copy_from_slice(&row[start..end]);
         }
-        width /= 2;
+        for (k, w) in tile.words.iter_mut().enumerate() {
+            w[j] = u32::from_le_bytes(padded[4 * k..4 * k + 4].try_into().expect("four bytes"));
+        }
     }
-    h[0]
 }
 
-/// `out[i]` = the row dotted with input `first + i`: the reference of
-/// every level.
-pub(crate) fn dot_rows_scalar(row: Row<'_>, inputs: &Int8Inputs, first: usize, out: &mut [f32]) {
-    let groups = inputs.groups;
+/// Prefetches the sixteenth part `g` of the bytes after the block (`rb`
+/// bytes a row), in address order: the next block of the same matrix,
+/// which the thread most likely computes next. A block reads its sixteen
+/// rows as sixteen short streams, a group at a time, which the hardware
+/// prefetcher follows late: decode (one input, the weights from DRAM) ran
+/// at 0.7x the old row-at-a-time walk until the next block came in while
+/// this one computes. Past the matrix's end this is a hint about other
+/// memory, or about none: prefetches read nothing and never fault.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_next_block(q: *const u8, rb: usize, g: usize, groups: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    const LINE: usize = 64;
+    let len = BLOCK_ROWS * rb;
+    let (from, to) = (len * g / groups, len * (g + 1) / groups);
+    for off in (from..to).step_by(LINE) {
+        // SAFETY: a prefetch is a hint; it reads nothing and cannot fault.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(len + off) as *const i8) };
+    }
+}
+
+/// The tile's scales: each row's scale of group `g`, zero for rows the
+/// block lacks.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn tile_scales(block: Block<'_>, cols: usize, g: usize, tile: &mut Tile) {
+    let g2 = 2 * cols.div_ceil(GROUP);
+    for (j, s) in tile.scales.iter_mut().enumerate() {
+        *s = if j < block.rows { f16_at(&block.scales[j * g2..(j + 1) * g2], g) } else { 0.0 };
+    }
+}
+
+/// `out[i][j]` = row `j` of the block dotted with input `first + i` (0
+/// for rows the block lacks): the reference of every level.
+pub(crate) fn dot_block_scalar(block: Block<'_>, inputs: &Int8Inputs, first: usize, out: &mut [[f32; BLOCK_ROWS]]) {
+    let (cols, groups) = (inputs.cols, inputs.groups);
+    let rb = cols.div_ceil(2);
     for (i, o) in out.iter_mut().enumerate() {
         let t = first + i;
-        let mut f = [0f32; LANES];
-        for g in 0..groups {
-            let u = unsigned_group(row, g);
-            let at = t * groups + g;
-            let c = &inputs.codes[at * GROUP..(at + 1) * GROUP];
-            let s = f16_at(row.scales, g) * inputs.scales[at];
-            for (l, fl) in f.iter_mut().enumerate() {
-                let mut lane = inputs.init[at * LANES + l];
-                for j in (4 * l..4 * l + 4).chain(GROUP / 2 + 4 * l..GROUP / 2 + 4 * l + 4) {
-                    lane += u[j] as i32 * c[j] as i32;
+        for (j, oj) in o.iter_mut().enumerate() {
+            if j >= block.rows {
+                *oj = 0.0;
+                continue;
+            }
+            let scales = &block.scales[j * 2 * groups..(j + 1) * 2 * groups];
+            let q = &block.q[j * rb..(j + 1) * rb];
+            let mut f = 0f32;
+            for g in 0..groups {
+                let at = t * groups + g;
+                let c = &inputs.codes[at * GROUP..(at + 1) * GROUP];
+                let mut dot = inputs.init[at];
+                for (b, &byte) in q.iter().skip(g * GROUP_BYTES).take(GROUP_BYTES).enumerate() {
+                    dot += (byte & 0x0F) as i32 * c[b] as i32 + (byte >> 4) as i32 * c[GROUP_BYTES + b] as i32;
                 }
                 // Not `mul_add`: MinGW's `fmaf` is not fused (CI under wine).
-                *fl = fused_mul_add(s, lane as f32, *fl);
+                f = fused_mul_add(f16_at(scales, g) * inputs.scales[at], dot as f32, f);
             }
+            *oj = f;
         }
-        *o = reduce_lanes(&f);
     }
 }
 
@@ -225,55 +280,41 @@ impl Level {
     }
 }
 
-/// `out[i]` = the row dotted with input `first + i`, at `level` (which
-/// must be available).
-pub(crate) fn dot_rows_at(level: Level, row: Row<'_>, inputs: &Int8Inputs, first: usize, out: &mut [f32]) {
-    let groups = inputs.groups;
+/// `out[i][j]` = row `j` of the block dotted with input `first + i` (0 for
+/// rows the block lacks), at `level` (which must be available).
+pub(crate) fn dot_block_at(
+    level: Level,
+    block: Block<'_>,
+    inputs: &Int8Inputs,
+    first: usize,
+    out: &mut [[f32; BLOCK_ROWS]],
+) {
+    let (cols, groups) = (inputs.cols, inputs.groups);
     assert!(
-        row.scales.len() == 2 * groups
-            && row.q.len() == inputs.cols.div_ceil(2)
+        block.rows <= BLOCK_ROWS
+            && block.scales.len() == block.rows * 2 * groups
+            && block.q.len() == block.rows * cols.div_ceil(2)
             && first + out.len() <= inputs.inputs(),
         "int8 dot: inconsistent lengths"
     );
     assert!(level.available(), "int8 dot: level {level:?} not available");
     match level {
-        Level::Scalar => dot_rows_scalar(row, inputs, first, out),
+        Level::Scalar => dot_block_scalar(block, inputs, first, out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2 and FMA are available (checked above); lengths checked above.
-        Level::Avx2 => unsafe { avx2::dot_rows(row, inputs, first, out) },
+        Level::Avx2 => unsafe { avx2::dot_block(block, inputs, first, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512 F/BW/VNNI are available (checked above); lengths checked above.
-        Level::Avx512Vnni => unsafe { avx512::dot_rows(row, inputs, first, out) },
+        Level::Avx512Vnni => unsafe { avx512::dot_block(block, inputs, first, out) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("no x86 levels here"),
     }
 }
 
-/// `dot_rows_at` at the level in force.
+/// `dot_block_at` at the level in force.
 #[inline]
-pub(crate) fn dot_rows(row: Row<'_>, inputs: &Int8Inputs, first: usize, out: &mut [f32]) {
-    dot_rows_at(Level::current(), row, inputs, first, out)
-}
-
-/// Bytes of a q4 group.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) const GROUP_BYTES: usize = GROUP / 2;
-
-/// Group `g` of a row's bytes, padded with zeros to a whole group when the
-/// row ends inside it: the SIMD levels read whole groups.
-#[inline]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) fn padded_group<'a>(q: &'a [u8], g: usize, buf: &'a mut [u8; GROUP_BYTES]) -> &'a [u8; GROUP_BYTES] {
-    let start = g * GROUP_BYTES;
-    match q.get(start..start + GROUP_BYTES) {
-        Some(whole) => whole.try_into().expect("a whole group"),
-        None => {
-            buf.fill(0);
-            let tail = &q[start..];
-            buf[..tail.len()].copy_from_slice(tail);
-            buf
-        }
-    }
+pub(crate) fn dot_block(block: Block<'_>, inputs: &Int8Inputs, first: usize, out: &mut [[f32; BLOCK_ROWS]]) {
+    dot_block_at(Level::current(), block, inputs, first, out)
 }
 
 /// The inputs as the integer products see them: each value its code times
@@ -286,7 +327,7 @@ pub(crate) fn rounded(x: &[f32], cols: usize) -> Vec<f32> {
         for (col, o) in ot.iter_mut().enumerate() {
             let (g, j) = (col / GROUP, col % GROUP);
             let at = t * q.groups + g;
-            *o = q.codes[at * GROUP + j / 2 + (j % 2) * (GROUP / 2)] as f32 * q.scales[at];
+            *o = q.codes[at * GROUP + j / 2 + (j % 2) * GROUP_BYTES] as f32 * q.scales[at];
         }
     }
     out

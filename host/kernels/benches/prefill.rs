@@ -11,28 +11,43 @@
 //! chunk routes 64 tokens per expert on average with top-8 of 256).
 //! GMAC/s is multiply-accumulates per second, best of `REPEATS`.
 //!
-//! `cargo bench -p waste-kernels --bench prefill` (`--quick`: fewer tokens).
+//! The q4 products are int8 (`quant::int8`): their "% of peak" is of the
+//! integer ceiling at the level in force (`vpdpbusd` or `maddubs`), the
+//! others' of the FMA peak.
+//!
+//! `cargo bench -p waste-kernels --bench prefill` (`--quick`: fewer tokens;
+//! `--isa=avx2` etc.: a lower kernel level than the CPU's best).
 
 mod common;
 
 use std::hint::black_box;
 
-use common::{noise, peak_gmacs, side_by_side};
+use common::{int8_peak_gmacs, noise, peak_gmacs, side_by_side};
 
 use waste_kernels::pool::Pool;
 use waste_kernels::quant::{
-    build_gate_up_tables, encode_expert, expert_forward_act, expert_forward_batch, isa, quantize_trunk, Activation,
-    ExpertBatchScratch, ExpertF32, ExpertFormat, ExpertScratch, ExpertShape, QMatrix, TrunkFormat,
+    build_gate_up_tables, encode_expert, expert_forward_act, expert_forward_batch, force_isa, isa, quantize_trunk,
+    Activation, ExpertBatchScratch, ExpertF32, ExpertFormat, ExpertScratch, ExpertShape, Isa, QMatrix, TrunkFormat,
 };
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let mut unit = noise(0x5EED);
+    if let Some(name) = std::env::args().find_map(|a| a.strip_prefix("--isa=").map(str::to_string)) {
+        let level = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon].into_iter().find(|l| l.name() == name);
+        force_isa(level.unwrap_or_else(|| panic!("--isa={name}: not a level"))).expect("a level this CPU has");
+    }
     println!("kernel level: {}", isa().name());
     for threads in [1, 2] {
         let pool = Pool::new(Some(threads), None).expect("pool");
         let peak = pool.install(|| peak_gmacs(threads)).expect("pool");
-        println!("\n{threads} thread(s): FMA peak {peak:.1} GMAC/s");
+        let int8 = pool.install(|| int8_peak_gmacs(threads, isa().name())).expect("pool");
+        print!("\n{threads} thread(s): FMA peak {peak:.1} GMAC/s");
+        match int8 {
+            Some((p, how)) => println!(", int8 peak {p:.1} GMAC/s ({how})"),
+            None => println!(),
+        }
+        let int8_peak = int8.map_or(f64::NAN, |(p, _)| p);
         println!(
             "{:<22} {:>7} {:>14} {:>14} {:>7} {:>9}",
             "product", "tokens", "per token", "batched", "ratio", "% of peak"
@@ -58,7 +73,44 @@ fn main() {
                     black_box(&z);
                 },
             );
-            report(&format!("q_proj {} 4096x2048", fmt.name()), n, (rows * cols * n) as f64, one, many, peak);
+            let of = if fmt == TrunkFormat::Q4 { int8_peak } else { peak };
+            report(&format!("q_proj {} 4096x2048", fmt.name()), n, (rows * cols * n) as f64, one, many, of);
+        }
+        // Decode: one input at a time over matrices that are not in any
+        // cache (64 q_proj-sized matrices, 268 MB in q4), as a token's
+        // experts and trunk are.
+        for (fmt, rows, cols) in [
+            (TrunkFormat::Q4, rows, cols),
+            (TrunkFormat::Q8, rows, cols),
+            (TrunkFormat::Q4, 1024, 2304),
+            (TrunkFormat::Q4, 2304, 1024),
+        ] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| unit() * 0.05).collect();
+            let bytes = quantize_trunk(fmt, &w, rows, cols);
+            let set: Vec<QMatrix> = (0..if quick { 16 } else { 64 } * 4096 * 2048 / (rows * cols))
+                .map(|_| QMatrix::from_byte_vec(fmt, rows, cols, bytes.clone()).expect("matrix"))
+                .collect();
+            let x: Vec<f32> = (0..cols).map(|_| unit()).collect();
+            let pass = |forward: bool| {
+                let mut y = vec![0f32; rows];
+                let order: Vec<&QMatrix> = if forward { set.iter().collect() } else { set.iter().rev().collect() };
+                for m in order {
+                    m.matvec(&x, &mut y);
+                }
+                black_box(&y);
+            };
+            // Both orders, so neither pass finds the other's last matrices
+            // in the cache.
+            let (a, b) = side_by_side(&pool, || pass(true), || pass(false));
+            let best = a.min(b);
+            let gb = (bytes.len() * set.len()) as f64 / 1e9;
+            println!(
+                "{:<22} {:>7} {:>9.1} GMAC/s {:>7.1} GB/s from DRAM",
+                format!("decode {} {rows}x{cols}", fmt.name()),
+                1,
+                (rows * cols * set.len()) as f64 / best / 1e9,
+                gb / best
+            );
         }
         // One expert over the tokens routed to it.
         let shape = ExpertShape::new(2048, 768);
@@ -107,7 +159,7 @@ fn main() {
                     (3 * size * tokens) as f64,
                     one,
                     many,
-                    peak,
+                    if fmt == ExpertFormat::Q4 { int8_peak } else { peak },
                 );
             }
         }

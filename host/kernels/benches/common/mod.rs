@@ -80,3 +80,81 @@ unsafe fn fma_loop_avx2(iters: usize) -> f32 {
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
     out.iter().sum()
 }
+
+/// The integer products' ceiling, as multiply-accumulates per second of
+/// `threads` threads each running twelve independent chains of the
+/// instruction the q4 kernel at `level` uses: `vpdpbusd` on 512-bit
+/// vectors (64 byte products) where the CPU has AVX-512 VNNI and the
+/// level is `avx512`, else AVX2's `maddubs` + `madd` + add (32 products
+/// in three instructions). `None` without AVX2.
+#[allow(dead_code)] // the prefill bench's; `attention` shares the module
+pub fn int8_peak_gmacs(threads: usize, level: &str) -> Option<(f64, &'static str)> {
+    const ITERS: usize = 20_000_000;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let vnni = level == "avx512"
+            && std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vnni");
+        let avx2 = std::is_x86_feature_detected!("avx2");
+        if !vnni && !avx2 {
+            return None;
+        }
+        let t = Instant::now();
+        let sums: Vec<i32> = (0..threads)
+            .into_par_iter()
+            // SAFETY: the features each loop needs were detected just above.
+            .map(|_| unsafe {
+                if vnni {
+                    vnni_loop(ITERS)
+                } else {
+                    maddubs_loop(ITERS)
+                }
+            })
+            .collect();
+        black_box(sums);
+        let per = if vnni { 64 } else { 32 };
+        let name = if vnni { "vpdpbusd" } else { "maddubs" };
+        Some(((threads * ITERS * 12 * per) as f64 / t.elapsed().as_secs_f64() / 1e9, name))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (threads, level);
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(dead_code)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn vnni_loop(iters: usize) -> i32 {
+    use std::arch::x86_64::*;
+    let (u, c) = (_mm512_set1_epi8(3), _mm512_set1_epi8(-1));
+    let mut acc = [_mm512_setzero_si512(); 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm512_dpbusd_epi32(*a, u, c);
+        }
+    }
+    acc.iter().map(|a| _mm512_reduce_add_epi32(*a)).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(dead_code)]
+#[target_feature(enable = "avx2")]
+unsafe fn maddubs_loop(iters: usize) -> i32 {
+    use std::arch::x86_64::*;
+    let (c, ones) = (_mm256_set1_epi8(-1), _mm256_set1_epi16(1));
+    let mut acc = [_mm256_setzero_si256(); 12];
+    for _ in 0..iters {
+        // Each product reads its own chain, so none is hoisted.
+        for a in acc.iter_mut() {
+            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(_mm256_maddubs_epi16(*a, c), ones));
+        }
+    }
+    let mut out = [0i32; 8];
+    let s = acc.iter().fold(_mm256_setzero_si256(), |s, a| _mm256_add_epi32(s, *a));
+    // SAFETY: `out` holds 8 ints.
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, s) };
+    out.iter().sum()
+}

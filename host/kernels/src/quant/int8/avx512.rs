@@ -39,20 +39,8 @@ pub(crate) unsafe fn dot_block(block: Block<'_>, inputs: &Int8Inputs, first: usi
     for g in 0..inputs.groups {
         // SAFETY: AVX-512 F is available (this function's contract).
         let tile = unsafe { interleave_whole(block, inputs.cols, g, &mut tile) };
-        let mut t = first;
-        for o in out.chunks_mut(TILE) {
-            // SAFETY: as this function's; inputs t..t+o.len() exist.
-            unsafe {
-                if let Ok(whole) = <&mut [[f32; BLOCK_ROWS]; TILE]>::try_from(&mut *o) {
-                    group_tile::<TILE>(&tile, inputs, t, g, whole);
-                } else {
-                    for (i, v) in o.iter_mut().enumerate() {
-                        group_tile::<1>(&tile, inputs, t + i, g, std::array::from_mut(v));
-                    }
-                }
-            }
-            t += o.len();
-        }
+        // SAFETY: as this function's; each tile's inputs t.. exist.
+        unsafe { for_input_tiles!(out, first, TILE, |t, o| group_tile(&tile, inputs, t, g, o)) };
     }
 }
 

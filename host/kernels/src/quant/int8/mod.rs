@@ -38,6 +38,29 @@
 use super::simd::{f16_at, fused_mul_add};
 use super::GROUP;
 
+/// The SIMD levels' loop over a call's inputs for group `$g`: tiles of
+/// `$tile` inputs through `$group_tile::<$tile>`, the remainder one at a
+/// time through `$group_tile::<1>`, each adding the group to `$out`'s rows.
+/// A macro, not a function taking a closure, so the loop is expanded
+/// inside each level's `#[target_feature]` function.
+#[cfg(target_arch = "x86_64")]
+macro_rules! for_input_tiles {
+    ($out:expr, $first:expr, $tile:ident, |$t:ident, $o:ident| $group_tile:ident($($arg:expr),*)) => {{
+        let mut $t = $first;
+        for chunk in $out.chunks_mut($tile) {
+            if let Ok($o) = <&mut [[f32; BLOCK_ROWS]; $tile]>::try_from(&mut *chunk) {
+                $group_tile::<$tile>($($arg),*);
+            } else {
+                for (i, v) in chunk.iter_mut().enumerate() {
+                    let ($t, $o) = ($t + i, std::array::from_mut(v));
+                    $group_tile::<1>($($arg),*);
+                }
+            }
+            $t += chunk.len();
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

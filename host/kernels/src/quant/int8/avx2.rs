@@ -22,6 +22,12 @@ const TILE: usize = 4;
 /// and `first + out.len() <= inputs.inputs()` (checked by the caller).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn dot_block(block: Block<'_>, inputs: &Int8Inputs, first: usize, out: &mut [[f32; BLOCK_ROWS]]) {
+    if let [one] = out {
+        if block.rows == BLOCK_ROWS && inputs.cols.is_multiple_of(GROUP) {
+            // SAFETY: as this function's, with a whole block of whole groups.
+            return unsafe { dot_block_one(block, inputs, first, one) };
+        }
+    }
     out.iter_mut().for_each(|o| *o = [0.0; BLOCK_ROWS]);
     let mut tile = Tile::new();
     for g in 0..inputs.groups {
@@ -30,6 +36,76 @@ pub(crate) unsafe fn dot_block(block: Block<'_>, inputs: &Int8Inputs, first: usi
         // SAFETY: as this function's; each tile's inputs t.. exist.
         unsafe { for_input_tiles!(out, first, TILE, |t, o| group_tile(&tile, inputs, t, g, o)) };
     }
+}
+
+/// One input (decode) against a whole block of whole groups, as AVX-512's
+/// `dot_block_one`: each row's group as stored against the input's codes,
+/// eight partial lanes a row, then each eight rows' lanes summed into one
+/// vector of their exact group dots.
+///
+/// # Safety
+/// As `dot_block`, with `block.rows == BLOCK_ROWS` and `cols` a multiple
+/// of `GROUP`.
+#[inline(always)]
+unsafe fn dot_block_one(block: Block<'_>, inputs: &Int8Inputs, t: usize, out: &mut [f32; BLOCK_ROWS]) {
+    let (cols, groups) = (inputs.cols, inputs.groups);
+    let rb = cols / 2;
+    let (nib, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    let mut tile = Tile::new();
+    let mut f = [_mm256_setzero_ps(); 2];
+    for g in 0..groups {
+        // SAFETY: rows 0..16 hold whole groups (caller); input t exists.
+        unsafe {
+            prefetch_next_block(block.q.as_ptr(), rb, g, groups);
+            let at = t * groups + g;
+            let c = inputs.codes.as_ptr().add(at * GROUP);
+            // Codes 0..32 and 32..64 meet the low nibbles of bytes 0..32
+            // and 32..64, codes 64..96 and 96..128 their high nibbles.
+            let cv = c as *const __m256i;
+            let c_lo = [_mm256_loadu_si256(cv), _mm256_loadu_si256(cv.add(1))];
+            let c_hi = [_mm256_loadu_si256(cv.add(2)), _mm256_loadu_si256(cv.add(3))];
+            let base = block.q.as_ptr().add(g * GROUP_BYTES);
+            let mut a = [_mm256_setzero_si256(); BLOCK_ROWS];
+            for (j, aj) in a.iter_mut().enumerate() {
+                let p = base.add(j * rb) as *const __m256i;
+                let mut sum = _mm256_setzero_si256();
+                for (h, (&cl, &ch)) in c_lo.iter().zip(&c_hi).enumerate() {
+                    let v = _mm256_loadu_si256(p.add(h));
+                    let (lo, hi) = (_mm256_and_si256(v, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+                    sum = _mm256_add_epi32(sum, lanes(lo, cl, hi, ch, ones));
+                }
+                *aj = sum;
+            }
+            tile_scales(block, cols, g, &mut tile);
+            let init = _mm256_set1_epi32(*inputs.init.get_unchecked(at));
+            let a_scale = _mm256_set1_ps(*inputs.scales.get_unchecked(at));
+            for (h, fh) in f.iter_mut().enumerate() {
+                let rows: &[__m256i; 8] = a[8 * h..8 * h + 8].try_into().expect("eight rows");
+                let dot = _mm256_add_epi32(sum_lanes(rows), init);
+                let s = _mm256_mul_ps(_mm256_load_ps(tile.scales.as_ptr().add(8 * h)), a_scale);
+                *fh = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(dot), *fh);
+            }
+        }
+    }
+    // SAFETY: `out` is sixteen floats.
+    unsafe {
+        _mm256_storeu_ps(out.as_mut_ptr(), f[0]);
+        _mm256_storeu_ps(out.as_mut_ptr().add(8), f[1]);
+    }
+}
+
+/// Lane `j` of the result = the sum of `a[j]`'s eight lanes (exact int32).
+#[inline(always)]
+unsafe fn sum_lanes(a: &[__m256i; 8]) -> __m256i {
+    // Per 128-bit half: pairs, then quads of each row's lanes.
+    let h01 = _mm256_hadd_epi32(a[0], a[1]);
+    let h23 = _mm256_hadd_epi32(a[2], a[3]);
+    let h45 = _mm256_hadd_epi32(a[4], a[5]);
+    let h67 = _mm256_hadd_epi32(a[6], a[7]);
+    // Rows 0..4 (low half: their lanes 0..4, high half: lanes 4..8).
+    let q0 = _mm256_hadd_epi32(h01, h23);
+    let q1 = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(q0, q1), _mm256_permute2x128_si256::<0x31>(q0, q1))
 }
 
 /// `interleave` as four 8x8 transposes of four-byte words where the block

@@ -51,7 +51,7 @@ unsafe fn dot_block_one(block: Block<'_>, inputs: &Int8Inputs, t: usize, out: &m
     let (cols, groups) = (inputs.cols, inputs.groups);
     let rb = cols / 2;
     let (nib, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
-    let mut tile = Tile::new();
+    let mut scales = [0f32; BLOCK_ROWS];
     let mut f = [_mm256_setzero_ps(); 2];
     for g in 0..groups {
         // SAFETY: rows 0..16 hold whole groups (caller); input t exists.
@@ -76,13 +76,13 @@ unsafe fn dot_block_one(block: Block<'_>, inputs: &Int8Inputs, t: usize, out: &m
                 }
                 *aj = sum;
             }
-            tile_scales(block, cols, g, &mut tile);
+            tile_scales(block, cols, g, &mut scales);
             let init = _mm256_set1_epi32(*inputs.init.get_unchecked(at));
             let a_scale = _mm256_set1_ps(*inputs.scales.get_unchecked(at));
             for (h, fh) in f.iter_mut().enumerate() {
                 let rows: &[__m256i; 8] = a[8 * h..8 * h + 8].try_into().expect("eight rows");
                 let dot = _mm256_add_epi32(sum_lanes(rows), init);
-                let s = _mm256_mul_ps(_mm256_load_ps(tile.scales.as_ptr().add(8 * h)), a_scale);
+                let s = _mm256_mul_ps(_mm256_loadu_ps(scales.as_ptr().add(8 * h)), a_scale);
                 *fh = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(dot), *fh);
             }
         }
@@ -120,7 +120,7 @@ unsafe fn interleave_whole(block: Block<'_>, cols: usize, g: usize, tile: &mut T
     if block.rows != BLOCK_ROWS || start + GROUP_BYTES > rb {
         return interleave(block, cols, g, tile);
     }
-    tile_scales(block, cols, g, tile);
+    tile_scales(block, cols, g, &mut tile.scales);
     // SAFETY: each row j has bytes start..start+64 (checked above); the
     // tile's vectors are 32-byte aligned.
     unsafe {

@@ -186,7 +186,7 @@ impl Tile {
 pub(crate) fn interleave(block: Block<'_>, cols: usize, g: usize, tile: &mut Tile) {
     let rb = cols.div_ceil(2);
     let start = g * GROUP_BYTES;
-    tile_scales(block, cols, g, tile);
+    tile_scales(block, cols, g, &mut tile.scales);
     for j in 0..BLOCK_ROWS {
         let mut padded = [0u8; GROUP_BYTES];
         if j < block.rows {
@@ -222,12 +222,12 @@ pub(crate) fn prefetch_next_block(q: *const u8, rb: usize, g: usize, groups: usi
     }
 }
 
-/// The tile's scales: each row's scale of group `g`, zero for rows the
+/// A block's scales of group `g`, one a row, zero for rows the
 /// block lacks.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn tile_scales(block: Block<'_>, cols: usize, g: usize, tile: &mut Tile) {
+pub(crate) fn tile_scales(block: Block<'_>, cols: usize, g: usize, scales: &mut [f32; BLOCK_ROWS]) {
     let g2 = 2 * cols.div_ceil(GROUP);
-    for (j, s) in tile.scales.iter_mut().enumerate() {
+    for (j, s) in scales.iter_mut().enumerate() {
         *s = if j < block.rows { f16_at(&block.scales[j * g2..(j + 1) * g2], g) } else { 0.0 };
     }
 }

@@ -324,6 +324,12 @@ impl<'a> MatRef<'a> {
         if let Some(q) = inputs {
             return self.q4_matvec_many(q, n, y);
         }
+        if let Kind::Ggml(m) = self.kind {
+            // Rows decoded a block at a time and run in register tiles of
+            // several rows: one row against the inputs made one weight
+            // load per FMA's worth of inputs. Same `dot8` bits.
+            return m.matmul(x, y);
+        }
         if n >= 2 * MANY_INPUTS {
             // Tasks own blocks of inputs and pass every weight row over them.
             let blocks = y.par_chunks_mut(MANY_INPUTS * rows).zip(x.par_chunks(MANY_INPUTS * cols));

@@ -102,9 +102,23 @@ unsafe fn dot_block_one(block: Block<'_>, inputs: &Int8Inputs, t: usize, out: &m
 unsafe fn sum_lanes(a: &[__m512i; BLOCK_ROWS]) -> __m512i {
     let mut x = [_mm512_setzero_si512(); 8];
     for (p, xp) in x.iter_mut().enumerate() {
-        let (u, v) = (a[2 * p], a[2 * p + 1]);
-        *xp = _mm512_add_epi32(_mm512_unpacklo_epi32(u, v), _mm512_unpackhi_epi32(u, v));
+        *xp = sum_pair(a[2 * p], a[2 * p + 1]);
     }
+    sum_lane_pairs(&x)
+}
+
+/// The first step of `sum_lanes`, for `a[2p]` and `a[2p + 1]`: lanes
+/// `4i` and `4i + 2` hold two partial sums of `u`'s 128-bit lane `i`,
+/// lanes `4i + 1` and `4i + 3` two of `v`'s.
+#[inline(always)]
+pub(crate) unsafe fn sum_pair(u: __m512i, v: __m512i) -> __m512i {
+    _mm512_add_epi32(_mm512_unpacklo_epi32(u, v), _mm512_unpackhi_epi32(u, v))
+}
+
+/// The rest of `sum_lanes` from its first step's eight vectors
+/// (`x[p] = sum_pair(a[2p], a[2p + 1])`).
+#[inline(always)]
+pub(crate) unsafe fn sum_lane_pairs(x: &[__m512i; 8]) -> __m512i {
     // y[q]'s 128-bit lane L: rows 4q..4q+4, each the sum of its lane L.
     let mut y = [_mm512_setzero_si512(); 4];
     for (q, yq) in y.iter_mut().enumerate() {
@@ -157,38 +171,45 @@ unsafe fn interleave_whole(block: Block<'_>, cols: usize, g: usize, tile: &mut T
         let scales = _mm512_cvtph_ps(_mm256_loadu_si256(halves.as_ptr() as *const __m256i));
         let base = block.q.as_ptr().add(start);
         prefetch_next_block(block.q.as_ptr(), rb, g, cols.div_ceil(GROUP));
-        // Rows a..p, words 0..16: pairs of rows interleave their words,
-        // then pairs of pairs, so u[4q + m] holds rows 4q..4q+4 at words m,
-        // m+4, m+8, m+12 (one per 128-bit lane).
-        let mut u = [_mm512_setzero_si512(); 16];
-        for q in 0..4 {
-            let r = base.add(4 * q * rb);
-            let r0 = _mm512_loadu_si512(r as *const _);
-            let r1 = _mm512_loadu_si512(r.add(rb) as *const _);
-            let r2 = _mm512_loadu_si512(r.add(2 * rb) as *const _);
-            let r3 = _mm512_loadu_si512(r.add(3 * rb) as *const _);
-            let (t0, t1) = (_mm512_unpacklo_epi32(r0, r1), _mm512_unpackhi_epi32(r0, r1));
-            let (t2, t3) = (_mm512_unpacklo_epi32(r2, r3), _mm512_unpackhi_epi32(r2, r3));
-            u[4 * q] = _mm512_unpacklo_epi64(t0, t2);
-            u[4 * q + 1] = _mm512_unpackhi_epi64(t0, t2);
-            u[4 * q + 2] = _mm512_unpacklo_epi64(t1, t3);
-            u[4 * q + 3] = _mm512_unpackhi_epi64(t1, t3);
+        let mut rows = [_mm512_setzero_si512(); BLOCK_ROWS];
+        for (j, r) in rows.iter_mut().enumerate() {
+            *r = _mm512_loadu_si512(base.add(j * rb) as *const _);
         }
-        // Then the 128-bit lanes: word m of rows 0..16 from the four
-        // quads' lane 0, word m + 4 from lane 1, ...
-        let mut w = [_mm512_setzero_si512(); GROUP_WORDS];
-        for m in 0..4 {
-            let v0 = _mm512_shuffle_i32x4::<0x88>(u[m], u[4 + m]);
-            let v1 = _mm512_shuffle_i32x4::<0xDD>(u[m], u[4 + m]);
-            let v2 = _mm512_shuffle_i32x4::<0x88>(u[8 + m], u[12 + m]);
-            let v3 = _mm512_shuffle_i32x4::<0xDD>(u[8 + m], u[12 + m]);
-            w[m] = _mm512_shuffle_i32x4::<0x88>(v0, v2);
-            w[m + 8] = _mm512_shuffle_i32x4::<0xDD>(v0, v2);
-            w[m + 4] = _mm512_shuffle_i32x4::<0x88>(v1, v3);
-            w[m + 12] = _mm512_shuffle_i32x4::<0xDD>(v1, v3);
-        }
-        Words { words: w, scales }
+        Words { words: transpose_words(&rows), scales }
     }
+}
+
+/// The 16x16 transpose of four-byte words: lane `j` of result `m` is
+/// word `m` of `rows[j]`.
+#[inline(always)]
+pub(crate) unsafe fn transpose_words(rows: &[__m512i; 16]) -> [__m512i; 16] {
+    // Pairs of rows interleave their words, then pairs of pairs, so
+    // u[4q + m] holds rows 4q..4q+4 at words m, m+4, m+8, m+12 (one per
+    // 128-bit lane).
+    let mut u = [_mm512_setzero_si512(); 16];
+    for q in 0..4 {
+        let (r0, r1, r2, r3) = (rows[4 * q], rows[4 * q + 1], rows[4 * q + 2], rows[4 * q + 3]);
+        let (t0, t1) = (_mm512_unpacklo_epi32(r0, r1), _mm512_unpackhi_epi32(r0, r1));
+        let (t2, t3) = (_mm512_unpacklo_epi32(r2, r3), _mm512_unpackhi_epi32(r2, r3));
+        u[4 * q] = _mm512_unpacklo_epi64(t0, t2);
+        u[4 * q + 1] = _mm512_unpackhi_epi64(t0, t2);
+        u[4 * q + 2] = _mm512_unpacklo_epi64(t1, t3);
+        u[4 * q + 3] = _mm512_unpackhi_epi64(t1, t3);
+    }
+    // Then the 128-bit lanes: word m of rows 0..16 from the four quads'
+    // lane 0, word m + 4 from lane 1, ...
+    let mut w = [_mm512_setzero_si512(); 16];
+    for m in 0..4 {
+        let v0 = _mm512_shuffle_i32x4::<0x88>(u[m], u[4 + m]);
+        let v1 = _mm512_shuffle_i32x4::<0xDD>(u[m], u[4 + m]);
+        let v2 = _mm512_shuffle_i32x4::<0x88>(u[8 + m], u[12 + m]);
+        let v3 = _mm512_shuffle_i32x4::<0xDD>(u[8 + m], u[12 + m]);
+        w[m] = _mm512_shuffle_i32x4::<0x88>(v0, v2);
+        w[m + 8] = _mm512_shuffle_i32x4::<0xDD>(v0, v2);
+        w[m + 4] = _mm512_shuffle_i32x4::<0x88>(v1, v3);
+        w[m + 12] = _mm512_shuffle_i32x4::<0xDD>(v1, v3);
+    }
+    w
 }
 
 /// Adds group `g` of inputs `first..first + N` against the tile to `out`.

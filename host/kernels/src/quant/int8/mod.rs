@@ -64,7 +64,7 @@ macro_rules! for_input_tiles {
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 
 /// Rows a block: one int32 / f32 lane each in a 512-bit vector.
 pub(crate) const BLOCK_ROWS: usize = 16;

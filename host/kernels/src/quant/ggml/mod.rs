@@ -27,6 +27,7 @@ mod avx2;
 mod blocks;
 pub(crate) mod expert;
 mod grids;
+mod int16;
 mod iq;
 
 #[cfg(test)]
@@ -363,6 +364,11 @@ impl<'a> GgmlMatrix<'a> {
         if self.cols == 0 {
             return out.fill(0.0);
         }
+        if self.ty == GgmlType::Q4K {
+            let rb = self.data.len() / self.rows;
+            let inputs = int16::Int16Inputs::new(x, self.cols);
+            return int16::products(&self.data[r * rb..(r + 1) * rb], 1, &inputs, out);
+        }
         ROWS.with_borrow_mut(|w| {
             w.resize(self.cols.max(ROW_BLOCK * self.cols), 0.0);
             let row = &mut w[..self.cols];
@@ -380,6 +386,9 @@ impl<'a> GgmlMatrix<'a> {
         if rows == 0 || cols == 0 {
             y.fill(0.0);
             return;
+        }
+        if self.ty == GgmlType::Q4K {
+            return int16::products(self.data, rows, &int16::Int16Inputs::new(x, cols), y);
         }
         // A task owns TASK_ROWS rows (few tasks: rayon's per-task cost is
         // about a row's work) and decodes them ROW_BLOCK at a time.
@@ -425,6 +434,11 @@ impl<'a> GgmlMatrix<'a> {
     /// `y[t] = W x[t]` for `n = x.len() / cols` inputs (`x` `[n, cols]`,
     /// `y` `[n, rows]`): each row decoded once per block of inputs.
     pub fn matmul(&self, x: &[f32], y: &mut [f32]) {
+        if self.ty == GgmlType::Q4K && self.rows > 0 && self.cols > 0 {
+            assert!(x.len().is_multiple_of(self.cols), "matmul: x of {} is not whole rows of {}", x.len(), self.cols);
+            assert_eq!(y.len(), x.len() / self.cols * self.rows, "matmul: y length");
+            return int16::products(self.data, self.rows, &int16::Int16Inputs::new(x, self.cols), y);
+        }
         let v = *self;
         matmul_decoded(self.rows, self.cols, &|r, out: &mut [f32]| v.row_into(r, out), x, y);
     }

@@ -87,7 +87,8 @@ fn inputs(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
-/// matvec is `dot8` of each decoded row and x; matmul gives matvec's bits
+/// matvec is `dot8` of each decoded row and x (Q4_K: its int16 products);
+/// matmul gives matvec's bits
 /// for every input of the batch (so a prefill run as a product is the
 /// plain path exactly).
 #[test]
@@ -104,8 +105,9 @@ fn matvec_and_matmul_are_dot8_of_the_decoded_rows() {
             let xt = &x[t * cols..(t + 1) * cols];
             let mut y = vec![0f32; rows];
             m.matvec(xt, &mut y);
+            let rb = f.ty.row_bytes(cols).unwrap();
             for r in 0..rows {
-                let want = dot8_scalar(&f.values[r * cols..(r + 1) * cols], xt);
+                let want = product_of(f.ty, &f.blocks[r * rb..(r + 1) * rb], &f.values[r * cols..(r + 1) * cols], xt);
                 assert_eq!(y[r].to_bits(), want.to_bits(), "{} matvec row {r}", f.ty.name());
                 assert_eq!(batch[t * rows + r].to_bits(), want.to_bits(), "{} matmul input {t} row {r}", f.ty.name());
             }
@@ -127,7 +129,7 @@ fn a_matrix_large_enough_for_threads_gives_the_same_bits() {
     m.matvec(&x, &mut y);
     let mut decoded = vec![0f32; cols];
     dequantize_row(GgmlType::Q4K, row, &mut decoded);
-    let want = dot8_scalar(&decoded, &x);
+    let want = product_of(GgmlType::Q4K, row, &decoded, &x);
     assert!(y.iter().all(|v| v.to_bits() == want.to_bits()));
 }
 
@@ -170,6 +172,15 @@ fn the_avx2_build_of_the_twins_gives_their_bits() {
 
 /// Random blocks of `ty` with weight-sized f16 scales (the byte offsets of
 /// ggml-common.h's scale fields), `n` of them.
+/// What a GGUF matrix computes for one row and input: Q4_K's int16
+/// products (`int16`), every other type's `dot8` of the decoded row.
+fn product_of(ty: GgmlType, row: &[u8], values: &[f32], x: &[f32]) -> f32 {
+    if ty == GgmlType::Q4K {
+        return int16::row_scalar(row, &int16::Int16Inputs::new(x, x.len()), 0);
+    }
+    dot8_scalar(values, x)
+}
+
 fn random_blocks(ty: GgmlType, n: usize, seed: u32) -> Vec<u8> {
     let bytes: Vec<u8> = inputs(n * ty.block_bytes(), seed).iter().map(|v| ((v + 1.0) * 127.5) as u8).collect();
     let mut bytes = bytes;
@@ -200,7 +211,8 @@ fn mixed_expert() -> (crate::quant::ExpertFormat, crate::quant::ExpertShape, Vec
 }
 
 /// A GGUF expert (mixed types, gpt-oss biases) is dot8 of its decoded
-/// slabs, the biases and the activation: exactly, bit for bit.
+/// slabs (the Q4_K gate: its int16 products), the biases and the
+/// activation: exactly, bit for bit.
 #[test]
 fn a_gguf_expert_computes_its_decoded_slabs_exactly() {
     use crate::quant::{
@@ -215,8 +227,9 @@ fn a_gguf_expert_computes_its_decoded_slabs_exactly() {
     let x = inputs(h, 9);
     let mut want = vec![0f32; h];
     let mut a = vec![0f32; i];
+    let grb = GgmlType::Q4K.row_bytes(h).unwrap();
     for r in 0..i {
-        let gv = dot8_scalar(&g[r * h..(r + 1) * h], &x) + biases[r];
+        let gv = product_of(GgmlType::Q4K, &payload[r * grb..(r + 1) * grb], &g[r * h..(r + 1) * h], &x) + biases[r];
         let uv = dot8_scalar(&u[r * h..(r + 1) * h], &x) + biases[i + r];
         a[r] = act.apply(gv, uv);
     }

@@ -1,0 +1,264 @@
+//! Q4_K rows on int16 inputs with AVX2: the AVX-512 form on two halves.
+//! A sub-block is two vectors of sixteen int16 nibbles against the
+//! input's, `pmaddwd` adding pairs into eight int32 lanes; eight
+//! sub-blocks' partial vectors are summed into one vector of their exact
+//! dots, and the sixteen lanes of the definition are two `__m256`.
+
+use super::{scale_bytes, Int16Inputs, LANES, SUB, SUPER, SUPER_BYTES};
+use std::arch::x86_64::*;
+
+/// `out[t]` = `row` against input `t`, bit for bit `row_scalar`.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `row` is whole super-blocks of
+/// `inputs.cols` values and `out.len() == inputs.inputs()`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn row_products(row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
+    let supers = inputs.cols / SUPER;
+    debug_assert!(row.len() == supers * SUPER_BYTES && out.len() == inputs.inputs());
+    for (t, o) in out.iter_mut().enumerate() {
+        // Lanes 0..8 and 8..16; a super-block fills one half.
+        let mut f = [_mm256_setzero_ps(); 2];
+        for sb in 0..supers {
+            let at = t * (inputs.cols / SUB) + sb * 8;
+            // SAFETY: super-block sb lies in the row and its sub-blocks in
+            // input t (the caller's contract).
+            unsafe {
+                let b = row.as_ptr().add(sb * SUPER_BYTES);
+                f[sb % 2] = super_block(b, inputs, at, f[sb % 2]);
+            }
+        }
+        let mut lanes = [0f32; LANES];
+        // SAFETY: sixteen floats.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), f[0]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), f[1]);
+        }
+        *o = super::reduce_lanes(&lanes);
+    }
+}
+
+/// The super-block at `b` against sub-blocks `at..at + 8` of the inputs,
+/// added to `f`'s eight lanes.
+///
+/// # Safety
+/// AVX2 and FMA; a super-block at `b`, eight sub-blocks from `at`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn super_block(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m256) -> __m256 {
+    let nib = _mm256_set1_epi8(0x0F);
+    // SAFETY: the block's 144 bytes at b; its sub-blocks' codes, scales
+    // and sums from `at` (the caller's).
+    unsafe {
+        let x = inputs.codes.as_ptr().add(at * SUB);
+        let mut a = [_mm256_setzero_si256(); 8];
+        for c in 0..4 {
+            let v = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
+            let lo = _mm256_and_si256(v, nib);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+            for (k, half) in [(2 * c, lo), (2 * c + 1, hi)] {
+                let x0 = _mm256_loadu_si256(x.add(k * SUB) as *const __m256i);
+                let x1 = _mm256_loadu_si256(x.add(k * SUB + 16) as *const __m256i);
+                let q0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(half));
+                let q1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(half));
+                a[k] = _mm256_add_epi32(_mm256_madd_epi16(q0, x0), _mm256_madd_epi16(q1, x1));
+            }
+        }
+        let bytes = scale_bytes(&*(b.add(4) as *const [u8; 12]));
+        let d = super::h(std::slice::from_raw_parts(b, 4), 0);
+        let dmin = super::h(std::slice::from_raw_parts(b, 4), 2);
+        let d1 = _mm256_mul_ps(_mm256_set1_ps(d), widen(bytes.as_ptr()));
+        let m1 = _mm256_mul_ps(_mm256_set1_ps(dmin), widen(bytes.as_ptr().add(8)));
+        let dots = _mm256_cvtepi32_ps(sum_lanes(&a));
+        let sums = _mm256_cvtepi32_ps(_mm256_loadu_si256(inputs.sums.as_ptr().add(at) as *const __m256i));
+        let scales = _mm256_loadu_ps(inputs.scales.as_ptr().add(at));
+        let v = _mm256_fnmadd_ps(m1, sums, _mm256_mul_ps(d1, dots));
+        _mm256_fmadd_ps(scales, v, f)
+    }
+}
+
+/// Lane `k` = the sum of `a[k]`'s eight lanes (exact int32).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_lanes(a: &[__m256i; 8]) -> __m256i {
+    let s01 = _mm256_hadd_epi32(a[0], a[1]);
+    let s23 = _mm256_hadd_epi32(a[2], a[3]);
+    let s45 = _mm256_hadd_epi32(a[4], a[5]);
+    let s67 = _mm256_hadd_epi32(a[6], a[7]);
+    // Per 128-bit half: a0..a3's (t0) and a4..a7's (t1) partial sums.
+    let t0 = _mm256_hadd_epi32(s01, s23);
+    let t1 = _mm256_hadd_epi32(s45, s67);
+    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(t0, t1), _mm256_permute2x128_si256::<0x31>(t0, t1))
+}
+
+/// Eight bytes as eight floats.
+///
+/// # Safety
+/// AVX2; `p` points at eight readable bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn widen(p: *const u8) -> __m256 {
+    // SAFETY: eight bytes (the caller's).
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p as *const __m128i) }))
+}
+
+/// Rows of `block_products`' blocks: one int32 lane each in a `__m256i`.
+pub(super) const BLOCK_ROWS: usize = 8;
+/// Inputs per tile of `block_products`: four accumulators, a weight vector
+/// and the broadcasts fit AVX2's sixteen registers.
+const TILE: usize = 4;
+
+/// A block's sub-blocks transposed (`block_products`), per thread.
+struct Transposed {
+    /// `words[j * 16 + m]`: lane `r` holds values `2m, 2m + 1` of row `r`'s
+    /// sub-block `j`, as int16.
+    words: Vec<__m256i>,
+    /// `d1[j][r]`, `m1[j][r]`: row `r`'s `d * sc_j` and `dmin * m_j`.
+    d1: Vec<[f32; BLOCK_ROWS]>,
+    m1: Vec<[f32; BLOCK_ROWS]>,
+}
+
+std::thread_local! {
+    static TRANSPOSED: std::cell::RefCell<Transposed> =
+        const { std::cell::RefCell::new(Transposed { words: Vec::new(), d1: Vec::new(), m1: Vec::new() }) };
+}
+
+/// `out[r * n + t]` = row `r` of `rows` (`nr <= 8` rows) against input `t`
+/// for all `n` inputs, bit for bit `row_scalar`: `avx512::block_products`
+/// on eight rows, `pmaddwd` + add for `vpdpwssd`.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `rows` is `nr` rows of whole
+/// super-blocks of `inputs.cols` values, `out` `nr * inputs.inputs()`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs, out: &mut [f32]) {
+    let (cols, n) = (inputs.cols, inputs.inputs());
+    let (supers, subs) = (cols / SUPER, cols / SUB);
+    let rb = supers * SUPER_BYTES;
+    assert!(nr <= BLOCK_ROWS && rows.len() == nr * rb && out.len() == nr * n, "Q4_K block: lengths");
+    TRANSPOSED.with_borrow_mut(|tr| {
+        tr.words.resize(subs * 16, _mm256_setzero_si256());
+        tr.d1.resize(subs, [0.0; BLOCK_ROWS]);
+        tr.m1.resize(subs, [0.0; BLOCK_ROWS]);
+        let nib = _mm256_set1_epi8(0x0F);
+        for sb in 0..supers {
+            for r in 0..BLOCK_ROWS {
+                let (d1, m1) =
+                    if r < nr { super::super_scales(&rows[r * rb + sb * SUPER_BYTES..]) } else { ([0.0; 8], [0.0; 8]) };
+                for k in 0..8 {
+                    (tr.d1[sb * 8 + k][r], tr.m1[sb * 8 + k][r]) = (d1[k], m1[k]);
+                }
+            }
+            for c in 0..4 {
+                // [nibble half][16 values of the sub-block][row]
+                let mut q = [[[_mm256_setzero_si256(); BLOCK_ROWS]; 2]; 2];
+                for (r, row) in rows.chunks_exact(rb).enumerate() {
+                    // SAFETY: bytes 16 + 32c.. + 32 of super-block sb of the row.
+                    let v = unsafe {
+                        _mm256_loadu_si256(row.as_ptr().add(sb * SUPER_BYTES + 16 + 32 * c) as *const __m256i)
+                    };
+                    for (h, bytes) in [_mm256_and_si256(v, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib)]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        q[h][0][r] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes));
+                        q[h][1][r] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(bytes));
+                    }
+                }
+                for (h, halves) in q.iter().enumerate() {
+                    let j = sb * 8 + 2 * c + h;
+                    for (part, rows8) in halves.iter().enumerate() {
+                        // SAFETY: AVX2 (this function's).
+                        let t = unsafe { transpose8(rows8) };
+                        tr.words[j * 16 + 8 * part..j * 16 + 8 * part + 8].copy_from_slice(&t);
+                    }
+                }
+            }
+        }
+        let mut t0 = 0;
+        while t0 < n {
+            // SAFETY: inputs t0.. of `inputs`; `tr` holds the block's
+            // `subs` sub-blocks.
+            unsafe {
+                if n - t0 >= TILE {
+                    tile::<TILE>(tr, inputs, t0, nr, out);
+                    t0 += TILE;
+                } else {
+                    tile::<1>(tr, inputs, t0, nr, out);
+                    t0 += 1;
+                }
+            }
+        }
+    });
+}
+
+/// Inputs `t0..t0 + T` against the transposed block, into `out`.
+///
+/// # Safety
+/// AVX2 and FMA; the inputs exist and `tr` holds every sub-block of their
+/// width.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile<const T: usize>(tr: &Transposed, inputs: &Int16Inputs, t0: usize, nr: usize, out: &mut [f32]) {
+    let (cols, n) = (inputs.cols, inputs.inputs());
+    let subs = cols / SUB;
+    let mut f = [[_mm256_setzero_ps(); LANES]; T];
+    for j in 0..subs {
+        let mut acc = [_mm256_setzero_si256(); T];
+        for m in 0..16 {
+            // SAFETY: word m of sub-block j (the caller's `tr`); codes
+            // 32j + 2m, + 1 of each input.
+            unsafe {
+                let w = _mm256_load_si256(tr.words.as_ptr().add(j * 16 + m));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let x = inputs.codes.as_ptr().add((t0 + i) * cols + j * SUB + 2 * m) as *const i32;
+                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(w, _mm256_set1_epi32(x.read_unaligned())));
+                }
+            }
+        }
+        // SAFETY: eight floats each.
+        let (d1, m1) = unsafe { (_mm256_loadu_ps(tr.d1[j].as_ptr()), _mm256_loadu_ps(tr.m1[j].as_ptr())) };
+        for (i, (a, fi)) in acc.iter().zip(f.iter_mut()).enumerate() {
+            let at = (t0 + i) * subs + j;
+            let sums = _mm256_set1_ps(inputs.sums[at] as f32);
+            let v = _mm256_fnmadd_ps(m1, sums, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(*a)));
+            fi[j % LANES] = _mm256_fmadd_ps(_mm256_set1_ps(inputs.scales[at]), v, fi[j % LANES]);
+        }
+    }
+    for (i, fi) in f.iter().enumerate() {
+        // `reduce_lanes` on vectors: each lane a row.
+        let h: [__m256; 8] = [0, 1, 2, 3, 4, 5, 6, 7].map(|k| _mm256_add_ps(fi[k], fi[k + 8]));
+        let g: [__m256; 4] = [0, 1, 2, 3].map(|k| _mm256_add_ps(h[k], h[k + 4]));
+        let e = [_mm256_add_ps(g[0], g[2]), _mm256_add_ps(g[1], g[3])];
+        let mut rows = [0f32; BLOCK_ROWS];
+        // SAFETY: eight floats.
+        unsafe { _mm256_storeu_ps(rows.as_mut_ptr(), _mm256_add_ps(e[0], e[1])) };
+        for (r, &v) in rows[..nr].iter().enumerate() {
+            out[r * n + t0 + i] = v;
+        }
+    }
+}
+
+/// The 8x8 transpose of four-byte words: lane `r` of result `m` is word
+/// `m` of `rows[r]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose8(rows: &[__m256i; BLOCK_ROWS]) -> [__m256i; BLOCK_ROWS] {
+    let mut u = [_mm256_setzero_si256(); 8];
+    for q in 0..2 {
+        let r = &rows[4 * q..4 * q + 4];
+        let (t0, t1) = (_mm256_unpacklo_epi32(r[0], r[1]), _mm256_unpackhi_epi32(r[0], r[1]));
+        let (t2, t3) = (_mm256_unpacklo_epi32(r[2], r[3]), _mm256_unpackhi_epi32(r[2], r[3]));
+        // u[4q + m]: rows 4q..4q + 4 at words m (low half) and m + 4.
+        u[4 * q] = _mm256_unpacklo_epi64(t0, t2);
+        u[4 * q + 1] = _mm256_unpackhi_epi64(t0, t2);
+        u[4 * q + 2] = _mm256_unpacklo_epi64(t1, t3);
+        u[4 * q + 3] = _mm256_unpackhi_epi64(t1, t3);
+    }
+    let mut out = [_mm256_setzero_si256(); 8];
+    for m in 0..4 {
+        out[m] = _mm256_permute2x128_si256::<0x20>(u[m], u[4 + m]);
+        out[m + 4] = _mm256_permute2x128_si256::<0x31>(u[m], u[4 + m]);
+    }
+    out
+}

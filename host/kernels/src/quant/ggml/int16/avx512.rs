@@ -1,0 +1,264 @@
+//! Q4_K rows on int16 inputs with AVX-512 VNNI: a window of sixteen
+//! sub-blocks (two super-blocks) of a row against an input is one
+//! `vpdpwssd` per sub-block (its 32 nibbles widened to int16, against the
+//! input's codes), the sixteen partial vectors summed into one vector of
+//! the window's exact dots (`int8::avx512::sum_lanes`'s steps, the first
+//! taken as each pair of sub-blocks is done), then scaled as vectors and
+//! added into the sixteen lanes of the definition.
+
+use super::{scale_bytes, Int16Inputs, LANES, SUB, SUPER, SUPER_BYTES};
+use crate::quant::int8::avx512::{sum_lane_pairs, sum_pair};
+use std::arch::x86_64::*;
+
+/// `out[t]` = `row` against input `t`, bit for bit `row_scalar`.
+///
+/// # Safety
+/// The CPU supports AVX-512 F/BW/VNNI; `row` is whole super-blocks of
+/// `inputs.cols` values and `out.len() == inputs.inputs()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(super) unsafe fn row_products(row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
+    let supers = inputs.cols / SUPER;
+    debug_assert!(row.len() == supers * SUPER_BYTES && out.len() == inputs.inputs());
+    for (t, o) in out.iter_mut().enumerate() {
+        let mut f = _mm512_setzero_ps();
+        for w0 in (0..supers).step_by(2) {
+            let sbs = (supers - w0).min(2);
+            // SAFETY: super-blocks w0..w0 + sbs lie in the row and their
+            // sub-blocks in input t (the caller's contract).
+            unsafe {
+                let b = row.as_ptr().add(w0 * SUPER_BYTES);
+                let at = t * (inputs.cols / SUB) + w0 * 8;
+                let x = inputs.codes.as_ptr().add(at * SUB);
+                if sbs == 2 {
+                    f = window::<2>(b, x, inputs, at, f);
+                } else {
+                    f = window::<1>(b, x, inputs, at, f);
+                }
+            }
+        }
+        let mut lanes = [0f32; LANES];
+        // SAFETY: sixteen floats.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), f) };
+        *o = super::reduce_lanes(&lanes);
+    }
+}
+
+/// `S` super-blocks at `b` (one window, or its first half) against the
+/// input codes at `x` (sub-blocks `at..` of the inputs), added to `f`.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI; `S` super-blocks at `b`, `8 * S` sub-blocks from
+/// `at` in the inputs.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn window<const S: usize>(b: *const u8, x: *const i16, inputs: &Int16Inputs, at: usize, f: __m512) -> __m512 {
+    let nib = _mm256_set1_epi8(0x0F);
+    let mut pairs = [_mm512_setzero_si512(); 8];
+    let mut bytes = [0u8; 32];
+    let mut halves = [0u16; 32];
+    for s in 0..S {
+        // SAFETY: super-block s at b (the caller's), its sub-blocks' codes
+        // at x.
+        unsafe {
+            let sb = b.add(s * SUPER_BYTES);
+            let scales = &*(sb.add(4) as *const [u8; 12]);
+            let sc = scale_bytes(scales);
+            bytes[8 * s..8 * s + 8].copy_from_slice(&sc[..8]);
+            bytes[16 + 8 * s..16 + 8 * s + 8].copy_from_slice(&sc[8..]);
+            let (d, dmin) = (u16::from_le_bytes([*sb, *sb.add(1)]), u16::from_le_bytes([*sb.add(2), *sb.add(3)]));
+            halves[8 * s..8 * s + 8].fill(d);
+            halves[16 + 8 * s..16 + 8 * s + 8].fill(dmin);
+            for c in 0..4 {
+                let v = _mm256_loadu_si256(sb.add(16 + 32 * c) as *const __m256i);
+                let lo = _mm512_cvtepu8_epi16(_mm256_and_si256(v, nib));
+                let hi = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+                let k = 8 * s + 2 * c;
+                let x_lo = _mm512_loadu_si512(x.add(k * SUB) as *const _);
+                let x_hi = _mm512_loadu_si512(x.add((k + 1) * SUB) as *const _);
+                let a_lo = _mm512_dpwssd_epi32(_mm512_setzero_si512(), lo, x_lo);
+                let a_hi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), hi, x_hi);
+                pairs[4 * s + c] = sum_pair(a_lo, a_hi);
+            }
+        }
+    }
+    // SAFETY: the arrays hold sixteen values of each kind; the inputs'
+    // scales and sums hold 8 * S from `at` (masked beyond).
+    unsafe {
+        let mask: __mmask16 = if S == 2 { 0xFFFF } else { 0x00FF };
+        let dots = _mm512_cvtepi32_ps(sum_lane_pairs(&pairs));
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(halves.as_ptr() as *const __m256i));
+        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(halves.as_ptr().add(16) as *const __m256i));
+        let d1 = _mm512_mul_ps(d, widen(bytes.as_ptr()));
+        let m1 = _mm512_mul_ps(dmin, widen(bytes.as_ptr().add(16)));
+        let sums = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(mask, inputs.sums.as_ptr().add(at)));
+        let scales = _mm512_maskz_loadu_ps(mask, inputs.scales.as_ptr().add(at));
+        let v = _mm512_fnmadd_ps(m1, sums, _mm512_mul_ps(d1, dots));
+        _mm512_mask3_fmadd_ps(scales, v, f, mask)
+    }
+}
+
+/// Sixteen bytes as sixteen floats.
+///
+/// # Safety
+/// AVX-512 F; sixteen readable bytes at `p`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn widen(p: *const u8) -> __m512 {
+    // SAFETY: sixteen bytes (the caller's).
+    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p as *const __m128i) }))
+}
+
+/// Inputs per tile of `block_products`: eight chains of `vpdpwssd`, enough
+/// to cover its latency, each broadcast folded into the instruction.
+const TILE: usize = 8;
+
+/// A block's sub-blocks transposed (`block_products`), per thread.
+struct Transposed {
+    /// `words[j * 16 + m]`: lane `r` holds values `2m, 2m + 1` of row `r`'s
+    /// sub-block `j`, as int16.
+    words: Vec<__m512i>,
+    /// `d1[j][r]`, `m1[j][r]`: row `r`'s `d * sc_j` and `dmin * m_j`.
+    d1: Vec<[f32; LANES]>,
+    m1: Vec<[f32; LANES]>,
+}
+
+std::thread_local! {
+    static TRANSPOSED: std::cell::RefCell<Transposed> =
+        const { std::cell::RefCell::new(Transposed { words: Vec::new(), d1: Vec::new(), m1: Vec::new() }) };
+}
+
+/// `out[r * n + t]` = row `r` of `rows` (`nr <= 16` rows) against input
+/// `t`, for all `n` inputs, bit for bit `row_scalar`: the block transposed
+/// once so that one `vpdpwssd` against an input's two codes broadcast adds
+/// two columns into each row's lane, and the transpose serves every input
+/// (prefill). Lanes are rows here, so the definition's sixteen lanes of a
+/// row are sixteen vectors per input.
+///
+/// # Safety
+/// The CPU supports AVX-512 F/BW/VNNI; `rows` is `nr` rows of whole
+/// super-blocks of `inputs.cols` values, `out` `nr * inputs.inputs()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs, out: &mut [f32]) {
+    use crate::quant::int8::avx512::transpose_words;
+    let (cols, n) = (inputs.cols, inputs.inputs());
+    let (supers, subs) = (cols / SUPER, cols / SUB);
+    let rb = supers * SUPER_BYTES;
+    assert!(nr <= LANES && rows.len() == nr * rb && out.len() == nr * n, "Q4_K block: lengths");
+    TRANSPOSED.with_borrow_mut(|tr| {
+        tr.words.resize(subs * 16, _mm512_setzero_si512());
+        tr.d1.resize(subs, [0.0; LANES]);
+        tr.m1.resize(subs, [0.0; LANES]);
+        let nib = _mm256_set1_epi8(0x0F);
+        for sb in 0..supers {
+            for r in 0..LANES {
+                let (d1, m1) =
+                    if r < nr { super::super_scales(&rows[r * rb + sb * SUPER_BYTES..]) } else { ([0.0; 8], [0.0; 8]) };
+                for k in 0..8 {
+                    (tr.d1[sb * 8 + k][r], tr.m1[sb * 8 + k][r]) = (d1[k], m1[k]);
+                }
+            }
+            for c in 0..4 {
+                let (mut lo, mut hi) = ([_mm512_setzero_si512(); LANES], [_mm512_setzero_si512(); LANES]);
+                for r in 0..nr {
+                    // SAFETY: bytes 16 + 32c.. + 32 of super-block sb of row r.
+                    let v = unsafe {
+                        _mm256_loadu_si256(rows.as_ptr().add(r * rb + sb * SUPER_BYTES + 16 + 32 * c) as *const __m256i)
+                    };
+                    lo[r] = _mm512_cvtepu8_epi16(_mm256_and_si256(v, nib));
+                    hi[r] = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+                }
+                let j = sb * 8 + 2 * c;
+                // SAFETY: AVX-512 F (this function's).
+                let (lo, hi) = unsafe { (transpose_words(&lo), transpose_words(&hi)) };
+                tr.words[j * 16..(j + 1) * 16].copy_from_slice(&lo);
+                tr.words[(j + 1) * 16..(j + 2) * 16].copy_from_slice(&hi);
+            }
+        }
+        let mut t0 = 0;
+        while t0 < n {
+            // SAFETY: inputs t0.. of `inputs`; `tr` holds the block's
+            // `subs` sub-blocks.
+            unsafe {
+                if n - t0 >= TILE {
+                    tile::<TILE>(tr, inputs, t0, nr, out);
+                    t0 += TILE;
+                } else {
+                    tile::<1>(tr, inputs, t0, nr, out);
+                    t0 += 1;
+                }
+            }
+        }
+    });
+}
+
+/// Inputs `t0..t0 + T` against the transposed block, into `out`.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI; the inputs exist and `tr` holds every sub-block of
+/// their width.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile<const T: usize>(tr: &Transposed, inputs: &Int16Inputs, t0: usize, nr: usize, out: &mut [f32]) {
+    let (cols, n) = (inputs.cols, inputs.inputs());
+    let subs = cols / SUB;
+    let mut f = [[_mm512_setzero_ps(); LANES]; T];
+    for j in 0..subs {
+        let mut acc = [_mm512_setzero_si512(); T];
+        for m in 0..16 {
+            // SAFETY: word m of sub-block j (the caller's `tr`); codes
+            // 32j + 2m, + 1 of each input.
+            unsafe {
+                let w = _mm512_load_si512(tr.words.as_ptr().add(j * 16 + m) as *const _);
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let x = inputs.codes.as_ptr().add((t0 + i) * cols + j * SUB + 2 * m);
+                    *a = dpwssd_broadcast(*a, w, x);
+                }
+            }
+        }
+        // SAFETY: sixteen floats each.
+        let (d1, m1) = unsafe { (_mm512_loadu_ps(tr.d1[j].as_ptr()), _mm512_loadu_ps(tr.m1[j].as_ptr())) };
+        for (i, (a, fi)) in acc.iter().zip(f.iter_mut()).enumerate() {
+            let at = (t0 + i) * subs + j;
+            let sums = _mm512_set1_ps(inputs.sums[at] as f32);
+            let v = _mm512_fnmadd_ps(m1, sums, _mm512_mul_ps(d1, _mm512_cvtepi32_ps(*a)));
+            fi[j % LANES] = _mm512_fmadd_ps(_mm512_set1_ps(inputs.scales[at]), v, fi[j % LANES]);
+        }
+    }
+    for (i, fi) in f.iter().enumerate() {
+        // `reduce_lanes` on vectors: each lane a row.
+        let h: [__m512; 8] = [0, 1, 2, 3, 4, 5, 6, 7].map(|k| _mm512_add_ps(fi[k], fi[k + 8]));
+        let g: [__m512; 4] = [0, 1, 2, 3].map(|k| _mm512_add_ps(h[k], h[k + 4]));
+        let e = [_mm512_add_ps(g[0], g[2]), _mm512_add_ps(g[1], g[3])];
+        let mut rows = [0f32; LANES];
+        // SAFETY: sixteen floats.
+        unsafe { _mm512_storeu_ps(rows.as_mut_ptr(), _mm512_add_ps(e[0], e[1])) };
+        for (r, &v) in rows[..nr].iter().enumerate() {
+            out[r * n + t0 + i] = v;
+        }
+    }
+}
+
+/// `a + vpdpwssd(w, the two int16 at x broadcast)`, as that one
+/// instruction. LLVM splits `_mm512_dpwssd_epi32` into `vpmaddwd` and
+/// `vpaddd` for CPUs it does not know to run it fast (all of them, at the
+/// generic tuning we build with), which doubled the block products'
+/// instructions.
+///
+/// # Safety
+/// AVX-512 VNNI; four readable bytes at `x`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dpwssd_broadcast(a: __m512i, w: __m512i, x: *const i16) -> __m512i {
+    let mut a = a;
+    // SAFETY: the caller's: VNNI, and x points at two int16.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {a}, {w}, dword ptr [{x}]{{1to16}}",
+            a = inout(zmm_reg) a,
+            w = in(zmm_reg) w,
+            x = in(reg) x,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    a
+}

@@ -1,0 +1,316 @@
+//! Q4_K products on int16 inputs: every product of a Q4_K matrix (trunk
+//! and experts, decode and prefill alike: one definition, so a prompt's
+//! logits do not depend on its chunks and the prefix cache gives the
+//! uncached bits) quantises its input to int16 per sub-block of 32 values
+//! and dots each sub-block in int32, exactly, from the blocks as stored.
+//!
+//! Why int16 and not ggml's own int8 (`Q8_K`): the file's model is its
+//! weights as ggml dequantises them, and llama.cpp's 8-bit inputs put its
+//! logits 0.03-0.9 (relative) from that model on our fixtures while f32
+//! products were within 2e-6 (docs/PERFORMANCE.md, GGUF fidelity). An
+//! int16 input is rounded to 1/65534 of its sub-block's largest value (the
+//! wide Q4_K_M fixture's logits move 5.8e-5 of their largest, against 0.13
+//! for llama.cpp), and the products still run on integer multiply-adds:
+//! `vpdpwssd` makes 117 GMAC/s on one core of the machine we measure on,
+//! twice its 58 of f32 FMAs (the prefill bench's peaks). And decoding a
+//! Q4_K row to f32 first, the form this replaces, cost more than its
+//! products.
+//!
+//! The definition all levels compute bit for bit (`row_scalar` is the
+//! reference):
+//!
+//! - An input's sub-block `j` of 32 values `x`: `amax = max |x|`, scale
+//!   `s_j = amax / 32767`, codes `c = round_ties_even(x * (32767 / amax))`
+//!   clamped to +-32767 (all 0, scale 0, where `amax == 0`; scale NaN,
+//!   codes 0, where a value is not finite, so the product is NaN as f32
+//!   products would make it), and `sum_j = sum c`.
+//! - A Q4_K row's sub-block `j` (ggml's `d * sc_j * q - dmin * m_j`, q a
+//!   nibble): `dot_j = sum q * c` over its 32 columns, an exact integer
+//!   (below 2^24, so exact in f32 too); `v = (d * sc_j) * dot_j` rounded,
+//!   then `v = fma(-(dmin * m_j), sum_j, v)` (both scale products are
+//!   exact, as ggml's).
+//! - Sixteen lanes `F`, zero at first, take `F[j % 16] = fma(s_j, v, F[j %
+//!   16])` over the sub-blocks in order; the row's product is
+//!   `((F0+F8)+(F4+F12))+((F2+F10)+(F6+F14))` plus the same of the odd
+//!   lanes, `(e0 + e1)` in `reduce_lanes`.
+//!
+//! Sixteen lanes, because the SIMD levels take a row sixteen sub-blocks
+//! (two super-blocks, 512 columns) at a time: one `vpdpwssd` per sub-block,
+//! the sixteen partial vectors summed into one vector of the sixteen exact
+//! dots, and the scales of both super-blocks applied as vectors. A row's
+//! unpacked sub-blocks are shared by every input of the call.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(test)]
+mod tests;
+
+use rayon::prelude::*;
+
+use super::blocks::{h, scale_min_k4};
+use crate::quant::int8::Level;
+use crate::quant::simd::fused_mul_add;
+
+/// Values per sub-block: one input scale and one exact dot each.
+pub(crate) const SUB: usize = 32;
+/// Lanes of the row sum (sub-blocks per SIMD window).
+pub(crate) const LANES: usize = 16;
+/// Values and bytes of a Q4_K super-block (`block_q4_K`: f16 d, f16 dmin,
+/// 12 bytes of 6-bit scales and mins, 128 bytes of nibbles).
+pub(crate) const SUPER: usize = 256;
+pub(crate) const SUPER_BYTES: usize = 144;
+const CODE_MAX: f32 = 32767.0;
+
+/// Inputs quantised for `products`: codes `[n][cols]`, per sub-block a
+/// scale and the codes' sum, `[n][cols / SUB]`.
+pub(crate) struct Int16Inputs {
+    pub(crate) cols: usize,
+    pub(crate) codes: Vec<i16>,
+    pub(crate) scales: Vec<f32>,
+    pub(crate) sums: Vec<i32>,
+}
+
+impl Int16Inputs {
+    /// `x` is `[n, cols]`, `cols` a whole number of super-blocks.
+    pub(crate) fn new(x: &[f32], cols: usize) -> Int16Inputs {
+        assert!(cols > 0 && cols.is_multiple_of(SUPER) && x.len().is_multiple_of(cols), "Int16Inputs: shape");
+        let subs = x.len() / SUB;
+        let mut q = Int16Inputs { cols, codes: vec![0; x.len()], scales: vec![0.0; subs], sums: vec![0; subs] };
+        let input = |(xs, ((c, s), sums)): (&[f32], InputParts)| {
+            let parts = c.chunks_exact_mut(SUB).zip(s.iter_mut()).zip(sums.iter_mut());
+            for (xs, ((c, s), sum)) in xs.chunks_exact(SUB).zip(parts) {
+                (*s, *sum) = quantise_sub_block(xs, c);
+            }
+        };
+        let per = cols / SUB;
+        let parts = q.codes.chunks_mut(cols).zip(q.scales.chunks_mut(per)).zip(q.sums.chunks_mut(per));
+        if x.len() >= PAR_MIN_WORK {
+            let parts = q.codes.par_chunks_mut(cols).zip(q.scales.par_chunks_mut(per)).zip(q.sums.par_chunks_mut(per));
+            x.par_chunks(cols).zip(parts).for_each(input);
+        } else {
+            x.chunks(cols).zip(parts).for_each(input);
+        }
+        q
+    }
+
+    pub(crate) fn inputs(&self) -> usize {
+        self.codes.len() / self.cols
+    }
+}
+
+/// One input's codes, scales and sums, as `Int16Inputs::new` fills them.
+type InputParts<'a> = ((&'a mut [i16], &'a mut [f32]), &'a mut [i32]);
+
+/// One sub-block's codes into `c`; its scale and the codes' sum.
+fn quantise_sub_block(x: &[f32], c: &mut [i16]) -> (f32, i32) {
+    // Folds without early exits, so that they vectorise.
+    if !x.iter().fold(true, |ok, v| ok & v.is_finite()) {
+        c.fill(0);
+        return (f32::NAN, 0);
+    }
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if amax == 0.0 {
+        c.fill(0);
+        return (0.0, 0);
+    }
+    // 1.5 * 2^23: adding it leaves no fraction bits, so the sum rounds
+    // to an integer, ties to even, for |v| <= 2^22 (here |v| <= 32767).
+    // `round_ties_even` was a libm call: 5% of a prefill.
+    const ROUND: f32 = 12_582_912.0;
+    let inv = CODE_MAX / amax;
+    let mut sum = 0i32;
+    for (o, &v) in c.iter_mut().zip(x) {
+        *o = (((v * inv) + ROUND) - ROUND).clamp(-CODE_MAX, CODE_MAX) as i16;
+        sum += i32::from(*o);
+    }
+    (amax / CODE_MAX, sum)
+}
+
+/// The row sum of the sixteen lanes, in the definition's order.
+#[inline(always)]
+pub(crate) fn reduce_lanes(f: &[f32; LANES]) -> f32 {
+    let h: [f32; 8] = std::array::from_fn(|i| f[i] + f[i + 8]);
+    let g: [f32; 4] = std::array::from_fn(|i| h[i] + h[i + 4]);
+    let e: [f32; 2] = std::array::from_fn(|i| g[i] + g[i + 2]);
+    e[0] + e[1]
+}
+
+/// The scales and mins of one super-block, ggml's products:
+/// `(d * sc_j, dmin * m_j)` for its eight sub-blocks.
+#[inline(always)]
+pub(crate) fn super_scales(b: &[u8]) -> ([f32; 8], [f32; 8]) {
+    let (d, dmin) = (h(b, 0), h(b, 2));
+    let mut out = ([0f32; 8], [0f32; 8]);
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, &b[4..16]);
+        (out.0[j], out.1[j]) = (d * sc, dmin * m);
+    }
+    out
+}
+
+/// The eight 6-bit scales then the eight mins of a super-block's twelve
+/// scale bytes (ggml's `utmp` shuffle of its x86 Q4_K dot): the values of
+/// `scale_min_k4`, all sixteen in a few word operations, for the SIMD
+/// levels to widen as a vector.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[inline(always)]
+pub(crate) fn scale_bytes(scales: &[u8; 12]) -> [u8; 16] {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([scales[4 * i], scales[4 * i + 1], scales[4 * i + 2], scales[4 * i + 3]]);
+    let (u0, u1, u2) = (word(0), word(1), word(2));
+    let sc_lo = u0 & LOW6;
+    let sc_hi = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
+    let m_lo = u1 & LOW6;
+    let m_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
+    let mut out = [0u8; 16];
+    for (o, w) in out.chunks_exact_mut(4).zip([sc_lo, sc_hi, m_lo, m_hi]) {
+        o.copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
+/// The definition: row `row` (whole super-blocks as stored) against input
+/// `t`.
+pub(crate) fn row_scalar(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
+    let cols = inputs.cols;
+    let base = t * cols / SUB;
+    let mut f = [0f32; LANES];
+    for (sb, b) in row.chunks_exact(SUPER_BYTES).enumerate() {
+        let (d1, m1) = super_scales(b);
+        let qs = &b[16..SUPER_BYTES];
+        for j in 0..8 {
+            let (c, high) = (j / 2, j % 2 == 1);
+            let at = base + sb * 8 + j;
+            let codes = &inputs.codes[at * SUB..(at + 1) * SUB];
+            let mut dot = 0i32;
+            for (l, &code) in codes.iter().enumerate() {
+                let byte = qs[32 * c + l];
+                let q = if high { byte >> 4 } else { byte & 15 };
+                dot += i32::from(q) * i32::from(code);
+            }
+            let v = d1[j] * dot as f32;
+            // Not `mul_add`: MinGW's `fmaf` is not fused (CI under wine).
+            let v = fused_mul_add(-m1[j], inputs.sums[at] as f32, v);
+            let lane = (sb * 8 + j) % LANES;
+            f[lane] = fused_mul_add(inputs.scales[at], v, f[lane]);
+        }
+    }
+    reduce_lanes(&f)
+}
+
+/// Rows of one task: a few tasks a matrix (rayon's cost per task is about
+/// a row's work), each row's unpacked window shared by all the inputs.
+const TASK_ROWS: usize = 32;
+/// From this many inputs a call transposes blocks of sixteen rows (eight
+/// on AVX2) once for all of them (`block_products`), below it each row is
+/// read as stored for each input.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const BLOCK_MIN_INPUTS: usize = 4;
+/// Below this many multiply-adds a call runs on the calling thread.
+const PAR_MIN_WORK: usize = 1 << 16;
+
+/// `y[t * rows + r]` = row `r` of the Q4_K matrix `w` (`rows` rows of
+/// `cols / 256` super-blocks) against input `t`, at the level in force.
+pub(crate) fn products(w: &[u8], rows: usize, inputs: &Int16Inputs, y: &mut [f32]) {
+    products_at(Level::current(), w, rows, inputs, y)
+}
+
+/// `products` at `level`, which must be available.
+pub(crate) fn products_at(level: Level, w: &[u8], rows: usize, inputs: &Int16Inputs, y: &mut [f32]) {
+    let (cols, n) = (inputs.cols, inputs.inputs());
+    let rb = cols / SUPER * SUPER_BYTES;
+    assert!(w.len() == rows * rb && y.len() == n * rows, "Q4_K products: inconsistent lengths");
+    assert!(level.available(), "Q4_K products: level {level:?} not available");
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let out = Outputs(y.as_mut_ptr());
+    let task = |k: usize| {
+        let r0 = k * TASK_ROWS;
+        let nr = TASK_ROWS.min(rows - r0);
+        // The task's outputs as [row][input], then into `y` ([input][row]).
+        let mut o = vec![0f32; nr * n];
+        block_or_rows(level, &w[r0 * rb..(r0 + nr) * rb], nr, inputs, &mut o);
+        for t in 0..n {
+            for r in 0..nr {
+                // SAFETY: t < n and r0 + r < rows index `y`; the task owns
+                // rows r0..r0 + nr, so no other task writes these.
+                unsafe { *out.at(t * rows + r0 + r) = o[r * n + t] };
+            }
+        }
+    };
+    let tasks = rows.div_ceil(TASK_ROWS);
+    if rows * cols * n >= PAR_MIN_WORK && tasks > 1 {
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        (0..tasks).for_each(task);
+    }
+}
+
+/// `y`, shared by `products_at`'s tasks: each writes the outputs of its
+/// own rows only.
+#[derive(Clone, Copy)]
+struct Outputs(*mut f32);
+
+// SAFETY: the tasks that share it write disjoint elements, and `y`
+// outlives them (rayon joins before `products_at` returns).
+unsafe impl Send for Outputs {}
+// SAFETY: as above.
+unsafe impl Sync for Outputs {}
+
+impl Outputs {
+    /// A method, so that closures capture the whole (Sync) wrapper.
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// `o[r * n + t]` = row `r` of the `nr` rows `w` against input `t`.
+fn block_or_rows(level: Level, w: &[u8], nr: usize, inputs: &Int16Inputs, o: &mut [f32]) {
+    let (n, rb) = (inputs.inputs(), w.len() / nr);
+    #[cfg(target_arch = "x86_64")]
+    if level != Level::Scalar && n >= BLOCK_MIN_INPUTS {
+        let block = if level == Level::Avx512Vnni { LANES } else { avx2::BLOCK_ROWS };
+        for (b, ob) in o.chunks_mut(block * n).enumerate() {
+            let (first, nb) = (b * block, ob.len() / n);
+            let rows = &w[first * rb..(first + nb) * rb];
+            // SAFETY: the level is available (checked by `products_at`);
+            // whole rows of the inputs' width.
+            unsafe {
+                if level == Level::Avx512Vnni {
+                    avx512::block_products(rows, nb, inputs, ob)
+                } else {
+                    avx2::block_products(rows, nb, inputs, ob)
+                }
+            }
+        }
+        return;
+    }
+    for (row, or) in w.chunks_exact(rb).zip(o.chunks_exact_mut(n)) {
+        row_products(level, row, inputs, or);
+    }
+}
+
+/// `out[t]` = `row` against input `t`, for every input.
+fn row_products(level: Level, row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
+    match level {
+        Level::Scalar => {
+            for (t, o) in out.iter_mut().enumerate() {
+                *o = row_scalar(row, inputs, t);
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA are available (checked by `products_at`);
+        // the row is whole super-blocks of the inputs' width.
+        Level::Avx2 => unsafe { avx2::row_products(row, inputs, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512 F/BW/VNNI are available (as above).
+        Level::Avx512Vnni => unsafe { avx512::row_products(row, inputs, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("Q4_K products: {level:?} on this architecture"),
+    }
+}

@@ -1,0 +1,165 @@
+//! The int16 Q4_K products: every level against the definition
+//! (`row_scalar`) bit for bit, the definition against the f32 product of
+//! ggml's values within the input rounding's bound, and every entry point
+//! of a Q4_K matrix giving the same bits.
+
+use super::*;
+use crate::quant::ggml::{dequantize_row, GgmlMatrix, GgmlType};
+use crate::quant::kmeans::Rng;
+
+/// Random Q4_K super-blocks with f16 `d` and `dmin` of a trained file's
+/// size (about 1e-3) and every scale, min and nibble random.
+fn q4k_rows(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut bytes: Vec<u8> = (0..rows * cols / SUPER * SUPER_BYTES).map(|_| rng.below(256) as u8).collect();
+    for b in bytes.chunks_exact_mut(SUPER_BYTES) {
+        let d = half::f16::from_f32(0.5e-3 + 1e-3 * rng.unit() as f32).to_le_bytes();
+        let dmin = half::f16::from_f32(0.2e-3 + 1e-3 * rng.unit() as f32).to_le_bytes();
+        b[0..2].copy_from_slice(&d);
+        b[2..4].copy_from_slice(&dmin);
+    }
+    bytes
+}
+
+/// Gaussian-ish inputs with a few outliers, a zero sub-block and a tiny
+/// one (where the scale is far below 1).
+fn xs(n: usize, cols: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..n * cols).map(|_| (rng.unit() as f32 - 0.5) * 2.0).collect();
+    for (i, v) in x.iter_mut().enumerate() {
+        if i % 97 == 5 {
+            *v *= 40.0;
+        }
+    }
+    x[..SUB].fill(0.0);
+    if x.len() >= 3 * SUB {
+        x[2 * SUB..3 * SUB].iter_mut().for_each(|v| *v *= 1e-30);
+    }
+    x
+}
+
+fn levels() -> Vec<Level> {
+    let all = [Level::Scalar, Level::Avx2, Level::Avx512Vnni];
+    let got: Vec<Level> = all.into_iter().filter(|l| l.available()).collect();
+    if got.len() == 1 {
+        crate::skip::report_skip("SKIP int16 Q4_K SIMD comparison: this CPU runs only the scalar definition");
+    }
+    got
+}
+
+#[test]
+fn scale_bytes_are_get_scale_min_k4() {
+    let mut rng = Rng::new(3);
+    for _ in 0..2000 {
+        let s: [u8; 12] = std::array::from_fn(|_| rng.below(256) as u8);
+        let got = scale_bytes(&s);
+        for j in 0..8 {
+            let (sc, m) = scale_min_k4(j, &s);
+            assert_eq!((f32::from(got[j]), f32::from(got[8 + j])), (sc, m), "{s:?} sub-block {j}");
+        }
+    }
+}
+
+/// Every level gives the definition's bits: one super-block (half a
+/// window), whole and partial windows, one row and several, one input and
+/// many (prefill's transposed blocks), a zero and a tiny sub-block, and NaN
+/// where an input is not finite.
+#[test]
+fn every_int16_level_equals_the_definition_bit_for_bit() {
+    let mut rng = Rng::new(11);
+    let levels = levels();
+    // From four inputs AVX-512 takes blocks of sixteen rows in tiles of
+    // eight inputs: partial blocks, whole and partial tiles.
+    for (rows, cols, n) in
+        [(1, 256, 1), (3, 512, 1), (5, 768, 3), (33, 1280, 2), (40, 2048, 11), (21, 256, 8), (7, 768, 4)]
+    {
+        let w = q4k_rows(rows, cols, &mut rng);
+        let mut x = xs(n, cols, &mut rng);
+        if n == 3 {
+            x[cols + 7] = f32::NAN;
+            x[2 * cols + 300] = f32::INFINITY;
+        }
+        let inputs = Int16Inputs::new(&x, cols);
+        let rb = cols / SUPER * SUPER_BYTES;
+        let want: Vec<u32> =
+            (0..n * rows).map(|i| row_scalar(&w[(i % rows) * rb..][..rb], &inputs, i / rows).to_bits()).collect();
+        for &level in &levels {
+            let mut y = vec![0f32; n * rows];
+            products_at(level, &w, rows, &inputs, &mut y);
+            let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                let nan = f32::from_bits(*g).is_nan() && f32::from_bits(*e).is_nan();
+                assert!(g == e || nan, "{level:?} {rows}x{cols}, {n} inputs: input {} row {}", i / rows, i % rows);
+            }
+        }
+        if n == 3 {
+            let at = |t: usize, r: usize| f32::from_bits(want[t * rows + r]);
+            assert!((0..rows).all(|r| at(0, r).is_finite() && at(1, r).is_nan() && at(2, r).is_nan()));
+        }
+    }
+}
+
+/// The definition against the f64 product of ggml's values: the input's
+/// rounding moves each value by at most half its sub-block's step, so a
+/// product moves by at most `sum |w| * s_j / 2`, plus f32 rounding. And
+/// what that is in practice, relative to the product's size, printed.
+#[test]
+fn int16_products_are_within_the_input_roundings_bound_of_ggmls_values() {
+    let mut rng = Rng::new(12);
+    let (rows, cols, n) = (64, 2048, 4);
+    let w = q4k_rows(rows, cols, &mut rng);
+    let x = xs(n, cols, &mut rng);
+    let inputs = Int16Inputs::new(&x, cols);
+    let rb = cols / SUPER * SUPER_BYTES;
+    let mut worst_rel = 0f64;
+    for r in 0..rows {
+        let mut values = vec![0f32; cols];
+        dequantize_row(GgmlType::Q4K, &w[r * rb..(r + 1) * rb], &mut values);
+        for t in 0..n {
+            let xt = &x[t * cols..(t + 1) * cols];
+            let exact: f64 = values.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let size: f64 = values.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let step: f64 = values
+                .iter()
+                .enumerate()
+                .map(|(c, &a)| a.abs() as f64 * inputs.scales[(t * cols + c) / SUB] as f64 * 0.5)
+                .sum();
+            let got = row_scalar(&w[r * rb..(r + 1) * rb], &inputs, t) as f64;
+            let err = (got - exact).abs();
+            assert!(err <= step * 1.001 + 1e-6 * size, "row {r} input {t}: {got} vs {exact} ({err:e} > {step:e})");
+            worst_rel = worst_rel.max(err / size);
+        }
+    }
+    eprintln!("int16 Q4_K products: worst |error| / sum |w x| = {worst_rel:.2e}");
+    assert!(worst_rel < 2e-5, "{worst_rel:e}");
+}
+
+/// A Q4_K matrix's matvec, matmul, row_dots and a trunk view's
+/// matvec_many give each (row, input) the definition's bits, in parallel
+/// or not.
+#[test]
+fn every_q4k_entry_point_gives_the_definitions_bits() {
+    use crate::quant::{QMatrix, TrunkFormat};
+    let mut rng = Rng::new(13);
+    for (rows, cols, n) in [(40, 512, 5), (300, 2048, 3), (70, 768, 19)] {
+        let w = q4k_rows(rows, cols, &mut rng);
+        let x = xs(n, cols, &mut rng);
+        let inputs = Int16Inputs::new(&x, cols);
+        let rb = cols / SUPER * SUPER_BYTES;
+        let m = GgmlMatrix::new("w", GgmlType::Q4K, rows, cols, &w).unwrap();
+        let q = QMatrix::from_bytes(TrunkFormat::Ggml(GgmlType::Q4K), rows, cols, &w).unwrap();
+        let (mut prod, mut many) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+        m.matmul(&x, &mut prod);
+        q.matvec_many(&x, &mut many);
+        for t in 0..n {
+            let xt = &x[t * cols..(t + 1) * cols];
+            let mut y = vec![0f32; rows];
+            m.matvec(xt, &mut y);
+            let mut one = [0f32];
+            for r in 0..rows {
+                m.row_dots(r, xt, &mut one);
+                let want = row_scalar(&w[r * rb..(r + 1) * rb], &inputs, t).to_bits();
+                let got = [y[r], prod[t * rows + r], many[t * rows + r], one[0]].map(f32::to_bits);
+                assert_eq!(got, [want; 4], "{rows}x{cols}: input {t} row {r}");
+            }
+        }
+    }
+}

@@ -12,8 +12,9 @@
 //! GMAC/s is multiply-accumulates per second, best of `REPEATS`.
 //!
 //! The q4 products are int8 (`quant::int8`): their "% of peak" is of the
-//! integer ceiling at the level in force (`vpdpbusd` or `maddubs`), the
-//! others' of the FMA peak.
+//! integer ceiling at the level in force (`vpdpbusd` or `maddubs`); GGUF
+//! Q4_K's are int16 (`quant::ggml::int16`), of `vpdpwssd`'s or `pmaddwd`'s;
+//! the others' of the FMA peak.
 //!
 //! `cargo bench -p waste-kernels --bench prefill` (`--quick`: fewer tokens;
 //! `--isa=avx2` etc.: a lower kernel level than the CPU's best).
@@ -22,12 +23,14 @@ mod common;
 
 use std::hint::black_box;
 
-use common::{int8_peak_gmacs, noise, peak_gmacs, side_by_side};
+use common::{int16_peak_gmacs, int8_peak_gmacs, noise, peak_gmacs, side_by_side};
 
 use waste_kernels::pool::Pool;
+use waste_kernels::quant::ggml::GgmlType;
 use waste_kernels::quant::{
     build_gate_up_tables, encode_expert, expert_forward_act, expert_forward_batch, force_isa, isa, quantize_trunk,
-    Activation, ExpertBatchScratch, ExpertF32, ExpertFormat, ExpertScratch, ExpertShape, Isa, QMatrix, TrunkFormat,
+    Activation, ExpertBatchScratch, ExpertF32, ExpertFormat, ExpertScratch, ExpertShape, GgmlExpert, Isa, QMatrix,
+    TrunkFormat,
 };
 
 fn main() {
@@ -48,15 +51,25 @@ fn main() {
             None => println!(),
         }
         let int8_peak = int8.map_or(f64::NAN, |(p, _)| p);
+        let int16 = pool.install(|| int16_peak_gmacs(threads, isa().name())).expect("pool");
+        if let Some((p, how)) = int16 {
+            println!("int16 peak {p:.1} GMAC/s ({how}): GGUF Q4_K's products");
+        }
+        let int16_peak = int16.map_or(f64::NAN, |(p, _)| p);
+        let peak_of = |fmt: TrunkFormat| match fmt {
+            TrunkFormat::Q4 => int8_peak,
+            TrunkFormat::Ggml(_) => int16_peak,
+            _ => peak,
+        };
         println!(
             "{:<22} {:>7} {:>14} {:>14} {:>7} {:>9}",
             "product", "tokens", "per token", "batched", "ratio", "% of peak"
         );
         // The q projection of a chunk.
         let (rows, cols, n) = (4096, 2048, if quick { 128 } else { 512 });
-        for fmt in [TrunkFormat::Q4, TrunkFormat::Q8] {
+        for fmt in [TrunkFormat::Q4, TrunkFormat::Q8, TrunkFormat::Ggml(GgmlType::Q4K)] {
             let w: Vec<f32> = (0..rows * cols).map(|_| unit() * 0.05).collect();
-            let m = QMatrix::from_byte_vec(fmt, rows, cols, quantize_trunk(fmt, &w, rows, cols)).expect("matrix");
+            let m = QMatrix::from_byte_vec(fmt, rows, cols, trunk_bytes(fmt, &w, rows, cols)).expect("matrix");
             let x: Vec<f32> = (0..n * cols).map(|_| unit()).collect();
             let mut y = vec![0f32; n * rows];
             let (one, many) = side_by_side(
@@ -73,8 +86,7 @@ fn main() {
                     black_box(&z);
                 },
             );
-            let of = if fmt == TrunkFormat::Q4 { int8_peak } else { peak };
-            report(&format!("q_proj {} 4096x2048", fmt.name()), n, (rows * cols * n) as f64, one, many, of);
+            report(&format!("q_proj {} 4096x2048", fmt.name()), n, (rows * cols * n) as f64, one, many, peak_of(fmt));
         }
         // Decode: one input at a time over matrices that are not in any
         // cache (64 q_proj-sized matrices, 268 MB in q4), as a token's
@@ -84,9 +96,10 @@ fn main() {
             (TrunkFormat::Q8, rows, cols),
             (TrunkFormat::Q4, 1024, 2304),
             (TrunkFormat::Q4, 2304, 1024),
+            (TrunkFormat::Ggml(GgmlType::Q4K), rows, cols),
         ] {
             let w: Vec<f32> = (0..rows * cols).map(|_| unit() * 0.05).collect();
-            let bytes = quantize_trunk(fmt, &w, rows, cols);
+            let bytes = trunk_bytes(fmt, &w, rows, cols);
             let set: Vec<QMatrix> = (0..if quick { 16 } else { 64 } * 4096 * 2048 / (rows * cols))
                 .map(|_| QMatrix::from_byte_vec(fmt, rows, cols, bytes.clone()).expect("matrix"))
                 .collect();
@@ -121,8 +134,22 @@ fn main() {
             (0..size).map(|_| unit() * 0.05).collect(),
         );
         let view = ExpertF32 { gate: &g, up: &u, down: &d, biases: None };
-        for fmt in [ExpertFormat::Q4, ExpertFormat::Q8] {
-            let payload = encode_expert(fmt, shape, &view, None);
+        let q4k = GgmlType::Q4K;
+        for fmt in
+            [ExpertFormat::Q4, ExpertFormat::Q8, ExpertFormat::Ggml(GgmlExpert { gate: q4k, up: q4k, down: q4k })]
+        {
+            let payload = match fmt {
+                ExpertFormat::Ggml(_) => {
+                    let slab = |w: &[f32], rows, cols| trunk_bytes(TrunkFormat::Ggml(q4k), w, rows, cols);
+                    [
+                        slab(&g, shape.inter, shape.hidden),
+                        slab(&u, shape.inter, shape.hidden),
+                        slab(&d, shape.hidden, shape.inter),
+                    ]
+                    .concat()
+                }
+                _ => encode_expert(fmt, shape, &view, None),
+            };
             for tokens in if quick { vec![16, 64] } else { vec![16, 64, 256] } {
                 let xs: Vec<f32> = (0..tokens * shape.hidden).map(|_| unit()).collect();
                 let mut out = vec![0f32; xs.len()];
@@ -159,7 +186,11 @@ fn main() {
                     (3 * size * tokens) as f64,
                     one,
                     many,
-                    if fmt == ExpertFormat::Q4 { int8_peak } else { peak },
+                    match fmt {
+                        ExpertFormat::Q4 => int8_peak,
+                        ExpertFormat::Ggml(_) => int16_peak,
+                        _ => peak,
+                    },
                 );
             }
         }
@@ -173,4 +204,26 @@ fn report(what: &str, tokens: usize, macs: f64, one: f64, many: f64, peak: f64) 
         one / many,
         100.0 * g2 / peak
     );
+}
+
+/// A trunk matrix's bytes: quantised, or for GGUF's Q4_K random blocks with
+/// weight-sized f16 scales (no Q4_K quantiser here; the products' speed
+/// does not depend on the values).
+fn trunk_bytes(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
+    let TrunkFormat::Ggml(ty) = fmt else {
+        return quantize_trunk(fmt, w, rows, cols);
+    };
+    assert_eq!(ty, GgmlType::Q4K, "trunk_bytes: Q4_K only");
+    let mut bytes: Vec<u8> = w
+        .iter()
+        .take(ty.matrix_bytes(rows, cols).expect("whole blocks"))
+        .map(|v| ((v * 5e3) as i32 & 0xFF) as u8)
+        .collect();
+    bytes.resize(ty.matrix_bytes(rows, cols).expect("whole blocks"), 0x5A);
+    let d = half::f16::from_f32(0.002).to_bits().to_le_bytes();
+    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+        block[0..2].copy_from_slice(&d);
+        block[2..4].copy_from_slice(&d);
+    }
+    bytes
 }

@@ -124,6 +124,83 @@ pub fn int8_peak_gmacs(threads: usize, level: &str) -> Option<(f64, &'static str
     }
 }
 
+/// As `int8_peak_gmacs` for the int16 products of GGUF's Q4_K
+/// (`quant::ggml::int16`): `vpdpwssd` (32 products, issued as that one
+/// instruction, as the kernel does) with AVX-512 VNNI at level `avx512`,
+/// else AVX2's `pmaddwd` + add (16 in two).
+#[allow(dead_code)] // the prefill bench's
+pub fn int16_peak_gmacs(threads: usize, level: &str) -> Option<(f64, &'static str)> {
+    const ITERS: usize = 20_000_000;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let vnni = level == "avx512"
+            && std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512vnni");
+        if !vnni && !std::is_x86_feature_detected!("avx2") {
+            return None;
+        }
+        let t = Instant::now();
+        let sums: Vec<i32> = (0..threads)
+            .into_par_iter()
+            // SAFETY: the features each loop needs were detected just above.
+            .map(|_| unsafe {
+                if vnni {
+                    wssd_loop(ITERS)
+                } else {
+                    maddwd_loop(ITERS)
+                }
+            })
+            .collect();
+        black_box(sums);
+        let (per, name) = if vnni { (32, "vpdpwssd") } else { (16, "pmaddwd") };
+        Some(((threads * ITERS * 12 * per) as f64 / t.elapsed().as_secs_f64() / 1e9, name))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (threads, level);
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(dead_code)]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn wssd_loop(iters: usize) -> i32 {
+    use std::arch::x86_64::*;
+    let (u, c) = (_mm512_set1_epi16(3), _mm512_set1_epi16(-1));
+    let mut acc = [_mm512_setzero_si512(); 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            // SAFETY: AVX-512 VNNI (this function's); registers only.
+            unsafe {
+                std::arch::asm!("vpdpwssd {a}, {u}, {c}", a = inout(zmm_reg) *a, u = in(zmm_reg) u, c = in(zmm_reg) c,
+                    options(pure, nomem, nostack, preserves_flags));
+            }
+        }
+    }
+    acc.iter().map(|a| _mm512_reduce_add_epi32(*a)).sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(dead_code)]
+#[target_feature(enable = "avx2")]
+unsafe fn maddwd_loop(iters: usize) -> i32 {
+    use std::arch::x86_64::*;
+    let c = _mm256_set1_epi16(-1);
+    let mut acc = [_mm256_setzero_si256(); 12];
+    for _ in 0..iters {
+        // Each product reads its own chain, so none is hoisted.
+        for a in acc.iter_mut() {
+            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(*a, c));
+        }
+    }
+    let mut out = [0i32; 8];
+    let s = acc.iter().fold(_mm256_setzero_si256(), |s, a| _mm256_add_epi32(s, *a));
+    // SAFETY: `out` holds 8 ints.
+    unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, s) };
+    out.iter().sum()
+}
+
 #[cfg(target_arch = "x86_64")]
 #[allow(dead_code)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]

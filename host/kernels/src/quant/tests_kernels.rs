@@ -461,7 +461,9 @@ fn fused_mul_add_is_the_fma_instruction() {
 #[test]
 fn matmul_block_gives_the_bits_of_dot8_on_every_tile_shape() {
     let mut rng = Rng::new(91);
-    for (nr, nt, cols) in [(9, 5, 7), (8, 3, 256), (8, 50, 511), (1, 100, 512), (5, 49, 1029), (4, 7, 2051), (13, 1, 4096)] {
+    for (nr, nt, cols) in
+        [(9, 5, 7), (8, 3, 256), (8, 50, 511), (1, 100, 512), (5, 49, 1029), (4, 7, 2051), (13, 1, 4096)]
+    {
         let w = gauss(&mut rng, nr * cols, 0.05);
         let x = gauss(&mut rng, nt * cols, 1.0);
         let mut want = vec![0f32; nr * nt];
@@ -469,7 +471,14 @@ fn matmul_block_gives_the_bits_of_dot8_on_every_tile_shape() {
         let mut got = vec![f32::NAN; nr * nt];
         simd::matmul_block(&w, &x, cols, &mut got);
         for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.to_bits(), e.to_bits(), "{} {nr}x{nt}x{cols}: row {} input {}", simd::isa().name(), i / nt, i % nt);
+            assert_eq!(
+                g.to_bits(),
+                e.to_bits(),
+                "{} {nr}x{nt}x{cols}: row {} input {}",
+                simd::isa().name(),
+                i / nt,
+                i % nt
+            );
         }
     }
 }

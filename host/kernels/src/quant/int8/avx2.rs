@@ -144,9 +144,10 @@ unsafe fn interleave_whole(block: Block<'_>, cols: usize, g: usize, tile: &mut T
     }
 }
 
-/// Transposes eight vectors of eight four-byte words.
+/// Transposes eight vectors of eight four-byte words: lane `r` of result
+/// `m` is word `m` of `r[r]`.
 #[inline(always)]
-unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+pub(crate) unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     let mut u = [_mm256_setzero_si256(); 8];
     for q in 0..2 {
         let (r0, r1, r2, r3) = (r[4 * q], r[4 * q + 1], r[4 * q + 2], r[4 * q + 3]);

@@ -5,6 +5,7 @@
 //! dots, and the sixteen lanes of the definition are two `__m256`.
 
 use super::{scale_bytes, Int16Inputs, LANES, SUB, SUPER, SUPER_BYTES};
+use crate::quant::int8::avx2::transpose8;
 use std::arch::x86_64::*;
 
 /// `out[t]` = `row` against input `t`, bit for bit `row_scalar`.
@@ -169,7 +170,7 @@ pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs
                     let j = sb * 8 + 2 * c + h;
                     for (part, rows8) in halves.iter().enumerate() {
                         // SAFETY: AVX2 (this function's).
-                        let t = unsafe { transpose8(rows8) };
+                        let t = unsafe { transpose8(*rows8) };
                         tr.words[j * 16 + 8 * part..j * 16 + 8 * part + 8].copy_from_slice(&t);
                     }
                 }
@@ -237,28 +238,4 @@ unsafe fn tile<const T: usize>(tr: &Transposed, inputs: &Int16Inputs, t0: usize,
             out[r * n + t0 + i] = v;
         }
     }
-}
-
-/// The 8x8 transpose of four-byte words: lane `r` of result `m` is word
-/// `m` of `rows[r]`.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn transpose8(rows: &[__m256i; BLOCK_ROWS]) -> [__m256i; BLOCK_ROWS] {
-    let mut u = [_mm256_setzero_si256(); 8];
-    for q in 0..2 {
-        let r = &rows[4 * q..4 * q + 4];
-        let (t0, t1) = (_mm256_unpacklo_epi32(r[0], r[1]), _mm256_unpackhi_epi32(r[0], r[1]));
-        let (t2, t3) = (_mm256_unpacklo_epi32(r[2], r[3]), _mm256_unpackhi_epi32(r[2], r[3]));
-        // u[4q + m]: rows 4q..4q + 4 at words m (low half) and m + 4.
-        u[4 * q] = _mm256_unpacklo_epi64(t0, t2);
-        u[4 * q + 1] = _mm256_unpackhi_epi64(t0, t2);
-        u[4 * q + 2] = _mm256_unpacklo_epi64(t1, t3);
-        u[4 * q + 3] = _mm256_unpackhi_epi64(t1, t3);
-    }
-    let mut out = [_mm256_setzero_si256(); 8];
-    for m in 0..4 {
-        out[m] = _mm256_permute2x128_si256::<0x20>(u[m], u[4 + m]);
-        out[m + 4] = _mm256_permute2x128_si256::<0x31>(u[m], u[4 + m]);
-    }
-    out
 }

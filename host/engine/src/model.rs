@@ -216,7 +216,12 @@ impl Model {
         MemoryUse {
             trunk: crate::plan::resident_bytes(&self.container),
             state: crate::plan::state_bytes(self.container.config(), self.context, self.plan.kv_type),
-            scratch: crate::plan::scratch_bytes(self.container.config(), self.context, self.plan.prefill_chunk),
+            scratch: crate::plan::scratch_bytes(
+                self.container.config(),
+                crate::plan::ChunkInputs::of(self.container.manifest()),
+                self.context,
+                self.plan.prefill_chunk,
+            ),
             cache: self.experts.allocated_bytes(),
         }
     }

@@ -143,19 +143,23 @@ pub fn on_disk_trunk_bytes(cfg: &ModelConfig, manifest: &Manifest) -> u64 {
 /// token's per-pick outputs (`transformer::experts`), and the routing
 /// turned around plus per-expert bookkeeping (`store::pin`). Rounded up to
 /// a MiB, plus a MiB for the small per-call lists (picks, slots).
-pub fn scratch_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
+pub fn scratch_bytes(cfg: &ModelConfig, inputs: ChunkInputs, context: usize, chunk: usize) -> u64 {
     use crate::quant::{gate_up_tables_peak_bytes, ExpertBatchScratch, ExpertFormat};
     let chunk = chunk.max(1);
     let model = 4 * crate::transformer::prefill::forward_buffer_floats(cfg, context, chunk);
     let shape = cfg.expert_shape();
+    // Our formats, and where the container holds GGUF Q4_K matrices, a
+    // Q4_K expert's (its int16 inputs).
+    let q4k = crate::quant::ggml::GgmlType::Q4K;
+    let gguf = ExpertFormat::Ggml(crate::quant::GgmlExpert { gate: q4k, up: q4k, down: q4k });
     let kernels = ExpertFormat::ALL
         .into_iter()
+        .chain((inputs == ChunkInputs::Int16).then_some(gguf))
         .map(|f| gate_up_tables_peak_bytes(f, shape.hidden) + ExpertBatchScratch::peak_bytes(f, shape, chunk))
         .max()
         .unwrap_or(0);
-    // A q4 trunk product's inputs quantised to int8 (`quant::int8`), the
-    // widest a chunk's products take.
-    let int8 = crate::quant::int8_input_bytes(chunk, widest_trunk_input(cfg));
+    // A trunk product's quantised inputs over the chunk, the widest it takes.
+    let int8 = inputs.bytes(chunk, widest_trunk_input(cfg));
     let outputs = 4 * (cfg.top_k + 2 * chunk) * shape.hidden;
     // experts::Routed: a (token, weight) per pick and an index per expert;
     // store::pin: a use count and a held slot per expert of the layer.
@@ -163,6 +167,40 @@ pub fn scratch_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
     let per_expert = 32 * cfg.num_experts;
     let bytes = (model + kernels + int8 + outputs + routing + per_expert) as u64;
     bytes.div_ceil(1 << 20) * (1 << 20) + (1 << 20)
+}
+
+/// The quantised inputs a container's products take over a chunk: q4's
+/// int8 (`quant::int8`, 1.06 bytes a value), or int16 (`quant::ggml`, 2.25)
+/// where it holds GGUF Q4_K matrices, trunk or experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkInputs {
+    Int8,
+    Int16,
+}
+
+impl ChunkInputs {
+    pub fn of(m: &crate::container::manifest::Manifest) -> ChunkInputs {
+        let q4k = crate::quant::ggml::GgmlType::Q4K.name();
+        let trunk = m.trunk.tensors.iter().any(|t| t.format == q4k);
+        let experts = m
+            .experts
+            .layers
+            .iter()
+            .any(|l| l.ggml.as_ref().is_some_and(|g| [&g.gate, &g.up, &g.down].contains(&&q4k.to_string())));
+        if trunk || experts {
+            ChunkInputs::Int16
+        } else {
+            ChunkInputs::Int8
+        }
+    }
+
+    /// Bytes of `inputs` inputs of `cols` values so quantised.
+    fn bytes(self, inputs: usize, cols: usize) -> usize {
+        match self {
+            ChunkInputs::Int8 => crate::quant::int8_input_bytes(inputs, cols),
+            ChunkInputs::Int16 => crate::quant::ggml::int16_input_bytes(inputs, cols),
+        }
+    }
 }
 
 /// The widest input of a trunk matrix product: the hidden state, the
@@ -183,12 +221,12 @@ fn widest_trunk_input(cfg: &ModelConfig) -> usize {
 /// expert cache once the trunk, states, vision and the least cache are
 /// counted), so the expert cache keeps the rest; the smallest choice when
 /// none does.
-pub fn choose_prefill_chunk(cfg: &ModelConfig, context: usize, room: u64) -> usize {
-    let decode = scratch_bytes(cfg, context, 1);
+pub fn choose_prefill_chunk(cfg: &ModelConfig, inputs: ChunkInputs, context: usize, room: u64) -> usize {
+    let decode = scratch_bytes(cfg, inputs, context, 1);
     CHUNK_CHOICES
         .into_iter()
         .find(|&c| {
-            let s = scratch_bytes(cfg, context, c);
+            let s = scratch_bytes(cfg, inputs, context, c);
             s - decode <= room / 8 && s <= room
         })
         .unwrap_or(SMALLEST_CHUNK)
@@ -248,6 +286,7 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
     let cfg = container.config();
     let context = resolve_context(cfg, context)?;
     let m = container.manifest();
+    let inputs = ChunkInputs::of(m);
     let record = m.experts.record_bytes;
     let moe_layers = m.experts.layers.len();
     let experts = cfg.num_experts;
@@ -265,7 +304,7 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
         trunk,
         embedding_on_disk: on_disk_trunk_bytes(cfg, m),
         state,
-        scratch: scratch_bytes(cfg, context, least),
+        scratch: scratch_bytes(cfg, inputs, context, least),
         prefill_chunk: least,
         vision,
         record_bytes: record,
@@ -280,11 +319,11 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
         return Ok(first);
     }
     let room = first.budget.saturating_sub(trunk + state + vision + first.min_cache);
-    let chunk = choose_prefill_chunk(cfg, context, room);
+    let chunk = choose_prefill_chunk(cfg, inputs, context, room);
     if chunk == least {
         return Ok(first);
     }
-    let scratch = scratch_bytes(cfg, context, chunk);
+    let scratch = scratch_bytes(cfg, inputs, context, chunk);
     let plan = plan_from(PlanInput { scratch, prefill_chunk: chunk, budget: Some(first.budget), ..input })?;
     Ok(MemoryPlan { floor: first.floor, recommended: first.recommended, budget_source: first.budget_source, ..plan })
 }
@@ -601,7 +640,19 @@ mod tests {
                         + rvq3.max(rvq4p).max(matrices)
                         + int8(widest.into_iter().max().unwrap())
                         + outputs;
-                    let got = scratch_bytes(cfg, ctx, chunk);
+                    let got = scratch_bytes(cfg, ChunkInputs::Int8, ctx, chunk);
+                    // GGUF Q4_K's int16 inputs (2.25 bytes a value) in
+                    // place of int8's, for its trunk and its experts.
+                    let int16 = |cols: usize| chunk * (2 * cols + 8 * cols.div_ceil(32));
+                    let widest = widest.into_iter().max().unwrap();
+                    let more = int16(h.max(i)) - int8(h.max(i)) + int16(widest) - int8(widest);
+                    let got16 = scratch_bytes(cfg, ChunkInputs::Int16, ctx, chunk);
+                    assert!(
+                        got16 >= (need + more) as u64,
+                        "{name} int16: context {ctx}, chunk {chunk}: {got16} < {}",
+                        need + more
+                    );
+                    assert!(got16 <= (need + more) as u64 + (4 << 20), "{name} int16: {got16} vs {}", need + more);
                     assert!(got >= need as u64, "{name}: context {ctx}, chunk {chunk}: {got} < {need}");
                     // An estimate, not a blanket: within a few MiB of the count.
                     assert!(got <= need as u64 + (4 << 20), "{name}: context {ctx}, chunk {chunk}: {got} vs {need}");
@@ -611,7 +662,7 @@ mod tests {
         // K3 (AttnRes banks, latent MoE): the figure covers the model's part.
         let k3 = fixture_config("kimi_k3");
         let model = 4 * forward_buffer_floats(&k3, 512, 64) as u64;
-        assert!(scratch_bytes(&k3, 512, 64) > model);
+        assert!(scratch_bytes(&k3, ChunkInputs::Int8, 512, 64) > model);
     }
 
     /// The plan's chunk: the largest whose buffers beyond decode's take at
@@ -619,12 +670,13 @@ mod tests {
     #[test]
     fn the_plan_picks_the_largest_chunk_an_eighth_of_the_room_holds() {
         let cfg = fixture_config("qwen3_moe");
-        let extra = |c: usize| scratch_bytes(&cfg, 64, c) - scratch_bytes(&cfg, 64, 1);
-        assert_eq!(choose_prefill_chunk(&cfg, 64, 0), SMALLEST_CHUNK);
-        assert_eq!(choose_prefill_chunk(&cfg, 64, 8 * extra(4096)), 4096);
+        let i8 = ChunkInputs::Int8;
+        let extra = |c: usize| scratch_bytes(&cfg, i8, 64, c) - scratch_bytes(&cfg, i8, 64, 1);
+        assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 0), SMALLEST_CHUNK);
+        assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 8 * extra(4096)), 4096);
         assert!(extra(2048) < extra(4096));
-        assert_eq!(choose_prefill_chunk(&cfg, 64, 8 * extra(2048)), 2048);
-        assert_eq!(choose_prefill_chunk(&cfg, 64, 8 * extra(512) + 7), 512);
+        assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 8 * extra(2048)), 2048);
+        assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 8 * extra(512) + 7), 512);
     }
 
     #[test]

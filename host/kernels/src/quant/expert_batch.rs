@@ -20,6 +20,7 @@ use super::expert::{
     ExpertScratch,
 };
 use super::ggml::expert::Slabs;
+use super::ggml::{int16_input_bytes, GgmlType};
 use super::int8::int8_input_bytes;
 use super::rvq::LayerCodebooks;
 use super::trunk::{f32_from_le, MatRef};
@@ -45,9 +46,17 @@ impl ExpertBatchScratch {
     /// tokens (the memory plan counts it), from the lengths it allocates.
     pub fn peak_bytes(fmt: ExpertFormat, shape: ExpertShape, tokens: usize) -> usize {
         let matrices = if batch_shares_weights(fmt) { 2 * 4 * tokens * shape.inter } else { 0 };
-        // q4's int8 inputs: gate/up's, then down's.
-        let int8 = if fmt == ExpertFormat::Q4 { int8_input_bytes(tokens, shape.hidden.max(shape.inter)) } else { 0 };
-        matrices + int8 + ExpertScratch::new(fmt, shape).bytes()
+        // q4's int8 inputs, or a GGUF expert's int16 ones for its Q4_K
+        // slabs: gate/up's, then down's.
+        let widest = shape.hidden.max(shape.inter);
+        let inputs = match fmt {
+            ExpertFormat::Q4 => int8_input_bytes(tokens, widest),
+            ExpertFormat::Ggml(t) if [t.gate, t.up, t.down].contains(&GgmlType::Q4K) => {
+                int16_input_bytes(tokens, widest)
+            }
+            _ => 0,
+        };
+        matrices + inputs + ExpertScratch::new(fmt, shape).bytes()
     }
 }
 

@@ -33,6 +33,8 @@ mod iq;
 #[cfg(test)]
 mod tests;
 
+pub use int16::int16_input_bytes;
+
 use rayon::prelude::*;
 
 use super::decoded::{dequantize_rows, matmul_decoded, PAR_MIN_WORK};

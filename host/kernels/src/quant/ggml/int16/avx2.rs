@@ -4,7 +4,7 @@
 //! sub-blocks' partial vectors are summed into one vector of their exact
 //! dots, and the sixteen lanes of the definition are two `__m256`.
 
-use super::{scale_bytes, Int16Inputs, LANES, SUB, SUPER, SUPER_BYTES};
+use super::{scale_bytes, Int16Inputs, Outputs, LANES, SUB, SUPER, SUPER_BYTES};
 use crate::quant::int8::avx2::transpose8;
 use std::arch::x86_64::*;
 
@@ -124,19 +124,20 @@ std::thread_local! {
         const { std::cell::RefCell::new(Transposed { words: Vec::new(), d1: Vec::new(), m1: Vec::new() }) };
 }
 
-/// `out[r * n + t]` = row `r` of `rows` (`nr <= 8` rows) against input `t`
-/// for all `n` inputs, bit for bit `row_scalar`: `avx512::block_products`
-/// on eight rows, `pmaddwd` + add for `vpdpwssd`.
+/// Row `r` of `rows` (`nr <= 8` rows) against every input, into `out` as
+/// row `first + r`, bit for bit `row_scalar`: `avx512::block_products` on
+/// eight rows, `pmaddwd` + add for `vpdpwssd`.
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA; `rows` is `nr` rows of whole
-/// super-blocks of `inputs.cols` values, `out` `nr * inputs.inputs()`.
+/// super-blocks of `inputs.cols` values; rows `first..first + nr` of
+/// `out` are the caller's to write.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs, out: &mut [f32]) {
+pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs, out: Outputs, first: usize) {
     let (cols, n) = (inputs.cols, inputs.inputs());
     let (supers, subs) = (cols / SUPER, cols / SUB);
     let rb = supers * SUPER_BYTES;
-    assert!(nr <= BLOCK_ROWS && rows.len() == nr * rb && out.len() == nr * n, "Q4_K block: lengths");
+    assert!(nr <= BLOCK_ROWS && rows.len() == nr * rb, "Q4_K block: lengths");
     TRANSPOSED.with_borrow_mut(|tr| {
         tr.words.resize(subs * 16, _mm256_setzero_si256());
         tr.d1.resize(subs, [0.0; BLOCK_ROWS]);
@@ -182,10 +183,10 @@ pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs
             // `subs` sub-blocks.
             unsafe {
                 if n - t0 >= TILE {
-                    tile::<TILE>(tr, inputs, t0, nr, out);
+                    tile::<TILE>(tr, inputs, t0, (nr, first), out);
                     t0 += TILE;
                 } else {
-                    tile::<1>(tr, inputs, t0, nr, out);
+                    tile::<1>(tr, inputs, t0, (nr, first), out);
                     t0 += 1;
                 }
             }
@@ -193,15 +194,22 @@ pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs
     });
 }
 
-/// Inputs `t0..t0 + T` against the transposed block, into `out`.
+/// Inputs `t0..t0 + T` against the transposed block, into rows
+/// `first..first + nr` of `out`.
 ///
 /// # Safety
 /// AVX2 and FMA; the inputs exist and `tr` holds every sub-block of their
 /// width.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const T: usize>(tr: &Transposed, inputs: &Int16Inputs, t0: usize, nr: usize, out: &mut [f32]) {
-    let (cols, n) = (inputs.cols, inputs.inputs());
+unsafe fn tile<const T: usize>(
+    tr: &Transposed,
+    inputs: &Int16Inputs,
+    t0: usize,
+    (nr, first): (usize, usize),
+    out: Outputs,
+) {
+    let cols = inputs.cols;
     let subs = cols / SUB;
     let mut f = [[_mm256_setzero_ps(); LANES]; T];
     for j in 0..subs {
@@ -235,7 +243,8 @@ unsafe fn tile<const T: usize>(tr: &Transposed, inputs: &Int16Inputs, t0: usize,
         // SAFETY: eight floats.
         unsafe { _mm256_storeu_ps(rows.as_mut_ptr(), _mm256_add_ps(e[0], e[1])) };
         for (r, &v) in rows[..nr].iter().enumerate() {
-            out[r * n + t0 + i] = v;
+            // SAFETY: input t0 + i exists; rows first.. are the caller's.
+            unsafe { out.write(t0 + i, first + r, v) };
         }
     }
 }

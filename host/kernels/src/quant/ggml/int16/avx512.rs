@@ -6,7 +6,7 @@
 //! taken as each pair of sub-blocks is done), then scaled as vectors and
 //! added into the sixteen lanes of the definition.
 
-use super::{scale_bytes, Int16Inputs, LANES, SUB, SUPER, SUPER_BYTES};
+use super::{scale_bytes, Int16Inputs, Outputs, LANES, SUB, SUPER, SUPER_BYTES};
 use crate::quant::int8::avx512::{sum_lane_pairs, sum_pair};
 use std::arch::x86_64::*;
 
@@ -127,8 +127,8 @@ std::thread_local! {
         const { std::cell::RefCell::new(Transposed { words: Vec::new(), d1: Vec::new(), m1: Vec::new() }) };
 }
 
-/// `out[r * n + t]` = row `r` of `rows` (`nr <= 16` rows) against input
-/// `t`, for all `n` inputs, bit for bit `row_scalar`: the block transposed
+/// Row `r` of `rows` (`nr <= 16` rows) against every input `t`, into
+/// `out` as row `first + r`, bit for bit `row_scalar`: the block transposed
 /// once so that one `vpdpwssd` against an input's two codes broadcast adds
 /// two columns into each row's lane, and the transpose serves every input
 /// (prefill). Lanes are rows here, so the definition's sixteen lanes of a
@@ -136,14 +136,15 @@ std::thread_local! {
 ///
 /// # Safety
 /// The CPU supports AVX-512 F/BW/VNNI; `rows` is `nr` rows of whole
-/// super-blocks of `inputs.cols` values, `out` `nr * inputs.inputs()`.
+/// super-blocks of `inputs.cols` values; rows `first..first + nr` of
+/// `out` are the caller's to write.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs, out: &mut [f32]) {
+pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs, out: Outputs, first: usize) {
     use crate::quant::int8::avx512::transpose_words;
     let (cols, n) = (inputs.cols, inputs.inputs());
     let (supers, subs) = (cols / SUPER, cols / SUB);
     let rb = supers * SUPER_BYTES;
-    assert!(nr <= LANES && rows.len() == nr * rb && out.len() == nr * n, "Q4_K block: lengths");
+    assert!(nr <= LANES && rows.len() == nr * rb, "Q4_K block: lengths");
     TRANSPOSED.with_borrow_mut(|tr| {
         tr.words.resize(subs * 16, _mm512_setzero_si512());
         tr.d1.resize(subs, [0.0; LANES]);
@@ -180,10 +181,10 @@ pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs
             // `subs` sub-blocks.
             unsafe {
                 if n - t0 >= TILE {
-                    tile::<TILE>(tr, inputs, t0, nr, out);
+                    tile::<TILE>(tr, inputs, t0, (nr, first), out);
                     t0 += TILE;
                 } else {
-                    tile::<1>(tr, inputs, t0, nr, out);
+                    tile::<1>(tr, inputs, t0, (nr, first), out);
                     t0 += 1;
                 }
             }
@@ -191,15 +192,22 @@ pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs
     });
 }
 
-/// Inputs `t0..t0 + T` against the transposed block, into `out`.
+/// Inputs `t0..t0 + T` against the transposed block, into rows
+/// `first..first + nr` of `out`.
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI; the inputs exist and `tr` holds every sub-block of
 /// their width.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile<const T: usize>(tr: &Transposed, inputs: &Int16Inputs, t0: usize, nr: usize, out: &mut [f32]) {
-    let (cols, n) = (inputs.cols, inputs.inputs());
+unsafe fn tile<const T: usize>(
+    tr: &Transposed,
+    inputs: &Int16Inputs,
+    t0: usize,
+    (nr, first): (usize, usize),
+    out: Outputs,
+) {
+    let cols = inputs.cols;
     let subs = cols / SUB;
     let mut f = [[_mm512_setzero_ps(); LANES]; T];
     for j in 0..subs {
@@ -233,7 +241,8 @@ unsafe fn tile<const T: usize>(tr: &Transposed, inputs: &Int16Inputs, t0: usize,
         // SAFETY: sixteen floats.
         unsafe { _mm512_storeu_ps(rows.as_mut_ptr(), _mm512_add_ps(e[0], e[1])) };
         for (r, &v) in rows[..nr].iter().enumerate() {
-            out[r * n + t0 + i] = v;
+            // SAFETY: input t0 + i exists; rows first.. are the caller's.
+            unsafe { out.write(t0 + i, first + r, v) };
         }
     }
 }

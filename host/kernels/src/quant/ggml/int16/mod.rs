@@ -100,6 +100,13 @@ impl Int16Inputs {
     }
 }
 
+/// Bytes `Int16Inputs` holds for `inputs` inputs of `cols` values: the
+/// codes, and a scale and a code sum per sub-block (2.25 bytes a value).
+/// The memory plan counts them for a chunk's Q4_K products.
+pub fn int16_input_bytes(inputs: usize, cols: usize) -> usize {
+    inputs * (2 * cols + 8 * cols.div_ceil(SUB))
+}
+
 /// One input's codes, scales and sums, as `Int16Inputs::new` fills them.
 type InputParts<'a> = ((&'a mut [i16], &'a mut [f32]), &'a mut [i32]);
 
@@ -228,20 +235,11 @@ pub(crate) fn products_at(level: Level, w: &[u8], rows: usize, inputs: &Int16Inp
     if rows == 0 || n == 0 {
         return;
     }
-    let out = Outputs(y.as_mut_ptr());
+    let out = Outputs { y: y.as_mut_ptr(), rows };
     let task = |k: usize| {
         let r0 = k * TASK_ROWS;
         let nr = TASK_ROWS.min(rows - r0);
-        // The task's outputs as [row][input], then into `y` ([input][row]).
-        let mut o = vec![0f32; nr * n];
-        block_or_rows(level, &w[r0 * rb..(r0 + nr) * rb], nr, inputs, &mut o);
-        for t in 0..n {
-            for r in 0..nr {
-                // SAFETY: t < n and r0 + r < rows index `y`; the task owns
-                // rows r0..r0 + nr, so no other task writes these.
-                unsafe { *out.at(t * rows + r0 + r) = o[r * n + t] };
-            }
-        }
+        block_or_rows(level, &w[r0 * rb..(r0 + nr) * rb], r0, nr, inputs, out);
     };
     let tasks = rows.div_ceil(TASK_ROWS);
     if rows * cols * n >= PAR_MIN_WORK && tasks > 1 {
@@ -251,47 +249,61 @@ pub(crate) fn products_at(level: Level, w: &[u8], rows: usize, inputs: &Int16Inp
     }
 }
 
-/// `y`, shared by `products_at`'s tasks: each writes the outputs of its
-/// own rows only.
+/// `y` (`[input][row]`), shared by `products_at`'s tasks, each of which
+/// writes the outputs of its own rows only; no task buffers a chunk's
+/// worth of outputs (the memory plan counts none).
 #[derive(Clone, Copy)]
-struct Outputs(*mut f32);
+pub(crate) struct Outputs {
+    y: *mut f32,
+    rows: usize,
+}
 
-// SAFETY: the tasks that share it write disjoint elements, and `y`
-// outlives them (rayon joins before `products_at` returns).
+// SAFETY: the tasks that share it write disjoint elements (their own
+// rows), and `y` outlives them (rayon joins before `products_at` returns).
 unsafe impl Send for Outputs {}
 // SAFETY: as above.
 unsafe impl Sync for Outputs {}
 
 impl Outputs {
-    /// A method, so that closures capture the whole (Sync) wrapper.
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
+    /// Writes the output of row `r` for input `t`.
+    ///
+    /// # Safety
+    /// `t` and `r` index `y`, and row `r` belongs to the caller's task.
+    #[inline(always)]
+    pub(crate) unsafe fn write(self, t: usize, r: usize, v: f32) {
+        // SAFETY: the caller's.
+        unsafe { *self.y.add(t * self.rows + r) = v };
     }
 }
 
-/// `o[r * n + t]` = row `r` of the `nr` rows `w` against input `t`.
-fn block_or_rows(level: Level, w: &[u8], nr: usize, inputs: &Int16Inputs, o: &mut [f32]) {
+/// Rows `first..first + nr` (the bytes `w`) against every input, into `out`.
+fn block_or_rows(level: Level, w: &[u8], first: usize, nr: usize, inputs: &Int16Inputs, out: Outputs) {
     let (n, rb) = (inputs.inputs(), w.len() / nr);
     #[cfg(target_arch = "x86_64")]
     if level != Level::Scalar && n >= BLOCK_MIN_INPUTS {
         let block = if level == Level::Avx512Vnni { LANES } else { avx2::BLOCK_ROWS };
-        for (b, ob) in o.chunks_mut(block * n).enumerate() {
-            let (first, nb) = (b * block, ob.len() / n);
-            let rows = &w[first * rb..(first + nb) * rb];
+        for (b, rows) in w.chunks(block * rb).enumerate() {
+            let (r0, nb) = (first + b * block, rows.len() / rb);
             // SAFETY: the level is available (checked by `products_at`);
-            // whole rows of the inputs' width.
+            // whole rows of the inputs' width, rows r0..r0 + nb of the
+            // caller's task.
             unsafe {
                 if level == Level::Avx512Vnni {
-                    avx512::block_products(rows, nb, inputs, ob)
+                    avx512::block_products(rows, nb, inputs, out, r0)
                 } else {
-                    avx2::block_products(rows, nb, inputs, ob)
+                    avx2::block_products(rows, nb, inputs, out, r0)
                 }
             }
         }
         return;
     }
-    for (row, or) in w.chunks_exact(rb).zip(o.chunks_exact_mut(n)) {
-        row_products(level, row, inputs, or);
+    let mut row_out = vec![0f32; n];
+    for (i, row) in w.chunks_exact(rb).enumerate() {
+        row_products(level, row, inputs, &mut row_out);
+        for (t, &v) in row_out.iter().enumerate() {
+            // SAFETY: t < n, and row first + i is the caller's.
+            unsafe { out.write(t, first + i, v) };
+        }
     }
 }
 

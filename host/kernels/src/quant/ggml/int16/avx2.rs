@@ -110,18 +110,10 @@ pub(super) const BLOCK_ROWS: usize = 8;
 const TILE: usize = 4;
 
 /// A block's sub-blocks transposed (`block_products`), per thread.
-struct Transposed {
-    /// `words[j * 16 + m]`: lane `r` holds values `2m, 2m + 1` of row `r`'s
-    /// sub-block `j`, as int16.
-    words: Vec<__m256i>,
-    /// `d1[j][r]`, `m1[j][r]`: row `r`'s `d * sc_j` and `dmin * m_j`.
-    d1: Vec<[f32; BLOCK_ROWS]>,
-    m1: Vec<[f32; BLOCK_ROWS]>,
-}
+type Transposed = super::Transposed<__m256i, BLOCK_ROWS>;
 
 std::thread_local! {
-    static TRANSPOSED: std::cell::RefCell<Transposed> =
-        const { std::cell::RefCell::new(Transposed { words: Vec::new(), d1: Vec::new(), m1: Vec::new() }) };
+    static TRANSPOSED: std::cell::RefCell<Transposed> = const { std::cell::RefCell::new(Transposed::new()) };
 }
 
 /// Row `r` of `rows` (`nr <= 8` rows) against every input, into `out` as
@@ -135,22 +127,13 @@ std::thread_local! {
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs, out: Outputs, first: usize) {
     let (cols, n) = (inputs.cols, inputs.inputs());
-    let (supers, subs) = (cols / SUPER, cols / SUB);
+    let supers = cols / SUPER;
     let rb = supers * SUPER_BYTES;
     assert!(nr <= BLOCK_ROWS && rows.len() == nr * rb, "Q4_K block: lengths");
     TRANSPOSED.with_borrow_mut(|tr| {
-        tr.words.resize(subs * 16, _mm256_setzero_si256());
-        tr.d1.resize(subs, [0.0; BLOCK_ROWS]);
-        tr.m1.resize(subs, [0.0; BLOCK_ROWS]);
+        tr.prepare(rows, rb, _mm256_setzero_si256());
         let nib = _mm256_set1_epi8(0x0F);
         for sb in 0..supers {
-            for r in 0..BLOCK_ROWS {
-                let (d1, m1) =
-                    if r < nr { super::super_scales(&rows[r * rb + sb * SUPER_BYTES..]) } else { ([0.0; 8], [0.0; 8]) };
-                for k in 0..8 {
-                    (tr.d1[sb * 8 + k][r], tr.m1[sb * 8 + k][r]) = (d1[k], m1[k]);
-                }
-            }
             for c in 0..4 {
                 // [nibble half][16 values of the sub-block][row]
                 let mut q = [[[_mm256_setzero_si256(); BLOCK_ROWS]; 2]; 2];

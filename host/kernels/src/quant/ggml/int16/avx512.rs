@@ -113,18 +113,10 @@ unsafe fn widen(p: *const u8) -> __m512 {
 const TILE: usize = 8;
 
 /// A block's sub-blocks transposed (`block_products`), per thread.
-struct Transposed {
-    /// `words[j * 16 + m]`: lane `r` holds values `2m, 2m + 1` of row `r`'s
-    /// sub-block `j`, as int16.
-    words: Vec<__m512i>,
-    /// `d1[j][r]`, `m1[j][r]`: row `r`'s `d * sc_j` and `dmin * m_j`.
-    d1: Vec<[f32; LANES]>,
-    m1: Vec<[f32; LANES]>,
-}
+type Transposed = super::Transposed<__m512i, LANES>;
 
 std::thread_local! {
-    static TRANSPOSED: std::cell::RefCell<Transposed> =
-        const { std::cell::RefCell::new(Transposed { words: Vec::new(), d1: Vec::new(), m1: Vec::new() }) };
+    static TRANSPOSED: std::cell::RefCell<Transposed> = const { std::cell::RefCell::new(Transposed::new()) };
 }
 
 /// Row `r` of `rows` (`nr <= 16` rows) against every input `t`, into
@@ -142,22 +134,13 @@ std::thread_local! {
 pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs, out: Outputs, first: usize) {
     use crate::quant::int8::avx512::transpose_words;
     let (cols, n) = (inputs.cols, inputs.inputs());
-    let (supers, subs) = (cols / SUPER, cols / SUB);
+    let supers = cols / SUPER;
     let rb = supers * SUPER_BYTES;
     assert!(nr <= LANES && rows.len() == nr * rb, "Q4_K block: lengths");
     TRANSPOSED.with_borrow_mut(|tr| {
-        tr.words.resize(subs * 16, _mm512_setzero_si512());
-        tr.d1.resize(subs, [0.0; LANES]);
-        tr.m1.resize(subs, [0.0; LANES]);
+        tr.prepare(rows, rb, _mm512_setzero_si512());
         let nib = _mm256_set1_epi8(0x0F);
         for sb in 0..supers {
-            for r in 0..LANES {
-                let (d1, m1) =
-                    if r < nr { super::super_scales(&rows[r * rb + sb * SUPER_BYTES..]) } else { ([0.0; 8], [0.0; 8]) };
-                for k in 0..8 {
-                    (tr.d1[sb * 8 + k][r], tr.m1[sb * 8 + k][r]) = (d1[k], m1[k]);
-                }
-            }
             for c in 0..4 {
                 let (mut lo, mut hi) = ([_mm512_setzero_si512(); LANES], [_mm512_setzero_si512(); LANES]);
                 for r in 0..nr {

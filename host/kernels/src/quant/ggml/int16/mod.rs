@@ -180,6 +180,46 @@ pub(crate) fn scale_bytes(scales: &[u8; 12]) -> [u8; 16] {
     out
 }
 
+/// A block of rows prepared for a level's block kernel, per thread: its
+/// sub-blocks transposed into the level's vectors `W`, and each row's scales
+/// (`B` rows a block).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct Transposed<W, const B: usize> {
+    /// `words[j * 16 + m]`: lane `r` holds values `2m, 2m + 1` of row `r`'s
+    /// sub-block `j`, as int16.
+    pub(crate) words: Vec<W>,
+    /// `d1[j][r]`, `m1[j][r]`: row `r`'s `d * sc_j` and `dmin * m_j` (0 past
+    /// the block's rows).
+    pub(crate) d1: Vec<[f32; B]>,
+    pub(crate) m1: Vec<[f32; B]>,
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+impl<W: Copy, const B: usize> Transposed<W, B> {
+    pub(crate) const fn new() -> Self {
+        Transposed { words: Vec::new(), d1: Vec::new(), m1: Vec::new() }
+    }
+
+    /// Sizes the buffers for rows of `rb` bytes (whole super-blocks) and
+    /// fills the scales of the `rows.len() / rb` rows of `rows`.
+    pub(crate) fn prepare(&mut self, rows: &[u8], rb: usize, zero: W) {
+        let (supers, nr) = (rb / SUPER_BYTES, rows.len() / rb);
+        let subs = supers * 8;
+        self.words.resize(subs * 16, zero);
+        self.d1.resize(subs, [0.0; B]);
+        self.m1.resize(subs, [0.0; B]);
+        for sb in 0..supers {
+            for r in 0..B {
+                let (d1, m1) =
+                    if r < nr { super_scales(&rows[r * rb + sb * SUPER_BYTES..]) } else { ([0.0; 8], [0.0; 8]) };
+                for k in 0..8 {
+                    (self.d1[sb * 8 + k][r], self.m1[sb * 8 + k][r]) = (d1[k], m1[k]);
+                }
+            }
+        }
+    }
+}
+
 /// The definition: row `row` (whole super-blocks as stored) against input
 /// `t`.
 pub(crate) fn row_scalar(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {

@@ -151,6 +151,7 @@ pub fn scratch_bytes(cfg: &ModelConfig, inputs: ChunkInputs, context: usize, chu
     // Our formats, and where the container holds GGUF Q4_K matrices, a
     // Q4_K expert's (its int16 inputs).
     let q4k = crate::quant::ggml::GgmlType::Q4K;
+    debug_assert!(q4k.takes_int16_inputs());
     let gguf = ExpertFormat::Ggml(crate::quant::GgmlExpert { gate: q4k, up: q4k, down: q4k });
     let kernels = ExpertFormat::ALL
         .into_iter()
@@ -171,7 +172,8 @@ pub fn scratch_bytes(cfg: &ModelConfig, inputs: ChunkInputs, context: usize, chu
 
 /// The quantised inputs a container's products take over a chunk: q4's
 /// int8 (`quant::int8`, 1.06 bytes a value), or int16 (`quant::ggml`, 2.25)
-/// where it holds GGUF Q4_K matrices, trunk or experts.
+/// where it holds GGUF matrices that take them (Q4_K, Q6_K), trunk or
+/// experts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChunkInputs {
     Int8,
@@ -180,13 +182,14 @@ pub enum ChunkInputs {
 
 impl ChunkInputs {
     pub fn of(m: &crate::container::manifest::Manifest) -> ChunkInputs {
-        let q4k = crate::quant::ggml::GgmlType::Q4K.name();
-        let trunk = m.trunk.tensors.iter().any(|t| t.format == q4k);
+        use crate::quant::ggml::GgmlType;
+        let int16 = |name: &str| GgmlType::ALL.into_iter().any(|t| t.name() == name && t.takes_int16_inputs());
+        let trunk = m.trunk.tensors.iter().any(|t| int16(&t.format));
         let experts = m
             .experts
             .layers
             .iter()
-            .any(|l| l.ggml.as_ref().is_some_and(|g| [&g.gate, &g.up, &g.down].contains(&&q4k.to_string())));
+            .any(|l| l.ggml.as_ref().is_some_and(|g| [&g.gate, &g.up, &g.down].into_iter().any(|n| int16(n))));
         if trunk || experts {
             ChunkInputs::Int16
         } else {

@@ -20,7 +20,7 @@ use super::expert::{
     ExpertScratch,
 };
 use super::ggml::expert::Slabs;
-use super::ggml::{int16_input_bytes, GgmlType};
+use super::ggml::int16_input_bytes;
 use super::int8::int8_input_bytes;
 use super::rvq::LayerCodebooks;
 use super::trunk::{f32_from_le, MatRef};
@@ -47,11 +47,11 @@ impl ExpertBatchScratch {
     pub fn peak_bytes(fmt: ExpertFormat, shape: ExpertShape, tokens: usize) -> usize {
         let matrices = if batch_shares_weights(fmt) { 2 * 4 * tokens * shape.inter } else { 0 };
         // q4's int8 inputs, or a GGUF expert's int16 ones for its Q4_K
-        // slabs: gate/up's, then down's.
+        // and Q6_K slabs: gate/up's, then down's.
         let widest = shape.hidden.max(shape.inter);
         let inputs = match fmt {
             ExpertFormat::Q4 => int8_input_bytes(tokens, widest),
-            ExpertFormat::Ggml(t) if [t.gate, t.up, t.down].contains(&GgmlType::Q4K) => {
+            ExpertFormat::Ggml(t) if [t.gate, t.up, t.down].iter().any(|t| t.takes_int16_inputs()) => {
                 int16_input_bytes(tokens, widest)
             }
             _ => 0,

@@ -414,8 +414,12 @@ impl<'a> MatRef<'a> {
     }
 
     /// `y[t] = W x[t]` for `n = x.len() / cols` inputs at once (`x`
-    /// `[n, cols]`, `y` `[n, rows]`): `matmul_decoded` on this matrix's rows.
+    /// `[n, cols]`, `y` `[n, rows]`): `matmul_decoded` on this matrix's rows,
+    /// or a GGUF matrix's own product (its int16 types' bits).
     pub fn matmul(&self, x: &[f32], y: &mut [f32]) {
+        if let Kind::Ggml(m) = self.kind {
+            return m.matmul(x, y);
+        }
         let v = *self;
         matmul_decoded(self.rows, self.cols, &|r, out: &mut [f32]| v.row_into(r, out), x, y);
     }

@@ -96,6 +96,13 @@ impl GgmlType {
         GgmlType::Mxfp4,
     ];
 
+    /// Whether this type's products quantise their inputs to int16
+    /// (`int16`'s module docs; 2.25 bytes a value the memory plan counts),
+    /// rather than taking them as f32.
+    pub fn takes_int16_inputs(self) -> bool {
+        int16::Format::of(self).is_some()
+    }
+
     /// The `ggml_type` code; stable, as GGUF files store it.
     pub fn code(self) -> u32 {
         match self {
@@ -366,10 +373,10 @@ impl<'a> GgmlMatrix<'a> {
         if self.cols == 0 {
             return out.fill(0.0);
         }
-        if self.ty == GgmlType::Q4K {
+        if let Some(fmt) = int16::Format::of(self.ty) {
             let rb = self.data.len() / self.rows;
             let inputs = int16::Int16Inputs::new(x, self.cols);
-            return int16::products(&self.data[r * rb..(r + 1) * rb], 1, &inputs, out);
+            return int16::products(fmt, &self.data[r * rb..(r + 1) * rb], 1, &inputs, out);
         }
         ROWS.with_borrow_mut(|w| {
             w.resize(self.cols.max(ROW_BLOCK * self.cols), 0.0);
@@ -389,8 +396,8 @@ impl<'a> GgmlMatrix<'a> {
             y.fill(0.0);
             return;
         }
-        if self.ty == GgmlType::Q4K {
-            return int16::products(self.data, rows, &int16::Int16Inputs::new(x, cols), y);
+        if let Some(fmt) = int16::Format::of(self.ty) {
+            return int16::products(fmt, self.data, rows, &int16::Int16Inputs::new(x, cols), y);
         }
         // A task owns TASK_ROWS rows (few tasks: rayon's per-task cost is
         // about a row's work) and decodes them ROW_BLOCK at a time.
@@ -436,10 +443,10 @@ impl<'a> GgmlMatrix<'a> {
     /// `y[t] = W x[t]` for `n = x.len() / cols` inputs (`x` `[n, cols]`,
     /// `y` `[n, rows]`): each row decoded once per block of inputs.
     pub fn matmul(&self, x: &[f32], y: &mut [f32]) {
-        if self.ty == GgmlType::Q4K && self.rows > 0 && self.cols > 0 {
+        if let Some(fmt) = int16::Format::of(self.ty).filter(|_| self.rows > 0 && self.cols > 0) {
             assert!(x.len().is_multiple_of(self.cols), "matmul: x of {} is not whole rows of {}", x.len(), self.cols);
             assert_eq!(y.len(), x.len() / self.cols * self.rows, "matmul: y length");
-            return int16::products(self.data, self.rows, &int16::Int16Inputs::new(x, self.cols), y);
+            return int16::products(fmt, self.data, self.rows, &int16::Int16Inputs::new(x, self.cols), y);
         }
         let v = *self;
         matmul_decoded(self.rows, self.cols, &|r, out: &mut [f32]| v.row_into(r, out), x, y);

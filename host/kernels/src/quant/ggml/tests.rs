@@ -172,11 +172,11 @@ fn the_avx2_build_of_the_twins_gives_their_bits() {
 
 /// Random blocks of `ty` with weight-sized f16 scales (the byte offsets of
 /// ggml-common.h's scale fields), `n` of them.
-/// What a GGUF matrix computes for one row and input: Q4_K's int16
-/// products (`int16`), every other type's `dot8` of the decoded row.
+/// What a GGUF matrix computes for one row and input: Q4_K's and Q6_K's
+/// int16 products (`int16`), every other type's `dot8` of the decoded row.
 fn product_of(ty: GgmlType, row: &[u8], values: &[f32], x: &[f32]) -> f32 {
-    if ty == GgmlType::Q4K {
-        return int16::row_scalar(row, &int16::Int16Inputs::new(x, x.len()), 0);
+    if let Some(fmt) = int16::Format::of(ty) {
+        return int16::row_scalar(fmt, row, &int16::Int16Inputs::new(x, x.len()), 0);
     }
     dot8_scalar(values, x)
 }
@@ -211,8 +211,8 @@ fn mixed_expert() -> (crate::quant::ExpertFormat, crate::quant::ExpertShape, Vec
 }
 
 /// A GGUF expert (mixed types, gpt-oss biases) is dot8 of its decoded
-/// slabs (the Q4_K gate: its int16 products), the biases and the
-/// activation: exactly, bit for bit.
+/// slabs (the Q4_K gate and Q6_K down: their int16 products), the biases
+/// and the activation: exactly, bit for bit.
 #[test]
 fn a_gguf_expert_computes_its_decoded_slabs_exactly() {
     use crate::quant::{
@@ -233,8 +233,11 @@ fn a_gguf_expert_computes_its_decoded_slabs_exactly() {
         let uv = dot8_scalar(&u[r * h..(r + 1) * h], &x) + biases[i + r];
         a[r] = act.apply(gv, uv);
     }
+    let down = &payload[(grb + GgmlType::Iq4Xs.row_bytes(h).unwrap()) * i..];
+    let drb = GgmlType::Q6K.row_bytes(i).unwrap();
     for r in 0..h {
-        want[r] = dot8_scalar(&d[r * i..(r + 1) * i], &a) + biases[2 * i + r];
+        want[r] =
+            product_of(GgmlType::Q6K, &down[r * drb..(r + 1) * drb], &d[r * i..(r + 1) * i], &a) + biases[2 * i + r];
     }
     let mut out = vec![0f32; h];
     let tables = build_gate_up_tables(fmt, None, &x);
@@ -281,9 +284,9 @@ fn a_gguf_expert_format_round_trips_its_record_code_and_refuses_bad_payloads() {
 }
 
 /// A GGUF matrix kept in the trunk (`TrunkFormat::Ggml`): matvec, a
-/// prefill chunk's matvec_many, matmul, one row's dot and MLA's
-/// add_scaled_row all give the bits of dot8 / the loop over its decoded
-/// rows.
+/// prefill chunk's matvec_many, matmul and one row's dot all give the bits
+/// of `product_of` (dot8 of its decoded rows, or Q6_K's int16 products),
+/// and MLA's add_scaled_row the loop over its decoded rows.
 #[test]
 fn a_gguf_trunk_matrix_gives_the_same_bits_on_every_path() {
     use crate::quant::{QMatrix, TrunkFormat};
@@ -293,6 +296,7 @@ fn a_gguf_trunk_matrix_gives_the_same_bits_on_every_path() {
         let m = QMatrix::from_bytes(TrunkFormat::Ggml(ty), rows, cols, &bytes).unwrap();
         assert_eq!(TrunkFormat::parse(TrunkFormat::Ggml(ty).name()), Some(TrunkFormat::Ggml(ty)));
         let w = m.dequantize();
+        let rb = ty.row_bytes(cols).unwrap();
         let n = 5;
         let x = inputs(n * cols, 8);
         let (mut many, mut prod) = (vec![0f32; n * rows], vec![0f32; n * rows]);
@@ -303,14 +307,15 @@ fn a_gguf_trunk_matrix_gives_the_same_bits_on_every_path() {
             let mut y = vec![0f32; rows];
             m.matvec(xt, &mut y);
             for r in 0..rows {
-                let want = dot8_scalar(&w[r * cols..(r + 1) * cols], xt).to_bits();
+                let want = product_of(ty, &bytes[r * rb..(r + 1) * rb], &w[r * cols..(r + 1) * cols], xt).to_bits();
                 let got = [y[r], many[t * rows + r], prod[t * rows + r]].map(f32::to_bits);
                 assert_eq!(got, [want; 3], "{} input {t} row {r}", ty.name());
             }
         }
         let mut one = [0f32; 3];
         m.matvec_rows(7, &x[..cols], &mut one);
-        assert_eq!(one[0].to_bits(), dot8_scalar(&w[7 * cols..8 * cols], &x[..cols]).to_bits());
+        let want = product_of(ty, &bytes[7 * rb..8 * rb], &w[7 * cols..8 * cols], &x[..cols]);
+        assert_eq!(one[0].to_bits(), want.to_bits());
         let (mut got, mut want) = (x[..cols].to_vec(), x[..cols].to_vec());
         m.add_scaled_row(3, 0.37, &mut got);
         for (o, &v) in want.iter_mut().zip(&w[3 * cols..4 * cols]) {

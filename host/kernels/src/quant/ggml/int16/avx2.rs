@@ -1,32 +1,81 @@
-//! Q4_K rows on int16 inputs with AVX2: the AVX-512 form on two halves.
-//! A sub-block is two vectors of sixteen int16 nibbles against the
-//! input's, `pmaddwd` adding pairs into eight int32 lanes; eight
-//! sub-blocks' partial vectors are summed into one vector of their exact
-//! dots, and the sixteen lanes of the definition are two `__m256`.
+//! Q4_K and Q6_K rows on int16 inputs with AVX2: the AVX-512 form on two
+//! halves. A sub-block is two vectors of sixteen int16 values against the
+//! input's, `pmaddwd` adding pairs into eight int32 lanes; eight partial
+//! vectors (a Q4_K sub-block's, or a Q6_K group's) are summed into one
+//! vector of their exact dots, and the sixteen lanes of the definition are
+//! two `__m256`.
 
-use super::{scale_bytes, Int16Inputs, Outputs, LANES, SUB, SUPER, SUPER_BYTES};
+use super::{scale_bytes, Format, Int16Inputs, Outputs, LANES, Q6K_BYTES, SUB, SUPER, SUPER_BYTES};
 use crate::quant::int8::avx2::transpose8;
 use std::arch::x86_64::*;
+
+/// Sub-blocks `2c` and `2c + 1` of the `fmt` super-block at `b`, 32
+/// signed bytes each: the integers ggml's dequantisation scales (Q4_K's
+/// nibbles, Q6_K's `q - 32`).
+///
+/// # Safety
+/// AVX2; a whole super-block of `fmt` at `b`, `c < 4`.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn pair_bytes(fmt: Format, b: *const u8, c: usize) -> (__m256i, __m256i) {
+    let nib = _mm256_set1_epi8(0x0F);
+    // SAFETY: the loads lie in the super-block (the caller's).
+    unsafe {
+        match fmt {
+            Format::Q4K => {
+                let v = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
+                (_mm256_and_si256(v, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib))
+            }
+            Format::Q6K => {
+                // Half `c / 2` of the block: its sub-blocks 0 and 1 are the
+                // low nibbles of `ql[0..32]` and `ql[32..64]` with bit pairs
+                // 0 and 1 of `qh`, sub-blocks 2 and 3 the high nibbles with
+                // pairs 2 and 3 (`dequantize_row_q6_K`'s q1..q4).
+                let half = c / 2;
+                let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+                let pair = _mm256_set1_epi8(0x30);
+                let (lo0, lo1, hi0, hi1) = if c.is_multiple_of(2) {
+                    let (h0, h1) = (_mm256_slli_epi16::<4>(qh), _mm256_slli_epi16::<2>(qh));
+                    (_mm256_and_si256(ql0, nib), _mm256_and_si256(ql1, nib), h0, h1)
+                } else {
+                    let (l0, l1) = (_mm256_srli_epi16::<4>(ql0), _mm256_srli_epi16::<4>(ql1));
+                    (_mm256_and_si256(l0, nib), _mm256_and_si256(l1, nib), qh, _mm256_srli_epi16::<2>(qh))
+                };
+                let m32 = _mm256_set1_epi8(32);
+                let q0 = _mm256_sub_epi8(_mm256_or_si256(lo0, _mm256_and_si256(hi0, pair)), m32);
+                let q1 = _mm256_sub_epi8(_mm256_or_si256(lo1, _mm256_and_si256(hi1, pair)), m32);
+                (q0, q1)
+            }
+        }
+    }
+}
 
 /// `out[t]` = `row` against input `t`, bit for bit `row_scalar`.
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA; `row` is whole super-blocks of
+/// The CPU supports AVX2 and FMA; `row` is whole super-blocks of `fmt` of
 /// `inputs.cols` values and `out.len() == inputs.inputs()`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn row_products(row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
+pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
     let supers = inputs.cols / SUPER;
-    debug_assert!(row.len() == supers * SUPER_BYTES && out.len() == inputs.inputs());
+    debug_assert!(row.len() == supers * fmt.super_bytes() && out.len() == inputs.inputs());
     for (t, o) in out.iter_mut().enumerate() {
-        // Lanes 0..8 and 8..16; a super-block fills one half.
+        // Lanes 0..8 and 8..16; a Q4_K super-block fills one half, a Q6_K
+        // one both.
         let mut f = [_mm256_setzero_ps(); 2];
         for sb in 0..supers {
             let at = t * (inputs.cols / SUB) + sb * 8;
             // SAFETY: super-block sb lies in the row and its sub-blocks in
             // input t (the caller's contract).
             unsafe {
-                let b = row.as_ptr().add(sb * SUPER_BYTES);
-                f[sb % 2] = super_block(b, inputs, at, f[sb % 2]);
+                if fmt == Format::Q6K {
+                    f = q6k_super(row.as_ptr().add(sb * Q6K_BYTES), inputs, at, f);
+                } else {
+                    let b = row.as_ptr().add(sb * SUPER_BYTES);
+                    f[sb % 2] = super_block(b, inputs, at, f[sb % 2]);
+                }
             }
         }
         let mut lanes = [0f32; LANES];
@@ -78,6 +127,47 @@ unsafe fn super_block(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m256) 
     }
 }
 
+/// The Q6_K super-block at `b` against sub-blocks `at..at + 8` of the
+/// inputs, added to `f`'s sixteen lanes (one per group).
+///
+/// # Safety
+/// AVX2 and FMA; a super-block at `b`, eight sub-blocks from `at`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q6k_super(b: *const u8, inputs: &Int16Inputs, at: usize, f: [__m256; 2]) -> [__m256; 2] {
+    // SAFETY: the block's 210 bytes at b; its sub-blocks' codes and scales
+    // from `at` (the caller's).
+    unsafe {
+        let x = inputs.codes.as_ptr().add(at * SUB);
+        let d = _mm256_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208));
+        let scales = _mm256_loadu_ps(inputs.scales.as_ptr().add(at));
+        let mut out = f;
+        // Groups 0..8 (sub-blocks 0..4), then 8..16.
+        for (half, o) in out.iter_mut().enumerate() {
+            let mut a = [_mm256_setzero_si256(); 8];
+            for c in 2 * half..2 * half + 2 {
+                let (u, v) = pair_bytes(Format::Q6K, b, c);
+                for (k, bytes) in [(2 * c, u), (2 * c + 1, v)] {
+                    let q0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes));
+                    let q1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(bytes));
+                    let x0 = _mm256_loadu_si256(x.add(k * SUB) as *const __m256i);
+                    let x1 = _mm256_loadu_si256(x.add(k * SUB + 16) as *const __m256i);
+                    let g = 2 * k - 8 * half;
+                    (a[g], a[g + 1]) = (_mm256_madd_epi16(q0, x0), _mm256_madd_epi16(q1, x1));
+                }
+            }
+            let dots = _mm256_cvtepi32_ps(sum_lanes(&a));
+            let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(192 + 8 * half) as *const __m128i));
+            let d1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+            let pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+            let sub = _mm256_add_epi32(pairs, _mm256_set1_epi32(4 * half as i32));
+            let s = _mm256_permutevar8x32_ps(scales, sub);
+            *o = _mm256_fmadd_ps(s, _mm256_mul_ps(d1, dots), *o);
+        }
+        out
+    }
+}
+
 /// Lane `k` = the sum of `a[k]`'s eight lanes (exact int32).
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -122,32 +212,33 @@ std::thread_local! {
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA; `rows` is `nr` rows of whole
-/// super-blocks of `inputs.cols` values; rows `first..first + nr` of
-/// `out` are the caller's to write.
+/// super-blocks of `fmt` of `inputs.cols` values; rows `first..first + nr`
+/// of `out` are the caller's to write.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs, out: Outputs, first: usize) {
+pub(super) unsafe fn block_products(
+    fmt: Format,
+    rows: &[u8],
+    nr: usize,
+    inputs: &Int16Inputs,
+    out: Outputs,
+    first: usize,
+) {
     let (cols, n) = (inputs.cols, inputs.inputs());
-    let supers = cols / SUPER;
-    let rb = supers * SUPER_BYTES;
-    assert!(nr <= BLOCK_ROWS && rows.len() == nr * rb, "Q4_K block: lengths");
+    let (supers, sbb) = (cols / SUPER, fmt.super_bytes());
+    let rb = supers * sbb;
+    assert!(nr <= BLOCK_ROWS && rows.len() == nr * rb, "int16 block: lengths");
     TRANSPOSED.with_borrow_mut(|tr| {
-        tr.prepare(rows, rb, _mm256_setzero_si256());
-        let nib = _mm256_set1_epi8(0x0F);
+        tr.prepare(fmt, rows, rb, _mm256_setzero_si256());
         for sb in 0..supers {
             for c in 0..4 {
-                // [nibble half][16 values of the sub-block][row]
+                // [sub-block of the pair][16 values of the sub-block][row]
                 let mut q = [[[_mm256_setzero_si256(); BLOCK_ROWS]; 2]; 2];
                 for (r, row) in rows.chunks_exact(rb).enumerate() {
-                    // SAFETY: bytes 16 + 32c.. + 32 of super-block sb of the row.
-                    let v = unsafe {
-                        _mm256_loadu_si256(row.as_ptr().add(sb * SUPER_BYTES + 16 + 32 * c) as *const __m256i)
-                    };
-                    for (h, bytes) in [_mm256_and_si256(v, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib)]
-                        .into_iter()
-                        .enumerate()
-                    {
-                        q[h][0][r] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes));
-                        q[h][1][r] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(bytes));
+                    // SAFETY: super-block sb of the row.
+                    let (u, v) = unsafe { pair_bytes(fmt, row.as_ptr().add(sb * sbb), c) };
+                    for (h, bytes) in [u, v].into_iter().enumerate() {
+                        q[h][0][r] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes));
+                        q[h][1][r] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(bytes));
                     }
                 }
                 for (h, halves) in q.iter().enumerate() {
@@ -162,30 +253,31 @@ pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs
         }
         let mut t0 = 0;
         while t0 < n {
+            let whole = n - t0 >= TILE;
             // SAFETY: inputs t0.. of `inputs`; `tr` holds the block's
-            // `subs` sub-blocks.
+            // sub-blocks.
             unsafe {
-                if n - t0 >= TILE {
-                    tile::<TILE>(tr, inputs, t0, (nr, first), out);
-                    t0 += TILE;
-                } else {
-                    tile::<1>(tr, inputs, t0, (nr, first), out);
-                    t0 += 1;
+                match (fmt, whole) {
+                    (Format::Q4K, true) => tile::<TILE, 1>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q4K, false) => tile::<1, 1>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q6K, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q6K, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
                 }
             }
+            t0 += if whole { TILE } else { 1 };
         }
     });
 }
 
-/// Inputs `t0..t0 + T` against the transposed block, into rows
-/// `first..first + nr` of `out`.
+/// Inputs `t0..t0 + T` against the transposed block of `G` groups a
+/// sub-block, into rows `first..first + nr` of `out`.
 ///
 /// # Safety
 /// AVX2 and FMA; the inputs exist and `tr` holds every sub-block of their
 /// width.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const T: usize>(
+unsafe fn tile<const T: usize, const G: usize>(
     tr: &Transposed,
     inputs: &Int16Inputs,
     t0: usize,
@@ -196,25 +288,36 @@ unsafe fn tile<const T: usize>(
     let subs = cols / SUB;
     let mut f = [[_mm256_setzero_ps(); LANES]; T];
     for j in 0..subs {
-        let mut acc = [_mm256_setzero_si256(); T];
-        for m in 0..16 {
-            // SAFETY: word m of sub-block j (the caller's `tr`); codes
-            // 32j + 2m, + 1 of each input.
-            unsafe {
-                let w = _mm256_load_si256(tr.words.as_ptr().add(j * 16 + m));
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let x = inputs.codes.as_ptr().add((t0 + i) * cols + j * SUB + 2 * m) as *const i32;
-                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(w, _mm256_set1_epi32(x.read_unaligned())));
+        // Each group's words, the groups' chains interleaved (one loop over
+        // the words of both, so that no word waits in memory for a group).
+        let mut acc = [[_mm256_setzero_si256(); T]; G];
+        for step in 0..16 / G {
+            for (q, acc) in acc.iter_mut().enumerate() {
+                let m = q * 16 / G + step;
+                // SAFETY: word m of sub-block j (the caller's `tr`); codes
+                // 32j + 2m, + 1 of each input.
+                unsafe {
+                    let w = _mm256_load_si256(tr.words.as_ptr().add(j * 16 + m));
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let x = inputs.codes.as_ptr().add((t0 + i) * cols + j * SUB + 2 * m) as *const i32;
+                        *a = _mm256_add_epi32(*a, _mm256_madd_epi16(w, _mm256_set1_epi32(x.read_unaligned())));
+                    }
                 }
             }
         }
-        // SAFETY: eight floats each.
-        let (d1, m1) = unsafe { (_mm256_loadu_ps(tr.d1[j].as_ptr()), _mm256_loadu_ps(tr.m1[j].as_ptr())) };
-        for (i, (a, fi)) in acc.iter().zip(f.iter_mut()).enumerate() {
-            let at = (t0 + i) * subs + j;
-            let sums = _mm256_set1_ps(inputs.sums[at] as f32);
-            let v = _mm256_fnmadd_ps(m1, sums, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(*a)));
-            fi[j % LANES] = _mm256_fmadd_ps(_mm256_set1_ps(inputs.scales[at]), v, fi[j % LANES]);
+        for (q, acc) in acc.iter().enumerate() {
+            let g = j * G + q;
+            // SAFETY: eight floats each.
+            let (d1, m1) = unsafe { (_mm256_loadu_ps(tr.d1[g].as_ptr()), _mm256_loadu_ps(tr.m1[g].as_ptr())) };
+            for (i, (a, fi)) in acc.iter().zip(f.iter_mut()).enumerate() {
+                let at = (t0 + i) * subs + j;
+                let mut v = _mm256_mul_ps(d1, _mm256_cvtepi32_ps(*a));
+                if G == 1 {
+                    // Q4_K's min.
+                    v = _mm256_fnmadd_ps(m1, _mm256_set1_ps(inputs.sums[at] as f32), v);
+                }
+                fi[g % LANES] = _mm256_fmadd_ps(_mm256_set1_ps(inputs.scales[at]), v, fi[g % LANES]);
+            }
         }
     }
     for (i, fi) in f.iter().enumerate() {

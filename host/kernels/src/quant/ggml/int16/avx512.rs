@@ -1,12 +1,15 @@
-//! Q4_K rows on int16 inputs with AVX-512 VNNI: a window of sixteen
-//! sub-blocks (two super-blocks) of a row against an input is one
-//! `vpdpwssd` per sub-block (its 32 nibbles widened to int16, against the
-//! input's codes), the sixteen partial vectors summed into one vector of
-//! the window's exact dots (`int8::avx512::sum_lanes`'s steps, the first
-//! taken as each pair of sub-blocks is done), then scaled as vectors and
-//! added into the sixteen lanes of the definition.
+//! Q4_K and Q6_K rows on int16 inputs with AVX-512 VNNI: a window of
+//! sixteen Q4_K sub-blocks (two super-blocks) of a row against an input is
+//! one `vpdpwssd` per sub-block (its 32 nibbles widened to int16, against
+//! the input's codes), the sixteen partial vectors summed into one vector
+//! of the window's exact dots (`int8::avx512::sum_lanes`'s steps, the
+//! first taken as each pair of sub-blocks is done), then scaled as vectors
+//! and added into the sixteen lanes of the definition. A Q6_K window is
+//! one super-block: eight sub-blocks' partial vectors summed per half
+//! sub-block into its sixteen groups' dots.
 
-use super::{scale_bytes, Int16Inputs, Outputs, LANES, SUB, SUPER, SUPER_BYTES};
+use super::avx2::pair_bytes;
+use super::{scale_bytes, Format, Int16Inputs, Outputs, LANES, Q6K_BYTES, SUB, SUPER, SUPER_BYTES};
 use crate::quant::int8::avx512::{sum_lane_pairs, sum_pair};
 use std::arch::x86_64::*;
 
@@ -14,11 +17,23 @@ use std::arch::x86_64::*;
 ///
 /// # Safety
 /// The CPU supports AVX-512 F/BW/VNNI; `row` is whole super-blocks of
-/// `inputs.cols` values and `out.len() == inputs.inputs()`.
+/// `fmt` of `inputs.cols` values and `out.len() == inputs.inputs()`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(super) unsafe fn row_products(row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
+pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
     let supers = inputs.cols / SUPER;
-    debug_assert!(row.len() == supers * SUPER_BYTES && out.len() == inputs.inputs());
+    debug_assert!(row.len() == supers * fmt.super_bytes() && out.len() == inputs.inputs());
+    if fmt == Format::Q6K {
+        for (t, o) in out.iter_mut().enumerate() {
+            let mut f = _mm512_setzero_ps();
+            for sb in 0..supers {
+                // SAFETY: super-block sb lies in the row and its
+                // sub-blocks in input t (the caller's contract).
+                f = unsafe { q6k_super(row.as_ptr().add(sb * Q6K_BYTES), inputs, t * (inputs.cols / SUB) + sb * 8, f) };
+            }
+            *o = reduce(f);
+        }
+        return;
+    }
     for (t, o) in out.iter_mut().enumerate() {
         let mut f = _mm512_setzero_ps();
         for w0 in (0..supers).step_by(2) {
@@ -36,10 +51,63 @@ pub(super) unsafe fn row_products(row: &[u8], inputs: &Int16Inputs, out: &mut [f
                 }
             }
         }
-        let mut lanes = [0f32; LANES];
-        // SAFETY: sixteen floats.
-        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), f) };
-        *o = super::reduce_lanes(&lanes);
+        *o = reduce(f);
+    }
+}
+
+/// `reduce_lanes` of a vector's sixteen lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce(f: __m512) -> f32 {
+    let mut lanes = [0f32; LANES];
+    // SAFETY: sixteen floats.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), f) };
+    super::reduce_lanes(&lanes)
+}
+
+/// Where `q6k_super`'s summed vector holds group `g`'s dot: its sub-block
+/// pairs are summed lanes 0-7 (the even group) and 8-15 (the odd) apart,
+/// which leaves the even groups of sub-blocks 0-3 in lanes 0-3, their odd
+/// groups in 4-7, and those of sub-blocks 4-7 in 8-11 and 12-15.
+const Q6K_GROUP_LANE: [i32; 16] = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15];
+/// Group `g`'s sub-block: the input scale it takes.
+const Q6K_GROUP_SUB: [i32; 16] = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7];
+
+/// The Q6_K super-block at `b` against sub-blocks `at..at + 8` of the
+/// inputs, added to `f`'s sixteen lanes (one per group).
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI; a super-block at `b`, eight sub-blocks from `at`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q6k_super(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m512) -> __m512 {
+    // SAFETY: the super-block's 210 bytes at b; its sub-blocks' codes and
+    // scales from `at` (the caller's).
+    unsafe {
+        let x = inputs.codes.as_ptr().add(at * SUB);
+        let mut pairs = [_mm512_setzero_si512(); 4];
+        for (c, p) in pairs.iter_mut().enumerate() {
+            let (u, v) = pair_bytes(Format::Q6K, b, c);
+            let a0 = _mm512_madd_epi16(_mm512_cvtepi8_epi16(u), _mm512_loadu_si512(x.add(2 * c * SUB) as *const _));
+            let a1 =
+                _mm512_madd_epi16(_mm512_cvtepi8_epi16(v), _mm512_loadu_si512(x.add((2 * c + 1) * SUB) as *const _));
+            *p = sum_pair(a0, a1);
+        }
+        // `sum_lane_pairs`' second step; then each sub-block's 128-bit
+        // lanes 0+1 and 2+3 apart.
+        let mut y = [_mm512_setzero_si512(); 2];
+        for (q, yq) in y.iter_mut().enumerate() {
+            let (u, v) = (pairs[2 * q], pairs[2 * q + 1]);
+            *yq = _mm512_add_epi32(_mm512_unpacklo_epi64(u, v), _mm512_unpackhi_epi64(u, v));
+        }
+        let z = _mm512_add_epi32(_mm512_shuffle_i32x4::<0x88>(y[0], y[1]), _mm512_shuffle_i32x4::<0xDD>(y[0], y[1]));
+        let dots = _mm512_permutexvar_epi32(_mm512_loadu_si512(Q6K_GROUP_LANE.as_ptr() as *const _), z);
+        let d = _mm512_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208));
+        let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(192) as *const __m128i)));
+        let d1 = _mm512_mul_ps(d, sc);
+        let scales = _mm512_castps256_ps512(_mm256_loadu_ps(inputs.scales.as_ptr().add(at)));
+        let s = _mm512_permutexvar_ps(_mm512_loadu_si512(Q6K_GROUP_SUB.as_ptr() as *const _), scales);
+        _mm512_fmadd_ps(s, _mm512_mul_ps(d1, _mm512_cvtepi32_ps(dots)), f)
     }
 }
 
@@ -128,28 +196,31 @@ std::thread_local! {
 ///
 /// # Safety
 /// The CPU supports AVX-512 F/BW/VNNI; `rows` is `nr` rows of whole
-/// super-blocks of `inputs.cols` values; rows `first..first + nr` of
-/// `out` are the caller's to write.
+/// super-blocks of `fmt` of `inputs.cols` values; rows `first..first + nr`
+/// of `out` are the caller's to write.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs, out: Outputs, first: usize) {
+pub(super) unsafe fn block_products(
+    fmt: Format,
+    rows: &[u8],
+    nr: usize,
+    inputs: &Int16Inputs,
+    out: Outputs,
+    first: usize,
+) {
     use crate::quant::int8::avx512::transpose_words;
     let (cols, n) = (inputs.cols, inputs.inputs());
-    let supers = cols / SUPER;
-    let rb = supers * SUPER_BYTES;
-    assert!(nr <= LANES && rows.len() == nr * rb, "Q4_K block: lengths");
+    let (supers, sbb) = (cols / SUPER, fmt.super_bytes());
+    let rb = supers * sbb;
+    assert!(nr <= LANES && rows.len() == nr * rb, "int16 block: lengths");
     TRANSPOSED.with_borrow_mut(|tr| {
-        tr.prepare(rows, rb, _mm512_setzero_si512());
-        let nib = _mm256_set1_epi8(0x0F);
+        tr.prepare(fmt, rows, rb, _mm512_setzero_si512());
         for sb in 0..supers {
             for c in 0..4 {
                 let (mut lo, mut hi) = ([_mm512_setzero_si512(); LANES], [_mm512_setzero_si512(); LANES]);
                 for r in 0..nr {
-                    // SAFETY: bytes 16 + 32c.. + 32 of super-block sb of row r.
-                    let v = unsafe {
-                        _mm256_loadu_si256(rows.as_ptr().add(r * rb + sb * SUPER_BYTES + 16 + 32 * c) as *const __m256i)
-                    };
-                    lo[r] = _mm512_cvtepu8_epi16(_mm256_and_si256(v, nib));
-                    hi[r] = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+                    // SAFETY: super-block sb of row r.
+                    let (u, v) = unsafe { pair_bytes(fmt, rows.as_ptr().add(r * rb + sb * sbb), c) };
+                    (lo[r], hi[r]) = (_mm512_cvtepi8_epi16(u), _mm512_cvtepi8_epi16(v));
                 }
                 let j = sb * 8 + 2 * c;
                 // SAFETY: AVX-512 F (this function's).
@@ -160,30 +231,31 @@ pub(super) unsafe fn block_products(rows: &[u8], nr: usize, inputs: &Int16Inputs
         }
         let mut t0 = 0;
         while t0 < n {
+            let whole = n - t0 >= TILE;
             // SAFETY: inputs t0.. of `inputs`; `tr` holds the block's
-            // `subs` sub-blocks.
+            // sub-blocks.
             unsafe {
-                if n - t0 >= TILE {
-                    tile::<TILE>(tr, inputs, t0, (nr, first), out);
-                    t0 += TILE;
-                } else {
-                    tile::<1>(tr, inputs, t0, (nr, first), out);
-                    t0 += 1;
+                match (fmt, whole) {
+                    (Format::Q4K, true) => tile::<TILE, 1>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q4K, false) => tile::<1, 1>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q6K, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q6K, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
                 }
             }
+            t0 += if whole { TILE } else { 1 };
         }
     });
 }
 
-/// Inputs `t0..t0 + T` against the transposed block, into rows
-/// `first..first + nr` of `out`.
+/// Inputs `t0..t0 + T` against the transposed block of `G` groups a
+/// sub-block, into rows `first..first + nr` of `out`.
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI; the inputs exist and `tr` holds every sub-block of
 /// their width.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile<const T: usize>(
+unsafe fn tile<const T: usize, const G: usize>(
     tr: &Transposed,
     inputs: &Int16Inputs,
     t0: usize,
@@ -194,25 +266,36 @@ unsafe fn tile<const T: usize>(
     let subs = cols / SUB;
     let mut f = [[_mm512_setzero_ps(); LANES]; T];
     for j in 0..subs {
-        let mut acc = [_mm512_setzero_si512(); T];
-        for m in 0..16 {
-            // SAFETY: word m of sub-block j (the caller's `tr`); codes
-            // 32j + 2m, + 1 of each input.
-            unsafe {
-                let w = _mm512_load_si512(tr.words.as_ptr().add(j * 16 + m) as *const _);
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let x = inputs.codes.as_ptr().add((t0 + i) * cols + j * SUB + 2 * m);
-                    *a = dpwssd_broadcast(*a, w, x);
+        // Each group's words, the groups' chains interleaved (one loop over
+        // the words of both, so that no word waits in memory for a group).
+        let mut acc = [[_mm512_setzero_si512(); T]; G];
+        for step in 0..16 / G {
+            for (q, acc) in acc.iter_mut().enumerate() {
+                let m = q * 16 / G + step;
+                // SAFETY: word m of sub-block j (the caller's `tr`); codes
+                // 32j + 2m, + 1 of each input.
+                unsafe {
+                    let w = _mm512_load_si512(tr.words.as_ptr().add(j * 16 + m) as *const _);
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let x = inputs.codes.as_ptr().add((t0 + i) * cols + j * SUB + 2 * m);
+                        *a = dpwssd_broadcast(*a, w, x);
+                    }
                 }
             }
         }
-        // SAFETY: sixteen floats each.
-        let (d1, m1) = unsafe { (_mm512_loadu_ps(tr.d1[j].as_ptr()), _mm512_loadu_ps(tr.m1[j].as_ptr())) };
-        for (i, (a, fi)) in acc.iter().zip(f.iter_mut()).enumerate() {
-            let at = (t0 + i) * subs + j;
-            let sums = _mm512_set1_ps(inputs.sums[at] as f32);
-            let v = _mm512_fnmadd_ps(m1, sums, _mm512_mul_ps(d1, _mm512_cvtepi32_ps(*a)));
-            fi[j % LANES] = _mm512_fmadd_ps(_mm512_set1_ps(inputs.scales[at]), v, fi[j % LANES]);
+        for (q, acc) in acc.iter().enumerate() {
+            let g = j * G + q;
+            // SAFETY: sixteen floats each.
+            let (d1, m1) = unsafe { (_mm512_loadu_ps(tr.d1[g].as_ptr()), _mm512_loadu_ps(tr.m1[g].as_ptr())) };
+            for (i, (a, fi)) in acc.iter().zip(f.iter_mut()).enumerate() {
+                let at = (t0 + i) * subs + j;
+                let mut v = _mm512_mul_ps(d1, _mm512_cvtepi32_ps(*a));
+                if G == 1 {
+                    // Q4_K's min.
+                    v = _mm512_fnmadd_ps(m1, _mm512_set1_ps(inputs.sums[at] as f32), v);
+                }
+                fi[g % LANES] = _mm512_fmadd_ps(_mm512_set1_ps(inputs.scales[at]), v, fi[g % LANES]);
+            }
         }
     }
     for (i, fi) in f.iter().enumerate() {

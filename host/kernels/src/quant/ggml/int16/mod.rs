@@ -1,8 +1,9 @@
-//! Q4_K products on int16 inputs: every product of a Q4_K matrix (trunk
-//! and experts, decode and prefill alike: one definition, so a prompt's
-//! logits do not depend on its chunks and the prefix cache gives the
-//! uncached bits) quantises its input to int16 per sub-block of 32 values
-//! and dots each sub-block in int32, exactly, from the blocks as stored.
+//! Q4_K and Q6_K products on int16 inputs: every product of a Q4_K or
+//! Q6_K matrix (trunk and experts, decode and prefill alike: one
+//! definition, so a prompt's logits do not depend on its chunks and the
+//! prefix cache gives the uncached bits) quantises its input to int16 per
+//! sub-block of 32 values and dots each group of the row that shares a
+//! scale in int32, exactly, from the blocks as stored.
 //!
 //! Why int16 and not ggml's own int8 (`Q8_K`): the file's model is its
 //! weights as ggml dequantises them, and llama.cpp's 8-bit inputs put its
@@ -13,8 +14,8 @@
 //! for llama.cpp), and the products still run on integer multiply-adds:
 //! `vpdpwssd` makes 117 GMAC/s on one core of the machine we measure on,
 //! twice its 58 of f32 FMAs (the prefill bench's peaks). And decoding a
-//! Q4_K row to f32 first, the form this replaces, cost more than its
-//! products.
+//! row to f32 first, the form this replaces, cost more than its products.
+//! Q8_0 is not computed so: its fixtures' narrow rows moved past 1e-4.
 //!
 //! The definition all levels compute bit for bit (`row_scalar` is the
 //! reference):
@@ -24,21 +25,26 @@
 //!   clamped to +-32767 (all 0, scale 0, where `amax == 0`; scale NaN,
 //!   codes 0, where a value is not finite, so the product is NaN as f32
 //!   products would make it), and `sum_j = sum c`.
-//! - A Q4_K row's sub-block `j` (ggml's `d * sc_j * q - dmin * m_j`, q a
+//! - Q4_K: a row's sub-block `j` (ggml's `d * sc_j * q - dmin * m_j`, q a
 //!   nibble): `dot_j = sum q * c` over its 32 columns, an exact integer
 //!   (below 2^24, so exact in f32 too); `v = (d * sc_j) * dot_j` rounded,
 //!   then `v = fma(-(dmin * m_j), sum_j, v)` (both scale products are
-//!   exact, as ggml's).
-//! - Sixteen lanes `F`, zero at first, take `F[j % 16] = fma(s_j, v, F[j %
-//!   16])` over the sub-blocks in order; the row's product is
-//!   `((F0+F8)+(F4+F12))+((F2+F10)+(F6+F14))` plus the same of the odd
-//!   lanes, `(e0 + e1)` in `reduce_lanes`.
+//!   exact, as ggml's). Sixteen lanes `F`, zero at first, take
+//!   `F[j % 16] = fma(s_j, v, F[j % 16])` over the sub-blocks in order.
+//! - Q6_K: a row's group `g` of 16 values (ggml's `d * sc_g * (q - 32)`,
+//!   q six bits; the first or second half of sub-block `j = g / 2`):
+//!   `dot_g = sum (q - 32) * c`, exact (below 2^24); `v = (d * sc_g) *
+//!   dot_g` rounded; `F[g % 16] = fma(s_j, v, F[g % 16])` over the groups
+//!   in order (a super-block's sixteen groups fill the sixteen lanes).
+//! - The row's product is `((F0+F8)+(F4+F12))+((F2+F10)+(F6+F14))` plus
+//!   the same of the odd lanes, `(e0 + e1)` in `reduce_lanes`.
 //!
-//! Sixteen lanes, because the SIMD levels take a row sixteen sub-blocks
-//! (two super-blocks, 512 columns) at a time: one `vpdpwssd` per sub-block,
-//! the sixteen partial vectors summed into one vector of the sixteen exact
-//! dots, and the scales of both super-blocks applied as vectors. A row's
-//! unpacked sub-blocks are shared by every input of the call.
+//! Sixteen lanes, because the SIMD levels take a Q4_K row sixteen
+//! sub-blocks (two super-blocks, 512 columns) and a Q6_K row one
+//! super-block at a time: one integer multiply-add per sub-block, the
+//! partial vectors summed into one vector of the window's sixteen exact
+//! dots, and the scales applied as vectors. A row's unpacked sub-blocks
+//! are shared by every input of the call.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -50,6 +56,7 @@ mod tests;
 use rayon::prelude::*;
 
 use super::blocks::{h, scale_min_k4};
+use super::GgmlType;
 use crate::quant::int8::Level;
 use crate::quant::simd::fused_mul_add;
 
@@ -61,7 +68,44 @@ pub(crate) const LANES: usize = 16;
 /// 12 bytes of 6-bit scales and mins, 128 bytes of nibbles).
 pub(crate) const SUPER: usize = 256;
 pub(crate) const SUPER_BYTES: usize = 144;
+/// Bytes of a Q6_K super-block (`block_q6_K`: 128 bytes of low nibbles,
+/// 64 of high bit pairs, 16 int8 scales, f16 d).
+pub(crate) const Q6K_BYTES: usize = 210;
 const CODE_MAX: f32 = 32767.0;
+
+/// The block types computed on int16 inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    Q4K,
+    Q6K,
+}
+
+impl Format {
+    /// The format whose products `ty` takes, if it takes int16 inputs (the
+    /// one place that says which types do).
+    pub(crate) fn of(ty: GgmlType) -> Option<Format> {
+        match ty {
+            GgmlType::Q4K => Some(Format::Q4K),
+            GgmlType::Q6K => Some(Format::Q6K),
+            _ => None,
+        }
+    }
+
+    pub(crate) const fn super_bytes(self) -> usize {
+        match self {
+            Format::Q4K => SUPER_BYTES,
+            Format::Q6K => Q6K_BYTES,
+        }
+    }
+
+    /// Groups of values sharing a scale per sub-block of 32.
+    pub(crate) const fn groups(self) -> usize {
+        match self {
+            Format::Q4K => 1,
+            Format::Q6K => 2,
+        }
+    }
+}
 
 /// Inputs quantised for `products`: codes `[n][cols]`, per sub-block a
 /// scale and the codes' sum, `[n][cols / SUB]`.
@@ -186,10 +230,11 @@ pub(crate) fn scale_bytes(scales: &[u8; 12]) -> [u8; 16] {
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct Transposed<W, const B: usize> {
     /// `words[j * 16 + m]`: lane `r` holds values `2m, 2m + 1` of row `r`'s
-    /// sub-block `j`, as int16.
+    /// sub-block `j`, as int16 (Q6_K's `q - 32`).
     pub(crate) words: Vec<W>,
-    /// `d1[j][r]`, `m1[j][r]`: row `r`'s `d * sc_j` and `dmin * m_j` (0 past
-    /// the block's rows).
+    /// Per group `g` (a sub-block for Q4_K, half of one for Q6_K):
+    /// `d1[g][r]` row `r`'s `d * sc_g`, `m1[g][r]` its `dmin * m_g` (Q4_K;
+    /// 0 for Q6_K, which has none), both 0 past the block's rows.
     pub(crate) d1: Vec<[f32; B]>,
     pub(crate) m1: Vec<[f32; B]>,
 }
@@ -200,29 +245,64 @@ impl<W: Copy, const B: usize> Transposed<W, B> {
         Transposed { words: Vec::new(), d1: Vec::new(), m1: Vec::new() }
     }
 
-    /// Sizes the buffers for rows of `rb` bytes (whole super-blocks) and
-    /// fills the scales of the `rows.len() / rb` rows of `rows`.
-    pub(crate) fn prepare(&mut self, rows: &[u8], rb: usize, zero: W) {
-        let (supers, nr) = (rb / SUPER_BYTES, rows.len() / rb);
-        let subs = supers * 8;
-        self.words.resize(subs * 16, zero);
-        self.d1.resize(subs, [0.0; B]);
-        self.m1.resize(subs, [0.0; B]);
+    /// Sizes the buffers for rows of `rb` bytes (whole super-blocks of
+    /// `fmt`) and fills the scales of the `rows.len() / rb` rows of `rows`.
+    pub(crate) fn prepare(&mut self, fmt: Format, rows: &[u8], rb: usize, zero: W) {
+        let (sbb, nr) = (fmt.super_bytes(), rows.len() / rb);
+        let supers = rb / sbb;
+        let groups = supers * 8 * fmt.groups();
+        self.words.resize(supers * 8 * 16, zero);
+        self.d1.resize(groups, [0.0; B]);
+        self.m1.resize(groups, [0.0; B]);
         for sb in 0..supers {
             for r in 0..B {
-                let (d1, m1) =
-                    if r < nr { super_scales(&rows[r * rb + sb * SUPER_BYTES..]) } else { ([0.0; 8], [0.0; 8]) };
-                for k in 0..8 {
-                    (self.d1[sb * 8 + k][r], self.m1[sb * 8 + k][r]) = (d1[k], m1[k]);
+                let b = (r < nr).then(|| &rows[r * rb + sb * sbb..][..sbb]);
+                match fmt {
+                    Format::Q4K => {
+                        let (d1, m1) = b.map_or(([0.0; 8], [0.0; 8]), super_scales);
+                        for k in 0..8 {
+                            (self.d1[sb * 8 + k][r], self.m1[sb * 8 + k][r]) = (d1[k], m1[k]);
+                        }
+                    }
+                    Format::Q6K => {
+                        let d1 = b.map_or([0.0; 16], q6k_scales);
+                        for (g, d1) in d1.into_iter().enumerate() {
+                            (self.d1[sb * 16 + g][r], self.m1[sb * 16 + g][r]) = (d1, 0.0);
+                        }
+                    }
                 }
             }
         }
     }
 }
 
-/// The definition: row `row` (whole super-blocks as stored) against input
-/// `t`.
-pub(crate) fn row_scalar(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
+/// A Q6_K super-block's sixteen `d * sc_g` (exact products, as ggml's).
+#[inline(always)]
+pub(crate) fn q6k_scales(b: &[u8]) -> [f32; 16] {
+    let d = h(b, 208);
+    std::array::from_fn(|g| d * f32::from(b[192 + g] as i8))
+}
+
+/// Value `i` (0..256) of a Q6_K super-block, `q - 32` (ggml's
+/// `dequantize_row_q6_K` indexing).
+#[inline(always)]
+fn q6k_value(b: &[u8], i: usize) -> i32 {
+    let (half, k, l) = (i / 128, i % 128 / 32, i % 32);
+    let ql = b[64 * half + 32 * (k % 2) + l] >> (4 * (k / 2));
+    let qh = b[128 + 32 * half + l] >> (2 * k);
+    i32::from((ql & 15) | ((qh & 3) << 4)) - 32
+}
+
+/// The definition: row `row` (whole super-blocks of `fmt`, as stored)
+/// against input `t`.
+pub(crate) fn row_scalar(fmt: Format, row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
+    match fmt {
+        Format::Q4K => row_scalar_q4k(row, inputs, t),
+        Format::Q6K => row_scalar_q6k(row, inputs, t),
+    }
+}
+
+fn row_scalar_q4k(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
     let cols = inputs.cols;
     let base = t * cols / SUB;
     let mut f = [0f32; LANES];
@@ -249,6 +329,21 @@ pub(crate) fn row_scalar(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
     reduce_lanes(&f)
 }
 
+fn row_scalar_q6k(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
+    let base = t * inputs.cols / SUB;
+    let mut f = [0f32; LANES];
+    for (sb, b) in row.chunks_exact(Q6K_BYTES).enumerate() {
+        let d1 = q6k_scales(b);
+        for (g, d1) in d1.iter().enumerate() {
+            let at = base + sb * 8 + g / 2;
+            let codes = &inputs.codes[at * SUB + 16 * (g % 2)..][..16];
+            let dot: i32 = codes.iter().enumerate().map(|(l, &c)| q6k_value(b, 16 * g + l) * i32::from(c)).sum();
+            f[g] = fused_mul_add(inputs.scales[at], d1 * dot as f32, f[g]);
+        }
+    }
+    reduce_lanes(&f)
+}
+
 /// Rows of one task: a few tasks a matrix (rayon's cost per task is about
 /// a row's work), each row's unpacked window shared by all the inputs.
 const TASK_ROWS: usize = 32;
@@ -260,18 +355,18 @@ const BLOCK_MIN_INPUTS: usize = 4;
 /// Below this many multiply-adds a call runs on the calling thread.
 const PAR_MIN_WORK: usize = 1 << 16;
 
-/// `y[t * rows + r]` = row `r` of the Q4_K matrix `w` (`rows` rows of
+/// `y[t * rows + r]` = row `r` of the `fmt` matrix `w` (`rows` rows of
 /// `cols / 256` super-blocks) against input `t`, at the level in force.
-pub(crate) fn products(w: &[u8], rows: usize, inputs: &Int16Inputs, y: &mut [f32]) {
-    products_at(Level::current(), w, rows, inputs, y)
+pub(crate) fn products(fmt: Format, w: &[u8], rows: usize, inputs: &Int16Inputs, y: &mut [f32]) {
+    products_at(Level::current(), fmt, w, rows, inputs, y)
 }
 
 /// `products` at `level`, which must be available.
-pub(crate) fn products_at(level: Level, w: &[u8], rows: usize, inputs: &Int16Inputs, y: &mut [f32]) {
+pub(crate) fn products_at(level: Level, fmt: Format, w: &[u8], rows: usize, inputs: &Int16Inputs, y: &mut [f32]) {
     let (cols, n) = (inputs.cols, inputs.inputs());
-    let rb = cols / SUPER * SUPER_BYTES;
-    assert!(w.len() == rows * rb && y.len() == n * rows, "Q4_K products: inconsistent lengths");
-    assert!(level.available(), "Q4_K products: level {level:?} not available");
+    let rb = cols / SUPER * fmt.super_bytes();
+    assert!(w.len() == rows * rb && y.len() == n * rows, "int16 products: inconsistent lengths");
+    assert!(level.available(), "int16 products: level {level:?} not available");
     if rows == 0 || n == 0 {
         return;
     }
@@ -279,7 +374,7 @@ pub(crate) fn products_at(level: Level, w: &[u8], rows: usize, inputs: &Int16Inp
     let task = |k: usize| {
         let r0 = k * TASK_ROWS;
         let nr = TASK_ROWS.min(rows - r0);
-        block_or_rows(level, &w[r0 * rb..(r0 + nr) * rb], r0, nr, inputs, out);
+        block_or_rows(level, fmt, &w[r0 * rb..(r0 + nr) * rb], r0, nr, inputs, out);
     };
     let tasks = rows.div_ceil(TASK_ROWS);
     if rows * cols * n >= PAR_MIN_WORK && tasks > 1 {
@@ -317,7 +412,7 @@ impl Outputs {
 }
 
 /// Rows `first..first + nr` (the bytes `w`) against every input, into `out`.
-fn block_or_rows(level: Level, w: &[u8], first: usize, nr: usize, inputs: &Int16Inputs, out: Outputs) {
+fn block_or_rows(level: Level, fmt: Format, w: &[u8], first: usize, nr: usize, inputs: &Int16Inputs, out: Outputs) {
     let (n, rb) = (inputs.inputs(), w.len() / nr);
     #[cfg(target_arch = "x86_64")]
     if level != Level::Scalar && n >= BLOCK_MIN_INPUTS {
@@ -329,9 +424,9 @@ fn block_or_rows(level: Level, w: &[u8], first: usize, nr: usize, inputs: &Int16
             // caller's task.
             unsafe {
                 if level == Level::Avx512Vnni {
-                    avx512::block_products(rows, nb, inputs, out, r0)
+                    avx512::block_products(fmt, rows, nb, inputs, out, r0)
                 } else {
-                    avx2::block_products(rows, nb, inputs, out, r0)
+                    avx2::block_products(fmt, rows, nb, inputs, out, r0)
                 }
             }
         }
@@ -339,7 +434,7 @@ fn block_or_rows(level: Level, w: &[u8], first: usize, nr: usize, inputs: &Int16
     }
     let mut row_out = vec![0f32; n];
     for (i, row) in w.chunks_exact(rb).enumerate() {
-        row_products(level, row, inputs, &mut row_out);
+        row_products(level, fmt, row, inputs, &mut row_out);
         for (t, &v) in row_out.iter().enumerate() {
             // SAFETY: t < n, and row first + i is the caller's.
             unsafe { out.write(t, first + i, v) };
@@ -348,21 +443,21 @@ fn block_or_rows(level: Level, w: &[u8], first: usize, nr: usize, inputs: &Int16
 }
 
 /// `out[t]` = `row` against input `t`, for every input.
-fn row_products(level: Level, row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
+fn row_products(level: Level, fmt: Format, row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
     match level {
         Level::Scalar => {
             for (t, o) in out.iter_mut().enumerate() {
-                *o = row_scalar(row, inputs, t);
+                *o = row_scalar(fmt, row, inputs, t);
             }
         }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2 and FMA are available (checked by `products_at`);
         // the row is whole super-blocks of the inputs' width.
-        Level::Avx2 => unsafe { avx2::row_products(row, inputs, out) },
+        Level::Avx2 => unsafe { avx2::row_products(fmt, row, inputs, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512 F/BW/VNNI are available (as above).
-        Level::Avx512Vnni => unsafe { avx512::row_products(row, inputs, out) },
+        Level::Avx512Vnni => unsafe { avx512::row_products(fmt, row, inputs, out) },
         #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("Q4_K products: {level:?} on this architecture"),
+        _ => unreachable!("int16 products: {level:?} on this architecture"),
     }
 }

@@ -1,7 +1,7 @@
-//! The int16 Q4_K products: every level against the definition
+//! The int16 Q4_K and Q6_K products: every level against the definition
 //! (`row_scalar`) bit for bit, the definition against the f32 product of
 //! ggml's values within the input rounding's bound, and every entry point
-//! of a Q4_K matrix giving the same bits.
+//! of a Q4_K or Q6_K matrix giving the same bits.
 
 use super::*;
 use crate::quant::ggml::{dequantize_row, GgmlMatrix, GgmlType};
@@ -18,6 +18,47 @@ fn q4k_rows(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
         b[2..4].copy_from_slice(&dmin);
     }
     bytes
+}
+
+/// Random Q6_K super-blocks: every quant bit and int8 scale random, an f16
+/// `d` of a trained file's size (about 1e-4, so `d * sc` is about 1e-2).
+fn q6k_rows(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut bytes: Vec<u8> = (0..rows * cols / SUPER * Q6K_BYTES).map(|_| rng.below(256) as u8).collect();
+    for b in bytes.chunks_exact_mut(Q6K_BYTES) {
+        let d = half::f16::from_f32(0.5e-4 + 1e-4 * rng.unit() as f32).to_le_bytes();
+        b[208..210].copy_from_slice(&d);
+    }
+    bytes
+}
+
+fn rows_of(fmt: Format, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    match fmt {
+        Format::Q4K => q4k_rows(rows, cols, rng),
+        Format::Q6K => q6k_rows(rows, cols, rng),
+    }
+}
+
+const FORMATS: [Format; 2] = [Format::Q4K, Format::Q6K];
+
+fn ggml_type(fmt: Format) -> GgmlType {
+    match fmt {
+        Format::Q4K => GgmlType::Q4K,
+        Format::Q6K => GgmlType::Q6K,
+    }
+}
+
+/// Q6_K's value `i` as `q6k_value` reads it is ggml's: its dequantised
+/// value divided by the group's `d * sc`.
+#[test]
+fn q6k_values_are_dequantize_row_q6_k_s() {
+    let mut rng = Rng::new(4);
+    let b = q6k_rows(1, SUPER, &mut rng);
+    let mut values = vec![0f32; SUPER];
+    dequantize_row(GgmlType::Q6K, &b, &mut values);
+    let d1 = q6k_scales(&b);
+    for (i, &v) in values.iter().enumerate() {
+        assert_eq!(v, d1[i / 16] * q6k_value(&b, i) as f32, "value {i}");
+    }
 }
 
 /// Gaussian-ish inputs with a few outliers, a zero sub-block and a tiny
@@ -40,7 +81,7 @@ fn levels() -> Vec<Level> {
     let all = [Level::Scalar, Level::Avx2, Level::Avx512Vnni];
     let got: Vec<Level> = all.into_iter().filter(|l| l.available()).collect();
     if got.len() == 1 {
-        crate::skip::report_skip("SKIP int16 Q4_K SIMD comparison: this CPU runs only the scalar definition");
+        crate::skip::report_skip("SKIP int16 SIMD comparison: this CPU runs only the scalar definition");
     }
     got
 }
@@ -68,31 +109,35 @@ fn every_int16_level_equals_the_definition_bit_for_bit() {
     let levels = levels();
     // From four inputs AVX-512 takes blocks of sixteen rows in tiles of
     // eight inputs: partial blocks, whole and partial tiles.
-    for (rows, cols, n) in
-        [(1, 256, 1), (3, 512, 1), (5, 768, 3), (33, 1280, 2), (40, 2048, 11), (21, 256, 8), (7, 768, 4)]
-    {
-        let w = q4k_rows(rows, cols, &mut rng);
-        let mut x = xs(n, cols, &mut rng);
-        if n == 3 {
-            x[cols + 7] = f32::NAN;
-            x[2 * cols + 300] = f32::INFINITY;
-        }
-        let inputs = Int16Inputs::new(&x, cols);
-        let rb = cols / SUPER * SUPER_BYTES;
-        let want: Vec<u32> =
-            (0..n * rows).map(|i| row_scalar(&w[(i % rows) * rb..][..rb], &inputs, i / rows).to_bits()).collect();
-        for &level in &levels {
-            let mut y = vec![0f32; n * rows];
-            products_at(level, &w, rows, &inputs, &mut y);
-            let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
-            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                let nan = f32::from_bits(*g).is_nan() && f32::from_bits(*e).is_nan();
-                assert!(g == e || nan, "{level:?} {rows}x{cols}, {n} inputs: input {} row {}", i / rows, i % rows);
+    for fmt in FORMATS {
+        for (rows, cols, n) in
+            [(1, 256, 1), (3, 512, 1), (5, 768, 3), (33, 1280, 2), (40, 2048, 11), (21, 256, 8), (7, 768, 4)]
+        {
+            let w = rows_of(fmt, rows, cols, &mut rng);
+            let mut x = xs(n, cols, &mut rng);
+            if n == 3 {
+                x[cols + 7] = f32::NAN;
+                x[2 * cols + 300] = f32::INFINITY;
             }
-        }
-        if n == 3 {
-            let at = |t: usize, r: usize| f32::from_bits(want[t * rows + r]);
-            assert!((0..rows).all(|r| at(0, r).is_finite() && at(1, r).is_nan() && at(2, r).is_nan()));
+            let inputs = Int16Inputs::new(&x, cols);
+            let rb = cols / SUPER * fmt.super_bytes();
+            let want: Vec<u32> = (0..n * rows)
+                .map(|i| row_scalar(fmt, &w[(i % rows) * rb..][..rb], &inputs, i / rows).to_bits())
+                .collect();
+            for &level in &levels {
+                let mut y = vec![0f32; n * rows];
+                products_at(level, fmt, &w, rows, &inputs, &mut y);
+                let got: Vec<u32> = y.iter().map(|v| v.to_bits()).collect();
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    let nan = f32::from_bits(*g).is_nan() && f32::from_bits(*e).is_nan();
+                    let (t, r) = (i / rows, i % rows);
+                    assert!(g == e || nan, "{fmt:?} {level:?} {rows}x{cols}, {n} inputs: input {t} row {r}");
+                }
+            }
+            if n == 3 {
+                let at = |t: usize, r: usize| f32::from_bits(want[t * rows + r]);
+                assert!((0..rows).all(|r| at(0, r).is_finite() && at(1, r).is_nan() && at(2, r).is_nan()));
+            }
         }
     }
 }
@@ -105,60 +150,71 @@ fn every_int16_level_equals_the_definition_bit_for_bit() {
 fn int16_products_are_within_the_input_roundings_bound_of_ggmls_values() {
     let mut rng = Rng::new(12);
     let (rows, cols, n) = (64, 2048, 4);
-    let w = q4k_rows(rows, cols, &mut rng);
-    let x = xs(n, cols, &mut rng);
-    let inputs = Int16Inputs::new(&x, cols);
-    let rb = cols / SUPER * SUPER_BYTES;
-    let mut worst_rel = 0f64;
-    for r in 0..rows {
-        let mut values = vec![0f32; cols];
-        dequantize_row(GgmlType::Q4K, &w[r * rb..(r + 1) * rb], &mut values);
-        for t in 0..n {
-            let xt = &x[t * cols..(t + 1) * cols];
-            let exact: f64 = values.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
-            let size: f64 = values.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-            let step: f64 = values
-                .iter()
-                .enumerate()
-                .map(|(c, &a)| a.abs() as f64 * inputs.scales[(t * cols + c) / SUB] as f64 * 0.5)
-                .sum();
-            let got = row_scalar(&w[r * rb..(r + 1) * rb], &inputs, t) as f64;
-            let err = (got - exact).abs();
-            assert!(err <= step * 1.001 + 1e-6 * size, "row {r} input {t}: {got} vs {exact} ({err:e} > {step:e})");
-            worst_rel = worst_rel.max(err / size);
-        }
-    }
-    eprintln!("int16 Q4_K products: worst |error| / sum |w x| = {worst_rel:.2e}");
-    assert!(worst_rel < 2e-5, "{worst_rel:e}");
-}
-
-/// A Q4_K matrix's matvec, matmul, row_dots and a trunk view's
-/// matvec_many give each (row, input) the definition's bits, in parallel
-/// or not.
-#[test]
-fn every_q4k_entry_point_gives_the_definitions_bits() {
-    use crate::quant::{QMatrix, TrunkFormat};
-    let mut rng = Rng::new(13);
-    for (rows, cols, n) in [(40, 512, 5), (300, 2048, 3), (70, 768, 19)] {
-        let w = q4k_rows(rows, cols, &mut rng);
+    for fmt in FORMATS {
+        let w = rows_of(fmt, rows, cols, &mut rng);
         let x = xs(n, cols, &mut rng);
         let inputs = Int16Inputs::new(&x, cols);
-        let rb = cols / SUPER * SUPER_BYTES;
-        let m = GgmlMatrix::new("w", GgmlType::Q4K, rows, cols, &w).unwrap();
-        let q = QMatrix::from_bytes(TrunkFormat::Ggml(GgmlType::Q4K), rows, cols, &w).unwrap();
-        let (mut prod, mut many) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-        m.matmul(&x, &mut prod);
-        q.matvec_many(&x, &mut many);
-        for t in 0..n {
-            let xt = &x[t * cols..(t + 1) * cols];
-            let mut y = vec![0f32; rows];
-            m.matvec(xt, &mut y);
-            let mut one = [0f32];
-            for r in 0..rows {
-                m.row_dots(r, xt, &mut one);
-                let want = row_scalar(&w[r * rb..(r + 1) * rb], &inputs, t).to_bits();
-                let got = [y[r], prod[t * rows + r], many[t * rows + r], one[0]].map(f32::to_bits);
-                assert_eq!(got, [want; 4], "{rows}x{cols}: input {t} row {r}");
+        let rb = cols / SUPER * fmt.super_bytes();
+        let mut worst_rel = 0f64;
+        for r in 0..rows {
+            let mut values = vec![0f32; cols];
+            dequantize_row(ggml_type(fmt), &w[r * rb..(r + 1) * rb], &mut values);
+            for t in 0..n {
+                let xt = &x[t * cols..(t + 1) * cols];
+                let exact: f64 = values.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let size: f64 = values.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                let step: f64 = values
+                    .iter()
+                    .enumerate()
+                    .map(|(c, &a)| a.abs() as f64 * inputs.scales[(t * cols + c) / SUB] as f64 * 0.5)
+                    .sum();
+                let got = row_scalar(fmt, &w[r * rb..(r + 1) * rb], &inputs, t) as f64;
+                let err = (got - exact).abs();
+                assert!(
+                    err <= step * 1.001 + 1e-6 * size,
+                    "{fmt:?} row {r} input {t}: {got} vs {exact} ({err:e} > {step:e})"
+                );
+                worst_rel = worst_rel.max(err / size);
+            }
+        }
+        eprintln!("int16 {fmt:?} products: worst |error| / sum |w x| = {worst_rel:.2e}");
+        assert!(worst_rel < 2e-5, "{fmt:?}: {worst_rel:e}");
+    }
+}
+
+/// A Q4_K or Q6_K matrix's matvec, matmul, row_dots and a trunk view's
+/// matvec_many and matmul give each (row, input) the definition's bits, in
+/// parallel or not. (A trunk view's matmul had run every GGUF type's
+/// decoded rows in f32.)
+#[test]
+fn every_int16_entry_point_gives_the_definitions_bits() {
+    use crate::quant::{QMatrix, TrunkFormat};
+    let mut rng = Rng::new(13);
+    for fmt in FORMATS {
+        let ty = ggml_type(fmt);
+        for (rows, cols, n) in [(40, 512, 5), (300, 2048, 3), (70, 768, 19)] {
+            let w = rows_of(fmt, rows, cols, &mut rng);
+            let x = xs(n, cols, &mut rng);
+            let inputs = Int16Inputs::new(&x, cols);
+            let rb = cols / SUPER * fmt.super_bytes();
+            let m = GgmlMatrix::new("w", ty, rows, cols, &w).unwrap();
+            let q = QMatrix::from_bytes(TrunkFormat::Ggml(ty), rows, cols, &w).unwrap();
+            let (mut prod, mut many, mut trunk) = (vec![0f32; n * rows], vec![0f32; n * rows], vec![0f32; n * rows]);
+            m.matmul(&x, &mut prod);
+            q.matvec_many(&x, &mut many);
+            q.matmul(&x, &mut trunk);
+            for t in 0..n {
+                let xt = &x[t * cols..(t + 1) * cols];
+                let mut y = vec![0f32; rows];
+                m.matvec(xt, &mut y);
+                let mut one = [0f32];
+                for r in 0..rows {
+                    m.row_dots(r, xt, &mut one);
+                    let want = row_scalar(fmt, &w[r * rb..(r + 1) * rb], &inputs, t).to_bits();
+                    let at = t * rows + r;
+                    let got = [y[r], prod[at], many[at], trunk[at], one[0]].map(f32::to_bits);
+                    assert_eq!(got, [want; 5], "{fmt:?} {rows}x{cols}: input {t} row {r}");
+                }
             }
         }
     }

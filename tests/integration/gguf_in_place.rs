@@ -123,14 +123,16 @@ fn waste_runs_a_gguf_file_in_place_from_the_command_line() {
 }
 
 /// The memory plan counts a chunk's int16 inputs (2.25 bytes a value)
-/// where a GGUF holds Q4_K matrices, and q4's int8 (1.06) elsewhere, so a
-/// GGUF Q4_K prefill stays inside the budget without shrinking other
-/// models' chunks.
+/// where a GGUF holds Q4_K or Q6_K matrices, and q4's int8 (1.06)
+/// elsewhere, so such a GGUF's prefill stays inside the budget without
+/// shrinking other models' chunks.
 #[test]
-fn the_plan_counts_int16_inputs_only_for_a_gguf_with_q4_k() {
+fn the_plan_counts_int16_inputs_only_for_a_gguf_with_q4_k_or_q6_k() {
     use waste_engine::paths::open_container;
     use waste_engine::plan::ChunkInputs;
     let inputs = |file: &str| ChunkInputs::of(open_container(&gguf_dir().join(file)).unwrap().manifest());
     assert_eq!(inputs("models/wide-qwen3moe-q4_k_m.gguf"), ChunkInputs::Int16);
+    // Its only int16 type is the Q6_K tied embedding.
+    assert_eq!(inputs("models/wide-qwen3moe-iq4_nl.gguf"), ChunkInputs::Int16);
     assert_eq!(inputs("models/tiny-qwen3_moe-q8_0.gguf"), ChunkInputs::Int8);
 }

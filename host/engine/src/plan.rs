@@ -148,8 +148,9 @@ pub fn scratch_bytes(cfg: &ModelConfig, inputs: ChunkInputs, context: usize, chu
     let chunk = chunk.max(1);
     let model = 4 * crate::transformer::prefill::forward_buffer_floats(cfg, context, chunk);
     let shape = cfg.expert_shape();
-    // Our formats, and where the container holds GGUF Q4_K matrices, a
-    // Q4_K expert's (its int16 inputs).
+    // Our formats, and where the container holds GGUF matrices that take
+    // int16 inputs (Q4_K, Q6_K), a Q4_K expert's: the inputs are the same
+    // bytes whichever of them an expert's slabs are.
     let q4k = crate::quant::ggml::GgmlType::Q4K;
     debug_assert!(q4k.takes_int16_inputs());
     let gguf = ExpertFormat::Ggml(crate::quant::GgmlExpert { gate: q4k, up: q4k, down: q4k });

@@ -146,7 +146,7 @@ impl Int16Inputs {
 
 /// Bytes `Int16Inputs` holds for `inputs` inputs of `cols` values: the
 /// codes, and a scale and a code sum per sub-block (2.25 bytes a value).
-/// The memory plan counts them for a chunk's Q4_K products.
+/// The memory plan counts them for a chunk's Q4_K and Q6_K products.
 pub fn int16_input_bytes(inputs: usize, cols: usize) -> usize {
     inputs * (2 * cols + 8 * cols.div_ceil(SUB))
 }

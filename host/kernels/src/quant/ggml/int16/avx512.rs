@@ -1,16 +1,17 @@
-//! Q4_K and Q6_K rows on int16 inputs with AVX-512 VNNI: a window of
-//! sixteen Q4_K sub-blocks (two super-blocks) of a row against an input is
-//! one `vpdpwssd` per sub-block (its 32 nibbles widened to int16, against
-//! the input's codes), the sixteen partial vectors summed into one vector
-//! of the window's exact dots (`int8::avx512::sum_lanes`'s steps, the
-//! first taken as each pair of sub-blocks is done), then scaled as vectors
-//! and added into the sixteen lanes of the definition. A Q6_K window is
-//! one super-block: eight sub-blocks' partial vectors summed per half
-//! sub-block into its sixteen groups' dots.
+//! Q4_K and Q6_K rows on int16 inputs with AVX-512 VNNI. A row window of
+//! sixteen Q4_K sub-blocks (two super-blocks) against an input is two
+//! `vpdpbusd` per pair of sub-blocks (their 64 nibbles as bytes against the
+//! codes' high and low bytes), the eight partial vectors summed into one
+//! vector of the window's exact dots, then scaled as vectors and added
+//! into the sixteen lanes of the definition. A Q6_K window is one
+//! super-block: its eight sub-blocks' `vpmaddwd` partial vectors summed
+//! per half sub-block into its sixteen groups' dots. Blocks of sixteen
+//! rows, for many inputs, are transposed once into int16 words for
+//! `vpdpwssd` against each input's codes broadcast.
 
 use super::avx2::pair_bytes;
 use super::{scale_bytes, Format, Int16Inputs, Outputs, LANES, Q6K_BYTES, SUB, SUPER, SUPER_BYTES};
-use crate::quant::int8::avx512::{sum_lane_pairs, sum_pair};
+use crate::quant::int8::avx512::sum_pair;
 use std::arch::x86_64::*;
 
 /// `out[t]` = `row` against input `t`, bit for bit `row_scalar`.
@@ -43,11 +44,10 @@ pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs,
             unsafe {
                 let b = row.as_ptr().add(w0 * SUPER_BYTES);
                 let at = t * (inputs.cols / SUB) + w0 * 8;
-                let x = inputs.codes.as_ptr().add(at * SUB);
                 if sbs == 2 {
-                    f = window::<2>(b, x, inputs, at, f);
+                    f = window::<2>(b, inputs, at, f);
                 } else {
-                    f = window::<1>(b, x, inputs, at, f);
+                    f = window::<1>(b, inputs, at, f);
                 }
             }
         }
@@ -65,11 +65,11 @@ unsafe fn reduce(f: __m512) -> f32 {
     super::reduce_lanes(&lanes)
 }
 
-/// Where `q6k_super`'s summed vector holds group `g`'s dot: its sub-block
-/// pairs are summed lanes 0-7 (the even group) and 8-15 (the odd) apart,
-/// which leaves the even groups of sub-blocks 0-3 in lanes 0-3, their odd
-/// groups in 4-7, and those of sub-blocks 4-7 in 8-11 and 12-15.
-const Q6K_GROUP_LANE: [i32; 16] = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15];
+/// Where `sum_sub_block_pairs`' summed vector holds unit `u`'s sum before
+/// its last step: the vectors' halves summed apart leave the even units of
+/// vectors 0-3 in lanes 0-3, their odd units in 4-7, and those of vectors
+/// 4-7 in 8-11 and 12-15.
+const UNIT_LANE: [i32; 16] = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15];
 /// Group `g`'s sub-block: the input scale it takes.
 const Q6K_GROUP_SUB: [i32; 16] = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7];
 
@@ -85,23 +85,16 @@ unsafe fn q6k_super(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m512) ->
     // scales from `at` (the caller's).
     unsafe {
         let x = inputs.codes.as_ptr().add(at * SUB);
-        let mut pairs = [_mm512_setzero_si512(); 4];
-        for (c, p) in pairs.iter_mut().enumerate() {
+        // Vector k: sub-block k's groups 2k (lanes 0-7) and 2k + 1.
+        let mut a = [_mm512_setzero_si512(); 8];
+        for c in 0..4 {
             let (u, v) = pair_bytes(Format::Q6K, b, c);
-            let a0 = _mm512_madd_epi16(_mm512_cvtepi8_epi16(u), _mm512_loadu_si512(x.add(2 * c * SUB) as *const _));
-            let a1 =
-                _mm512_madd_epi16(_mm512_cvtepi8_epi16(v), _mm512_loadu_si512(x.add((2 * c + 1) * SUB) as *const _));
-            *p = sum_pair(a0, a1);
+            for (k, bytes) in [(2 * c, u), (2 * c + 1, v)] {
+                let codes = _mm512_loadu_si512(x.add(k * SUB) as *const _);
+                a[k] = _mm512_madd_epi16(_mm512_cvtepi8_epi16(bytes), codes);
+            }
         }
-        // `sum_lane_pairs`' second step; then each sub-block's 128-bit
-        // lanes 0+1 and 2+3 apart.
-        let mut y = [_mm512_setzero_si512(); 2];
-        for (q, yq) in y.iter_mut().enumerate() {
-            let (u, v) = (pairs[2 * q], pairs[2 * q + 1]);
-            *yq = _mm512_add_epi32(_mm512_unpacklo_epi64(u, v), _mm512_unpackhi_epi64(u, v));
-        }
-        let z = _mm512_add_epi32(_mm512_shuffle_i32x4::<0x88>(y[0], y[1]), _mm512_shuffle_i32x4::<0xDD>(y[0], y[1]));
-        let dots = _mm512_permutexvar_epi32(_mm512_loadu_si512(Q6K_GROUP_LANE.as_ptr() as *const _), z);
+        let dots = sum_sub_block_pairs(&a);
         let d = _mm512_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208));
         let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(192) as *const __m128i)));
         let d1 = _mm512_mul_ps(d, sc);
@@ -111,22 +104,31 @@ unsafe fn q6k_super(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m512) ->
     }
 }
 
-/// `S` super-blocks at `b` (one window, or its first half) against the
-/// input codes at `x` (sub-blocks `at..` of the inputs), added to `f`.
+/// `S` super-blocks at `b` (one window, or its first half) against input
+/// sub-blocks `at..` of the inputs, added to `f`.
+///
+/// The nibbles stay bytes: each code is `256 * high + low`, so a
+/// sub-block's dot is `256 * sum q * high + sum q * low`, two `vpdpbusd`
+/// (the nibbles unsigned against the signed high bytes, the unsigned low
+/// bytes against the nibbles as signed), the same exact integer as the
+/// definition's (below 2^24). Widening the nibbles to int16 for
+/// `vpmaddwd` cost a lane-crossing shuffle per sub-block, and this row
+/// kernel is bound by its shuffles.
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI; `S` super-blocks at `b`, `8 * S` sub-blocks from
-/// `at` in the inputs.
+/// `at` in the inputs, whose `high` and `low` bytes exist.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn window<const S: usize>(b: *const u8, x: *const i16, inputs: &Int16Inputs, at: usize, f: __m512) -> __m512 {
+unsafe fn window<const S: usize>(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m512) -> __m512 {
     let nib = _mm256_set1_epi8(0x0F);
-    let mut pairs = [_mm512_setzero_si512(); 8];
+    // Vector c: sub-blocks 2c (lanes 0-7) and 2c + 1 (lanes 8-15).
+    let mut dots = [_mm512_setzero_si512(); 8];
     let mut bytes = [0u8; 32];
     let mut halves = [0u16; 32];
     for s in 0..S {
-        // SAFETY: super-block s at b (the caller's), its sub-blocks' codes
-        // at x.
+        // SAFETY: super-block s at b (the caller's), its sub-blocks' code
+        // bytes from `at`.
         unsafe {
             let sb = b.add(s * SUPER_BYTES);
             let scales = &*(sb.add(4) as *const [u8; 12]);
@@ -138,14 +140,14 @@ unsafe fn window<const S: usize>(b: *const u8, x: *const i16, inputs: &Int16Inpu
             halves[16 + 8 * s..16 + 8 * s + 8].fill(dmin);
             for c in 0..4 {
                 let v = _mm256_loadu_si256(sb.add(16 + 32 * c) as *const __m256i);
-                let lo = _mm512_cvtepu8_epi16(_mm256_and_si256(v, nib));
-                let hi = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
-                let k = 8 * s + 2 * c;
-                let x_lo = _mm512_loadu_si512(x.add(k * SUB) as *const _);
-                let x_hi = _mm512_loadu_si512(x.add((k + 1) * SUB) as *const _);
-                let a_lo = _mm512_dpwssd_epi32(_mm512_setzero_si512(), lo, x_lo);
-                let a_hi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), hi, x_hi);
-                pairs[4 * s + c] = sum_pair(a_lo, a_hi);
+                let lo = _mm256_and_si256(v, nib);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                let k = at + 8 * s + 2 * c;
+                let high = _mm512_loadu_si512(inputs.high.as_ptr().add(k * SUB) as *const _);
+                let low = _mm512_loadu_si512(inputs.low.as_ptr().add(k * SUB) as *const _);
+                let h = _mm512_slli_epi32::<8>(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, high));
+                dots[4 * s + c] = _mm512_dpbusd_epi32(h, low, q);
             }
         }
     }
@@ -153,7 +155,7 @@ unsafe fn window<const S: usize>(b: *const u8, x: *const i16, inputs: &Int16Inpu
     // scales and sums hold 8 * S from `at` (masked beyond).
     unsafe {
         let mask: __mmask16 = if S == 2 { 0xFFFF } else { 0x00FF };
-        let dots = _mm512_cvtepi32_ps(sum_lane_pairs(&pairs));
+        let dots = _mm512_cvtepi32_ps(sum_sub_block_pairs(&dots));
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(halves.as_ptr() as *const __m256i));
         let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(halves.as_ptr().add(16) as *const __m256i));
         let d1 = _mm512_mul_ps(d, widen(bytes.as_ptr()));
@@ -163,6 +165,32 @@ unsafe fn window<const S: usize>(b: *const u8, x: *const i16, inputs: &Int16Inpu
         let v = _mm512_fnmadd_ps(m1, sums, _mm512_mul_ps(d1, dots));
         _mm512_mask3_fmadd_ps(scales, v, f, mask)
     }
+}
+
+/// Lane `u` = the sum of unit `u`'s eight lanes, where vector `i` holds
+/// unit `2i` in lanes 0-7 and unit `2i + 1` in lanes 8-15 (Q4_K's
+/// sub-blocks in a row window, Q6_K's groups in a super-block).
+///
+/// # Safety
+/// AVX-512 F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum_sub_block_pairs(a: &[__m512i; 8]) -> __m512i {
+    let mut pairs = [_mm512_setzero_si512(); 4];
+    for (c, p) in pairs.iter_mut().enumerate() {
+        // SAFETY: AVX-512 F (this function's).
+        *p = unsafe { sum_pair(a[2 * c], a[2 * c + 1]) };
+    }
+    // `int8::avx512::sum_lane_pairs`' second step; then each vector's 128-bit lanes 0+1
+    // and 2+3 apart.
+    let mut y = [_mm512_setzero_si512(); 2];
+    for (q, yq) in y.iter_mut().enumerate() {
+        let (u, v) = (pairs[2 * q], pairs[2 * q + 1]);
+        *yq = _mm512_add_epi32(_mm512_unpacklo_epi64(u, v), _mm512_unpackhi_epi64(u, v));
+    }
+    let z = _mm512_add_epi32(_mm512_shuffle_i32x4::<0x88>(y[0], y[1]), _mm512_shuffle_i32x4::<0xDD>(y[0], y[1]));
+    // SAFETY: sixteen indices.
+    _mm512_permutexvar_epi32(unsafe { _mm512_loadu_si512(UNIT_LANE.as_ptr() as *const _) }, z)
 }
 
 /// Sixteen bytes as sixteen floats.

@@ -114,6 +114,14 @@ pub(crate) struct Int16Inputs {
     pub(crate) codes: Vec<i16>,
     pub(crate) scales: Vec<f32>,
     pub(crate) sums: Vec<i32>,
+    /// Each code as `256 * high + low` (`high` its signed top byte, `low`
+    /// its unsigned bottom one), `[n][cols]` each, for the few inputs the
+    /// row kernels take (fewer than `BLOCK_MIN_INPUTS`; empty otherwise):
+    /// AVX-512's Q4_K rows dot their nibbles with these bytes by
+    /// `vpdpbusd`, never widening the nibbles, and get the same exact
+    /// integers.
+    pub(crate) high: Vec<i8>,
+    pub(crate) low: Vec<u8>,
 }
 
 impl Int16Inputs {
@@ -121,7 +129,14 @@ impl Int16Inputs {
     pub(crate) fn new(x: &[f32], cols: usize) -> Int16Inputs {
         assert!(cols > 0 && cols.is_multiple_of(SUPER) && x.len().is_multiple_of(cols), "Int16Inputs: shape");
         let subs = x.len() / SUB;
-        let mut q = Int16Inputs { cols, codes: vec![0; x.len()], scales: vec![0.0; subs], sums: vec![0; subs] };
+        let mut q = Int16Inputs {
+            cols,
+            codes: vec![0; x.len()],
+            scales: vec![0.0; subs],
+            sums: vec![0; subs],
+            high: Vec::new(),
+            low: Vec::new(),
+        };
         let input = |(xs, ((c, s), sums)): (&[f32], InputParts)| {
             let parts = c.chunks_exact_mut(SUB).zip(s.iter_mut()).zip(sums.iter_mut());
             for (xs, ((c, s), sum)) in xs.chunks_exact(SUB).zip(parts) {
@@ -136,6 +151,10 @@ impl Int16Inputs {
         } else {
             x.chunks(cols).zip(parts).for_each(input);
         }
+        if x.len() / cols < BLOCK_MIN_INPUTS {
+            q.high = q.codes.iter().map(|&c| (c >> 8) as i8).collect();
+            q.low = q.codes.iter().map(|&c| c as u8).collect();
+        }
         q
     }
 
@@ -145,10 +164,12 @@ impl Int16Inputs {
 }
 
 /// Bytes `Int16Inputs` holds for `inputs` inputs of `cols` values: the
-/// codes, and a scale and a code sum per sub-block (2.25 bytes a value).
+/// codes, and a scale and a code sum per sub-block (2.25 bytes a value;
+/// fewer than `BLOCK_MIN_INPUTS` inputs, a decode's, add two more).
 /// The memory plan counts them for a chunk's Q4_K and Q6_K products.
 pub fn int16_input_bytes(inputs: usize, cols: usize) -> usize {
-    inputs * (2 * cols + 8 * cols.div_ceil(SUB))
+    let bytes = if inputs < BLOCK_MIN_INPUTS { 2 } else { 0 };
+    inputs * ((2 + bytes) * cols + 8 * cols.div_ceil(SUB))
 }
 
 /// One input's codes, scales and sums, as `Int16Inputs::new` fills them.
@@ -350,7 +371,6 @@ const TASK_ROWS: usize = 32;
 /// From this many inputs a call transposes blocks of sixteen rows (eight
 /// on AVX2) once for all of them (`block_products`), below it each row is
 /// read as stored for each input.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const BLOCK_MIN_INPUTS: usize = 4;
 /// Below this many multiply-adds a call runs on the calling thread.
 const PAR_MIN_WORK: usize = 1 << 16;

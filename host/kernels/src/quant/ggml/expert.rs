@@ -25,9 +25,10 @@ impl<'a> Slabs<'a> {
         Slabs { gate: m("gate", t.gate, i, h, g), up: m("up", t.up, i, h, u), down: m("down", t.down, h, i, d) }
     }
 
+    /// Gate and up share their input: quantised once where both take int16
+    /// inputs (`GgmlMatrix::matmul_each`).
     pub(crate) fn gate_up(&self, x: &[f32], gate: &mut [f32], up: &mut [f32]) {
-        self.gate.matvec(x, gate);
-        self.up.matvec(x, up);
+        GgmlMatrix::matmul_each(&mut [(self.gate, gate), (self.up, up)], x);
     }
 
     pub(crate) fn down(&self, act: &[f32], out: &mut [f32]) {
@@ -36,8 +37,7 @@ impl<'a> Slabs<'a> {
 
     /// `gate_up` for `[m, hidden]` tokens at once: the same bits per token.
     pub(crate) fn gate_up_many(&self, xs: &[f32], gate: &mut [f32], up: &mut [f32]) {
-        self.gate.matmul(xs, gate);
-        self.up.matmul(xs, up);
+        GgmlMatrix::matmul_each(&mut [(self.gate, gate), (self.up, up)], xs);
     }
 
     pub(crate) fn down_many(&self, acts: &[f32], outs: &mut [f32]) {

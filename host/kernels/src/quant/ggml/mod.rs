@@ -452,6 +452,38 @@ impl<'a> GgmlMatrix<'a> {
         matmul_decoded(self.rows, self.cols, &|r, out: &mut [f32]| v.row_into(r, out), x, y);
     }
 
+    /// `y_i[t] = W_i x[t]` for matrices of `x`'s width (an expert's gate
+    /// and up), each output the bits of that matrix's `matmul` (or
+    /// `matvec`): where every matrix takes int16 inputs, `x` is quantised
+    /// once for all of them and their rows run as one parallel call, not
+    /// one per matrix.
+    pub fn matmul_each(products: &mut [(GgmlMatrix<'_>, &mut [f32])], x: &[f32]) {
+        let Some(&(first, _)) = products.first() else { return };
+        let shared = products
+            .iter()
+            .all(|(m, _)| m.cols == first.cols && m.rows > 0 && m.cols > 0 && int16::Format::of(m.ty).is_some());
+        if shared && x.len().is_multiple_of(first.cols) {
+            let inputs = int16::Int16Inputs::new(x, first.cols);
+            let mut each: Vec<int16::Product> = products
+                .iter_mut()
+                .map(|(m, y)| int16::Product {
+                    fmt: int16::Format::of(m.ty).expect("checked above"),
+                    w: m.data,
+                    rows: m.rows,
+                    y,
+                })
+                .collect();
+            return int16::products_each(&mut each, &inputs);
+        }
+        for (m, y) in products.iter_mut() {
+            if x.len() == m.cols {
+                m.matvec(x, y);
+            } else {
+                m.matmul(x, y);
+            }
+        }
+    }
+
     /// The matrix's values, row-major (tests and conversion only: the
     /// kernels above never expand a matrix whole).
     pub fn dequantize(&self) -> Vec<f32> {

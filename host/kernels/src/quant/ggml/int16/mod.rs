@@ -383,28 +383,59 @@ pub(crate) fn products(fmt: Format, w: &[u8], rows: usize, inputs: &Int16Inputs,
 
 /// `products` at `level`, which must be available.
 pub(crate) fn products_at(level: Level, fmt: Format, w: &[u8], rows: usize, inputs: &Int16Inputs, y: &mut [f32]) {
+    products_each_at(level, &mut [Product { fmt, w, rows, y }], inputs)
+}
+
+/// One matrix of a `products_each` call, and its outputs `[input][row]`.
+pub(crate) struct Product<'a> {
+    pub(crate) fmt: Format,
+    pub(crate) w: &'a [u8],
+    pub(crate) rows: usize,
+    pub(crate) y: &'a mut [f32],
+}
+
+/// `products` of several matrices of the inputs' width against the same
+/// inputs (an expert's gate and up), their rows' tasks in one parallel
+/// call: each output the bits `products` gives it.
+pub(crate) fn products_each(products: &mut [Product], inputs: &Int16Inputs) {
+    products_each_at(Level::current(), products, inputs)
+}
+
+/// `products_each` at `level`, which must be available.
+pub(crate) fn products_each_at(level: Level, products: &mut [Product], inputs: &Int16Inputs) {
     let (cols, n) = (inputs.cols, inputs.inputs());
-    let rb = cols / SUPER * fmt.super_bytes();
-    assert!(w.len() == rows * rb && y.len() == n * rows, "int16 products: inconsistent lengths");
     assert!(level.available(), "int16 products: level {level:?} not available");
-    if rows == 0 || n == 0 {
+    // (format, rows' bytes, bytes a row, outputs) per matrix, and where
+    // each matrix's tasks start among all of them.
+    let mut jobs = Vec::with_capacity(products.len());
+    let mut starts = Vec::with_capacity(products.len() + 1);
+    let (mut tasks, mut work) = (0, 0);
+    for p in products.iter_mut() {
+        let rb = cols / SUPER * p.fmt.super_bytes();
+        assert!(p.w.len() == p.rows * rb && p.y.len() == n * p.rows, "int16 products: inconsistent lengths");
+        jobs.push((p.fmt, p.w, rb, Outputs { y: p.y.as_mut_ptr(), rows: p.rows }));
+        starts.push(tasks);
+        tasks += p.rows.div_ceil(TASK_ROWS);
+        work += p.rows * cols * n;
+    }
+    if n == 0 || tasks == 0 {
         return;
     }
-    let out = Outputs { y: y.as_mut_ptr(), rows };
     let task = |k: usize| {
-        let r0 = k * TASK_ROWS;
-        let nr = TASK_ROWS.min(rows - r0);
+        let m = starts.partition_point(|&s| s <= k) - 1;
+        let (fmt, w, rb, out) = jobs[m];
+        let r0 = (k - starts[m]) * TASK_ROWS;
+        let nr = TASK_ROWS.min(out.rows - r0);
         block_or_rows(level, fmt, &w[r0 * rb..(r0 + nr) * rb], r0, nr, inputs, out);
     };
-    let tasks = rows.div_ceil(TASK_ROWS);
-    if rows * cols * n >= PAR_MIN_WORK && tasks > 1 {
+    if work >= PAR_MIN_WORK && tasks > 1 {
         (0..tasks).into_par_iter().for_each(task);
     } else {
         (0..tasks).for_each(task);
     }
 }
 
-/// `y` (`[input][row]`), shared by `products_at`'s tasks, each of which
+/// `y` (`[input][row]`), shared by `products_each_at`'s tasks, each of which
 /// writes the outputs of its own rows only; no task buffers a chunk's
 /// worth of outputs (the memory plan counts none).
 #[derive(Clone, Copy)]
@@ -414,7 +445,8 @@ pub(crate) struct Outputs {
 }
 
 // SAFETY: the tasks that share it write disjoint elements (their own
-// rows), and `y` outlives them (rayon joins before `products_at` returns).
+// rows), and `y` outlives them (rayon joins before `products_each_at`
+// returns).
 unsafe impl Send for Outputs {}
 // SAFETY: as above.
 unsafe impl Sync for Outputs {}
@@ -439,7 +471,7 @@ fn block_or_rows(level: Level, fmt: Format, w: &[u8], first: usize, nr: usize, i
         let block = if level == Level::Avx512Vnni { LANES } else { avx2::BLOCK_ROWS };
         for (b, rows) in w.chunks(block * rb).enumerate() {
             let (r0, nb) = (first + b * block, rows.len() / rb);
-            // SAFETY: the level is available (checked by `products_at`);
+            // SAFETY: the level is available (checked by `products_each_at`);
             // whole rows of the inputs' width, rows r0..r0 + nb of the
             // caller's task.
             unsafe {
@@ -471,7 +503,7 @@ fn row_products(level: Level, fmt: Format, row: &[u8], inputs: &Int16Inputs, out
             }
         }
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2 and FMA are available (checked by `products_at`);
+        // SAFETY: AVX2 and FMA are available (checked by `products_each_at`);
         // the row is whole super-blocks of the inputs' width.
         Level::Avx2 => unsafe { avx2::row_products(fmt, row, inputs, out) },
         #[cfg(target_arch = "x86_64")]

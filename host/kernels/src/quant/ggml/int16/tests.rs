@@ -219,3 +219,50 @@ fn every_int16_entry_point_gives_the_definitions_bits() {
         }
     }
 }
+
+/// Matrices sharing their inputs (an expert's gate and up, of either
+/// format and any rows) give each output the bits of their own product,
+/// and `GgmlMatrix::matmul_each` those of each matrix's matvec / matmul,
+/// also where one type does not take int16 inputs.
+#[test]
+fn products_sharing_their_inputs_give_each_matrix_its_own_bits() {
+    let mut rng = Rng::new(14);
+    let cols = 768;
+    for n in [1, 2, 5] {
+        let x = xs(n, cols, &mut rng);
+        let inputs = Int16Inputs::new(&x, cols);
+        let (wa, wb) = (q4k_rows(70, cols, &mut rng), q6k_rows(33, cols, &mut rng));
+        let (mut ya, mut yb) = (vec![0f32; n * 70], vec![0f32; n * 33]);
+        products_each(
+            &mut [
+                Product { fmt: Format::Q4K, w: &wa, rows: 70, y: &mut ya },
+                Product { fmt: Format::Q6K, w: &wb, rows: 33, y: &mut yb },
+            ],
+            &inputs,
+        );
+        let (mut wanta, mut wantb) = (vec![0f32; n * 70], vec![0f32; n * 33]);
+        products(Format::Q4K, &wa, 70, &inputs, &mut wanta);
+        products(Format::Q6K, &wb, 33, &inputs, &mut wantb);
+        assert_eq!(
+            ya.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            wanta.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            yb.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            wantb.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        let a = GgmlMatrix::new("gate", GgmlType::Q4K, 70, cols, &wa).unwrap();
+        let b = GgmlMatrix::new("up", GgmlType::Q6K, 33, cols, &wb).unwrap();
+        let q8: Vec<u8> = (0..33 * cols / 32 * 34).map(|i| if i % 34 == 1 { 0x10 } else { (i * 7) as u8 }).collect();
+        let c = GgmlMatrix::new("up", GgmlType::Q8_0, 33, cols, &q8).unwrap();
+        for other in [b, c] {
+            let (mut ga, mut gb) = (vec![0f32; n * 70], vec![0f32; n * 33]);
+            GgmlMatrix::matmul_each(&mut [(a, &mut ga), (other, &mut gb)], &x);
+            let (mut ea, mut eb) = (vec![0f32; n * 70], vec![0f32; n * 33]);
+            a.matmul(&x, &mut ea);
+            other.matmul(&x, &mut eb);
+            assert!(ga.iter().zip(&ea).all(|(p, q)| p.to_bits() == q.to_bits()), "{n} inputs, gate");
+            assert!(gb.iter().zip(&eb).all(|(p, q)| p.to_bits() == q.to_bits()), "{n} inputs, {}", other.ty().name());
+        }
+    }
+}

@@ -269,17 +269,22 @@ impl Attention {
         }
         let (q, k, v) = (&mut c.q[..n * qd], &mut c.k[..n * kvd], &mut c.v[..n * kvd]);
         let gate = &mut c.gate[..if self.output_gate { n * qd } else { 0 }];
+        // q, k and v quantise the chunk's inputs once between them.
         if self.output_gate {
             let qg = &mut c.qg[..2 * n * qd];
-            self.q_proj.matvec_many(xs, qg);
+            QMatrix::matvec_many_each(
+                &mut [(&self.q_proj, &mut *qg), (&self.k_proj, &mut *k), (&self.v_proj, &mut *v)],
+                xs,
+            );
             for ((both, qt), gt) in qg.chunks_exact(2 * qd).zip(q.chunks_exact_mut(qd)).zip(gate.chunks_exact_mut(qd)) {
                 split_query_gate(d, both, qt, gt);
             }
         } else {
-            self.q_proj.matvec_many(xs, q);
+            QMatrix::matvec_many_each(
+                &mut [(&self.q_proj, &mut *q), (&self.k_proj, &mut *k), (&self.v_proj, &mut *v)],
+                xs,
+            );
         }
-        self.k_proj.matvec_many(xs, k);
-        self.v_proj.matvec_many(xs, v);
         let mut firsts = Vec::with_capacity(n);
         for (i, ((qt, kt), vt)) in
             q.chunks_exact_mut(qd).zip(k.chunks_exact_mut(kvd)).zip(v.chunks_exact_mut(kvd)).enumerate()

@@ -58,8 +58,7 @@ impl Mlp {
     /// tile of tokens (`QMatrix::matvec_many`): every token's output is
     /// bit-identical to `forward`'s for that token.
     pub fn forward_batch(&self, xs: &[f32], gate: &mut [f32], up: &mut [f32], outs: &mut [f32]) {
-        self.gate_proj.matvec_many(xs, gate);
-        self.up_proj.matvec_many(xs, up);
+        QMatrix::matvec_many_each(&mut [(&self.gate_proj, &mut *gate), (&self.up_proj, &mut *up)], xs);
         for (g, u) in gate.iter_mut().zip(up.iter()) {
             *g = match self.act {
                 Activation::Silu => silu(*g) * u,

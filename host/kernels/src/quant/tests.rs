@@ -446,6 +446,50 @@ fn matvec_many_is_bit_identical_to_matvec_per_input() {
     }
 }
 
+/// Matrices sharing their inputs (`matvec_many_each`: q, k and v) give each
+/// output the bits of its own `matvec_many`: q4 sharing int8 inputs, GGUF
+/// Q4_K and Q6_K sharing int16 ones, and mixed formats or widths each on
+/// its own.
+#[test]
+fn matvec_many_each_gives_each_matrix_its_own_bits() {
+    let mut rng = Rng::new(44);
+    let cols = 512;
+    let random_blocks = |ty: GgmlType, rows: usize, rng: &mut Rng| {
+        let mut b: Vec<u8> = (0..ty.matrix_bytes(rows, cols).unwrap()).map(|_| rng.below(256) as u8).collect();
+        let d = half::f16::from_f32(1e-3).to_le_bytes();
+        let at: &[usize] = if ty == GgmlType::Q6K { &[208] } else { &[0, 2] };
+        for block in b.chunks_exact_mut(ty.block_bytes()) {
+            for &i in at {
+                block[i..i + 2].copy_from_slice(&d);
+            }
+        }
+        QMatrix::from_byte_vec(TrunkFormat::Ggml(ty), rows, cols, b).unwrap()
+    };
+    let quantised = |fmt: TrunkFormat, rows: usize, cols: usize, rng: &mut Rng| {
+        let w = gauss(rng, rows * cols, 0.1);
+        QMatrix::from_byte_vec(fmt, rows, cols, quantize_trunk(fmt, &w, rows, cols)).unwrap()
+    };
+    let sets: Vec<Vec<QMatrix>> = vec![
+        vec![quantised(TrunkFormat::Q4, 70, cols, &mut rng), quantised(TrunkFormat::Q4, 16, cols, &mut rng)],
+        vec![random_blocks(GgmlType::Q4K, 40, &mut rng), random_blocks(GgmlType::Q6K, 24, &mut rng)],
+        vec![quantised(TrunkFormat::Q8, 30, cols, &mut rng), quantised(TrunkFormat::Q4, 30, cols, &mut rng)],
+    ];
+    for n in [1, 3, 9] {
+        let x = gauss(&mut rng, n * cols, 1.0);
+        for set in &sets {
+            let mut outs: Vec<Vec<f32>> = set.iter().map(|m| vec![f32::NAN; n * m.rows()]).collect();
+            let mut each: Vec<(&QMatrix, &mut [f32])> =
+                set.iter().zip(outs.iter_mut()).map(|(m, y)| (m, y.as_mut_slice())).collect();
+            QMatrix::matvec_many_each(&mut each, &x);
+            for (m, got) in set.iter().zip(&outs) {
+                let mut want = vec![f32::NAN; n * m.rows()];
+                m.matvec_many(&x, &mut want);
+                assert_eq!(bits(got), bits(&want), "{} {}x{cols}, {n} inputs", m.format().name(), m.rows());
+            }
+        }
+    }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }

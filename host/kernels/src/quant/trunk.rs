@@ -641,6 +641,41 @@ impl QMatrix {
         self.view().matvec_many(x, y)
     }
 
+    /// `matvec_many` of several matrices on the same inputs (a layer's q, k
+    /// and v; a dense MLP's gate and up), each output the bits of its own
+    /// `matvec_many`: the inputs quantised once, not once per matrix, where
+    /// the matrices' products take them so (q4's int8, GGUF Q4_K's and
+    /// Q6_K's int16, then in one parallel call). Panics unless the lengths
+    /// agree.
+    pub fn matvec_many_each(products: &mut [(&QMatrix, &mut [f32])], x: &[f32]) {
+        let views: Vec<MatRef> = products.iter().map(|(m, _)| m.view()).collect();
+        let Some(cols) = views.first().map(|v| v.cols) else { return };
+        let same_width = views.iter().all(|v| v.cols == cols && v.rows > 0 && cols > 0);
+        let int16 = |v: &MatRef| matches!(v.kind, Kind::Ggml(m) if m.ty().takes_int16_inputs());
+        if same_width && views.iter().all(int16) {
+            assert!(x.len().is_multiple_of(cols), "matvec_many: x of {} is not whole rows of {cols}", x.len());
+            let mut each: Vec<(GgmlMatrix, &mut [f32])> = views
+                .iter()
+                .zip(products.iter_mut())
+                .map(|(v, (_, y))| match v.kind {
+                    Kind::Ggml(m) => (m, &mut **y),
+                    _ => unreachable!("checked above"),
+                })
+                .collect();
+            return GgmlMatrix::matmul_each(&mut each, x);
+        }
+        if same_width && views.iter().all(|v| matches!(v.kind, Kind::Q4 { .. })) {
+            let inputs = views[0].int8_inputs(x);
+            for (v, (_, y)) in views.iter().zip(products.iter_mut()) {
+                v.matvec_many_with(x, inputs.as_ref(), y);
+            }
+            return;
+        }
+        for (m, y) in products.iter_mut() {
+            m.matvec_many(x, y);
+        }
+    }
+
     /// Dequantised row `r` (embedding lookup). Panics unless `r < rows` and
     /// `out.len() == cols`; callers check token ids first.
     pub fn row(&self, r: usize, out: &mut [f32]) {

@@ -23,6 +23,13 @@ use std::arch::x86_64::*;
 pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
     let supers = inputs.cols / SUPER;
     debug_assert!(row.len() == supers * fmt.super_bytes() && out.len() == inputs.inputs());
+    // Q4_K's windows read the codes' byte planes through raw pointers:
+    // `Int16Inputs::new` makes them for every call that takes this path
+    // (fewer than `BLOCK_MIN_INPUTS` inputs), and this holds it to that.
+    assert!(
+        fmt != Format::Q4K || (inputs.high.len() == inputs.codes.len() && inputs.low.len() == inputs.codes.len()),
+        "Q4_K rows: inputs without their byte planes"
+    );
     if fmt == Format::Q6K {
         for (t, o) in out.iter_mut().enumerate() {
             let mut f = _mm512_setzero_ps();

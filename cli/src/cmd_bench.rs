@@ -51,6 +51,12 @@ pub struct BenchArgs {
     /// --route-trace).
     #[arg(long, value_delimiter = ',')]
     pub lookahead: Option<Vec<usize>>,
+    /// How many MoE layers ahead the lookahead guesses, each from the same
+    /// input (guesses past the next layer are read only when the disk has
+    /// nothing nearer to read). Several values run side by side like
+    /// `--lookahead`'s. Default: the engine's.
+    #[arg(long, value_delimiter = ',')]
+    pub lookahead_layers: Option<Vec<usize>>,
     /// Time one prefill of this many tokens instead of `--tokens` decode
     /// steps (0 = decode).
     #[arg(long, default_value_t = 0)]
@@ -108,7 +114,8 @@ pub struct BenchArgs {
 
 /// One configuration of a bench run: budget, lookahead, threads, prefill
 /// chunk (`None`: the engine's or the plan's choice) and KV cache type.
-type RunConfig = (Option<u64>, usize, Option<usize>, Option<usize>, waste_host::KvType);
+/// Budget, (lookahead experts, layers), threads, prefill chunk, KV type.
+type RunConfig = (Option<u64>, (usize, usize), Option<usize>, Option<usize>, waste_host::KvType);
 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let policy = CachePolicy::parse(&a.policy)
@@ -157,6 +164,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         (None, Some(_)) => vec![0],
         (None, None) => vec![OpenOptions::default().store.lookahead],
     };
+    let depths = a.lookahead_layers.clone().unwrap_or_else(|| vec![OpenOptions::default().store.lookahead_layers]);
+    if depths.contains(&0) {
+        bail!(usage("--lookahead-layers must be at least 1 (--lookahead 0 turns lookahead off)"));
+    }
+    let lookaheads: Vec<(usize, usize)> =
+        lookaheads.iter().flat_map(|&n| depths.iter().map(move |&d| (n, d))).collect();
     if a.threads.as_ref().is_some_and(|t| t.contains(&0)) {
         bail!(usage("--threads must be at least 1"));
     }
@@ -185,7 +198,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     // Round by round, so every configuration sees the machine's moods alike.
     let runs: Vec<_> = (0..a.repeat).flat_map(|_| configs.iter().copied()).collect();
     let mut rows = Vec::new();
-    for (run, (budget, lookahead, threads, chunk, kv_type)) in runs.into_iter().enumerate() {
+    for (run, (budget, (lookahead, lookahead_layers), threads, chunk, kv_type)) in runs.into_iter().enumerate() {
         let options = OpenOptions {
             context: Some(ctx),
             budget,
@@ -196,6 +209,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 read_ahead: !a.no_read_ahead,
                 direct_io: !a.buffered,
                 lookahead,
+                lookahead_layers,
                 ..StoreOptions::default()
             },
             preload: !a.no_preload,
@@ -309,7 +323,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "gb_read": s.bytes_read as f64 / 1e9, "gb_per_token": s.bytes_read as f64 / 1e9 / steps as f64,
             "achieved_gb_per_s": s.bytes_read as f64 / 1e9 / secs, "io_wait_s": s.io_wait.as_secs_f64(),
             "read_time_s": s.read_time.as_secs_f64(), "direct_io": s.direct_io, "policy": policy.name(),
-            "readers": a.readers, "lookahead": lookahead, "threads": model.pool().threads(), "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
+            "readers": a.readers, "lookahead": lookahead, "lookahead_layers": lookahead_layers, "threads": model.pool().threads(), "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
             "prefill": a.prefill, "depth": a.depth, "chunk": plan.prefill_chunk, "kv_type": plan.kv_type.name(), "text": a.text.as_ref().map(|p| p.display().to_string()), "reads": s.reads,
             "peak_rss": waste_host::peak_rss(), "round": run / configs.len(),
@@ -350,13 +364,18 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 .unwrap_or_default();
             let n = |k: &str| r[k].as_u64().unwrap_or(0);
             let picks = waste_host::Picks { reused: n("reused"), prefetched: n("prefetched"), missed: n("missed") };
+            let later = r["lookahead_later_recall"]
+                .as_f64()
+                .map(|v| format!(" (of layers further ahead, {:.0}%)", 100.0 * v))
+                .unwrap_or_default();
             let lookahead = r["lookahead_recall"]
                 .as_f64()
                 .map(|v| {
                     format!(
-                        ", lookahead named {:.0}% of its layers' picks, {} reads unused",
+                        ", lookahead named {:.0}% of its layers' picks{later}, {} reads unused, {} taken back unread",
                         100.0 * v,
-                        n("prefetch_wasted")
+                        n("prefetch_wasted"),
+                        n("prefetch_withdrawn")
                     )
                 })
                 .unwrap_or_default();
@@ -365,7 +384,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             outln!(
                 "budget {}, lookahead {}, threads {}, KV cache {}: {:.2} tok/s, experts {picks}{lookahead}, {:.3} GB read{process}, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, disk idle {:.1} ms/token, direct_io {}",
                 fmt_bytes(f("budget") as u64),
-                r["lookahead"],
+                lookahead_label(r),
                 r["threads"],
                 r["kv_type"].as_str().unwrap_or("?"),
                 f("tok_per_s"),
@@ -392,7 +411,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             outln!(
                 "budget {}, lookahead {}, threads {}, KV cache {}: median {:.2} tok/s over {} rounds (min {:.2}, max {:.2}); achieved / raw median {:.2} (min {:.2}, max {:.2})",
                 fmt_bytes(f("budget") as u64),
-                m["lookahead"],
+                lookahead_label(m),
                 m["threads"],
                 m["kv_type"].as_str().unwrap_or("?"),
                 f("tok_per_s_median"),
@@ -406,6 +425,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A row's lookahead as the text report names it: `6`, or `6 x 2 layers`.
+fn lookahead_label(row: &serde_json::Value) -> String {
+    match row["lookahead_layers"].as_u64() {
+        Some(layers) if layers > 1 && row["lookahead"].as_u64().unwrap_or(0) > 0 => {
+            format!("{} x {layers} layers", row["lookahead"])
+        }
+        _ => row["lookahead"].to_string(),
+    }
 }
 
 /// The largest `--text` file taken: far past any context.
@@ -432,7 +461,8 @@ fn summarise(rows: &[serde_json::Value], configs: usize) -> Vec<serde_json::Valu
             let (rm, rmin, rmax) = stats(of("achieved_over_raw"));
             let first = mine[0];
             json!({
-                "budget": first["budget"], "lookahead": first["lookahead"], "threads": first["threads"],
+                "budget": first["budget"], "lookahead": first["lookahead"],
+                "lookahead_layers": first["lookahead_layers"], "threads": first["threads"],
                 "chunk": first["chunk"], "kv_type": first["kv_type"], "rounds": mine.len(),
                 "tok_per_s_median": tm, "tok_per_s_min": tmin, "tok_per_s_max": tmax,
                 "achieved_over_raw_median": rm, "achieved_over_raw_min": rmin, "achieved_over_raw_max": rmax,

@@ -129,8 +129,9 @@ fn synth_like_needs_manifest_only_and_a_known_model() {
     assert!(!out.exists());
 }
 
-/// `--lookahead 0,6` runs both settings in one process, one row each; the
-/// synthetic model's embedding table (untied) is read one row per token.
+/// `--lookahead 0,6` runs both settings in one process, one row each (and
+/// `--lookahead-layers` likewise); the synthetic model's embedding table
+/// (untied) is read one row per token.
 /// Lookahead with replayed routing would do nothing: refused.
 #[test]
 fn bench_runs_lookahead_settings_side_by_side() {
@@ -148,6 +149,16 @@ fn bench_runs_lookahead_settings_side_by_side() {
     }
     assert_eq!(rows[0]["prefetch_issued"], 0);
     assert!(rows[1]["prefetch_issued"].as_u64().unwrap() > 0, "{}", rows[1]);
+    // Guesses further ahead than the next MoE layer get a row each, and
+    // their own recall.
+    let args = ["bench", m, "--tokens", "3", "--ctx", "16", "--lookahead", "6", "--lookahead-layers", "1,3"];
+    let rows = json_of(&[&args[..], &["--no-preload", "--json"]].concat());
+    let rows = rows.as_array().expect("one row per setting");
+    assert_eq!(rows.iter().map(|r| r["lookahead_layers"].as_u64()).collect::<Vec<_>>(), [Some(1), Some(3)]);
+    assert!(rows[0]["lookahead_later_recall"].is_null(), "{}", rows[0]);
+    assert!(rows[1]["lookahead_later_recall"].as_f64().is_some(), "{}", rows[1]);
+    let o = waste(&["bench", m, "--lookahead-layers", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let trace = tmp.path().join("t.jsonl");
     std::fs::write(&trace, "{\"tok\": 1, \"layers\": []}\n").unwrap();
     let o = waste(&["bench", m, "--route-trace", trace.to_str().unwrap(), "--lookahead", "6"]);

@@ -64,6 +64,13 @@ fn cache_readers_read_ahead_and_lookahead_are_bit_identical_to_the_plain_path() 
         ("no cache, 2 readers", with_store(options(small), |s| s.keep = false)),
         ("lru", with_store(options(small), |s| s.policy = CachePolicy::Lru)),
         ("lookahead 6", with_store(options(small), |s| s.lookahead = 6)),
+        (
+            "lookahead 6, three layers ahead",
+            with_store(options(small), |s| {
+                s.lookahead = 6;
+                s.lookahead_layers = 3;
+            }),
+        ),
         ("lookahead 8, big cache", with_store(options(plan.floor + 3 * plan.working_set), |s| s.lookahead = 8)),
     ];
     for (name, opts) in variants {
@@ -76,7 +83,9 @@ fn cache_readers_read_ahead_and_lookahead_are_bit_identical_to_the_plain_path() 
         if opts.store.lookahead > 0 && opts.store.keep && opts.store.readers > 0 {
             assert!(s.prefetch_issued > 0, "{name}: lookahead issued no reads");
         }
-        if opts.store.keep && name != "lookahead 6" {
+        // A lookahead into a cache this small may evict every record
+        // before its reuse.
+        if opts.store.keep && !name.starts_with("lookahead 6") {
             assert!(s.picks.reused > 0 && s.picks.missed > 0, "{name}: cache unused ({s:?})");
         }
     }

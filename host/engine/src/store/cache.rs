@@ -104,6 +104,11 @@ impl CacheCore {
         Some(slot)
     }
 
+    /// The slot holding `key`, with no use counted and no pin.
+    pub fn slot_of(&self, key: Key) -> Option<usize> {
+        self.map.get(&key).copied()
+    }
+
     /// Whether `key` is cached (no use counted).
     pub fn contains(&self, key: Key) -> bool {
         self.map.contains_key(&key)

@@ -47,6 +47,10 @@ pub struct StoreOptions {
     pub direct_io: bool,
     /// Experts of the next MoE layer read speculatively in decode; 0 = off.
     pub lookahead: usize,
+    /// How many MoE layers ahead the lookahead guesses (each from the same
+    /// input); guesses beyond the next layer are read only when no nearer
+    /// read waits (`readers::Tier::Later`).
+    pub lookahead_layers: usize,
     /// Back the slots with transparent huge pages where the kernel allows
     /// (see [`io::slot_buffers`]).
     pub huge_pages: bool,
@@ -69,6 +73,10 @@ impl Default for StoreOptions {
             // On: 1.12-1.24x decode tok/s at a cold budget, 0.96-1.12x at
             // warmer ones (docs/PERFORMANCE.md, "Router lookahead").
             lookahead: 6,
+            // One: guessing further ahead read fewer records on demand but
+            // did not speed decode up, and cost reuse in a small cache
+            // (docs/PERFORMANCE.md, "Lookahead across layers").
+            lookahead_layers: 1,
             huge_pages: true,
             seed: 0x5EED,
             hash_layers: Vec::new(),
@@ -95,12 +103,19 @@ pub struct StoreStats {
     pub disk_idle: Duration,
     /// Speculative reads issued; `picks.prefetched` of them were used.
     pub prefetch_issued: u64,
+    /// Speculative reads taken back before they started, because their
+    /// layer routed elsewhere (not in `prefetch_issued` or `reads`).
+    pub prefetch_withdrawn: u64,
     pub preloaded: u64,
     /// Of the picks of layers a router lookahead had predicted: how many
     /// there were, and how many the prediction named (whether or not the
     /// record still had to be read: one already cached is not read again).
     pub lookahead_picks: u64,
     pub lookahead_named: u64,
+    /// The same for layers further ahead than the next MoE layer, which a
+    /// lookahead deeper than one layer guessed from an earlier input.
+    pub lookahead_later_picks: u64,
+    pub lookahead_later_named: u64,
     pub direct_io: bool,
     /// The cache slots are advised to use transparent huge pages.
     pub huge_pages: bool,
@@ -139,6 +154,12 @@ impl StoreStats {
         (self.lookahead_picks > 0).then(|| ratio(self.lookahead_named, self.lookahead_picks))
     }
 
+    /// [`lookahead_recall`](Self::lookahead_recall) of the guesses at
+    /// layers beyond the next MoE layer.
+    pub fn lookahead_later_recall(&self) -> Option<f64> {
+        (self.lookahead_later_picks > 0).then(|| ratio(self.lookahead_later_named, self.lookahead_later_picks))
+    }
+
     /// Where the picks' records came from, with the bytes of each, and how
     /// long the forward pass waited and the disk idled, as every JSON report
     /// (`waste bench`, the server's `/stats`) states it.
@@ -150,7 +171,9 @@ impl StoreStats {
             "bytes_missed": self.bytes_of(p.missed),
             "prefetch_issued": self.prefetch_issued, "prefetch_wasted": self.prefetch_wasted(),
             "bytes_prefetch_wasted": self.bytes_of(self.prefetch_wasted()),
+            "prefetch_withdrawn": self.prefetch_withdrawn,
             "lookahead_recall": self.lookahead_recall(), "lookahead_picks": self.lookahead_picks,
+            "lookahead_later_recall": self.lookahead_later_recall(), "lookahead_later_picks": self.lookahead_later_picks,
             "reads": self.reads, "bytes_read": self.bytes_read,
             "io_wait_s": self.io_wait.as_secs_f64(), "disk_idle_s": self.disk_idle.as_secs_f64(),
         })
@@ -182,8 +205,10 @@ struct Ledger {
     /// Demand uses per (MoE layer index, expert), for the learned hotlist.
     usage: Vec<u64>,
     /// Per decoder layer: the experts a router lookahead last named for it,
-    /// until that layer's next pin counts how many of its picks they were.
+    /// until that layer's next pin counts how many of its picks they were;
+    /// and the same for guesses made further ahead (`Tier::Later`).
     predicted: Vec<Vec<u32>>,
+    predicted_later: Vec<Vec<u32>>,
     /// With `log_routes`: each single token's routing as (MoE layer index,
     /// sorted experts), in the order the layers ran.
     routes: Option<Vec<(usize, Vec<u32>)>>,
@@ -229,7 +254,7 @@ pub(crate) struct Shared {
     /// Speculative reads issued by `prefetch` and not yet queued: they go to
     /// the readers only after the current layer's demand reads, so that a
     /// guess at the next layer never delays a record needed now.
-    pending: Mutex<Vec<readers::Request>>,
+    pending: Mutex<Vec<(readers::Request, readers::Tier)>>,
     /// Decoder layer -> index among MoE layers.
     moe_index: Vec<Option<usize>>,
     experts: usize,
@@ -333,8 +358,8 @@ impl Shared {
     /// Queues the speculative reads `prefetch` held back.
     fn flush_pending(&self) {
         let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        for r in pending {
-            self.queue.push(r, true);
+        for (r, tier) in pending {
+            self.queue.push(r, tier);
         }
     }
 }
@@ -400,6 +425,7 @@ impl ExpertStore {
             stats,
             usage: vec![0; layers.len() * experts],
             predicted: vec![Vec::new(); moe_index.len()],
+            predicted_later: vec![Vec::new(); moe_index.len()],
             routes: None,
         };
         let shared = Arc::new(Shared {
@@ -558,7 +584,7 @@ impl ExpertStore {
                 };
                 // The insert's pin is the read's; `finish` drops it.
                 if threaded {
-                    self.shared.queue.push(readers::Request { layer, expert, slot }, false);
+                    self.shared.queue.push(readers::Request { layer, expert, slot }, readers::Tier::Demand);
                 } else {
                     let result = self.shared.load(layer, expert, slot);
                     self.shared.finish(slot, result, Duration::ZERO);

@@ -11,7 +11,8 @@ use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 use super::io::AlignedBuf;
-use super::{readers, ExpertStore, Ledger, Status};
+use super::readers::{self, Tier};
+use super::{ExpertStore, Ledger, Status};
 use crate::error::{Error, Result};
 use crate::stats::StepStats;
 
@@ -71,10 +72,16 @@ impl ExpertStore {
         let mut failure = None;
         {
             let mut st = self.shared.lock();
+            let named = |predicted: &[u32]| experts.iter().filter(|&&e| predicted.contains(&(e as u32))).count() as u64;
             let predicted = std::mem::take(&mut st.predicted[layer]);
             if !predicted.is_empty() {
                 st.stats.lookahead_picks += experts.len() as u64;
-                st.stats.lookahead_named += experts.iter().filter(|&&e| predicted.contains(&(e as u32))).count() as u64;
+                st.stats.lookahead_named += named(&predicted);
+            }
+            let predicted = std::mem::take(&mut st.predicted_later[layer]);
+            if !predicted.is_empty() {
+                st.stats.lookahead_later_picks += experts.len() as u64;
+                st.stats.lookahead_later_named += named(&predicted);
             }
             if experts.len() == self.top_k && uses.iter().all(|&n| n <= 1) {
                 if let (Some(log), Some(index)) = (st.routes.as_mut(), self.shared.moe_index[layer]) {
@@ -109,17 +116,21 @@ impl ExpertStore {
             // Every read is in the queue before the first record is used.
             for i in 0..pinned.slots.len() {
                 if std::mem::take(&mut pinned.pending[i]) {
-                    self.enqueue(layer, pinned.experts[i], pinned.slots[i], false);
+                    self.enqueue(layer, pinned.experts[i], pinned.slots[i], Tier::Demand);
                 }
             }
         }
-        self.shared.flush_pending();
-        if threaded && !(failure.is_none() && self.options.read_ahead) {
-            // A speculative read of a record now needed moves to the front.
+        if threaded {
+            // A speculative read of a record now needed moves to the front;
+            // one of this layer that it did not pick is taken back.
             for &slot in &pinned.slots {
-                self.shared.queue.promote(slot);
+                self.shared.queue.promote(slot, Tier::Demand);
+            }
+            if failure.is_none() {
+                self.withdraw_unpicked(layer, experts, stats);
             }
         }
+        self.shared.flush_pending();
         match failure {
             // Dropping `pinned` releases what was acquired.
             Some(e) => Err(e),
@@ -254,15 +265,60 @@ impl ExpertStore {
         self.shared.ready.notify_all();
     }
 
+    /// Takes back the speculative reads of `layer` not yet started whose
+    /// record `experts` (the layer's routing, now known) does not use,
+    /// freeing their slots. A record some pick has meanwhile taken from
+    /// its slot goes back to be read.
+    fn withdraw_unpicked(&self, layer: usize, experts: &[usize], stats: &mut StepStats) {
+        let wanted = |e: usize| experts.contains(&e);
+        let mut stale = self.shared.queue.withdraw(layer, wanted);
+        self.shared.pending.lock().unwrap_or_else(|p| p.into_inner()).retain(|(r, _)| {
+            let unpicked = r.layer == layer && !wanted(r.expert);
+            if unpicked {
+                stale.push(*r);
+            }
+            !unpicked
+        });
+        if stale.is_empty() {
+            return;
+        }
+        let record = self.record_bytes() as u64;
+        let mut st = self.shared.lock();
+        let mut still_wanted = Vec::new();
+        for r in stale {
+            if !std::mem::take(&mut st.speculative[r.slot]) {
+                still_wanted.push(r);
+                continue;
+            }
+            st.status[r.slot] = Status::Empty;
+            st.reading[r.slot] = false;
+            st.in_flight -= 1;
+            st.core.forget(r.slot);
+            st.core.unpin(r.slot);
+            // Saturating: the counters may have been reset since the issue.
+            let s = &mut st.stats;
+            s.prefetch_issued = s.prefetch_issued.saturating_sub(1);
+            s.prefetch_withdrawn += 1;
+            s.reads = s.reads.saturating_sub(1);
+            s.bytes_read = s.bytes_read.saturating_sub(record);
+            stats.bytes_read = stats.bytes_read.saturating_sub(record);
+        }
+        drop(st);
+        for r in still_wanted {
+            self.shared.queue.push(r, Tier::Demand);
+        }
+        self.shared.ready.notify_all();
+    }
+
     /// Hands a read of `slot` to the readers (which then own one pin).
-    fn enqueue(&self, layer: usize, expert: usize, slot: usize, speculative: bool) {
+    fn enqueue(&self, layer: usize, expert: usize, slot: usize, tier: Tier) {
         {
             let mut st = self.shared.lock();
             st.core.pin(slot);
             st.in_flight += 1;
             st.reading[slot] = true;
         }
-        self.shared.queue.push(readers::Request { layer, expert, slot }, speculative);
+        self.shared.queue.push(readers::Request { layer, expert, slot }, tier);
     }
 
     /// Reads on the calling thread (no reader threads).
@@ -293,22 +349,42 @@ impl ExpertStore {
         }
     }
 
-    /// Starts speculative reads of `experts` of `layer` (a hint: records
-    /// already cached, out of range, or for which no slot can be spared are
-    /// skipped). They reach the readers after the current layer's demand
-    /// reads. Only which bytes move may change, never a result.
-    pub fn prefetch(&self, layer: usize, experts: &[usize], stats: &mut StepStats) {
+    /// How many MoE layers ahead the lookahead guesses (at least 1).
+    pub fn lookahead_layers(&self) -> usize {
+        self.options.lookahead_layers.max(1)
+    }
+
+    /// Starts speculative reads of `experts` of `layer`, `ahead` MoE layers
+    /// after the one running (a hint: records already cached, out of range,
+    /// or for which no slot can be spared are skipped). They reach the
+    /// readers after the current layer's demand reads; a guess at a layer
+    /// beyond the next is read only when no nearer read waits, and a guess
+    /// at the next layer moves such a read of the same record up. Only
+    /// which bytes move may change, never a result.
+    pub fn prefetch(&self, layer: usize, experts: &[usize], ahead: usize, stats: &mut StepStats) {
         let Some(bank) = self.shared.banks.bank(layer) else {
             return;
         };
+        let tier = if ahead <= 1 { Tier::Next } else { Tier::Later };
         let mut issued = Vec::new();
+        let mut nearer = Vec::new();
         {
             let mut st = self.shared.lock();
-            st.predicted[layer] = experts.iter().map(|&e| e as u32).collect();
+            let named = experts.iter().map(|&e| e as u32).collect();
+            match tier {
+                Tier::Later => st.predicted_later[layer] = named,
+                _ => st.predicted[layer] = named,
+            }
             for &expert in experts {
                 let key = (layer as u32, expert as u32);
+                if let Some(slot) = st.core.slot_of(key) {
+                    if tier == Tier::Next && st.reading[slot] && st.speculative[slot] {
+                        nearer.push(slot);
+                    }
+                    continue;
+                }
                 // Room for a whole demand top-k always stays unpinned.
-                if expert >= bank.experts || st.core.contains(key) || st.core.evictable() <= 2 * self.top_k {
+                if expert >= bank.experts || st.core.evictable() <= 2 * self.top_k {
                     continue;
                 }
                 let Some(slot) = st.core.insert(key) else { break };
@@ -320,8 +396,11 @@ impl ExpertStore {
                 st.stats.reads += 1;
                 st.stats.bytes_read += self.record_bytes() as u64;
                 stats.bytes_read += self.record_bytes() as u64;
-                issued.push(readers::Request { layer, expert, slot });
+                issued.push((readers::Request { layer, expert, slot }, tier));
             }
+        }
+        for slot in nearer {
+            self.shared.queue.promote(slot, Tier::Next);
         }
         // The insert's pin is the reader's; the reads are queued once this
         // layer's demand reads are (`flush_pending`).
@@ -355,7 +434,7 @@ impl<'s> Pinned<'s> {
             if !threaded {
                 return store.read_here(self.layer, expert, slot, io_wait);
             }
-            store.enqueue(self.layer, expert, slot, false);
+            store.enqueue(self.layer, expert, slot, Tier::Demand);
         }
         // Also for a hit: another session may still be reading that slot.
         store.wait_ready(slot, io_wait)

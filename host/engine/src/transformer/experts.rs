@@ -69,9 +69,15 @@ pub trait ExpertProvider: Send + Sync {
         0
     }
 
-    /// A hint that `experts` of `layer` will probably be used soon: start
-    /// reading them. Only when bytes move may change, never a result.
-    fn prefetch(&self, _layer: usize, _experts: &[usize], _stats: &mut StepStats) {}
+    /// How many MoE layers ahead the lookahead guesses.
+    fn lookahead_layers(&self) -> usize {
+        1
+    }
+
+    /// A hint that `experts` of `layer`, `ahead` MoE layers after the one
+    /// running, will probably be used soon: start reading them. Only which
+    /// bytes move may change, never a result.
+    fn prefetch(&self, _layer: usize, _experts: &[usize], _ahead: usize, _stats: &mut StepStats) {}
 }
 
 impl ExpertProvider for ExpertStore {
@@ -211,8 +217,12 @@ impl ExpertProvider for ExpertStore {
         ExpertStore::lookahead(self)
     }
 
-    fn prefetch(&self, layer: usize, experts: &[usize], stats: &mut StepStats) {
-        ExpertStore::prefetch(self, layer, experts, stats)
+    fn lookahead_layers(&self) -> usize {
+        ExpertStore::lookahead_layers(self)
+    }
+
+    fn prefetch(&self, layer: usize, experts: &[usize], ahead: usize, stats: &mut StepStats) {
+        ExpertStore::prefetch(self, layer, experts, ahead, stats)
     }
 }
 

@@ -593,8 +593,9 @@ impl Transformer {
         Ok(())
     }
 
-    /// Runs the router of the MoE layer after `layer` on this layer's MoE
-    /// input and asks for its top `n` to be read speculatively.
+    /// Runs the routers of the MoE layers after `layer` (as many as the
+    /// provider's `lookahead_layers`) on this layer's MoE input and asks for
+    /// each one's top `n` to be read speculatively.
     #[allow(clippy::too_many_arguments)]
     fn lookahead(
         &self,
@@ -607,14 +608,14 @@ impl Transformer {
         experts: &dyn ExpertProvider,
         stats: &mut StepStats,
     ) {
-        let next = self.layers.iter().enumerate().skip(layer + 1).find_map(|(l, d)| match &d.mlp {
+        let ahead = self.layers.iter().enumerate().skip(layer + 1).filter_map(|(l, d)| match &d.mlp {
             FeedForward::Moe(r) => Some((l, r)),
             _ => None,
         });
-        if let Some((l, router)) = next {
+        for (depth, (l, router)) in ahead.take(experts.lookahead_layers()).enumerate() {
             router.predict(x, tok, probs, n, spec);
             let ids: Vec<usize> = spec.iter().map(|p| p.0).collect();
-            experts.prefetch(l, &ids, stats);
+            experts.prefetch(l, &ids, depth + 1, stats);
         }
     }
 

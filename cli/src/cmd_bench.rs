@@ -338,6 +338,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "process_sys_s": cpu.map(|c| c.1),
             "hash_layer_picks": s.hash_picks.total(), "hash_layer_reused": s.hash_picks.reused,
             "process_gb_read": process_gb_read, "disk_idle_ms_per_token": s.disk_idle.as_secs_f64() * 1e3 / steps as f64,
+            "disk_idle_between_tokens_ms_per_token": s.disk_idle_before_first_layer.as_secs_f64() * 1e3 / steps as f64,
             "process_gb_per_token": process_gb_read.map(|g| g / steps as f64),
         });
         for extra in [more, s.report_json()] {
@@ -382,7 +383,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             let process =
                 r["process_gb_read"].as_f64().map(|v| format!(" (the process: {v:.3} GB)")).unwrap_or_default();
             outln!(
-                "budget {}, lookahead {}, threads {}, KV cache {}: {:.2} tok/s, experts {picks}{lookahead}, {:.3} GB read{process}, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, disk idle {:.1} ms/token, direct_io {}",
+                "budget {}, lookahead {}, threads {}, KV cache {}: {:.2} tok/s, experts {picks}{lookahead}, {:.3} GB read{process}, {:.3} GB/token, {:.2} GB/s achieved ({:.2} GB/s useful){raw}, disk idle {:.1} ms/token ({:.1} between tokens), direct_io {}",
                 fmt_bytes(f("budget") as u64),
                 lookahead_label(r),
                 r["threads"],
@@ -393,6 +394,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 f("achieved_gb_per_s"),
                 f("useful_gb_per_s"),
                 f("disk_idle_ms_per_token"),
+                f("disk_idle_between_tokens_ms_per_token"),
                 r["direct_io"]
             );
             // DeepSeek-V4's hash layers pick by token id alone: their share

@@ -101,6 +101,11 @@ pub struct StoreStats {
     /// Wall time during which no expert read was running (none inside its
     /// `pread`): what keeping the disk busy can still win.
     pub disk_idle: Duration,
+    /// Of `disk_idle`: stretches a read for the first MoE layer ended. In
+    /// decode that is the gap between tokens (the last layers' compute, the
+    /// LM head, sampling, the first layer's attention and routing), when
+    /// no record of the next token is known yet.
+    pub disk_idle_before_first_layer: Duration,
     /// Speculative reads issued; `picks.prefetched` of them were used.
     pub prefetch_issued: u64,
     /// Speculative reads taken back before they started, because their
@@ -176,6 +181,7 @@ impl StoreStats {
             "lookahead_later_recall": self.lookahead_later_recall(), "lookahead_later_picks": self.lookahead_later_picks,
             "reads": self.reads, "bytes_read": self.bytes_read,
             "io_wait_s": self.io_wait.as_secs_f64(), "disk_idle_s": self.disk_idle.as_secs_f64(),
+            "disk_idle_before_first_layer_s": self.disk_idle_before_first_layer.as_secs_f64(),
         })
     }
 }
@@ -215,10 +221,15 @@ struct Ledger {
 }
 
 impl Ledger {
-    /// A read enters its `pread`; ends a stretch of disk idle time.
-    fn disk_busy(&mut self) {
+    /// A read enters its `pread`; ends a stretch of disk idle time, which
+    /// a read for the first MoE layer says was spent between tokens.
+    fn disk_busy(&mut self, first_layer: bool) {
         if let Some(since) = self.idle_since.take() {
-            self.stats.disk_idle += since.elapsed();
+            let idle = since.elapsed();
+            self.stats.disk_idle += idle;
+            if first_layer {
+                self.stats.disk_idle_before_first_layer += idle;
+            }
         }
         self.reading_now += 1;
     }
@@ -276,7 +287,7 @@ impl Shared {
         let record = self.banks.record_bytes();
         let mut buf = self.bufs[slot].lock().unwrap_or_else(|p| p.into_inner());
         let bytes = &mut buf.as_mut_slice()[..record];
-        self.lock().disk_busy();
+        self.lock().disk_busy(self.moe_index.get(layer) == Some(&Some(0)));
         let started = Instant::now();
         let read = self.read_record(layer, expert, bytes);
         let took = started.elapsed();

@@ -142,12 +142,14 @@ fn guesses_further_ahead_have_their_own_recall() {
 
 /// The disk's idle time is wall time with no read inside its `pread`: all
 /// of it before the first read, none counted from before a reset, and never
-/// more than the time that passed.
+/// more than the time that passed. A stretch a read for the first MoE
+/// layer ends is the gap between tokens; one a later layer's ends is not.
 #[test]
 fn disk_idle_counts_the_time_no_read_runs() {
     let (_dir, container) = olmoe_container("idle");
     let banks = container.expert_banks().unwrap();
     let (layer, hidden) = (banks.moe_layers()[0], banks.shape().hidden);
+    let second = banks.moe_layers()[1];
     let top_k = container.config().top_k;
     let opened = std::time::Instant::now();
     let options = StoreOptions { cache_slots: 4 * top_k, keep: true, ..StoreOptions::default() };
@@ -161,6 +163,14 @@ fn disk_idle_counts_the_time_no_read_runs() {
         .unwrap();
     let s = store.stats();
     assert!(s.disk_idle + s.read_time >= idle && s.disk_idle <= opened.elapsed(), "{s:?}");
+    assert!(s.disk_idle_before_first_layer >= idle, "{s:?}");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    store
+        .forward_experts(second, &vec![0.5; hidden], &[(0, 1.0), (1, 1.0)], &mut out, &mut StepStats::default())
+        .unwrap();
+    let later = store.stats();
+    assert!(later.disk_idle >= s.disk_idle + std::time::Duration::from_millis(20), "{later:?}");
+    assert_eq!(later.disk_idle_before_first_layer, s.disk_idle_before_first_layer, "{later:?}");
     let reset = std::time::Instant::now();
     store.reset_stats();
     assert!(store.stats().disk_idle <= reset.elapsed());

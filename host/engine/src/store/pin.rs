@@ -156,6 +156,13 @@ impl ExpertStore {
             }
             if self.options.keep {
                 if let Some(slot) = st.core.lookup(key) {
+                    if st.status[slot] == Status::Empty {
+                        // A guess taken back before its read: the record
+                        // kept its place, its bytes must be read now.
+                        st.status[slot] = Status::Loading;
+                        self.count_miss(&mut st, hash_layer, step);
+                        return (st, Ok((slot, true)));
+                    }
                     let prefetched = std::mem::take(&mut st.speculative[slot]);
                     let picks = if prefetched {
                         step.experts_prefetched += 1;
@@ -175,14 +182,7 @@ impl ExpertStore {
             if let Some(slot) = st.core.insert(key) {
                 st.status[slot] = Status::Loading;
                 st.speculative[slot] = false;
-                st.stats.picks.missed += 1;
-                if hash_layer {
-                    st.stats.hash_picks.missed += 1;
-                }
-                st.stats.reads += 1;
-                st.stats.bytes_read += self.record_bytes() as u64;
-                step.experts_missed += 1;
-                step.bytes_read += self.record_bytes() as u64;
+                self.count_miss(&mut st, hash_layer, step);
                 return (st, Ok((slot, true)));
             }
             if st.in_flight == 0 {
@@ -201,6 +201,18 @@ impl ExpertStore {
             self.shared.flush_pending();
             st = self.shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// Counts a pick whose record must be read on demand.
+    fn count_miss(&self, st: &mut Ledger, hash_layer: bool, step: &mut StepStats) {
+        st.stats.picks.missed += 1;
+        if hash_layer {
+            st.stats.hash_picks.missed += 1;
+        }
+        st.stats.reads += 1;
+        st.stats.bytes_read += self.record_bytes() as u64;
+        step.experts_missed += 1;
+        step.bytes_read += self.record_bytes() as u64;
     }
 
     /// Waits until `slot` has been read; the error of a failed read.
@@ -266,9 +278,12 @@ impl ExpertStore {
     }
 
     /// Takes back the speculative reads of `layer` not yet started whose
-    /// record `experts` (the layer's routing, now known) does not use,
-    /// freeing their slots. A record some pick has meanwhile taken from
-    /// its slot goes back to be read.
+    /// record `experts` (the layer's routing, now known) does not use. Each
+    /// record keeps its place in the cache, unread (`Status::Empty`), so the
+    /// cache holds the same records however far the readers had got: only
+    /// whether those bytes were read depends on timing, never what is
+    /// reused. A later pick or guess reads it. A record some pick has
+    /// meanwhile taken from its slot goes back to be read.
     fn withdraw_unpicked(&self, layer: usize, experts: &[usize], stats: &mut StepStats) {
         let wanted = |e: usize| experts.contains(&e);
         let mut stale = self.shared.queue.withdraw(layer, wanted);
@@ -293,7 +308,6 @@ impl ExpertStore {
             st.status[r.slot] = Status::Empty;
             st.reading[r.slot] = false;
             st.in_flight -= 1;
-            st.core.forget(r.slot);
             st.core.unpin(r.slot);
             // Saturating: the counters may have been reset since the issue.
             let s = &mut st.stats;
@@ -377,25 +391,32 @@ impl ExpertStore {
             }
             for &expert in experts {
                 let key = (layer as u32, expert as u32);
-                if let Some(slot) = st.core.slot_of(key) {
+                let held = st.core.slot_of(key);
+                if let Some(slot) = held {
                     if tier == Tier::Next && st.reading[slot] && st.speculative[slot] {
                         nearer.push(slot);
                     }
-                    continue;
+                    let taken_back = st.status[slot] == Status::Empty && !st.reading[slot];
+                    if !taken_back {
+                        continue;
+                    }
                 }
                 // Room for a whole demand top-k always stays unpinned.
                 if expert >= bank.experts || st.core.evictable() <= 2 * self.top_k {
                     continue;
                 }
-                let Some(slot) = st.core.insert(key) else { break };
-                st.status[slot] = Status::Loading;
-                st.speculative[slot] = true;
-                st.reading[slot] = true;
-                st.in_flight += 1;
-                st.stats.prefetch_issued += 1;
-                st.stats.reads += 1;
-                st.stats.bytes_read += self.record_bytes() as u64;
-                stats.bytes_read += self.record_bytes() as u64;
+                let slot = match held {
+                    // A guess taken back earlier, guessed again: it kept its slot.
+                    Some(slot) => {
+                        st.core.pin(slot);
+                        slot
+                    }
+                    None => match st.core.insert(key) {
+                        Some(slot) => slot,
+                        None => break,
+                    },
+                };
+                self.issue_guess(&mut st, slot, stats);
                 issued.push((readers::Request { layer, expert, slot }, tier));
             }
         }
@@ -405,6 +426,18 @@ impl ExpertStore {
         // The insert's pin is the reader's; the reads are queued once this
         // layer's demand reads are (`flush_pending`).
         self.shared.pending.lock().unwrap_or_else(|p| p.into_inner()).extend(issued);
+    }
+
+    /// Marks pinned `slot` as read by a guess, and counts the read.
+    fn issue_guess(&self, st: &mut Ledger, slot: usize, stats: &mut StepStats) {
+        st.status[slot] = Status::Loading;
+        st.speculative[slot] = true;
+        st.reading[slot] = true;
+        st.in_flight += 1;
+        st.stats.prefetch_issued += 1;
+        st.stats.reads += 1;
+        st.stats.bytes_read += self.record_bytes() as u64;
+        stats.bytes_read += self.record_bytes() as u64;
     }
 }
 

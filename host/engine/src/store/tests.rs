@@ -120,6 +120,41 @@ fn a_prefetched_record_is_counted_as_prefetched_not_as_reused() {
     assert_eq!(s.bytes_read, s.bytes_of(4));
 }
 
+/// Regression: a guess taken back freed its slot, so which records stayed
+/// cached (and so `reused`) depended on whether a reader had started the
+/// read in time, and `bench --threads 1,2` reported different reuse for the
+/// same tokens. Taken back, it keeps its place unread: a later pick reads
+/// it on demand, a later guess reads it again, and from then on it is reused.
+#[test]
+fn a_guess_taken_back_keeps_its_place_so_reuse_does_not_depend_on_timing() {
+    let (_dir, container) = olmoe_container("withdrawn");
+    let banks = container.expert_banks().unwrap();
+    let layers = banks.moe_layers();
+    let (hidden, top_k) = (banks.shape().hidden, container.config().top_k);
+    let options = StoreOptions { cache_slots: 8 * top_k, ..StoreOptions::default() };
+    let store = ExpertStore::open(container.expert_banks().unwrap(), top_k, options).unwrap();
+    let x = vec![0.5f32; hidden];
+    let mut out = vec![0.0f32; hidden];
+    let mut step = |experts: &[usize]| {
+        let picks: Vec<(usize, f32)> = experts.iter().map(|&e| (e, 1.0)).collect();
+        let mut stats = StepStats::default();
+        store.forward_experts(layers[1], &x, &picks, &mut out, &mut stats).unwrap();
+        stats.picks()
+    };
+    let picks = |reused, prefetched, missed| Picks { reused, prefetched, missed };
+    // Held back until the layer's pin, the guesses at 3 and 5 are taken back.
+    store.prefetch(layers[1], &[2, 3, 5], 1, &mut StepStats::default());
+    assert_eq!(step(&[2]), picks(0, 1, 0));
+    let held = |e: u32| store.shared.lock().core.contains((layers[1] as u32, e));
+    assert!(held(3) && held(5), "a guess taken back lost its place in the cache");
+    assert_eq!(step(&[3]), picks(0, 0, 1));
+    assert_eq!(step(&[3]), picks(1, 0, 0));
+    store.prefetch(layers[1], &[5], 1, &mut StepStats::default());
+    assert_eq!(step(&[5]), picks(0, 1, 0));
+    let s = store.stats();
+    assert_eq!((s.prefetch_issued, s.prefetch_withdrawn, s.reads), (2, 2, 3), "{s:?}");
+}
+
 /// A guess at a layer beyond the next is counted apart from the next
 /// layer's, so the bench can say how well each predicts.
 #[test]

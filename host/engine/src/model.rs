@@ -147,6 +147,7 @@ impl Model {
             extra_states: options.extra_states,
             prefill_chunk: options.prefill_chunk,
             kv_type: options.kv_type,
+            threads: Some(pool.threads()),
             ..Default::default()
         };
         let plan = crate::plan::plan(&container, &request)?;

@@ -42,7 +42,7 @@ pub struct MemoryPlan {
     /// recurrent state and conv rings.
     pub state: u64,
     /// Buffers of one forward pass (an upper estimate), a prefill chunk's
-    /// included.
+    /// included, and what each compute thread keeps ([`per_thread_bytes`]).
     pub scratch: u64,
     /// Tokens per prefill chunk: given, or the largest whose buffers take
     /// at most an eighth of what the budget leaves beside the trunk and
@@ -171,6 +171,24 @@ pub fn scratch_bytes(cfg: &ModelConfig, inputs: ChunkInputs, context: usize, chu
     bytes.div_ceil(1 << 20) * (1 << 20) + (1 << 20)
 }
 
+/// Bytes the compute threads keep between calls where `m` holds GGUF
+/// matrices, trunk or experts: each thread's row and block buffers
+/// (`quant::ggml::per_thread_bytes`) for the widest such matrix, for
+/// `threads` pool threads and the thread that calls into the pool. 0 for
+/// our own formats, whose kernels keep nothing per thread.
+pub fn per_thread_bytes(cfg: &ModelConfig, m: &Manifest, threads: usize) -> u64 {
+    use crate::quant::ggml::GgmlType;
+    let ggml = |name: &str| GgmlType::ALL.into_iter().any(|t| t.name() == name);
+    let trunk = m.trunk.tensors.iter().any(|t| ggml(&t.format));
+    let experts = m.experts.layers.iter().any(|l| l.ggml.is_some());
+    if !trunk && !experts {
+        return 0;
+    }
+    let shape = cfg.expert_shape();
+    let cols = widest_trunk_input(cfg).max(shape.hidden).max(shape.inter);
+    ((threads + 1) * crate::quant::ggml::per_thread_bytes(cols)) as u64
+}
+
 /// The quantised inputs a container's products take over a chunk: q4's
 /// int8 (`quant::int8`, 1.06 bytes a value), or int16 (`quant::ggml`, 2.25)
 /// where it holds GGUF matrices that take them (Q4_K, Q6_K), trunk or
@@ -261,6 +279,9 @@ pub struct PlanRequest {
     pub prefill_chunk: Option<usize>,
     /// How the state's KV cache is stored.
     pub kv_type: KvType,
+    /// Compute threads (`None`: one per CPU of this machine, as the
+    /// pool starts): each keeps its own kernel buffers.
+    pub threads: Option<usize>,
 }
 
 /// Bytes of the model held in RAM as its trunk: the resident trunk
@@ -286,11 +307,14 @@ pub(crate) fn resolve_context(cfg: &ModelConfig, context: Option<usize>) -> Resu
 /// The memory plan of `container` for `request`: the one entry point every
 /// caller (opening a model, `waste plan`, the C ABI) plans through.
 pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> {
-    let PlanRequest { context, budget, usable_ram, extra_states, vision, prefill_chunk, kv_type } = *request;
+    let PlanRequest { context, budget, usable_ram, extra_states, vision, prefill_chunk, kv_type, threads } = *request;
     let cfg = container.config();
     let context = resolve_context(cfg, context)?;
     let m = container.manifest();
     let inputs = ChunkInputs::of(m);
+    let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let per_thread = per_thread_bytes(cfg, m, threads);
+    let scratch_of = |chunk: usize| scratch_bytes(cfg, inputs, context, chunk) + per_thread;
     let record = m.experts.record_bytes;
     let moe_layers = m.experts.layers.len();
     let experts = cfg.num_experts;
@@ -308,7 +332,7 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
         trunk,
         embedding_on_disk: on_disk_trunk_bytes(cfg, m),
         state,
-        scratch: scratch_bytes(cfg, inputs, context, least),
+        scratch: scratch_of(least),
         prefill_chunk: least,
         vision,
         record_bytes: record,
@@ -327,7 +351,7 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
     if chunk == least {
         return Ok(first);
     }
-    let scratch = scratch_bytes(cfg, inputs, context, chunk);
+    let scratch = scratch_of(chunk);
     let plan = plan_from(PlanInput { scratch, prefill_chunk: chunk, budget: Some(first.budget), ..input })?;
     Ok(MemoryPlan { floor: first.floor, recommended: first.recommended, budget_source: first.budget_source, ..plan })
 }
@@ -681,6 +705,41 @@ mod tests {
         assert!(extra(2048) < extra(4096));
         assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 8 * extra(2048)), 2048);
         assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 8 * extra(512) + 7), 512);
+    }
+
+    /// A GGUF model's plan counts each compute thread's kernel buffers (the
+    /// int16 block kernel's transposed block, the decoded rows), which the
+    /// plan once left out: more threads, more scratch, by exactly those
+    /// buffers; our own formats keep nothing per thread.
+    #[test]
+    fn a_gguf_models_plan_counts_every_threads_kernel_buffers() {
+        let gguf =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf/models/wide-qwen3moe-q4_k_m.gguf");
+        let container = crate::paths::open_container(&gguf).unwrap();
+        let scratch = |threads: usize| {
+            let request = PlanRequest {
+                budget: Some(1 << 30),
+                prefill_chunk: Some(64),
+                threads: Some(threads),
+                ..PlanRequest::default()
+            };
+            plan(&container, &request).unwrap().scratch
+        };
+        let (cfg, m) = (container.config(), container.manifest());
+        let one_thread = per_thread_bytes(cfg, m, 1) / 2;
+        let shape = cfg.expert_shape();
+        let cols = widest_trunk_input(cfg).max(shape.hidden).max(shape.inter);
+        assert_eq!(one_thread, crate::quant::ggml::per_thread_bytes(cols) as u64);
+        assert!(one_thread > 0);
+        assert_eq!(scratch(5) - scratch(1), 4 * one_thread);
+        let dir = std::env::temp_dir().join(format!("waste-plan-threads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ours = dir.join("olmoe.waste");
+        let made = crate::synth::synth(&ours, &crate::synth::preset("olmoe-trace").unwrap(), &mut |_, _| {});
+        let container = made.and_then(|_| Container::open(&ours));
+        let _ = std::fs::remove_dir_all(&dir);
+        let container = container.unwrap();
+        assert_eq!(per_thread_bytes(container.config(), container.manifest(), 8), 0);
     }
 
     #[test]

@@ -316,6 +316,20 @@ const ROW_BLOCK: usize = 4;
 /// Rows of one `matvec` task.
 const TASK_ROWS: usize = 64;
 
+/// Bytes each thread that computes GGUF products keeps between calls, for
+/// matrices of up to `cols` columns: `matvec`'s decoded rows (`ROWS`) and
+/// the int16 block kernel's transposed block. The memory plan counts them
+/// per compute thread.
+pub fn per_thread_bytes(cols: usize) -> usize {
+    ROW_BLOCK * cols * std::mem::size_of::<f32>() + int16::transposed_peak_bytes(cols)
+}
+
+/// Bytes this thread's GGUF kernel buffers hold, their whole capacity.
+#[cfg(test)]
+fn held_bytes() -> usize {
+    ROWS.with_borrow(|w| w.capacity() * std::mem::size_of::<f32>()) + int16::held_bytes()
+}
+
 std::thread_local! {
     /// `matvec`'s decoded rows, kept per thread: allocating them per task
     /// cost more than the products (a large `Vec` is a fresh mmap).
@@ -379,7 +393,7 @@ impl<'a> GgmlMatrix<'a> {
             return int16::products(fmt, &self.data[r * rb..(r + 1) * rb], 1, &inputs, out);
         }
         ROWS.with_borrow_mut(|w| {
-            w.resize(self.cols.max(ROW_BLOCK * self.cols), 0.0);
+            int16::resize_exact(w, ROW_BLOCK * self.cols, 0.0);
             let row = &mut w[..self.cols];
             self.row_into(r, row);
             simd::matmul_block(row, x, self.cols, out);
@@ -422,7 +436,7 @@ impl<'a> GgmlMatrix<'a> {
         }
         let task = |(b, ys): (usize, &mut [f32])| {
             ROWS.with_borrow_mut(|w| {
-                w.resize(ROW_BLOCK * cols, 0.0);
+                int16::resize_exact(w, ROW_BLOCK * cols, 0.0);
                 for (k, yb) in ys.chunks_mut(ROW_BLOCK).enumerate() {
                     let r0 = b * TASK_ROWS + k * ROW_BLOCK;
                     let w = &mut w[..yb.len() * cols];

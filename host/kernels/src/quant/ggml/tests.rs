@@ -325,6 +325,32 @@ fn a_gguf_trunk_matrix_gives_the_same_bits_on_every_path() {
     }
 }
 
+/// The buffers a compute thread keeps between calls stay within what the
+/// memory plan counts per thread (`per_thread_bytes`), on every product
+/// (decode, a chunk, one row) at this CPU's level, for matrices of growing
+/// then shrinking widths (a `Vec` grown by doubling would hold more).
+#[test]
+fn a_threads_kernel_buffers_stay_within_what_the_plan_counts() {
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    one.install(|| {
+        let mut widest = 0;
+        for cols in [512, 1536, 2048, 4608, 256, 1024] {
+            widest = usize::max(widest, cols);
+            for ty in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::Iq2Xxs] {
+                let rows = 24;
+                let bytes = random_blocks(ty, rows * cols / ty.block_elems(), 3);
+                let m = GgmlMatrix::new("w", ty, rows, cols, &bytes).unwrap();
+                let x = inputs(40 * cols, 4);
+                m.matvec(&x[..cols], &mut vec![0.0; rows]);
+                m.row_dots(1, &x[..3 * cols], &mut [0.0; 3]);
+                m.matmul(&x, &mut vec![0.0; 40 * rows]);
+                let (held, counted) = (held_bytes(), per_thread_bytes(widest));
+                assert!(held <= counted, "{} at {cols} columns: {held} bytes held, {counted} counted", ty.name());
+            }
+        }
+    });
+}
+
 /// The fused AVX2 row products (decoded in registers) against dot8 of the
 /// twins' rows, bit for bit, for every type that has one.
 #[cfg(target_arch = "x86_64")]

@@ -206,6 +206,12 @@ std::thread_local! {
     static TRANSPOSED: std::cell::RefCell<Transposed> = const { std::cell::RefCell::new(Transposed::new()) };
 }
 
+/// Bytes this thread's transposed block holds.
+#[cfg(test)]
+pub(super) fn held_bytes() -> usize {
+    TRANSPOSED.with_borrow(|t| t.held_bytes())
+}
+
 /// Row `r` of `rows` (`nr <= 8` rows) against every input, into `out` as
 /// row `first + r`, bit for bit `row_scalar`: `avx512::block_products` on
 /// eight rows, `pmaddwd` + add for `vpdpwssd`.

@@ -222,6 +222,12 @@ std::thread_local! {
     static TRANSPOSED: std::cell::RefCell<Transposed> = const { std::cell::RefCell::new(Transposed::new()) };
 }
 
+/// Bytes this thread's transposed block holds.
+#[cfg(test)]
+pub(super) fn held_bytes() -> usize {
+    TRANSPOSED.with_borrow(|t| t.held_bytes())
+}
+
 /// Row `r` of `rows` (`nr <= 16` rows) against every input `t`, into
 /// `out` as row `first + r`, bit for bit `row_scalar`: the block transposed
 /// once so that one `vpdpwssd` against an input's two codes broadcast adds

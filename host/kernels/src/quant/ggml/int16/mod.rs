@@ -266,15 +266,24 @@ impl<W: Copy, const B: usize> Transposed<W, B> {
         Transposed { words: Vec::new(), d1: Vec::new(), m1: Vec::new() }
     }
 
+    /// Bytes the buffers hold, their whole capacity.
+    #[cfg(test)]
+    pub(crate) fn held_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.words.capacity() * size_of::<W>() + (self.d1.capacity() + self.m1.capacity()) * size_of::<[f32; B]>()
+    }
+
     /// Sizes the buffers for rows of `rb` bytes (whole super-blocks of
     /// `fmt`) and fills the scales of the `rows.len() / rb` rows of `rows`.
     pub(crate) fn prepare(&mut self, fmt: Format, rows: &[u8], rb: usize, zero: W) {
         let (sbb, nr) = (fmt.super_bytes(), rows.len() / rb);
         let supers = rb / sbb;
         let groups = supers * 8 * fmt.groups();
-        self.words.resize(supers * 8 * 16, zero);
-        self.d1.resize(groups, [0.0; B]);
-        self.m1.resize(groups, [0.0; B]);
+        // Exact reservations: the memory plan counts these buffers at
+        // their peak (`transposed_peak_bytes`), not at a doubled capacity.
+        resize_exact(&mut self.words, supers * 8 * 16, zero);
+        resize_exact(&mut self.d1, groups, [0.0; B]);
+        resize_exact(&mut self.m1, groups, [0.0; B]);
         for sb in 0..supers {
             for r in 0..B {
                 let b = (r < nr).then(|| &rows[r * rb + sb * sbb..][..sbb]);
@@ -295,6 +304,34 @@ impl<W: Copy, const B: usize> Transposed<W, B> {
             }
         }
     }
+}
+
+/// Bytes a thread's `Transposed` reaches for rows of up to `cols` values,
+/// on the widest level (AVX-512: sixteen rows a block, 64-byte vectors):
+/// the words, 32 bytes a value, and a scale and a min per group of each
+/// row, Q6_K's two groups a sub-block.
+pub(crate) fn transposed_peak_bytes(cols: usize) -> usize {
+    const VECTOR: usize = 64;
+    const ROWS: usize = 16;
+    let supers = cols.div_ceil(SUPER);
+    let words = supers * 8 * 16 * VECTOR;
+    let groups = supers * 8 * 2;
+    words + 2 * groups * ROWS * std::mem::size_of::<f32>()
+}
+
+/// Bytes this thread's transposed blocks hold, every level's.
+#[cfg(test)]
+pub(crate) fn held_bytes() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    return avx2::held_bytes() + avx512::held_bytes();
+    #[cfg(not(target_arch = "x86_64"))]
+    0
+}
+
+/// `v.resize(len, fill)` that grows the allocation to `len` exactly.
+pub(crate) fn resize_exact<T: Clone>(v: &mut Vec<T>, len: usize, fill: T) {
+    v.reserve_exact(len.saturating_sub(v.len()));
+    v.resize(len, fill);
 }
 
 /// A Q6_K super-block's sixteen `d * sc_g` (exact products, as ggml's).

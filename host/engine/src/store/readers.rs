@@ -140,6 +140,15 @@ mod tests {
         Request { layer, expert, slot }
     }
 
+    /// A queue holding `reads` (layer, expert, slot, tier), pushed in order.
+    fn queue_of(reads: &[(usize, usize, usize, Tier)]) -> Queue {
+        let q = Queue::default();
+        for &(layer, expert, slot, tier) in reads {
+            q.push(req(layer, expert, slot), tier);
+        }
+        q
+    }
+
     fn drain(q: &Queue) -> Vec<usize> {
         let mut slots = Vec::new();
         while !q.lock().is_empty() {
@@ -150,20 +159,18 @@ mod tests {
 
     #[test]
     fn demand_reads_go_first_then_the_next_layer_s_guesses_then_later_ones() {
-        let q = Queue::default();
-        q.push(req(3, 0, 30), Tier::Later);
-        q.push(req(2, 0, 20), Tier::Next);
-        q.push(req(1, 0, 10), Tier::Demand);
-        q.push(req(2, 1, 21), Tier::Next);
+        let q = queue_of(&[
+            (3, 0, 30, Tier::Later),
+            (2, 0, 20, Tier::Next),
+            (1, 0, 10, Tier::Demand),
+            (2, 1, 21, Tier::Next),
+        ]);
         assert_eq!(drain(&q), [10, 20, 21, 30]);
     }
 
     #[test]
     fn a_promoted_read_moves_up_and_never_down() {
-        let q = Queue::default();
-        q.push(req(2, 0, 20), Tier::Next);
-        q.push(req(3, 0, 30), Tier::Later);
-        q.push(req(3, 1, 31), Tier::Later);
+        let q = queue_of(&[(2, 0, 20, Tier::Next), (3, 0, 30, Tier::Later), (3, 1, 31, Tier::Later)]);
         q.promote(31, Tier::Next);
         q.promote(20, Tier::Later);
         assert_eq!(drain(&q), [20, 31, 30]);
@@ -175,12 +182,13 @@ mod tests {
 
     #[test]
     fn withdraw_takes_only_the_unwanted_guesses_of_that_layer() {
-        let q = Queue::default();
-        q.push(req(2, 5, 25), Tier::Demand);
-        q.push(req(2, 6, 26), Tier::Next);
-        q.push(req(2, 7, 27), Tier::Next);
-        q.push(req(2, 8, 28), Tier::Later);
-        q.push(req(3, 6, 36), Tier::Later);
+        let q = queue_of(&[
+            (2, 5, 25, Tier::Demand),
+            (2, 6, 26, Tier::Next),
+            (2, 7, 27, Tier::Next),
+            (2, 8, 28, Tier::Later),
+            (3, 6, 36, Tier::Later),
+        ]);
         let taken: Vec<usize> = q.withdraw(2, |e| e == 7).iter().map(|r| r.slot).collect();
         assert_eq!(taken, [26, 28]);
         assert_eq!(drain(&q), [25, 27, 36]);

@@ -32,6 +32,10 @@ pub struct PlanArgs {
     /// How the KV cache stores keys and values (f32, bf16, q8); default bf16.
     #[arg(long, value_name = "TYPE")]
     pub kv_type: Option<waste_host::KvType>,
+    /// Compute threads to plan for, as `--threads` where the model runs
+    /// (each keeps its own kernel buffers); default one per CPU here.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads: Option<u32>,
     #[arg(long)]
     pub json: bool,
 }
@@ -51,6 +55,7 @@ pub fn plan(a: PlanArgs) -> Result<()> {
         budget,
         usable_ram: ram,
         kv_type: a.kv_type.unwrap_or_default(),
+        threads: a.threads.map(|n| n as usize),
         ..PlanRequest::default()
     };
     let p = waste_host::plan_path_for_images(&a.model, &request, a.vision)

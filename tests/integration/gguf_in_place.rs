@@ -136,3 +136,23 @@ fn the_plan_counts_int16_inputs_only_for_a_gguf_with_q4_k_or_q6_k() {
     assert_eq!(inputs("models/wide-qwen3moe-iq4_nl.gguf"), ChunkInputs::Int16);
     assert_eq!(inputs("models/tiny-qwen3_moe-q8_0.gguf"), ChunkInputs::Int8);
 }
+
+/// `waste plan --threads N` plans what opening with `--threads N` does: a
+/// GGUF's scratch grows with the threads by their kernel buffers (which
+/// the plan once left out), and no thread at all is a usage error.
+#[test]
+fn waste_plan_counts_the_threads_it_is_given_for_a_gguf() {
+    let file = gguf_dir().join("models/wide-qwen3moe-q4_k_m.gguf");
+    let file = file.to_str().unwrap();
+    let scratch = |threads: &str| {
+        let o = waste(&["plan", file, "--budget", "1G", "--threads", threads, "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let plan: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        plan["scratch"].as_u64().unwrap()
+    };
+    let (one, three) = (scratch("1"), scratch("3"));
+    assert!(three > one, "scratch {one} at 1 thread, {three} at 3");
+    let o = waste(&["plan", file, "--threads", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--threads"), "{}", stderr(&o));
+}

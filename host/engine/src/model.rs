@@ -217,11 +217,11 @@ impl Model {
         MemoryUse {
             trunk: crate::plan::resident_bytes(&self.container),
             state: crate::plan::state_bytes(self.container.config(), self.context, self.plan.kv_type),
-            scratch: crate::plan::scratch_bytes(
-                self.container.config(),
-                crate::plan::ChunkInputs::of(self.container.manifest()),
+            scratch: crate::plan::model_scratch_bytes(
+                &self.container,
                 self.context,
                 self.plan.prefill_chunk,
+                self.pool.threads(),
             ),
             cache: self.experts.allocated_bytes(),
         }

@@ -171,6 +171,15 @@ pub fn scratch_bytes(cfg: &ModelConfig, inputs: ChunkInputs, context: usize, chu
     bytes.div_ceil(1 << 20) * (1 << 20) + (1 << 20)
 }
 
+/// The scratch a model of `container` holds with `context` tokens of
+/// state, prefill chunks of `chunk` tokens and `threads` compute threads:
+/// one forward pass's buffers ([`scratch_bytes`]) and each thread's
+/// ([`per_thread_bytes`]). What a plan counts and an open model reports.
+pub fn model_scratch_bytes(container: &Container, context: usize, chunk: usize, threads: usize) -> u64 {
+    let (cfg, m) = (container.config(), container.manifest());
+    scratch_bytes(cfg, ChunkInputs::of(m), context, chunk) + per_thread_bytes(cfg, m, threads)
+}
+
 /// Bytes the compute threads keep between calls where `m` holds GGUF
 /// matrices, trunk or experts: each thread's row and block buffers
 /// (`quant::ggml::per_thread_bytes`) for the widest such matrix, for
@@ -313,8 +322,7 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
     let m = container.manifest();
     let inputs = ChunkInputs::of(m);
     let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let per_thread = per_thread_bytes(cfg, m, threads);
-    let scratch_of = |chunk: usize| scratch_bytes(cfg, inputs, context, chunk) + per_thread;
+    let scratch_of = |chunk: usize| model_scratch_bytes(container, context, chunk, threads);
     let record = m.experts.record_bytes;
     let moe_layers = m.experts.layers.len();
     let experts = cfg.num_experts;

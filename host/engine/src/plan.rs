@@ -180,17 +180,28 @@ pub fn model_scratch_bytes(container: &Container, context: usize, chunk: usize, 
     scratch_bytes(cfg, ChunkInputs::of(m), context, chunk) + per_thread_bytes(cfg, m, threads)
 }
 
+/// The GGUF block types of `m`'s matrices, trunk and experts (with
+/// repeats): what decides which GGUF kernels, and their buffers, it runs.
+fn ggml_types(m: &Manifest) -> impl Iterator<Item = crate::quant::ggml::GgmlType> + '_ {
+    use crate::quant::ggml::GgmlType;
+    let trunk = m.trunk.tensors.iter().map(|t| t.format.as_str());
+    let experts = m
+        .experts
+        .layers
+        .iter()
+        .filter_map(|l| l.ggml.as_ref())
+        .flat_map(|g| [&g.gate, &g.up, &g.down])
+        .map(|n| n.as_str());
+    trunk.chain(experts).filter_map(GgmlType::parse)
+}
+
 /// Bytes the compute threads keep between calls where `m` holds GGUF
 /// matrices, trunk or experts: each thread's row and block buffers
 /// (`quant::ggml::per_thread_bytes`) for the widest such matrix, for
 /// `threads` pool threads and the thread that calls into the pool. 0 for
 /// our own formats, whose kernels keep nothing per thread.
 pub fn per_thread_bytes(cfg: &ModelConfig, m: &Manifest, threads: usize) -> u64 {
-    use crate::quant::ggml::GgmlType;
-    let ggml = |name: &str| GgmlType::ALL.into_iter().any(|t| t.name() == name);
-    let trunk = m.trunk.tensors.iter().any(|t| ggml(&t.format));
-    let experts = m.experts.layers.iter().any(|l| l.ggml.is_some());
-    if !trunk && !experts {
+    if ggml_types(m).next().is_none() {
         return 0;
     }
     let shape = cfg.expert_shape();
@@ -210,15 +221,7 @@ pub enum ChunkInputs {
 
 impl ChunkInputs {
     pub fn of(m: &crate::container::manifest::Manifest) -> ChunkInputs {
-        use crate::quant::ggml::GgmlType;
-        let int16 = |name: &str| GgmlType::ALL.into_iter().any(|t| t.name() == name && t.takes_int16_inputs());
-        let trunk = m.trunk.tensors.iter().any(|t| int16(&t.format));
-        let experts = m
-            .experts
-            .layers
-            .iter()
-            .any(|l| l.ggml.as_ref().is_some_and(|g| [&g.gate, &g.up, &g.down].into_iter().any(|n| int16(n))));
-        if trunk || experts {
+        if ggml_types(m).any(|t| t.takes_int16_inputs()) {
             ChunkInputs::Int16
         } else {
             ChunkInputs::Int8
@@ -321,7 +324,7 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
     let context = resolve_context(cfg, context)?;
     let m = container.manifest();
     let inputs = ChunkInputs::of(m);
-    let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = threads.unwrap_or_else(crate::pool::default_threads);
     let scratch_of = |chunk: usize| model_scratch_bytes(container, context, chunk, threads);
     let record = m.experts.record_bytes;
     let moe_layers = m.experts.layers.len();

@@ -146,6 +146,12 @@ pub fn current_affinity() -> Result<CpuSet> {
     }
 }
 
+/// The compute threads a pool starts without a thread count or CPU set:
+/// one per CPU this process may use.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Distinguishes pools in the per-thread "already bound" marker.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -177,7 +183,7 @@ impl Pool {
             (Some(0), _) => return Err(Error::Arg("the thread count must be at least 1".into())),
             (Some(n), _) => n,
             (None, Some(c)) => c.len(),
-            (None, None) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            (None, None) => default_threads(),
         };
         if let Some(c) = cpus {
             // Validates the set (and the platform) before any thread starts:

@@ -38,7 +38,7 @@ pub fn vision_bytes(container: &Container) -> Result<Option<u64>> {
     // Padding to whole merge cells adds at most a row and a column.
     let patches = pre.in_patch_limit + 2 * pre.patch_limit_on_one_side + 1;
     let grid = 4 * (cfg.pos_grid.0 * cfg.pos_grid.1 * cfg.hidden) as u64;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = crate::pool::default_threads();
     let buffers = activation_bytes(&cfg, patches, threads);
     let rows = 4 * (patches / 4 * cfg.text_hidden) as u64;
     Ok(Some(stored + grid + buffers + rows))

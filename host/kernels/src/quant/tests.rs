@@ -200,6 +200,44 @@ fn multi_input_dots_equal_the_single_input_kernel_on_every_level() {
     }
 }
 
+/// A q8 matvec's rows several at a time (`dot_q8_many_rows`) give each row the one-row kernel's bits: whole and
+/// partial passes, odd widths, partial groups and tails.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q8_rows_several_at_a_time_equal_the_one_row_kernel() {
+    use crate::quant::simd::avx2;
+    if !simd::has_avx2() {
+        crate::skip::report_skip("SKIP q8 rows several at a time: no AVX2+FMA on this CPU");
+        return;
+    }
+    let mut rng = Rng::new(53);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for cols in [7, 16, 24, 128, 129, 300, 2304] {
+        for rows in [1, 3, 4, 5, 8, 9, 17] {
+            let w = gauss(&mut rng, rows * cols, 0.1);
+            let bytes = quantize_trunk(TrunkFormat::Q8, &w, rows, cols);
+            let (scales, q) = bytes.split_at(rows * 2 * cols.div_ceil(GROUP));
+            let g2 = 2 * cols.div_ceil(GROUP);
+            let x = gauss(&mut rng, cols, 1.0);
+            // SAFETY (all calls): AVX2 and FMA detected above; `q` and
+            // `scales` hold `rows` rows
+            // of `cols`, `x` one input and the outputs `rows` floats.
+            let want: Vec<f32> = (0..rows)
+                .map(|r| unsafe { avx2::dot_q8(&scales[r * g2..(r + 1) * g2], &q[r * cols..(r + 1) * cols], &x) })
+                .collect();
+            let mut got = vec![f32::NAN; rows];
+            unsafe { avx2::dot_q8_many_rows(scales, q, cols, &x, &mut got) }
+            assert_eq!(bits(&got), bits(&want), "cols {cols} rows {rows}");
+            let mut got = vec![f32::NAN; rows];
+            simd::dot_q8_many_rows(scales, q, &x, &mut got);
+            let one: Vec<f32> = (0..rows)
+                .map(|r| simd::dot_q8(&scales[r * g2..(r + 1) * g2], &q[r * cols..(r + 1) * cols], &x))
+                .collect();
+            assert_eq!(bits(&got), bits(&one), "cols {cols} rows {rows}: dispatched");
+        }
+    }
+}
+
 /// The kernels `simd_matches_scalar` holds to their scalar twins.
 #[cfg(target_arch = "x86_64")]
 mod level {

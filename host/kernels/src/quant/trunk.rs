@@ -409,7 +409,23 @@ impl<'a> MatRef<'a> {
         assert_eq!(inputs.is_some(), matches!(self.kind, Kind::Q4 { .. }), "matvec: int8 inputs are q4's alone");
         match inputs {
             Some(q) => self.q4_matvec_rows(0, q, y),
-            None => par_rows(y, self.rows * self.cols, |r| self.row_dot(r, x)),
+            None => self.rows_matvec(0, x, y),
+        }
+    }
+
+    /// `y[i] = ` row `first + i` times the one input `x`, for the f32, q8
+    /// and GGUF matrices: each row's `row_dot` bits.
+    fn rows_matvec(&self, first: usize, x: &[f32], y: &mut [f32]) {
+        let work = y.len() * self.cols;
+        match self.kind {
+            // Several rows a pass: one q8 row's FMA chains were
+            // latency-bound (`simd::dot_q8_many_rows`).
+            Kind::Q8 { scales, q } => par_row_blocks(y, work, |b, ys| {
+                let (c, g2) = (self.cols, 2 * self.cols.div_ceil(GROUP));
+                let rows = first + b..first + b + ys.len();
+                simd::dot_q8_many_rows(&scales[rows.start * g2..rows.end * g2], &q[rows.start * c..rows.end * c], x, ys)
+            }),
+            _ => par_rows(y, work, |i| self.row_dot(first + i, x)),
         }
     }
 
@@ -451,16 +467,21 @@ fn by_row_blocks(rows: usize, cols: usize, n: usize, y: &mut [f32], task: impl F
 /// Each row is computed by exactly one call, so the result does not depend
 /// on the thread count.
 pub(crate) fn par_rows(y: &mut [f32], work: usize, f: impl Fn(usize) -> f32 + Sync) {
-    if work >= PAR_MIN_WORK && y.len() > ROW_BLOCK {
-        y.par_chunks_mut(ROW_BLOCK).enumerate().for_each(|(b, ys)| {
-            for (i, v) in ys.iter_mut().enumerate() {
-                *v = f(b * ROW_BLOCK + i);
-            }
-        });
-    } else {
-        for (r, v) in y.iter_mut().enumerate() {
-            *v = f(r);
+    par_row_blocks(y, work, |first, ys| {
+        for (i, v) in ys.iter_mut().enumerate() {
+            *v = f(first + i);
         }
+    })
+}
+
+/// `f(first, ys)` fills the rows `first..first + ys.len()` of `y`: blocks
+/// of `ROW_BLOCK` rows in parallel when `work` is large, else all of `y`
+/// at once. Each row is computed by exactly one call.
+fn par_row_blocks(y: &mut [f32], work: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if work >= PAR_MIN_WORK && y.len() > ROW_BLOCK {
+        y.par_chunks_mut(ROW_BLOCK).enumerate().for_each(|(b, ys)| f(b * ROW_BLOCK, ys));
+    } else {
+        f(0, y)
     }
 }
 
@@ -563,7 +584,7 @@ impl QMatrix {
         let v = self.view();
         match v.int8_inputs(x) {
             Some(q) => v.q4_matvec_rows(first, &q, y),
-            None => par_rows(y, y.len() * self.cols, |i| v.row_dot(first + i, x)),
+            None => v.rows_matvec(first, x, y),
         }
     }
 

@@ -191,6 +191,28 @@ pub(crate) fn dot_q8(scales: &[u8], q: &[u8], x: &[f32]) -> f32 {
     dot_q8_scalar(scales, q, x)
 }
 
+/// `out[i] = dot_q8` of row `i` of the `out.len()` q8 rows held one after
+/// another (`q`: `x.len()` bytes a row; `scales`: each row's f16 group
+/// scales in turn) with the one input `x`, bit for bit: a matvec's rows
+/// several at a time (AVX2; elsewhere one row at a time, the same kernel).
+pub(crate) fn dot_q8_many_rows(scales: &[u8], q: &[u8], x: &[f32], out: &mut [f32]) {
+    let (n, rows) = (x.len(), out.len());
+    let g2 = 2 * n.div_ceil(GROUP);
+    assert!(q.len() == rows * n && scales.len() == rows * g2, "dot_q8_many_rows: lengths");
+    if n == 0 {
+        out.fill(0.0);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected; lengths checked above.
+        return unsafe { avx2::dot_q8_many_rows(scales, q, n, x, out) };
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = dot_q8(&scales[i * g2..(i + 1) * g2], &q[i * n..(i + 1) * n], x);
+    }
+}
+
 /// `out[t] = dot_f32(w, x row t)` for the `out.len()` rows of `x`, each
 /// `w.len()` long, bit for bit: the matrix-product form of a matvec, where
 /// each load of `w` serves several inputs (AVX2; elsewhere one input at a

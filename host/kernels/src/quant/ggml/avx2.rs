@@ -324,7 +324,7 @@ iq_avx2!(iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s);
 /// `hsum` of `simd::avx2`: `dot8`'s lane order,
 /// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))

@@ -24,6 +24,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod blocks;
 pub(crate) mod expert;
 mod grids;
@@ -418,13 +420,26 @@ impl<'a> GgmlMatrix<'a> {
         #[cfg(target_arch = "x86_64")]
         if simd::has_avx2() && has_f16c() && avx2::fused(self.ty) {
             let rb = self.data.len() / rows;
+            let wide = avx512::runs(self.ty);
             let task = |(b, ys): (usize, &mut [f32])| {
-                for (k, yb) in ys.chunks_mut(ROW_BLOCK).enumerate() {
-                    let r0 = b * TASK_ROWS + k * ROW_BLOCK;
+                let mut r0 = b * TASK_ROWS;
+                // Eight rows a call where the task has them (every task
+                // but a matrix's last: TASK_ROWS is a multiple).
+                let whole = if wide { ys.len() / avx512::ROWS * avx512::ROWS } else { 0 };
+                let (eights, rest) = ys.split_at_mut(whole);
+                for yb in eights.as_chunks_mut::<{ avx512::ROWS }>().0 {
+                    let block = &self.data[r0 * rb..(r0 + avx512::ROWS) * rb];
+                    // SAFETY: `runs` checked the features; the rows are
+                    // whole rows of this matrix and x its width.
+                    unsafe { avx512::dot_rows(block, rb, x, yb) };
+                    r0 += avx512::ROWS;
+                }
+                for yb in rest.chunks_mut(ROW_BLOCK) {
                     let block = &self.data[r0 * rb..(r0 + yb.len()) * rb];
                     // SAFETY: AVX2, FMA and F16C were detected; the rows
                     // are whole rows of this matrix and x its width.
                     unsafe { avx2::dot_rows(self.ty, block, rb, x, yb) };
+                    r0 += yb.len();
                 }
             };
             if rows * cols >= PAR_MIN_WORK && rows > TASK_ROWS {

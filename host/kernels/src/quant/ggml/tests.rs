@@ -378,3 +378,54 @@ fn the_fused_avx2_row_products_are_dot8_of_the_twins_rows() {
         }
     }
 }
+
+/// The AVX-512 Q8_0 row products (two rows a vector) against dot8 of the
+/// twins' rows, bit for bit, every block with its own scale (so a row
+/// given its neighbour's would show); and a matvec that takes them for
+/// most of its rows gives the same bits.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_avx512_q8_0_row_products_are_dot8_of_the_twins_rows() {
+    if !avx512::runs(GgmlType::Q8_0) {
+        crate::skip::report_skip("SKIP ggml AVX-512 Q8_0 rows: this CPU or kernel level lacks AVX-512F/DQ");
+        return;
+    }
+    let ty = GgmlType::Q8_0;
+    for cols in [32, 64, 512, 2080] {
+        let rb = ty.row_bytes(cols).unwrap();
+        let bytes = q8_0_blocks_scaled_apart(avx512::ROWS * cols / ty.block_elems(), 17 + cols as u32);
+        let x = inputs(cols, 18);
+        let mut out = [f32::NAN; avx512::ROWS];
+        // SAFETY: `runs` checked the features.
+        unsafe { avx512::dot_rows(&bytes, rb, &x, &mut out) };
+        for (r, &got) in out.iter().enumerate() {
+            let mut w = vec![0f32; cols];
+            dequantize_row_portable(ty, &bytes[r * rb..(r + 1) * rb], &mut w);
+            assert_eq!(got.to_bits(), dot8_scalar(&w, &x).to_bits(), "cols {cols} row {r}");
+        }
+    }
+    // 203 rows: three whole tasks, then a last one of eleven (one call of
+    // eight, then the AVX2 form on three).
+    let (rows, cols) = (203, 256);
+    let rb = ty.row_bytes(cols).unwrap();
+    let bytes = q8_0_blocks_scaled_apart(rows * cols / ty.block_elems(), 19);
+    let m = GgmlMatrix::new("w", ty, rows, cols, &bytes).unwrap();
+    let x = inputs(cols, 20);
+    let mut y = vec![f32::NAN; rows];
+    m.matvec(&x, &mut y);
+    for (r, &got) in y.iter().enumerate() {
+        let mut w = vec![0f32; cols];
+        dequantize_row_portable(ty, &bytes[r * rb..(r + 1) * rb], &mut w);
+        assert_eq!(got.to_bits(), dot8_scalar(&w, &x).to_bits(), "matvec row {r}");
+    }
+}
+
+/// `n` random Q8_0 blocks, block `i`'s scale `0.001 * (1 + i % 13)`.
+#[cfg(target_arch = "x86_64")]
+fn q8_0_blocks_scaled_apart(n: usize, seed: u32) -> Vec<u8> {
+    let mut bytes = random_blocks(GgmlType::Q8_0, n, seed);
+    for (i, b) in bytes.chunks_exact_mut(GgmlType::Q8_0.block_bytes()).enumerate() {
+        b[..2].copy_from_slice(&half::f16::from_f32(0.001 * (1 + i % 13) as f32).to_bits().to_le_bytes());
+    }
+    bytes
+}

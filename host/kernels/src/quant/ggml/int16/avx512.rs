@@ -9,7 +9,7 @@
 //! rows, for many inputs, are transposed once into int16 words for
 //! `vpdpwssd` against each input's codes broadcast.
 
-use super::avx2::pair_bytes;
+use super::avx2::{pair_bytes, prefetch_next_row};
 use super::{scale_bytes, Format, Int16Inputs, Outputs, LANES, Q6K_BYTES, SUB, SUPER, SUPER_BYTES};
 use crate::quant::int8::avx512::sum_pair;
 use std::arch::x86_64::*;
@@ -30,6 +30,7 @@ pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs,
         fmt != Format::Q4K || (inputs.high.len() == inputs.codes.len() && inputs.low.len() == inputs.codes.len()),
         "Q4_K rows: inputs without their byte planes"
     );
+    prefetch_next_row(row);
     if fmt == Format::Q6K {
         for (t, o) in out.iter_mut().enumerate() {
             let mut f = _mm512_setzero_ps();

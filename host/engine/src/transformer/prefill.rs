@@ -5,9 +5,11 @@
 //! token at a time), then the router routes every token and the expert
 //! provider gets the whole chunk at once: a streaming store reads each
 //! distinct expert once per chunk and runs it over all its tokens, each
-//! weight row loaded once per tile of tokens. GQA and MLA layers project
-//! every token of the chunk at once (then attend token by token in order,
-//! or GQA's tokens in blocks); dense MLPs, shared experts and K3's latent
+//! weight row loaded once per tile of tokens. Every token mixer projects
+//! every token of the chunk at once (then attends token by token in
+//! order, GQA's tokens in blocks; KDA and Gated DeltaNet run their
+//! recurrences in order; DeepSeek-V4 feeds its compressors and indexer
+//! token by token); dense MLPs, shared experts and K3's latent
 //! projections run over the chunk the same way (`QMatrix::matvec_many`).
 //!
 //! Nothing is mixed across tokens except through the layer state, which is
@@ -28,6 +30,7 @@ use super::gdn::GdnRows;
 use super::kda::KdaRows;
 use super::mla::MlaRows;
 use super::ops::add_in_place;
+use super::v4::attention::V4Rows;
 use super::v4::hyper::Coef;
 use super::{FeedForward, LayerState, Mixer, Scratch, Splice, State, Transformer};
 
@@ -84,6 +87,8 @@ struct Chunk {
     /// A KDA or Gated DeltaNet layer's projections and outputs.
     kda: KdaRows,
     gdn: GdnRows,
+    /// A DeepSeek-V4 layer's projections.
+    v4: V4Rows,
 }
 
 impl Chunk {
@@ -112,6 +117,7 @@ impl Chunk {
             mla: MlaRows::new(cfg, n.min(MIXER_TOKENS)),
             kda: KdaRows::new(cfg, n.min(MIXER_TOKENS)),
             gdn: GdnRows::new(cfg, n.min(MIXER_TOKENS)),
+            v4: V4Rows::new(cfg, n.min(MIXER_TOKENS)),
         }
     }
 
@@ -130,6 +136,7 @@ impl Chunk {
             + self.mla.floats()
             + self.kda.floats()
             + self.gdn.floats()
+            + self.v4.floats()
     }
 }
 
@@ -202,8 +209,26 @@ impl Transformer {
         let (h, rw) = (self.cfg.hidden_size, self.cfg.residual_width());
         let n = toks.len();
         let start = state.position;
-        let Chunk { x, xn, y, mixed, banks, selections, coefs, picks, z, zy, gate, up, shared_y, gqa, mla, kda, gdn } =
-            c;
+        let Chunk {
+            x,
+            xn,
+            y,
+            mixed,
+            banks,
+            selections,
+            coefs,
+            picks,
+            z,
+            zy,
+            gate,
+            up,
+            shared_y,
+            gqa,
+            mla,
+            kda,
+            gdn,
+            v4,
+        } = c;
         let (x, xn, y) = (&mut x[..n * rw], &mut xn[..n * h], &mut y[..n * h]);
         let (banks, picks, selections) = (&mut banks[..n], &mut picks[..n], &mut selections[..n]);
         let coefs = &mut coefs[..n];
@@ -212,62 +237,39 @@ impl Transformer {
             banks[i].clear();
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            // DeepSeek-V4's mixer (its compressors, hyper-connections) stays
-            // token at a time; every other mixer projects the whole chunk.
-            if !matches!(layer.self_attn, Mixer::V4(_)) {
-                // `mixer_step` for every token: each token's input, the
-                // mixer over the chunk, each token's feed-forward input.
-                let mixed_rows = |mixed: &mut [f32], i: usize| -> std::ops::Range<usize> {
-                    if mixed.is_empty() {
-                        0..0
-                    } else {
-                        i * h..(i + 1) * h
+            // `mixer_step` for every token: each token's input, the mixer
+            // over the chunk, each token's feed-forward input.
+            let mixed_rows = |mixed: &mut [f32], i: usize| -> std::ops::Range<usize> {
+                if mixed.is_empty() {
+                    0..0
+                } else {
+                    i * h..(i + 1) * h
+                }
+            };
+            for (i, (bank, coef)) in banks.iter_mut().zip(coefs.iter_mut()).enumerate() {
+                let (xr, m) = (&mut x[i * rw..(i + 1) * rw], mixed_rows(mixed, i));
+                self.mixer_input(l, xr, bank, coef, &mut mixed[m], &mut xn[i * h..(i + 1) * h], &mut s.mix.hc);
+            }
+            for b0 in (0..n).step_by(MIXER_TOKENS) {
+                let b = b0..(b0 + MIXER_TOKENS).min(n);
+                let (xs, ys, at) = (&xn[b.start * h..b.end * h], &mut y[b.start * h..b.end * h], start + b0);
+                match (&layer.self_attn, &mut state.layers[l]) {
+                    (Mixer::Gqa(a), LayerState::Kv { k, v }) => {
+                        a.forward_chunk(&self.cfg, &self.rope, xs, at, (k, v), &mut s.mix.attn, gqa, ys)?
                     }
-                };
-                for (i, (bank, coef)) in banks.iter_mut().zip(coefs.iter_mut()).enumerate() {
-                    let (xr, m) = (&mut x[i * rw..(i + 1) * rw], mixed_rows(mixed, i));
-                    self.mixer_input(l, xr, bank, coef, &mut mixed[m], &mut xn[i * h..(i + 1) * h], &mut s.mix.hc);
-                }
-                for b0 in (0..n).step_by(MIXER_TOKENS) {
-                    let b = b0..(b0 + MIXER_TOKENS).min(n);
-                    let (xs, ys, at) = (&xn[b.start * h..b.end * h], &mut y[b.start * h..b.end * h], start + b0);
-                    match (&layer.self_attn, &mut state.layers[l]) {
-                        (Mixer::Gqa(a), LayerState::Kv { k, v }) => {
-                            a.forward_chunk(&self.cfg, &self.rope, xs, at, (k, v), &mut s.mix.attn, gqa, ys)?
-                        }
-                        (Mixer::Mla(a), LayerState::Latent(cache)) => {
-                            a.forward_chunk(xs, at, cache, &mut s.mix.mla, mla, &mut selections[b], ys)?
-                        }
-                        (Mixer::Kda(a), LayerState::Kda(st)) => a.forward_chunk(xs, at, st, &mut s.mix.kda, kda, ys),
-                        (Mixer::Gdn(a), LayerState::Gdn(st)) => a.forward_chunk(xs, at, st, &mut s.mix.gdn, gdn, ys),
-                        _ => return Err(Error::Arg(format!("layer {l}: the state was created for a different model"))),
+                    (Mixer::Mla(a), LayerState::Latent(cache)) => {
+                        a.forward_chunk(xs, at, cache, &mut s.mix.mla, mla, &mut selections[b], ys)?
                     }
+                    (Mixer::Kda(a), LayerState::Kda(st)) => a.forward_chunk(xs, at, st, &mut s.mix.kda, kda, ys),
+                    (Mixer::Gdn(a), LayerState::Gdn(st)) => a.forward_chunk(xs, at, st, &mut s.mix.gdn, gdn, ys),
+                    (Mixer::V4(a), LayerState::V4(st)) => a.forward_chunk(xs, at, st, &mut s.mix.v4, v4, ys)?,
+                    _ => return Err(Error::Arg(format!("layer {l}: the state was created for a different model"))),
                 }
-                for (i, (bank, coef)) in banks.iter().zip(coefs.iter_mut()).enumerate() {
-                    let (xr, m) = (&mut x[i * rw..(i + 1) * rw], mixed_rows(mixed, i));
-                    let (yr, xnr) = (&y[i * h..(i + 1) * h], &mut xn[i * h..(i + 1) * h]);
-                    self.feed_forward_input(l, xr, yr, bank, coef, &mut mixed[m], xnr, &mut s.mix.hc);
-                }
-            } else {
-                for (i, ((bank, selection), coef)) in
-                    banks.iter_mut().zip(selections.iter_mut()).zip(coefs.iter_mut()).enumerate()
-                {
-                    let r = i * h..(i + 1) * h;
-                    let mixed: &mut [f32] = if mixed.is_empty() { &mut [] } else { &mut mixed[r.clone()] };
-                    self.mixer_step(
-                        l,
-                        start + i,
-                        &mut state.layers[l],
-                        &mut x[i * rw..(i + 1) * rw],
-                        bank,
-                        selection,
-                        coef,
-                        mixed,
-                        &mut xn[r],
-                        &mut s.mix,
-                        &mut s.y,
-                    )?;
-                }
+            }
+            for (i, (bank, coef)) in banks.iter().zip(coefs.iter_mut()).enumerate() {
+                let (xr, m) = (&mut x[i * rw..(i + 1) * rw], mixed_rows(mixed, i));
+                let (yr, xnr) = (&y[i * h..(i + 1) * h], &mut xn[i * h..(i + 1) * h]);
+                self.feed_forward_input(l, xr, yr, bank, coef, &mut mixed[m], xnr, &mut s.mix.hc);
             }
             match &layer.mlp {
                 FeedForward::Dense(mlp) => {

@@ -50,12 +50,18 @@ pub struct V4Attention {
     eps: f32,
 }
 
-/// Per-call buffers of the V4 attention.
+/// Per-call buffers of the V4 attention: one token's projections (decode)
+/// and the heads' buffers every token uses.
 pub struct V4Scratch {
     q_resid: Vec<f32>, // [q_lora]
     q: Vec<f32>,       // [n_heads * head_dim]
-    out: Vec<f32>,     // [n_heads * head_dim]
     mid: Vec<f32>,     // [o_groups * o_lora_rank]
+    heads: HeadScratch,
+}
+
+/// The buffers of one token's attention over its keys.
+struct HeadScratch {
+    out: Vec<f32>, // [n_heads * head_dim]
     /// Each head's softmax over its keys, `[n_heads, max_keys]`.
     scores: Vec<f32>,
     max_keys: usize,
@@ -70,12 +76,14 @@ impl V4Scratch {
             return V4Scratch {
                 q_resid: vec![],
                 q: vec![],
-                out: vec![],
                 mid: vec![],
-                scores: vec![],
-                max_keys: 0,
-                picks: vec![],
-                index: IndexerScratch::new(None, 0),
+                heads: HeadScratch {
+                    out: vec![],
+                    scores: vec![],
+                    max_keys: 0,
+                    picks: vec![],
+                    index: IndexerScratch::new(None, 0),
+                },
             };
         };
         let q = cfg.num_heads * v.head_dim;
@@ -85,19 +93,52 @@ impl V4Scratch {
         V4Scratch {
             q_resid: vec![0.0; v.q_lora_rank],
             q: vec![0.0; q],
-            out: vec![0.0; q],
             mid: vec![0.0; v.o_groups * v.o_lora_rank],
-            scores: vec![0.0; cfg.num_heads * max_keys],
-            max_keys,
-            picks: Vec::with_capacity(attended),
-            index: IndexerScratch::new(Some(v), context / v.csa_rate),
+            heads: HeadScratch {
+                out: vec![0.0; q],
+                scores: vec![0.0; cfg.num_heads * max_keys],
+                max_keys,
+                picks: Vec::with_capacity(attended),
+                index: IndexerScratch::new(Some(v), context / v.csa_rate),
+            },
         }
     }
 
     pub fn floats(&self) -> usize {
-        [&self.q_resid, &self.q, &self.out, &self.mid, &self.scores].iter().map(|b| b.len()).sum::<usize>()
-            + self.picks.capacity() * std::mem::size_of::<usize>() / 4
-            + self.index.floats()
+        let h = &self.heads;
+        [&self.q_resid, &self.q, &h.out, &self.mid, &h.scores].iter().map(|b| b.len()).sum::<usize>()
+            + h.picks.capacity() * std::mem::size_of::<usize>() / 4
+            + h.index.floats()
+    }
+}
+
+/// A V4 layer's projections over a prefill chunk's tokens, `[n, width]`
+/// each: every token's query, its K=V row before its norm and rotation,
+/// and its grouped output projection's input to `o_b_proj`.
+pub struct V4Rows {
+    q_resid: Vec<f32>, // [n, q_lora]
+    q: Vec<f32>,       // [n, n_heads * head_dim]
+    kv: Vec<f32>,      // [n, head_dim]
+    mid: Vec<f32>,     // [n, o_groups * o_lora_rank]
+}
+
+impl V4Rows {
+    /// Room for `n` tokens; empty for a model without V4 layers.
+    pub fn new(cfg: &ModelConfig, n: usize) -> V4Rows {
+        let Some(v) = &cfg.add.v4 else {
+            return V4Rows { q_resid: vec![], q: vec![], kv: vec![], mid: vec![] };
+        };
+        V4Rows {
+            q_resid: vec![0.0; n * v.q_lora_rank],
+            q: vec![0.0; n * cfg.num_heads * v.head_dim],
+            kv: vec![0.0; n * v.head_dim],
+            mid: vec![0.0; n * v.o_groups * v.o_lora_rank],
+        }
+    }
+
+    /// Floats held, for the memory plan.
+    pub fn floats(&self) -> usize {
+        [&self.q_resid, &self.q, &self.kv, &self.mid].iter().map(|b| b.len()).sum()
     }
 }
 
@@ -159,7 +200,82 @@ impl V4Attention {
         self.q_a_proj.matvec(x, &mut s.q_resid);
         rms_norm_in_place(&mut s.q_resid, &self.q_a_norm, self.eps);
         self.q_b_proj.matvec(&s.q_resid, &mut s.q);
-        for head in s.q.chunks_exact_mut(d) {
+        let row = pos % self.window;
+        self.kv_proj.matvec(x, &mut st.window[row * d..(row + 1) * d]);
+        self.attend_token(x, pos, st, &s.q_resid, &mut s.q, &mut s.heads, &mut s.mid)?;
+        self.o_b_proj.matvec(&s.mid, y);
+        Ok(())
+    }
+
+    /// `forward` for the `n` tokens of `xs` (`[n, H]`) at positions
+    /// `start..start + n`, outputs into `ys` (`[n, H]`): the projections of
+    /// every token at once (`matvec_many`: each token's bits as `forward`
+    /// gives them), then each token's attention in order, as it updates
+    /// the window and the compressors.
+    pub fn forward_chunk(
+        &self,
+        xs: &[f32],
+        start: usize,
+        st: &mut V4State,
+        s: &mut V4Scratch,
+        rows: &mut V4Rows,
+        ys: &mut [f32],
+    ) -> Result<()> {
+        let d = self.head_dim;
+        let h = self.q_a_proj.cols();
+        let n = xs.len() / h.max(1);
+        let (ql, qd, md) = (self.q_a_proj.rows(), self.n_heads * d, self.o_groups * self.o_lora_rank);
+        let (Some(q_resid), Some(q), Some(kv), Some(mid)) = (
+            rows.q_resid.get_mut(..n * ql),
+            rows.q.get_mut(..n * qd),
+            rows.kv.get_mut(..n * d),
+            rows.mid.get_mut(..n * md),
+        ) else {
+            return Err(Error::Runtime(format!("a V4 chunk of {n} tokens exceeds its buffers")));
+        };
+        self.q_a_proj.matvec_many(xs, q_resid);
+        for r in q_resid.chunks_exact_mut(ql) {
+            rms_norm_in_place(r, &self.q_a_norm, self.eps);
+        }
+        self.q_b_proj.matvec_many(q_resid, q);
+        self.kv_proj.matvec_many(xs, kv);
+        for i in 0..n {
+            let pos = start + i;
+            let row = pos % self.window;
+            st.window[row * d..(row + 1) * d].copy_from_slice(&kv[i * d..(i + 1) * d]);
+            let (x, qr) = (&xs[i * h..(i + 1) * h], &q_resid[i * ql..(i + 1) * ql]);
+            self.attend_token(
+                x,
+                pos,
+                st,
+                qr,
+                &mut q[i * qd..(i + 1) * qd],
+                &mut s.heads,
+                &mut mid[i * md..(i + 1) * md],
+            )?;
+        }
+        self.o_b_proj.matvec_many(mid, ys);
+        Ok(())
+    }
+
+    /// One token's attention, from its projections to the input of
+    /// `o_b_proj` (`mid`): its query `q` normed and rotated per head, its
+    /// K=V row (the raw projection, already in the window's row for `pos`)
+    /// normed and rotated, the compressors fed, then every head over the
+    /// window and the attended entries, and the grouped `o_a_proj`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_token(
+        &self,
+        x: &[f32],
+        pos: usize,
+        st: &mut V4State,
+        q_resid: &[f32],
+        q: &mut [f32],
+        s: &mut HeadScratch,
+        mid: &mut [f32],
+    ) -> Result<()> {
+        let d = self.head_dim;
+        for head in q.chunks_exact_mut(d) {
             // `DeepseekV4UnweightedRMSNorm` per head.
             let ms = head.iter().map(|v| v * v).sum::<f32>() / d as f32;
             let inv = 1.0 / (ms + self.eps).sqrt();
@@ -169,7 +285,6 @@ impl V4Attention {
         let row = pos % self.window;
         {
             let kv = &mut st.window[row * d..(row + 1) * d];
-            self.kv_proj.matvec(x, kv);
             rms_norm_in_place(kv, &self.kv_norm, self.eps);
             self.rope.rotate(kv, pos, false);
         }
@@ -182,7 +297,7 @@ impl V4Attention {
             let entries = &st.entries;
             ix.select(
                 x,
-                &s.q_resid,
+                q_resid,
                 pos,
                 n_entries,
                 |t| &entries[t * ef + d..(t + 1) * ef],
@@ -215,7 +330,7 @@ impl V4Attention {
         }
         let scale = (d as f32).powf(-0.5);
         // Heads are independent: in parallel, the same bits at any thread count.
-        s.q.par_chunks_exact(d)
+        q.par_chunks_exact(d)
             .zip(s.out.par_chunks_exact_mut(d))
             .zip(s.scores.par_chunks_exact_mut(s.max_keys))
             .zip(self.sinks.par_iter())
@@ -244,9 +359,8 @@ impl V4Attention {
         let group = self.n_heads * d / self.o_groups;
         let r = self.o_lora_rank;
         for (g, input) in s.out.chunks_exact(group).enumerate() {
-            self.o_a_proj.matvec_rows(g * r, input, &mut s.mid[g * r..(g + 1) * r]);
+            self.o_a_proj.matvec_rows(g * r, input, &mut mid[g * r..(g + 1) * r]);
         }
-        self.o_b_proj.matvec(&s.mid, y);
         Ok(())
     }
 

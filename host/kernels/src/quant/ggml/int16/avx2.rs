@@ -5,7 +5,7 @@
 //! vector of their exact dots, and the sixteen lanes of the definition are
 //! two `__m256`.
 
-use super::{scale_bytes, Format, Int16Inputs, Outputs, LANES, Q6K_BYTES, SUB, SUPER, SUPER_BYTES};
+use super::{scale_bytes, Format, Int16Inputs, Outputs, CODE_MAX, LANES, Q6K_BYTES, SUB, SUPER, SUPER_BYTES};
 use crate::quant::int8::avx2::transpose8;
 use std::arch::x86_64::*;
 
@@ -355,5 +355,64 @@ pub(super) fn prefetch_next_row(row: &[u8]) {
         // faults on no address (past the matrix's end it names memory it
         // never touches).
         unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line) as *const i8) };
+    }
+}
+
+/// `quantise_sub_block` on each sub-block of an input, the same operations
+/// element by element (so the same bits), eight values a vector.
+///
+/// # Safety
+/// The CPU supports AVX2; `x` and `c` hold `SUB` values per entry of `s`
+/// and `sums`.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [i32]) {
+    assert!(x.len() == c.len() && x.len() == s.len() * SUB && s.len() == sums.len(), "quantise_input: lengths");
+    // 1.5 * 2^23, as `quantise_sub_block`.
+    const ROUND: f32 = 12_582_912.0;
+    let sign = _mm256_set1_ps(-0.0);
+    let (inf, round) = (_mm256_set1_ps(f32::INFINITY), _mm256_set1_ps(ROUND));
+    let (lo, hi) = (_mm256_set1_ps(-CODE_MAX), _mm256_set1_ps(CODE_MAX));
+    for (k, (s, sum)) in s.iter_mut().zip(sums.iter_mut()).enumerate() {
+        // SAFETY: sub-block k's 32 values and codes (the lengths checked).
+        unsafe {
+            let p = x.as_ptr().add(k * SUB);
+            let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
+            let a: [__m256; 4] = v.map(|v| _mm256_andnot_ps(sign, v));
+            // Finite: |v| < inf, false for NaN.
+            let finite = a.iter().fold(_mm256_castsi256_ps(_mm256_set1_epi32(-1)), |ok, &a| {
+                _mm256_and_ps(ok, _mm256_cmp_ps::<_CMP_LT_OQ>(a, inf))
+            });
+            let out = c.as_mut_ptr().add(k * SUB) as *mut __m256i;
+            if _mm256_movemask_ps(finite) != 0xff {
+                _mm256_storeu_si256(out, _mm256_setzero_si256());
+                _mm256_storeu_si256(out.add(1), _mm256_setzero_si256());
+                (*s, *sum) = (f32::NAN, 0);
+                continue;
+            }
+            let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+            if amax == 0.0 {
+                _mm256_storeu_si256(out, _mm256_setzero_si256());
+                _mm256_storeu_si256(out.add(1), _mm256_setzero_si256());
+                (*s, *sum) = (0.0, 0);
+                continue;
+            }
+            let inv = _mm256_set1_ps(CODE_MAX / amax);
+            let q: [__m256i; 4] = v.map(|v| {
+                let r = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v, inv), round), round);
+                _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi))
+            });
+            let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256::<1>(total));
+            let t = _mm_add_epi32(t, _mm_shuffle_epi32::<0b01_00_11_10>(t));
+            let t = _mm_add_epi32(t, _mm_shuffle_epi32::<0b10_11_00_01>(t));
+            // `packs` interleaves the 128-bit halves; the permute restores order.
+            let pack = |a, b| _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(a, b));
+            _mm256_storeu_si256(out, pack(q[0], q[1]));
+            _mm256_storeu_si256(out.add(1), pack(q[2], q[3]));
+            (*s, *sum) = (amax / CODE_MAX, _mm_cvtsi128_si32(t));
+        }
     }
 }

@@ -142,6 +142,33 @@ fn every_int16_level_equals_the_definition_bit_for_bit() {
     }
 }
 
+/// The quantised inputs are the same bits whether their loop ran compiled
+/// for AVX2 or for the baseline (`Int16Inputs::new` takes the first where
+/// the CPU has it): codes, scales and sums, with a zero, a tiny, a huge and
+/// a non-finite sub-block.
+#[test]
+fn inputs_quantise_to_the_same_bits_at_every_level() {
+    if !crate::quant::simd::has_avx2() {
+        crate::skip::report_skip("SKIP int16 input quantisation comparison: no AVX2 on this CPU");
+        return;
+    }
+    let mut rng = Rng::new(15);
+    let cols = 1024;
+    let mut x = xs(3, cols, &mut rng);
+    x[5 * SUB..6 * SUB].iter_mut().for_each(|v| *v *= 1e30);
+    x[cols + 40] = f32::NEG_INFINITY;
+    x[2 * cols + 70] = f32::NAN;
+    let subs = x.len() / SUB;
+    let (mut c, mut s, mut sums) = (vec![0i16; x.len()], vec![0f32; subs], vec![0i32; subs]);
+    quantise_input_portable(&x, &mut c, &mut s, &mut sums);
+    let inputs = Int16Inputs::new(&x, cols);
+    assert_eq!(inputs.codes, c);
+    assert_eq!(inputs.sums, sums);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&inputs.scales), bits(&s));
+    assert!(s[subs / 3 + 1].is_nan() && s[2 * subs / 3 + 2].is_nan() && s[5] > 1e25);
+}
+
 /// The definition against the f64 product of ggml's values: the input's
 /// rounding moves each value by at most half its sub-block's step, so a
 /// product moves by at most `sum |w| * s_j / 2`, plus f32 rounding. And

@@ -681,14 +681,8 @@ mod tests {
                         + outputs;
                     let got = scratch_bytes(cfg, ChunkInputs::Int8, ctx, chunk);
                     // GGUF Q4_K's int16 inputs (2.25 bytes a value) in
-                    // place of int8's, for its trunk and its experts; where
-                    // Q4_K's products take AMX tiles, the inputs again in
-                    // the tiles' layout, whole tiles of 16.
-                    let tiles = |cols: usize| match crate::quant::amx_in_use() {
-                        true => chunk.div_ceil(16) * 16 * (2 * cols + 8 * cols.div_ceil(32)),
-                        false => 0,
-                    };
-                    let int16 = |cols: usize| chunk * (2 * cols + 8 * cols.div_ceil(32)) + tiles(cols);
+                    // place of int8's, for its trunk and its experts.
+                    let int16 = |cols: usize| chunk * (2 * cols + 8 * cols.div_ceil(32));
                     let widest = widest.into_iter().max().unwrap();
                     let more = int16(h.max(i)) - int8(h.max(i)) + int16(widest) - int8(widest);
                     let got16 = scratch_bytes(cfg, ChunkInputs::Int16, ctx, chunk);

@@ -14,25 +14,23 @@
 //! The q4 products are int8 (`quant::int8`): their "% of peak" is of the
 //! integer ceiling at the level in force (`vpdpbusd` or `maddubs`); GGUF
 //! Q4_K's and Q6_K's are int16 (`quant::ggml::int16`), of `vpdpwssd`'s or
-//! `pmaddwd`'s, or where Q4_K's take AMX tiles, of `tdpbssd`'s at the
-//! kernel's tile shape; the others' of the FMA peak.
+//! `pmaddwd`'s; the others' of the FMA peak.
 //!
 //! `cargo bench -p waste-kernels --bench prefill` (`--quick`: fewer tokens;
-//! `--isa=avx2` etc.: a lower kernel level than the CPU's best; `--no-amx`:
-//! Q4_K without AMX tiles).
+//! `--isa=avx2` etc.: a lower kernel level than the CPU's best).
 
 mod common;
 
 use std::hint::black_box;
 
-use common::{amx_peak_gmacs, int16_peak_gmacs, int8_peak_gmacs, noise, peak_gmacs, side_by_side};
+use common::{int16_peak_gmacs, int8_peak_gmacs, noise, peak_gmacs, side_by_side};
 
 use waste_kernels::pool::Pool;
 use waste_kernels::quant::ggml::GgmlType;
 use waste_kernels::quant::{
-    allow_amx, build_gate_up_tables, encode_expert, expert_forward_act, expert_forward_batch, force_isa, isa,
-    quantize_trunk, Activation, ExpertBatchScratch, ExpertF32, ExpertFormat, ExpertScratch, ExpertShape, GgmlExpert,
-    Isa, QMatrix, TrunkFormat,
+    build_gate_up_tables, encode_expert, expert_forward_act, expert_forward_batch, force_isa, isa, quantize_trunk,
+    Activation, ExpertBatchScratch, ExpertF32, ExpertFormat, ExpertScratch, ExpertShape, GgmlExpert, Isa, QMatrix,
+    TrunkFormat,
 };
 
 fn main() {
@@ -41,9 +39,6 @@ fn main() {
     if let Some(name) = std::env::args().find_map(|a| a.strip_prefix("--isa=").map(str::to_string)) {
         let level = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon].into_iter().find(|l| l.name() == name);
         force_isa(level.unwrap_or_else(|| panic!("--isa={name}: not a level"))).expect("a level this CPU has");
-    }
-    if std::env::args().any(|a| a == "--no-amx") {
-        allow_amx(false);
     }
     println!("kernel level: {}", isa().name());
     for threads in [1, 2] {
@@ -61,14 +56,8 @@ fn main() {
             println!("int16 peak {p:.1} GMAC/s ({how}): GGUF Q4_K's and Q6_K's products");
         }
         let int16_peak = int16.map_or(f64::NAN, |(p, _)| p);
-        let amx = pool.install(|| amx_peak_gmacs(threads)).expect("pool");
-        if let Some(p) = amx {
-            println!("AMX peak {p:.1} GMAC/s (tdpbssd pairs at 16x16x32): GGUF Q4_K's products over many tokens");
-        }
-        let q4k_peak = amx.unwrap_or(int16_peak);
         let peak_of = |fmt: TrunkFormat| match fmt {
             TrunkFormat::Q4 => int8_peak,
-            TrunkFormat::Ggml(GgmlType::Q4K) => q4k_peak,
             TrunkFormat::Ggml(_) => int16_peak,
             _ => peak,
         };
@@ -203,8 +192,7 @@ fn main() {
                     many,
                     match fmt {
                         ExpertFormat::Q4 => int8_peak,
-                        // This bench's GGUF expert is all Q4_K.
-                        ExpertFormat::Ggml(_) => q4k_peak,
+                        ExpertFormat::Ggml(_) => int16_peak,
                         _ => peak,
                     },
                 );

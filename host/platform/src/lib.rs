@@ -11,7 +11,6 @@
 //! | `--cpus` | `sched_setaffinity` | refused: not supported | `SetThreadGroupAffinity` (group 0) |
 //! | CPU time, per thread | `getrusage` (`RUSAGE_THREAD`) | `getrusage`, process only | `GetThreadTimes` / `GetProcessTimes` |
 //! | peak RSS | `VmHWM` | `ru_maxrss` | `PeakWorkingSetSize` |
-//! | AMX tile registers | `arch_prctl(ARCH_REQ_XCOMP_PERM)` | not used | not used |
 //!
 //! Every direct read must be aligned: offsets, lengths and buffers at 4 KiB
 //! (a multiple of every sector size in use), which the store guarantees.
@@ -93,15 +92,6 @@ pub fn bind_current_thread(cpus: &[usize]) -> io::Result<()> {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "an empty CPU set"));
     }
     os::bind_current_thread(cpus)
-}
-
-/// Asks the OS to let this process use x86's AMX tile registers (Linux
-/// hands their 8 KB of state to a process only on request:
-/// `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`). Once granted it
-/// holds for every thread of the process. `false` where refused, and on
-/// every other OS and architecture: the caller then keeps to AVX-512.
-pub fn request_tile_registers() -> bool {
-    os::request_tile_registers()
 }
 
 /// The CPUs the calling thread may run on, ascending.

@@ -140,22 +140,6 @@ pub(crate) fn cpu_times(thread: bool) -> Option<(Duration, Duration)> {
     crate::unix::rusage(who).map(|(u, s, _)| (u, s))
 }
 
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn request_tile_registers() -> bool {
-    // <asm/prctl.h>'s ARCH_REQ_XCOMP_PERM and XFEATURE_XTILEDATA: the
-    // libc crate names neither.
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
-    // SAFETY: arch_prctl with these arguments only changes which register
-    // state the kernel lets this process enable; it reads no memory of ours.
-    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-pub(crate) fn request_tile_registers() -> bool {
-    false
-}
-
 pub(crate) fn process_read_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/io").ok()?;
     text.lines().find_map(|l| l.strip_prefix("read_bytes:"))?.trim().parse().ok()

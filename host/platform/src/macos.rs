@@ -59,11 +59,6 @@ pub(crate) fn process_read_bytes() -> Option<u64> {
     None
 }
 
-/// Not used here (see `request_tile_registers` in lib.rs).
-pub(crate) fn request_tile_registers() -> bool {
-    false
-}
-
 pub(crate) fn peak_rss() -> Option<u64> {
     crate::unix::rusage(libc::RUSAGE_SELF).and_then(|(_, _, rss)| u64::try_from(rss).ok())
 }

@@ -165,11 +165,6 @@ pub(crate) fn process_read_bytes() -> Option<u64> {
     None
 }
 
-/// Not used here (see `request_tile_registers` in lib.rs).
-pub(crate) fn request_tile_registers() -> bool {
-    false
-}
-
 pub(crate) fn peak_rss() -> Option<u64> {
     // SAFETY: plain data, filled by the call.
     let mut counters: PROCESS_MEMORY_COUNTERS = unsafe { std::mem::zeroed() };

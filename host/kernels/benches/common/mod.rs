@@ -162,67 +162,6 @@ pub fn int16_peak_gmacs(threads: usize, level: &str) -> Option<(f64, &'static st
     }
 }
 
-/// The peak of GGUF Q4_K's products where they take AMX tiles (`None`
-/// elsewhere): `tdpbssd` at the kernel's shape (16 rows by 16 inputs by
-/// 32 bytes), two of which make a sub-block's 8,192 int16 products, so
-/// each counts 4,096.
-#[allow(dead_code)]
-pub fn amx_peak_gmacs(threads: usize) -> Option<f64> {
-    if !waste_kernels::quant::amx_in_use() {
-        return None;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        const ITERS: usize = 2_000_000;
-        let t = Instant::now();
-        // SAFETY: `amx_in_use` says the CPU has AMX-INT8 and the OS granted
-        // this process the tiles.
-        (0..threads).into_par_iter().for_each(|_| unsafe { tile_loop(ITERS) });
-        Some((threads * ITERS * 4 * 4096) as f64 / t.elapsed().as_secs_f64() / 1e9)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = threads;
-        None
-    }
-}
-
-/// `iters` times four independent `tdpbssd` of zero tiles.
-///
-/// # Safety
-/// AMX-INT8, and this process granted the tiles.
-#[cfg(target_arch = "x86_64")]
-#[allow(dead_code)]
-unsafe fn tile_loop(iters: usize) {
-    #[repr(C, align(64))]
-    struct Config([u8; 64]);
-    let mut c = Config([0; 64]);
-    c.0[0] = 1;
-    for t in 0..6 {
-        let (colsb, rows): (u16, u8) = match t {
-            4 => (32, 16),
-            5 => (64, 8),
-            _ => (64, 16),
-        };
-        c.0[16 + 2 * t..18 + 2 * t].copy_from_slice(&colsb.to_le_bytes());
-        c.0[48 + t] = rows;
-    }
-    // SAFETY: the caller's; the configuration is 64 readable bytes.
-    unsafe {
-        std::arch::asm!("ldtilecfg [{}]", "tilezero tmm4", "tilezero tmm5", in(reg) &c, options(nostack, readonly));
-        for _ in 0..iters {
-            std::arch::asm!(
-                "tdpbssd tmm0, tmm4, tmm5",
-                "tdpbssd tmm1, tmm4, tmm5",
-                "tdpbssd tmm2, tmm4, tmm5",
-                "tdpbssd tmm3, tmm4, tmm5",
-                options(nostack, nomem, preserves_flags)
-            );
-        }
-        std::arch::asm!("tilerelease", options(nostack, nomem, preserves_flags));
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 #[allow(dead_code)]
 #[target_feature(enable = "avx512f,avx512vnni")]

@@ -93,7 +93,7 @@ pub use expert::{
     expert_forward_act, expert_payload_len, gate_up_tables_peak_bytes, ExpertScratch, GateUpTables,
 };
 pub use expert_batch::{batch_shares_weights, expert_forward_batch, ExpertBatchScratch};
-pub use ggml::{allow_amx, amx_in_use, GgmlMatrix, GgmlType};
+pub use ggml::{GgmlMatrix, GgmlType};
 pub use int8::int8_input_bytes;
 pub use rvq::{fit_layer_codebooks, Codebooks, LayerCodebooks};
 pub use simd::{dot_f32, force_isa, isa, matmul_block, Isa};

@@ -35,7 +35,7 @@ mod iq;
 #[cfg(test)]
 mod tests;
 
-pub use int16::{allow_amx, amx_in_use, int16_input_bytes};
+pub use int16::int16_input_bytes;
 
 use rayon::prelude::*;
 

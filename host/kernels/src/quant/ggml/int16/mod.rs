@@ -45,14 +45,7 @@
 //! partial vectors summed into one vector of the window's sixteen exact
 //! dots, and the scales applied as vectors. A row's unpacked sub-blocks
 //! are shared by every input of the call.
-//!
-//! Where the CPU has AMX-INT8 and the OS grants the tiles, a Q4_K product
-//! of many inputs runs on AMX tiles instead (`amx`): each exact dot as two
-//! int8 tile products of the codes' high and low bytes, the scales then
-//! applied in the definition's order, so the same bits again.
 
-#[cfg(target_arch = "x86_64")]
-mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -129,52 +122,11 @@ pub(crate) struct Int16Inputs {
     /// integers.
     pub(crate) high: Vec<i8>,
     pub(crate) low: Vec<u8>,
-    /// The codes as AMX tiles take them, where Q4_K products will take
-    /// tiles (`amx::in_use`, from `amx::MIN_INPUTS` inputs).
-    #[cfg(target_arch = "x86_64")]
-    pub(crate) amx: Option<amx::AmxInputs>,
-}
-
-/// Lets (the default) or stops Q4_K products taking AMX tiles where the
-/// CPU and OS offer them, process-wide: benchmarks compare the two. The
-/// bits are the same either way.
-pub fn allow_amx(allowed: bool) {
-    #[cfg(target_arch = "x86_64")]
-    amx::allow_amx(allowed);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = allowed;
-}
-
-/// Whether Q4_K products of many inputs take AMX tiles now (the CPU and
-/// OS offer them and `allow_amx` has not stopped them).
-pub fn amx_in_use() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return amx::in_use() && Level::current() == Level::Avx512Vnni;
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// Whether a call of `inputs` inputs made now would lay its inputs out for
-/// AMX tiles.
-fn takes_tiles(inputs: usize) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return inputs >= amx::MIN_INPUTS && amx_in_use();
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = inputs;
-        false
-    }
 }
 
 impl Int16Inputs {
     /// `x` is `[n, cols]`, `cols` a whole number of super-blocks.
     pub(crate) fn new(x: &[f32], cols: usize) -> Int16Inputs {
-        Int16Inputs::with_tiles(x, cols, cols > 0 && takes_tiles(x.len() / cols))
-    }
-
-    /// `new`, with the AMX tiles' layout or without it (`tiles`: tests
-    /// compare both where the CPU has them; ignored elsewhere).
-    pub(crate) fn with_tiles(x: &[f32], cols: usize, tiles: bool) -> Int16Inputs {
         assert!(cols > 0 && cols.is_multiple_of(SUPER) && x.len().is_multiple_of(cols), "Int16Inputs: shape");
         let subs = x.len() / SUB;
         let mut q = Int16Inputs {
@@ -184,8 +136,6 @@ impl Int16Inputs {
             sums: vec![0; subs],
             high: Vec::new(),
             low: Vec::new(),
-            #[cfg(target_arch = "x86_64")]
-            amx: None,
         };
         let input = |(xs, ((c, s), sums)): (&[f32], InputParts)| quantise_input(xs, c, s, sums);
         let per = cols / SUB;
@@ -200,12 +150,6 @@ impl Int16Inputs {
             q.high = q.codes.iter().map(|&c| (c >> 8) as i8).collect();
             q.low = q.codes.iter().map(|&c| c as u8).collect();
         }
-        #[cfg(target_arch = "x86_64")]
-        if tiles && amx::usable() {
-            q.amx = Some(amx::AmxInputs::new(&q.codes, &q.scales, &q.sums, cols));
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = tiles;
         q
     }
 
@@ -220,19 +164,7 @@ impl Int16Inputs {
 /// The memory plan counts them for a chunk's Q4_K and Q6_K products.
 pub fn int16_input_bytes(inputs: usize, cols: usize) -> usize {
     let bytes = if inputs < BLOCK_MIN_INPUTS { 2 } else { 0 };
-    let tiles = if takes_tiles(inputs) { tile_input_bytes(inputs, cols) } else { 0 };
-    inputs * ((2 + bytes) * cols + 8 * cols.div_ceil(SUB)) + tiles
-}
-
-/// Bytes of the AMX tiles' copy of `inputs` inputs.
-fn tile_input_bytes(inputs: usize, cols: usize) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    return amx::AmxInputs::bytes(inputs, cols);
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (inputs, cols);
-        0
-    }
+    inputs * ((2 + bytes) * cols + 8 * cols.div_ceil(SUB))
 }
 
 /// One input's codes, scales and sums, as `Int16Inputs::new` fills them.
@@ -395,33 +327,21 @@ impl<W: Copy, const B: usize> Transposed<W, B> {
 /// Bytes a thread's `Transposed` reaches for rows of up to `cols` values,
 /// on the widest level (AVX-512: sixteen rows a block, 64-byte vectors):
 /// the words, 32 bytes a value, and a scale and a min per group of each
-/// row, Q6_K's two groups a sub-block; plus the AMX kernel's rows.
+/// row, Q6_K's two groups a sub-block.
 pub(crate) fn transposed_peak_bytes(cols: usize) -> usize {
     const VECTOR: usize = 64;
     const ROWS: usize = 16;
     let supers = cols.div_ceil(SUPER);
     let words = supers * 8 * 16 * VECTOR;
     let groups = supers * 8 * 2;
-    words + 2 * groups * ROWS * std::mem::size_of::<f32>() + amx_peak_bytes(cols)
-}
-
-/// Bytes a thread's rows unpacked for AMX tiles reach, where the tiles are
-/// usable (a thread may hold them beside its transposed block: a Q4_K_M
-/// file's Q6_K matrices take the block kernel).
-fn amx_peak_bytes(cols: usize) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if amx::usable() {
-        return amx::peak_bytes(cols);
-    }
-    let _ = cols;
-    0
+    words + 2 * groups * ROWS * std::mem::size_of::<f32>()
 }
 
 /// Bytes this thread's transposed blocks hold, every level's.
 #[cfg(test)]
 pub(crate) fn held_bytes() -> usize {
     #[cfg(target_arch = "x86_64")]
-    return avx2::held_bytes() + avx512::held_bytes() + amx::held_bytes();
+    return avx2::held_bytes() + avx512::held_bytes();
     #[cfg(not(target_arch = "x86_64"))]
     0
 }
@@ -540,18 +460,17 @@ pub(crate) fn products_each(products: &mut [Product], inputs: &Int16Inputs) {
 pub(crate) fn products_each_at(level: Level, products: &mut [Product], inputs: &Int16Inputs) {
     let (cols, n) = (inputs.cols, inputs.inputs());
     assert!(level.available(), "int16 products: level {level:?} not available");
-    // (format, rows' bytes, bytes a row, rows a task, outputs) per matrix,
-    // and where each matrix's tasks start among all of them.
+    // (format, rows' bytes, bytes a row, outputs) per matrix, and where
+    // each matrix's tasks start among all of them.
     let mut jobs = Vec::with_capacity(products.len());
     let mut starts = Vec::with_capacity(products.len() + 1);
     let (mut tasks, mut work) = (0, 0);
     for p in products.iter_mut() {
         let rb = cols / SUPER * p.fmt.super_bytes();
         assert!(p.w.len() == p.rows * rb && p.y.len() == n * p.rows, "int16 products: inconsistent lengths");
-        let task_rows = if on_tiles(level, p.fmt, inputs) { tile_task_rows() } else { TASK_ROWS };
-        jobs.push((p.fmt, p.w, rb, task_rows, Outputs { y: p.y.as_mut_ptr(), rows: p.rows }));
+        jobs.push((p.fmt, p.w, rb, Outputs { y: p.y.as_mut_ptr(), rows: p.rows }));
         starts.push(tasks);
-        tasks += p.rows.div_ceil(task_rows);
+        tasks += p.rows.div_ceil(TASK_ROWS);
         work += p.rows * cols * n;
     }
     if n == 0 || tasks == 0 {
@@ -559,9 +478,9 @@ pub(crate) fn products_each_at(level: Level, products: &mut [Product], inputs: &
     }
     let task = |k: usize| {
         let m = starts.partition_point(|&s| s <= k) - 1;
-        let (fmt, w, rb, task_rows, out) = jobs[m];
-        let r0 = (k - starts[m]) * task_rows;
-        let nr = task_rows.min(out.rows - r0);
+        let (fmt, w, rb, out) = jobs[m];
+        let r0 = (k - starts[m]) * TASK_ROWS;
+        let nr = TASK_ROWS.min(out.rows - r0);
         block_or_rows(level, fmt, &w[r0 * rb..(r0 + nr) * rb], r0, nr, inputs, out);
     };
     if work >= PAR_MIN_WORK && tasks > 1 {
@@ -569,25 +488,6 @@ pub(crate) fn products_each_at(level: Level, products: &mut [Product], inputs: &
     } else {
         (0..tasks).for_each(task);
     }
-}
-
-/// Whether `fmt`'s products against `inputs` at `level` run on AMX tiles:
-/// Q4_K, on the AVX-512 level, with inputs laid out for them.
-fn on_tiles(level: Level, fmt: Format, inputs: &Int16Inputs) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return level == Level::Avx512Vnni && fmt == Format::Q4K && inputs.amx.is_some();
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (level, fmt, inputs);
-        false
-    }
-}
-
-fn tile_task_rows() -> usize {
-    #[cfg(target_arch = "x86_64")]
-    return amx::TASK_ROWS;
-    #[cfg(not(target_arch = "x86_64"))]
-    TASK_ROWS
 }
 
 /// `y` (`[input][row]`), shared by `products_each_at`'s tasks, each of which
@@ -621,15 +521,6 @@ impl Outputs {
 /// Rows `first..first + nr` (the bytes `w`) against every input, into `out`.
 fn block_or_rows(level: Level, fmt: Format, w: &[u8], first: usize, nr: usize, inputs: &Int16Inputs, out: Outputs) {
     let (n, rb) = (inputs.inputs(), w.len() / nr);
-    #[cfg(target_arch = "x86_64")]
-    if on_tiles(level, fmt, inputs) {
-        // SAFETY: the tiles are usable (`inputs.amx` is made only then) and
-        // the level's AVX-512 is available (checked by `products_each_at`);
-        // whole rows of the inputs' width, rows first..first + nr of the
-        // caller's task.
-        unsafe { amx::task_products(w, nr, inputs, out, first) };
-        return;
-    }
     #[cfg(target_arch = "x86_64")]
     if level != Level::Scalar && n >= BLOCK_MIN_INPUTS {
         let block = if level == Level::Avx512Vnni { LANES } else { avx2::BLOCK_ROWS };

@@ -119,10 +119,7 @@ fn every_int16_level_equals_the_definition_bit_for_bit() {
                 x[cols + 7] = f32::NAN;
                 x[2 * cols + 300] = f32::INFINITY;
             }
-            // Without the AMX tiles' layout, so that the AVX-512 level runs
-            // its block kernel (`amx_q4k_products_equal_the_definition_bit_for_bit`
-            // holds the tiles).
-            let inputs = Int16Inputs::with_tiles(&x, cols, false);
+            let inputs = Int16Inputs::new(&x, cols);
             let rb = cols / SUPER * fmt.super_bytes();
             let want: Vec<u32> = (0..n * rows)
                 .map(|i| row_scalar(fmt, &w[(i % rows) * rb..][..rb], &inputs, i / rows).to_bits())
@@ -164,53 +161,12 @@ fn inputs_quantise_to_the_same_bits_at_every_level() {
     let subs = x.len() / SUB;
     let (mut c, mut s, mut sums) = (vec![0i16; x.len()], vec![0f32; subs], vec![0i32; subs]);
     quantise_input_portable(&x, &mut c, &mut s, &mut sums);
-    let inputs = Int16Inputs::with_tiles(&x, cols, false);
+    let inputs = Int16Inputs::new(&x, cols);
     assert_eq!(inputs.codes, c);
     assert_eq!(inputs.sums, sums);
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&inputs.scales), bits(&s));
     assert!(s[subs / 3 + 1].is_nan() && s[2 * subs / 3 + 2].is_nan() && s[5] > 1e25);
-}
-
-/// Q4_K products on AMX tiles give the definition's bits: fewer than
-/// sixteen sub-blocks a row (empty lanes) and more, whole and partial
-/// blocks of rows and tiles of inputs, codes over the whole int16 range
-/// (their high and low bytes), a zero and a tiny sub-block, NaN where an
-/// input is not finite; and an expert's gate and up in one call.
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn amx_q4k_products_equal_the_definition_bit_for_bit() {
-    if !amx::usable() {
-        crate::skip::report_skip("SKIP int16 AMX comparison: this CPU or OS offers no AMX tiles");
-        return;
-    }
-    let mut rng = Rng::new(14);
-    let fmt = Format::Q4K;
-    for (rows, cols, n) in [(1, 256, 8), (16, 512, 16), (70, 768, 19), (130, 2048, 37), (64, 4096, 9), (5, 6144, 33)] {
-        let w = rows_of(fmt, rows, cols, &mut rng);
-        let mut x = xs(n, cols, &mut rng);
-        x[3 * cols + 11] = f32::NAN;
-        let inputs = Int16Inputs::with_tiles(&x, cols, true);
-        assert!(inputs.amx.is_some(), "tiles asked for");
-        let rb = cols / SUPER * SUPER_BYTES;
-        let want: Vec<u32> =
-            (0..n * rows).map(|i| row_scalar(fmt, &w[(i % rows) * rb..][..rb], &inputs, i / rows).to_bits()).collect();
-        let same = |y: &[f32], what: &str| {
-            for (i, (g, e)) in y.iter().map(|v| v.to_bits()).zip(&want).enumerate() {
-                let nan = f32::from_bits(g).is_nan() && f32::from_bits(*e).is_nan();
-                assert!(g == *e || nan, "{what} {rows}x{cols}, {n} inputs: input {} row {}", i / rows, i % rows);
-            }
-        };
-        let mut y = vec![0f32; n * rows];
-        products_at(Level::Avx512Vnni, fmt, &w, rows, &inputs, &mut y);
-        same(&y, "AMX");
-        assert!((0..rows).all(|r| f32::from_bits(want[3 * rows + r]).is_nan()), "a NaN input's products");
-        let (mut gate, mut up) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-        let mut both = [Product { fmt, w: &w, rows, y: &mut gate }, Product { fmt, w: &w, rows, y: &mut up }];
-        products_each_at(Level::Avx512Vnni, &mut both, &inputs);
-        same(&gate, "AMX gate");
-        same(&up, "AMX up");
-    }
 }
 
 /// The definition against the f64 product of ggml's values: the input's

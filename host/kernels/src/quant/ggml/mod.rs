@@ -395,7 +395,7 @@ impl<'a> GgmlMatrix<'a> {
             return int16::products(fmt, &self.data[r * rb..(r + 1) * rb], 1, &inputs, out);
         }
         ROWS.with_borrow_mut(|w| {
-            int16::resize_exact(w, ROW_BLOCK * self.cols, 0.0);
+            int16::grow_exact(w, ROW_BLOCK * self.cols, 0.0);
             let row = &mut w[..self.cols];
             self.row_into(r, row);
             simd::matmul_block(row, x, self.cols, out);
@@ -451,7 +451,7 @@ impl<'a> GgmlMatrix<'a> {
         }
         let task = |(b, ys): (usize, &mut [f32])| {
             ROWS.with_borrow_mut(|w| {
-                int16::resize_exact(w, ROW_BLOCK * cols, 0.0);
+                int16::grow_exact(w, ROW_BLOCK * cols, 0.0);
                 for (k, yb) in ys.chunks_mut(ROW_BLOCK).enumerate() {
                     let r0 = b * TASK_ROWS + k * ROW_BLOCK;
                     let w = &mut w[..yb.len() * cols];

@@ -299,9 +299,9 @@ impl<W: Copy, const B: usize> Transposed<W, B> {
         let groups = supers * 8 * fmt.groups();
         // Exact reservations: the memory plan counts these buffers at
         // their peak (`transposed_peak_bytes`), not at a doubled capacity.
-        resize_exact(&mut self.words, supers * 8 * 16, zero);
-        resize_exact(&mut self.d1, groups, [0.0; B]);
-        resize_exact(&mut self.m1, groups, [0.0; B]);
+        grow_exact(&mut self.words, supers * 8 * 16, zero);
+        grow_exact(&mut self.d1, groups, [0.0; B]);
+        grow_exact(&mut self.m1, groups, [0.0; B]);
         for sb in 0..supers {
             for r in 0..B {
                 let b = (r < nr).then(|| &rows[r * rb + sb * sbb..][..sbb]);
@@ -346,10 +346,16 @@ pub(crate) fn held_bytes() -> usize {
     0
 }
 
-/// `v.resize(len, fill)` that grows the allocation to `len` exactly.
-pub(crate) fn resize_exact<T: Clone>(v: &mut Vec<T>, len: usize, fill: T) {
-    v.reserve_exact(len.saturating_sub(v.len()));
-    v.resize(len, fill);
+/// Grows `v` to at least `len` elements (`fill` in the new ones), the
+/// allocation to exactly that; never shrinks it. Callers index the part
+/// they need and overwrite it. Shrinking had re-filled the tail each time a
+/// thread went from an expert's 768-wide down to its 2048-wide gate and up
+/// again: a memset that was 4% of a GGUF prefill.
+pub(crate) fn grow_exact<T: Clone>(v: &mut Vec<T>, len: usize, fill: T) {
+    if v.len() < len {
+        v.reserve_exact(len - v.len());
+        v.resize(len, fill);
+    }
 }
 
 /// A Q6_K super-block's sixteen `d * sc_g` (exact products, as ggml's).

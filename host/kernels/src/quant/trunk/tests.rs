@@ -34,6 +34,15 @@ fn dequantised_rows_equal_the_dot_kernels_on_unit_vectors() {
     }
 }
 
+/// `w` (`rows x cols`) as a trunk matrix of `fmt`: kept as f32, or quantised.
+fn matrix_of(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usize) -> QMatrix {
+    if fmt == TrunkFormat::F32 {
+        QMatrix::from_f32(w.to_vec(), rows, cols)
+    } else {
+        QMatrix::from_byte_vec(fmt, rows, cols, quantize_trunk(fmt, w, rows, cols)).unwrap()
+    }
+}
+
 /// `matmul` gives `dot8` of each dequantised row with each input, bit
 /// for bit, on both of its paths (few inputs: tasks over rows; many:
 /// tasks over inputs), on partial blocks and partial register tiles,
@@ -44,11 +53,7 @@ fn matmul_equals_dot8_of_each_dequantised_row() {
         let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
         let x: Vec<f32> = (0..n * cols).map(|i| ((i * 104_729 % 997) as f32 - 498.0) * 1e-2).collect();
         for fmt in [TrunkFormat::F32, TrunkFormat::Q8, TrunkFormat::Q4] {
-            let m = if fmt == TrunkFormat::F32 {
-                QMatrix::from_f32(w.clone(), rows, cols)
-            } else {
-                QMatrix::from_byte_vec(fmt, rows, cols, quantize_trunk(fmt, &w, rows, cols)).unwrap()
-            };
+            let m = matrix_of(fmt, &w, rows, cols);
             let mut y = vec![0f32; n * rows];
             m.matmul(&x, &mut y);
             let mut row = vec![0f32; cols];
@@ -71,11 +76,7 @@ fn add_scaled_row_equals_the_loop_over_dequantised_rows() {
     for (rows, cols) in [(3, 300), (2, 129), (4, 7)] {
         let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
         for fmt in [TrunkFormat::F32, TrunkFormat::Q8, TrunkFormat::Q4] {
-            let m = if fmt == TrunkFormat::F32 {
-                QMatrix::from_f32(w.clone(), rows, cols)
-            } else {
-                QMatrix::from_byte_vec(fmt, rows, cols, quantize_trunk(fmt, &w, rows, cols)).unwrap()
-            };
+            let m = matrix_of(fmt, &w, rows, cols);
             let f = m.dequantize();
             let (mut got, mut want) = (vec![0.25f32; cols], vec![0.25f32; cols]);
             for r in 0..rows {

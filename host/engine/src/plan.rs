@@ -173,11 +173,17 @@ pub fn scratch_bytes(cfg: &ModelConfig, inputs: ChunkInputs, context: usize, chu
 
 /// The scratch a model of `container` holds with `context` tokens of
 /// state, prefill chunks of `chunk` tokens and `threads` compute threads:
-/// one forward pass's buffers ([`scratch_bytes`]) and each thread's
-/// ([`per_thread_bytes`]). What a plan counts and an open model reports.
+/// one forward pass's buffers ([`scratch_bytes`]), each thread's kernel
+/// buffers ([`per_thread_bytes`]) and, for a chunk of more than one token,
+/// each thread's prefill attention blocks
+/// ([`crate::transformer::attention::prefill_block_bytes`]). What a plan
+/// counts and an open model reports.
 pub fn model_scratch_bytes(container: &Container, context: usize, chunk: usize, threads: usize) -> u64 {
     let (cfg, m) = (container.config(), container.manifest());
-    scratch_bytes(cfg, ChunkInputs::of(m), context, chunk) + per_thread_bytes(cfg, m, threads)
+    let blocks = if chunk > 1 { crate::transformer::attention::prefill_block_bytes(cfg, context) } else { 0 };
+    scratch_bytes(cfg, ChunkInputs::of(m), context, chunk)
+        + per_thread_bytes(cfg, m, threads)
+        + (threads * blocks) as u64
 }
 
 /// The GGUF block types of `m`'s matrices, trunk and experts (with
@@ -718,31 +724,38 @@ mod tests {
         assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 8 * extra(512) + 7), 512);
     }
 
+    /// The scratch `container` plans with `threads` threads, a context of
+    /// `context` tokens and chunks of `chunk` tokens.
+    fn scratch_with_threads(container: &Container, context: usize, threads: usize, chunk: usize) -> u64 {
+        let request = PlanRequest {
+            context: Some(context),
+            budget: Some(1 << 30),
+            prefill_chunk: Some(chunk),
+            threads: Some(threads),
+            ..PlanRequest::default()
+        };
+        plan(container, &request).unwrap().scratch
+    }
+
     /// A GGUF model's plan counts each compute thread's kernel buffers (the
     /// int16 block kernel's transposed block, the decoded rows), which the
     /// plan once left out: more threads, more scratch, by exactly those
-    /// buffers; our own formats keep nothing per thread.
+    /// buffers and each thread's prefill attention blocks; our own formats
+    /// keep no kernel buffers per thread.
     #[test]
     fn a_gguf_models_plan_counts_every_threads_kernel_buffers() {
         let gguf =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/gguf/models/wide-qwen3moe-q4_k_m.gguf");
         let container = crate::paths::open_container(&gguf).unwrap();
-        let scratch = |threads: usize| {
-            let request = PlanRequest {
-                budget: Some(1 << 30),
-                prefill_chunk: Some(64),
-                threads: Some(threads),
-                ..PlanRequest::default()
-            };
-            plan(&container, &request).unwrap().scratch
-        };
         let (cfg, m) = (container.config(), container.manifest());
         let one_thread = per_thread_bytes(cfg, m, 1) / 2;
         let shape = cfg.expert_shape();
         let cols = widest_trunk_input(cfg).max(shape.hidden).max(shape.inter);
         assert_eq!(one_thread, crate::quant::ggml::per_thread_bytes(cols) as u64);
         assert!(one_thread > 0);
-        assert_eq!(scratch(5) - scratch(1), 4 * one_thread);
+        let blocks = crate::transformer::attention::prefill_block_bytes(cfg, 512) as u64;
+        let more = scratch_with_threads(&container, 512, 5, 64) - scratch_with_threads(&container, 512, 1, 64);
+        assert_eq!(more, 4 * (one_thread + blocks));
         let dir = std::env::temp_dir().join(format!("waste-plan-threads-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let ours = dir.join("olmoe.waste");
@@ -751,6 +764,27 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let container = container.unwrap();
         assert_eq!(per_thread_bytes(container.config(), container.manifest(), 8), 0);
+    }
+
+    /// The plan once left out each compute thread's prefill attention
+    /// blocks (queries, outputs, up to 2 MB of scores and a key tile), so a
+    /// GQA model's prefill could pass its budget by that much a thread: a
+    /// chunk now counts them per thread, a decode step (chunk 1) does not.
+    #[test]
+    fn the_plan_counts_each_threads_prefill_attention_blocks() {
+        let dir = std::env::temp_dir().join(format!("waste-plan-blocks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ours = dir.join("olmoe.waste");
+        let made = crate::synth::synth(&ours, &crate::synth::preset("olmoe-trace").unwrap(), &mut |_, _| {});
+        let container = made.and_then(|_| Container::open(&ours));
+        let _ = std::fs::remove_dir_all(&dir);
+        let container = container.unwrap();
+        let blocks = crate::transformer::attention::prefill_block_bytes(container.config(), 4096) as u64;
+        assert!(blocks > 1 << 20, "olmoe's blocks at 4096 keys: {blocks} B");
+        let more = scratch_with_threads(&container, 4096, 3, 64) - scratch_with_threads(&container, 4096, 1, 64);
+        assert_eq!(more, 2 * blocks);
+        let at = |threads| model_scratch_bytes(&container, 4096, 1, threads);
+        assert_eq!(at(3), at(1));
     }
 
     #[test]

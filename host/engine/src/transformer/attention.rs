@@ -566,6 +566,26 @@ fn tokens_per_block(group: usize, keys: usize) -> usize {
     by_queries.min(by_memory)
 }
 
+/// The most bytes one worker's attention blocks hold while a prefill chunk
+/// of more than one token runs on a model of `context` tokens: what
+/// [`BlockScratch::new`] allocates for any chunk, 0 where no layer is GQA.
+/// The memory plan counts it once per compute thread.
+///
+/// A block's queries are at most `BLOCK_QUERIES` rounded down to whole
+/// tokens (one token's group where that is wider). Its scores are bounded
+/// twice: by those queries against every key, and by `BLOCK_SCORE_FLOATS`
+/// except where one token's group against `keys` passes it, when a block is
+/// that one token.
+pub fn prefill_block_bytes(cfg: &ModelConfig, context: usize) -> usize {
+    if !(0..cfg.num_layers).any(|l| cfg.attn_kind(l) == AttnKind::Gqa) {
+        return 0;
+    }
+    let (group, d, keys) = (cfg.num_heads / cfg.num_kv_heads.max(1), cfg.head_dim, context.max(1));
+    let queries = tokens_per_block(group, 1) * group;
+    let scores = (queries * keys).min(BLOCK_SCORE_FLOATS.max(group * keys));
+    4 * (2 * queries * d + scores + KEY_TILE * d)
+}
+
 /// One worker's buffers for attention blocks of a prefill chunk.
 struct BlockScratch {
     queries: Vec<f32>,
@@ -583,6 +603,11 @@ impl BlockScratch {
             tile: vec![0.0; KEY_TILE * d],
         }
     }
+
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        4 * [&self.queries, &self.outputs, &self.scores, &self.tile].iter().map(|b| b.len()).sum::<usize>()
+    }
 }
 
 #[cfg(test)]
@@ -591,6 +616,31 @@ mod tests {
     use crate::checkpoint::HfCheckpoint;
     use crate::kv::KvType;
     use std::path::Path;
+
+    /// The plan once counted none of the prefill attention blocks' buffers
+    /// (up to 2 MB of scores a worker): the bound it now counts holds every
+    /// block any chunk allocates, and is reached, for groups narrower and
+    /// wider than a block and keys either side of where the score cap bites.
+    #[test]
+    fn the_plans_block_bound_holds_every_prefill_attention_block() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-qwen3_moe");
+        let base = HfCheckpoint::open(&dir).unwrap().config().clone();
+        for (heads, kv_heads, d) in [(8, 1, 128), (64, 4, 128), (32, 32, 64), (256, 1, 64), (6, 2, 80)] {
+            let cfg = ModelConfig { num_heads: heads, num_kv_heads: kv_heads, head_dim: d, ..base.clone() };
+            let group = heads / kv_heads;
+            let context = 9000;
+            let bound = prefill_block_bytes(&cfg, context);
+            let mut most = 0;
+            for keys in (1..=context).step_by(97).chain([context]) {
+                let block = BlockScratch::new(tokens_per_block(group, keys) * group, d, keys).bytes();
+                assert!(block <= bound, "{heads}/{kv_heads} heads, {keys} keys: a block of {block} B passes {bound}");
+                most = most.max(block);
+            }
+            assert!(most * 10 >= bound * 9, "{heads}/{kv_heads} heads: the bound {bound} B is far above {most}");
+        }
+        let mla = ModelConfig { attn_kinds: vec![AttnKind::Mla; base.num_layers], ..base };
+        assert_eq!(prefill_block_bytes(&mla, 4096), 0);
+    }
 
     /// Decode's KV heads run on the pool past a long context: the same bits
     /// as one after another, for every cache type and across key tiles.

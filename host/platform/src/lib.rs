@@ -11,6 +11,7 @@
 //! | `--cpus` | `sched_setaffinity` | refused: not supported | `SetThreadGroupAffinity` (group 0) |
 //! | CPU time, per thread | `getrusage` (`RUSAGE_THREAD`) | `getrusage`, process only | `GetThreadTimes` / `GetProcessTimes` |
 //! | peak RSS | `VmHWM` | `ru_maxrss` | `PeakWorkingSetSize` |
+//! | give a buffer's pages back, keep the range | `MADV_DONTNEED` | refused | refused |
 //!
 //! Every direct read must be aligned: offsets, lengths and buffers at 4 KiB
 //! (a multiple of every sector size in use), which the store guarantees.
@@ -116,6 +117,21 @@ pub fn peak_rss() -> Option<u64> {
 /// no such counter for us.
 pub fn process_read_bytes() -> Option<u64> {
     os::process_read_bytes()
+}
+
+/// Gives the pages of `len` bytes at `ptr` back to the OS while keeping
+/// the range mapped: they read as zeros and are faulted in afresh by their
+/// next use, so until then they count toward no resident set. `false`
+/// where the OS does not do this promptly (macOS's `MADV_DONTNEED` only
+/// marks pages; Windows would need the range decommitted): the pages are
+/// then untouched and the caller must go on counting them.
+///
+/// # Safety
+/// `ptr..ptr + len` is a 4 KiB-aligned range of anonymous private memory
+/// the caller owns, with no live reference into it: its contents are lost.
+pub unsafe fn release_pages(ptr: *mut u8, len: usize) -> bool {
+    // SAFETY: the caller's.
+    unsafe { os::release_pages(ptr, len) }
 }
 
 /// Memory for I/O buffers on huge pages: an anonymous private mapping

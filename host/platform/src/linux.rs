@@ -191,6 +191,15 @@ pub(crate) fn map_huge(len: usize, huge_page: usize) -> Option<(NonNull<u8>, boo
     Some((NonNull::new(start as *mut u8)?, advised))
 }
 
+/// # Safety
+/// As `crate::release_pages`.
+pub(crate) unsafe fn release_pages(ptr: *mut u8, len: usize) -> bool {
+    // SAFETY: the caller owns the aligned anonymous range and holds no
+    // reference into it; MADV_DONTNEED frees its pages and leaves it
+    // mapped, reading as zeros (private anonymous memory).
+    unsafe { libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_DONTNEED) == 0 }
+}
+
 pub(crate) fn unmap(ptr: NonNull<u8>, len: usize) {
     // SAFETY: exactly the range `map_huge` kept mapped, owned by the
     // HugePages being dropped; nothing borrowed from it outlives that.

@@ -175,6 +175,14 @@ pub(crate) fn peak_rss() -> Option<u64> {
     ok.then_some(counters.PeakWorkingSetSize as u64)
 }
 
+/// Not done here (see `release_pages` in lib.rs): the pages stay.
+///
+/// # Safety
+/// As `crate::release_pages`.
+pub(crate) unsafe fn release_pages(_ptr: *mut u8, _len: usize) -> bool {
+    false
+}
+
 /// No huge-page mapping here: the caller allocates from the heap.
 pub(crate) fn map_huge(_len: usize, _huge_page: usize) -> Option<(std::ptr::NonNull<u8>, bool)> {
     None

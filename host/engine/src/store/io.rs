@@ -109,6 +109,23 @@ impl AlignedBuf {
     }
 }
 
+impl AlignedBuf {
+    /// Gives the buffer's pages back to the OS, the range kept (the cache
+    /// lends the slot's memory to a prefill's buffers); its next
+    /// `as_mut_slice` faults them in again. `false` where this OS keeps
+    /// them (`waste_platform::release_pages`).
+    pub fn release(&mut self) -> bool {
+        // SAFETY: the buffer is ours alone (`&mut self`), 4 KiB-aligned
+        // anonymous memory of `len` bytes (its own allocation or its slice
+        // of the arena), and no slice of it outlives the borrow.
+        let released = unsafe { waste_platform::release_pages(self.ptr.as_ptr(), self.len) };
+        if released {
+            self.faulted = false;
+        }
+        released
+    }
+}
+
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.arena.is_some() {

@@ -263,6 +263,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let process_read_before = waste_host::process_read_bytes();
         let started = Instant::now();
         let mut embedding_rows_read = 0u64;
+        // The chunk the prefill ran: the plan's, or larger on lent cache.
+        let mut chunk_run = 0usize;
         let steps = match &trace {
             Some(t) => {
                 for i in 0..a.tokens {
@@ -287,6 +289,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                     let prompt: Vec<u32> = (0..a.prefill.min(room)).map(|_| next_token()).collect();
                     let (_, step) = model.forward(&mut state, &prompt, false)?;
                     embedding_rows_read += step.embedding_rows_read as u64;
+                    chunk_run = step.prefill_chunk;
                 }
                 for _ in 0..n {
                     let (_, step) = model.forward(&mut state, &[next_token()], false)?;
@@ -325,7 +328,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "read_time_s": s.read_time.as_secs_f64(), "direct_io": s.direct_io, "policy": policy.name(),
             "readers": a.readers, "lookahead": lookahead, "lookahead_layers": lookahead_layers, "threads": model.pool().threads(), "warmup": a.warmup, "embedding_rows_read": embedding_rows_read, "preloaded": preloaded, "raw_random_read_gb_per_s": raw,
             "record_bytes": s.record_bytes, "replay": trace.is_some(),
-            "prefill": a.prefill, "depth": a.depth, "chunk": plan.prefill_chunk, "kv_type": plan.kv_type.name(), "text": a.text.as_ref().map(|p| p.display().to_string()), "reads": s.reads,
+            "prefill": a.prefill, "depth": a.depth, "chunk": plan.prefill_chunk, "chunk_run": chunk_run, "kv_type": plan.kv_type.name(), "text": a.text.as_ref().map(|p| p.display().to_string()), "reads": s.reads,
             "peak_rss": waste_host::peak_rss(), "round": run / configs.len(),
         });
         // Speculative reads never used inflate `gb_read`: `useful_*` counts
@@ -397,6 +400,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 f("disk_idle_between_tokens_ms_per_token"),
                 r["direct_io"]
             );
+            if r["prefill"].as_u64().is_some_and(|p| p > 0) && r["chunk_run"] != r["chunk"] {
+                outln!(
+                    "  prefill chunks of {} tokens on cache the experts lent (the plan's: {})",
+                    r["chunk_run"],
+                    r["chunk"]
+                );
+            }
             // DeepSeek-V4's hash layers pick by token id alone: their share
             // of the reuse says how much of it is the table's.
             if let (Some(picks), Some(reused)) = (r["hash_layer_picks"].as_u64(), r["hash_layer_reused"].as_u64()) {

@@ -163,7 +163,14 @@ impl Model {
         let resident = crate::plan::resident_trunk_bytes(container.config(), container.manifest());
         let source = CountingSource::new(&container, tensors, resident, &mut *progress);
         let mut transformer = Transformer::load(container.config(), &source)?;
-        transformer.set_prefill_chunk(plan.prefill_chunk)?;
+        // A chunk the caller named is the chunk; the plan's may grow for a
+        // long prompt on cache the experts lend.
+        match options.prefill_chunk {
+            Some(chunk) => transformer.set_prefill_chunk(chunk)?,
+            None => {
+                transformer.set_prefill_plan(plan.prefill_chunk, crate::plan::ChunkInputs::of(container.manifest()))?
+            }
+        }
         source.finish();
         let store_options = StoreOptions {
             cache_slots: plan.cache_slots,

@@ -75,6 +75,9 @@ pub struct StepStats {
     pub io_time: Duration,
     /// Embedding rows read from disk (an untied table left in the container).
     pub embedding_rows_read: u32,
+    /// The largest prefill chunk run, in tokens (0: none): the plan's, or
+    /// a larger one on cache the experts lent a long prompt.
+    pub prefill_chunk: usize,
 }
 
 impl StepStats {
@@ -93,6 +96,7 @@ impl StepStats {
         self.bytes_read += other.bytes_read;
         self.io_time += other.io_time;
         self.embedding_rows_read += other.embedding_rows_read;
+        self.prefill_chunk = self.prefill_chunk.max(other.prefill_chunk);
     }
 }
 

@@ -109,6 +109,12 @@ impl CacheCore {
         self.map.get(&key).copied()
     }
 
+    /// The record `slot` holds, if any.
+    #[cfg(test)]
+    pub fn slots_key(&self, slot: usize) -> Option<Key> {
+        self.slots[slot].key
+    }
+
     /// Whether `key` is cached (no use counted).
     pub fn contains(&self, key: Key) -> bool {
         self.map.contains_key(&key)
@@ -130,6 +136,22 @@ impl CacheCore {
         self.clock += 1;
         self.slots[slot] = Slot { key: Some(key), uses: 1, last: self.clock, pins: 1 };
         self.map.insert(key, slot);
+        Some(slot)
+    }
+
+    /// A slot taken out of use with no record (lent to a prefill's
+    /// buffers): a free one, else an unpinned record evicted. It stays
+    /// pinned, so neither an insert nor an eviction takes it, until `unpin`
+    /// frees it. `None` when every slot is pinned.
+    pub fn take_empty(&mut self) -> Option<usize> {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => self.victim()?,
+        };
+        if let Some(old) = self.slots[slot].key.take() {
+            self.map.remove(&old);
+        }
+        self.slots[slot] = Slot { key: None, uses: 0, last: 0, pins: 1 };
         Some(slot)
     }
 

@@ -9,6 +9,7 @@
 
 pub mod cache;
 pub mod io;
+mod lend;
 mod pin;
 mod readers;
 #[cfg(test)]
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 
 pub use cache::{simulate, CacheCore, CachePolicy, SimResult};
 use io::{slot_buffers, AlignedBuf, BankFile};
+pub use lend::SlotLoan;
 pub use pin::{Payload, Pinned};
 pub use usage::USAGE_FILE;
 
@@ -215,6 +217,9 @@ struct Ledger {
     /// and the same for guesses made further ahead (`Tier::Later`).
     predicted: Vec<Vec<u32>>,
     predicted_later: Vec<Vec<u32>>,
+    /// Slots lent to a prefill's buffers (`lend`), and how many.
+    lent: Vec<bool>,
+    lent_count: usize,
     /// With `log_routes`: each single token's routing as (MoE layer index,
     /// sorted experts), in the order the layers ran.
     routes: Option<Vec<(usize, Vec<u32>)>>,
@@ -358,9 +363,13 @@ impl Shared {
             return false;
         }
         if self.next_fault.compare_exchange(i, i + 1, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-            // A slot being read is faulted by its read.
+            // A slot being read is faulted by its read; a lent slot's pages
+            // stay out (its buffer is locked first, so a loan that starts
+            // now releases the pages after this).
             if let Ok(mut buf) = self.bufs[i].try_lock() {
-                buf.fault_in();
+                if !self.lock().lent[i] {
+                    buf.fault_in();
+                }
             }
         }
         true
@@ -438,6 +447,8 @@ impl ExpertStore {
             predicted: vec![Vec::new(); moe_index.len()],
             predicted_later: vec![Vec::new(); moe_index.len()],
             routes: None,
+            lent: vec![false; slots],
+            lent_count: 0,
         };
         let shared = Arc::new(Shared {
             banks,

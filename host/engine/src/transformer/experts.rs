@@ -78,6 +78,41 @@ pub trait ExpertProvider: Send + Sync {
     /// running, will probably be used soon: start reading them. Only which
     /// bytes move may change, never a result.
     fn prefetch(&self, _layer: usize, _experts: &[usize], _ahead: usize, _stats: &mut StepStats) {}
+
+    /// Bytes of expert cache this provider could lend a prefill's buffers
+    /// now; 0 where it lends none (it holds no cache, or lending would not
+    /// save reads).
+    fn lendable_cache(&self) -> u64 {
+        0
+    }
+
+    /// Lends at least `bytes` of its cache to a prefill's buffers until
+    /// the loan drops, or nothing (an empty loan). Only which bytes move
+    /// may change, never a result.
+    fn lend_cache(&self, _bytes: u64) -> CacheLoan<'_> {
+        CacheLoan::none()
+    }
+}
+
+/// Expert-cache memory lent to a prefill's buffers; given back on drop.
+pub struct CacheLoan<'a> {
+    bytes: u64,
+    _give_back: Option<Box<dyn Send + 'a>>,
+}
+
+impl<'a> CacheLoan<'a> {
+    pub fn none() -> CacheLoan<'a> {
+        CacheLoan { bytes: 0, _give_back: None }
+    }
+
+    /// A loan of `bytes`, given back when `give_back` drops.
+    pub fn new(bytes: u64, give_back: Box<dyn Send + 'a>) -> CacheLoan<'a> {
+        CacheLoan { bytes, _give_back: Some(give_back) }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
 }
 
 impl ExpertProvider for ExpertStore {
@@ -161,7 +196,8 @@ impl ExpertProvider for ExpertStore {
                 outs.len()
             )));
         }
-        let slots_total = self.options().cache_slots;
+        // Less any slots lent to this or another session's prefill.
+        let slots_total = self.usable_slots();
         let mut k_max = 0;
         for p in picks {
             if let Some(&(bad, _)) = p.iter().find(|p| p.0 >= bank.experts) {
@@ -223,6 +259,18 @@ impl ExpertProvider for ExpertStore {
 
     fn prefetch(&self, layer: usize, experts: &[usize], ahead: usize, stats: &mut StepStats) {
         ExpertStore::prefetch(self, layer, experts, ahead, stats)
+    }
+
+    fn lendable_cache(&self) -> u64 {
+        self.lendable_bytes()
+    }
+
+    fn lend_cache(&self, bytes: u64) -> CacheLoan<'_> {
+        let loan = self.lend(bytes);
+        match loan.bytes() {
+            0 => CacheLoan::none(),
+            lent => CacheLoan::new(lent, Box::new(loan)),
+        }
     }
 }
 

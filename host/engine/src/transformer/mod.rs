@@ -158,6 +158,10 @@ pub struct Transformer {
     hc_head: Option<HyperHead>,
     /// Tokens per prefill chunk (1 = token at a time); see [`prefill`].
     prefill_chunk: usize,
+    /// The inputs the plan sized chunk buffers for, where a plan did (a
+    /// model opened from a container): a longer prompt may then take
+    /// larger chunks on cache lent by the experts (`prefill::chunk_for`).
+    chunk_inputs: Option<crate::plan::ChunkInputs>,
 }
 
 /// The state one layer keeps for a sequence.
@@ -466,6 +470,7 @@ impl Transformer {
                 _ => None,
             },
             prefill_chunk: prefill::DEFAULT_PREFILL_CHUNK,
+            chunk_inputs: None,
         })
     }
 
@@ -480,6 +485,15 @@ impl Transformer {
 
     pub fn prefill_chunk(&self) -> usize {
         self.prefill_chunk
+    }
+
+    /// The plan's chunk and the inputs it sized chunk buffers for: a
+    /// prompt longer than the chunk may then run larger chunks in cache
+    /// the experts lend (the bits do not depend on the chunk).
+    pub fn set_prefill_plan(&mut self, tokens: usize, inputs: crate::plan::ChunkInputs) -> Result<()> {
+        self.set_prefill_chunk(tokens)?;
+        self.chunk_inputs = Some(inputs);
+        Ok(())
     }
 
     pub fn config(&self) -> &ModelConfig {

@@ -166,7 +166,8 @@ impl Transformer {
     ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let (rw, v) = (cfg.residual_width(), cfg.vocab_size);
-        let size = self.prefill_chunk.clamp(1, tokens.len());
+        let (size, _loan) = self.chunk_for(tokens.len(), state.context, experts);
+        stats.prefill_chunk = stats.prefill_chunk.max(size);
         let mut s = Scratch::new(cfg, state.context, self.output_mix.is_some());
         let mut c = Chunk::new(cfg, size, self.output_mix.is_some());
         let n_out = if all_positions { tokens.len() } else { 1 };
@@ -190,6 +191,39 @@ impl Transformer {
             }
         }
         Ok(logits)
+    }
+
+    /// The chunk a prompt of `tokens` runs in, and the cache lent for it:
+    /// the plan's chunk, or, for a longer prompt where the experts lend
+    /// cache (they cannot all be cached, so every chunk re-reads most of
+    /// them), the largest of `plan::CHUNK_CHOICES` (or the whole prompt,
+    /// if smaller) whose buffers beyond the plan's chunk fit in what they
+    /// lend. The budget holds: the lent slots' pages leave the process
+    /// before the larger buffers are made. The bits do not depend on it.
+    fn chunk_for<'a>(
+        &self,
+        tokens: usize,
+        context: usize,
+        experts: &'a dyn ExpertProvider,
+    ) -> (usize, super::experts::CacheLoan<'a>) {
+        use crate::plan::{scratch_bytes, CHUNK_CHOICES};
+        let planned = self.prefill_chunk.clamp(1, tokens);
+        let none = super::experts::CacheLoan::none;
+        let Some(inputs) = self.chunk_inputs.filter(|_| tokens > planned) else { return (planned, none()) };
+        let lendable = experts.lendable_cache();
+        if lendable == 0 {
+            return (planned, none());
+        }
+        let base = scratch_bytes(&self.cfg, inputs, context, planned);
+        let extra = |c: usize| scratch_bytes(&self.cfg, inputs, context, c).saturating_sub(base);
+        let larger = CHUNK_CHOICES.into_iter().map(|c| c.min(tokens)).filter(|&c| c > planned);
+        let Some(chunk) = larger.filter(|&c| extra(c) <= lendable).max() else { return (planned, none()) };
+        let loan = experts.lend_cache(extra(chunk));
+        if loan.bytes() >= extra(chunk) {
+            (chunk, loan)
+        } else {
+            (planned, none())
+        }
     }
 
     /// Runs `toks` through every layer and advances the state past them;

@@ -20,7 +20,7 @@
 use crate::quant::simd::{dot8_scalar, exp_consts, fused_mul_add};
 
 #[cfg(target_arch = "x86_64")]
-use crate::quant::simd::{avx2, has_avx2};
+use crate::quant::simd::{avx2, avx512f, has_avx2, has_avx512f};
 
 /// `n` rows of `width` floats, `stride` apart, inside `len` floats.
 fn rows_fit(len: usize, n: usize, stride: usize, width: usize) -> bool {
@@ -46,6 +46,24 @@ pub fn key_scores(
     );
     if nq == 0 || n_keys == 0 {
         return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512f() {
+        // SAFETY: AVX-512 F (with AVX2 and FMA) was detected; the slices
+        // are as below.
+        return unsafe {
+            avx512f::strided_block(
+                keys.as_ptr(),
+                key_stride,
+                n_keys,
+                queries.as_ptr(),
+                d,
+                nq,
+                d,
+                out.as_mut_ptr(),
+                (1, out_stride),
+            )
+        };
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
@@ -102,6 +120,13 @@ pub fn weighted_rows(
     );
     if nq == 0 || n_keys == 0 {
         return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512f() {
+        // SAFETY: AVX-512 F was detected; the slices are as below.
+        return unsafe {
+            avx512f::weighted_rows(p.as_ptr(), p_stride, nq, values.as_ptr(), v_stride, n_keys, d, out.as_mut_ptr())
+        };
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
@@ -212,6 +237,93 @@ mod tests {
             .collect()
     }
 
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// One x86 level's kernels of the two products.
+    #[derive(Clone, Copy)]
+    enum Kernels {
+        #[cfg(target_arch = "x86_64")]
+        Avx2,
+        #[cfg(target_arch = "x86_64")]
+        Avx512f,
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    impl Kernels {
+        /// # Safety
+        /// As `avx2::strided_block`, and this level's features detected.
+        unsafe fn scores(
+            self,
+            wp: *const f32,
+            ws: usize,
+            nr: usize,
+            xp: *const f32,
+            xs: usize,
+            nt: usize,
+            cols: usize,
+            op: *mut f32,
+            o: (usize, usize),
+        ) {
+            // SAFETY: the caller's.
+            unsafe {
+                match self {
+                    #[cfg(target_arch = "x86_64")]
+                    Kernels::Avx2 => avx2::strided_block(wp, ws, nr, xp, xs, nt, cols, op, o),
+                    #[cfg(target_arch = "x86_64")]
+                    Kernels::Avx512f => avx512f::strided_block(wp, ws, nr, xp, xs, nt, cols, op, o),
+                }
+            }
+        }
+
+        /// # Safety
+        /// As `avx2::weighted_rows`, and this level's features detected.
+        unsafe fn weighted(
+            self,
+            p: *const f32,
+            ps: usize,
+            nq: usize,
+            v: *const f32,
+            vs: usize,
+            nk: usize,
+            d: usize,
+            out: *mut f32,
+        ) {
+            // SAFETY: the caller's.
+            unsafe {
+                match self {
+                    #[cfg(target_arch = "x86_64")]
+                    Kernels::Avx2 => avx2::weighted_rows(p, ps, nq, v, vs, nk, d, out),
+                    #[cfg(target_arch = "x86_64")]
+                    Kernels::Avx512f => avx512f::weighted_rows(p, ps, nq, v, vs, nk, d, out),
+                }
+            }
+        }
+    }
+
+    /// Every x86 level of the two products this CPU runs, whichever the
+    /// dispatch picks, so that each is held to the twin (the dispatched
+    /// one is checked as well). None elsewhere: the twin is the kernel.
+    fn x86_levels() -> Vec<(&'static str, Kernels)> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            let mut levels = Vec::new();
+            if avx2 {
+                levels.push(("avx2", Kernels::Avx2));
+            }
+            if avx2 && is_x86_feature_detected!("avx512f") {
+                levels.push(("avx512f", Kernels::Avx512f));
+            } else {
+                crate::skip::report_skip("SKIP attention's AVX-512 F kernels: this CPU lacks AVX-512 F");
+            }
+            levels
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Vec::new()
+    }
+
     /// Head widths with and without whole vectors, block counts with and
     /// without whole tiles, strides wider than a row (a KV cache's).
     const SHAPES: [(usize, usize, usize); 6] =
@@ -226,6 +338,13 @@ mod tests {
             let (mut got, mut twin) = (vec![7f32; nq * os], vec![7f32; nq * os]);
             key_scores(&q, d, (&k, stride, nk), &mut got, os);
             key_scores_scalar(&q, d, (&k, stride, nk), &mut twin, os);
+            for (level, kernel) in x86_levels() {
+                let mut out = vec![7f32; nq * os];
+                // SAFETY: the level's features were detected; the keys,
+                // queries and outputs are the slices just made.
+                unsafe { kernel.scores(k.as_ptr(), stride, nk, q.as_ptr(), d, nq, d, out.as_mut_ptr(), (1, os)) };
+                assert!(bits(&out) == bits(&twin), "{level}: d {d}, {nq} queries, {nk} keys differ from the twin");
+            }
             for t in 0..nq {
                 for j in 0..nk {
                     let at = t * os + j;
@@ -250,6 +369,13 @@ mod tests {
             let (mut got, mut twin) = (start.clone(), start.clone());
             weighted_rows((&p, ps), (&v, vs, nk), d, &mut got);
             weighted_rows_scalar((&p, ps), (&v, vs, nk), d, &mut twin);
+            for (level, kernel) in x86_levels() {
+                let mut out = start.clone();
+                // SAFETY: the level's features were detected; weights, value
+                // rows and outputs are the slices just made.
+                unsafe { kernel.weighted(p.as_ptr(), ps, nq, v.as_ptr(), vs, nk, d, out.as_mut_ptr()) };
+                assert!(bits(&out) == bits(&twin), "{level}: d {d}, {nq} queries, {nk} keys differ from the twin");
+            }
             for t in 0..nq {
                 for c in 0..d {
                     let at = t * d + c;

@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     let lo = _mm256_castps256_ps128(v);
     let hi = _mm256_extractf128_ps(v, 1);
     let s = _mm_add_ps(lo, hi);

@@ -120,6 +120,17 @@ pub(crate) fn has_avx512vl() -> bool {
     isa() == Isa::Avx512 && is_x86_feature_detected!("avx512vl")
 }
 
+/// Whether the f32 attention products run on AVX-512 F: the CPU has it
+/// and `force_isa` chose no lower level than the CPU's best (AVX-512 F
+/// alone, without the VBMI that `Isa::Avx512` needs, is enough).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn has_avx512f() -> bool {
+    let level = isa();
+    let forced_lower = level < Isa::Avx512 && isa_available(Isa::Avx512);
+    level >= Isa::Avx2 && !forced_lower && is_x86_feature_detected!("avx512f")
+}
+
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Isa {
     if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
@@ -685,6 +696,8 @@ pub(crate) mod avx2;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512f;
 
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;

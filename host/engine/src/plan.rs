@@ -724,6 +724,18 @@ mod tests {
         assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 8 * extra(512) + 7), 512);
     }
 
+    /// A synthetic OLMoE container (our own formats), opened; its folder
+    /// is removed once open (the plan reads only the manifest).
+    fn synthetic_olmoe(tag: &str) -> Container {
+        let dir = std::env::temp_dir().join(format!("waste-plan-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ours = dir.join("olmoe.waste");
+        let made = crate::synth::synth(&ours, &crate::synth::preset("olmoe-trace").unwrap(), &mut |_, _| {});
+        let container = made.and_then(|_| Container::open(&ours));
+        let _ = std::fs::remove_dir_all(&dir);
+        container.unwrap()
+    }
+
     /// The scratch `container` plans with `threads` threads, a context of
     /// `context` tokens and chunks of `chunk` tokens.
     fn scratch_with_threads(container: &Container, context: usize, threads: usize, chunk: usize) -> u64 {
@@ -756,13 +768,7 @@ mod tests {
         let blocks = crate::transformer::attention::prefill_block_bytes(cfg, 512) as u64;
         let more = scratch_with_threads(&container, 512, 5, 64) - scratch_with_threads(&container, 512, 1, 64);
         assert_eq!(more, 4 * (one_thread + blocks));
-        let dir = std::env::temp_dir().join(format!("waste-plan-threads-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ours = dir.join("olmoe.waste");
-        let made = crate::synth::synth(&ours, &crate::synth::preset("olmoe-trace").unwrap(), &mut |_, _| {});
-        let container = made.and_then(|_| Container::open(&ours));
-        let _ = std::fs::remove_dir_all(&dir);
-        let container = container.unwrap();
+        let container = synthetic_olmoe("threads");
         assert_eq!(per_thread_bytes(container.config(), container.manifest(), 8), 0);
     }
 
@@ -772,13 +778,7 @@ mod tests {
     /// chunk now counts them per thread, a decode step (chunk 1) does not.
     #[test]
     fn the_plan_counts_each_threads_prefill_attention_blocks() {
-        let dir = std::env::temp_dir().join(format!("waste-plan-blocks-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ours = dir.join("olmoe.waste");
-        let made = crate::synth::synth(&ours, &crate::synth::preset("olmoe-trace").unwrap(), &mut |_, _| {});
-        let container = made.and_then(|_| Container::open(&ours));
-        let _ = std::fs::remove_dir_all(&dir);
-        let container = container.unwrap();
+        let container = synthetic_olmoe("blocks");
         let blocks = crate::transformer::attention::prefill_block_bytes(container.config(), 4096) as u64;
         assert!(blocks > 1 << 20, "olmoe's blocks at 4096 keys: {blocks} B");
         let more = scratch_with_threads(&container, 4096, 3, 64) - scratch_with_threads(&container, 4096, 1, 64);

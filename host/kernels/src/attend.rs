@@ -237,19 +237,20 @@ mod tests {
             .collect()
     }
 
+    #[cfg(target_arch = "x86_64")]
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
     /// One x86 level's kernels of the two products.
+    #[cfg(target_arch = "x86_64")]
     #[derive(Clone, Copy)]
     enum Kernels {
-        #[cfg(target_arch = "x86_64")]
         Avx2,
-        #[cfg(target_arch = "x86_64")]
         Avx512f,
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
     impl Kernels {
         /// # Safety
@@ -269,9 +270,7 @@ mod tests {
             // SAFETY: the caller's.
             unsafe {
                 match self {
-                    #[cfg(target_arch = "x86_64")]
                     Kernels::Avx2 => avx2::strided_block(wp, ws, nr, xp, xs, nt, cols, op, o),
-                    #[cfg(target_arch = "x86_64")]
                     Kernels::Avx512f => avx512f::strided_block(wp, ws, nr, xp, xs, nt, cols, op, o),
                 }
             }
@@ -293,9 +292,7 @@ mod tests {
             // SAFETY: the caller's.
             unsafe {
                 match self {
-                    #[cfg(target_arch = "x86_64")]
                     Kernels::Avx2 => avx2::weighted_rows(p, ps, nq, v, vs, nk, d, out),
-                    #[cfg(target_arch = "x86_64")]
                     Kernels::Avx512f => avx512f::weighted_rows(p, ps, nq, v, vs, nk, d, out),
                 }
             }
@@ -304,24 +301,20 @@ mod tests {
 
     /// Every x86 level of the two products this CPU runs, whichever the
     /// dispatch picks, so that each is held to the twin (the dispatched
-    /// one is checked as well). None elsewhere: the twin is the kernel.
+    /// one is checked as well). Elsewhere the twin is the kernel.
+    #[cfg(target_arch = "x86_64")]
     fn x86_levels() -> Vec<(&'static str, Kernels)> {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
-            let mut levels = Vec::new();
-            if avx2 {
-                levels.push(("avx2", Kernels::Avx2));
-            }
-            if avx2 && is_x86_feature_detected!("avx512f") {
-                levels.push(("avx512f", Kernels::Avx512f));
-            } else {
-                crate::skip::report_skip("SKIP attention's AVX-512 F kernels: this CPU lacks AVX-512 F");
-            }
-            levels
+        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        let mut levels = Vec::new();
+        if avx2 {
+            levels.push(("avx2", Kernels::Avx2));
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        Vec::new()
+        if avx2 && is_x86_feature_detected!("avx512f") {
+            levels.push(("avx512f", Kernels::Avx512f));
+        } else {
+            crate::skip::report_skip("SKIP attention's AVX-512 F kernels: this CPU lacks AVX-512 F");
+        }
+        levels
     }
 
     /// Head widths with and without whole vectors, block counts with and
@@ -338,6 +331,7 @@ mod tests {
             let (mut got, mut twin) = (vec![7f32; nq * os], vec![7f32; nq * os]);
             key_scores(&q, d, (&k, stride, nk), &mut got, os);
             key_scores_scalar(&q, d, (&k, stride, nk), &mut twin, os);
+            #[cfg(target_arch = "x86_64")]
             for (level, kernel) in x86_levels() {
                 let mut out = vec![7f32; nq * os];
                 // SAFETY: the level's features were detected; the keys,
@@ -369,6 +363,7 @@ mod tests {
             let (mut got, mut twin) = (start.clone(), start.clone());
             weighted_rows((&p, ps), (&v, vs, nk), d, &mut got);
             weighted_rows_scalar((&p, ps), (&v, vs, nk), d, &mut twin);
+            #[cfg(target_arch = "x86_64")]
             for (level, kernel) in x86_levels() {
                 let mut out = start.clone();
                 // SAFETY: the level's features were detected; weights, value

@@ -178,8 +178,8 @@ pub(crate) unsafe fn exp_shifted_sum(x: &mut [f32], max: f32) -> f32 {
 const WEIGHTED_QUERIES: usize = 6;
 
 /// Keys per pass of `weighted_rows` (128 value rows of a 128-wide head are
-/// 64 KB).
-const WEIGHTED_KEYS: usize = 128;
+/// 64 KB), at every level.
+pub(crate) const WEIGHTED_KEYS: usize = 128;
 
 /// `attend::weighted_rows` (its definition and its twin are there): each
 /// output column one FMA chain over the keys in order, blocks of queries
@@ -200,32 +200,21 @@ pub(crate) unsafe fn weighted_rows(
     d: usize,
     out: *mut f32,
 ) {
-    // Keys in blocks whose value rows stay in L2 while every block of
-    // queries passes over them; each output's chain still runs over the
-    // keys in order (its accumulator stored and reloaded exactly between
-    // blocks).
-    let mut j0 = 0;
-    while j0 < nk {
-        let keys = (nk - j0).min(WEIGHTED_KEYS);
-        let mut t = 0;
-        while t < nq {
-            let q = (nq - t).min(WEIGHTED_QUERIES);
-            // SAFETY: queries t..t+q and keys j0..j0+keys of the caller's.
-            unsafe {
-                let (p, v, out) = (p.add(t * ps + j0), v.add(j0 * vs), out.add(t * d));
-                match q {
-                    6 => weighted_block::<6>(p, ps, v, vs, keys, d, out),
-                    5 => weighted_block::<5>(p, ps, v, vs, keys, d, out),
-                    4 => weighted_block::<4>(p, ps, v, vs, keys, d, out),
-                    3 => weighted_block::<3>(p, ps, v, vs, keys, d, out),
-                    2 => weighted_block::<2>(p, ps, v, vs, keys, d, out),
-                    _ => weighted_block::<1>(p, ps, v, vs, keys, d, out),
-                }
+    let block = |left: usize| left.min(WEIGHTED_QUERIES);
+    super::for_each_weighted_block(nq, nk, WEIGHTED_KEYS, block, |t, j0, q, keys| {
+        // SAFETY: queries t..t+q and keys j0..j0+keys of the caller's.
+        unsafe {
+            let (p, v, out) = (p.add(t * ps + j0), v.add(j0 * vs), out.add(t * d));
+            match q {
+                6 => weighted_block::<6>(p, ps, v, vs, keys, d, out),
+                5 => weighted_block::<5>(p, ps, v, vs, keys, d, out),
+                4 => weighted_block::<4>(p, ps, v, vs, keys, d, out),
+                3 => weighted_block::<3>(p, ps, v, vs, keys, d, out),
+                2 => weighted_block::<2>(p, ps, v, vs, keys, d, out),
+                _ => weighted_block::<1>(p, ps, v, vs, keys, d, out),
             }
-            t += q;
         }
-        j0 += keys;
-    }
+    });
 }
 
 /// `weighted_rows` for `Q` queries: columns in blocks of 16, then 8, then

@@ -108,7 +108,9 @@ unsafe fn pair_tile<const RR: usize, const PP: usize>(wp: *const f32, xp: *const
         for (i, a) in acc.iter_mut().enumerate() {
             // SAFETY: k + 8 <= cols inside row i; the same eight columns in
             // both halves.
-            let w = unsafe { _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(wp.add(i * ws + k))))) };
+            let w = unsafe {
+                _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(wp.add(i * ws + k)))))
+            };
             for (at, v) in a.iter_mut().zip(&xv) {
                 *at = _mm512_fmadd_ps(w, *v, *at);
             }
@@ -117,7 +119,8 @@ unsafe fn pair_tile<const RR: usize, const PP: usize>(wp: *const f32, xp: *const
     }
     for (i, a) in acc.iter().enumerate() {
         for (p, v) in a.iter().enumerate() {
-            let halves = [_mm512_castps512_ps256(*v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*v)))];
+            let halves =
+                [_mm512_castps512_ps256(*v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*v)))];
             for (h, lanes) in halves.into_iter().enumerate() {
                 let t = 2 * p + h;
                 let mut s = hsum(lanes);
@@ -135,9 +138,6 @@ unsafe fn pair_tile<const RR: usize, const PP: usize>(wp: *const f32, xp: *const
 /// Queries per block of `weighted_rows`: 12 queries x 2 vectors of
 /// columns are 24 accumulators, plus two value vectors and a broadcast.
 const WEIGHTED_QUERIES: usize = 12;
-
-/// Keys per pass of `weighted_rows`, as the AVX2 kernel's.
-const WEIGHTED_KEYS: usize = 128;
 
 /// `avx2::weighted_rows` (the definition and its twin are in `attend`):
 /// each output column one FMA chain over the keys in order, sixteen
@@ -158,31 +158,20 @@ pub(crate) unsafe fn weighted_rows(
     d: usize,
     out: *mut f32,
 ) {
-    let mut j0 = 0;
-    while j0 < nk {
-        let keys = (nk - j0).min(WEIGHTED_KEYS);
-        let mut t = 0;
-        while t < nq {
-            let q = (nq - t).min(WEIGHTED_QUERIES);
-            // SAFETY: queries t..t+q and keys j0..j0+keys of the caller's.
-            unsafe {
-                let (p, v, out) = (p.add(t * ps + j0), v.add(j0 * vs), out.add(t * d));
-                match q {
-                    12 => weighted_block::<12>(p, ps, v, vs, keys, d, out),
-                    8..=11 => weighted_block::<8>(p, ps, v, vs, keys, d, out),
-                    4..=7 => weighted_block::<4>(p, ps, v, vs, keys, d, out),
-                    _ => weighted_block::<1>(p, ps, v, vs, keys, d, out),
-                }
+    // The largest block of 12, 8, 4 or 1 queries that fits what is left.
+    let block = |left: usize| [WEIGHTED_QUERIES, 8, 4].into_iter().find(|&q| q <= left).unwrap_or(1);
+    super::for_each_weighted_block(nq, nk, avx2::WEIGHTED_KEYS, block, |t, j0, q, keys| {
+        // SAFETY: queries t..t+q and keys j0..j0+keys of the caller's.
+        unsafe {
+            let (p, v, out) = (p.add(t * ps + j0), v.add(j0 * vs), out.add(t * d));
+            match q {
+                WEIGHTED_QUERIES => weighted_block::<WEIGHTED_QUERIES>(p, ps, v, vs, keys, d, out),
+                8 => weighted_block::<8>(p, ps, v, vs, keys, d, out),
+                4 => weighted_block::<4>(p, ps, v, vs, keys, d, out),
+                _ => weighted_block::<1>(p, ps, v, vs, keys, d, out),
             }
-            t += match q {
-                12 => 12,
-                8..=11 => 8,
-                4..=7 => 4,
-                _ => 1,
-            };
         }
-        j0 += keys;
-    }
+    });
 }
 
 /// `weighted_rows` for `Q` queries: columns in blocks of 32, then 16 at a

@@ -473,6 +473,34 @@ pub fn matmul_block(w: &[f32], x: &[f32], cols: usize, out: &mut [f32]) {
     matmul_block_scalar(w, x, cols, out)
 }
 
+/// The passes of a `weighted_rows` kernel over `nq` queries and `nk`
+/// keys: keys in runs of `keys_per_pass` (their value rows stay in L2
+/// while every block of queries passes over them; each output's chain
+/// still runs over the keys in order, its accumulator stored and reloaded
+/// exactly between runs), queries in blocks of `block(left)` for `left`
+/// queries still to do. `f(t, j0, q, keys)` covers queries `t..t + q` and
+/// keys `j0..j0 + keys`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn for_each_weighted_block(
+    nq: usize,
+    nk: usize,
+    keys_per_pass: usize,
+    block: impl Fn(usize) -> usize,
+    mut f: impl FnMut(usize, usize, usize, usize),
+) {
+    let mut j0 = 0;
+    while j0 < nk {
+        let keys = (nk - j0).min(keys_per_pass);
+        let mut t = 0;
+        while t < nq {
+            let q = block(nq - t).clamp(1, nq - t);
+            f(t, j0, q, keys);
+            t += q;
+        }
+        j0 += keys;
+    }
+}
+
 /// The tiles of an `nr x nt` block: whole `TILE_ROWS x TILE_INPUTS` tiles,
 /// then the leftover inputs of each row group one at a time, then each
 /// leftover row against input groups and single inputs. `f(r, t, rr, tt)`

@@ -101,8 +101,9 @@ def q8_0(noise: Noise, rows: int, cols: int, std: float) -> np.ndarray:
     return b.reshape(rows, cols // 32 * Q8_0_BLOCK)
 
 
-def write_gguf(path: Path, layers: int, seed: int = 23) -> dict:
-    """The GGUF, streamed tensor by tensor with gguf-py's writer."""
+def write_gguf(path: Path, layers: int, seed: int = 23, context: int = 4096) -> dict:
+    """The GGUF, streamed tensor by tensor with gguf-py's writer; `context`
+    is the trained context it states (the weights do not depend on it)."""
     import gguf
 
     s = SHAPE
@@ -148,7 +149,7 @@ def write_gguf(path: Path, layers: int, seed: int = 23) -> dict:
     wr = gguf.GGUFWriter(str(path), "qwen3moe")
     wr.add_name("WASTE peer benchmark: random Qwen3-MoE shape")
     wr.add_block_count(layers)
-    wr.add_context_length(4096)
+    wr.add_context_length(context)
     wr.add_embedding_length(h)
     wr.add_feed_forward_length(w)
     wr.add_expert_feed_forward_length(w)

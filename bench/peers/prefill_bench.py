@@ -10,11 +10,23 @@ it with --keep first), in a "machine" cgroup and a capped one.
 Per run: tok/s (llama-bench's avg_ts; WASTE bench's tok_per_s), GB the
 process read (/proc/PID/io), peak RSS. Prints a table and writes
 WORK/prefill-results.json with every command and figure.
+
+Prompts past the GGUF's stated 4,096-token context (8K, 16K) need
+`--long-gguf`: the same model written with a 32,768-token context (its
+tensors are the same bytes), which both engines then read, WASTE in place:
+
+    sudo python3 bench/peers/prefill_bench.py --long-gguf --lengths 2048,8192 \
+        --cap 1536M --machine-cap none --engines waste,waste-plan-chunk,llama-default
+
+Engines: `llama-default` (its batch of 512), `llama-best` (`-b N -ub N`),
+`waste` (the plan's chunk, larger on cache lent for a long prompt),
+`waste-plan-chunk` (held to the plan's chunk: no lending), `waste-64`.
 """
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,18 +47,28 @@ def main() -> None:
     ap.add_argument("--budget", default="1.4G", help="WASTE's --budget")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--engines", default="llama-default,llama-best,waste,waste-64")
+    ap.add_argument("--long-gguf", action="store_true",
+                    help="write (if missing) and run the GGUF with a 32,768-token context, WASTE in place")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the page cache is dropped before every run and the runs use memory cgroups")
-    gguf = a.work / f"qwen3moe-random-{a.layers}l.gguf"
-    container = a.work / f"qwen3moe-random-{a.layers}l-{a.format}.waste"
-    for p in (gguf, container / "manifest.json"):
-        if not p.exists():
-            sys.exit(f"{p} is missing: run peer_bench.py --layers {a.layers} --formats {a.format} --keep first")
+    if a.long_gguf:
+        gguf = a.work / f"qwen3moe-random-{a.layers}l-ctx32k.gguf"
+        if not gguf.exists():
+            a.work.mkdir(parents=True, exist_ok=True)
+            pb.log(f"writing {gguf}")
+            pb.write_gguf(gguf, a.layers, context=32768)
+        container = gguf
+    else:
+        gguf = a.work / f"qwen3moe-random-{a.layers}l.gguf"
+        container = a.work / f"qwen3moe-random-{a.layers}l-{a.format}.waste"
+        for p in (gguf, container / "manifest.json"):
+            if not p.exists():
+                sys.exit(f"{p} is missing: run peer_bench.py --layers {a.layers} --formats {a.format} --keep first")
     bins = pb.build_llama(a.cache)
     size = lambda v: int(float(v[:-1]) * {"G": 1 << 30, "M": 1 << 20}[v[-1].upper()])
-    groups = {f"{a.machine_cap} cgroup": pb.Cgroup("waste-prefill-machine", size(a.machine_cap)),
-              f"{a.cap} cgroup": pb.Cgroup("waste-prefill-cap", size(a.cap))}
+    groups = {f"{c} cgroup": pb.Cgroup(name, size(c))
+              for c, name in ((a.machine_cap, "waste-prefill-machine"), (a.cap, "waste-prefill-cap")) if c != "none"}
     engines = a.engines.split(",")
     t = str(a.threads)
     bench = [str(bins / "llama-bench"), "-m", str(gguf), "-t", t, "-r", "1", "--repack", "0", "-o", "json", "-n", "0"]
@@ -61,8 +83,13 @@ def main() -> None:
                               "--budget", a.budget, "--threads", t, "--json"],
                 }
                 # The same engine held to the 64-token chunks it used before
-                # the planner picked them (the chunk size's share of a gain).
+                # the planner picked them (the chunk size's share of a gain),
+                # and to the plan's own chunk (lent cache's share).
                 cmds["waste-64"] = cmds["waste"] + ["--chunk", "64"]
+                if "waste-plan-chunk" in engines:
+                    plan = json.loads(subprocess.check_output([a.waste, "plan", str(container), "--ctx", str(n + 16),
+                                                               "--budget", a.budget, "--threads", t, "--json"]))
+                    cmds["waste-plan-chunk"] = cmds["waste"] + ["--chunk", str(plan["prefill_chunk"])]
                 for engine in engines:
                     r = pb.run(cmds[engine], group)
                     tps = None
@@ -70,7 +97,7 @@ def main() -> None:
                         tail = pb.parse_json_tail(r["stdout"])
                         tps = tail[0]["avg_ts"] if engine.startswith("llama") else tail["tok_per_s"]
                         if engine.startswith("waste"):
-                            r["chunk"] = tail.get("chunk")
+                            r["chunk"] = tail.get("chunk_run") or tail.get("chunk")
                     r.update({"engine": engine, "where": where, "tokens": n, "tok_per_s": tps})
                     pb.log(f"{engine:<14} {where:<14} {n:>6} tokens: {tps} tok/s, "
                            f"{r['read_bytes'] / 1e9:.1f} GB read, peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB")
@@ -81,12 +108,12 @@ def main() -> None:
     results["loadavg_end"] = pb.loadavg()
     (a.work / "prefill-results.json").write_text(json.dumps(results, indent=1))
     print(f"\nload average {results['loadavg_start']} at the start, {results['loadavg_end']} at the end")
-    print("| prompt | engine | cgroup | tok/s | GB read | peak RSS GB |")
-    print("|---|---|---|---|---|---|")
+    print("| prompt | engine | cgroup | chunk | tok/s | GB read | peak RSS GB |")
+    print("|---|---|---|---|---|---|---|")
     for r in results["runs"]:
         tps = "-" if r["tok_per_s"] is None else f"{r['tok_per_s']:.1f}"
-        print(f"| {r['tokens']} | {r['engine']} | {r['where']} | {tps} | {r['read_bytes'] / 1e9:.1f} | "
-              f"{r['peak_rss_bytes'] / 1e9:.2f} |")
+        print(f"| {r['tokens']} | {r['engine']} | {r['where']} | {r.get('chunk') or '-'} | {tps} | "
+              f"{r['read_bytes'] / 1e9:.1f} | {r['peak_rss_bytes'] / 1e9:.2f} |")
 
 
 if __name__ == "__main__":

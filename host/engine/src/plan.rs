@@ -261,15 +261,39 @@ fn widest_trunk_input(cfg: &ModelConfig) -> usize {
 /// expert cache once the trunk, states, vision and the least cache are
 /// counted), so the expert cache keeps the rest; the smallest choice when
 /// none does.
-pub fn choose_prefill_chunk(cfg: &ModelConfig, inputs: ChunkInputs, context: usize, room: u64) -> usize {
-    let decode = scratch_bytes(cfg, inputs, context, 1);
+///
+/// `scratch_of(c)` is all the scratch a chunk of `c` tokens holds
+/// ([`model_scratch_bytes`]: with each thread's buffers, which a chunk of
+/// more than one token adds its attention blocks to). Comparing less once
+/// let an automatic budget pick a chunk whose threads' blocks no longer
+/// fit it, and the model failed to open at a long context.
+pub fn choose_prefill_chunk(scratch_of: impl Fn(usize) -> u64, room: u64) -> usize {
+    let decode = scratch_of(1);
     CHUNK_CHOICES
         .into_iter()
         .find(|&c| {
-            let s = scratch_bytes(cfg, inputs, context, c);
-            s - decode <= room / 8 && s <= room
+            let s = scratch_of(c);
+            s.saturating_sub(decode) <= room / 8 && s <= room
         })
         .unwrap_or(SMALLEST_CHUNK)
+}
+
+/// The larger chunk a prompt of `tokens` may run in where the plan chose
+/// `planned` and `lendable` bytes of expert cache could be lent: the
+/// largest of [`CHUNK_CHOICES`] (or the whole prompt, if smaller) above
+/// `planned` whose buffers beyond the planned chunk's fit in them, with
+/// those extra bytes; `None` where none does.
+pub fn larger_chunk(
+    cfg: &ModelConfig,
+    inputs: ChunkInputs,
+    context: usize,
+    (planned, tokens): (usize, usize),
+    lendable: u64,
+) -> Option<(usize, u64)> {
+    let base = scratch_bytes(cfg, inputs, context, planned);
+    let extra = |c: usize| scratch_bytes(cfg, inputs, context, c).saturating_sub(base);
+    let larger = CHUNK_CHOICES.into_iter().map(|c| c.min(tokens)).filter(|&c| c > planned);
+    larger.filter(|&c| extra(c) <= lendable).max().map(|c| (c, extra(c)))
 }
 
 /// The smallest chunk the plan picks, whose buffers the floor counts.
@@ -329,7 +353,6 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
     let cfg = container.config();
     let context = resolve_context(cfg, context)?;
     let m = container.manifest();
-    let inputs = ChunkInputs::of(m);
     let threads = threads.unwrap_or_else(crate::pool::default_threads);
     let scratch_of = |chunk: usize| model_scratch_bytes(container, context, chunk, threads);
     let record = m.experts.record_bytes;
@@ -364,7 +387,7 @@ pub fn plan(container: &Container, request: &PlanRequest) -> Result<MemoryPlan> 
         return Ok(first);
     }
     let room = first.budget.saturating_sub(trunk + state + vision + first.min_cache);
-    let chunk = choose_prefill_chunk(cfg, inputs, context, room);
+    let chunk = choose_prefill_chunk(scratch_of, room);
     if chunk == least {
         return Ok(first);
     }
@@ -717,11 +740,12 @@ mod tests {
         let cfg = fixture_config("qwen3_moe");
         let i8 = ChunkInputs::Int8;
         let extra = |c: usize| scratch_bytes(&cfg, i8, 64, c) - scratch_bytes(&cfg, i8, 64, 1);
-        assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 0), SMALLEST_CHUNK);
-        assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 8 * extra(4096)), 4096);
+        let of = |c: usize| scratch_bytes(&cfg, i8, 64, c);
+        assert_eq!(choose_prefill_chunk(of, 0), SMALLEST_CHUNK);
+        assert_eq!(choose_prefill_chunk(of, 8 * extra(4096)), 4096);
         assert!(extra(2048) < extra(4096));
-        assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 8 * extra(2048)), 2048);
-        assert_eq!(choose_prefill_chunk(&cfg, i8, 64, 8 * extra(512) + 7), 512);
+        assert_eq!(choose_prefill_chunk(of, 8 * extra(2048)), 2048);
+        assert_eq!(choose_prefill_chunk(of, 8 * extra(512) + 7), 512);
     }
 
     /// A synthetic OLMoE container (our own formats), opened; its folder
@@ -770,6 +794,47 @@ mod tests {
         assert_eq!(more, 4 * (one_thread + blocks));
         let container = synthetic_olmoe("threads");
         assert_eq!(per_thread_bytes(container.config(), container.manifest(), 8), 0);
+    }
+
+    /// Regression: with each thread's attention blocks counted, an
+    /// automatic budget at a long context picked its chunk by the forward
+    /// pass's buffers alone, and the chunk's full scratch then passed the
+    /// budget it was picked for ("a budget of 210.8 MB is under this
+    /// model's floor of 211.4 MB": the agents' 131,072-token server did not
+    /// start). Every context and thread count must plan.
+    #[test]
+    fn an_automatic_budget_at_a_long_context_plans_with_its_chunks_thread_buffers() {
+        // The agents' model: the tiny Qwen3-MoE at a 131,072-token context.
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-qwen3_moe");
+        let dir = std::env::temp_dir().join(format!("waste-plan-long-{}", std::process::id()));
+        let src = dir.join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        for entry in std::fs::read_dir(&fixture).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, src.join(path.file_name().unwrap())).unwrap();
+        }
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+        config["max_position_embeddings"] = 131_072.into();
+        std::fs::write(src.join("config.json"), config.to_string()).unwrap();
+        let out = dir.join("m.waste");
+        let made = crate::convert::convert(&src, &out, &Default::default(), &mut |_| {});
+        let container = made.and_then(|_| Container::open(&out));
+        let _ = std::fs::remove_dir_all(&dir);
+        let container = container.unwrap();
+        for context in [4096, 32_768, 131_072] {
+            for threads in 1..=4 {
+                let request = PlanRequest {
+                    context: Some(context),
+                    threads: Some(threads),
+                    usable_ram: Some(24 << 30),
+                    ..PlanRequest::default()
+                };
+                let p =
+                    plan(&container, &request).unwrap_or_else(|e| panic!("{context} tokens, {threads} threads: {e}"));
+                assert!(p.total() <= p.budget, "{context} tokens, {threads} threads: {p:?}");
+            }
+        }
     }
 
     /// The plan once left out each compute thread's prefill attention

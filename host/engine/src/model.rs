@@ -168,7 +168,10 @@ impl Model {
         match options.prefill_chunk {
             Some(chunk) => transformer.set_prefill_chunk(chunk)?,
             None => {
-                transformer.set_prefill_plan(plan.prefill_chunk, crate::plan::ChunkInputs::of(container.manifest()))?
+                let (cfg, inputs) = (container.config().clone(), crate::plan::ChunkInputs::of(container.manifest()));
+                let larger =
+                    move |context, sizes, lendable| crate::plan::larger_chunk(&cfg, inputs, context, sizes, lendable);
+                transformer.set_prefill_plan(plan.prefill_chunk, Box::new(larger))?
             }
         }
         source.finish();

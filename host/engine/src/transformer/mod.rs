@@ -158,11 +158,16 @@ pub struct Transformer {
     hc_head: Option<HyperHead>,
     /// Tokens per prefill chunk (1 = token at a time); see [`prefill`].
     prefill_chunk: usize,
-    /// The inputs the plan sized chunk buffers for, where a plan did (a
-    /// model opened from a container): a longer prompt may then take
-    /// larger chunks on cache lent by the experts (`prefill::chunk_for`).
-    chunk_inputs: Option<crate::plan::ChunkInputs>,
+    /// Where a plan sized the chunk's buffers (a model opened from a
+    /// container): the larger chunk it allows a longer prompt on cache the
+    /// experts lend (`prefill::chunk_for`).
+    larger_chunk: Option<LargerChunk>,
 }
+
+/// `(context, (planned chunk, prompt tokens), lendable bytes)` -> the
+/// larger chunk and its extra bytes (`plan::larger_chunk`), handed in by
+/// whoever planned, so that the forward pass needs nothing of the planner.
+pub type LargerChunk = Box<dyn Fn(usize, (usize, usize), u64) -> Option<(usize, u64)> + Send + Sync>;
 
 /// The state one layer keeps for a sequence.
 #[derive(Clone)]
@@ -470,7 +475,7 @@ impl Transformer {
                 _ => None,
             },
             prefill_chunk: prefill::DEFAULT_PREFILL_CHUNK,
-            chunk_inputs: None,
+            larger_chunk: None,
         })
     }
 
@@ -487,12 +492,11 @@ impl Transformer {
         self.prefill_chunk
     }
 
-    /// The plan's chunk and the inputs it sized chunk buffers for: a
-    /// prompt longer than the chunk may then run larger chunks in cache
-    /// the experts lend (the bits do not depend on the chunk).
-    pub fn set_prefill_plan(&mut self, tokens: usize, inputs: crate::plan::ChunkInputs) -> Result<()> {
+    /// The plan's chunk and the larger chunks it allows a longer prompt
+    /// in cache the experts lend (the bits do not depend on the chunk).
+    pub fn set_prefill_plan(&mut self, tokens: usize, larger: LargerChunk) -> Result<()> {
         self.set_prefill_chunk(tokens)?;
-        self.chunk_inputs = Some(inputs);
+        self.larger_chunk = Some(larger);
         Ok(())
     }
 

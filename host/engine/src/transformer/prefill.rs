@@ -196,30 +196,26 @@ impl Transformer {
     /// The chunk a prompt of `tokens` runs in, and the cache lent for it:
     /// the plan's chunk, or, for a longer prompt where the experts lend
     /// cache (they cannot all be cached, so every chunk re-reads most of
-    /// them), the largest of `plan::CHUNK_CHOICES` (or the whole prompt,
-    /// if smaller) whose buffers beyond the plan's chunk fit in what they
-    /// lend. The budget holds: the lent slots' pages leave the process
-    /// before the larger buffers are made. The bits do not depend on it.
+    /// them), the larger chunk the plan allows in what they lend
+    /// (`plan::larger_chunk`, through `Transformer::larger_chunk`). The
+    /// budget holds: the lent slots' pages leave the process before the
+    /// larger buffers are made. The bits do not depend on the chunk.
     fn chunk_for<'a>(
         &self,
         tokens: usize,
         context: usize,
         experts: &'a dyn ExpertProvider,
     ) -> (usize, super::experts::CacheLoan<'a>) {
-        use crate::plan::{scratch_bytes, CHUNK_CHOICES};
         let planned = self.prefill_chunk.clamp(1, tokens);
         let none = super::experts::CacheLoan::none;
-        let Some(inputs) = self.chunk_inputs.filter(|_| tokens > planned) else { return (planned, none()) };
+        let Some(larger) = self.larger_chunk.as_ref().filter(|_| tokens > planned) else { return (planned, none()) };
         let lendable = experts.lendable_cache();
         if lendable == 0 {
             return (planned, none());
         }
-        let base = scratch_bytes(&self.cfg, inputs, context, planned);
-        let extra = |c: usize| scratch_bytes(&self.cfg, inputs, context, c).saturating_sub(base);
-        let larger = CHUNK_CHOICES.into_iter().map(|c| c.min(tokens)).filter(|&c| c > planned);
-        let Some(chunk) = larger.filter(|&c| extra(c) <= lendable).max() else { return (planned, none()) };
-        let loan = experts.lend_cache(extra(chunk));
-        if loan.bytes() >= extra(chunk) {
+        let Some((chunk, extra)) = larger(context, (planned, tokens), lendable) else { return (planned, none()) };
+        let loan = experts.lend_cache(extra);
+        if loan.bytes() >= extra {
             (chunk, loan)
         } else {
             (planned, none())

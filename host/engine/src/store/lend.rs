@@ -64,11 +64,17 @@ impl ExpertStore {
 
     /// Bytes `lend` could hand out now (0 where lending does not pay).
     pub fn lendable_bytes(&self) -> u64 {
+        let lent = self.shared.lock().lent_count;
+        (self.spare_slots(lent) * self.record_bytes()) as u64
+    }
+
+    /// Slots a loan could take with `lent` already out: those past the
+    /// kept ones, or none where lending does not pay.
+    fn spare_slots(&self, lent: usize) -> usize {
         if !self.lending_pays() {
             return 0;
         }
-        let spare = self.usable_slots().saturating_sub(self.kept_slots());
-        (spare * self.record_bytes()) as u64
+        (self.shared.bufs.len() - lent).saturating_sub(self.kept_slots())
     }
 
     /// Lends at least `bytes` of the cache, in whole slots, or nothing
@@ -79,13 +85,9 @@ impl ExpertStore {
         let mut loan = SlotLoan { store: self, slots: Vec::new() };
         let record = self.record_bytes() as u64;
         let want = bytes.div_ceil(record.max(1)) as usize;
-        if want == 0 || bytes > self.lendable_bytes() {
-            return loan;
-        }
         {
             let mut st = self.shared.lock();
-            let usable = self.shared.bufs.len() - st.lent_count;
-            if usable < want + self.kept_slots() {
+            if want == 0 || want > self.spare_slots(st.lent_count) {
                 return loan;
             }
             while loan.slots.len() < want {

@@ -231,3 +231,17 @@ fn prefill_chunk_outside_1_to_8192_is_refused() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--chunk 0"), "{}", stderr(&o));
 }
+
+/// `bench` said "prefill chunks of 4 tokens on cache the experts lent" for a
+/// prompt merely shorter than the plan's chunk, where nothing was lent: the
+/// line is for a chunk larger than the plan's, which only a loan makes.
+#[test]
+fn a_prompt_shorter_than_the_plans_chunk_is_not_reported_as_lent_cache() {
+    let tmp = TempDir::new("prefill-short-bench");
+    let path = convert("qwen3_moe", "f32", "f32", tmp.path());
+    let o = waste(&["bench", path.to_str().unwrap(), "--prefill", "4", "--tokens", "2", "--budget", "1G"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("tok/s"), "{out}");
+    assert!(!out.contains("lent"), "a 4-token prompt under the plan's chunk reported a loan:\n{out}");
+}

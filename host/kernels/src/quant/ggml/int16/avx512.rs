@@ -313,25 +313,37 @@ unsafe fn tile<const T: usize, const G: usize>(
     // definition's first step) rather than cleared beforehand: clearing
     // this tile's lanes was a memset per call, 4% of a GGUF prefill.
     let mut f = [[std::mem::MaybeUninit::<__m512>::uninit(); LANES]; T];
+    // SAFETY: the caller's inputs t0..t0 + T exist.
+    let codes: [*const i16; T] = std::array::from_fn(|i| unsafe { inputs.codes.as_ptr().add((t0 + i) * cols) });
     for j in 0..subs {
-        // Each group's words, the groups' chains interleaved (one loop over
-        // the words of both, so that no word waits in memory for a group).
-        let mut acc = [[_mm512_setzero_si512(); T]; G];
-        for step in 0..16 / G {
+        // The sub-block's sixteen words in two halves, each half its own
+        // chain per input, the halves interleaved: `vpdpwssd`'s latency
+        // needs about twelve chains in flight to keep both of its ports
+        // busy, and eight (one per input) ran it at two thirds of its peak.
+        // A Q6_K half is its group; a Q4_K sub-block's dot is the sum of
+        // its halves' (exact integers, so the same bits).
+        let mut acc = [[_mm512_setzero_si512(); T]; 2];
+        for step in 0..8 {
             for (q, acc) in acc.iter_mut().enumerate() {
-                let m = q * 16 / G + step;
+                let m = q * 8 + step;
                 // SAFETY: word m of sub-block j (the caller's `tr`); codes
                 // 32j + 2m, + 1 of each input.
                 unsafe {
                     let w = _mm512_load_si512(tr.words.as_ptr().add(j * 16 + m) as *const _);
                     for (i, a) in acc.iter_mut().enumerate() {
-                        let x = inputs.codes.as_ptr().add((t0 + i) * cols + j * SUB + 2 * m);
+                        let x = codes[i].add(j * SUB + 2 * m);
                         *a = dpwssd_broadcast(*a, w, x);
                     }
                 }
             }
         }
-        for (q, acc) in acc.iter().enumerate() {
+        if G == 1 {
+            let [whole, second] = &mut acc;
+            for (a, b) in whole.iter_mut().zip(second.iter()) {
+                *a = _mm512_add_epi32(*a, *b);
+            }
+        }
+        for (q, acc) in acc.iter().take(G).enumerate() {
             let g = j * G + q;
             // SAFETY: sixteen floats each.
             let (d1, m1) = unsafe { (_mm512_loadu_ps(tr.d1[g].as_ptr()), _mm512_loadu_ps(tr.m1[g].as_ptr())) };

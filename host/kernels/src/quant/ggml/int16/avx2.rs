@@ -121,7 +121,7 @@ unsafe fn super_block(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m256) 
         let d1 = _mm256_mul_ps(_mm256_set1_ps(d), widen(bytes.as_ptr()));
         let m1 = _mm256_mul_ps(_mm256_set1_ps(dmin), widen(bytes.as_ptr().add(8)));
         let dots = _mm256_cvtepi32_ps(sum_lanes(&a));
-        let sums = _mm256_cvtepi32_ps(_mm256_loadu_si256(inputs.sums.as_ptr().add(at) as *const __m256i));
+        let sums = _mm256_loadu_ps(inputs.sums.as_ptr().add(at));
         let scales = _mm256_loadu_ps(inputs.scales.as_ptr().add(at));
         let v = _mm256_fnmadd_ps(m1, sums, _mm256_mul_ps(d1, dots));
         _mm256_fmadd_ps(scales, v, f)
@@ -325,7 +325,7 @@ unsafe fn tile<const T: usize, const G: usize>(
                 let mut v = _mm256_mul_ps(d1, _mm256_cvtepi32_ps(*a));
                 if G == 1 {
                     // Q4_K's min.
-                    v = _mm256_fnmadd_ps(m1, _mm256_set1_ps(inputs.sums[at] as f32), v);
+                    v = _mm256_fnmadd_ps(m1, _mm256_set1_ps(inputs.sums[at]), v);
                 }
                 // SAFETY: lane g % 16 was written at group g - 16.
                 let prev = if g < LANES { _mm256_setzero_ps() } else { unsafe { fi[g % LANES].assume_init() } };
@@ -375,7 +375,7 @@ pub(super) fn prefetch_next_row(row: &[u8]) {
 /// The CPU supports AVX2; `x` and `c` hold `SUB` values per entry of `s`
 /// and `sums`.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [i32]) {
+pub(super) unsafe fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [f32]) {
     assert!(x.len() == c.len() && x.len() == s.len() * SUB && s.len() == sums.len(), "quantise_input: lengths");
     // 1.5 * 2^23, as `quantise_sub_block`.
     const ROUND: f32 = 12_582_912.0;
@@ -396,7 +396,7 @@ pub(super) unsafe fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sum
             if _mm256_movemask_ps(finite) != 0xff {
                 _mm256_storeu_si256(out, _mm256_setzero_si256());
                 _mm256_storeu_si256(out.add(1), _mm256_setzero_si256());
-                (*s, *sum) = (f32::NAN, 0);
+                (*s, *sum) = (f32::NAN, 0.0);
                 continue;
             }
             let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
@@ -406,7 +406,7 @@ pub(super) unsafe fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sum
             if amax == 0.0 {
                 _mm256_storeu_si256(out, _mm256_setzero_si256());
                 _mm256_storeu_si256(out.add(1), _mm256_setzero_si256());
-                (*s, *sum) = (0.0, 0);
+                (*s, *sum) = (0.0, 0.0);
                 continue;
             }
             let inv = _mm256_set1_ps(CODE_MAX / amax);
@@ -422,7 +422,7 @@ pub(super) unsafe fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sum
             let pack = |a, b| _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(a, b));
             _mm256_storeu_si256(out, pack(q[0], q[1]));
             _mm256_storeu_si256(out.add(1), pack(q[2], q[3]));
-            (*s, *sum) = (amax / CODE_MAX, _mm_cvtsi128_si32(t));
+            (*s, *sum) = (amax / CODE_MAX, _mm_cvtsi128_si32(t) as f32);
         }
     }
 }

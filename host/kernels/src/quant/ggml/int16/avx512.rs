@@ -168,7 +168,7 @@ unsafe fn window<const S: usize>(b: *const u8, inputs: &Int16Inputs, at: usize, 
         let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(halves.as_ptr().add(16) as *const __m256i));
         let d1 = _mm512_mul_ps(d, widen(bytes.as_ptr()));
         let m1 = _mm512_mul_ps(dmin, widen(bytes.as_ptr().add(16)));
-        let sums = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(mask, inputs.sums.as_ptr().add(at)));
+        let sums = _mm512_maskz_loadu_ps(mask, inputs.sums.as_ptr().add(at));
         let scales = _mm512_maskz_loadu_ps(mask, inputs.scales.as_ptr().add(at));
         let v = _mm512_fnmadd_ps(m1, sums, _mm512_mul_ps(d1, dots));
         _mm512_mask3_fmadd_ps(scales, v, f, mask)
@@ -352,7 +352,7 @@ unsafe fn tile<const T: usize, const G: usize>(
                 let mut v = _mm512_mul_ps(d1, _mm512_cvtepi32_ps(*a));
                 if G == 1 {
                     // Q4_K's min.
-                    v = _mm512_fnmadd_ps(m1, _mm512_set1_ps(inputs.sums[at] as f32), v);
+                    v = _mm512_fnmadd_ps(m1, _mm512_set1_ps(inputs.sums[at]), v);
                 }
                 // SAFETY: lane g % 16 was written at group g - 16.
                 let prev = if g < LANES { _mm512_setzero_ps() } else { unsafe { fi[g % LANES].assume_init() } };

@@ -108,12 +108,15 @@ impl Format {
 }
 
 /// Inputs quantised for `products`: codes `[n][cols]`, per sub-block a
-/// scale and the codes' sum, `[n][cols / SUB]`.
+/// scale and the codes' sum, `[n][cols / SUB]`. The sum is kept as f32
+/// (exact: at most 32 * 32767 in size, below 2^24) because the products
+/// only ever use it so, and a kernel then broadcasts it from memory
+/// rather than converting it first.
 pub(crate) struct Int16Inputs {
     pub(crate) cols: usize,
     pub(crate) codes: Vec<i16>,
     pub(crate) scales: Vec<f32>,
-    pub(crate) sums: Vec<i32>,
+    pub(crate) sums: Vec<f32>,
     /// Each code as `256 * high + low` (`high` its signed top byte, `low`
     /// its unsigned bottom one), `[n][cols]` each, for the few inputs the
     /// row kernels take (fewer than `BLOCK_MIN_INPUTS`; empty otherwise):
@@ -133,7 +136,7 @@ impl Int16Inputs {
             cols,
             codes: vec![0; x.len()],
             scales: vec![0.0; subs],
-            sums: vec![0; subs],
+            sums: vec![0.0; subs],
             high: Vec::new(),
             low: Vec::new(),
         };
@@ -168,14 +171,14 @@ pub fn int16_input_bytes(inputs: usize, cols: usize) -> usize {
 }
 
 /// One input's codes, scales and sums, as `Int16Inputs::new` fills them.
-type InputParts<'a> = ((&'a mut [i16], &'a mut [f32]), &'a mut [i32]);
+type InputParts<'a> = ((&'a mut [i16], &'a mut [f32]), &'a mut [f32]);
 
 /// One input's sub-blocks (`quantise_sub_block` each) into its codes,
 /// scales and sums; on AVX2 eight values a vector, the same operations
 /// element by element, so the same bits (held by
 /// `inputs_quantise_to_the_same_bits_at_every_level`): the baseline build's
 /// loop was 5% of a GGUF prefill.
-fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [i32]) {
+fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::quant::simd::has_avx2() {
         // SAFETY: AVX2 is available (just checked).
@@ -184,12 +187,13 @@ fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [i32]) {
     quantise_input_portable(x, c, s, sums)
 }
 
-fn quantise_input_portable(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [i32]) {
+fn quantise_input_portable(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [f32]) {
     let parts = c.chunks_exact_mut(SUB).zip(s.iter_mut()).zip(sums.iter_mut());
     for (xs, ((c, s), sum)) in x.chunks_exact(SUB).zip(parts) {
         let (xs, c): (&[f32; SUB], &mut [i16; SUB]) =
             (xs.try_into().expect("a sub-block"), c.try_into().expect("a sub-block"));
-        (*s, *sum) = quantise_sub_block(xs, c);
+        let (scale, codes_sum) = quantise_sub_block(xs, c);
+        (*s, *sum) = (scale, codes_sum as f32);
     }
 }
 
@@ -403,7 +407,7 @@ fn row_scalar_q4k(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
             }
             let v = d1[j] * dot as f32;
             // Not `mul_add`: MinGW's `fmaf` is not fused (CI under wine).
-            let v = fused_mul_add(-m1[j], inputs.sums[at] as f32, v);
+            let v = fused_mul_add(-m1[j], inputs.sums[at], v);
             let lane = (sb * 8 + j) % LANES;
             f[lane] = fused_mul_add(inputs.scales[at], v, f[lane]);
         }

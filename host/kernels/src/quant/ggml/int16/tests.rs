@@ -159,7 +159,7 @@ fn inputs_quantise_to_the_same_bits_at_every_level() {
     x[cols + 40] = f32::NEG_INFINITY;
     x[2 * cols + 70] = f32::NAN;
     let subs = x.len() / SUB;
-    let (mut c, mut s, mut sums) = (vec![0i16; x.len()], vec![0f32; subs], vec![0i32; subs]);
+    let (mut c, mut s, mut sums) = (vec![0i16; x.len()], vec![0f32; subs], vec![0f32; subs]);
     quantise_input_portable(&x, &mut c, &mut s, &mut sums);
     let inputs = Int16Inputs::new(&x, cols);
     assert_eq!(inputs.codes, c);

@@ -252,6 +252,23 @@ def build_llama(cache: Path) -> Path:
     return bin_dir
 
 
+def build_llama_server(cache: Path) -> Path:
+    """`llama-server` from the same sdist and build tree (the time-to-first-
+    token bench), configured in only when asked for: it adds minutes of
+    compiling that the other benches do not need."""
+    bin_dir = build_llama(cache)
+    if (bin_dir / "llama-server").exists():
+        return bin_dir / "llama-server"
+    src = cache / "llama.cpp-0.3.36"
+    cmake = shutil.which("cmake") or sys.exit("cmake not found: `python3 -m pip install cmake`")
+    log("building llama-server (~5 minutes on 2 cores)")
+    subprocess.run([cmake, "-S", str(src), "-B", str(src / "build"), "-DLLAMA_BUILD_SERVER=ON"],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([cmake, "--build", str(src / "build"), "-j", str(os.cpu_count() or 2), "--target", "llama-server"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return bin_dir / "llama-server"
+
+
 # ---------------------------------------------------------------- running
 
 
@@ -280,6 +297,17 @@ class Cgroup:
             self.dir.rmdir()
         except OSError:
             pass
+
+
+def save_results(path: Path, results: dict, columns: list[str]) -> None:
+    """Ends a run's `results` (the load average now), writes them to `path`
+    as JSON, and prints the load line and the header of the table of
+    `columns` that the caller's rows then fill."""
+    results["loadavg_end"] = loadavg()
+    path.write_text(json.dumps(results, indent=1))
+    print(f"\nload average {results['loadavg_start']} at the start, {results['loadavg_end']} at the end")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
 
 
 def drop_caches() -> None:

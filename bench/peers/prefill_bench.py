@@ -105,11 +105,8 @@ def main() -> None:
     finally:
         for g in groups.values():
             g.remove()
-    results["loadavg_end"] = pb.loadavg()
-    (a.work / "prefill-results.json").write_text(json.dumps(results, indent=1))
-    print(f"\nload average {results['loadavg_start']} at the start, {results['loadavg_end']} at the end")
-    print("| prompt | engine | cgroup | chunk | tok/s | GB read | peak RSS GB |")
-    print("|---|---|---|---|---|---|---|")
+    pb.save_results(a.work / "prefill-results.json", results,
+                    ["prompt", "engine", "cgroup", "chunk", "tok/s", "GB read", "peak RSS GB"])
     for r in results["runs"]:
         tps = "-" if r["tok_per_s"] is None else f"{r['tok_per_s']:.1f}"
         print(f"| {r['tokens']} | {r['engine']} | {r['where']} | {r.get('chunk') or '-'} | {tps} | "

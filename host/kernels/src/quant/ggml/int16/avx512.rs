@@ -212,8 +212,9 @@ unsafe fn widen(p: *const u8) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p as *const __m128i) }))
 }
 
-/// Inputs per tile of `block_products`: eight chains of `vpdpwssd`, enough
-/// to cover its latency, each broadcast folded into the instruction.
+/// Inputs per tile of `block_products`: two chains of `vpdpwssd` each
+/// (`tile`), sixteen in all, enough to cover its latency, each input's
+/// broadcast folded into the instruction.
 const TILE: usize = 8;
 
 /// A block's sub-blocks transposed (`block_products`), per thread.

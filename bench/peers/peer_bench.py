@@ -310,6 +310,23 @@ def save_results(path: Path, results: dict, columns: list[str]) -> None:
     print("|" + "---|" * len(columns))
 
 
+def parse_size(v: str) -> int:
+    """`1536M` or `6G` (binary units), as the cgroup options take them."""
+    return int(float(v[:-1]) * {"G": 1 << 30, "M": 1 << 20}[v[-1].upper()])
+
+
+def process_read_bytes(pid: int) -> int | None:
+    """Bytes process `pid` has had read from storage (`read_bytes` of
+    /proc/PID/io); None once the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def drop_caches() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3")
@@ -323,7 +340,6 @@ def run(cmd: list[str], cgroup: Cgroup | None, first_output: bool = False) -> di
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=cgroup.enter if cgroup else None
     )
-    io_path = Path(f"/proc/{proc.pid}/io")
     read_bytes = 0
     first = None
     out = b""
@@ -333,12 +349,7 @@ def run(cmd: list[str], cgroup: Cgroup | None, first_output: bool = False) -> di
     status = 0
     usage = None
     while True:
-        try:
-            for line in io_path.read_text().splitlines():
-                if line.startswith("read_bytes:"):
-                    read_bytes = int(line.split()[1])
-        except OSError:
-            pass
+        read_bytes = process_read_bytes(proc.pid) or read_bytes
         chunk = proc.stdout.read()
         if chunk:
             if first is None:
@@ -485,8 +496,7 @@ def main() -> None:
     free = shutil.disk_usage(a.work).free
     if free < need:
         sys.exit(f"{a.work}: {free / 1e9:.1f} GB free, the run needs about {need / 1e9:.1f} GB (--layers fewer, --formats q4)")
-    size = lambda v: int(float(v[:-1]) * {"G": 1 << 30, "M": 1 << 20}[v[-1].upper()])
-    cap = size(a.cap)
+    cap = parse_size(a.cap)
 
     bins = build_llama(a.cache)
     gguf = a.work / f"qwen3moe-random-{a.layers}l.gguf"
@@ -505,7 +515,7 @@ def main() -> None:
 
     prompt = "The quick brown fox jumps over the lazy dog, again."[: a.prompt_tokens]
     group = Cgroup("waste-peers", cap)
-    machine = Cgroup("waste-peers-machine", size(a.machine_cap)) if a.machine_cap else None
+    machine = Cgroup("waste-peers-machine", parse_size(a.machine_cap)) if a.machine_cap else None
     whole = f"{a.machine_cap} cgroup (the machine, scaled)" if a.machine_cap else "whole machine"
     results = {"loadavg_start": loadavg(), "model": {"layers": a.layers, **SHAPE, "gguf_bytes": gguf_bytes,
                "routed_bytes_per_token_q4k": per_token}, "args": {k: str(v) for k, v in vars(a).items()}, "runs": {}}

@@ -66,8 +66,7 @@ def main() -> None:
             if not p.exists():
                 sys.exit(f"{p} is missing: run peer_bench.py --layers {a.layers} --formats {a.format} --keep first")
     bins = pb.build_llama(a.cache)
-    size = lambda v: int(float(v[:-1]) * {"G": 1 << 30, "M": 1 << 20}[v[-1].upper()])
-    groups = {f"{c} cgroup": pb.Cgroup(name, size(c))
+    groups = {f"{c} cgroup": pb.Cgroup(name, pb.parse_size(c))
               for c, name in ((a.machine_cap, "waste-prefill-machine"), (a.cap, "waste-prefill-cap")) if c != "none"}
     engines = a.engines.split(",")
     t = str(a.threads)

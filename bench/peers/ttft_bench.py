@@ -82,13 +82,6 @@ def request_body(tokens: int) -> bytes:
     return json.dumps(body).encode()
 
 
-def read_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        if line.startswith("read_bytes:"):
-            return int(line.split()[1])
-    return 0
-
-
 def peak_rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -168,8 +161,7 @@ def main() -> None:
         "waste": [a.waste, "serve", str(gguf), "--port", str(port), "--ctx", str(ctx), "--budget", a.budget,
                   "--threads", t, "--chat-template", str(TEMPLATE), "--cache-sessions", str(a.cache_sessions)],
     }
-    size = lambda v: int(float(v[:-1]) * {"G": 1 << 30, "M": 1 << 20}[v[-1].upper()])
-    group = pb.Cgroup("waste-ttft", size(a.cap)) if a.cap != "none" else None
+    group = pb.Cgroup("waste-ttft", pb.parse_size(a.cap)) if a.cap != "none" else None
     body = request_body(a.tokens)
     results = {"loadavg_start": pb.loadavg(), "args": {k: str(v) for k, v in vars(a).items()}, "runs": []}
     try:
@@ -181,9 +173,9 @@ def main() -> None:
             try:
                 wait_healthy(port, proc, 600)
                 pb.drop_caches()
-                before = read_bytes(proc.pid)
+                before = pb.process_read_bytes(proc.pid) or 0
                 r = first_token(port, body)
-                r.update({"engine": engine, "read_bytes": read_bytes(proc.pid) - before,
+                r.update({"engine": engine, "read_bytes": (pb.process_read_bytes(proc.pid) or 0) - before,
                           "peak_rss_bytes": peak_rss(proc.pid), "loadavg": pb.loadavg(), "log": str(log_path)})
             finally:
                 proc.terminate()

@@ -18,10 +18,11 @@ pub(crate) fn gguf_dir() -> PathBuf {
     fixtures().join("gguf")
 }
 
-/// models.json (llama.cpp's converter, ggml's reference quantisers) and
-/// models_iq.json (llama-imatrix and llama-quantize, IQ types).
+/// models.json (llama.cpp's converter, ggml's reference quantisers),
+/// models_iq.json (llama-imatrix and llama-quantize, IQ types) and
+/// models_spm.json (a Mixtral with a SentencePiece vocabulary).
 pub(crate) fn models() -> Vec<serde_json::Value> {
-    ["models.json", "models_iq.json"]
+    ["models.json", "models_iq.json", "models_spm.json"]
         .iter()
         .flat_map(|f| {
             let m: serde_json::Value = serde_json::from_slice(&std::fs::read(gguf_dir().join(f)).unwrap()).unwrap();
@@ -292,6 +293,53 @@ fn a_sentencepiece_gguf_vocabulary_tokenizes_as_transformers_does() {
     }
     assert!(texts.len() > 60);
     assert!(failures.is_empty(), "{} of {} texts differ:\n{}", failures.len(), texts.len(), failures.join("\n"));
+}
+
+/// A Mixtral GGUF as released ones are, its vocabulary SentencePiece's
+/// (byte fallback, `▁` spaces) as llama.cpp's converter writes it from a
+/// tokenizer.model (tests/gen_gguf_fixtures_spm.py), run in place from
+/// text to text: transformers' ids for the text (its BOS added as the
+/// release's tokenizer adds it), for Mixtral-Instruct's template from the
+/// file, and the continuation's text as transformers decodes it, byte
+/// tokens included. Its logits and greedy ids are held with every other
+/// fixture's (`models()`).
+#[test]
+fn a_mixtral_gguf_with_a_sentencepiece_vocabulary_runs_from_text_to_text() {
+    let m = models().into_iter().find(|m| m["file"] == "models/tiny-mixtral_spm-q8_0.gguf").unwrap();
+    let (file, text) = (gguf_dir().join(m["file"].as_str().unwrap()), &m["text"]);
+    let engine = Engine::new().unwrap();
+    let model = Model::open(&file, &exact()).unwrap();
+    assert_eq!(model.info().bos_token, Some(1), "add_bos_token: the release's tokenizer adds <s>");
+    let mut session = engine.session(model).unwrap();
+    let content = session.tokenize(text["text"].as_str().unwrap()).unwrap();
+    assert_eq!(content, u32s(&text["content_ids"]), "the text's ids");
+    assert_eq!([&[1][..], &content].concat(), u32s(&text["ids"]), "the prompt's ids");
+
+    let chat = &m["chat"];
+    let messages: Vec<waste_host::ChatMessage> = chat["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|msg| waste_host::ChatMessage {
+            role: msg["role"].as_str().unwrap().into(),
+            content: Some(msg["content"].as_str().unwrap().into()),
+            extra: None,
+            media: Vec::new(),
+        })
+        .collect();
+    assert_eq!(session.render_chat_template(&messages, None, true).unwrap(), chat["text"].as_str().unwrap());
+    assert_eq!(session.apply_chat_template(&messages, None, true).unwrap(), u32s(&chat["ids"]), "the chat's ids");
+
+    let greedy = u32s(&m["greedy_ids"]);
+    assert!(greedy.iter().any(|&t| (3..259).contains(&t)), "the continuation holds no byte token: {greedy:?}");
+    assert_eq!(session.detokenize(&content).unwrap(), text["prompt_text"].as_str().unwrap());
+    let all = session.detokenize(&[u32s(&text["ids"]), greedy.clone()].concat()).unwrap();
+    assert_eq!(all, text["decode_markup"].as_str().unwrap(), "the prompt and continuation, <s> kept");
+
+    let n = greedy.len().to_string();
+    let o = waste(&["run", file.to_str().unwrap(), text["text"].as_str().unwrap(), "-n", &n, "--temp", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("{}\n", text["continuation_text"].as_str().unwrap()), "the streamed text");
 }
 
 /// A GGUF of an architecture we do not run, or a broken one, is one line.

@@ -19,7 +19,7 @@ mod common;
 
 use common::{noise, peak_gmacs, side_by_side};
 use rayon::prelude::*;
-use waste_kernels::attend::{self, key_scores, weighted_rows};
+use waste_kernels::attend::{self, key_scores, weighted_rows, QueryColumns};
 use waste_kernels::pool::Pool;
 use waste_kernels::quant::isa;
 
@@ -100,9 +100,10 @@ fn blocks(q: &[f32], (k, v): (&[f32], &[f32]), start: usize, out: &mut [f32]) {
                 vec![0f32; TOKENS * group * D],
                 vec![0f32; TOKENS * group * D],
                 vec![0f32; TOKENS * group * (start + CHUNK)],
+                vec![0f32; QueryColumns::len(TOKENS * group, D)],
             )
         },
-        |(qs, os, scores), (b, out)| {
+        |(qs, os, scores, columns), (b, out)| {
             let n = out.len() / qd;
             let width = start + b * TOKENS + n;
             let (qs, os, scores) =
@@ -112,7 +113,7 @@ fn blocks(q: &[f32], (k, v): (&[f32], &[f32]), start: usize, out: &mut [f32]) {
                 for (g, qt) in qs.chunks_exact_mut(group * D).zip(q[b * TOKENS * qd..].chunks_exact(qd)) {
                     g.copy_from_slice(&qt[heads.clone()]);
                 }
-                key_scores(qs, D, (&k[kvh * D..], kvd, width), scores, width);
+                key_scores(&QueryColumns::new(qs, D, columns), (&k[kvh * D..], kvd, width), scores, width);
                 for (u, row) in scores.chunks_exact_mut(width).enumerate() {
                     let last = start + b * TOKENS + u / group;
                     let (live, after) = row.split_at_mut(last + 1);

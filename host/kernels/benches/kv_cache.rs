@@ -23,7 +23,7 @@ mod common;
 use common::noise;
 use std::hint::black_box;
 use std::time::Instant;
-use waste_kernels::attend::{key_scores, softmax, weighted_rows};
+use waste_kernels::attend::{key_scores, softmax, weighted_rows, QueryColumns};
 use waste_kernels::kv::{KvRows, KvType, KEY_TILE};
 use waste_kernels::quant::isa;
 
@@ -71,10 +71,12 @@ fn attend_head(
     {
         let head = kvh * D..(kvh + 1) * D;
         let scores = &mut scores[..group * n];
+        let mut columns = [0f32; HEADS / KV_HEADS * D];
+        let queries = QueryColumns::new(qs, D, &mut columns);
         for t in (0..n).step_by(KEY_TILE) {
             let len = KEY_TILE.min(n - t);
             let (keys, stride) = k.view(t, len, head.clone(), tile);
-            key_scores(qs, D, (keys, stride, len), &mut scores[t..], n);
+            key_scores(&queries, (keys, stride, len), &mut scores[t..], n);
         }
         for row in scores.chunks_exact_mut(n) {
             row.iter_mut().for_each(|s| *s *= scale);

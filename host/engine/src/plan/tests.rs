@@ -105,7 +105,11 @@ fn forward_floats_by_hand(cfg: &ModelConfig, ctx: usize, chunk: usize) -> usize 
     // heads in parallel), and each KV head's keys of a bf16 or q8 cache
     // decoded, KEY_TILE at a time.
     let tile = crate::kv::KEY_TILE * cfg.head_dim * cfg.num_kv_heads;
-    let attn = 2 * cfg.q_dim() + 2 * cfg.kv_dim() + cfg.num_heads * ctx + 2 * (cfg.head_dim / 2) + tile;
+    // ..and each KV head's query heads transposed for the scores, in
+    // blocks padded to whole vectors of lanes.
+    use crate::attend::QueryColumns;
+    let columns = cfg.num_kv_heads * QueryColumns::len(cfg.num_heads / cfg.num_kv_heads.max(1), cfg.head_dim);
+    let attn = 2 * cfg.q_dim() + 2 * cfg.kv_dim() + cfg.num_heads * ctx + 2 * (cfg.head_dim / 2) + tile + columns;
     let mla = cfg.mla.map_or(0, |m| {
         use crate::transformer::mla::{LANE_SCORE_FLOATS, MLA_LANES};
         let ql = m.q_lora_rank.unwrap_or(0);
@@ -119,7 +123,8 @@ fn forward_floats_by_hand(cfg: &ModelConfig, ctx: usize, chunk: usize) -> usize 
         let row = (0..cfg.num_layers).map(|l| cfg.state_floats_per_token(l)).max().unwrap_or(0);
         m.num_heads * m.qk_head_dim()
             + m.cache_width()
-            + MLA_LANES * (block * (m.cache_width() + m.kv_lora_rank + ctx) + tile)
+            + MLA_LANES
+                * (block * (m.cache_width() + m.kv_lora_rank + ctx) + tile + QueryColumns::len(block, m.cache_width()))
             + row
             + gathered
             + m.num_heads * m.v_head_dim

@@ -14,7 +14,7 @@ use crate::quant::QMatrix;
 
 use super::ops::rms_norm_in_place;
 use super::{load_matrix, load_vector};
-use crate::attend;
+use crate::attend::{self, QueryColumns};
 use crate::source::TensorSource;
 
 /// Rotary tables of the GQA layers: `inv_freq[i] = theta^(-2i/rd)` for
@@ -127,6 +127,8 @@ pub struct AttnScratch {
     /// Each KV head's keys or values of up to `KEY_TILE` positions,
     /// decoded from a bf16 or q8 cache (`KvRows::view`).
     pub tile: Vec<f32>,
+    /// Each KV head's query heads as `attend::key_scores` reads them.
+    pub columns: Vec<f32>,
 }
 
 impl AttnScratch {
@@ -144,15 +146,31 @@ impl AttnScratch {
             cos: vec![0.0; cfg.rotary_dim() / 2],
             sin: vec![0.0; cfg.rotary_dim() / 2],
             tile: vec![0.0; KEY_TILE * cfg.head_dim * cfg.num_kv_heads],
+            columns: vec![
+                0.0;
+                QueryColumns::len(cfg.num_heads / cfg.num_kv_heads.max(1), cfg.head_dim) * cfg.num_kv_heads
+            ],
         }
     }
 
     /// Floats held, for the memory plan (`plan::scratch_bytes`).
     pub fn floats(&self) -> usize {
-        [&self.q, &self.qg, &self.gate, &self.k, &self.v, &self.out, &self.scores, &self.cos, &self.sin, &self.tile]
-            .iter()
-            .map(|b| b.len())
-            .sum()
+        [
+            &self.q,
+            &self.qg,
+            &self.gate,
+            &self.k,
+            &self.v,
+            &self.out,
+            &self.scores,
+            &self.cos,
+            &self.sin,
+            &self.tile,
+            &self.columns,
+        ]
+        .iter()
+        .map(|b| b.len())
+        .sum()
     }
 }
 
@@ -212,19 +230,23 @@ impl Attention {
         let (first, rows) = self.store_kv(pos, &s.k, &s.v, k_cache, v_cache)?;
         let kv_heads = cfg.num_kv_heads;
         let group_width = d * cfg.num_heads / kv_heads;
-        // Each KV head's query heads attend with their own scores and tile.
-        let (scores_each, tile_each) = (s.scores.len() / kv_heads, s.tile.len() / kv_heads);
+        // Each KV head's query heads attend with their own scores, tile and
+        // query columns.
+        let each = (s.scores.len() / kv_heads, s.tile.len() / kv_heads, s.columns.len() / kv_heads);
         let (k_cache, v_cache) = (&*k_cache, &*v_cache);
-        let attend = |kvh: usize, ((qs, o), (scores, tile)): HeadJob| {
-            self.attend_kv_head(cfg, kvh, &[(first, pos)], rows, qs, (k_cache, v_cache), (scores, tile), o)
+        let attend = |kvh: usize, ((qs, o), ((scores, tile), columns)): HeadJob| {
+            let buffers = (scores, tile, columns);
+            self.attend_kv_head(cfg, kvh, &[(first, pos)], rows, qs, (k_cache, v_cache), buffers, o)
         };
         let heads = s.q.chunks_exact(group_width).zip(s.out.chunks_exact_mut(group_width));
-        let buffers = s.scores.chunks_exact_mut(scores_each).zip(s.tile.chunks_exact_mut(tile_each));
+        let buffers = s.scores.chunks_exact_mut(each.0).zip(s.tile.chunks_exact_mut(each.1));
+        let buffers = buffers.zip(s.columns.chunks_exact_mut(each.2));
         // The KV heads are independent: past a long context they run on the
         // pool, with the same bits as one after another.
         if kv_heads > 1 && cfg.num_heads * d * (pos + 1 - first) >= self.parallel_decode_work {
             let heads = s.q.par_chunks_exact(group_width).zip(s.out.par_chunks_exact_mut(group_width));
-            let buffers = s.scores.par_chunks_exact_mut(scores_each).zip(s.tile.par_chunks_exact_mut(tile_each));
+            let buffers = s.scores.par_chunks_exact_mut(each.0).zip(s.tile.par_chunks_exact_mut(each.1));
+            let buffers = buffers.zip(s.columns.par_chunks_exact_mut(each.2));
             heads.zip(buffers).enumerate().for_each(|(kvh, job)| attend(kvh, job));
         } else {
             heads.zip(buffers).enumerate().for_each(|(kvh, job)| attend(kvh, job));
@@ -308,7 +330,8 @@ impl Attention {
                 for (gathered, qt) in qs.chunks_exact_mut(group * d).zip(tokens) {
                     gathered.copy_from_slice(&qt[heads.clone()]);
                 }
-                self.attend_kv_head(cfg, kvh, spans, rows, qs, kv, (&mut buf.scores, &mut buf.tile), os);
+                let buffers = (&mut buf.scores[..], &mut buf.tile[..], &mut buf.columns[..]);
+                self.attend_kv_head(cfg, kvh, spans, rows, qs, kv, buffers, os);
                 for (o, ot) in os.chunks_exact(group * d).zip(out.chunks_exact_mut(qd)) {
                     ot[heads.clone()].copy_from_slice(o);
                 }
@@ -420,10 +443,10 @@ impl Attention {
     /// query's softmax covers its own span and its weights outside it are
     /// zero, which add exact zeros (`waste_kernels::attend`), so every
     /// output is the one its token computes alone. `scores`: at least
-    /// `queries x union` floats. Keys and values are read `KEY_TILE`
-    /// positions at a time (decoded into `tile` from a bf16 or q8 cache);
-    /// both kernels give the same bits over consecutive runs of keys as
-    /// over all of them at once.
+    /// `queries x union` floats; `columns`: at least `QueryColumns::len` of
+    /// the queries. Keys and values are read `KEY_TILE` positions at a time
+    /// (decoded into `tile` from a bf16 or q8 cache); both kernels give the
+    /// same bits over consecutive runs of keys as over all of them at once.
     #[allow(clippy::too_many_arguments)]
     fn attend_kv_head(
         &self,
@@ -433,7 +456,7 @@ impl Attention {
         rows: usize,
         qs: &[f32],
         (k_cache, v_cache): (&KvRows, &KvRows),
-        (scores, tile): (&mut [f32], &mut [f32]),
+        (scores, tile, columns): (&mut [f32], &mut [f32], &mut [f32]),
         out: &mut [f32],
     ) {
         let d = cfg.head_dim;
@@ -445,9 +468,10 @@ impl Attention {
         let width = hi + 1 - lo;
         let scores = &mut scores[..qs.len() / d * width];
         let runs = key_tiles(&ring_segments(lo, width, rows));
+        let queries = QueryColumns::new(qs, d, columns);
         for &(offset, len, row) in &runs {
             let (keys, stride) = k_cache.view(row, len, head.clone(), tile);
-            attend::key_scores(qs, d, (keys, stride, len), &mut scores[offset..], width);
+            attend::key_scores(&queries, (keys, stride, len), &mut scores[offset..], width);
         }
         for (u, row) in scores.chunks_exact_mut(width).enumerate() {
             let (first, pos) = spans[u / group];
@@ -531,8 +555,8 @@ fn ring_segments(lo: usize, width: usize, rows: usize) -> Vec<(usize, usize, usi
 }
 
 /// One KV head's share of a decode token's attention: its query heads and
-/// their outputs, its scores and its tile.
-type HeadJob<'a> = ((&'a [f32], &'a mut [f32]), (&'a mut [f32], &'a mut [f32]));
+/// their outputs, its scores, its tile and its query columns.
+type HeadJob<'a> = ((&'a [f32], &'a mut [f32]), ((&'a mut [f32], &'a mut [f32]), &'a mut [f32]));
 
 /// Multiply-adds of one decode token's attention (query heads x head dim
 /// x attended keys) from which its KV heads run on the pool: about a
@@ -583,7 +607,7 @@ pub fn prefill_block_bytes(cfg: &ModelConfig, context: usize) -> usize {
     let (group, d, keys) = (cfg.num_heads / cfg.num_kv_heads.max(1), cfg.head_dim, context.max(1));
     let queries = tokens_per_block(group, 1) * group;
     let scores = (queries * keys).min(BLOCK_SCORE_FLOATS.max(group * keys));
-    4 * (2 * queries * d + scores + KEY_TILE * d)
+    4 * (2 * queries * d + scores + KEY_TILE * d + QueryColumns::len(queries, d))
 }
 
 /// One worker's buffers for attention blocks of a prefill chunk.
@@ -592,6 +616,7 @@ struct BlockScratch {
     outputs: Vec<f32>,
     scores: Vec<f32>,
     tile: Vec<f32>,
+    columns: Vec<f32>,
 }
 
 impl BlockScratch {
@@ -601,12 +626,16 @@ impl BlockScratch {
             outputs: vec![0.0; queries * d],
             scores: vec![0.0; queries * keys],
             tile: vec![0.0; KEY_TILE * d],
+            columns: vec![0.0; QueryColumns::len(queries, d)],
         }
     }
 
     #[cfg(test)]
     fn bytes(&self) -> usize {
-        4 * [&self.queries, &self.outputs, &self.scores, &self.tile].iter().map(|b| b.len()).sum::<usize>()
+        4 * [&self.queries, &self.outputs, &self.scores, &self.tile, &self.columns]
+            .iter()
+            .map(|b| b.len())
+            .sum::<usize>()
     }
 }
 

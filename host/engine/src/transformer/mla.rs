@@ -9,7 +9,7 @@
 //! `score_s = (W_kb_nope^T q_nope) . c_s + q_rope . k_rope_s`, times
 //! `(nope + rope)^-1/2`; `o_h = W_kb_v (sum_s a_s c_s)`; then `W_o`.
 
-use crate::attend;
+use crate::attend::{self, QueryColumns};
 use crate::config::layout::{MlaQuery, MlaTensors, Tensor};
 use crate::config::{MlaDims, ModelConfig};
 use crate::error::{Error, Result};
@@ -123,6 +123,8 @@ struct HeadLane {
     scores: Vec<f32>,
     /// Up to `KEY_TILE` cache rows decoded from a bf16 or q8 cache.
     tile: Vec<f32>,
+    /// The block's queries as `attend::key_scores` reads them.
+    columns: Vec<f32>,
 }
 
 /// The most floats of scores one lane holds: its heads run in blocks of as
@@ -206,6 +208,7 @@ impl MlaScratch {
                         lat: vec![0.0; block_heads * r],
                         scores: vec![0.0; block_heads * context],
                         tile: vec![0.0; KEY_TILE * w],
+                        columns: vec![0.0; QueryColumns::len(block_heads, w)],
                     })
                     .collect(),
                 block_heads,
@@ -230,7 +233,10 @@ impl MlaScratch {
         let h = &self.heads;
         self.rows.floats()
             + [&h.gathered, &h.row, &h.cos, &h.sin, &h.rot].iter().map(|b| b.len()).sum::<usize>()
-            + h.lanes.iter().map(|l| l.queries.len() + l.lat.len() + l.scores.len() + l.tile.len()).sum::<usize>()
+            + h.lanes
+                .iter()
+                .map(|l| l.queries.len() + l.lat.len() + l.scores.len() + l.tile.len() + l.columns.len())
+                .sum::<usize>()
             + h.index.floats()
     }
 }
@@ -484,7 +490,7 @@ impl Mla {
         // the same whichever group, block or thread runs it.
         let per_lane = m.num_heads.div_ceil(MLA_LANES);
         o.par_chunks_mut(per_lane * dv).zip(s.lanes.par_iter_mut()).enumerate().for_each(|(g, (o_group, lane))| {
-            let HeadLane { queries, lat, scores, tile } = lane;
+            let HeadLane { queries, lat, scores, tile, columns } = lane;
             for (b, o_block) in o_group.chunks_mut(block_heads * dv).enumerate() {
                 let heads = o_block.len() / dv;
                 let first = g * per_lane + b * block_heads;
@@ -516,8 +522,9 @@ impl Mla {
                 }
                 // score_s = [q_lat | q_rope] . [c_s | k_rope_s], one dot
                 // product over the cache row's width.
+                let queries = QueryColumns::new(queries, w, columns);
                 keys.each_run(0..w, tile, |at, (k, stride, len)| {
-                    attend::key_scores(queries, w, (k, stride, len), &mut scores[at..], n)
+                    attend::key_scores(&queries, (k, stride, len), &mut scores[at..], n)
                 });
                 for row in scores.chunks_exact_mut(n) {
                     row.iter_mut().for_each(|sc| *sc *= scale);

@@ -9,7 +9,8 @@
 //!
 //! Both are defined by a portable twin that every level equals bit for
 //! bit, so the bits do not depend on the CPU either:
-//! - a score is `dot8` (`quant::matmul_block`'s pair product);
+//! - a score is one fused multiply-add chain over the head's columns in
+//!   order, from zero (`scores`: the queries in the vector lanes);
 //! - an output column is one fused multiply-add chain over the keys in
 //!   order, from the output's value on entry. A key whose weight is zero
 //!   adds an exact zero, so a block may pad a query's key range with zero
@@ -17,7 +18,11 @@
 //! - the softmax's exponential is one polynomial (`exp_scalar`), its sum
 //!   eight lanes in `dot8`'s order.
 
-use crate::quant::simd::{dot8_scalar, exp_consts, fused_mul_add};
+mod scores;
+
+pub use scores::QueryColumns;
+
+use crate::quant::simd::{exp_consts, fused_mul_add};
 
 #[cfg(target_arch = "x86_64")]
 use crate::quant::simd::{avx2, avx512f, has_avx2, has_avx512f};
@@ -28,18 +33,16 @@ fn rows_fit(len: usize, n: usize, stride: usize, width: usize) -> bool {
         || (stride >= width && (n - 1).checked_mul(stride).and_then(|s| s.checked_add(width)).is_some_and(|e| e <= len))
 }
 
-/// `out[t * out_stride + j] = dot8(query t, key j)` for the `queries.len()
-/// / d` queries (contiguous rows of `d`) and the `n_keys` keys at
-/// `keys[j * key_stride..][..d]`.
+/// `out[t * out_stride + j]` = the score of query `t` of `queries` and the
+/// key at `keys[j * key_stride..][..d]`, for the `n_keys` keys: `fma(q[c],
+/// k[c], s)` over the columns `c` in order, from zero.
 pub fn key_scores(
-    queries: &[f32],
-    d: usize,
+    queries: &QueryColumns<'_>,
     (keys, key_stride, n_keys): (&[f32], usize, usize),
     out: &mut [f32],
     out_stride: usize,
 ) {
-    assert!(d > 0 && queries.len().is_multiple_of(d), "key_scores: queries are not whole rows");
-    let nq = queries.len() / d;
+    let (nq, d) = (queries.queries(), queries.width());
     assert!(
         rows_fit(keys.len(), n_keys, key_stride, d) && rows_fit(out.len(), nq, out_stride, n_keys),
         "key_scores: inconsistent lengths"
@@ -47,59 +50,7 @@ pub fn key_scores(
     if nq == 0 || n_keys == 0 {
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512f() {
-        // SAFETY: AVX-512 F (with AVX2 and FMA) was detected; the slices
-        // are as below.
-        return unsafe {
-            avx512f::strided_block(
-                keys.as_ptr(),
-                key_stride,
-                n_keys,
-                queries.as_ptr(),
-                d,
-                nq,
-                d,
-                out.as_mut_ptr(),
-                (1, out_stride),
-            )
-        };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and FMA were detected; the keys, the queries and the
-        // outputs `(j, t) -> t * out_stride + j` (distinct, since
-        // out_stride >= n_keys) lie inside the slices (checked above).
-        return unsafe {
-            avx2::strided_block(
-                keys.as_ptr(),
-                key_stride,
-                n_keys,
-                queries.as_ptr(),
-                d,
-                nq,
-                d,
-                out.as_mut_ptr(),
-                (1, out_stride),
-            )
-        };
-    }
-    key_scores_scalar(queries, d, (keys, key_stride, n_keys), out, out_stride)
-}
-
-/// The portable twin of `key_scores`.
-pub(crate) fn key_scores_scalar(
-    queries: &[f32],
-    d: usize,
-    (keys, key_stride, n_keys): (&[f32], usize, usize),
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    for (t, q) in queries.chunks_exact(d).enumerate() {
-        for j in 0..n_keys {
-            out[t * out_stride + j] = dot8_scalar(&keys[j * key_stride..][..d], q);
-        }
-    }
+    scores::scores(scores::Level::detect(), queries, (keys, key_stride, n_keys), out, out_stride);
 }
 
 /// `out[t * d + c] = fma(p[t * p_stride + j], values[j * v_stride + c], ..)`
@@ -242,7 +193,7 @@ mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
-    /// One x86 level's kernels of the two products.
+    /// One x86 level's kernels of the weighted rows.
     #[cfg(target_arch = "x86_64")]
     #[derive(Clone, Copy)]
     enum Kernels {
@@ -253,29 +204,6 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
     impl Kernels {
-        /// # Safety
-        /// As `avx2::strided_block`, and this level's features detected.
-        unsafe fn scores(
-            self,
-            wp: *const f32,
-            ws: usize,
-            nr: usize,
-            xp: *const f32,
-            xs: usize,
-            nt: usize,
-            cols: usize,
-            op: *mut f32,
-            o: (usize, usize),
-        ) {
-            // SAFETY: the caller's.
-            unsafe {
-                match self {
-                    Kernels::Avx2 => avx2::strided_block(wp, ws, nr, xp, xs, nt, cols, op, o),
-                    Kernels::Avx512f => avx512f::strided_block(wp, ws, nr, xp, xs, nt, cols, op, o),
-                }
-            }
-        }
-
         /// # Safety
         /// As `avx2::weighted_rows`, and this level's features detected.
         unsafe fn weighted(
@@ -322,37 +250,84 @@ mod tests {
     const SHAPES: [(usize, usize, usize); 6] =
         [(128, 7, 37), (64, 13, 5), (24, 6, 16), (5, 1, 3), (136, 32, 66), (48, 9, 300)];
 
+    /// Every level this CPU runs, and the portable twin, give the
+    /// definition's bits (`scores::score`: the chain from the queries'
+    /// rows) for blocks of 1-8, 9-16 and 17-32 lanes and several blocks,
+    /// keys with and without whole tiles; within 1e-5 of the exact sums.
     #[test]
-    fn key_scores_equal_their_twin_bit_for_bit_and_the_exact_sums_closely() {
-        for (d, nq, nk) in SHAPES {
+    fn key_scores_equal_the_definition_bit_for_bit_and_the_exact_sums_closely() {
+        use scores::Level;
+        #[allow(unused_mut)] // only x86 adds levels
+        let mut levels = vec![Level::Portable];
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            levels.push(Level::Avx2);
+            if has_avx512f() {
+                levels.push(Level::Avx512);
+            } else {
+                crate::skip::report_skip("SKIP attention scores' AVX-512 F kernel: this CPU lacks AVX-512 F");
+            }
+        }
+        let shapes =
+            SHAPES.iter().copied().chain([(128, 8, 300), (16, 16, 9), (96, 33, 17), (8, 70, 8), (576, 20, 11)]);
+        for (d, nq, nk) in shapes {
             let stride = d * 3 + 1;
             let (q, k) = (values(nq * d, 1), values(nk * stride, 2));
             let os = nk + 2;
-            let (mut got, mut twin) = (vec![7f32; nq * os], vec![7f32; nq * os]);
-            key_scores(&q, d, (&k, stride, nk), &mut got, os);
-            key_scores_scalar(&q, d, (&k, stride, nk), &mut twin, os);
-            #[cfg(target_arch = "x86_64")]
-            for (level, kernel) in x86_levels() {
+            let mut buf = vec![f32::NAN; QueryColumns::len(nq, d)];
+            let columns = QueryColumns::new(&q, d, &mut buf);
+            let mut dispatched = vec![7f32; nq * os];
+            key_scores(&columns, (&k, stride, nk), &mut dispatched, os);
+            for &level in &levels {
                 let mut out = vec![7f32; nq * os];
-                // SAFETY: the level's features were detected; the keys,
-                // queries and outputs are the slices just made.
-                unsafe { kernel.scores(k.as_ptr(), stride, nk, q.as_ptr(), d, nq, d, out.as_mut_ptr(), (1, os)) };
-                assert!(bits(&out) == bits(&twin), "{level}: d {d}, {nq} queries, {nk} keys differ from the twin");
-            }
-            for t in 0..nq {
-                for j in 0..nk {
-                    let at = t * os + j;
-                    assert_eq!(got[at].to_bits(), twin[at].to_bits(), "d {d} query {t} key {j}");
-                    let exact: f64 = (0..d).map(|c| q[t * d + c] as f64 * k[j * stride + c] as f64).sum();
-                    assert!(
-                        (twin[at] as f64 - exact).abs() <= 1e-5 * (1.0 + exact.abs()),
-                        "d {d}: {} vs {exact}",
-                        twin[at]
-                    );
+                scores::scores(level, &columns, (&k, stride, nk), &mut out, os);
+                for t in 0..nq {
+                    for j in 0..nk {
+                        let (qt, kj) = (&q[t * d..][..d], &k[j * stride..][..d]);
+                        let (got, want) = (out[t * os + j], scores::score(qt, kj));
+                        assert_eq!(got.to_bits(), want.to_bits(), "{level:?}: d {d}, {nq} queries, query {t} key {j}");
+                        let exact: f64 = qt.iter().zip(kj).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        assert!((got as f64 - exact).abs() <= 1e-5 * (1.0 + exact.abs()), "d {d}: {got} vs {exact}");
+                    }
+                    assert_eq!(out[t * os + nk], 7.0, "{level:?}: a score past the keys was written");
                 }
-                assert_eq!(got[t * os + nk], 7.0, "a score past the keys was written");
+            }
+            let want: Vec<f32> =
+                (0..nq * os)
+                    .map(|i| {
+                        if i % os < nk {
+                            scores::score(&q[i / os * d..][..d], &k[i % os * stride..][..d])
+                        } else {
+                            7.0
+                        }
+                    })
+                    .collect();
+            assert!(
+                dispatched.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "dispatched: d {d}, {nq} queries"
+            );
+        }
+    }
+
+    /// A block of queries fills only its own lanes' columns; the rest are
+    /// zero, whatever the buffer held.
+    #[test]
+    fn query_columns_pad_their_last_block_with_zeros() {
+        let (d, nq) = (3, 37);
+        let q: Vec<f32> = (0..nq * d).map(|i| i as f32 + 1.0).collect();
+        assert_eq!(QueryColumns::len(nq, d), (32 + 8) * d);
+        assert_eq!(QueryColumns::len(8, d), 8 * d);
+        assert_eq!(QueryColumns::len(9, d), 16 * d);
+        let mut buf = vec![f32::NAN; QueryColumns::len(nq, d) + 5];
+        QueryColumns::new(&q, d, &mut buf);
+        let last = &buf[32 * d..40 * d];
+        for c in 0..d {
+            for t in 0..8 {
+                let want = if t < 5 { q[(32 + t) * d + c] } else { 0.0 };
+                assert_eq!(last[c * 8 + t], want, "column {c} lane {t}");
             }
         }
+        assert!(buf[40 * d..].iter().all(|v| v.is_nan()), "written past the columns");
     }
 
     #[test]
@@ -448,6 +423,7 @@ mod tests {
     #[should_panic(expected = "inconsistent lengths")]
     fn key_rows_past_the_cache_are_refused() {
         let mut out = vec![0f32; 4];
-        key_scores(&[0.0; 8], 8, (&[0.0; 17], 10, 2), &mut out, 2);
+        let mut buf = vec![0f32; QueryColumns::len(1, 8)];
+        key_scores(&QueryColumns::new(&[0.0; 8], 8, &mut buf), (&[0.0; 17], 10, 2), &mut out, 2);
     }
 }

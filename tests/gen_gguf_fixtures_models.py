@@ -652,18 +652,27 @@ def quantize(a: np.ndarray, t: str) -> np.ndarray:
     return gguf.quants.quantize(a, QT[t])
 
 
-def wide_f32(seed: int, tmp: Path, llama_dir: Path) -> tuple[Path, list[str]]:
-    """The wide model of `seed` (WIDE_CONFIG, seeded weights and norms), converted to an f32 GGUF."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-    cfg = Qwen3MoeConfig(**{k: v for k, v in WIDE_CONFIG.items() if k not in ("architectures", "model_type", "dtype")})
+def seeded_model(config_cls, model_cls, config: dict, seed: int):
+    """`model_cls` of `config` (less the keys its config class does not take) with transformers'
+    initialisation under `seed`, and every RMSNorm's weight drawn around 1 (a trained model's
+    norms are not all ones, and the fixtures must exercise them)."""
+    cfg = config_cls(**{k: v for k, v in config.items()
+                        if k not in ("architectures", "model_type", "dtype", "transformers_version")})
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(cfg).float().eval()
+    model = model_cls(cfg).float().eval()
     g = torch.Generator().manual_seed(seed + 7919)
     with torch.no_grad():
         for _, mod in model.named_modules():
             if type(mod).__name__.endswith("RMSNorm"):
                 mod.weight.copy_(1.0 + 0.2 * torch.randn(mod.weight.shape, generator=g))
+    return model
+
+
+def wide_f32(seed: int, tmp: Path, llama_dir: Path) -> tuple[Path, list[str]]:
+    """The wide model of `seed` (WIDE_CONFIG, seeded weights and norms), converted to an f32 GGUF."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    model = seeded_model(Qwen3MoeConfig, Qwen3MoeForCausalLM, WIDE_CONFIG, seed)
     hfdir = tmp / f"seed-{seed}" / "wide-qwen3moe"      # the converter derives general.* from the name
     model.save_pretrained(str(hfdir))
     for f in ("tokenizer.json", "tokenizer_config.json"):

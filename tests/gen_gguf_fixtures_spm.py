@@ -59,16 +59,7 @@ def checkpoint(seed: int, tmp: Path) -> tuple[Path, dict]:
     from transformers import MixtralConfig, MixtralForCausalLM
     cfg = json.loads((gm.FIX / "tiny-mixtral" / "config.json").read_text())
     cfg.update(vocab_size=1000, bos_token_id=1, eos_token_id=2, pad_token_id=None)
-    mc = MixtralConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "dtype",
-                                                                     "transformers_version")})
-    mc._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = MixtralForCausalLM(mc).float().eval()
-    g = torch.Generator().manual_seed(seed + 7919)
-    with torch.no_grad():
-        for _, mod in model.named_modules():
-            if type(mod).__name__.endswith("RMSNorm"):
-                mod.weight.copy_(1.0 + 0.2 * torch.randn(mod.weight.shape, generator=g))
+    model = gm.seeded_model(MixtralConfig, MixtralForCausalLM, cfg, seed)
     hf = tmp / f"seed-{seed}" / NAME            # the converter derives general.name from the directory
     model.save_pretrained(str(hf))
     for f in ("tokenizer.model", "tokenizer.json"):

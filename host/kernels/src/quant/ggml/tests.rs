@@ -172,7 +172,7 @@ fn the_avx2_build_of_the_twins_gives_their_bits() {
 
 /// Random blocks of `ty` with weight-sized f16 scales (the byte offsets of
 /// ggml-common.h's scale fields), `n` of them.
-/// What a GGUF matrix computes for one row and input: Q4_K's and Q6_K's
+/// What a GGUF matrix computes for one row and input: Q4_K's, Q5_K's and Q6_K's
 /// int16 products (`int16`), every other type's `dot8` of the decoded row.
 fn product_of(ty: GgmlType, row: &[u8], values: &[f32], x: &[f32]) -> f32 {
     if let Some(fmt) = int16::Format::of(ty) {

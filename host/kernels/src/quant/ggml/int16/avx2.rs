@@ -1,17 +1,17 @@
-//! Q4_K and Q6_K rows on int16 inputs with AVX2: the AVX-512 form on two
+//! Q4_K, Q5_K and Q6_K rows on int16 inputs with AVX2: the AVX-512 form on two
 //! halves. A sub-block is two vectors of sixteen int16 values against the
 //! input's, `pmaddwd` adding pairs into eight int32 lanes; eight partial
 //! vectors (a Q4_K sub-block's, or a Q6_K group's) are summed into one
 //! vector of their exact dots, and the sixteen lanes of the definition are
 //! two `__m256`.
 
-use super::{scale_bytes, Format, Int16Inputs, Outputs, CODE_MAX, LANES, Q6K_BYTES, SUB, SUPER, SUPER_BYTES};
+use super::{scale_bytes, Format, Int16Inputs, Outputs, CODE_MAX, LANES, Q6K_BYTES, SUB, SUPER};
 use crate::quant::int8::avx2::transpose8;
 use std::arch::x86_64::*;
 
 /// Sub-blocks `2c` and `2c + 1` of the `fmt` super-block at `b`, 32
 /// signed bytes each: the integers ggml's dequantisation scales (Q4_K's
-/// nibbles, Q6_K's `q - 32`).
+/// nibbles, Q5_K's nibbles with their fifth bits, Q6_K's `q - 32`).
 ///
 /// # Safety
 /// AVX2; a whole super-block of `fmt` at `b`, `c < 4`.
@@ -25,6 +25,22 @@ pub(super) unsafe fn pair_bytes(fmt: Format, b: *const u8, c: usize) -> (__m256i
             Format::Q4K => {
                 let v = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
                 (_mm256_and_si256(v, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib))
+            }
+            Format::Q5K => {
+                // Bits 2c and 2c + 1 of each `qh` byte become bit 4 of the
+                // pair's values: shifted right then left within 16-bit
+                // lanes (left first would drop the high byte's top bits),
+                // then masked to each byte's bit 4, which no bit of the
+                // lane's other byte reaches.
+                let v = _mm256_loadu_si256(b.add(48 + 32 * c) as *const __m256i);
+                let qh = _mm256_loadu_si256(b.add(16) as *const __m256i);
+                let five = _mm256_set1_epi8(0x10);
+                let lo_bit = _mm256_slli_epi16::<4>(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)));
+                let hi_bit = _mm256_slli_epi16::<4>(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)));
+                let lo = _mm256_or_si256(_mm256_and_si256(v, nib), _mm256_and_si256(lo_bit, five));
+                let hi =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), nib), _mm256_and_si256(hi_bit, five));
+                (lo, hi)
             }
             Format::Q6K => {
                 // Half `c / 2` of the block: its sub-blocks 0 and 1 are the
@@ -74,8 +90,8 @@ pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs,
                 if fmt == Format::Q6K {
                     f = q6k_super(row.as_ptr().add(sb * Q6K_BYTES), inputs, at, f);
                 } else {
-                    let b = row.as_ptr().add(sb * SUPER_BYTES);
-                    f[sb % 2] = super_block(b, inputs, at, f[sb % 2]);
+                    let b = row.as_ptr().add(sb * fmt.super_bytes());
+                    f[sb % 2] = super_block(fmt, b, inputs, at, f[sb % 2]);
                 }
             }
         }
@@ -89,24 +105,21 @@ pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs,
     }
 }
 
-/// The super-block at `b` against sub-blocks `at..at + 8` of the inputs,
-/// added to `f`'s eight lanes.
+/// The Q4_K or Q5_K (`fmt`) super-block at `b` against sub-blocks
+/// `at..at + 8` of the inputs, added to `f`'s eight lanes.
 ///
 /// # Safety
-/// AVX2 and FMA; a super-block at `b`, eight sub-blocks from `at`.
+/// AVX2 and FMA; a super-block of `fmt` at `b`, eight sub-blocks from `at`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn super_block(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m256) -> __m256 {
-    let nib = _mm256_set1_epi8(0x0F);
-    // SAFETY: the block's 144 bytes at b; its sub-blocks' codes, scales
-    // and sums from `at` (the caller's).
+unsafe fn super_block(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize, f: __m256) -> __m256 {
+    // SAFETY: the block's bytes at b; its sub-blocks' codes, scales and
+    // sums from `at` (the caller's).
     unsafe {
         let x = inputs.codes.as_ptr().add(at * SUB);
         let mut a = [_mm256_setzero_si256(); 8];
         for c in 0..4 {
-            let v = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
-            let lo = _mm256_and_si256(v, nib);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+            let (lo, hi) = pair_bytes(fmt, b, c);
             for (k, half) in [(2 * c, lo), (2 * c + 1, hi)] {
                 let x0 = _mm256_loadu_si256(x.add(k * SUB) as *const __m256i);
                 let x1 = _mm256_loadu_si256(x.add(k * SUB + 16) as *const __m256i);
@@ -266,8 +279,8 @@ pub(super) unsafe fn block_products(
             // sub-blocks.
             unsafe {
                 match (fmt, whole) {
-                    (Format::Q4K, true) => tile::<TILE, 1>(tr, inputs, t0, (nr, first), out),
-                    (Format::Q4K, false) => tile::<1, 1>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q4K | Format::Q5K, true) => tile::<TILE, 1>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q4K | Format::Q5K, false) => tile::<1, 1>(tr, inputs, t0, (nr, first), out),
                     (Format::Q6K, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
                     (Format::Q6K, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
                 }

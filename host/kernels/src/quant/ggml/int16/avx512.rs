@@ -1,5 +1,5 @@
-//! Q4_K and Q6_K rows on int16 inputs with AVX-512 VNNI. A row window of
-//! sixteen Q4_K sub-blocks (two super-blocks) against an input is two
+//! Q4_K, Q5_K and Q6_K rows on int16 inputs with AVX-512 VNNI. A row
+//! window of sixteen Q4_K or Q5_K sub-blocks (two super-blocks) against an input is two
 //! `vpdpbusd` per pair of sub-blocks (their 64 nibbles as bytes against the
 //! codes' high and low bytes), the eight partial vectors summed into one
 //! vector of the window's exact dots, then scaled as vectors and added
@@ -10,7 +10,7 @@
 //! `vpdpwssd` against each input's codes broadcast.
 
 use super::avx2::{pair_bytes, prefetch_next_row};
-use super::{scale_bytes, Format, Int16Inputs, Outputs, LANES, Q6K_BYTES, SUB, SUPER, SUPER_BYTES};
+use super::{scale_bytes, Format, Int16Inputs, Outputs, LANES, Q6K_BYTES, SUB, SUPER};
 use crate::quant::int8::avx512::sum_pair;
 use std::arch::x86_64::*;
 
@@ -23,11 +23,12 @@ use std::arch::x86_64::*;
 pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
     let supers = inputs.cols / SUPER;
     debug_assert!(row.len() == supers * fmt.super_bytes() && out.len() == inputs.inputs());
-    // Q4_K's windows read the codes' byte planes through raw pointers:
-    // `Int16Inputs::new` makes them for every call that takes this path
-    // (fewer than `BLOCK_MIN_INPUTS` inputs), and this holds it to that.
+    // Q4_K's and Q5_K's windows read the codes' byte planes through raw
+    // pointers: `Int16Inputs::new` makes them for every call that takes
+    // this path (fewer than `BLOCK_MIN_INPUTS` inputs), and this holds it
+    // to that.
     assert!(
-        fmt != Format::Q4K || (inputs.high.len() == inputs.codes.len() && inputs.low.len() == inputs.codes.len()),
+        fmt == Format::Q6K || (inputs.high.len() == inputs.codes.len() && inputs.low.len() == inputs.codes.len()),
         "Q4_K rows: inputs without their byte planes"
     );
     prefetch_next_row(row);
@@ -50,12 +51,12 @@ pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs,
             // SAFETY: super-blocks w0..w0 + sbs lie in the row and their
             // sub-blocks in input t (the caller's contract).
             unsafe {
-                let b = row.as_ptr().add(w0 * SUPER_BYTES);
+                let b = row.as_ptr().add(w0 * fmt.super_bytes());
                 let at = t * (inputs.cols / SUB) + w0 * 8;
                 if sbs == 2 {
-                    f = window::<2>(b, inputs, at, f);
+                    f = window::<2>(fmt, b, inputs, at, f);
                 } else {
-                    f = window::<1>(b, inputs, at, f);
+                    f = window::<1>(fmt, b, inputs, at, f);
                 }
             }
         }
@@ -112,8 +113,8 @@ unsafe fn q6k_super(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m512) ->
     }
 }
 
-/// `S` super-blocks at `b` (one window, or its first half) against input
-/// sub-blocks `at..` of the inputs, added to `f`.
+/// `S` Q4_K or Q5_K (`fmt`) super-blocks at `b` (one window, or its first
+/// half) against input sub-blocks `at..` of the inputs, added to `f`.
 ///
 /// The nibbles stay bytes: each code is `256 * high + low`, so a
 /// sub-block's dot is `256 * sum q * high + sum q * low`, two `vpdpbusd`
@@ -124,12 +125,11 @@ unsafe fn q6k_super(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m512) ->
 /// kernel is bound by its shuffles.
 ///
 /// # Safety
-/// AVX-512 F/BW/VNNI; `S` super-blocks at `b`, `8 * S` sub-blocks from
-/// `at` in the inputs, whose `high` and `low` bytes exist.
+/// AVX-512 F/BW/VNNI; `S` super-blocks of `fmt` at `b`, `8 * S` sub-blocks
+/// from `at` in the inputs, whose `high` and `low` bytes exist.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn window<const S: usize>(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m512) -> __m512 {
-    let nib = _mm256_set1_epi8(0x0F);
+unsafe fn window<const S: usize>(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize, f: __m512) -> __m512 {
     // Vector c: sub-blocks 2c (lanes 0-7) and 2c + 1 (lanes 8-15).
     let mut dots = [_mm512_setzero_si512(); 8];
     let mut bytes = [0u8; 32];
@@ -138,7 +138,7 @@ unsafe fn window<const S: usize>(b: *const u8, inputs: &Int16Inputs, at: usize, 
         // SAFETY: super-block s at b (the caller's), its sub-blocks' code
         // bytes from `at`.
         unsafe {
-            let sb = b.add(s * SUPER_BYTES);
+            let sb = b.add(s * fmt.super_bytes());
             let scales = &*(sb.add(4) as *const [u8; 12]);
             let sc = scale_bytes(scales);
             bytes[8 * s..8 * s + 8].copy_from_slice(&sc[..8]);
@@ -147,9 +147,7 @@ unsafe fn window<const S: usize>(b: *const u8, inputs: &Int16Inputs, at: usize, 
             halves[8 * s..8 * s + 8].fill(d);
             halves[16 + 8 * s..16 + 8 * s + 8].fill(dmin);
             for c in 0..4 {
-                let v = _mm256_loadu_si256(sb.add(16 + 32 * c) as *const __m256i);
-                let lo = _mm256_and_si256(v, nib);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                let (lo, hi) = pair_bytes(fmt, sb, c);
                 let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
                 let k = at + 8 * s + 2 * c;
                 let high = _mm512_loadu_si512(inputs.high.as_ptr().add(k * SUB) as *const _);
@@ -282,8 +280,8 @@ pub(super) unsafe fn block_products(
             // sub-blocks.
             unsafe {
                 match (fmt, whole) {
-                    (Format::Q4K, true) => tile::<TILE, 1>(tr, inputs, t0, (nr, first), out),
-                    (Format::Q4K, false) => tile::<1, 1>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q4K | Format::Q5K, true) => tile::<TILE, 1>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q4K | Format::Q5K, false) => tile::<1, 1>(tr, inputs, t0, (nr, first), out),
                     (Format::Q6K, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
                     (Format::Q6K, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
                 }

@@ -1,5 +1,5 @@
-//! Q4_K and Q6_K products on int16 inputs: every product of a Q4_K or
-//! Q6_K matrix (trunk and experts, decode and prefill alike: one
+//! Q4_K, Q5_K and Q6_K products on int16 inputs: every product of such a
+//! matrix (trunk and experts, decode and prefill alike: one
 //! definition, so a prompt's logits do not depend on its chunks and the
 //! prefix cache gives the uncached bits) quantises its input to int16 per
 //! sub-block of 32 values and dots each group of the row that shares a
@@ -25,9 +25,12 @@
 //!   clamped to +-32767 (all 0, scale 0, where `amax == 0`; scale NaN,
 //!   codes 0, where a value is not finite, so the product is NaN as f32
 //!   products would make it), and `sum_j = sum c`.
-//! - Q4_K: a row's sub-block `j` (ggml's `d * sc_j * q - dmin * m_j`, q a
-//!   nibble): `dot_j = sum q * c` over its 32 columns, an exact integer
-//!   (below 2^24, so exact in f32 too); `v = (d * sc_j) * dot_j` rounded,
+//! - Q4_K and Q5_K: a row's sub-block `j` (ggml's `d * sc_j * q - dmin *
+//!   m_j`, q a nibble, or for Q5_K five bits, a nibble and one bit of
+//!   `qh`): `dot_j = sum q * c` over its 32 columns, an exact integer
+//!   (Q4_K's below 2^24, so exact in f32 too; Q5_K's up to 2^25, converted
+//!   to f32 rounded to nearest, as every level converts it); `v = (d *
+//!   sc_j) * dot_j` rounded,
 //!   then `v = fma(-(dmin * m_j), sum_j, v)` (both scale products are
 //!   exact, as ggml's). Sixteen lanes `F`, zero at first, take
 //!   `F[j % 16] = fma(s_j, v, F[j % 16])` over the sub-blocks in order.
@@ -71,12 +74,16 @@ pub(crate) const SUPER_BYTES: usize = 144;
 /// Bytes of a Q6_K super-block (`block_q6_K`: 128 bytes of low nibbles,
 /// 64 of high bit pairs, 16 int8 scales, f16 d).
 pub(crate) const Q6K_BYTES: usize = 210;
+/// Bytes of a Q5_K super-block (`block_q5_K`: Q4_K's d, dmin and scales,
+/// then 32 bytes of fifth bits `qh`, then the 128 bytes of nibbles).
+pub(crate) const Q5K_BYTES: usize = 176;
 const CODE_MAX: f32 = 32767.0;
 
 /// The block types computed on int16 inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Format {
     Q4K,
+    Q5K,
     Q6K,
 }
 
@@ -86,6 +93,7 @@ impl Format {
     pub(crate) fn of(ty: GgmlType) -> Option<Format> {
         match ty {
             GgmlType::Q4K => Some(Format::Q4K),
+            GgmlType::Q5K => Some(Format::Q5K),
             GgmlType::Q6K => Some(Format::Q6K),
             _ => None,
         }
@@ -94,6 +102,7 @@ impl Format {
     pub(crate) const fn super_bytes(self) -> usize {
         match self {
             Format::Q4K => SUPER_BYTES,
+            Format::Q5K => Q5K_BYTES,
             Format::Q6K => Q6K_BYTES,
         }
     }
@@ -101,7 +110,7 @@ impl Format {
     /// Groups of values sharing a scale per sub-block of 32.
     pub(crate) const fn groups(self) -> usize {
         match self {
-            Format::Q4K => 1,
+            Format::Q4K | Format::Q5K => 1,
             Format::Q6K => 2,
         }
     }
@@ -164,7 +173,7 @@ impl Int16Inputs {
 /// Bytes `Int16Inputs` holds for `inputs` inputs of `cols` values: the
 /// codes, and a scale and a code sum per sub-block (2.25 bytes a value;
 /// fewer than `BLOCK_MIN_INPUTS` inputs, a decode's, add two more).
-/// The memory plan counts them for a chunk's Q4_K and Q6_K products.
+/// The memory plan counts them for a chunk's Q4_K, Q5_K and Q6_K products.
 pub fn int16_input_bytes(inputs: usize, cols: usize) -> usize {
     let bytes = if inputs < BLOCK_MIN_INPUTS { 2 } else { 0 };
     inputs * ((2 + bytes) * cols + 8 * cols.div_ceil(SUB))
@@ -310,7 +319,7 @@ impl<W: Copy, const B: usize> Transposed<W, B> {
             for r in 0..B {
                 let b = (r < nr).then(|| &rows[r * rb + sb * sbb..][..sbb]);
                 match fmt {
-                    Format::Q4K => {
+                    Format::Q4K | Format::Q5K => {
                         let (d1, m1) = b.map_or(([0.0; 8], [0.0; 8]), super_scales);
                         for k in 0..8 {
                             (self.d1[sb * 8 + k][r], self.m1[sb * 8 + k][r]) = (d1[k], m1[k]);
@@ -383,27 +392,24 @@ fn q6k_value(b: &[u8], i: usize) -> i32 {
 /// against input `t`.
 pub(crate) fn row_scalar(fmt: Format, row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
     match fmt {
-        Format::Q4K => row_scalar_q4k(row, inputs, t),
+        Format::Q4K | Format::Q5K => row_scalar_q4k(fmt, row, inputs, t),
         Format::Q6K => row_scalar_q6k(row, inputs, t),
     }
 }
 
-fn row_scalar_q4k(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
+/// Q4_K's or Q5_K's row (`fmt`) against input `t`.
+fn row_scalar_q4k(fmt: Format, row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
     let cols = inputs.cols;
     let base = t * cols / SUB;
     let mut f = [0f32; LANES];
-    for (sb, b) in row.chunks_exact(SUPER_BYTES).enumerate() {
+    for (sb, b) in row.chunks_exact(fmt.super_bytes()).enumerate() {
         let (d1, m1) = super_scales(b);
-        let qs = &b[16..SUPER_BYTES];
         for j in 0..8 {
-            let (c, high) = (j / 2, j % 2 == 1);
             let at = base + sb * 8 + j;
             let codes = &inputs.codes[at * SUB..(at + 1) * SUB];
             let mut dot = 0i32;
             for (l, &code) in codes.iter().enumerate() {
-                let byte = qs[32 * c + l];
-                let q = if high { byte >> 4 } else { byte & 15 };
-                dot += i32::from(q) * i32::from(code);
+                dot += i32::from(q4k_value(fmt, b, j, l)) * i32::from(code);
             }
             let v = d1[j] * dot as f32;
             // Not `mul_add`: MinGW's `fmaf` is not fused (CI under wine).
@@ -413,6 +419,22 @@ fn row_scalar_q4k(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
         }
     }
     reduce_lanes(&f)
+}
+
+/// Value `l` of sub-block `j` of a Q4_K or Q5_K super-block, the integer
+/// ggml's `dequantize_row_q4_K` / `_q5_K` scales: the nibble of byte `l`
+/// of the sub-block pair's 32 (low for even `j`), and for Q5_K 16 more
+/// where bit `j` of `qh[l]` is set.
+#[inline(always)]
+fn q4k_value(fmt: Format, b: &[u8], j: usize, l: usize) -> u8 {
+    let (c, high) = (j / 2, j % 2 == 1);
+    let qs = if fmt == Format::Q5K { 48 } else { 16 };
+    let byte = b[qs + 32 * c + l];
+    let q = if high { byte >> 4 } else { byte & 15 };
+    match fmt {
+        Format::Q5K => q | (((b[16 + l] >> j) & 1) << 4),
+        _ => q,
+    }
 }
 
 fn row_scalar_q6k(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {

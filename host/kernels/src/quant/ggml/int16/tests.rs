@@ -1,17 +1,23 @@
-//! The int16 Q4_K and Q6_K products: every level against the definition
+//! The int16 Q4_K, Q5_K and Q6_K products: every level against the definition
 //! (`row_scalar`) bit for bit, the definition against the f32 product of
 //! ggml's values within the input rounding's bound, and every entry point
-//! of a Q4_K or Q6_K matrix giving the same bits.
+//! of such a matrix giving the same bits.
 
 use super::*;
 use crate::quant::ggml::{dequantize_row, GgmlMatrix, GgmlType};
 use crate::quant::kmeans::Rng;
 
-/// Random Q4_K super-blocks with f16 `d` and `dmin` of a trained file's
-/// size (about 1e-3) and every scale, min and nibble random.
+/// Random Q4_K (or, `fmt`, Q5_K) super-blocks with f16 `d` and `dmin` of a
+/// trained file's size (about 1e-3) and every scale, min, nibble and fifth
+/// bit random.
 fn q4k_rows(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
-    let mut bytes: Vec<u8> = (0..rows * cols / SUPER * SUPER_BYTES).map(|_| rng.below(256) as u8).collect();
-    for b in bytes.chunks_exact_mut(SUPER_BYTES) {
+    q4k_like_rows(Format::Q4K, rows, cols, rng)
+}
+
+fn q4k_like_rows(fmt: Format, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let sbb = fmt.super_bytes();
+    let mut bytes: Vec<u8> = (0..rows * cols / SUPER * sbb).map(|_| rng.below(256) as u8).collect();
+    for b in bytes.chunks_exact_mut(sbb) {
         let d = half::f16::from_f32(0.5e-3 + 1e-3 * rng.unit() as f32).to_le_bytes();
         let dmin = half::f16::from_f32(0.2e-3 + 1e-3 * rng.unit() as f32).to_le_bytes();
         b[0..2].copy_from_slice(&d);
@@ -33,16 +39,17 @@ fn q6k_rows(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
 
 fn rows_of(fmt: Format, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     match fmt {
-        Format::Q4K => q4k_rows(rows, cols, rng),
+        Format::Q4K | Format::Q5K => q4k_like_rows(fmt, rows, cols, rng),
         Format::Q6K => q6k_rows(rows, cols, rng),
     }
 }
 
-const FORMATS: [Format; 2] = [Format::Q4K, Format::Q6K];
+const FORMATS: [Format; 3] = [Format::Q4K, Format::Q5K, Format::Q6K];
 
 fn ggml_type(fmt: Format) -> GgmlType {
     match fmt {
         Format::Q4K => GgmlType::Q4K,
+        Format::Q5K => GgmlType::Q5K,
         Format::Q6K => GgmlType::Q6K,
     }
 }
@@ -58,6 +65,26 @@ fn q6k_values_are_dequantize_row_q6_k_s() {
     let d1 = q6k_scales(&b);
     for (i, &v) in values.iter().enumerate() {
         assert_eq!(v, d1[i / 16] * q6k_value(&b, i) as f32, "value {i}");
+    }
+}
+
+/// Q4_K's and Q5_K's value `l` of sub-block `j` as `q4k_value` reads it
+/// is ggml's: its dequantised value is `d * sc_j * q - dmin * m_j`.
+#[test]
+fn q4k_and_q5k_values_are_dequantize_row_q4_k_and_q5_k_s() {
+    let mut rng = Rng::new(6);
+    for fmt in [Format::Q4K, Format::Q5K] {
+        let b = q4k_like_rows(fmt, 1, SUPER, &mut rng);
+        let mut values = vec![0f32; SUPER];
+        dequantize_row(ggml_type(fmt), &b, &mut values);
+        let (d1, m1) = super_scales(&b);
+        for (i, &v) in values.iter().enumerate() {
+            let (j, l) = (i / SUB, i % SUB);
+            assert_eq!(v, d1[j] * f32::from(q4k_value(fmt, &b, j, l)) - m1[j], "{fmt:?} value {i}");
+        }
+        if fmt == Format::Q5K {
+            assert!((0..SUPER).any(|i| q4k_value(fmt, &b, i / SUB, i % SUB) >= 16), "no fifth bit set");
+        }
     }
 }
 
@@ -209,7 +236,7 @@ fn int16_products_are_within_the_input_roundings_bound_of_ggmls_values() {
     }
 }
 
-/// A Q4_K or Q6_K matrix's matvec, matmul, row_dots and a trunk view's
+/// A Q4_K, Q5_K or Q6_K matrix's matvec, matmul, row_dots and a trunk view's
 /// matvec_many and matmul give each (row, input) the definition's bits, in
 /// parallel or not. (A trunk view's matmul had run every GGUF type's
 /// decoded rows in f32.)

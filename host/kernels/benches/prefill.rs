@@ -13,7 +13,7 @@
 //!
 //! The q4 products are int8 (`quant::int8`): their "% of peak" is of the
 //! integer ceiling at the level in force (`vpdpbusd` or `maddubs`); GGUF
-//! Q4_K's, Q5_K's and Q6_K's are int16 (`quant::ggml::int16`), of `vpdpwssd`'s or
+//! Q4_K's, Q5_K's, Q6_K's and IQ4_XS's are int16 (`quant::ggml::int16`), of `vpdpwssd`'s or
 //! `pmaddwd`'s; the others' of the FMA peak.
 //!
 //! `cargo bench -p waste-kernels --bench prefill` (`--quick`: fewer tokens;
@@ -53,7 +53,7 @@ fn main() {
         let int8_peak = int8.map_or(f64::NAN, |(p, _)| p);
         let int16 = pool.install(|| int16_peak_gmacs(threads, isa().name())).expect("pool");
         if let Some((p, how)) = int16 {
-            println!("int16 peak {p:.1} GMAC/s ({how}): GGUF Q4_K's, Q5_K's and Q6_K's products");
+            println!("int16 peak {p:.1} GMAC/s ({how}): GGUF Q4_K's, Q5_K's, Q6_K's and IQ4_XS's products");
         }
         let int16_peak = int16.map_or(f64::NAN, |(p, _)| p);
         let peak_of = |fmt: TrunkFormat| match fmt {

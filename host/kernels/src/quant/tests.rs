@@ -486,7 +486,7 @@ fn matvec_many_is_bit_identical_to_matvec_per_input() {
 
 /// Matrices sharing their inputs (`matvec_many_each`: q, k and v) give each
 /// output the bits of its own `matvec_many`: q4 sharing int8 inputs, GGUF
-/// Q4_K, Q5_K and Q6_K sharing int16 ones, and mixed formats or widths each on
+/// Q4_K, Q5_K, Q6_K and IQ4_XS sharing int16 ones, and mixed formats or widths each on
 /// its own.
 #[test]
 fn matvec_many_each_gives_each_matrix_its_own_bits() {

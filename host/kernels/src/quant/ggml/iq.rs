@@ -11,7 +11,7 @@ use super::blocks::h;
 use super::grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 
 /// `kvalues_iq4nl`: the 16 levels of IQ4_NL / IQ4_XS.
-const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+pub(crate) const IQ4NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 /// `IQ1S_DELTA` / `IQ1M_DELTA`.
 const IQ1_DELTA: f32 = 0.125;

@@ -1,17 +1,19 @@
-//! Q4_K, Q5_K and Q6_K rows on int16 inputs with AVX2: the AVX-512 form on two
+//! Q4_K, Q5_K, Q6_K and IQ4_XS rows on int16 inputs with AVX2: the AVX-512 form on two
 //! halves. A sub-block is two vectors of sixteen int16 values against the
 //! input's, `pmaddwd` adding pairs into eight int32 lanes; eight partial
 //! vectors (a Q4_K sub-block's, or a Q6_K group's) are summed into one
 //! vector of their exact dots, and the sixteen lanes of the definition are
 //! two `__m256`.
 
-use super::{scale_bytes, Format, Int16Inputs, Outputs, CODE_MAX, LANES, Q6K_BYTES, SUB, SUPER};
+use super::{scale_bytes, super_scales, Format, Int16Inputs, Outputs, CODE_MAX, LANES, Q6K_BYTES, SUB, SUPER};
+use crate::quant::ggml::iq::IQ4NL_VALUES;
 use crate::quant::int8::avx2::transpose8;
 use std::arch::x86_64::*;
 
 /// Sub-blocks `2c` and `2c + 1` of the `fmt` super-block at `b`, 32
 /// signed bytes each: the integers ggml's dequantisation scales (Q4_K's
-/// nibbles, Q5_K's nibbles with their fifth bits, Q6_K's `q - 32`).
+/// nibbles, Q5_K's nibbles with their fifth bits, Q6_K's `q - 32`,
+/// IQ4_XS's `kvalues_iq4nl[q]`).
 ///
 /// # Safety
 /// AVX2; a whole super-block of `fmt` at `b`, `c < 4`.
@@ -41,6 +43,17 @@ pub(super) unsafe fn pair_bytes(fmt: Format, b: *const u8, c: usize) -> (__m256i
                 let hi =
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), nib), _mm256_and_si256(hi_bit, five));
                 (lo, hi)
+            }
+            Format::Iq4Xs => {
+                // Sub-block 2c's 16 bytes then 2c + 1's: each sub-block's
+                // low nibbles are its values 0..16, its high nibbles 16..32,
+                // looked up in the table (the same in both 128-bit lanes).
+                let v = _mm256_loadu_si256(b.add(8 + 32 * c) as *const __m256i);
+                let (lo, hi) = (_mm256_and_si256(v, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+                let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4NL_VALUES.as_ptr() as *const __m128i));
+                let first = _mm256_permute2x128_si256::<0x20>(lo, hi);
+                let second = _mm256_permute2x128_si256::<0x31>(lo, hi);
+                (_mm256_shuffle_epi8(table, first), _mm256_shuffle_epi8(table, second))
             }
             Format::Q6K => {
                 // Half `c / 2` of the block: its sub-blocks 0 and 1 are the
@@ -105,7 +118,7 @@ pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs,
     }
 }
 
-/// The Q4_K or Q5_K (`fmt`) super-block at `b` against sub-blocks
+/// The Q4_K, Q5_K or IQ4_XS (`fmt`) super-block at `b` against sub-blocks
 /// `at..at + 8` of the inputs, added to `f`'s eight lanes.
 ///
 /// # Safety
@@ -123,16 +136,25 @@ unsafe fn super_block(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
             for (k, half) in [(2 * c, lo), (2 * c + 1, hi)] {
                 let x0 = _mm256_loadu_si256(x.add(k * SUB) as *const __m256i);
                 let x1 = _mm256_loadu_si256(x.add(k * SUB + 16) as *const __m256i);
-                let q0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(half));
-                let q1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(half));
+                // Signed: IQ4_XS's values are (Q4_K's and Q5_K's below
+                // 32 widen alike).
+                let q0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(half));
+                let q1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(half));
                 a[k] = _mm256_add_epi32(_mm256_madd_epi16(q0, x0), _mm256_madd_epi16(q1, x1));
             }
         }
-        let bytes = scale_bytes(&*(b.add(4) as *const [u8; 12]));
-        let d = super::h(std::slice::from_raw_parts(b, 4), 0);
-        let dmin = super::h(std::slice::from_raw_parts(b, 4), 2);
-        let d1 = _mm256_mul_ps(_mm256_set1_ps(d), widen(bytes.as_ptr()));
-        let m1 = _mm256_mul_ps(_mm256_set1_ps(dmin), widen(bytes.as_ptr().add(8)));
+        let (d1, m1) = if fmt == Format::Iq4Xs {
+            let (d1, m1) = super_scales(fmt, std::slice::from_raw_parts(b, super::IQ4XS_BYTES));
+            (_mm256_loadu_ps(d1.as_ptr()), _mm256_loadu_ps(m1.as_ptr()))
+        } else {
+            let bytes = scale_bytes(&*(b.add(4) as *const [u8; 12]));
+            let d = super::h(std::slice::from_raw_parts(b, 4), 0);
+            let dmin = super::h(std::slice::from_raw_parts(b, 4), 2);
+            (
+                _mm256_mul_ps(_mm256_set1_ps(d), widen(bytes.as_ptr())),
+                _mm256_mul_ps(_mm256_set1_ps(dmin), widen(bytes.as_ptr().add(8))),
+            )
+        };
         let dots = _mm256_cvtepi32_ps(sum_lanes(&a));
         let sums = _mm256_loadu_ps(inputs.sums.as_ptr().add(at));
         let scales = _mm256_loadu_ps(inputs.scales.as_ptr().add(at));
@@ -279,8 +301,12 @@ pub(super) unsafe fn block_products(
             // sub-blocks.
             unsafe {
                 match (fmt, whole) {
-                    (Format::Q4K | Format::Q5K, true) => tile::<TILE, 1>(tr, inputs, t0, (nr, first), out),
-                    (Format::Q4K | Format::Q5K, false) => tile::<1, 1>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q4K | Format::Q5K | Format::Iq4Xs, true) => {
+                        tile::<TILE, 1>(tr, inputs, t0, (nr, first), out)
+                    }
+                    (Format::Q4K | Format::Q5K | Format::Iq4Xs, false) => {
+                        tile::<1, 1>(tr, inputs, t0, (nr, first), out)
+                    }
                     (Format::Q6K, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
                     (Format::Q6K, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
                 }

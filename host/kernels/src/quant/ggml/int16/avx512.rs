@@ -1,4 +1,4 @@
-//! Q4_K, Q5_K and Q6_K rows on int16 inputs with AVX-512 VNNI. A row
+//! Q4_K, Q5_K, Q6_K and IQ4_XS rows on int16 inputs with AVX-512 VNNI. A row
 //! window of sixteen Q4_K or Q5_K sub-blocks (two super-blocks) against an input is two
 //! `vpdpbusd` per pair of sub-blocks (their 64 nibbles as bytes against the
 //! codes' high and low bytes), the eight partial vectors summed into one
@@ -10,7 +10,7 @@
 //! `vpdpwssd` against each input's codes broadcast.
 
 use super::avx2::{pair_bytes, prefetch_next_row};
-use super::{scale_bytes, Format, Int16Inputs, Outputs, LANES, Q6K_BYTES, SUB, SUPER};
+use super::{scale_bytes, super_scales, Format, Int16Inputs, Outputs, IQ4XS_BYTES, LANES, Q6K_BYTES, SUB, SUPER};
 use crate::quant::int8::avx512::sum_pair;
 use std::arch::x86_64::*;
 
@@ -53,11 +53,12 @@ pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs,
             unsafe {
                 let b = row.as_ptr().add(w0 * fmt.super_bytes());
                 let at = t * (inputs.cols / SUB) + w0 * 8;
-                if sbs == 2 {
-                    f = window::<2>(fmt, b, inputs, at, f);
-                } else {
-                    f = window::<1>(fmt, b, inputs, at, f);
-                }
+                f = match (fmt, sbs) {
+                    (Format::Iq4Xs, 2) => iq4xs_window::<2>(b, inputs, at, f),
+                    (Format::Iq4Xs, _) => iq4xs_window::<1>(b, inputs, at, f),
+                    (_, 2) => window::<2>(fmt, b, inputs, at, f),
+                    _ => window::<1>(fmt, b, inputs, at, f),
+                };
             }
         }
         *o = reduce(f);
@@ -173,6 +174,53 @@ unsafe fn window<const S: usize>(fmt: Format, b: *const u8, inputs: &Int16Inputs
     }
 }
 
+/// `window` for IQ4_XS, whose values are signed, so `vpdpbusd` cannot
+/// take them against the codes' unsigned low bytes: each sub-block's
+/// values widened to int16 and `vpmaddwd` with its codes, the two halves
+/// of the products folded so that vector `c` holds sub-block `2c`'s
+/// partial sums in lanes 0-7 and `2c + 1`'s in 8-15, as `window`'s do;
+/// the scales `d * (ls - 32)`, no mins.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI; `S` IQ4_XS super-blocks at `b`, `8 * S` sub-blocks
+/// from `at` in the inputs.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn iq4xs_window<const S: usize>(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m512) -> __m512 {
+    let mut dots = [_mm512_setzero_si512(); 8];
+    let mut d1 = [0f32; LANES];
+    for s in 0..S {
+        // SAFETY: super-block s at b (the caller's), its sub-blocks' codes
+        // from `at`.
+        unsafe {
+            let sb = b.add(s * IQ4XS_BYTES);
+            d1[8 * s..8 * s + 8]
+                .copy_from_slice(&super_scales(Format::Iq4Xs, std::slice::from_raw_parts(sb, IQ4XS_BYTES)).0);
+            for c in 0..4 {
+                let (lo, hi) = pair_bytes(Format::Iq4Xs, sb, c);
+                let k = at + 8 * s + 2 * c;
+                let x = |k: usize| _mm512_loadu_si512(inputs.codes.as_ptr().add(k * SUB) as *const _);
+                let m0 = _mm512_madd_epi16(_mm512_cvtepi8_epi16(lo), x(k));
+                let m1 = _mm512_madd_epi16(_mm512_cvtepi8_epi16(hi), x(k + 1));
+                let first = _mm512_shuffle_i64x2::<0x44>(m0, m1);
+                let second = _mm512_shuffle_i64x2::<0xEE>(m0, m1);
+                dots[4 * s + c] = _mm512_add_epi32(first, second);
+            }
+        }
+    }
+    // SAFETY: sixteen scales; the inputs' scales and sums hold 8 * S from
+    // `at` (masked beyond).
+    unsafe {
+        let mask: __mmask16 = if S == 2 { 0xFFFF } else { 0x00FF };
+        let dots = _mm512_cvtepi32_ps(sum_sub_block_pairs(&dots));
+        let sums = _mm512_maskz_loadu_ps(mask, inputs.sums.as_ptr().add(at));
+        let scales = _mm512_maskz_loadu_ps(mask, inputs.scales.as_ptr().add(at));
+        // The definition's min step with `m_j` 0, as every level takes it.
+        let v = _mm512_fnmadd_ps(_mm512_setzero_ps(), sums, _mm512_mul_ps(_mm512_loadu_ps(d1.as_ptr()), dots));
+        _mm512_mask3_fmadd_ps(scales, v, f, mask)
+    }
+}
+
 /// Lane `u` = the sum of unit `u`'s eight lanes, where vector `i` holds
 /// unit `2i` in lanes 0-7 and unit `2i + 1` in lanes 8-15 (Q4_K's
 /// sub-blocks in a row window, Q6_K's groups in a super-block).
@@ -280,8 +328,12 @@ pub(super) unsafe fn block_products(
             // sub-blocks.
             unsafe {
                 match (fmt, whole) {
-                    (Format::Q4K | Format::Q5K, true) => tile::<TILE, 1>(tr, inputs, t0, (nr, first), out),
-                    (Format::Q4K | Format::Q5K, false) => tile::<1, 1>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q4K | Format::Q5K | Format::Iq4Xs, true) => {
+                        tile::<TILE, 1>(tr, inputs, t0, (nr, first), out)
+                    }
+                    (Format::Q4K | Format::Q5K | Format::Iq4Xs, false) => {
+                        tile::<1, 1>(tr, inputs, t0, (nr, first), out)
+                    }
                     (Format::Q6K, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
                     (Format::Q6K, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
                 }

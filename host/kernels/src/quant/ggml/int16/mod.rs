@@ -1,5 +1,5 @@
-//! Q4_K, Q5_K and Q6_K products on int16 inputs: every product of such a
-//! matrix (trunk and experts, decode and prefill alike: one
+//! Q4_K, Q5_K, Q6_K and IQ4_XS products on int16 inputs: every product
+//! of such a matrix (trunk and experts, decode and prefill alike: one
 //! definition, so a prompt's logits do not depend on its chunks and the
 //! prefix cache gives the uncached bits) quantises its input to int16 per
 //! sub-block of 32 values and dots each group of the row that shares a
@@ -39,6 +39,10 @@
 //!   `dot_g = sum (q - 32) * c`, exact (below 2^24); `v = (d * sc_g) *
 //!   dot_g` rounded; `F[g % 16] = fma(s_j, v, F[g % 16])` over the groups
 //!   in order (a super-block's sixteen groups fill the sixteen lanes).
+//! - IQ4_XS: Q4_K's steps with its own values and scales and no mins
+//!   (`m_j` 0, so the min's `fma` adds a zero): a sub-block's values are
+//!   `kvalues_iq4nl[q]` (signed, at most 127 in size), its scale `d *
+//!   (ls_j - 32)`, ggml's `dl`.
 //! - The row's product is `((F0+F8)+(F4+F12))+((F2+F10)+(F6+F14))` plus
 //!   the same of the odd lanes, `(e0 + e1)` in `reduce_lanes`.
 //!
@@ -59,6 +63,7 @@ mod tests;
 use rayon::prelude::*;
 
 use super::blocks::{h, scale_min_k4};
+use super::iq::IQ4NL_VALUES;
 use super::GgmlType;
 use crate::quant::int8::Level;
 use crate::quant::simd::fused_mul_add;
@@ -77,6 +82,10 @@ pub(crate) const Q6K_BYTES: usize = 210;
 /// Bytes of a Q5_K super-block (`block_q5_K`: Q4_K's d, dmin and scales,
 /// then 32 bytes of fifth bits `qh`, then the 128 bytes of nibbles).
 pub(crate) const Q5K_BYTES: usize = 176;
+/// Bytes of an IQ4_XS super-block (`block_iq4_xs`: f16 d, a u16 of the
+/// scales' top two bits, 4 bytes of their low nibbles, 128 bytes of
+/// indices into `kvalues_iq4nl`, two a byte).
+pub(crate) const IQ4XS_BYTES: usize = 136;
 const CODE_MAX: f32 = 32767.0;
 
 /// The block types computed on int16 inputs.
@@ -85,6 +94,7 @@ pub(crate) enum Format {
     Q4K,
     Q5K,
     Q6K,
+    Iq4Xs,
 }
 
 impl Format {
@@ -95,6 +105,7 @@ impl Format {
             GgmlType::Q4K => Some(Format::Q4K),
             GgmlType::Q5K => Some(Format::Q5K),
             GgmlType::Q6K => Some(Format::Q6K),
+            GgmlType::Iq4Xs => Some(Format::Iq4Xs),
             _ => None,
         }
     }
@@ -104,13 +115,14 @@ impl Format {
             Format::Q4K => SUPER_BYTES,
             Format::Q5K => Q5K_BYTES,
             Format::Q6K => Q6K_BYTES,
+            Format::Iq4Xs => IQ4XS_BYTES,
         }
     }
 
     /// Groups of values sharing a scale per sub-block of 32.
     pub(crate) const fn groups(self) -> usize {
         match self {
-            Format::Q4K | Format::Q5K => 1,
+            Format::Q4K | Format::Q5K | Format::Iq4Xs => 1,
             Format::Q6K => 2,
         }
     }
@@ -173,7 +185,7 @@ impl Int16Inputs {
 /// Bytes `Int16Inputs` holds for `inputs` inputs of `cols` values: the
 /// codes, and a scale and a code sum per sub-block (2.25 bytes a value;
 /// fewer than `BLOCK_MIN_INPUTS` inputs, a decode's, add two more).
-/// The memory plan counts them for a chunk's Q4_K, Q5_K and Q6_K products.
+/// The memory plan counts them for a chunk's int16 products (`Format::of`).
 pub fn int16_input_bytes(inputs: usize, cols: usize) -> usize {
     let bytes = if inputs < BLOCK_MIN_INPUTS { 2 } else { 0 };
     inputs * ((2 + bytes) * cols + 8 * cols.div_ceil(SUB))
@@ -240,12 +252,23 @@ pub(crate) fn reduce_lanes(f: &[f32; LANES]) -> f32 {
     e[0] + e[1]
 }
 
-/// The scales and mins of one super-block, ggml's products:
-/// `(d * sc_j, dmin * m_j)` for its eight sub-blocks.
+/// The scales and mins of one Q4_K or Q5_K super-block, ggml's
+/// products: `(d * sc_j, dmin * m_j)` for its eight sub-blocks; an IQ4_XS
+/// one's `d * (ls_j - 32)` and zeros (`fmt`).
 #[inline(always)]
-pub(crate) fn super_scales(b: &[u8]) -> ([f32; 8], [f32; 8]) {
-    let (d, dmin) = (h(b, 0), h(b, 2));
+pub(crate) fn super_scales(fmt: Format, b: &[u8]) -> ([f32; 8], [f32; 8]) {
     let mut out = ([0f32; 8], [0f32; 8]);
+    if fmt == Format::Iq4Xs {
+        let d = h(b, 0);
+        let scales_h = u16::from_le_bytes([b[2], b[3]]);
+        for (j, d1) in out.0.iter_mut().enumerate() {
+            let low = (b[4 + j / 2] >> (4 * (j % 2))) & 15;
+            let high = ((scales_h >> (2 * j)) & 3) as u8;
+            *d1 = d * f32::from(i16::from(low | (high << 4)) - 32);
+        }
+        return out;
+    }
+    let (d, dmin) = (h(b, 0), h(b, 2));
     for j in 0..8 {
         let (sc, m) = scale_min_k4(j, &b[4..16]);
         (out.0[j], out.1[j]) = (d * sc, dmin * m);
@@ -319,8 +342,8 @@ impl<W: Copy, const B: usize> Transposed<W, B> {
             for r in 0..B {
                 let b = (r < nr).then(|| &rows[r * rb + sb * sbb..][..sbb]);
                 match fmt {
-                    Format::Q4K | Format::Q5K => {
-                        let (d1, m1) = b.map_or(([0.0; 8], [0.0; 8]), super_scales);
+                    Format::Q4K | Format::Q5K | Format::Iq4Xs => {
+                        let (d1, m1) = b.map_or(([0.0; 8], [0.0; 8]), |b| super_scales(fmt, b));
                         for k in 0..8 {
                             (self.d1[sb * 8 + k][r], self.m1[sb * 8 + k][r]) = (d1[k], m1[k]);
                         }
@@ -392,18 +415,18 @@ fn q6k_value(b: &[u8], i: usize) -> i32 {
 /// against input `t`.
 pub(crate) fn row_scalar(fmt: Format, row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
     match fmt {
-        Format::Q4K | Format::Q5K => row_scalar_q4k(fmt, row, inputs, t),
+        Format::Q4K | Format::Q5K | Format::Iq4Xs => row_scalar_q4k(fmt, row, inputs, t),
         Format::Q6K => row_scalar_q6k(row, inputs, t),
     }
 }
 
-/// Q4_K's or Q5_K's row (`fmt`) against input `t`.
+/// A Q4_K, Q5_K or IQ4_XS row (`fmt`) against input `t`.
 fn row_scalar_q4k(fmt: Format, row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
     let cols = inputs.cols;
     let base = t * cols / SUB;
     let mut f = [0f32; LANES];
     for (sb, b) in row.chunks_exact(fmt.super_bytes()).enumerate() {
-        let (d1, m1) = super_scales(b);
+        let (d1, m1) = super_scales(fmt, b);
         for j in 0..8 {
             let at = base + sb * 8 + j;
             let codes = &inputs.codes[at * SUB..(at + 1) * SUB];
@@ -421,20 +444,27 @@ fn row_scalar_q4k(fmt: Format, row: &[u8], inputs: &Int16Inputs, t: usize) -> f3
     reduce_lanes(&f)
 }
 
-/// Value `l` of sub-block `j` of a Q4_K or Q5_K super-block, the integer
-/// ggml's `dequantize_row_q4_K` / `_q5_K` scales: the nibble of byte `l`
-/// of the sub-block pair's 32 (low for even `j`), and for Q5_K 16 more
-/// where bit `j` of `qh[l]` is set.
+/// Value `l` of sub-block `j` of a Q4_K, Q5_K or IQ4_XS super-block, the
+/// integer ggml's `dequantize_row_q4_K` / `_q5_K` / `_iq4_xs` scales: for
+/// Q4_K the nibble of byte `l` of the sub-block pair's 32 (low for even
+/// `j`), for Q5_K 16 more where bit `j` of `qh[l]` is set, for IQ4_XS
+/// `kvalues_iq4nl` at the low nibble of byte `l` of the sub-block's 16
+/// (`l < 16`) or the high nibble of byte `l - 16`.
 #[inline(always)]
-fn q4k_value(fmt: Format, b: &[u8], j: usize, l: usize) -> u8 {
+fn q4k_value(fmt: Format, b: &[u8], j: usize, l: usize) -> i16 {
+    if fmt == Format::Iq4Xs {
+        let byte = b[8 + 16 * j + l % 16];
+        let q = if l < 16 { byte & 15 } else { byte >> 4 };
+        return i16::from(IQ4NL_VALUES[usize::from(q)]);
+    }
     let (c, high) = (j / 2, j % 2 == 1);
     let qs = if fmt == Format::Q5K { 48 } else { 16 };
     let byte = b[qs + 32 * c + l];
     let q = if high { byte >> 4 } else { byte & 15 };
-    match fmt {
+    i16::from(match fmt {
         Format::Q5K => q | (((b[16 + l] >> j) & 1) << 4),
         _ => q,
-    }
+    })
 }
 
 fn row_scalar_q6k(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {

@@ -1,4 +1,4 @@
-//! The int16 Q4_K, Q5_K and Q6_K products: every level against the definition
+//! The int16 Q4_K, Q5_K, Q6_K and IQ4_XS products: every level against the definition
 //! (`row_scalar`) bit for bit, the definition against the f32 product of
 //! ggml's values within the input rounding's bound, and every entry point
 //! of such a matrix giving the same bits.
@@ -37,20 +37,34 @@ fn q6k_rows(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     bytes
 }
 
+/// Random IQ4_XS super-blocks: every index and scale bit random, an f16
+/// `d` of a trained file's size (about 1e-4, so `d * (ls - 32)` is up to
+/// about 3e-3 and a weight up to about 0.4).
+fn iq4xs_rows(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut bytes: Vec<u8> = (0..rows * cols / SUPER * IQ4XS_BYTES).map(|_| rng.below(256) as u8).collect();
+    for b in bytes.chunks_exact_mut(IQ4XS_BYTES) {
+        let d = half::f16::from_f32(0.5e-4 + 1e-4 * rng.unit() as f32).to_le_bytes();
+        b[0..2].copy_from_slice(&d);
+    }
+    bytes
+}
+
 fn rows_of(fmt: Format, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     match fmt {
         Format::Q4K | Format::Q5K => q4k_like_rows(fmt, rows, cols, rng),
         Format::Q6K => q6k_rows(rows, cols, rng),
+        Format::Iq4Xs => iq4xs_rows(rows, cols, rng),
     }
 }
 
-const FORMATS: [Format; 3] = [Format::Q4K, Format::Q5K, Format::Q6K];
+const FORMATS: [Format; 4] = [Format::Q4K, Format::Q5K, Format::Q6K, Format::Iq4Xs];
 
 fn ggml_type(fmt: Format) -> GgmlType {
     match fmt {
         Format::Q4K => GgmlType::Q4K,
         Format::Q5K => GgmlType::Q5K,
         Format::Q6K => GgmlType::Q6K,
+        Format::Iq4Xs => GgmlType::Iq4Xs,
     }
 }
 
@@ -68,19 +82,24 @@ fn q6k_values_are_dequantize_row_q6_k_s() {
     }
 }
 
-/// Q4_K's and Q5_K's value `l` of sub-block `j` as `q4k_value` reads it
-/// is ggml's: its dequantised value is `d * sc_j * q - dmin * m_j`.
+/// Q4_K's, Q5_K's and IQ4_XS's value `l` of sub-block `j` as `q4k_value`
+/// reads it is ggml's: its dequantised value is `d * sc_j * q - dmin *
+/// m_j` (IQ4_XS's `dl * kvalues_iq4nl[q]`, no min).
 #[test]
-fn q4k_and_q5k_values_are_dequantize_row_q4_k_and_q5_k_s() {
+fn q4k_q5k_and_iq4xs_values_are_ggmls() {
     let mut rng = Rng::new(6);
-    for fmt in [Format::Q4K, Format::Q5K] {
-        let b = q4k_like_rows(fmt, 1, SUPER, &mut rng);
+    for fmt in [Format::Q4K, Format::Q5K, Format::Iq4Xs] {
+        let b = rows_of(fmt, 1, SUPER, &mut rng);
         let mut values = vec![0f32; SUPER];
         dequantize_row(ggml_type(fmt), &b, &mut values);
-        let (d1, m1) = super_scales(&b);
+        let (d1, m1) = super_scales(fmt, &b);
         for (i, &v) in values.iter().enumerate() {
             let (j, l) = (i / SUB, i % SUB);
-            assert_eq!(v, d1[j] * f32::from(q4k_value(fmt, &b, j, l)) - m1[j], "{fmt:?} value {i}");
+            assert_eq!(
+                v.to_bits(),
+                (d1[j] * f32::from(q4k_value(fmt, &b, j, l)) - m1[j]).to_bits(),
+                "{fmt:?} value {i}"
+            );
         }
         if fmt == Format::Q5K {
             assert!((0..SUPER).any(|i| q4k_value(fmt, &b, i / SUB, i % SUB) >= 16), "no fifth bit set");
@@ -236,7 +255,7 @@ fn int16_products_are_within_the_input_roundings_bound_of_ggmls_values() {
     }
 }
 
-/// A Q4_K, Q5_K or Q6_K matrix's matvec, matmul, row_dots and a trunk view's
+/// A Q4_K, Q5_K, Q6_K or IQ4_XS matrix's matvec, matmul, row_dots and a trunk view's
 /// matvec_many and matmul give each (row, input) the definition's bits, in
 /// parallel or not. (A trunk view's matmul had run every GGUF type's
 /// decoded rows in f32.)

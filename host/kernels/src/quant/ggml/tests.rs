@@ -188,6 +188,7 @@ fn random_blocks(ty: GgmlType, n: usize, seed: u32) -> Vec<u8> {
         GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
         GgmlType::Q6K => &[208],
         GgmlType::Q2K => &[80, 82],
+        GgmlType::Q3K => &[108],
         _ => &[0],
     };
     let d = half::f16::from_f32(0.01).to_bits().to_le_bytes();

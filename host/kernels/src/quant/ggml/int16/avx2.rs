@@ -1,11 +1,14 @@
-//! Q4_K, Q5_K, Q6_K and IQ4_XS rows on int16 inputs with AVX2: the AVX-512 form on two
+//! Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS rows on int16 inputs with AVX2: the AVX-512 form on two
 //! halves. A sub-block is two vectors of sixteen int16 values against the
 //! input's, `pmaddwd` adding pairs into eight int32 lanes; eight partial
 //! vectors (a Q4_K sub-block's, or a Q6_K group's) are summed into one
 //! vector of their exact dots, and the sixteen lanes of the definition are
 //! two `__m256`.
 
-use super::{scale_bytes, super_scales, Format, Int16Inputs, Outputs, CODE_MAX, LANES, Q6K_BYTES, SUB, SUPER};
+use super::{
+    q3k_scales, scale_bytes, super_scales, Format, Int16Inputs, Outputs, CODE_MAX, LANES, Q3K_BYTES, Q6K_BYTES, SUB,
+    SUPER,
+};
 use crate::quant::ggml::iq::IQ4NL_VALUES;
 use crate::quant::int8::avx2::transpose8;
 use std::arch::x86_64::*;
@@ -13,7 +16,7 @@ use std::arch::x86_64::*;
 /// Sub-blocks `2c` and `2c + 1` of the `fmt` super-block at `b`, 32
 /// signed bytes each: the integers ggml's dequantisation scales (Q4_K's
 /// nibbles, Q5_K's nibbles with their fifth bits, Q6_K's `q - 32`,
-/// IQ4_XS's `kvalues_iq4nl[q]`).
+/// IQ4_XS's `kvalues_iq4nl[q]`, Q3_K's `q - 4`).
 ///
 /// # Safety
 /// AVX2; a whole super-block of `fmt` at `b`, `c < 4`.
@@ -43,6 +46,23 @@ pub(super) unsafe fn pair_bytes(fmt: Format, b: *const u8, c: usize) -> (__m256i
                 let hi =
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), nib), _mm256_and_si256(hi_bit, five));
                 (lo, hi)
+            }
+            Format::Q3K => {
+                // Sub-blocks 2c and 2c + 1 lie in half c / 2: bit pairs
+                // 2j and 2j + 2 (j = 2 (c % 2)) of its 32 `qs` bytes, and
+                // bits 2c and 2c + 1 of `hmask` as each value's bit 2
+                // (shifted within 16-bit lanes, then masked per byte, which
+                // no bit of the lane's other byte reaches); then `- 4`.
+                let q = _mm256_loadu_si256(b.add(32 + 32 * (c / 2)) as *const __m256i);
+                let hm = _mm256_loadu_si256(b as *const __m256i);
+                let (three, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+                let value = |s: usize, shift: usize| {
+                    let low = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift as i32)), three);
+                    let high = _mm256_slli_epi16::<2>(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(s as i32)));
+                    _mm256_sub_epi8(_mm256_or_si256(low, _mm256_and_si256(high, four)), four)
+                };
+                let j = 2 * (c % 2);
+                (value(2 * c, 2 * j), value(2 * c + 1, 2 * j + 2))
             }
             Format::Iq4Xs => {
                 // Sub-block 2c's 16 bytes then 2c + 1's: each sub-block's
@@ -100,8 +120,8 @@ pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs,
             // SAFETY: super-block sb lies in the row and its sub-blocks in
             // input t (the caller's contract).
             unsafe {
-                if fmt == Format::Q6K {
-                    f = q6k_super(row.as_ptr().add(sb * Q6K_BYTES), inputs, at, f);
+                if fmt.groups() == 2 {
+                    f = group_super(fmt, row.as_ptr().add(sb * fmt.super_bytes()), inputs, at, f);
                 } else {
                     let b = row.as_ptr().add(sb * fmt.super_bytes());
                     f[sb % 2] = super_block(fmt, b, inputs, at, f[sb % 2]);
@@ -163,26 +183,30 @@ unsafe fn super_block(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
     }
 }
 
-/// The Q6_K super-block at `b` against sub-blocks `at..at + 8` of the
-/// inputs, added to `f`'s sixteen lanes (one per group).
+/// The Q3_K or Q6_K (`fmt`) super-block at `b` against sub-blocks
+/// `at..at + 8` of the inputs, added to `f`'s sixteen lanes (one per group).
 ///
 /// # Safety
-/// AVX2 and FMA; a super-block at `b`, eight sub-blocks from `at`.
+/// AVX2 and FMA; a super-block of `fmt` at `b`, eight sub-blocks from `at`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn q6k_super(b: *const u8, inputs: &Int16Inputs, at: usize, f: [__m256; 2]) -> [__m256; 2] {
-    // SAFETY: the block's 210 bytes at b; its sub-blocks' codes and scales
+unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize, f: [__m256; 2]) -> [__m256; 2] {
+    // SAFETY: the block's bytes at b; its sub-blocks' codes and scales
     // from `at` (the caller's).
     unsafe {
         let x = inputs.codes.as_ptr().add(at * SUB);
-        let d = _mm256_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208));
+        let q3k = (fmt == Format::Q3K).then(|| q3k_scales(std::slice::from_raw_parts(b, Q3K_BYTES)));
+        let d = _mm256_set1_ps(match q3k {
+            Some(_) => 0.0,
+            None => super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208),
+        });
         let scales = _mm256_loadu_ps(inputs.scales.as_ptr().add(at));
         let mut out = f;
         // Groups 0..8 (sub-blocks 0..4), then 8..16.
         for (half, o) in out.iter_mut().enumerate() {
             let mut a = [_mm256_setzero_si256(); 8];
             for c in 2 * half..2 * half + 2 {
-                let (u, v) = pair_bytes(Format::Q6K, b, c);
+                let (u, v) = pair_bytes(fmt, b, c);
                 for (k, bytes) in [(2 * c, u), (2 * c + 1, v)] {
                     let q0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes));
                     let q1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(bytes));
@@ -193,8 +217,13 @@ unsafe fn q6k_super(b: *const u8, inputs: &Int16Inputs, at: usize, f: [__m256; 2
                 }
             }
             let dots = _mm256_cvtepi32_ps(sum_lanes(&a));
-            let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(192 + 8 * half) as *const __m128i));
-            let d1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+            let d1 = match &q3k {
+                Some(d1) => _mm256_loadu_ps(d1.as_ptr().add(8 * half)),
+                None => {
+                    let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(192 + 8 * half) as *const __m128i));
+                    _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc))
+                }
+            };
             let pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
             let sub = _mm256_add_epi32(pairs, _mm256_set1_epi32(4 * half as i32));
             let s = _mm256_permutevar8x32_ps(scales, sub);
@@ -307,8 +336,8 @@ pub(super) unsafe fn block_products(
                     (Format::Q4K | Format::Q5K | Format::Iq4Xs, false) => {
                         tile::<1, 1>(tr, inputs, t0, (nr, first), out)
                     }
-                    (Format::Q6K, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
-                    (Format::Q6K, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q3K | Format::Q6K, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q3K | Format::Q6K, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
                 }
             }
             t0 += if whole { TILE } else { 1 };

@@ -1,4 +1,5 @@
-//! Q4_K, Q5_K, Q6_K and IQ4_XS rows on int16 inputs with AVX-512 VNNI. A row
+//! Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS rows on int16 inputs with AVX-512
+//! VNNI. A row
 //! window of sixteen Q4_K or Q5_K sub-blocks (two super-blocks) against an input is two
 //! `vpdpbusd` per pair of sub-blocks (their 64 nibbles as bytes against the
 //! codes' high and low bytes), the eight partial vectors summed into one
@@ -10,7 +11,10 @@
 //! `vpdpwssd` against each input's codes broadcast.
 
 use super::avx2::{pair_bytes, prefetch_next_row};
-use super::{scale_bytes, super_scales, Format, Int16Inputs, Outputs, IQ4XS_BYTES, LANES, Q6K_BYTES, SUB, SUPER};
+use super::{
+    q3k_scales, scale_bytes, super_scales, Format, Int16Inputs, Outputs, IQ4XS_BYTES, LANES, Q3K_BYTES, Q6K_BYTES, SUB,
+    SUPER,
+};
 use crate::quant::int8::avx512::sum_pair;
 use std::arch::x86_64::*;
 
@@ -28,17 +32,18 @@ pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs,
     // this path (fewer than `BLOCK_MIN_INPUTS` inputs), and this holds it
     // to that.
     assert!(
-        fmt == Format::Q6K || (inputs.high.len() == inputs.codes.len() && inputs.low.len() == inputs.codes.len()),
+        fmt.groups() == 2 || (inputs.high.len() == inputs.codes.len() && inputs.low.len() == inputs.codes.len()),
         "Q4_K rows: inputs without their byte planes"
     );
     prefetch_next_row(row);
-    if fmt == Format::Q6K {
+    if fmt.groups() == 2 {
         for (t, o) in out.iter_mut().enumerate() {
             let mut f = _mm512_setzero_ps();
             for sb in 0..supers {
+                let (b, at) = (row.as_ptr().wrapping_add(sb * fmt.super_bytes()), t * (inputs.cols / SUB) + sb * 8);
                 // SAFETY: super-block sb lies in the row and its
                 // sub-blocks in input t (the caller's contract).
-                f = unsafe { q6k_super(row.as_ptr().add(sb * Q6K_BYTES), inputs, t * (inputs.cols / SUB) + sb * 8, f) };
+                f = unsafe { group_super(fmt, b, inputs, at, f) };
             }
             *o = reduce(f);
         }
@@ -83,31 +88,36 @@ const UNIT_LANE: [i32; 16] = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 
 /// Group `g`'s sub-block: the input scale it takes.
 const Q6K_GROUP_SUB: [i32; 16] = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7];
 
-/// The Q6_K super-block at `b` against sub-blocks `at..at + 8` of the
-/// inputs, added to `f`'s sixteen lanes (one per group).
+/// The Q3_K or Q6_K (`fmt`) super-block at `b` against sub-blocks
+/// `at..at + 8` of the inputs, added to `f`'s sixteen lanes (one per group).
 ///
 /// # Safety
-/// AVX-512 F/BW/VNNI; a super-block at `b`, eight sub-blocks from `at`.
+/// AVX-512 F/BW/VNNI; a super-block of `fmt` at `b`, eight sub-blocks from
+/// `at`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q6k_super(b: *const u8, inputs: &Int16Inputs, at: usize, f: __m512) -> __m512 {
-    // SAFETY: the super-block's 210 bytes at b; its sub-blocks' codes and
+unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize, f: __m512) -> __m512 {
+    // SAFETY: the super-block's bytes at b; its sub-blocks' codes and
     // scales from `at` (the caller's).
     unsafe {
         let x = inputs.codes.as_ptr().add(at * SUB);
         // Vector k: sub-block k's groups 2k (lanes 0-7) and 2k + 1.
         let mut a = [_mm512_setzero_si512(); 8];
         for c in 0..4 {
-            let (u, v) = pair_bytes(Format::Q6K, b, c);
+            let (u, v) = pair_bytes(fmt, b, c);
             for (k, bytes) in [(2 * c, u), (2 * c + 1, v)] {
                 let codes = _mm512_loadu_si512(x.add(k * SUB) as *const _);
                 a[k] = _mm512_madd_epi16(_mm512_cvtepi8_epi16(bytes), codes);
             }
         }
         let dots = sum_sub_block_pairs(&a);
-        let d = _mm512_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208));
-        let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(192) as *const __m128i)));
-        let d1 = _mm512_mul_ps(d, sc);
+        let d1 = if fmt == Format::Q3K {
+            _mm512_loadu_ps(q3k_scales(std::slice::from_raw_parts(b, Q3K_BYTES)).as_ptr())
+        } else {
+            let d = _mm512_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208));
+            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(192) as *const __m128i)));
+            _mm512_mul_ps(d, sc)
+        };
         let scales = _mm512_castps256_ps512(_mm256_loadu_ps(inputs.scales.as_ptr().add(at)));
         let s = _mm512_permutexvar_ps(_mm512_loadu_si512(Q6K_GROUP_SUB.as_ptr() as *const _), scales);
         _mm512_fmadd_ps(s, _mm512_mul_ps(d1, _mm512_cvtepi32_ps(dots)), f)
@@ -334,8 +344,8 @@ pub(super) unsafe fn block_products(
                     (Format::Q4K | Format::Q5K | Format::Iq4Xs, false) => {
                         tile::<1, 1>(tr, inputs, t0, (nr, first), out)
                     }
-                    (Format::Q6K, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
-                    (Format::Q6K, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q3K | Format::Q6K, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
+                    (Format::Q3K | Format::Q6K, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
                 }
             }
             t0 += if whole { TILE } else { 1 };

@@ -1,5 +1,5 @@
-//! Q4_K, Q5_K, Q6_K and IQ4_XS products on int16 inputs: every product
-//! of such a matrix (trunk and experts, decode and prefill alike: one
+//! Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS products on int16 inputs: every
+//! product of such a matrix (trunk and experts, decode and prefill alike: one
 //! definition, so a prompt's logits do not depend on its chunks and the
 //! prefix cache gives the uncached bits) quantises its input to int16 per
 //! sub-block of 32 values and dots each group of the row that shares a
@@ -43,6 +43,9 @@
 //!   (`m_j` 0, so the min's `fma` adds a zero): a sub-block's values are
 //!   `kvalues_iq4nl[q]` (signed, at most 127 in size), its scale `d *
 //!   (ls_j - 32)`, ggml's `dl`.
+//! - Q3_K: Q6_K's steps with its own values and scales: a group's values
+//!   `q - 4` (two bits of `qs` and a bit of `hmask`, ggml's `q3 - (hm ?
+//!   0 : 4)`), its scale `d * (ls_g - 32)`.
 //! - The row's product is `((F0+F8)+(F4+F12))+((F2+F10)+(F6+F14))` plus
 //!   the same of the odd lanes, `(e0 + e1)` in `reduce_lanes`.
 //!
@@ -82,6 +85,9 @@ pub(crate) const Q6K_BYTES: usize = 210;
 /// Bytes of a Q5_K super-block (`block_q5_K`: Q4_K's d, dmin and scales,
 /// then 32 bytes of fifth bits `qh`, then the 128 bytes of nibbles).
 pub(crate) const Q5K_BYTES: usize = 176;
+/// Bytes of a Q3_K super-block (`block_q3_K`: 32 bytes of `hmask`, 64 of
+/// two-bit values, 12 of 6-bit scales, f16 d).
+pub(crate) const Q3K_BYTES: usize = 110;
 /// Bytes of an IQ4_XS super-block (`block_iq4_xs`: f16 d, a u16 of the
 /// scales' top two bits, 4 bytes of their low nibbles, 128 bytes of
 /// indices into `kvalues_iq4nl`, two a byte).
@@ -91,6 +97,7 @@ const CODE_MAX: f32 = 32767.0;
 /// The block types computed on int16 inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Format {
+    Q3K,
     Q4K,
     Q5K,
     Q6K,
@@ -102,6 +109,7 @@ impl Format {
     /// one place that says which types do).
     pub(crate) fn of(ty: GgmlType) -> Option<Format> {
         match ty {
+            GgmlType::Q3K => Some(Format::Q3K),
             GgmlType::Q4K => Some(Format::Q4K),
             GgmlType::Q5K => Some(Format::Q5K),
             GgmlType::Q6K => Some(Format::Q6K),
@@ -112,6 +120,7 @@ impl Format {
 
     pub(crate) const fn super_bytes(self) -> usize {
         match self {
+            Format::Q3K => Q3K_BYTES,
             Format::Q4K => SUPER_BYTES,
             Format::Q5K => Q5K_BYTES,
             Format::Q6K => Q6K_BYTES,
@@ -123,7 +132,7 @@ impl Format {
     pub(crate) const fn groups(self) -> usize {
         match self {
             Format::Q4K | Format::Q5K | Format::Iq4Xs => 1,
-            Format::Q6K => 2,
+            Format::Q3K | Format::Q6K => 2,
         }
     }
 }
@@ -348,8 +357,8 @@ impl<W: Copy, const B: usize> Transposed<W, B> {
                             (self.d1[sb * 8 + k][r], self.m1[sb * 8 + k][r]) = (d1[k], m1[k]);
                         }
                     }
-                    Format::Q6K => {
-                        let d1 = b.map_or([0.0; 16], q6k_scales);
+                    Format::Q3K | Format::Q6K => {
+                        let d1 = b.map_or([0.0; 16], |b| group_scales(fmt, b));
                         for (g, d1) in d1.into_iter().enumerate() {
                             (self.d1[sb * 16 + g][r], self.m1[sb * 16 + g][r]) = (d1, 0.0);
                         }
@@ -401,6 +410,49 @@ pub(crate) fn q6k_scales(b: &[u8]) -> [f32; 16] {
     std::array::from_fn(|g| d * f32::from(b[192 + g] as i8))
 }
 
+/// A Q3_K super-block's sixteen `d * (ls_g - 32)` (exact products, as
+/// ggml's `dl`; `dequantize_row_q3_K`'s scale unpacking).
+#[inline(always)]
+pub(crate) fn q3k_scales(b: &[u8]) -> [f32; 16] {
+    let (sc, d) = (&b[96..108], h(b, 108));
+    std::array::from_fn(|g| {
+        let low4 = if g < 8 { sc[g] & 15 } else { sc[g - 8] >> 4 };
+        let high2 = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+        d * f32::from(i16::from(low4 | (high2 << 4)) - 32)
+    })
+}
+
+/// The sixteen group scales of a Q3_K or Q6_K super-block (`fmt`).
+#[inline(always)]
+pub(crate) fn group_scales(fmt: Format, b: &[u8]) -> [f32; 16] {
+    match fmt {
+        Format::Q3K => q3k_scales(b),
+        _ => q6k_scales(b),
+    }
+}
+
+/// Value `i` (0..256) of a Q3_K or Q6_K super-block (`fmt`), the integer
+/// its group's scale multiplies.
+#[inline(always)]
+fn group_value(fmt: Format, b: &[u8], i: usize) -> i32 {
+    match fmt {
+        Format::Q3K => q3k_value(b, i),
+        _ => q6k_value(b, i),
+    }
+}
+
+/// Value `i` (0..256) of a Q3_K super-block, `q - 4` (ggml's
+/// `dequantize_row_q3_K` indexing): sub-block `s = i / 32` is bits `2 * (s
+/// % 4)` of the 32 `qs` bytes of its half, and bit `s` of `hmask[i % 32]`
+/// unset takes 4 off.
+#[inline(always)]
+fn q3k_value(b: &[u8], i: usize) -> i32 {
+    let (s, l) = (i / 32, i % 32);
+    let q = (b[32 + 32 * (s / 4) + l] >> (2 * (s % 4))) & 3;
+    let high = (b[l] >> s) & 1;
+    i32::from(q) - if high == 1 { 0 } else { 4 }
+}
+
 /// Value `i` (0..256) of a Q6_K super-block, `q - 32` (ggml's
 /// `dequantize_row_q6_K` indexing).
 #[inline(always)]
@@ -416,7 +468,7 @@ fn q6k_value(b: &[u8], i: usize) -> i32 {
 pub(crate) fn row_scalar(fmt: Format, row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
     match fmt {
         Format::Q4K | Format::Q5K | Format::Iq4Xs => row_scalar_q4k(fmt, row, inputs, t),
-        Format::Q6K => row_scalar_q6k(row, inputs, t),
+        Format::Q3K | Format::Q6K => row_scalar_groups(fmt, row, inputs, t),
     }
 }
 
@@ -467,15 +519,16 @@ fn q4k_value(fmt: Format, b: &[u8], j: usize, l: usize) -> i16 {
     })
 }
 
-fn row_scalar_q6k(row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
+/// A Q3_K or Q6_K row (`fmt`: groups of 16 values) against input `t`.
+fn row_scalar_groups(fmt: Format, row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
     let base = t * inputs.cols / SUB;
     let mut f = [0f32; LANES];
-    for (sb, b) in row.chunks_exact(Q6K_BYTES).enumerate() {
-        let d1 = q6k_scales(b);
+    for (sb, b) in row.chunks_exact(fmt.super_bytes()).enumerate() {
+        let d1 = group_scales(fmt, b);
         for (g, d1) in d1.iter().enumerate() {
             let at = base + sb * 8 + g / 2;
             let codes = &inputs.codes[at * SUB + 16 * (g % 2)..][..16];
-            let dot: i32 = codes.iter().enumerate().map(|(l, &c)| q6k_value(b, 16 * g + l) * i32::from(c)).sum();
+            let dot: i32 = codes.iter().enumerate().map(|(l, &c)| group_value(fmt, b, 16 * g + l) * i32::from(c)).sum();
             f[g] = fused_mul_add(inputs.scales[at], d1 * dot as f32, f[g]);
         }
     }

@@ -29,22 +29,19 @@ fn q4k_like_rows(fmt: Format, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8
 /// Random Q6_K super-blocks: every quant bit and int8 scale random, an f16
 /// `d` of a trained file's size (about 1e-4, so `d * sc` is about 1e-2).
 fn q6k_rows(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
-    let mut bytes: Vec<u8> = (0..rows * cols / SUPER * Q6K_BYTES).map(|_| rng.below(256) as u8).collect();
-    for b in bytes.chunks_exact_mut(Q6K_BYTES) {
-        let d = half::f16::from_f32(0.5e-4 + 1e-4 * rng.unit() as f32).to_le_bytes();
-        b[208..210].copy_from_slice(&d);
-    }
-    bytes
+    rows_with_d(Format::Q6K, 208, rows, cols, rng)
 }
 
-/// Random IQ4_XS super-blocks: every index and scale bit random, an f16
-/// `d` of a trained file's size (about 1e-4, so `d * (ls - 32)` is up to
-/// about 3e-3 and a weight up to about 0.4).
-fn iq4xs_rows(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
-    let mut bytes: Vec<u8> = (0..rows * cols / SUPER * IQ4XS_BYTES).map(|_| rng.below(256) as u8).collect();
-    for b in bytes.chunks_exact_mut(IQ4XS_BYTES) {
+/// Random super-blocks of `fmt` whose one f16 scale `d`, at byte `d_at`,
+/// is about 1e-4 (a trained file's size: for IQ4_XS `d * (ls - 32)` is
+/// then up to about 3e-3 and a weight up to about 0.4); every other bit
+/// random.
+fn rows_with_d(fmt: Format, d_at: usize, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let sbb = fmt.super_bytes();
+    let mut bytes: Vec<u8> = (0..rows * cols / SUPER * sbb).map(|_| rng.below(256) as u8).collect();
+    for b in bytes.chunks_exact_mut(sbb) {
         let d = half::f16::from_f32(0.5e-4 + 1e-4 * rng.unit() as f32).to_le_bytes();
-        b[0..2].copy_from_slice(&d);
+        b[d_at..d_at + 2].copy_from_slice(&d);
     }
     bytes
 }
@@ -53,11 +50,12 @@ fn rows_of(fmt: Format, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     match fmt {
         Format::Q4K | Format::Q5K => q4k_like_rows(fmt, rows, cols, rng),
         Format::Q6K => q6k_rows(rows, cols, rng),
-        Format::Iq4Xs => iq4xs_rows(rows, cols, rng),
+        Format::Iq4Xs => rows_with_d(fmt, 0, rows, cols, rng),
+        Format::Q3K => rows_with_d(fmt, 108, rows, cols, rng),
     }
 }
 
-const FORMATS: [Format; 4] = [Format::Q4K, Format::Q5K, Format::Q6K, Format::Iq4Xs];
+const FORMATS: [Format; 5] = [Format::Q3K, Format::Q4K, Format::Q5K, Format::Q6K, Format::Iq4Xs];
 
 fn ggml_type(fmt: Format) -> GgmlType {
     match fmt {
@@ -65,20 +63,23 @@ fn ggml_type(fmt: Format) -> GgmlType {
         Format::Q5K => GgmlType::Q5K,
         Format::Q6K => GgmlType::Q6K,
         Format::Iq4Xs => GgmlType::Iq4Xs,
+        Format::Q3K => GgmlType::Q3K,
     }
 }
 
-/// Q6_K's value `i` as `q6k_value` reads it is ggml's: its dequantised
-/// value divided by the group's `d * sc`.
+/// Q3_K's and Q6_K's value `i` as `group_value` reads it is ggml's: its
+/// dequantised value divided by the group's scale (`group_scales`).
 #[test]
-fn q6k_values_are_dequantize_row_q6_k_s() {
+fn q3k_and_q6k_values_are_ggmls() {
     let mut rng = Rng::new(4);
-    let b = q6k_rows(1, SUPER, &mut rng);
-    let mut values = vec![0f32; SUPER];
-    dequantize_row(GgmlType::Q6K, &b, &mut values);
-    let d1 = q6k_scales(&b);
-    for (i, &v) in values.iter().enumerate() {
-        assert_eq!(v, d1[i / 16] * q6k_value(&b, i) as f32, "value {i}");
+    for fmt in [Format::Q3K, Format::Q6K] {
+        let b = rows_of(fmt, 1, SUPER, &mut rng);
+        let mut values = vec![0f32; SUPER];
+        dequantize_row(ggml_type(fmt), &b, &mut values);
+        let d1 = group_scales(fmt, &b);
+        for (i, &v) in values.iter().enumerate() {
+            assert_eq!(v.to_bits(), (d1[i / 16] * group_value(fmt, &b, i) as f32).to_bits(), "{fmt:?} value {i}");
+        }
     }
 }
 

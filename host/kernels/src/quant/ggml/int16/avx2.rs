@@ -329,15 +329,11 @@ pub(super) unsafe fn block_products(
             // SAFETY: inputs t0.. of `inputs`; `tr` holds the block's
             // sub-blocks.
             unsafe {
-                match (fmt, whole) {
-                    (Format::Q4K | Format::Q5K | Format::Iq4Xs, true) => {
-                        tile::<TILE, 1>(tr, inputs, t0, (nr, first), out)
-                    }
-                    (Format::Q4K | Format::Q5K | Format::Iq4Xs, false) => {
-                        tile::<1, 1>(tr, inputs, t0, (nr, first), out)
-                    }
-                    (Format::Q3K | Format::Q6K, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
-                    (Format::Q3K | Format::Q6K, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
+                match (fmt.groups(), whole) {
+                    (1, true) => tile::<TILE, 1>(tr, inputs, t0, (nr, first), out),
+                    (1, false) => tile::<1, 1>(tr, inputs, t0, (nr, first), out),
+                    (_, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
+                    (_, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
                 }
             }
             t0 += if whole { TILE } else { 1 };

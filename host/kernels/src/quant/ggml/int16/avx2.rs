@@ -195,11 +195,17 @@ unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
     // from `at` (the caller's).
     unsafe {
         let x = inputs.codes.as_ptr().add(at * SUB);
-        let q3k = (fmt == Format::Q3K).then(|| q3k_scales(std::slice::from_raw_parts(b, Q3K_BYTES)));
-        let d = _mm256_set1_ps(match q3k {
-            Some(_) => 0.0,
-            None => super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208),
-        });
+        // The sixteen groups' scales, groups 0..8 then 8..16.
+        let d1: [__m256; 2] = if fmt == Format::Q3K {
+            let d1 = q3k_scales(std::slice::from_raw_parts(b, Q3K_BYTES));
+            [_mm256_loadu_ps(d1.as_ptr()), _mm256_loadu_ps(d1.as_ptr().add(8))]
+        } else {
+            let d = _mm256_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208));
+            [0, 1].map(|half| {
+                let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(192 + 8 * half) as *const __m128i));
+                _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc))
+            })
+        };
         let scales = _mm256_loadu_ps(inputs.scales.as_ptr().add(at));
         let mut out = f;
         // Groups 0..8 (sub-blocks 0..4), then 8..16.
@@ -217,17 +223,10 @@ unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
                 }
             }
             let dots = _mm256_cvtepi32_ps(sum_lanes(&a));
-            let d1 = match &q3k {
-                Some(d1) => _mm256_loadu_ps(d1.as_ptr().add(8 * half)),
-                None => {
-                    let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(192 + 8 * half) as *const __m128i));
-                    _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc))
-                }
-            };
             let pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
             let sub = _mm256_add_epi32(pairs, _mm256_set1_epi32(4 * half as i32));
             let s = _mm256_permutevar8x32_ps(scales, sub);
-            *o = _mm256_fmadd_ps(s, _mm256_mul_ps(d1, dots), *o);
+            *o = _mm256_fmadd_ps(s, _mm256_mul_ps(d1[half], dots), *o);
         }
         out
     }

@@ -172,8 +172,9 @@ fn the_avx2_build_of_the_twins_gives_their_bits() {
 
 /// Random blocks of `ty` with weight-sized f16 scales (the byte offsets of
 /// ggml-common.h's scale fields), `n` of them.
-/// What a GGUF matrix computes for one row and input: Q4_K's, Q5_K's, Q6_K's and IQ4_XS's
-/// int16 products (`int16`), every other type's `dot8` of the decoded row.
+/// What a GGUF matrix computes for one row and input: the int16 products
+/// of the types that take them (`int16::Format::of`), every other type's
+/// `dot8` of the decoded row.
 fn product_of(ty: GgmlType, row: &[u8], values: &[f32], x: &[f32]) -> f32 {
     if let Some(fmt) = int16::Format::of(ty) {
         return int16::row_scalar(fmt, row, &int16::Int16Inputs::new(x, x.len()), 0);
@@ -202,19 +203,19 @@ fn random_blocks(ty: GgmlType, n: usize, seed: u32) -> Vec<u8> {
 
 fn mixed_expert() -> (crate::quant::ExpertFormat, crate::quant::ExpertShape, Vec<u8>) {
     use crate::quant::{ExpertFormat, ExpertShape, GgmlExpert};
-    // An up slab of a type still computed in f32 (Q2_K) beside the int16
+    // An up slab of a type still computed in f32 (Q4_0) beside the int16
     // ones.
-    let t = GgmlExpert { gate: GgmlType::Q4K, up: GgmlType::Q2K, down: GgmlType::Q6K };
+    let t = GgmlExpert { gate: GgmlType::Q4K, up: GgmlType::Q4_0, down: GgmlType::Q6K };
     let shape = ExpertShape { hidden: 256, inter: 512, biases: true };
     let mut payload = random_blocks(t.gate, 512, 1);
-    payload.extend(random_blocks(t.up, 512, 2));
+    payload.extend(random_blocks(t.up, 512 * 8, 2));
     payload.extend(random_blocks(t.down, 2 * 256, 3));
     payload.extend(inputs(2 * 512 + 256, 4).iter().flat_map(|b| (b * 0.1).to_le_bytes()));
     (ExpertFormat::Ggml(t), shape, payload)
 }
 
 /// A GGUF expert (mixed types, gpt-oss biases) is dot8 of its decoded
-/// slabs (the Q4_K gate and Q6_K down: their int16 products; the Q2_K up
+/// slabs (the Q4_K gate and Q6_K down: their int16 products; the Q4_0 up
 /// in f32), the biases and the activation: exactly, bit for bit.
 #[test]
 fn a_gguf_expert_computes_its_decoded_slabs_exactly() {
@@ -236,7 +237,7 @@ fn a_gguf_expert_computes_its_decoded_slabs_exactly() {
         let uv = dot8_scalar(&u[r * h..(r + 1) * h], &x) + biases[i + r];
         a[r] = act.apply(gv, uv);
     }
-    let down = &payload[(grb + GgmlType::Q2K.row_bytes(h).unwrap()) * i..];
+    let down = &payload[(grb + GgmlType::Q4_0.row_bytes(h).unwrap()) * i..];
     let drb = GgmlType::Q6K.row_bytes(i).unwrap();
     for r in 0..h {
         want[r] =

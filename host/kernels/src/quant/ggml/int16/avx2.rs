@@ -1,4 +1,4 @@
-//! Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS rows on int16 inputs with AVX2: the AVX-512 form on two
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS rows on int16 inputs with AVX2: the AVX-512 form on two
 //! halves. A sub-block is two vectors of sixteen int16 values against the
 //! input's, `pmaddwd` adding pairs into eight int32 lanes; eight partial
 //! vectors (a Q4_K sub-block's, or a Q6_K group's) are summed into one
@@ -6,8 +6,8 @@
 //! two `__m256`.
 
 use super::{
-    q3k_scales, scale_bytes, super_scales, Format, Int16Inputs, Outputs, CODE_MAX, LANES, Q3K_BYTES, Q6K_BYTES, SUB,
-    SUPER,
+    q3k_scales, scale_bytes, super_scales, Format, Int16Inputs, Outputs, Sums, CODE_MAX, LANES, Q2K_BYTES, Q3K_BYTES,
+    Q6K_BYTES, SUB, SUPER,
 };
 use crate::quant::ggml::iq::IQ4NL_VALUES;
 use crate::quant::int8::avx2::transpose8;
@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 /// Sub-blocks `2c` and `2c + 1` of the `fmt` super-block at `b`, 32
 /// signed bytes each: the integers ggml's dequantisation scales (Q4_K's
 /// nibbles, Q5_K's nibbles with their fifth bits, Q6_K's `q - 32`,
-/// IQ4_XS's `kvalues_iq4nl[q]`, Q3_K's `q - 4`).
+/// IQ4_XS's `kvalues_iq4nl[q]`, Q3_K's `q - 4`, Q2_K's `q`).
 ///
 /// # Safety
 /// AVX2; a whole super-block of `fmt` at `b`, `c < 4`.
@@ -46,6 +46,16 @@ pub(super) unsafe fn pair_bytes(fmt: Format, b: *const u8, c: usize) -> (__m256i
                 let hi =
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), nib), _mm256_and_si256(hi_bit, five));
                 (lo, hi)
+            }
+            Format::Q2K => {
+                // Sub-blocks 2c and 2c + 1 lie in half c / 2: bit pairs 2j
+                // and 2j + 2 (j = 2 (c % 2)) of its 32 `qs` bytes, shifted
+                // within 16-bit lanes and masked per byte.
+                let q = _mm256_loadu_si256(b.add(16 + 32 * (c / 2)) as *const __m256i);
+                let three = _mm256_set1_epi8(3);
+                let j = 2 * (c % 2) as i32;
+                let value = |shift: i32| _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), three);
+                (value(2 * j), value(2 * j + 2))
             }
             Format::Q3K => {
                 // Sub-blocks 2c and 2c + 1 lie in half c / 2: bit pairs
@@ -183,7 +193,7 @@ unsafe fn super_block(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
     }
 }
 
-/// The Q3_K or Q6_K (`fmt`) super-block at `b` against sub-blocks
+/// The Q2_K, Q3_K or Q6_K (`fmt`) super-block at `b` against sub-blocks
 /// `at..at + 8` of the inputs, added to `f`'s sixteen lanes (one per group).
 ///
 /// # Safety
@@ -191,20 +201,34 @@ unsafe fn super_block(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize, f: [__m256; 2]) -> [__m256; 2] {
-    // SAFETY: the block's bytes at b; its sub-blocks' codes and scales
-    // from `at` (the caller's).
+    // SAFETY: the block's bytes at b; its sub-blocks' codes, scales and
+    // half sums from `at` (the caller's).
     unsafe {
         let x = inputs.codes.as_ptr().add(at * SUB);
-        // The sixteen groups' scales, groups 0..8 then 8..16.
-        let d1: [__m256; 2] = if fmt == Format::Q3K {
-            let d1 = q3k_scales(std::slice::from_raw_parts(b, Q3K_BYTES));
-            [_mm256_loadu_ps(d1.as_ptr()), _mm256_loadu_ps(d1.as_ptr().add(8))]
-        } else {
-            let d = _mm256_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208));
-            [0, 1].map(|half| {
-                let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(192 + 8 * half) as *const __m128i));
-                _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc))
-            })
+        // The sixteen groups' scales (and Q2_K's mins), groups 0..8 then
+        // 8..16.
+        let zero = [_mm256_setzero_ps(); 2];
+        let (d1, m1): ([__m256; 2], [__m256; 2]) = match fmt {
+            Format::Q2K => {
+                let d = _mm256_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q2K_BYTES), 80));
+                let dmin = _mm256_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q2K_BYTES), 82));
+                let bytes = [0, 1].map(|half| _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.add(8 * half) as *const __m128i)));
+                let low = bytes.map(|v| _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15))));
+                let high = bytes.map(|v| _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v)));
+                (low.map(|v| _mm256_mul_ps(d, v)), high.map(|v| _mm256_mul_ps(dmin, v)))
+            }
+            Format::Q3K => {
+                let d1 = q3k_scales(std::slice::from_raw_parts(b, Q3K_BYTES));
+                ([_mm256_loadu_ps(d1.as_ptr()), _mm256_loadu_ps(d1.as_ptr().add(8))], zero)
+            }
+            _ => {
+                let d = _mm256_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208));
+                let d1 = [0, 1].map(|half| {
+                    let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.add(192 + 8 * half) as *const __m128i));
+                    _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc))
+                });
+                (d1, zero)
+            }
         };
         let scales = _mm256_loadu_ps(inputs.scales.as_ptr().add(at));
         let mut out = f;
@@ -226,7 +250,12 @@ unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
             let pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
             let sub = _mm256_add_epi32(pairs, _mm256_set1_epi32(4 * half as i32));
             let s = _mm256_permutevar8x32_ps(scales, sub);
-            *o = _mm256_fmadd_ps(s, _mm256_mul_ps(d1[half], dots), *o);
+            let mut v = _mm256_mul_ps(d1[half], dots);
+            if fmt.has_mins() {
+                let hsums = _mm256_loadu_ps(inputs.half_sums.as_ptr().add(2 * at + 8 * half));
+                v = _mm256_fnmadd_ps(m1[half], hsums, v);
+            }
+            *o = _mm256_fmadd_ps(s, v, *o);
         }
         out
     }
@@ -328,11 +357,13 @@ pub(super) unsafe fn block_products(
             // SAFETY: inputs t0.. of `inputs`; `tr` holds the block's
             // sub-blocks.
             unsafe {
-                match (fmt.groups(), whole) {
-                    (1, true) => tile::<TILE, 1>(tr, inputs, t0, (nr, first), out),
-                    (1, false) => tile::<1, 1>(tr, inputs, t0, (nr, first), out),
-                    (_, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
-                    (_, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
+                match (fmt.groups(), fmt.has_mins(), whole) {
+                    (1, _, true) => tile::<TILE, 1, true>(tr, inputs, t0, (nr, first), out),
+                    (1, _, false) => tile::<1, 1, true>(tr, inputs, t0, (nr, first), out),
+                    (_, false, true) => tile::<TILE, 2, false>(tr, inputs, t0, (nr, first), out),
+                    (_, false, false) => tile::<1, 2, false>(tr, inputs, t0, (nr, first), out),
+                    (_, true, true) => tile::<TILE, 2, true>(tr, inputs, t0, (nr, first), out),
+                    (_, true, false) => tile::<1, 2, true>(tr, inputs, t0, (nr, first), out),
                 }
             }
             t0 += if whole { TILE } else { 1 };
@@ -341,14 +372,15 @@ pub(super) unsafe fn block_products(
 }
 
 /// Inputs `t0..t0 + T` against the transposed block of `G` groups a
-/// sub-block, into rows `first..first + nr` of `out`.
+/// sub-block, with mins (`M`: Q4_K's, Q2_K's) or without, into rows
+/// `first..first + nr` of `out`.
 ///
 /// # Safety
 /// AVX2 and FMA; the inputs exist and `tr` holds every sub-block of their
 /// width.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const T: usize, const G: usize>(
+unsafe fn tile<const T: usize, const G: usize, const M: bool>(
     tr: &Transposed,
     inputs: &Int16Inputs,
     t0: usize,
@@ -386,9 +418,10 @@ unsafe fn tile<const T: usize, const G: usize>(
             for (i, (a, fi)) in acc.iter().zip(f.iter_mut()).enumerate() {
                 let at = (t0 + i) * subs + j;
                 let mut v = _mm256_mul_ps(d1, _mm256_cvtepi32_ps(*a));
-                if G == 1 {
-                    // Q4_K's min.
-                    v = _mm256_fnmadd_ps(m1, _mm256_set1_ps(inputs.sums[at]), v);
+                if M {
+                    // The group's min, times its codes' sum.
+                    let sum = if G == 1 { inputs.sums[at] } else { inputs.half_sums[2 * at + q] };
+                    v = _mm256_fnmadd_ps(m1, _mm256_set1_ps(sum), v);
                 }
                 // SAFETY: lane g % 16 was written at group g - 16.
                 let prev = if g < LANES { _mm256_setzero_ps() } else { unsafe { fi[g % LANES].assume_init() } };
@@ -436,16 +469,19 @@ pub(super) fn prefetch_next_row(row: &[u8]) {
 ///
 /// # Safety
 /// The CPU supports AVX2; `x` and `c` hold `SUB` values per entry of `s`
-/// and `sums`.
+/// and `sums`, two per entry of `halves`.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [f32]) {
-    assert!(x.len() == c.len() && x.len() == s.len() * SUB && s.len() == sums.len(), "quantise_input: lengths");
+pub(super) unsafe fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], (sums, halves): Sums) {
+    assert!(
+        x.len() == c.len() && x.len() == s.len() * SUB && s.len() == sums.len() && halves.len() == 2 * sums.len(),
+        "quantise_input: lengths"
+    );
     // 1.5 * 2^23, as `quantise_sub_block`.
     const ROUND: f32 = 12_582_912.0;
     let sign = _mm256_set1_ps(-0.0);
     let (inf, round) = (_mm256_set1_ps(f32::INFINITY), _mm256_set1_ps(ROUND));
     let (lo, hi) = (_mm256_set1_ps(-CODE_MAX), _mm256_set1_ps(CODE_MAX));
-    for (k, (s, sum)) in s.iter_mut().zip(sums.iter_mut()).enumerate() {
+    for (k, ((s, sum), halves)) in s.iter_mut().zip(sums.iter_mut()).zip(halves.chunks_exact_mut(2)).enumerate() {
         // SAFETY: sub-block k's 32 values and codes (the lengths checked).
         unsafe {
             let p = x.as_ptr().add(k * SUB);
@@ -460,6 +496,7 @@ pub(super) unsafe fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sum
                 _mm256_storeu_si256(out, _mm256_setzero_si256());
                 _mm256_storeu_si256(out.add(1), _mm256_setzero_si256());
                 (*s, *sum) = (f32::NAN, 0.0);
+                halves.fill(0.0);
                 continue;
             }
             let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
@@ -470,6 +507,7 @@ pub(super) unsafe fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sum
                 _mm256_storeu_si256(out, _mm256_setzero_si256());
                 _mm256_storeu_si256(out.add(1), _mm256_setzero_si256());
                 (*s, *sum) = (0.0, 0.0);
+                halves.fill(0.0);
                 continue;
             }
             let inv = _mm256_set1_ps(CODE_MAX / amax);
@@ -477,15 +515,21 @@ pub(super) unsafe fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sum
                 let r = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(v, inv), round), round);
                 _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi))
             });
-            let total = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-            let t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256::<1>(total));
-            let t = _mm_add_epi32(t, _mm_shuffle_epi32::<0b01_00_11_10>(t));
-            let t = _mm_add_epi32(t, _mm_shuffle_epi32::<0b10_11_00_01>(t));
+            // The halves' sums (exact integers, so their sum is the
+            // sub-block's whatever the order).
+            let hsum = |a: __m256i, b: __m256i| {
+                let total = _mm256_add_epi32(a, b);
+                let t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256::<1>(total));
+                let t = _mm_add_epi32(t, _mm_shuffle_epi32::<0b01_00_11_10>(t));
+                _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32::<0b10_11_00_01>(t)))
+            };
+            let (h0, h1) = (hsum(q[0], q[1]), hsum(q[2], q[3]));
             // `packs` interleaves the 128-bit halves; the permute restores order.
             let pack = |a, b| _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(a, b));
             _mm256_storeu_si256(out, pack(q[0], q[1]));
             _mm256_storeu_si256(out.add(1), pack(q[2], q[3]));
-            (*s, *sum) = (amax / CODE_MAX, _mm_cvtsi128_si32(t) as f32);
+            (*s, *sum) = (amax / CODE_MAX, (h0 + h1) as f32);
+            (halves[0], halves[1]) = (h0 as f32, h1 as f32);
         }
     }
 }

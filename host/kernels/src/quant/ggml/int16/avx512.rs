@@ -1,4 +1,4 @@
-//! Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS rows on int16 inputs with AVX-512
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS rows on int16 inputs with AVX-512
 //! VNNI. A row
 //! window of sixteen Q4_K or Q5_K sub-blocks (two super-blocks) against an input is two
 //! `vpdpbusd` per pair of sub-blocks (their 64 nibbles as bytes against the
@@ -12,8 +12,7 @@
 
 use super::avx2::{pair_bytes, prefetch_next_row};
 use super::{
-    q3k_scales, scale_bytes, super_scales, Format, Int16Inputs, Outputs, IQ4XS_BYTES, LANES, Q3K_BYTES, Q6K_BYTES, SUB,
-    SUPER,
+    q3k_scales, scale_bytes, super_scales, Format, Int16Inputs, Outputs, IQ4XS_BYTES, LANES, Q3K_BYTES, SUB, SUPER,
 };
 use crate::quant::int8::avx512::sum_pair;
 use std::arch::x86_64::*;
@@ -88,7 +87,7 @@ const UNIT_LANE: [i32; 16] = [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 
 /// Group `g`'s sub-block: the input scale it takes.
 const Q6K_GROUP_SUB: [i32; 16] = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7];
 
-/// The Q3_K or Q6_K (`fmt`) super-block at `b` against sub-blocks
+/// The Q2_K, Q3_K or Q6_K (`fmt`) super-block at `b` against sub-blocks
 /// `at..at + 8` of the inputs, added to `f`'s sixteen lanes (one per group).
 ///
 /// # Safety
@@ -111,16 +110,33 @@ unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
             }
         }
         let dots = sum_sub_block_pairs(&a);
-        let d1 = if fmt == Format::Q3K {
-            _mm512_loadu_ps(q3k_scales(std::slice::from_raw_parts(b, Q3K_BYTES)).as_ptr())
-        } else {
-            let d = _mm512_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208));
-            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(192) as *const __m128i)));
-            _mm512_mul_ps(d, sc)
+        let h16 = |at: usize| super::super::avx2::h16(std::slice::from_raw_parts(b, at + 2), at);
+        let mut v = match fmt {
+            Format::Q2K => {
+                let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(b as *const __m128i));
+                let low = _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(15)));
+                let d1 = _mm512_mul_ps(_mm512_set1_ps(h16(80)), low);
+                _mm512_mul_ps(d1, _mm512_cvtepi32_ps(dots))
+            }
+            Format::Q3K => {
+                let d1 = _mm512_loadu_ps(q3k_scales(std::slice::from_raw_parts(b, Q3K_BYTES)).as_ptr());
+                _mm512_mul_ps(d1, _mm512_cvtepi32_ps(dots))
+            }
+            _ => {
+                let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(192) as *const __m128i)));
+                let d1 = _mm512_mul_ps(_mm512_set1_ps(h16(208)), sc);
+                _mm512_mul_ps(d1, _mm512_cvtepi32_ps(dots))
+            }
         };
+        if fmt.has_mins() {
+            // Q2_K's mins, times each group's codes' sum.
+            let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(b as *const __m128i));
+            let m1 = _mm512_mul_ps(_mm512_set1_ps(h16(82)), _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(sc)));
+            v = _mm512_fnmadd_ps(m1, _mm512_loadu_ps(inputs.half_sums.as_ptr().add(2 * at)), v);
+        }
         let scales = _mm512_castps256_ps512(_mm256_loadu_ps(inputs.scales.as_ptr().add(at)));
         let s = _mm512_permutexvar_ps(_mm512_loadu_si512(Q6K_GROUP_SUB.as_ptr() as *const _), scales);
-        _mm512_fmadd_ps(s, _mm512_mul_ps(d1, _mm512_cvtepi32_ps(dots)), f)
+        _mm512_fmadd_ps(s, v, f)
     }
 }
 
@@ -337,11 +353,13 @@ pub(super) unsafe fn block_products(
             // SAFETY: inputs t0.. of `inputs`; `tr` holds the block's
             // sub-blocks.
             unsafe {
-                match (fmt.groups(), whole) {
-                    (1, true) => tile::<TILE, 1>(tr, inputs, t0, (nr, first), out),
-                    (1, false) => tile::<1, 1>(tr, inputs, t0, (nr, first), out),
-                    (_, true) => tile::<TILE, 2>(tr, inputs, t0, (nr, first), out),
-                    (_, false) => tile::<1, 2>(tr, inputs, t0, (nr, first), out),
+                match (fmt.groups(), fmt.has_mins(), whole) {
+                    (1, _, true) => tile::<TILE, 1, true>(tr, inputs, t0, (nr, first), out),
+                    (1, _, false) => tile::<1, 1, true>(tr, inputs, t0, (nr, first), out),
+                    (_, false, true) => tile::<TILE, 2, false>(tr, inputs, t0, (nr, first), out),
+                    (_, false, false) => tile::<1, 2, false>(tr, inputs, t0, (nr, first), out),
+                    (_, true, true) => tile::<TILE, 2, true>(tr, inputs, t0, (nr, first), out),
+                    (_, true, false) => tile::<1, 2, true>(tr, inputs, t0, (nr, first), out),
                 }
             }
             t0 += if whole { TILE } else { 1 };
@@ -350,14 +368,15 @@ pub(super) unsafe fn block_products(
 }
 
 /// Inputs `t0..t0 + T` against the transposed block of `G` groups a
-/// sub-block, into rows `first..first + nr` of `out`.
+/// sub-block, with mins (`M`: Q4_K's, Q2_K's) or without, into rows
+/// `first..first + nr` of `out`.
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI; the inputs exist and `tr` holds every sub-block of
 /// their width.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile<const T: usize, const G: usize>(
+unsafe fn tile<const T: usize, const G: usize, const M: bool>(
     tr: &Transposed,
     inputs: &Int16Inputs,
     t0: usize,
@@ -407,9 +426,10 @@ unsafe fn tile<const T: usize, const G: usize>(
             for (i, (a, fi)) in acc.iter().zip(f.iter_mut()).enumerate() {
                 let at = (t0 + i) * subs + j;
                 let mut v = _mm512_mul_ps(d1, _mm512_cvtepi32_ps(*a));
-                if G == 1 {
-                    // Q4_K's min.
-                    v = _mm512_fnmadd_ps(m1, _mm512_set1_ps(inputs.sums[at]), v);
+                if M {
+                    // The group's min, times its codes' sum.
+                    let sum = if G == 1 { inputs.sums[at] } else { inputs.half_sums[2 * at + q] };
+                    v = _mm512_fnmadd_ps(m1, _mm512_set1_ps(sum), v);
                 }
                 // SAFETY: lane g % 16 was written at group g - 16.
                 let prev = if g < LANES { _mm512_setzero_ps() } else { unsafe { fi[g % LANES].assume_init() } };

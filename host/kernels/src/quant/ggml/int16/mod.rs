@@ -1,4 +1,4 @@
-//! Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS products on int16 inputs: every
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS products on int16 inputs: every
 //! product of such a matrix (trunk and experts, decode and prefill alike: one
 //! definition, so a prompt's logits do not depend on its chunks and the
 //! prefix cache gives the uncached bits) quantises its input to int16 per
@@ -46,6 +46,11 @@
 //! - Q3_K: Q6_K's steps with its own values and scales: a group's values
 //!   `q - 4` (two bits of `qs` and a bit of `hmask`, ggml's `q3 - (hm ?
 //!   0 : 4)`), its scale `d * (ls_g - 32)`.
+//! - Q2_K: Q6_K's steps with its values `q` (two bits of `qs`, 0..3) and
+//!   its group's min: `v = (d * sc_g) * dot_g` rounded, then `v = fma(-(dmin
+//!   * m_g), hsum_g, v)` with `hsum_g` the sum of the group's 16 codes (ggml's
+//!   `dl * q - ml`, `sc_g` and `m_g` the low and high nibbles of
+//!   `scales[g]`).
 //! - The row's product is `((F0+F8)+(F4+F12))+((F2+F10)+(F6+F14))` plus
 //!   the same of the odd lanes, `(e0 + e1)` in `reduce_lanes`.
 //!
@@ -88,6 +93,9 @@ pub(crate) const Q5K_BYTES: usize = 176;
 /// Bytes of a Q3_K super-block (`block_q3_K`: 32 bytes of `hmask`, 64 of
 /// two-bit values, 12 of 6-bit scales, f16 d).
 pub(crate) const Q3K_BYTES: usize = 110;
+/// Bytes of a Q2_K super-block (`block_q2_K`: 16 bytes of 4-bit scales
+/// and mins, 64 of two-bit values, f16 d, f16 dmin).
+pub(crate) const Q2K_BYTES: usize = 84;
 /// Bytes of an IQ4_XS super-block (`block_iq4_xs`: f16 d, a u16 of the
 /// scales' top two bits, 4 bytes of their low nibbles, 128 bytes of
 /// indices into `kvalues_iq4nl`, two a byte).
@@ -97,6 +105,7 @@ const CODE_MAX: f32 = 32767.0;
 /// The block types computed on int16 inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Format {
+    Q2K,
     Q3K,
     Q4K,
     Q5K,
@@ -109,6 +118,7 @@ impl Format {
     /// one place that says which types do).
     pub(crate) fn of(ty: GgmlType) -> Option<Format> {
         match ty {
+            GgmlType::Q2K => Some(Format::Q2K),
             GgmlType::Q3K => Some(Format::Q3K),
             GgmlType::Q4K => Some(Format::Q4K),
             GgmlType::Q5K => Some(Format::Q5K),
@@ -120,6 +130,7 @@ impl Format {
 
     pub(crate) const fn super_bytes(self) -> usize {
         match self {
+            Format::Q2K => Q2K_BYTES,
             Format::Q3K => Q3K_BYTES,
             Format::Q4K => SUPER_BYTES,
             Format::Q5K => Q5K_BYTES,
@@ -132,21 +143,28 @@ impl Format {
     pub(crate) const fn groups(self) -> usize {
         match self {
             Format::Q4K | Format::Q5K | Format::Iq4Xs => 1,
-            Format::Q3K | Format::Q6K => 2,
+            Format::Q2K | Format::Q3K | Format::Q6K => 2,
         }
+    }
+
+    /// Whether its groups have mins (an offset times the group's code sum).
+    pub(crate) const fn has_mins(self) -> bool {
+        matches!(self, Format::Q2K | Format::Q4K | Format::Q5K)
     }
 }
 
 /// Inputs quantised for `products`: codes `[n][cols]`, per sub-block a
-/// scale and the codes' sum, `[n][cols / SUB]`. The sum is kept as f32
-/// (exact: at most 32 * 32767 in size, below 2^24) because the products
-/// only ever use it so, and a kernel then broadcasts it from memory
-/// rather than converting it first.
+/// scale and the codes' sum, `[n][cols / SUB]`, and per half sub-block the
+/// sum of its 16 codes, `[n][cols / 16]` (Q2_K's mins). The sums are kept
+/// as f32 (exact: at most 32 * 32767 in size, below 2^24) because the
+/// products only ever use them so, and a kernel then broadcasts them from
+/// memory rather than converting them first.
 pub(crate) struct Int16Inputs {
     pub(crate) cols: usize,
     pub(crate) codes: Vec<i16>,
     pub(crate) scales: Vec<f32>,
     pub(crate) sums: Vec<f32>,
+    pub(crate) half_sums: Vec<f32>,
     /// Each code as `256 * high + low` (`high` its signed top byte, `low`
     /// its unsigned bottom one), `[n][cols]` each, for the few inputs the
     /// row kernels take (fewer than `BLOCK_MIN_INPUTS`; empty otherwise):
@@ -167,14 +185,17 @@ impl Int16Inputs {
             codes: vec![0; x.len()],
             scales: vec![0.0; subs],
             sums: vec![0.0; subs],
+            half_sums: vec![0.0; 2 * subs],
             high: Vec::new(),
             low: Vec::new(),
         };
-        let input = |(xs, ((c, s), sums)): (&[f32], InputParts)| quantise_input(xs, c, s, sums);
+        let input = |(xs, (((c, s), sums), halves)): (&[f32], InputParts)| quantise_input(xs, c, s, (sums, halves));
         let per = cols / SUB;
         let parts = q.codes.chunks_mut(cols).zip(q.scales.chunks_mut(per)).zip(q.sums.chunks_mut(per));
+        let parts = parts.zip(q.half_sums.chunks_mut(2 * per));
         if x.len() >= PAR_MIN_WORK {
             let parts = q.codes.par_chunks_mut(cols).zip(q.scales.par_chunks_mut(per)).zip(q.sums.par_chunks_mut(per));
+            let parts = parts.zip(q.half_sums.par_chunks_mut(2 * per));
             x.par_chunks(cols).zip(parts).for_each(input);
         } else {
             x.chunks(cols).zip(parts).for_each(input);
@@ -192,23 +213,27 @@ impl Int16Inputs {
 }
 
 /// Bytes `Int16Inputs` holds for `inputs` inputs of `cols` values: the
-/// codes, and a scale and a code sum per sub-block (2.25 bytes a value;
-/// fewer than `BLOCK_MIN_INPUTS` inputs, a decode's, add two more).
-/// The memory plan counts them for a chunk's int16 products (`Format::of`).
+/// codes, a scale and a code sum per sub-block and a code sum per half
+/// (2.5 bytes a value; fewer than `BLOCK_MIN_INPUTS` inputs, a decode's,
+/// add two more). The memory plan counts them for a chunk's int16 products
+/// (`Format::of`).
 pub fn int16_input_bytes(inputs: usize, cols: usize) -> usize {
     let bytes = if inputs < BLOCK_MIN_INPUTS { 2 } else { 0 };
-    inputs * ((2 + bytes) * cols + 8 * cols.div_ceil(SUB))
+    inputs * ((2 + bytes) * cols + 16 * cols.div_ceil(SUB))
 }
 
-/// One input's codes, scales and sums, as `Int16Inputs::new` fills them.
-type InputParts<'a> = ((&'a mut [i16], &'a mut [f32]), &'a mut [f32]);
+/// One input's codes, scales, sums and half sums, as `Int16Inputs::new`
+/// fills them.
+type InputParts<'a> = (((&'a mut [i16], &'a mut [f32]), &'a mut [f32]), &'a mut [f32]);
+/// An input's code sums per sub-block and per half sub-block.
+type Sums<'a> = (&'a mut [f32], &'a mut [f32]);
 
 /// One input's sub-blocks (`quantise_sub_block` each) into its codes,
 /// scales and sums; on AVX2 eight values a vector, the same operations
 /// element by element, so the same bits (held by
 /// `inputs_quantise_to_the_same_bits_at_every_level`): the baseline build's
 /// loop was 5% of a GGUF prefill.
-fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [f32]) {
+fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sums: Sums) {
     #[cfg(target_arch = "x86_64")]
     if crate::quant::simd::has_avx2() {
         // SAFETY: AVX2 is available (just checked).
@@ -217,39 +242,41 @@ fn quantise_input(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [f32]) {
     quantise_input_portable(x, c, s, sums)
 }
 
-fn quantise_input_portable(x: &[f32], c: &mut [i16], s: &mut [f32], sums: &mut [f32]) {
-    let parts = c.chunks_exact_mut(SUB).zip(s.iter_mut()).zip(sums.iter_mut());
-    for (xs, ((c, s), sum)) in x.chunks_exact(SUB).zip(parts) {
+fn quantise_input_portable(x: &[f32], c: &mut [i16], s: &mut [f32], (sums, halves): Sums) {
+    let parts = c.chunks_exact_mut(SUB).zip(s.iter_mut()).zip(sums.iter_mut()).zip(halves.chunks_exact_mut(2));
+    for (xs, (((c, s), sum), halves)) in x.chunks_exact(SUB).zip(parts) {
         let (xs, c): (&[f32; SUB], &mut [i16; SUB]) =
             (xs.try_into().expect("a sub-block"), c.try_into().expect("a sub-block"));
-        let (scale, codes_sum) = quantise_sub_block(xs, c);
-        (*s, *sum) = (scale, codes_sum as f32);
+        let (scale, [h0, h1]) = quantise_sub_block(xs, c);
+        (*s, *sum) = (scale, (h0 + h1) as f32);
+        (halves[0], halves[1]) = (h0 as f32, h1 as f32);
     }
 }
 
-/// One sub-block's codes into `c`; its scale and the codes' sum.
-fn quantise_sub_block(x: &[f32; SUB], c: &mut [i16; SUB]) -> (f32, i32) {
+/// One sub-block's codes into `c`; its scale and the sums of the codes'
+/// halves.
+fn quantise_sub_block(x: &[f32; SUB], c: &mut [i16; SUB]) -> (f32, [i32; 2]) {
     // Folds without early exits, so that they vectorise.
     if !x.iter().fold(true, |ok, v| ok & v.is_finite()) {
         c.fill(0);
-        return (f32::NAN, 0);
+        return (f32::NAN, [0; 2]);
     }
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     if amax == 0.0 {
         c.fill(0);
-        return (0.0, 0);
+        return (0.0, [0; 2]);
     }
     // 1.5 * 2^23: adding it leaves no fraction bits, so the sum rounds
     // to an integer, ties to even, for |v| <= 2^22 (here |v| <= 32767).
     // `round_ties_even` was a libm call: 5% of a prefill.
     const ROUND: f32 = 12_582_912.0;
     let inv = CODE_MAX / amax;
-    let mut sum = 0i32;
-    for (o, &v) in c.iter_mut().zip(x) {
+    let mut sums = [0i32; 2];
+    for (l, (o, &v)) in c.iter_mut().zip(x).enumerate() {
         *o = (((v * inv) + ROUND) - ROUND).clamp(-CODE_MAX, CODE_MAX) as i16;
-        sum += i32::from(*o);
+        sums[l / 16] += i32::from(*o);
     }
-    (amax / CODE_MAX, sum)
+    (amax / CODE_MAX, sums)
 }
 
 /// The row sum of the sixteen lanes, in the definition's order.
@@ -317,8 +344,8 @@ pub(crate) struct Transposed<W, const B: usize> {
     /// sub-block `j`, as int16 (Q6_K's `q - 32`).
     pub(crate) words: Vec<W>,
     /// Per group `g` (a sub-block for Q4_K, half of one for Q6_K):
-    /// `d1[g][r]` row `r`'s `d * sc_g`, `m1[g][r]` its `dmin * m_g` (Q4_K;
-    /// 0 for Q6_K, which has none), both 0 past the block's rows.
+    /// `d1[g][r]` row `r`'s `d * sc_g`, `m1[g][r]` its `dmin * m_g` (Q4_K,
+    /// Q2_K; 0 for Q6_K, which has none), both 0 past the block's rows.
     pub(crate) d1: Vec<[f32; B]>,
     pub(crate) m1: Vec<[f32; B]>,
 }
@@ -357,10 +384,10 @@ impl<W: Copy, const B: usize> Transposed<W, B> {
                             (self.d1[sb * 8 + k][r], self.m1[sb * 8 + k][r]) = (d1[k], m1[k]);
                         }
                     }
-                    Format::Q3K | Format::Q6K => {
-                        let d1 = b.map_or([0.0; 16], |b| group_scales(fmt, b));
-                        for (g, d1) in d1.into_iter().enumerate() {
-                            (self.d1[sb * 16 + g][r], self.m1[sb * 16 + g][r]) = (d1, 0.0);
+                    Format::Q2K | Format::Q3K | Format::Q6K => {
+                        let (d1, m1) = b.map_or(([0.0; 16], [0.0; 16]), |b| group_scales(fmt, b));
+                        for (g, (d1, m1)) in d1.into_iter().zip(m1).enumerate() {
+                            (self.d1[sb * 16 + g][r], self.m1[sb * 16 + g][r]) = (d1, m1);
                         }
                     }
                 }
@@ -422,23 +449,44 @@ pub(crate) fn q3k_scales(b: &[u8]) -> [f32; 16] {
     })
 }
 
-/// The sixteen group scales of a Q3_K or Q6_K super-block (`fmt`).
+/// A Q2_K super-block's sixteen `d * sc_g` and `dmin * m_g` (exact
+/// products, ggml's `dl` and `ml`): `sc_g` the low nibble of `scales[g]`,
+/// `m_g` the high one.
 #[inline(always)]
-pub(crate) fn group_scales(fmt: Format, b: &[u8]) -> [f32; 16] {
+pub(crate) fn q2k_scales(b: &[u8]) -> ([f32; 16], [f32; 16]) {
+    let (d, dmin) = (h(b, 80), h(b, 82));
+    (std::array::from_fn(|g| d * f32::from(b[g] & 15)), std::array::from_fn(|g| dmin * f32::from(b[g] >> 4)))
+}
+
+/// The sixteen group scales and mins of a Q2_K, Q3_K or Q6_K super-block
+/// (`fmt`; the last two have no mins: zeros).
+#[inline(always)]
+pub(crate) fn group_scales(fmt: Format, b: &[u8]) -> ([f32; 16], [f32; 16]) {
     match fmt {
-        Format::Q3K => q3k_scales(b),
-        _ => q6k_scales(b),
+        Format::Q2K => q2k_scales(b),
+        Format::Q3K => (q3k_scales(b), [0.0; 16]),
+        _ => (q6k_scales(b), [0.0; 16]),
     }
 }
 
-/// Value `i` (0..256) of a Q3_K or Q6_K super-block (`fmt`), the integer
-/// its group's scale multiplies.
+/// Value `i` (0..256) of a Q2_K, Q3_K or Q6_K super-block (`fmt`), the
+/// integer its group's scale multiplies.
 #[inline(always)]
 fn group_value(fmt: Format, b: &[u8], i: usize) -> i32 {
     match fmt {
+        Format::Q2K => q2k_value(b, i),
         Format::Q3K => q3k_value(b, i),
         _ => q6k_value(b, i),
     }
+}
+
+/// Value `i` (0..256) of a Q2_K super-block, `q` (ggml's
+/// `dequantize_row_q2_K` indexing): sub-block `s = i / 32` is bits `2 * (s
+/// % 4)` of the 32 `qs` bytes of its half.
+#[inline(always)]
+fn q2k_value(b: &[u8], i: usize) -> i32 {
+    let (s, l) = (i / 32, i % 32);
+    i32::from((b[16 + 32 * (s / 4) + l] >> (2 * (s % 4))) & 3)
 }
 
 /// Value `i` (0..256) of a Q3_K super-block, `q - 4` (ggml's
@@ -468,7 +516,7 @@ fn q6k_value(b: &[u8], i: usize) -> i32 {
 pub(crate) fn row_scalar(fmt: Format, row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
     match fmt {
         Format::Q4K | Format::Q5K | Format::Iq4Xs => row_scalar_q4k(fmt, row, inputs, t),
-        Format::Q3K | Format::Q6K => row_scalar_groups(fmt, row, inputs, t),
+        Format::Q2K | Format::Q3K | Format::Q6K => row_scalar_groups(fmt, row, inputs, t),
     }
 }
 
@@ -519,17 +567,21 @@ fn q4k_value(fmt: Format, b: &[u8], j: usize, l: usize) -> i16 {
     })
 }
 
-/// A Q3_K or Q6_K row (`fmt`: groups of 16 values) against input `t`.
+/// A Q2_K, Q3_K or Q6_K row (`fmt`: groups of 16 values) against input `t`.
 fn row_scalar_groups(fmt: Format, row: &[u8], inputs: &Int16Inputs, t: usize) -> f32 {
     let base = t * inputs.cols / SUB;
     let mut f = [0f32; LANES];
     for (sb, b) in row.chunks_exact(fmt.super_bytes()).enumerate() {
-        let d1 = group_scales(fmt, b);
-        for (g, d1) in d1.iter().enumerate() {
+        let (d1, m1) = group_scales(fmt, b);
+        for (g, (d1, m1)) in d1.iter().zip(m1).enumerate() {
             let at = base + sb * 8 + g / 2;
             let codes = &inputs.codes[at * SUB + 16 * (g % 2)..][..16];
             let dot: i32 = codes.iter().enumerate().map(|(l, &c)| group_value(fmt, b, 16 * g + l) * i32::from(c)).sum();
-            f[g] = fused_mul_add(inputs.scales[at], d1 * dot as f32, f[g]);
+            let mut v = d1 * dot as f32;
+            if fmt.has_mins() {
+                v = fused_mul_add(-m1, inputs.half_sums[2 * at + g % 2], v);
+            }
+            f[g] = fused_mul_add(inputs.scales[at], v, f[g]);
         }
     }
     reduce_lanes(&f)

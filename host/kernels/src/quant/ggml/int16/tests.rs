@@ -1,4 +1,4 @@
-//! The int16 Q4_K, Q5_K, Q6_K and IQ4_XS products: every level against the definition
+//! The int16 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS products: every level against the definition
 //! (`row_scalar`) bit for bit, the definition against the f32 product of
 //! ggml's values within the input rounding's bound, and every entry point
 //! of such a matrix giving the same bits.
@@ -15,13 +15,20 @@ fn q4k_rows(rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
 }
 
 fn q4k_like_rows(fmt: Format, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    rows_with_d_dmin(fmt, 0, rows, cols, rng)
+}
+
+/// Random super-blocks of `fmt` whose f16 `d` and `dmin`, at bytes `at`
+/// and `at + 2`, are about 1e-3 (a trained file's size); every other bit
+/// random.
+fn rows_with_d_dmin(fmt: Format, at: usize, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let sbb = fmt.super_bytes();
     let mut bytes: Vec<u8> = (0..rows * cols / SUPER * sbb).map(|_| rng.below(256) as u8).collect();
     for b in bytes.chunks_exact_mut(sbb) {
         let d = half::f16::from_f32(0.5e-3 + 1e-3 * rng.unit() as f32).to_le_bytes();
         let dmin = half::f16::from_f32(0.2e-3 + 1e-3 * rng.unit() as f32).to_le_bytes();
-        b[0..2].copy_from_slice(&d);
-        b[2..4].copy_from_slice(&dmin);
+        b[at..at + 2].copy_from_slice(&d);
+        b[at + 2..at + 4].copy_from_slice(&dmin);
     }
     bytes
 }
@@ -52,10 +59,11 @@ fn rows_of(fmt: Format, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
         Format::Q6K => q6k_rows(rows, cols, rng),
         Format::Iq4Xs => rows_with_d(fmt, 0, rows, cols, rng),
         Format::Q3K => rows_with_d(fmt, 108, rows, cols, rng),
+        Format::Q2K => rows_with_d_dmin(fmt, 80, rows, cols, rng),
     }
 }
 
-const FORMATS: [Format; 5] = [Format::Q3K, Format::Q4K, Format::Q5K, Format::Q6K, Format::Iq4Xs];
+const FORMATS: [Format; 6] = [Format::Q2K, Format::Q3K, Format::Q4K, Format::Q5K, Format::Q6K, Format::Iq4Xs];
 
 fn ggml_type(fmt: Format) -> GgmlType {
     match fmt {
@@ -64,21 +72,28 @@ fn ggml_type(fmt: Format) -> GgmlType {
         Format::Q6K => GgmlType::Q6K,
         Format::Iq4Xs => GgmlType::Iq4Xs,
         Format::Q3K => GgmlType::Q3K,
+        Format::Q2K => GgmlType::Q2K,
     }
 }
 
-/// Q3_K's and Q6_K's value `i` as `group_value` reads it is ggml's: its
-/// dequantised value divided by the group's scale (`group_scales`).
+/// Q2_K's, Q3_K's and Q6_K's value `i` as `group_value` reads it is
+/// ggml's: its dequantised value is the group's scale times it, less the
+/// group's min (`group_scales`; Q2_K's `dl * q - ml`, the others' `dl * q`).
 #[test]
-fn q3k_and_q6k_values_are_ggmls() {
+fn q2k_q3k_and_q6k_values_are_ggmls() {
     let mut rng = Rng::new(4);
-    for fmt in [Format::Q3K, Format::Q6K] {
+    for fmt in [Format::Q2K, Format::Q3K, Format::Q6K] {
         let b = rows_of(fmt, 1, SUPER, &mut rng);
         let mut values = vec![0f32; SUPER];
         dequantize_row(ggml_type(fmt), &b, &mut values);
-        let d1 = group_scales(fmt, &b);
+        let (d1, m1) = group_scales(fmt, &b);
         for (i, &v) in values.iter().enumerate() {
-            assert_eq!(v.to_bits(), (d1[i / 16] * group_value(fmt, &b, i) as f32).to_bits(), "{fmt:?} value {i}");
+            let (d1, m1, q) = (d1[i / 16], m1[i / 16], group_value(fmt, &b, i) as f32);
+            let want = if fmt.has_mins() { d1 * q - m1 } else { d1 * q };
+            assert_eq!(v.to_bits(), want.to_bits(), "{fmt:?} value {i}");
+        }
+        if fmt == Format::Q2K {
+            assert!(m1.iter().any(|&m| m > 0.0) && (0..SUPER).any(|i| group_value(fmt, &b, i) == 3), "{fmt:?}: no min");
         }
     }
 }
@@ -207,10 +222,18 @@ fn inputs_quantise_to_the_same_bits_at_every_level() {
     x[2 * cols + 70] = f32::NAN;
     let subs = x.len() / SUB;
     let (mut c, mut s, mut sums) = (vec![0i16; x.len()], vec![0f32; subs], vec![0f32; subs]);
-    quantise_input_portable(&x, &mut c, &mut s, &mut sums);
+    let mut halves = vec![0f32; 2 * subs];
+    quantise_input_portable(&x, &mut c, &mut s, (&mut sums, &mut halves));
     let inputs = Int16Inputs::new(&x, cols);
     assert_eq!(inputs.codes, c);
     assert_eq!(inputs.sums, sums);
+    assert_eq!(inputs.half_sums, halves);
+    // The halves are the codes' sums, and add up to the sub-block's.
+    for (k, h) in halves.chunks_exact(2).enumerate() {
+        let codes = |r: std::ops::Range<usize>| c[r].iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
+        assert_eq!((h[0], h[1]), (codes(k * SUB..k * SUB + 16), codes(k * SUB + 16..(k + 1) * SUB)), "sub-block {k}");
+        assert_eq!(h[0] + h[1], sums[k]);
+    }
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&inputs.scales), bits(&s));
     assert!(s[subs / 3 + 1].is_nan() && s[2 * subs / 3 + 2].is_nan() && s[5] > 1e25);
@@ -256,7 +279,7 @@ fn int16_products_are_within_the_input_roundings_bound_of_ggmls_values() {
     }
 }
 
-/// A Q4_K, Q5_K, Q6_K or IQ4_XS matrix's matvec, matmul, row_dots and a trunk view's
+/// An int16 format's matrix's matvec, matmul, row_dots and a trunk view's
 /// matvec_many and matmul give each (row, input) the definition's bits, in
 /// parallel or not. (A trunk view's matmul had run every GGUF type's
 /// decoded rows in f32.)

@@ -1,13 +1,16 @@
 """tests/fixtures/gguf/models/wide-qwen3moe-<type>.gguf: the files a user downloads, made the way
 they are made. The wide model of models.json (WIDE_CONFIG at its recorded seed) is converted to
 f32 by llama.cpp's convert_hf_to_gguf.py, given an importance matrix by llama-imatrix on a
-calibration text (this repository's README.md), and quantised by llama-quantize to each IQ type
-below. Each file gets the logits of transformers run on the weights `gguf.quants.dequantize`
-gives for it (the exact model the file defines), and a line in models_iq.json.
+calibration text (this repository's README.md), and quantised by llama-quantize to each type
+below (the IQ types, and Q2_K, whose file also holds Q3_K matrices). Each file gets the logits of
+transformers run on the weights `gguf.quants.dequantize` gives for it (the exact model the file
+defines), and a line in models_iq.json.
 
-Run: python3 tests/gen_gguf_fixtures_iq.py [--sdist SDIST] [--bin DIR]
+Run: python3 tests/gen_gguf_fixtures_iq.py [--sdist SDIST] [--bin DIR] [--types T,...]
   --bin: where llama-quantize and llama-imatrix of the same sdist are built
   (cmake --build build --target llama-quantize llama-imatrix in bench/peers' llama.cpp tree).
+  --types: make only these file types (e.g. Q2_K), keeping the other entries of models_iq.json
+  as they are (each entry records the importance matrix it was made with).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ OUT = ROOT / "tests" / "fixtures" / "gguf"
 # as llama-quantize makes it. The 1- and 2-bit types need the importance matrix; all take it.
 TYPES = [("IQ1_S", "IQ1_S"), ("IQ1_M", "IQ1_M"), ("IQ2_XXS", "IQ2_XXS"), ("IQ2_XS", "IQ2_XS"),
          ("IQ2_M", "IQ2_S"), ("IQ3_XXS", "IQ3_XXS"), ("IQ3_S", "IQ3_S"), ("IQ4_XS", "IQ4_XS"),
-         ("IQ4_NL", "IQ4_NL")]
+         ("IQ4_NL", "IQ4_NL"), ("Q2_K", "Q2_K")]
 CTX = 128
 
 
@@ -48,7 +51,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sdist", type=Path, default=Path.home() / ".cache/waste-peers/llama_cpp_python-0.3.36.tar.gz")
     ap.add_argument("--bin", type=Path, default=Path.home() / ".cache/waste-peers/llama.cpp-0.3.36/build/bin")
+    ap.add_argument("--types", help="comma-separated file types to make (default: all)")
     args = ap.parse_args()
+    wanted = [t for t, _ in TYPES] if args.types is None else args.types.split(",")
+    unknown = set(wanted) - {t for t, _ in TYPES}
+    if unknown:
+        raise SystemExit(f"--types: not made here: {sorted(unknown)}")
     models = json.loads((OUT / "models.json").read_text())
     wide = next(m for m in models["models"] if m["file"].endswith("wide-qwen3moe-q4_k_m.gguf"))
     prompt = wide["prompt_ids"]
@@ -63,6 +71,8 @@ def main() -> None:
         run([args.bin / "llama-imatrix", "-m", f32, "-f", calib, "-o", imatrix, "-c", CTX, "-t", 2,
              "--no-ppl"])
         for ty, experts in TYPES:
+            if ty not in wanted:
+                continue
             out = OUT / "models" / f"wide-qwen3moe-{ty.lower()}.gguf"
             run([args.bin / "llama-quantize", "--imatrix", imatrix, f32, out, ty, 2])
             r, G = gm.read_gguf(out)
@@ -91,8 +101,12 @@ def main() -> None:
             print(ty, "router gap", res["min_router_gap"], "top-1 gap", res["min_top1_gap"],
                   sorted(set(types.values())))
             entries.append(entry)
+    # Entries of the types not made keep their place; new ones go last.
+    old = json.loads((OUT / "models_iq.json").read_text())["models"] if args.types else []
+    made = {e["file"]: e for e in entries}
+    kept = [made.pop(e["file"], e) for e in old]
     doc = dict(generator="tests/gen_gguf_fixtures_iq.py", converter=info,
-               versions=models["versions"], models=entries)
+               versions=models["versions"], models=kept + list(made.values()))
     (OUT / "models_iq.json").write_text(gq.dump_json(doc))
 
 

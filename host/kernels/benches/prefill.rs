@@ -13,7 +13,7 @@
 //!
 //! The q4 products are int8 (`quant::int8`): their "% of peak" is of the
 //! integer ceiling at the level in force (`vpdpbusd` or `maddubs`); GGUF
-//! Q4_K's, Q5_K's, Q6_K's and IQ4_XS's are int16 (`quant::ggml::int16`), of `vpdpwssd`'s or
+//! Q2_K's-Q6_K's and IQ4_XS's are int16 (`quant::ggml::int16`), of `vpdpwssd`'s or
 //! `pmaddwd`'s; the others' of the FMA peak.
 //!
 //! `cargo bench -p waste-kernels --bench prefill` (`--quick`: fewer tokens;
@@ -53,7 +53,7 @@ fn main() {
         let int8_peak = int8.map_or(f64::NAN, |(p, _)| p);
         let int16 = pool.install(|| int16_peak_gmacs(threads, isa().name())).expect("pool");
         if let Some((p, how)) = int16 {
-            println!("int16 peak {p:.1} GMAC/s ({how}): GGUF Q4_K's, Q5_K's, Q6_K's and IQ4_XS's products");
+            println!("int16 peak {p:.1} GMAC/s ({how}): GGUF's int16 types' products");
         }
         let int16_peak = int16.map_or(f64::NAN, |(p, _)| p);
         let peak_of = |fmt: TrunkFormat| match fmt {
@@ -100,6 +100,8 @@ fn main() {
             (TrunkFormat::Q4, 2304, 1024),
             (TrunkFormat::Ggml(GgmlType::Q4K), rows, cols),
             (TrunkFormat::Ggml(GgmlType::Q6K), rows, cols),
+            (TrunkFormat::Ggml(GgmlType::Q3K), rows, cols),
+            (TrunkFormat::Ggml(GgmlType::Q2K), rows, cols),
             (TrunkFormat::Ggml(GgmlType::Q8_0), rows, cols),
         ] {
             let w: Vec<f32> = (0..rows * cols).map(|_| unit() * 0.05).collect();
@@ -210,7 +212,7 @@ fn report(what: &str, tokens: usize, macs: f64, one: f64, many: f64, peak: f64) 
     );
 }
 
-/// A trunk matrix's bytes: quantised, or for GGUF's Q4_K, Q6_K and Q8_0
+/// A trunk matrix's bytes: quantised, or for GGUF's Q2_K-Q6_K and Q8_0
 /// random blocks with weight-sized f16 scales (no quantiser for them here; the
 /// products' speed does not depend on the values).
 fn trunk_bytes(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8> {
@@ -220,8 +222,10 @@ fn trunk_bytes(fmt: TrunkFormat, w: &[f32], rows: usize, cols: usize) -> Vec<u8>
     let scales: &[usize] = match ty {
         GgmlType::Q4K => &[0, 2],
         GgmlType::Q6K => &[208],
+        GgmlType::Q3K => &[108],
+        GgmlType::Q2K => &[80, 82],
         GgmlType::Q8_0 => &[0],
-        _ => panic!("trunk_bytes: Q4_K, Q6_K and Q8_0 only"),
+        _ => panic!("trunk_bytes: Q2_K, Q3_K, Q4_K, Q6_K and Q8_0 only"),
     };
     let mut bytes: Vec<u8> = w
         .iter()

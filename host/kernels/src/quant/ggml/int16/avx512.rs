@@ -40,12 +40,25 @@ pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs,
     // SAFETY: the caller's contract, passed on.
     unsafe {
         match fmt {
-            Format::Q2K => return group_rows(Format::Q2K, row, inputs, out),
-            Format::Q3K => return group_rows(Format::Q3K, row, inputs, out),
-            Format::Q6K => return group_rows(Format::Q6K, row, inputs, out),
-            _ => {}
+            Format::Q2K => group_rows(Format::Q2K, row, inputs, out),
+            Format::Q3K => group_rows(Format::Q3K, row, inputs, out),
+            Format::Q6K => group_rows(Format::Q6K, row, inputs, out),
+            Format::Q4K => window_rows(Format::Q4K, row, inputs, out),
+            Format::Q5K => window_rows(Format::Q5K, row, inputs, out),
+            Format::Iq4Xs => window_rows(Format::Iq4Xs, row, inputs, out),
         }
     }
+}
+
+/// `row_products` for a Q4_K, Q5_K or IQ4_XS row (`fmt`), two super-blocks
+/// a window.
+///
+/// # Safety
+/// As `row_products`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn window_rows(fmt: Format, row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
+    let supers = inputs.cols / SUPER;
     for (t, o) in out.iter_mut().enumerate() {
         let mut f = _mm512_setzero_ps();
         for w0 in (0..supers).step_by(2) {

@@ -212,9 +212,10 @@ fn scratch_covers_the_forward_pass_buffers_of_kimi_linear_and_deepseek() {
                     + int8(widest.into_iter().max().unwrap())
                     + outputs;
                 let got = scratch_bytes(cfg, ChunkInputs::Int8, ctx, chunk);
-                // GGUF Q4_K's int16 inputs (2.25 bytes a value) in
-                // place of int8's, for its trunk and its experts.
-                let int16 = |cols: usize| chunk * (2 * cols + 8 * cols.div_ceil(32));
+                // GGUF Q4_K's int16 inputs (2.5 bytes a value: the codes,
+                // a scale and a code sum per 32 values, a code sum per 16)
+                // in place of int8's, for its trunk and its experts.
+                let int16 = |cols: usize| chunk * (2 * cols + 16 * cols.div_ceil(32));
                 let widest = widest.into_iter().max().unwrap();
                 let more = int16(h.max(i)) - int8(h.max(i)) + int16(widest) - int8(widest);
                 let got16 = scratch_bytes(cfg, ChunkInputs::Int16, ctx, chunk);

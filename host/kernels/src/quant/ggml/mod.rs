@@ -99,7 +99,7 @@ impl GgmlType {
     ];
 
     /// Whether this type's products quantise their inputs to int16
-    /// (`int16`'s module docs; 2.25 bytes a value the memory plan counts),
+    /// (`int16`'s module docs; 2.5 bytes a value the memory plan counts),
     /// rather than taking them as f32.
     pub fn takes_int16_inputs(self) -> bool {
         int16::Format::of(self).is_some()

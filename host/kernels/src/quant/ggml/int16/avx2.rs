@@ -120,7 +120,37 @@ pub(super) unsafe fn pair_bytes(fmt: Format, b: *const u8, c: usize) -> (__m256i
 pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
     let supers = inputs.cols / SUPER;
     debug_assert!(row.len() == supers * fmt.super_bytes() && out.len() == inputs.inputs());
+    // The group rows read the codes' byte planes through raw pointers:
+    // `Int16Inputs::new` makes them for every call that takes this path
+    // (fewer than `BLOCK_MIN_INPUTS` inputs), and this holds it to that.
+    assert!(
+        fmt.groups() == 1 || (inputs.high.len() == inputs.codes.len() && inputs.low.len() == inputs.codes.len()),
+        "int16 rows: inputs without their byte planes"
+    );
     prefetch_next_row(row);
+    // The group formats' loops each compiled with the format a constant
+    // (their value unpacking is most of a row's work; with the format a
+    // variable its branches sat inside the loop). Q4_K's, Q5_K's and
+    // IQ4_XS's share one loop: compiled apart, Q4_K's row from DRAM ran no
+    // faster ("Tried and dropped").
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        match fmt {
+            Format::Q2K => rows_of(Format::Q2K, row, inputs, out),
+            Format::Q3K => rows_of(Format::Q3K, row, inputs, out),
+            Format::Q6K => rows_of(Format::Q6K, row, inputs, out),
+            _ => rows_of(fmt, row, inputs, out),
+        }
+    }
+}
+
+/// `row_products`' loop for one format.
+///
+/// # Safety
+/// As `row_products`.
+#[inline(always)]
+unsafe fn rows_of(fmt: Format, row: &[u8], inputs: &Int16Inputs, out: &mut [f32]) {
+    let supers = inputs.cols / SUPER;
     for (t, o) in out.iter_mut().enumerate() {
         // Lanes 0..8 and 8..16; a Q4_K super-block fills one half, a Q6_K
         // one both.
@@ -196,15 +226,35 @@ unsafe fn super_block(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
 /// The Q2_K, Q3_K or Q6_K (`fmt`) super-block at `b` against sub-blocks
 /// `at..at + 8` of the inputs, added to `f`'s sixteen lanes (one per group).
 ///
+/// The values stay bytes, as AVX-512's `group_super` keeps them: each made
+/// unsigned by its format's offset (Q6_K's `q - 32` + 32, Q3_K's `q - 4` +
+/// 4, Q2_K's `q` as it is; at most 63), dotted with the codes' high and
+/// low bytes by `pmaddubsw` (`plane_dot`), four values an int32 lane, so a
+/// group is four lanes, and the offset taken back as `offset * hsum_g`:
+/// the same exact integer `dot_g` as the definition's. Widening the values
+/// to int16 for `pmaddwd` had cost three shuffles a sub-block and left
+/// eight lanes a group to fold: a Q3_K row ran at 2.7 GB/s from DRAM on
+/// one thread, a third of what the thread reads.
+///
 /// # Safety
-/// AVX2 and FMA; a super-block of `fmt` at `b`, eight sub-blocks from `at`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
+/// AVX2 and FMA; a super-block of `fmt` at `b`, eight sub-blocks from `at`
+/// in the inputs, whose `high` and `low` bytes exist. Always inlined
+/// (no features of its own: its caller's), so that each format's loop
+/// compiles its own copy with the format a constant; as a call it took
+/// the format as a variable.
+#[inline(always)]
 unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize, f: [__m256; 2]) -> [__m256; 2] {
-    // SAFETY: the block's bytes at b; its sub-blocks' codes, scales and
-    // half sums from `at` (the caller's).
+    // The offset's power of two: Q6_K's 32, Q3_K's 4, Q2_K's none.
+    let shift: Option<i32> = match fmt {
+        Format::Q6K => Some(5),
+        Format::Q3K => Some(2),
+        _ => None,
+    };
+    // SAFETY: the block's bytes at b; its sub-blocks' code bytes, scales
+    // and half sums from `at` (the caller's).
     unsafe {
-        let x = inputs.codes.as_ptr().add(at * SUB);
+        let (high, low) = (inputs.high.as_ptr().add(at * SUB), inputs.low.as_ptr().add(at * SUB));
+        let off = _mm256_set1_epi8(shift.map_or(0, |s| 1 << s));
         // The sixteen groups' scales (and Q2_K's mins), groups 0..8 then
         // 8..16.
         let zero = [_mm256_setzero_ps(); 2];
@@ -231,22 +281,31 @@ unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
             }
         };
         let scales = _mm256_loadu_ps(inputs.scales.as_ptr().add(at));
+        // Groups 4c + 1 and 4c + 3 sit after 4c and 4c + 2 in the folded
+        // vector's 128-bit halves; this puts each group in its own lane.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         let mut out = f;
         // Groups 0..8 (sub-blocks 0..4), then 8..16.
         for (half, o) in out.iter_mut().enumerate() {
-            let mut a = [_mm256_setzero_si256(); 8];
-            for c in 2 * half..2 * half + 2 {
-                let (u, v) = pair_bytes(fmt, b, c);
-                for (k, bytes) in [(2 * c, u), (2 * c + 1, v)] {
-                    let q0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes));
-                    let q1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(bytes));
-                    let x0 = _mm256_loadu_si256(x.add(k * SUB) as *const __m256i);
-                    let x1 = _mm256_loadu_si256(x.add(k * SUB + 16) as *const __m256i);
-                    let g = 2 * k - 8 * half;
-                    (a[g], a[g + 1]) = (_mm256_madd_epi16(q0, x0), _mm256_madd_epi16(q1, x1));
+            // Vector k: sub-block 4 half + k's two groups, lanes 0-3 and 4-7.
+            let mut r = [_mm256_setzero_si256(); 4];
+            for c in 0..2 {
+                let (u, v) = pair_bytes(fmt, b, 2 * half + c);
+                for (h, bytes) in [u, v].into_iter().enumerate() {
+                    let k = 4 * half + 2 * c + h;
+                    let qu = _mm256_add_epi8(bytes, off);
+                    r[2 * c + h] = plane_dot(qu, high.add(k * SUB), low.add(k * SUB));
                 }
             }
-            let dots = _mm256_cvtepi32_ps(sum_lanes(&a));
+            // Each group's four lanes summed: [g0 g2 g4 g6 | g1 g3 g5 g7]
+            // (for half 0), then in order.
+            let folded = _mm256_hadd_epi32(_mm256_hadd_epi32(r[0], r[1]), _mm256_hadd_epi32(r[2], r[3]));
+            let mut dots = _mm256_permutevar8x32_epi32(folded, order);
+            if let Some(shift) = shift {
+                let hsums = _mm256_cvtps_epi32(_mm256_loadu_ps(inputs.half_sums.as_ptr().add(2 * at + 8 * half)));
+                dots = _mm256_sub_epi32(dots, _mm256_sll_epi32(hsums, _mm_cvtsi32_si128(shift)));
+            }
+            let dots = _mm256_cvtepi32_ps(dots);
             let pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
             let sub = _mm256_add_epi32(pairs, _mm256_set1_epi32(4 * half as i32));
             let s = _mm256_permutevar8x32_ps(scales, sub);
@@ -259,6 +318,23 @@ unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
         }
         out
     }
+}
+
+/// `sum qu * code` over 32 values in eight int32 lanes (lane `i` values
+/// `4i..4i + 4`), exact: `qu` unsigned bytes of at most 63, each code
+/// `256 * high + low`. `pmaddubsw` takes its first operand unsigned and
+/// its second signed, so the values go first against the signed high
+/// bytes and second against the unsigned low bytes; its int16 pair sums
+/// do not saturate (at most 2 * 63 * 128 and 2 * 255 * 63 in size).
+///
+/// # Safety
+/// AVX2; 32 readable bytes at `high` and at `low`.
+#[inline(always)]
+unsafe fn plane_dot(qu: __m256i, high: *const i8, low: *const u8) -> __m256i {
+    // SAFETY: the caller's.
+    let (hi, lo) = unsafe { (_mm256_loadu_si256(high as *const __m256i), _mm256_loadu_si256(low as *const __m256i)) };
+    let (h, l) = (_mm256_maddubs_epi16(qu, hi), _mm256_maddubs_epi16(lo, qu));
+    _mm256_add_epi32(_mm256_madd_epi16(h, _mm256_set1_epi16(256)), _mm256_madd_epi16(l, _mm256_set1_epi16(1)))
 }
 
 /// Lane `k` = the sum of `a[k]`'s eight lanes (exact int32).

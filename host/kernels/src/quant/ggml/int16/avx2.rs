@@ -124,22 +124,22 @@ pub(super) unsafe fn row_products(fmt: Format, row: &[u8], inputs: &Int16Inputs,
     // `Int16Inputs::new` makes them for every call that takes this path
     // (fewer than `BLOCK_MIN_INPUTS` inputs), and this holds it to that.
     assert!(
-        fmt.groups() == 1 || (inputs.high.len() == inputs.codes.len() && inputs.low.len() == inputs.codes.len()),
+        fmt == Format::Iq4Xs || (inputs.high.len() == inputs.codes.len() && inputs.low.len() == inputs.codes.len()),
         "int16 rows: inputs without their byte planes"
     );
     prefetch_next_row(row);
-    // The group formats' loops each compiled with the format a constant
-    // (their value unpacking is most of a row's work; with the format a
-    // variable its branches sat inside the loop). Q4_K's, Q5_K's and
-    // IQ4_XS's share one loop: compiled apart, Q4_K's row from DRAM ran no
-    // faster ("Tried and dropped").
+    // One loop per format, each compiled with its format a constant (the
+    // value unpacking is most of a row's work; with the format a variable
+    // its branches sat inside the loop).
     // SAFETY: the caller's contract, passed on.
     unsafe {
         match fmt {
             Format::Q2K => rows_of(Format::Q2K, row, inputs, out),
             Format::Q3K => rows_of(Format::Q3K, row, inputs, out),
             Format::Q6K => rows_of(Format::Q6K, row, inputs, out),
-            _ => rows_of(fmt, row, inputs, out),
+            Format::Q4K => rows_of(Format::Q4K, row, inputs, out),
+            Format::Q5K => rows_of(Format::Q5K, row, inputs, out),
+            Format::Iq4Xs => rows_of(Format::Iq4Xs, row, inputs, out),
         }
     }
 }
@@ -181,26 +181,35 @@ unsafe fn rows_of(fmt: Format, row: &[u8], inputs: &Int16Inputs, out: &mut [f32]
 /// The Q4_K, Q5_K or IQ4_XS (`fmt`) super-block at `b` against sub-blocks
 /// `at..at + 8` of the inputs, added to `f`'s eight lanes.
 ///
+/// Q4_K's and Q5_K's values (at most 31, unsigned) stay bytes against the
+/// codes' byte planes (`plane_dot`), as the group formats' do; IQ4_XS's
+/// are signed, so they are widened to int16 for `pmaddwd` with the codes.
+/// Always inlined, as `group_super`.
+///
 /// # Safety
-/// AVX2 and FMA; a super-block of `fmt` at `b`, eight sub-blocks from `at`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
+/// AVX2 and FMA; a super-block of `fmt` at `b`, eight sub-blocks from `at`
+/// in the inputs, whose `high` and `low` bytes exist unless `fmt` is
+/// IQ4_XS.
+#[inline(always)]
 unsafe fn super_block(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize, f: __m256) -> __m256 {
-    // SAFETY: the block's bytes at b; its sub-blocks' codes, scales and
-    // sums from `at` (the caller's).
+    // SAFETY: the block's bytes at b; its sub-blocks' codes (or code
+    // bytes), scales and sums from `at` (the caller's).
     unsafe {
         let x = inputs.codes.as_ptr().add(at * SUB);
+        let (high, low) = (inputs.high.as_ptr().wrapping_add(at * SUB), inputs.low.as_ptr().wrapping_add(at * SUB));
         let mut a = [_mm256_setzero_si256(); 8];
         for c in 0..4 {
             let (lo, hi) = pair_bytes(fmt, b, c);
             for (k, half) in [(2 * c, lo), (2 * c + 1, hi)] {
-                let x0 = _mm256_loadu_si256(x.add(k * SUB) as *const __m256i);
-                let x1 = _mm256_loadu_si256(x.add(k * SUB + 16) as *const __m256i);
-                // Signed: IQ4_XS's values are (Q4_K's and Q5_K's below
-                // 32 widen alike).
-                let q0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(half));
-                let q1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(half));
-                a[k] = _mm256_add_epi32(_mm256_madd_epi16(q0, x0), _mm256_madd_epi16(q1, x1));
+                if fmt == Format::Iq4Xs {
+                    let x0 = _mm256_loadu_si256(x.add(k * SUB) as *const __m256i);
+                    let x1 = _mm256_loadu_si256(x.add(k * SUB + 16) as *const __m256i);
+                    let q0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(half));
+                    let q1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(half));
+                    a[k] = _mm256_add_epi32(_mm256_madd_epi16(q0, x0), _mm256_madd_epi16(q1, x1));
+                } else {
+                    a[k] = plane_dot(half, high.add(k * SUB), low.add(k * SUB));
+                }
             }
         }
         let (d1, m1) = if fmt == Format::Iq4Xs {

@@ -6,8 +6,8 @@
 //! two `__m256`.
 
 use super::{
-    q3k_scales, scale_bytes, super_scales, Format, Int16Inputs, Outputs, Sums, CODE_MAX, LANES, Q2K_BYTES, Q3K_BYTES,
-    Q6K_BYTES, SUB, SUPER,
+    scale_bytes, super_scales, Format, Int16Inputs, Outputs, Sums, CODE_MAX, LANES, Q2K_BYTES, Q3K_BYTES, Q6K_BYTES,
+    SUB, SUPER,
 };
 use crate::quant::ggml::iq::IQ4NL_VALUES;
 use crate::quant::int8::avx2::transpose8;
@@ -276,10 +276,7 @@ unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
                 let high = bytes.map(|v| _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v)));
                 (low.map(|v| _mm256_mul_ps(d, v)), high.map(|v| _mm256_mul_ps(dmin, v)))
             }
-            Format::Q3K => {
-                let d1 = q3k_scales(std::slice::from_raw_parts(b, Q3K_BYTES));
-                ([_mm256_loadu_ps(d1.as_ptr()), _mm256_loadu_ps(d1.as_ptr().add(8))], zero)
-            }
+            Format::Q3K => (q3k_scales_vectors(b), zero),
             _ => {
                 let d = _mm256_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q6K_BYTES), 208));
                 let d1 = [0, 1].map(|half| {
@@ -326,6 +323,32 @@ unsafe fn group_super(fmt: Format, b: *const u8, inputs: &Int16Inputs, at: usize
             *o = _mm256_fmadd_ps(s, v, *o);
         }
         out
+    }
+}
+
+/// `q3k_scales` of the Q3_K super-block at `b`, groups 0..8 then 8..16, in
+/// vector operations: the same products (`d` times a small integer, exact),
+/// so the same bits. Its sixteen scalar iterations had been as many
+/// operations as the super-block's dots.
+///
+/// # Safety
+/// AVX2, FMA and F16C; a whole Q3_K super-block at `b`.
+#[inline(always)]
+unsafe fn q3k_scales_vectors(b: *const u8) -> [__m256; 2] {
+    // SAFETY: the scale bytes (96..108) and d (108..110) lie in the block.
+    unsafe {
+        let low = _mm_loadl_epi64(b.add(96) as *const __m128i);
+        let nib = _mm_set1_epi8(15);
+        // Groups 0..8 take the low nibbles of scales[0..8], 8..16 the high.
+        let low4 = _mm_unpacklo_epi64(_mm_and_si128(low, nib), _mm_and_si128(_mm_srli_epi16::<4>(low), nib));
+        // Group g's top two bits: bits 2 (g / 4) of scales[8 + g % 4], so
+        // dword k holds that word shifted right by 2k.
+        let word = _mm_set1_epi32((b.add(104) as *const i32).read_unaligned());
+        let high2 = _mm_and_si128(_mm_srlv_epi32(word, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+        let ls = _mm_sub_epi8(_mm_or_si128(low4, _mm_slli_epi16::<4>(high2)), _mm_set1_epi8(32));
+        let d = _mm256_set1_ps(super::super::avx2::h16(std::slice::from_raw_parts(b, Q3K_BYTES), 108));
+        let widen = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        [_mm256_mul_ps(d, widen(ls)), _mm256_mul_ps(d, widen(_mm_srli_si128::<8>(ls)))]
     }
 }
 

@@ -340,7 +340,7 @@ fn an_automatic_budget_at_a_long_context_plans_with_its_chunks_thread_buffers() 
 }
 
 /// The plan once left out each compute thread's prefill attention
-/// blocks (queries, outputs, up to 2 MB of scores and a key tile), so a
+/// blocks (queries, outputs, up to 8 MB of scores and a key tile), so a
 /// GQA model's prefill could pass its budget by that much a thread: a
 /// chunk now counts them per thread, a decode step (chunk 1) does not.
 #[test]

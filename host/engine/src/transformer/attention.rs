@@ -578,8 +578,13 @@ fn key_tiles(segments: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize)> {
 /// the cache is read: at 32 (four tokens of the peer model's eight query
 /// heads per KV head) decoding was 5.4% of a 2048-token prefill, at 128
 /// 1.7%. A block's scores against 1024 keys are then 512 KB, in L2.
+/// Past 4096 keys the score cap sets the block instead: at 2 MB a
+/// 16K-token prompt's blocks were four tokens and re-read the whole cache
+/// every four tokens; at 8 MB they are sixteen, and the peer model's 16K
+/// prefill ran 1.16x faster by medians (docs/PERFORMANCE.md), although the
+/// scores then leave L2.
 const BLOCK_QUERIES: usize = 128;
-const BLOCK_SCORE_FLOATS: usize = 1 << 19;
+const BLOCK_SCORE_FLOATS: usize = 1 << 21;
 
 /// Tokens per attention block of a prefill chunk whose last token attends
 /// `keys` positions: as many as make `BLOCK_QUERIES` query heads of one KV
@@ -647,7 +652,7 @@ mod tests {
     use std::path::Path;
 
     /// The plan once counted none of the prefill attention blocks' buffers
-    /// (up to 2 MB of scores a worker): the bound it now counts holds every
+    /// (up to 8 MB of scores a worker): the bound it now counts holds every
     /// block any chunk allocates, and is reached, for groups narrower and
     /// wider than a block and keys either side of where the score cap bites.
     #[test]

@@ -1,9 +1,11 @@
-//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS rows on int16 inputs with AVX2: the AVX-512 form on two
-//! halves. A sub-block is two vectors of sixteen int16 values against the
-//! input's, `pmaddwd` adding pairs into eight int32 lanes; eight partial
-//! vectors (a Q4_K sub-block's, or a Q6_K group's) are summed into one
-//! vector of their exact dots, and the sixteen lanes of the definition are
-//! two `__m256`.
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS products on int16 inputs with
+//! AVX2: the AVX-512 forms on two halves, the sixteen lanes of the
+//! definition two `__m256`. The rows (few inputs) keep a sub-block's values
+//! as bytes against the codes' high and low bytes (`plane_dot`, `pmaddubsw`;
+//! IQ4_XS's signed values widened for `pmaddwd`), and fold the partial
+//! vectors into one vector of exact dots per super-block. The blocks (many
+//! inputs) transpose eight rows' values into int16 words for `pmaddwd`
+//! against each input's codes broadcast.
 
 use super::{
     scale_bytes, super_scales, Format, Int16Inputs, Outputs, Sums, CODE_MAX, LANES, Q2K_BYTES, Q3K_BYTES, Q6K_BYTES,

@@ -16,7 +16,11 @@
 //! written in token order; every batched product is the row kernel of
 //! token at a time, per token, and the expert provider's batch entry point
 //! keeps each token's accumulation order: the logits are bit-identical to
-//! the token-at-a-time path (tests/integration/prefill.rs).
+//! the token-at-a-time path (tests/integration/prefill.rs). But for rvq3
+//! and rvq2 experts: a chunk computes their rows as values
+//! (`quant::rvq_dense`), token at a time walks decode's tables, the same
+//! products summed in another order, so their logits agree within the
+//! bound that test states, and are bit-identical across chunk sizes.
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};

@@ -16,6 +16,16 @@ pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
 const MATMUL_INPUTS: usize = 48;
 const MATMUL_ROWS: usize = 8;
 
+/// The most bytes `matmul_decoded` allocates for `n` inputs of a `[rows,
+/// cols]` matrix, from the lengths it allocates: the transposed outputs
+/// when tasks own rows, and one task's decoded rows and outputs (each
+/// further thread holds another such task's, under 100 KB at the widest
+/// matrices we run).
+pub(crate) fn matmul_decoded_peak_bytes(rows: usize, cols: usize, n: usize) -> usize {
+    let transposed = if n >= 2 * MATMUL_INPUTS { 0 } else { rows * n };
+    4 * (transposed + MATMUL_ROWS * cols + MATMUL_ROWS * n.min(MATMUL_INPUTS))
+}
+
 /// A matrix's values, row-major, from its row decoder `row_into(r, out)`
 /// (tests and conversion: the kernels never expand a matrix whole).
 pub(crate) fn dequantize_rows(rows: usize, cols: usize, row_into: &dyn Fn(usize, &mut [f32])) -> Vec<f32> {

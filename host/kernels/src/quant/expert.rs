@@ -135,7 +135,7 @@ pub fn decode_expert_biases(fmt: ExpertFormat, shape: ExpertShape, payload: &[u8
     Some([g.to_vec(), u.to_vec(), d.to_vec()])
 }
 
-fn codebooks_for(fmt: ExpertFormat, cb: Option<&LayerCodebooks>) -> Option<&LayerCodebooks> {
+pub(crate) fn codebooks_for(fmt: ExpertFormat, cb: Option<&LayerCodebooks>) -> Option<&LayerCodebooks> {
     if let Err(e) = check_codebooks(fmt, cb) {
         panic!("{e}");
     }

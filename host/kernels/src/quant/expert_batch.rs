@@ -5,14 +5,15 @@
 //! each expert tens to hundreds of tokens per chunk; for q8, q4 and f32
 //! experts every weight row is then loaded and decoded once per tile of
 //! tokens and run against all of them (`MatRef::matvec_many`), instead of
-//! once per token. The RVQ formats keep their per-token lookup-table walk
-//! (their tables are built from each token's activation; a matrix form
-//! over a decoded tile is not built yet).
+//! once per token. rvq3 and rvq2 experts run as products over their rows'
+//! values (`rvq_dense`); rvq4p keeps its per-token walk on int8 tables.
 //!
-//! Arithmetic: each token's gate, up and down values come from the very
-//! row-dot kernels decode uses, in the same order, so every token's output
-//! is bit-identical to `expert_forward_act` for that token alone, whatever
-//! the batch, the thread count or the tile it ran in.
+//! Arithmetic: for q8, q4, f32, GGUF and rvq4p each token's gate, up and
+//! down values come from the very row-dot kernels decode uses, in the same
+//! order, so every token's output is bit-identical to `expert_forward_act`
+//! for that token alone. rvq3 and rvq2 follow `rvq_dense`'s definition,
+//! within f32 rounding of decode's table walk. Either way a token's output
+//! depends on neither the batch, the thread count nor the tile it ran in.
 
 use super::activation::Activation;
 use super::expert::{
@@ -23,6 +24,7 @@ use super::ggml::expert::Slabs;
 use super::ggml::int16_input_bytes;
 use super::int8::int8_input_bytes;
 use super::rvq::LayerCodebooks;
+use super::rvq_dense::{self, DenseRvq};
 use super::trunk::{f32_from_le, MatRef};
 use super::{ExpertFormat, ExpertShape, TrunkFormat};
 
@@ -33,7 +35,7 @@ pub struct ExpertBatchScratch {
     /// `[m, inter]` each.
     gate: Vec<f32>,
     up: Vec<f32>,
-    /// The per-token kernel's buffers (RVQ formats).
+    /// The per-token kernel's buffers (rvq4p).
     one: ExpertScratch,
 }
 
@@ -46,6 +48,12 @@ impl ExpertBatchScratch {
     /// tokens (the memory plan counts it), from the lengths it allocates.
     pub fn peak_bytes(fmt: ExpertFormat, shape: ExpertShape, tokens: usize) -> usize {
         let matrices = if batch_shares_weights(fmt) { 2 * 4 * tokens * shape.inter } else { 0 };
+        let dense = if runs_dense(fmt) {
+            let (h, i) = (shape.hidden, shape.inter);
+            rvq_dense::matmul_peak_bytes(i, h, tokens).max(rvq_dense::matmul_peak_bytes(h, i, tokens))
+        } else {
+            0
+        };
         // q4's int8 inputs, or a GGUF expert's int16 ones for its Q4_K
         // and Q6_K slabs: gate/up's, then down's.
         let widest = shape.hidden.max(shape.inter);
@@ -56,14 +64,20 @@ impl ExpertBatchScratch {
             }
             _ => 0,
         };
-        matrices + inputs + ExpertScratch::new(fmt, shape).bytes()
+        let one = if batch_shares_weights(fmt) { 0 } else { ExpertScratch::new(fmt, shape).bytes() };
+        matrices + dense + inputs + one
     }
 }
 
 /// Whether `fmt`'s batch loads each weight row once for many tokens (q8,
-/// q4, f32, GGUF) rather than running token by token (the RVQ formats).
+/// q4, f32, GGUF, rvq3, rvq2) rather than running token by token (rvq4p).
 pub fn batch_shares_weights(fmt: ExpertFormat) -> bool {
-    !fmt.uses_codebooks()
+    fmt != ExpertFormat::Rvq4p
+}
+
+/// rvq3 and rvq2: products over the rows' values (`rvq_dense`).
+fn runs_dense(fmt: ExpertFormat) -> bool {
+    matches!(fmt, ExpertFormat::Rvq3 | ExpertFormat::Rvq2)
 }
 
 /// `outs[t] = down(act(gate xs[t], up xs[t]))` for the `m = xs.len() /
@@ -109,9 +123,14 @@ pub fn expert_forward_batch(
         ExpertFormat::Ggml(t) => Some(Slabs::new(t, shape, [gb, ub, db])),
         _ => None,
     };
-    match &ggml {
-        Some(slabs) => slabs.gate_up_many(xs, gate, up),
-        None => {
+    let books = if runs_dense(fmt) { super::expert::codebooks_for(fmt, cb) } else { None };
+    match (&ggml, books) {
+        (Some(slabs), _) => slabs.gate_up_many(xs, gate, up),
+        (None, Some(books)) => {
+            DenseRvq::new(gb, i, h, &books.gate_up).matmul(xs, gate);
+            DenseRvq::new(ub, i, h, &books.gate_up).matmul(xs, up);
+        }
+        (None, None) => {
             // q4's int8 inputs, quantised once for both.
             let mut inputs = None;
             matrix(gb, i, h, &mut |w| {
@@ -126,9 +145,10 @@ pub fn expert_forward_batch(
         add_gate_up_biases(biases.as_deref(), g, u);
     }
     gate_activation(act, gate, up);
-    match &ggml {
-        Some(slabs) => slabs.down_many(gate, outs),
-        None => matrix(db, h, i, &mut |w| w.matvec_many(gate, outs)),
+    match (&ggml, books) {
+        (Some(slabs), _) => slabs.down_many(gate, outs),
+        (None, Some(books)) => DenseRvq::new(db, h, i, &books.down).matmul(gate, outs),
+        (None, None) => matrix(db, h, i, &mut |w| w.matvec_many(gate, outs)),
     }
     for out in outs.chunks_exact_mut(h) {
         add_down_biases(biases.as_deref(), i, out);

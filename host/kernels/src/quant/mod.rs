@@ -79,6 +79,7 @@ mod int8;
 mod kmeans;
 mod rvq;
 mod rvq4p;
+mod rvq_dense;
 pub(crate) mod simd;
 mod trunk;
 

@@ -63,6 +63,17 @@ impl Codebooks {
         Ok(Codebooks::from_books(books))
     }
 
+    /// Entry `c` of stage `s`, its `VDIM` values.
+    pub(crate) fn entry(&self, s: usize, c: usize) -> &[f32] {
+        self.books[s].entry(c)
+    }
+
+    /// Stage `s`'s entries, `[c][d]` (the AVX2 kernels of `rvq_dense`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn stage_entries(&self, s: usize) -> &[f32] {
+        &self.books[s].entries
+    }
+
     pub(crate) fn cbt(&self) -> &[f32] {
         &self.cbt
     }

@@ -3,7 +3,9 @@
 //! `matvec` / `expert_forward_act` per token (what decode, and prefill
 //! before them, ran), interleaved in one run, on 1 and 2 threads, beside
 //! the machine's FMA peak (an 8-lane FMA loop with independent
-//! accumulators, per thread). Both forms give the same bits.
+//! accumulators, per thread). Both forms give the same bits, except for
+//! rvq3, whose batch is `rvq_dense`'s product (within f32 rounding of the
+//! walk; its token counts straddle that product's switch to decoded rows).
 //!
 //! Shapes: the peer benchmark's Qwen3-MoE (hidden 2048, 32 query and 4 KV
 //! heads of 128, experts of width 768): the q projection over a chunk of
@@ -28,9 +30,9 @@ use common::{int16_peak_gmacs, int8_peak_gmacs, noise, peak_gmacs, side_by_side}
 use waste_kernels::pool::Pool;
 use waste_kernels::quant::ggml::GgmlType;
 use waste_kernels::quant::{
-    build_gate_up_tables, encode_expert, expert_forward_act, expert_forward_batch, force_isa, isa, quantize_trunk,
-    Activation, ExpertBatchScratch, ExpertF32, ExpertFormat, ExpertScratch, ExpertShape, GgmlExpert, Isa, QMatrix,
-    TrunkFormat,
+    build_gate_up_tables, encode_expert, expert_forward_act, expert_forward_batch, fit_layer_codebooks, force_isa, isa,
+    quantize_trunk, Activation, ExpertBatchScratch, ExpertF32, ExpertFormat, ExpertScratch, ExpertShape, GgmlExpert,
+    Isa, QMatrix, TrunkFormat,
 };
 
 fn main() {
@@ -141,9 +143,16 @@ fn main() {
         );
         let view = ExpertF32 { gate: &g, up: &u, down: &d, biases: None };
         let q4k = GgmlType::Q4K;
-        for fmt in
-            [ExpertFormat::Q4, ExpertFormat::Q8, ExpertFormat::Ggml(GgmlExpert { gate: q4k, up: q4k, down: q4k })]
-        {
+        // rvq3's codebooks fitted on this expert (the speed depends on the
+        // shapes, not on how well they fit).
+        let rvq3_books = fit_layer_codebooks(ExpertFormat::Rvq3, shape, &[view], 7);
+        for fmt in [
+            ExpertFormat::Q4,
+            ExpertFormat::Q8,
+            ExpertFormat::Ggml(GgmlExpert { gate: q4k, up: q4k, down: q4k }),
+            ExpertFormat::Rvq3,
+        ] {
+            let cb = if fmt == ExpertFormat::Rvq3 { rvq3_books.as_ref() } else { None };
             let payload = match fmt {
                 ExpertFormat::Ggml(_) => {
                     let slab = |w: &[f32], rows, cols| trunk_bytes(TrunkFormat::Ggml(q4k), w, rows, cols);
@@ -154,9 +163,15 @@ fn main() {
                     ]
                     .concat()
                 }
-                _ => encode_expert(fmt, shape, &view, None),
+                _ => encode_expert(fmt, shape, &view, cb),
             };
-            for tokens in if quick { vec![16, 64] } else { vec![16, 64, 256] } {
+            let counts = match (fmt, quick) {
+                // Around `rvq_dense`'s switch from registers to decoded rows.
+                (ExpertFormat::Rvq3, _) => vec![1, 2, 3, 4, 8, 16, 64],
+                (_, true) => vec![16, 64],
+                (_, false) => vec![16, 64, 256],
+            };
+            for tokens in counts {
                 let xs: Vec<f32> = (0..tokens * shape.hidden).map(|_| unit()).collect();
                 let mut out = vec![0f32; xs.len()];
                 let mut scratch = ExpertScratch::new(fmt, shape);
@@ -164,24 +179,14 @@ fn main() {
                 let (one, many) = {
                     let mut per_token = || {
                         for (x, o) in xs.chunks_exact(shape.hidden).zip(out.chunks_exact_mut(shape.hidden)) {
-                            let tables = build_gate_up_tables(fmt, None, x);
-                            expert_forward_act(
-                                fmt,
-                                shape,
-                                &payload,
-                                None,
-                                &tables,
-                                x,
-                                o,
-                                &mut scratch,
-                                Activation::Silu,
-                            );
+                            let tables = build_gate_up_tables(fmt, cb, x);
+                            expert_forward_act(fmt, shape, &payload, cb, &tables, x, o, &mut scratch, Activation::Silu);
                         }
                         black_box(&out);
                     };
                     let mut batched = || {
                         let mut o = vec![0f32; xs.len()];
-                        expert_forward_batch(fmt, shape, &payload, None, &xs, &mut o, &mut batch, Activation::Silu);
+                        expert_forward_batch(fmt, shape, &payload, cb, &xs, &mut o, &mut batch, Activation::Silu);
                         black_box(&o);
                     };
                     side_by_side(&pool, &mut per_token, &mut batched)

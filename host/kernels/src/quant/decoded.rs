@@ -3,7 +3,7 @@
 //! decoded into f32 and multiplied with `dot8`'s order, so a format only
 //! has to say how to decode a row.
 
-use super::simd;
+use super::simd::BlockInputs;
 use rayon::prelude::*;
 
 /// Matrices at least this large (rows * cols) are split across rayon
@@ -15,15 +15,21 @@ pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
 /// never the result.
 const MATMUL_INPUTS: usize = 48;
 const MATMUL_ROWS: usize = 8;
+/// Rows per task when tasks own rows (few inputs): several blocks of
+/// `MATMUL_ROWS` sharing one buffer of decoded rows.
+const MATMUL_TASK_ROWS: usize = 4 * MATMUL_ROWS;
 
 /// The most bytes `matmul_decoded` allocates for `n` inputs of a `[rows,
 /// cols]` matrix, from the lengths it allocates: the transposed outputs
-/// when tasks own rows, and one task's decoded rows and outputs (each
-/// further thread holds another such task's, under 100 KB at the widest
-/// matrices we run).
+/// when tasks own rows, the inputs as `BlockInputs` lays them out, and one
+/// task's decoded rows and outputs (each further thread holds another such
+/// task's, under 100 KB at the widest matrices we run, and with 96 inputs
+/// or more its own block of inputs laid out).
 pub(crate) fn matmul_decoded_peak_bytes(rows: usize, cols: usize, n: usize) -> usize {
     let transposed = if n >= 2 * MATMUL_INPUTS { 0 } else { rows * n };
-    4 * (transposed + MATMUL_ROWS * cols + MATMUL_ROWS * n.min(MATMUL_INPUTS))
+    // `BlockInputs`' copy of a task's inputs (AVX-512 F), an even count.
+    let paired = if n >= 2 * MATMUL_INPUTS { MATMUL_INPUTS } else { n }.next_multiple_of(2) * cols;
+    4 * (transposed + paired + MATMUL_ROWS * cols + MATMUL_ROWS * n.min(MATMUL_INPUTS))
 }
 
 /// A matrix's values, row-major, from its row decoder `row_into(r, out)`
@@ -70,10 +76,11 @@ pub(crate) fn matmul_decoded(
             let nt = xb.len() / cols;
             let mut w = vec![0f32; MATMUL_ROWS * cols];
             let mut out = vec![0f32; MATMUL_ROWS * nt];
+            let inputs = BlockInputs::new(xb, cols);
             for r0 in (0..rows).step_by(MATMUL_ROWS) {
                 let nr = MATMUL_ROWS.min(rows - r0);
                 rows_into(r0, nr, &mut w);
-                simd::matmul_block(&w[..nr * cols], xb, cols, &mut out[..nr * nt]);
+                inputs.matmul_block(&w[..nr * cols], &mut out[..nr * nt]);
                 for (t, yt) in yb.chunks_exact_mut(rows).enumerate() {
                     for i in 0..nr {
                         yt[r0 + i] = out[i * nt + t];
@@ -85,17 +92,19 @@ pub(crate) fn matmul_decoded(
         // Few inputs: tasks own blocks of weight rows instead, into
         // `y` transposed.
         let mut yt = vec![0f32; rows * n];
+        let inputs = BlockInputs::new(x, cols);
         let task = |(b, out): (usize, &mut [f32])| {
-            let r0 = b * MATMUL_ROWS;
-            let nr = out.len() / n;
-            let mut w = vec![0f32; nr * cols];
-            rows_into(r0, nr, &mut w);
-            simd::matmul_block(&w, x, cols, out);
+            let mut w = vec![0f32; MATMUL_ROWS * cols];
+            for (k, out) in out.chunks_mut(MATMUL_ROWS * n).enumerate() {
+                let (r0, nr) = (b * MATMUL_TASK_ROWS + k * MATMUL_ROWS, out.len() / n);
+                rows_into(r0, nr, &mut w);
+                inputs.matmul_block(&w[..nr * cols], out);
+            }
         };
         if rows * cols * n >= PAR_MIN_WORK {
-            yt.par_chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
+            yt.par_chunks_mut(MATMUL_TASK_ROWS * n).enumerate().for_each(task);
         } else {
-            yt.chunks_mut(MATMUL_ROWS * n).enumerate().for_each(task);
+            yt.chunks_mut(MATMUL_TASK_ROWS * n).enumerate().for_each(task);
         }
         for (r, col) in yt.chunks_exact(n).enumerate() {
             for (t, &val) in col.iter().enumerate() {

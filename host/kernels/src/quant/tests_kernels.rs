@@ -453,16 +453,17 @@ fn fused_mul_add_is_the_fma_instruction() {
     }
 }
 
-/// `matmul_block` (its AVX2 kernel where the CPU has one) gives `dot8`'s
-/// bits for every pair on every tile shape: partial tiles of rows and of
-/// inputs, columns past whole vectors, one row against many inputs (a
-/// GGUF trunk matrix's prefill before it ran in blocks of rows) and many
-/// rows against one.
+/// `matmul_block` (its AVX2 kernel where the CPU has one) and
+/// `BlockInputs::matmul_block` (its AVX-512 F kernel on paired inputs where
+/// the CPU has one) give `dot8`'s bits for every pair on every tile shape:
+/// partial tiles of rows and of inputs, an odd last input, columns past
+/// whole vectors, one row against many inputs (a GGUF trunk matrix's
+/// prefill before it ran in blocks of rows) and many rows against one.
 #[test]
 fn matmul_block_gives_the_bits_of_dot8_on_every_tile_shape() {
     let mut rng = Rng::new(91);
     for (nr, nt, cols) in
-        [(9, 5, 7), (8, 3, 256), (8, 50, 511), (1, 100, 512), (5, 49, 1029), (4, 7, 2051), (13, 1, 4096)]
+        [(9, 5, 7), (8, 3, 256), (8, 50, 511), (1, 100, 512), (5, 49, 1029), (4, 7, 2051), (13, 1, 4096), (6, 6, 16)]
     {
         let w = gauss(&mut rng, nr * cols, 0.05);
         let x = gauss(&mut rng, nt * cols, 1.0);
@@ -470,15 +471,19 @@ fn matmul_block_gives_the_bits_of_dot8_on_every_tile_shape() {
         simd::matmul_block_scalar(&w, &x, cols, &mut want);
         let mut got = vec![f32::NAN; nr * nt];
         simd::matmul_block(&w, &x, cols, &mut got);
-        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                g.to_bits(),
-                e.to_bits(),
-                "{} {nr}x{nt}x{cols}: row {} input {}",
-                simd::isa().name(),
-                i / nt,
-                i % nt
-            );
+        let mut prepared = vec![f32::NAN; nr * nt];
+        simd::BlockInputs::new(&x, cols).matmul_block(&w, &mut prepared);
+        for (what, got) in [("matmul_block", got), ("BlockInputs", prepared)] {
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "{what} {} {nr}x{nt}x{cols}: row {} input {}",
+                    simd::isa().name(),
+                    i / nt,
+                    i % nt
+                );
+            }
         }
     }
 }

@@ -473,6 +473,43 @@ pub fn matmul_block(w: &[f32], x: &[f32], cols: usize, out: &mut [f32]) {
     matmul_block_scalar(w, x, cols, out)
 }
 
+/// `matmul_block`'s inputs laid out once for the many blocks of rows a
+/// caller runs against them: on AVX-512 F two inputs to a vector
+/// (`avx512f::pair_inputs`), elsewhere as they are.
+pub(crate) struct BlockInputs<'a> {
+    x: &'a [f32],
+    cols: usize,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    paired: Option<Vec<f32>>,
+}
+
+impl<'a> BlockInputs<'a> {
+    pub(crate) fn new(x: &'a [f32], cols: usize) -> Self {
+        assert!(cols > 0 && x.len().is_multiple_of(cols), "BlockInputs: x is not whole rows");
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512f() {
+            return BlockInputs { x, cols, paired: Some(avx512f::pair_inputs(x, cols)) };
+        }
+        BlockInputs { x, cols, paired: None }
+    }
+
+    /// `matmul_block(w, x, cols, out)`: the same bits.
+    pub(crate) fn matmul_block(&self, w: &[f32], out: &mut [f32]) {
+        let (x, cols) = (self.x, self.cols);
+        assert!(
+            w.len().is_multiple_of(cols) && out.len() == (w.len() / cols) * (x.len() / cols),
+            "BlockInputs::matmul_block: inconsistent lengths"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if let Some(paired) = &self.paired {
+            // SAFETY: `paired` exists only where AVX-512 F was detected
+            // (and AVX2 + FMA with it); lengths checked above.
+            return unsafe { avx512f::matmul_paired(w, x, paired, cols, out) };
+        }
+        matmul_block(w, x, cols, out)
+    }
+}
+
 /// The passes of a `weighted_rows` kernel over `nq` queries and `nk`
 /// keys: keys in runs of `keys_per_pass` (their value rows stay in L2
 /// while every block of queries passes over them; each output's chain

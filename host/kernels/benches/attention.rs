@@ -37,7 +37,7 @@ fn main() {
     for threads in [1, 2] {
         let pool = Pool::new(Some(threads), None).expect("pool");
         let peak = pool.install(|| peak_gmacs(threads)).expect("pool");
-        println!("\n{threads} thread(s): FMA peak {peak:.1} GMAC/s");
+        println!("\n{threads} thread(s): FMA peak {peak:.1} GMAC/s ({} lanes)", common::fma_lanes());
         println!("{:<30} {:>14} {:>14} {:>7} {:>9}", "attention", "per pair", "blocks", "ratio", "% of peak");
         for &keys in lengths {
             let k: Vec<f32> = (0..keys * kvd).map(|_| unit()).collect();

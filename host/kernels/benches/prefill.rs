@@ -2,8 +2,9 @@
 //! `expert_forward_batch` (one weight load per tile of tokens) against one
 //! `matvec` / `expert_forward_act` per token (what decode, and prefill
 //! before them, ran), interleaved in one run, on 1 and 2 threads, beside
-//! the machine's FMA peak (an 8-lane FMA loop with independent
-//! accumulators, per thread). Both forms give the same bits, except for
+//! the machine's FMA peak (an FMA loop with independent accumulators, as
+//! wide as the f32 kernels in force: sixteen lanes with AVX-512 F), per
+//! thread. Both forms give the same bits, except for
 //! rvq3, whose batch is `rvq_dense`'s product (within f32 rounding of the
 //! walk; its token counts straddle that product's switch to decoded rows).
 //!
@@ -47,7 +48,7 @@ fn main() {
         let pool = Pool::new(Some(threads), None).expect("pool");
         let peak = pool.install(|| peak_gmacs(threads)).expect("pool");
         let int8 = pool.install(|| int8_peak_gmacs(threads, isa().name())).expect("pool");
-        print!("\n{threads} thread(s): FMA peak {peak:.1} GMAC/s");
+        print!("\n{threads} thread(s): FMA peak {peak:.1} GMAC/s ({} lanes)", common::fma_lanes());
         match int8 {
             Some((p, how)) => println!(", int8 peak {p:.1} GMAC/s ({how})"),
             None => println!(),

@@ -34,21 +34,44 @@ pub fn side_by_side(pool: &Pool, mut a: impl FnMut() + Send, mut b: impl FnMut()
 }
 
 /// Multiply-accumulates per second of `threads` threads each running
-/// twelve independent 8-lane FMA chains (f32), the kernels' ceiling.
+/// twelve independent FMA chains (f32) as wide as the kernels in force
+/// use: sixteen lanes where the CPU has AVX-512 F and no lower level was
+/// forced (`matmul_block`'s paired tiles and attention's weighted rows run
+/// there), else eight. The kernels' ceiling.
 pub fn peak_gmacs(threads: usize) -> f64 {
     const ITERS: usize = 20_000_000;
+    let lanes = fma_lanes();
     let t = Instant::now();
-    let sums: Vec<f32> = (0..threads).into_par_iter().map(|_| fma_loop(ITERS)).collect();
+    let sums: Vec<f32> = (0..threads).into_par_iter().map(|_| fma_loop(ITERS, lanes)).collect();
     black_box(sums);
-    (threads * ITERS * 12 * 8) as f64 / t.elapsed().as_secs_f64() / 1e9
+    (threads * ITERS * 12 * lanes) as f64 / t.elapsed().as_secs_f64() / 1e9
 }
 
-fn fma_loop(iters: usize) -> f32 {
+/// The f32 lanes of `peak_gmacs`' loop on this CPU at the level in force.
+pub fn fma_lanes() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use waste_kernels::quant::{isa, Isa};
+        let forced_lower = isa() < Isa::Avx512 && Isa::supported().contains(&Isa::Avx512);
+        if isa() >= Isa::Avx2 && !forced_lower && std::is_x86_feature_detected!("avx512f") {
+            return 16;
+        }
+    }
+    8
+}
+
+fn fma_loop(iters: usize, lanes: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if lanes == 16 {
+        // SAFETY: `fma_lanes` says 16 only where AVX-512 F was detected.
+        return unsafe { fma_loop_avx512(iters) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
         // SAFETY: AVX2 and FMA were detected just above.
         return unsafe { fma_loop_avx2(iters) };
     }
+    let _ = lanes;
     let mut acc = [[0f32; 8]; 12];
     for _ in 0..iters {
         for a in acc.iter_mut() {
@@ -58,6 +81,20 @@ fn fma_loop(iters: usize) -> f32 {
         }
     }
     acc.iter().flatten().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_loop_avx512(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+    let mut acc = [_mm512_setzero_ps(); 12];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm512_fmadd_ps(*a, m, c);
+        }
+    }
+    acc.iter().map(|&a| _mm512_reduce_add_ps(a)).sum()
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -89,27 +89,39 @@ pub(crate) fn matmul_decoded(
             }
         });
     } else {
-        // Few inputs: tasks own blocks of weight rows instead, into
-        // `y` transposed.
-        let mut yt = vec![0f32; rows * n];
+        // Few inputs: tasks own blocks of weight rows instead.
         let inputs = BlockInputs::new(x, cols);
-        let task = |(b, out): (usize, &mut [f32])| {
+        by_row_blocks((rows, cols, n), MATMUL_TASK_ROWS, y, |b, out| {
             let mut w = vec![0f32; MATMUL_ROWS * cols];
             for (k, out) in out.chunks_mut(MATMUL_ROWS * n).enumerate() {
                 let (r0, nr) = (b * MATMUL_TASK_ROWS + k * MATMUL_ROWS, out.len() / n);
                 rows_into(r0, nr, &mut w);
                 inputs.matmul_block(&w[..nr * cols], out);
             }
-        };
-        if rows * cols * n >= PAR_MIN_WORK {
-            yt.par_chunks_mut(MATMUL_TASK_ROWS * n).enumerate().for_each(task);
-        } else {
-            yt.chunks_mut(MATMUL_TASK_ROWS * n).enumerate().for_each(task);
-        }
-        for (r, col) in yt.chunks_exact(n).enumerate() {
-            for (t, &val) in col.iter().enumerate() {
-                y[t * rows + r] = val;
-            }
+        });
+    }
+}
+
+/// `y` (`[n, rows]`) from `task(b, out)`, which fills `out` with rows
+/// `b * block..` of `y` transposed (`[rows in the block][n]`): the tasks
+/// own blocks of rows, in parallel when the product (`rows * cols * n`
+/// multiply-adds) is large, and their results are turned around once at
+/// the end.
+pub(crate) fn by_row_blocks(
+    (rows, cols, n): (usize, usize, usize),
+    block: usize,
+    y: &mut [f32],
+    task: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let mut yt = vec![0f32; rows * n];
+    if rows * cols * n >= PAR_MIN_WORK {
+        yt.par_chunks_mut(block * n).enumerate().for_each(|(b, out)| task(b, out));
+    } else {
+        yt.chunks_mut(block * n).enumerate().for_each(|(b, out)| task(b, out));
+    }
+    for (r, col) in yt.chunks_exact(n).enumerate() {
+        for (t, &v) in col.iter().enumerate() {
+            y[t * rows + r] = v;
         }
     }
 }

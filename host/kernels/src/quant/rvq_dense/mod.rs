@@ -21,18 +21,19 @@
 //! chunk nor the tokens it shares an expert with.
 //!
 //! Against decode's walk the arithmetic differs (the same products, summed
-//! in another order): an expert's output differs by f32 rounding, bounded
-//! by the tests (`rvq_dense_batch_is_within_rounding_of_the_walk`) and, on
-//! the fixtures, by `prefill_of_rvq_experts_is_within_1e5_of_token_at_a_time`.
+//! in another order): an expert's output is within 1e-5 of the walk's
+//! largest value (`quant::tests::expert_batch_is_bit_identical_to_each_token_alone`),
+//! and the fixtures' logits within the bounds
+//! `prefill::chunked_prefill_logits_match_token_at_a_time_on_every_fixture_and_format`
+//! states per trunk format (tests/integration/prefill.rs).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
-use super::decoded::{matmul_decoded, PAR_MIN_WORK};
+use super::decoded::{by_row_blocks, matmul_decoded};
 use super::rvq::Codebooks;
 use super::simd::{self, dot8_scalar, f16_at, Isa};
 use super::{CODEBOOK_ENTRIES, VDIM};
-use rayon::prelude::*;
 
 /// Below this many tokens per matrix the entries are added in registers
 /// per token (`dots`); from it on rows are decoded once for all tokens.
@@ -127,12 +128,10 @@ impl<'a> DenseRvq<'a> {
             matmul_decoded(rows, cols, &|r, out: &mut [f32]| self.row_values(r, out), x, y);
         } else {
             // Tasks own blocks of rows and run each of the few inputs over
-            // them, into `y` transposed.
-            let mut yt = vec![0f32; rows * n];
+            // them.
             let level = simd::isa();
-            let task = |(b, out): (usize, &mut [f32])| {
-                let r0 = b * TASK_ROWS;
-                let nr = out.len() / n;
+            by_row_blocks((rows, cols, n), TASK_ROWS, y, |b, out| {
+                let (r0, nr) = (b * TASK_ROWS, out.len() / n);
                 for (t, xt) in x.chunks_exact(cols).enumerate() {
                     let mut ys = [0f32; TASK_ROWS];
                     self.dots_at(level, r0, xt, &mut ys[..nr]);
@@ -140,17 +139,7 @@ impl<'a> DenseRvq<'a> {
                         out[i * n + t] = v;
                     }
                 }
-            };
-            if rows * cols * n >= PAR_MIN_WORK {
-                yt.par_chunks_mut(TASK_ROWS * n).enumerate().for_each(task);
-            } else {
-                yt.chunks_mut(TASK_ROWS * n).enumerate().for_each(task);
-            }
-            for (r, col) in yt.chunks_exact(n).enumerate() {
-                for (t, &v) in col.iter().enumerate() {
-                    y[t * rows + r] = v;
-                }
-            }
+            });
         }
         for yt in y.chunks_exact_mut(rows) {
             for (r, v) in yt.iter_mut().enumerate() {

@@ -1,7 +1,7 @@
 //! Group quantisation (q8/q4, shared by trunk and experts), the borrowed
 //! matrix view the kernels run on, and the owned trunk matrix `QMatrix`.
 
-use super::decoded::{dequantize_rows, matmul_decoded, PAR_MIN_WORK};
+use super::decoded::{by_row_blocks, dequantize_rows, matmul_decoded, PAR_MIN_WORK};
 use super::ggml::GgmlMatrix;
 use super::int8::{self, Int8Inputs};
 use super::simd::{self, f16_at};
@@ -256,7 +256,7 @@ impl<'a> MatRef<'a> {
             return;
         }
         // Few inputs: tasks own blocks of rows.
-        by_row_blocks(rows, self.cols, n, y, |b, out| {
+        by_row_blocks((rows, self.cols, n), ROW_BLOCK, y, |b, out| {
             let mut o = [[0f32; int8::BLOCK_ROWS]; 2 * MANY_INPUTS];
             let o = &mut o[..n];
             let len = out.len() / n;
@@ -345,7 +345,7 @@ impl<'a> MatRef<'a> {
             return;
         }
         // Few inputs: tasks own blocks of rows.
-        by_row_blocks(rows, cols, n, y, |b, out| {
+        by_row_blocks((rows, cols, n), ROW_BLOCK, y, |b, out| {
             for (i, col) in out.chunks_exact_mut(n).enumerate() {
                 self.row_dots(b * ROW_BLOCK + i, x, col);
             }
@@ -442,24 +442,6 @@ impl<'a> MatRef<'a> {
 
     pub fn dequantize(&self) -> Vec<f32> {
         dequantize_rows(self.rows, self.cols, &|r, out: &mut [f32]| self.row_into(r, out))
-    }
-}
-
-/// `y` (`[n, rows]`) from `task(b, out)`, which fills `out` with rows
-/// `b * ROW_BLOCK..` of `y` transposed (`[rows in the block][n]`): the
-/// tasks own blocks of rows, in parallel when the product is large, and
-/// their results are turned around once at the end.
-fn by_row_blocks(rows: usize, cols: usize, n: usize, y: &mut [f32], task: impl Fn(usize, &mut [f32]) + Sync) {
-    let mut yt = vec![0f32; rows * n];
-    if rows * cols * n >= PAR_MIN_WORK {
-        yt.par_chunks_mut(ROW_BLOCK * n).enumerate().for_each(|(b, out)| task(b, out));
-    } else {
-        yt.chunks_mut(ROW_BLOCK * n).enumerate().for_each(|(b, out)| task(b, out));
-    }
-    for (r, col) in yt.chunks_exact(n).enumerate() {
-        for (t, &v) in col.iter().enumerate() {
-            y[t * rows + r] = v;
-        }
     }
 }
 

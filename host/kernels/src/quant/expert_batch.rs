@@ -35,13 +35,15 @@ pub struct ExpertBatchScratch {
     /// `[m, inter]` each.
     gate: Vec<f32>,
     up: Vec<f32>,
-    /// The per-token kernel's buffers (rvq4p).
-    one: ExpertScratch,
+    /// The per-token kernel's buffers, for the formats that walk tables
+    /// token by token (rvq4p); `None` for the others, which never use it.
+    one: Option<ExpertScratch>,
 }
 
 impl ExpertBatchScratch {
     pub fn new(fmt: ExpertFormat, shape: ExpertShape) -> Self {
-        ExpertBatchScratch { gate: Vec::new(), up: Vec::new(), one: ExpertScratch::new(fmt, shape) }
+        let one = (!batch_shares_weights(fmt)).then(|| ExpertScratch::new(fmt, shape));
+        ExpertBatchScratch { gate: Vec::new(), up: Vec::new(), one }
     }
 
     /// The most bytes this scratch holds for batches of up to `tokens`
@@ -102,9 +104,10 @@ pub fn expert_forward_batch(
     );
     let m = xs.len() / h;
     if !batch_shares_weights(fmt) {
+        let one = scratch.one.get_or_insert_with(|| ExpertScratch::new(fmt, shape));
         for (x, out) in xs.chunks_exact(h).zip(outs.chunks_exact_mut(h)) {
             let tables = build_gate_up_tables(fmt, cb, x);
-            expert_forward_act(fmt, shape, payload, cb, &tables, x, out, &mut scratch.one, act);
+            expert_forward_act(fmt, shape, payload, cb, &tables, x, out, one, act);
         }
         return;
     }
